@@ -1,0 +1,178 @@
+//! What a handler gets: the claimed task and the actions its lease allows.
+
+use std::sync::Arc;
+
+use chorus_proto::taskstore::{
+    AppendArtifactRequest, Artifact, InboxMessage, NotifyOwnerRequest, SpawnSubtaskRequest, SpawnSubtaskResponse, Task,
+    TaskState, UpdateStatusRequest, inbox_message,
+};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use crate::{
+    Client, WorkerError,
+    reply::{agent_message, text_part, user_message, user_text},
+};
+
+/// One claimed task, handed to the handler.
+///
+/// Cheap to clone. Every call it makes uses the task's lease and runs inside
+/// the task's `handle_task` span, so the trace continues into the task store.
+#[derive(Debug, Clone)]
+pub struct TaskContext {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    task: Task,
+    lease_id: String,
+    namespace: String,
+    client: Client,
+    cancel: CancellationToken,
+    span: tracing::Span,
+}
+
+impl TaskContext {
+    pub(crate) fn new(
+        task: Task,
+        lease_id: String,
+        namespace: String,
+        client: Client,
+        cancel: CancellationToken,
+        span: tracing::Span,
+    ) -> Self {
+        let inner = Inner { task, lease_id, namespace, client, cancel, span };
+        Self { inner: Arc::new(inner) }
+    }
+
+    /// The task's id.
+    pub fn id(&self) -> &str {
+        &self.inner.task.id
+    }
+
+    /// The task's context (conversation) id.
+    pub fn context_id(&self) -> &str {
+        &self.inner.task.context_id
+    }
+
+    /// The namespace the task lives in.
+    pub fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    /// The lease under which this worker holds the task.
+    pub fn lease_id(&self) -> &str {
+        &self.inner.lease_id
+    }
+
+    /// The task as it was when claimed.
+    pub fn task(&self) -> &Task {
+        &self.inner.task
+    }
+
+    /// The text parts of the most recent user message, joined by newlines.
+    pub fn text(&self) -> String {
+        user_text(&self.inner.task)
+    }
+
+    /// The task-store client, for calls the context has no shortcut for.
+    pub fn client(&self) -> Client {
+        self.inner.client.clone()
+    }
+
+    /// Reports progress: the task is `WORKING` with `text` as its status message.
+    pub async fn status(&self, text: impl Into<String>) -> Result<Task, WorkerError> {
+        let request = UpdateStatusRequest {
+            namespace: self.inner.namespace.clone(),
+            task_id: self.id().to_owned(),
+            state: TaskState::Working.into(),
+            message: Some(agent_message(&self.inner.task, vec![text_part(text)])),
+            lease_id: self.inner.lease_id.clone(),
+        };
+        let mut client = self.client();
+        let task = client.update_status(request).instrument(self.inner.span.clone()).await?;
+        Ok(task.into_inner())
+    }
+
+    /// Adds a whole artifact to the task.
+    pub async fn artifact(&self, artifact: Artifact) -> Result<Task, WorkerError> {
+        self.artifact_chunk(artifact, false, true).await
+    }
+
+    /// Streams an artifact in chunks: the first chunk with `append = false`,
+    /// the next ones (same `artifact_id`) with `append = true`, the final one
+    /// with `last_chunk = true`.
+    pub async fn artifact_chunk(
+        &self,
+        artifact: Artifact,
+        append: bool,
+        last_chunk: bool,
+    ) -> Result<Task, WorkerError> {
+        let request = AppendArtifactRequest {
+            namespace: self.inner.namespace.clone(),
+            task_id: self.id().to_owned(),
+            artifact: Some(artifact),
+            append,
+            last_chunk,
+            lease_id: self.inner.lease_id.clone(),
+        };
+        let mut client = self.client();
+        let task = client.append_artifact(request).instrument(self.inner.span.clone()).await?;
+        Ok(task.into_inner())
+    }
+
+    /// Delegates `text` to `agent_id` as a subtask of this task (owned by it).
+    /// Blocking: returns when the child has finished or the server's spawn
+    /// timeout passed (`timed_out`); otherwise returns the child at once.
+    pub async fn spawn(
+        &self,
+        agent_id: &str,
+        text: impl Into<String>,
+        blocking: bool,
+    ) -> Result<SpawnSubtaskResponse, WorkerError> {
+        let request = SpawnSubtaskRequest {
+            namespace: self.inner.namespace.clone(),
+            parent_task_id: self.id().to_owned(),
+            agent_id: agent_id.to_owned(),
+            message: Some(user_message(vec![text_part(text)])),
+            blocking,
+            ..SpawnSubtaskRequest::default()
+        };
+        let mut client = self.client();
+        let response = client.spawn_subtask(request).instrument(self.inner.span.clone()).await?;
+        Ok(response.into_inner())
+    }
+
+    /// Tells this task's owner something: a status, a question (the task then
+    /// waits in `INPUT_REQUIRED`) or an error.
+    pub async fn notify_owner(
+        &self,
+        kind: inbox_message::Kind,
+        text: impl Into<String>,
+    ) -> Result<InboxMessage, WorkerError> {
+        let request = NotifyOwnerRequest {
+            namespace: self.inner.namespace.clone(),
+            task_id: self.id().to_owned(),
+            kind: kind.into(),
+            message: Some(agent_message(&self.inner.task, vec![text_part(text)])),
+            lease_id: self.inner.lease_id.clone(),
+        };
+        let mut client = self.client();
+        let message = client.notify_owner(request).instrument(self.inner.span.clone()).await?;
+        Ok(message.into_inner())
+    }
+
+    /// Completes when the worker stops working on this task without
+    /// completing it: the task was canceled on the server, its lease was lost,
+    /// or the worker shut down. Whatever the handler returns afterwards is
+    /// ignored.
+    pub async fn cancelled(&self) {
+        self.inner.cancel.cancelled().await;
+    }
+
+    /// Whether [`cancelled`](Self::cancelled) has fired.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancel.is_cancelled()
+    }
+}

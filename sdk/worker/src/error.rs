@@ -1,0 +1,97 @@
+//! The worker's errors and the error a handler returns.
+
+use std::fmt;
+
+/// Why the worker, or a call a [`TaskContext`](crate::TaskContext) made, failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The task store URL is invalid or nothing answers there.
+    #[error("cannot connect to the task store at {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// A call to the task store failed.
+    #[error("task store call failed: {0}")]
+    Transport(#[from] tonic::Status),
+    /// The task store refused the claim stream for good (bad request,
+    /// unauthenticated, ...): reconnecting would not help.
+    #[error("claim stream refused: {0}")]
+    Stream(tonic::Status),
+    /// The worker was configured with a value it cannot run with.
+    #[error("invalid worker configuration: {0}")]
+    Config(&'static str),
+}
+
+/// A handler's failure: the task fails with this error's text as the reason,
+/// or is requeued when the error is [retryable](HandlerError::retryable) and
+/// the agent has retries left.
+///
+/// Any `std::error::Error` converts into a fatal `HandlerError`, so handlers
+/// can use `?`.
+#[derive(Debug)]
+pub struct HandlerError {
+    message: String,
+    retryable: bool,
+}
+
+impl HandlerError {
+    /// An error that retrying will not fix: the task ends `FAILED`.
+    pub fn fatal(message: impl fmt::Display) -> Self {
+        Self { message: message.to_string(), retryable: false }
+    }
+
+    /// A transient error: the task store requeues the task while the agent's
+    /// `max_retries` last.
+    pub fn retryable(message: impl fmt::Display) -> Self {
+        Self { message: message.to_string(), retryable: true }
+    }
+
+    /// Whether the task should be requeued.
+    pub fn is_retryable(&self) -> bool {
+        self.retryable
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl<E> From<E> for HandlerError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    fn from(error: E) -> Self {
+        let mut message = error.to_string();
+        let mut source = error.source();
+        while let Some(cause) = source {
+            message.push_str(": ");
+            message.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        Self::fatal(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn question_mark_makes_a_fatal_error_with_the_source_chain() {
+        let error = WorkerError::Transport(tonic::Status::unavailable("down"));
+        let converted = HandlerError::from(error);
+        assert!(!converted.is_retryable());
+        assert!(converted.to_string().starts_with("task store call failed"));
+        assert!(converted.to_string().contains("down"));
+    }
+
+    #[test]
+    fn retryable_and_fatal_keep_their_message() {
+        assert!(HandlerError::retryable("busy").is_retryable());
+        assert_eq!(HandlerError::fatal("bad input").to_string(), "bad input");
+    }
+}

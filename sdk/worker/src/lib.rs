@@ -1,0 +1,127 @@
+//! Write a chorus task-store worker in a few lines.
+//!
+//! A worker claims the tasks of one agent over a gRPC stream, runs a handler
+//! on each (several at once, up to its capacity), renews each task's lease
+//! while the handler runs, and completes or fails the task with what the
+//! handler returns. It reconnects when the task store goes away, continues
+//! the trace of whoever created the task, and stops when told to.
+//!
+//! ```no_run
+//! use chorus_worker::{Reply, TaskContext, Worker};
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), chorus_worker::WorkerError> {
+//!     let client = chorus_worker::connect("http://127.0.0.1:7800").await?;
+//!     let shutdown = chorus_worker::shutdown_on_signal();
+//!     Worker::new(client, "uppercase")
+//!         .namespace("default")
+//!         .capacity(4)
+//!         .run(
+//!             |task: TaskContext| async move {
+//!                 task.status("shouting").await?;
+//!                 Ok(Reply::text(task.text().to_uppercase()))
+//!             },
+//!             shutdown,
+//!         )
+//!         .await
+//! }
+//! ```
+//!
+//! A handler's `Err(HandlerError::retryable(..))` requeues the task while the
+//! agent's `max_retries` last; `HandlerError::fatal(..)`, any other error
+//! turned into a `HandlerError` by `?`, and a panic fail it.
+
+mod backoff;
+mod context;
+pub mod echo;
+mod error;
+mod reply;
+mod task;
+#[cfg(test)]
+mod tests;
+mod worker;
+
+use std::time::Duration;
+
+use chorus_proto::taskstore::task_store_client::TaskStoreClient;
+use chorus_runtime::telemetry::TracePropagation;
+use tonic::{
+    service::interceptor::InterceptedService,
+    transport::{Channel, Endpoint},
+};
+
+pub use chorus_proto::taskstore as proto;
+pub use context::TaskContext;
+pub use error::{HandlerError, WorkerError};
+pub use reply::{Reply, text_artifact, text_part};
+pub use tokio_util::sync::CancellationToken;
+pub use worker::{DEFAULT_LEASE, DEFAULT_NAMESPACE, Worker};
+
+/// The task-store client a worker uses: every call carries the current W3C
+/// trace context.
+pub type Client = TaskStoreClient<InterceptedService<Channel, TracePropagation>>;
+
+/// Connects to the task store at `url` (`http://host:port`).
+///
+/// The connection is kept alive with HTTP/2 pings so that a vanished server is
+/// noticed, and is re-established on demand after it breaks.
+pub async fn connect(url: &str) -> Result<Client, WorkerError> {
+    let connect_error = |source| WorkerError::Connect { url: url.to_owned(), source };
+    let endpoint = Endpoint::from_shared(url.to_owned())
+        .map_err(connect_error)?
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(20))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .keep_alive_while_idle(true);
+    let channel = endpoint.connect().await.map_err(connect_error)?;
+    Ok(client_from_channel(channel))
+}
+
+/// A client over an existing channel (a lazy one, one with TLS, ...).
+pub fn client_from_channel(channel: Channel) -> Client {
+    TaskStoreClient::with_interceptor(channel, TracePropagation)
+}
+
+/// A token cancelled on Ctrl-C (and on `SIGTERM` on Unix), for [`Worker::run`].
+///
+/// Must be called inside a tokio runtime.
+pub fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let on_signal = token.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown signal received");
+        on_signal.cancel();
+    });
+    token
+}
+
+#[cfg(unix)]
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = match signal(SignalKind::terminate()) {
+        Ok(terminate) => terminate,
+        Err(error) => {
+            tracing::warn!(error = %error, "cannot listen for sigterm");
+            return ctrl_c().await;
+        }
+    };
+    tokio::select! {
+        () = ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+}
+
+#[cfg(not(unix))]
+async fn wait_for_signal() {
+    ctrl_c().await;
+}
+
+/// Waits for Ctrl-C; forever when it cannot be listened for (Ctrl-C then
+/// keeps its default effect of ending the process).
+async fn ctrl_c() {
+    if let Err(error) = tokio::signal::ctrl_c().await {
+        tracing::warn!(error = %error, "cannot listen for ctrl-c");
+        std::future::pending::<()>().await;
+    }
+}

@@ -1,0 +1,156 @@
+//! What a handler answers, and helpers to build messages, parts and artifacts.
+
+use chorus_proto::taskstore::{Artifact, Message, Part, Role, Task, part::Content};
+
+/// A handler's answer: the agent's final message and the task's artifacts.
+///
+/// A reply with no parts completes the task without a final message.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reply {
+    parts: Vec<Part>,
+    artifacts: Vec<Artifact>,
+}
+
+impl Reply {
+    /// A reply without message or artifacts.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A reply whose final message is one text part.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self::new().with_part(text_part(text))
+    }
+
+    /// Adds a part to the final message.
+    #[must_use]
+    pub fn with_part(mut self, part: Part) -> Self {
+        self.parts.push(part);
+        self
+    }
+
+    /// Adds an artifact to the completed task.
+    #[must_use]
+    pub fn with_artifact(mut self, artifact: Artifact) -> Self {
+        self.artifacts.push(artifact);
+        self
+    }
+
+    /// The parts of the final message.
+    pub fn parts(&self) -> &[Part] {
+        &self.parts
+    }
+
+    /// The artifacts the task completes with.
+    pub fn artifacts(&self) -> &[Artifact] {
+        &self.artifacts
+    }
+
+    /// The final message (for `task`) and the artifacts.
+    pub(crate) fn into_completion(self, task: &Task) -> (Option<Message>, Vec<Artifact>) {
+        let message = (!self.parts.is_empty()).then(|| agent_message(task, self.parts));
+        (message, self.artifacts)
+    }
+}
+
+/// A text part.
+pub fn text_part(text: impl Into<String>) -> Part {
+    Part { content: Some(Content::Text(text.into())), ..Part::default() }
+}
+
+/// An artifact named `name` with a fresh id and one text part.
+pub fn text_artifact(name: impl Into<String>, text: impl Into<String>) -> Artifact {
+    Artifact {
+        artifact_id: uuid::Uuid::new_v4().to_string(),
+        name: name.into(),
+        parts: vec![text_part(text)],
+        ..Artifact::default()
+    }
+}
+
+/// A message from the agent working on `task`, with a fresh id.
+pub(crate) fn agent_message(task: &Task, parts: Vec<Part>) -> Message {
+    Message {
+        message_id: uuid::Uuid::new_v4().to_string(),
+        context_id: task.context_id.clone(),
+        task_id: task.id.clone(),
+        role: Role::Agent.into(),
+        parts,
+        ..Message::default()
+    }
+}
+
+/// A user message (an instruction to another agent) with a fresh id.
+pub(crate) fn user_message(parts: Vec<Part>) -> Message {
+    Message { message_id: uuid::Uuid::new_v4().to_string(), role: Role::User.into(), parts, ..Message::default() }
+}
+
+/// The text parts of the most recent user message of `task`'s history,
+/// joined by newlines; empty when there is none.
+pub(crate) fn user_text(task: &Task) -> String {
+    let Some(message) = task.history.iter().rev().find(|message| message.role == i32::from(Role::User)) else {
+        return String::new();
+    };
+    let texts: Vec<&str> = message
+        .parts
+        .iter()
+        .filter_map(|part| match &part.content {
+            Some(Content::Text(text)) => Some(text.as_str()),
+            Some(Content::Raw(_) | Content::Url(_) | Content::Data(_)) | None => None,
+        })
+        .collect();
+    texts.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(role: Role, parts: Vec<Part>) -> Message {
+        Message { role: role.into(), parts, ..Message::default() }
+    }
+
+    fn task(history: Vec<Message>) -> Task {
+        Task { id: "t1".into(), context_id: "c1".into(), history, ..Task::default() }
+    }
+
+    #[test]
+    fn text_is_the_latest_user_message_text_parts_joined() {
+        let url = Part { content: Some(Content::Url("https://example.com".into())), ..Part::default() };
+        let task = task(vec![
+            message(Role::User, vec![text_part("first")]),
+            message(Role::User, vec![text_part("a"), url, text_part("b")]),
+            message(Role::Agent, vec![text_part("agent says")]),
+        ]);
+        assert_eq!(user_text(&task), "a\nb");
+    }
+
+    #[test]
+    fn text_is_empty_without_a_user_message() {
+        assert_eq!(user_text(&task(vec![])), "");
+        let agent_only = task(vec![message(Role::Agent, vec![text_part("hi")])]);
+        assert_eq!(user_text(&agent_only), "");
+    }
+
+    #[test]
+    fn completion_carries_an_agent_message_of_the_task() {
+        let task = task(vec![]);
+        let reply = Reply::text("done").with_artifact(text_artifact("out", "x"));
+        let (message, artifacts) = reply.into_completion(&task);
+        let message = message.expect("a text reply has a message");
+        assert_eq!(message.role, i32::from(Role::Agent));
+        assert_eq!(message.context_id, "c1");
+        assert_eq!(message.task_id, "t1");
+        assert!(uuid::Uuid::parse_str(&message.message_id).is_ok());
+        assert_eq!(message.parts, vec![text_part("done")]);
+        assert_eq!(artifacts.len(), 1);
+        assert_eq!(artifacts[0].name, "out");
+    }
+
+    #[test]
+    fn empty_reply_completes_without_a_message() {
+        let (message, artifacts) = Reply::new().into_completion(&task(vec![]));
+        assert!(message.is_none());
+        assert!(artifacts.is_empty());
+    }
+}

@@ -1,0 +1,271 @@
+//! One claimed task, from claim to completion: the handler runs in its own
+//! tokio task while the lease is renewed beside it.
+
+use std::{any::Any, future::Future, sync::Arc, time::Duration};
+
+use chorus_proto::taskstore::{ClaimedTask, CompleteTaskRequest, FailTaskRequest, RenewLeaseRequest, Task};
+use tokio::{
+    sync::OwnedSemaphorePermit,
+    task::{JoinHandle, JoinSet},
+    time::{Instant, MissedTickBehavior},
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument as _, debug, error, info, warn};
+
+use crate::{Client, HandlerError, Reply, TaskContext, backoff::Backoff};
+
+/// What every task of one worker shares.
+pub(crate) struct Runner<H> {
+    pub(crate) client: Client,
+    pub(crate) namespace: String,
+    pub(crate) agent_id: String,
+    pub(crate) lease: Duration,
+    pub(crate) handler: H,
+}
+
+/// Why the worker stopped holding a task before its handler finished.
+enum LeaseEnd {
+    /// The task was canceled on the server.
+    Canceled,
+    /// The server no longer knows this lease.
+    Lost(tonic::Status),
+    /// No renewal succeeded for a whole lease period.
+    Expired,
+}
+
+impl<H, F> Runner<H>
+where
+    H: Fn(TaskContext) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<Reply, HandlerError>> + Send + 'static,
+{
+    /// Spawns the handling of `claimed` into `tasks`, inside its own
+    /// `handle_task` span that continues the trace of the task's creator.
+    /// The permit is held until the task is done with.
+    pub(crate) fn start(self: &Arc<Self>, claimed: ClaimedTask, permit: OwnedSemaphorePermit, tasks: &mut JoinSet<()>) {
+        let ClaimedTask { task, lease_id, trace_context, .. } = claimed;
+        let Some(task) = task else {
+            warn!(lease_id = %lease_id, "claimed task without a task, skipped");
+            return;
+        };
+        let span = tracing::info_span!("handle_task", task_id = %task.id, agent_id = %self.agent_id);
+        chorus_runtime::telemetry::set_parent_from_headers(&span, &trace_context);
+        let runner = Arc::clone(self);
+        let handling = async move {
+            runner.handle(task, lease_id).await;
+            drop(permit);
+        };
+        tasks.spawn(handling.instrument(span));
+    }
+
+    /// Runs the handler while renewing the lease, then completes or fails the
+    /// task, or abandons it when the lease ends first. Dropping this future
+    /// (worker shutdown) aborts the handler and abandons the task.
+    async fn handle(self: Arc<Self>, task: Task, lease_id: String) {
+        let span = tracing::Span::current();
+        debug!("task claimed");
+        let cancel = CancellationToken::new();
+        let abandon = cancel.clone().drop_guard();
+        let ctx =
+            TaskContext::new(task, lease_id, self.namespace.clone(), self.client.clone(), cancel.clone(), span.clone());
+        let runner = Arc::clone(&self);
+        let handler_ctx = ctx.clone();
+        let handler_run = async move { (runner.handler)(handler_ctx).await };
+        let mut handler = AbortOnDrop(tokio::spawn(handler_run.instrument(span)));
+
+        let joined = tokio::select! {
+            joined = &mut handler.0 => joined,
+            end = self.keep_lease(&ctx) => {
+                log_lease_end(&end);
+                cancel.cancel();
+                // Let the handler see `cancelled()` and wind down; its result is ignored.
+                let _ = tokio::time::timeout(renewal_period(self.lease), &mut handler.0).await;
+                return;
+            }
+        };
+        abandon.disarm();
+        match joined {
+            Ok(Ok(reply)) => self.complete(&ctx, reply).await,
+            Ok(Err(error)) => {
+                debug!(error = %error, retry = error.is_retryable(), "handler failed");
+                self.fail(&ctx, error.to_string(), error.is_retryable()).await;
+            }
+            Err(join_error) => match join_error.try_into_panic() {
+                Ok(payload) => {
+                    let reason = format!("handler panicked: {}", panic_message(payload.as_ref()));
+                    error!(reason = %reason, "handler panicked");
+                    self.fail(&ctx, reason, false).await;
+                }
+                Err(_) => debug!("handler cancelled, task abandoned"),
+            },
+        }
+    }
+
+    /// Renews the lease every third of its length; returns only when the
+    /// worker must stop working on the task.
+    async fn keep_lease(&self, ctx: &TaskContext) -> LeaseEnd {
+        let period = renewal_period(self.lease);
+        let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut renewed_at = Instant::now();
+        loop {
+            ticks.tick().await;
+            let request = RenewLeaseRequest {
+                namespace: self.namespace.clone(),
+                task_id: ctx.id().to_owned(),
+                lease_id: ctx.lease_id().to_owned(),
+                lease: prost_duration(self.lease),
+            };
+            let mut client = self.client.clone();
+            let renewed = tokio::time::timeout(period, client.renew_lease(request)).await;
+            match renewed {
+                Ok(Ok(response)) if response.get_ref().canceled => return LeaseEnd::Canceled,
+                Ok(Ok(_)) => renewed_at = Instant::now(),
+                Ok(Err(status)) if lease_lost(&status) => return LeaseEnd::Lost(status),
+                Ok(Err(status)) => {
+                    warn!(task_id = %ctx.id(), error = %status, "lease renewal failed");
+                }
+                Err(_) => warn!(task_id = %ctx.id(), "lease renewal timed out"),
+            }
+            if renewed_at.elapsed() >= self.lease {
+                return LeaseEnd::Expired;
+            }
+        }
+    }
+
+    async fn complete(&self, ctx: &TaskContext, reply: Reply) {
+        let (message, artifacts) = reply.into_completion(ctx.task());
+        let request = CompleteTaskRequest {
+            namespace: self.namespace.clone(),
+            task_id: ctx.id().to_owned(),
+            lease_id: ctx.lease_id().to_owned(),
+            message,
+            artifacts,
+        };
+        let completed = self
+            .finish(|mut client| {
+                let request = request.clone();
+                async move { client.complete_task(request).await }
+            })
+            .await;
+        match completed {
+            Ok(()) => debug!("task completed"),
+            Err(status) => warn!(task_id = %ctx.id(), error = %status, "task completion failed"),
+        }
+    }
+
+    async fn fail(&self, ctx: &TaskContext, reason: String, retry: bool) {
+        let request = FailTaskRequest {
+            namespace: self.namespace.clone(),
+            task_id: ctx.id().to_owned(),
+            lease_id: ctx.lease_id().to_owned(),
+            reason,
+            retry,
+        };
+        let failed = self
+            .finish(|mut client| {
+                let request = request.clone();
+                async move { client.fail_task(request).await }
+            })
+            .await;
+        match failed {
+            Ok(()) => debug!(retry, "task failed"),
+            Err(status) => {
+                warn!(task_id = %ctx.id(), error = %status, "task failure report failed")
+            }
+        }
+    }
+
+    /// Makes a final call, retrying while the server is unavailable and the
+    /// lease may still hold.
+    async fn finish<C, Fut, T>(&self, call: C) -> Result<(), tonic::Status>
+    where
+        C: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let started = Instant::now();
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        loop {
+            let status = match call(self.client.clone()).await {
+                Ok(_) => return Ok(()),
+                Err(status) => status,
+            };
+            let delay = backoff.next_delay();
+            if status.code() != tonic::Code::Unavailable || started.elapsed() + delay >= self.lease {
+                return Err(status);
+            }
+            tokio::time::sleep(delay).await;
+        }
+    }
+}
+
+/// Aborts the handler when the task's handling is dropped.
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn log_lease_end(end: &LeaseEnd) {
+    match end {
+        LeaseEnd::Canceled => info!("task canceled on the server, abandoned"),
+        LeaseEnd::Lost(status) => warn!(error = %status, "task lease lost, task abandoned"),
+        LeaseEnd::Expired => warn!("task lease not renewed in time, task abandoned"),
+    }
+}
+
+/// Renewals happen three times per lease.
+pub(crate) fn renewal_period(lease: Duration) -> Duration {
+    (lease / 3).max(Duration::from_millis(1))
+}
+
+/// The lease duration on the wire; `None` (the server's default) when it does
+/// not fit, which the worker's validation already rules out.
+pub(crate) fn prost_duration(lease: Duration) -> Option<chorus_proto::prost_types::Duration> {
+    chorus_proto::prost_types::Duration::try_from(lease).ok()
+}
+
+/// The server no longer holds the lease: renewing again cannot help.
+fn lease_lost(status: &tonic::Status) -> bool {
+    matches!(status.code(), tonic::Code::FailedPrecondition | tonic::Code::NotFound)
+}
+
+/// The text of a panic payload (`panic!` makes a `&str` or a `String`).
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        return (*text).to_owned();
+    }
+    if let Some(text) = payload.downcast_ref::<String>() {
+        return text.clone();
+    }
+    "non-text panic payload".to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn panic_message_reads_str_and_string_payloads() {
+        let payload: Box<dyn Any + Send> = Box::new("boom");
+        assert_eq!(panic_message(payload.as_ref()), "boom");
+        let payload: Box<dyn Any + Send> = Box::new(format!("boom {}", 2));
+        assert_eq!(panic_message(payload.as_ref()), "boom 2");
+        let payload: Box<dyn Any + Send> = Box::new(7_u8);
+        assert_eq!(panic_message(payload.as_ref()), "non-text panic payload");
+    }
+
+    #[test]
+    fn renewals_happen_three_times_per_lease() {
+        assert_eq!(renewal_period(Duration::from_secs(30)), Duration::from_secs(10));
+        assert_eq!(renewal_period(Duration::ZERO), Duration::from_millis(1));
+    }
+
+    #[test]
+    fn only_a_missing_lease_counts_as_lost() {
+        assert!(lease_lost(&tonic::Status::failed_precondition("lease")));
+        assert!(lease_lost(&tonic::Status::not_found("task")));
+        assert!(!lease_lost(&tonic::Status::unavailable("down")));
+    }
+}

@@ -1,0 +1,123 @@
+//! Layered configuration: defaults < `chorus.toml` < `CHORUS_*` environment <
+//! command-line flags. Unknown keys are rejected at every layer.
+//!
+//! Nested keys use `__` in the environment: `CHORUS_STORAGE__DATABASE_URL`
+//! sets `storage.database_url`.
+
+use std::path::Path;
+
+use figment::{
+    Figment,
+    providers::{Env, Format as _, Serialized, Toml},
+};
+use serde::{Serialize, de::DeserializeOwned};
+
+/// The file read when no `--config` is given, if it exists.
+pub const DEFAULT_FILE: &str = "chorus.toml";
+
+/// `CHORUS_*` variables that are not configuration keys (test harness knobs).
+const NOT_CONFIG: &[&str] = &["test_postgres_url", "bin"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {0} does not exist")]
+    MissingFile(String),
+    #[error("invalid configuration: {0}")]
+    Invalid(#[from] Box<figment::Error>),
+}
+
+/// Loads a `T` from its defaults, then `file` (or `chorus.toml` when present),
+/// then the environment, then `flags` (a serializable struct whose `None`
+/// fields are skipped).
+pub fn load<T, F>(file: Option<&Path>, flags: &F) -> Result<T, ConfigError>
+where
+    T: Serialize + DeserializeOwned + Default,
+    F: Serialize,
+{
+    let mut figment = Figment::from(Serialized::defaults(T::default()));
+    match file {
+        Some(path) if !path.exists() => return Err(ConfigError::MissingFile(path.display().to_string())),
+        Some(path) => figment = figment.merge(Toml::file_exact(path)),
+        None if Path::new(DEFAULT_FILE).exists() => figment = figment.merge(Toml::file_exact(DEFAULT_FILE)),
+        None => {}
+    }
+    figment
+        .merge(Env::prefixed("CHORUS_").split("__").ignore(NOT_CONFIG))
+        .merge(Serialized::defaults(flags))
+        .extract()
+        .map_err(|error| ConfigError::Invalid(Box::new(error)))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+
+    use super::*;
+
+    #[derive(Debug, Serialize, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields, default)]
+    struct Demo {
+        listen: String,
+        inner: Inner,
+    }
+
+    #[derive(Debug, Serialize, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields, default)]
+    struct Inner {
+        size: u32,
+        name: String,
+    }
+
+    impl Default for Demo {
+        fn default() -> Self {
+            Self { listen: "default".into(), inner: Inner::default() }
+        }
+    }
+
+    impl Default for Inner {
+        fn default() -> Self {
+            Self { size: 1, name: "n".into() }
+        }
+    }
+
+    #[derive(Serialize)]
+    struct Flags {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        listen: Option<String>,
+    }
+
+    #[test]
+    fn layers_apply_in_order_and_unknown_keys_fail() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("c.toml", "listen = \"file\"\n[inner]\nsize = 5\nname = \"file\"")?;
+            jail.set_env("CHORUS_INNER__NAME", "env");
+            let no_flags = Flags { listen: None };
+            let loaded: Demo = load(Some(Path::new("c.toml")), &no_flags).unwrap();
+            assert_eq!(loaded, Demo { listen: "file".into(), inner: Inner { size: 5, name: "env".into() } });
+
+            let flags = Flags { listen: Some("flag".into()) };
+            let loaded: Demo = load(Some(Path::new("c.toml")), &flags).unwrap();
+            assert_eq!(loaded.listen, "flag");
+
+            jail.set_env("CHORUS_INNER__SIZZE", "3");
+            let error = load::<Demo, _>(Some(Path::new("c.toml")), &no_flags).unwrap_err();
+            assert!(error.to_string().contains("sizze"), "{error}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_named_file_must_exist_and_harness_variables_are_ignored() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("CHORUS_TEST_POSTGRES_URL", "postgres://x");
+            let no_flags = Flags { listen: None };
+            assert!(matches!(
+                load::<Demo, _>(Some(Path::new("absent.toml")), &no_flags),
+                Err(ConfigError::MissingFile(_))
+            ));
+            let loaded: Demo = load(None, &no_flags).unwrap();
+            assert_eq!(loaded, Demo::default());
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,17 @@
+//! The chorus runtime: what every service shares.
+//!
+//! - [`config`]: layered configuration (defaults < `chorus.toml` < `CHORUS_*` < flags);
+//! - [`telemetry`]: tracing, OTLP export, W3C trace-context propagation;
+//! - [`server`]: one server builder for gRPC + HTTP on one pre-bound port;
+//! - [`storage`]: a database URL selects PostgreSQL or SQLite; embedded migrations;
+//! - [`error`]: the closed error-code enum mapped once to gRPC and HTTP;
+//! - [`validate`]: proto input checks that name the offending field;
+//! - [`wakeup`]: commit signals between writers and waiting readers.
+
+pub mod config;
+pub mod error;
+pub mod server;
+pub mod storage;
+pub mod telemetry;
+pub mod validate;
+pub mod wakeup;

@@ -1,0 +1,203 @@
+//! One server builder: gRPC services and HTTP routes on one pre-bound port,
+//! with health, reflection, tracing, panic and timeout layers, and graceful
+//! shutdown. Services hand it their generated server; it owns the rest.
+
+use std::{convert::Infallible, future::Future, pin::Pin, sync::Arc, time::Duration};
+
+use axum::{Router, http::StatusCode, routing::get};
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::{
+    body::Body,
+    server::NamedService,
+    service::{Routes, RoutesBuilder},
+    transport::{Server, server::TcpIncoming},
+};
+use tonic_health::{ServingStatus, server::HealthReporter};
+use tower::ServiceBuilder;
+use tower_http::{catch_panic::CatchPanicLayer, trace::TraceLayer};
+
+use crate::telemetry;
+
+/// Server settings shared by every service.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Longest a unary call may take (streams are not limited).
+    pub request_timeout_ms: u64,
+    /// Largest accepted request message.
+    pub max_message_bytes: usize,
+    /// How long shutdown waits for calls in flight.
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self { request_timeout_ms: 120_000, max_message_bytes: 4 * 1024 * 1024, shutdown_grace_ms: 10_000 }
+    }
+}
+
+/// A readiness check: `Err(reason)` keeps `/healthz` at 503.
+pub type ReadinessProbe = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+
+/// Collects services and routes, then serves them.
+pub struct ServerBuilder {
+    config: ServerConfig,
+    grpc: RoutesBuilder,
+    http: Router,
+    service_names: Vec<&'static str>,
+    probes: Vec<ReadinessProbe>,
+    health: HealthReporter,
+}
+
+impl std::fmt::Debug for ServerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerBuilder").field("services", &self.service_names).finish_non_exhaustive()
+    }
+}
+
+impl ServerBuilder {
+    pub fn new(config: ServerConfig) -> Self {
+        let (health, health_service) = tonic_health::server::health_reporter();
+        let mut grpc = RoutesBuilder::default();
+        grpc.add_service(health_service);
+        Self { config, grpc, http: Router::new(), service_names: Vec::new(), probes: Vec::new(), health }
+    }
+
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+
+    /// Mounts a gRPC service; it is reported SERVING once [`serve`](Self::serve) starts.
+    pub fn add_grpc_service<S>(&mut self, service: S) -> &mut Self
+    where
+        S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
+            + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        self.service_names.push(S::NAME);
+        self.grpc.add_service(service);
+        self
+    }
+
+    /// Mounts HTTP routes beside the gRPC services.
+    pub fn merge_http(&mut self, router: Router) -> &mut Self {
+        self.http = std::mem::take(&mut self.http).merge(router);
+        self
+    }
+
+    /// Adds a check that must pass for `GET /healthz` to answer 200.
+    pub fn add_readiness_probe(&mut self, probe: ReadinessProbe) -> &mut Self {
+        self.probes.push(probe);
+        self
+    }
+
+    /// Serves until `shutdown` is cancelled, then waits up to the grace period
+    /// for calls in flight.
+    pub async fn serve(
+        mut self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> Result<(), tonic::transport::Error> {
+        let reflection = self.reflection();
+        self.grpc.add_service(reflection.0);
+        self.grpc.add_service(reflection.1);
+        for name in &self.service_names {
+            self.health.set_service_status(*name, ServingStatus::Serving).await;
+        }
+        let probes = Arc::new(std::mem::take(&mut self.probes));
+        let router = self
+            .grpc
+            .routes()
+            .into_axum_router()
+            .merge(std::mem::take(&mut self.http))
+            .route("/healthz", get(move || healthz(Arc::clone(&probes))));
+        let layers = ServiceBuilder::new()
+            .layer(TraceLayer::new_for_grpc().make_span_with(telemetry::server_span))
+            .layer(CatchPanicLayer::custom(panic_response));
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let grace = Duration::from_millis(self.config.shutdown_grace_ms);
+        let health = self.health.clone();
+        let names = self.service_names.clone();
+        let stopping = shutdown.clone();
+        let server = Server::builder()
+            .accept_http1(true)
+            .timeout(Duration::from_millis(self.config.request_timeout_ms))
+            .layer(layers)
+            .add_routes(Routes::from(router))
+            .serve_with_incoming_shutdown(incoming, async move {
+                stopping.cancelled().await;
+                for name in names {
+                    health.set_service_status(name, ServingStatus::NotServing).await;
+                }
+            });
+        tokio::select! {
+            served = server => served,
+            () = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => {
+                tracing::warn!("shutdown grace period passed with calls still in flight");
+                Ok(())
+            }
+        }
+    }
+
+    fn reflection(&self) -> (impl ReflectionService, impl ReflectionService) {
+        let builder = || {
+            let mut builder = tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(chorus_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .with_service_name("grpc.health.v1.Health");
+            for name in &self.service_names {
+                builder = builder.with_service_name(*name);
+            }
+            builder
+        };
+        let v1 = builder().build_v1().expect("embedded descriptor sets are valid");
+        let v1alpha = builder().build_v1alpha().expect("embedded descriptor sets are valid");
+        (v1, v1alpha)
+    }
+}
+
+/// What a reflection server is to the routes builder.
+trait ReflectionService:
+    tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible, Future: Send>
+    + NamedService
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> ReflectionService for S where
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible, Future: Send>
+        + NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+async fn healthz(probes: Arc<Vec<ReadinessProbe>>) -> (StatusCode, String) {
+    for probe in probes.iter() {
+        if let Err(reason) = probe().await {
+            return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n"));
+        }
+    }
+    (StatusCode::OK, "ok\n".to_owned())
+}
+
+fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> http::Response<Body> {
+    let detail = panic
+        .downcast_ref::<&str>()
+        .map(|message| (*message).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    tracing::error!(panic = %detail, "request handler panicked");
+    tonic::Status::internal("internal error").into_http()
+}

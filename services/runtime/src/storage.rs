@@ -1,0 +1,345 @@
+//! Storage: a database URL selects PostgreSQL or SQLite.
+//!
+//! Services write their SQL once, against sqlx's `Any` driver, in the subset
+//! both databases share (BIGINT times in microseconds, TEXT, BLOB/BYTEA); the
+//! rare statement that must differ is chosen by [`Backend`]. Each service owns
+//! its tables (prefixed with its name) and its migrations, which are embedded
+//! in its crate, recorded in its own ledger table and run at start-up.
+
+use std::{borrow::Cow, fmt, str::FromStr, sync::Once, time::Duration};
+
+use serde::{Deserialize, Serialize};
+use sqlx::{
+    AnyPool, Executor as _,
+    any::AnyPoolOptions,
+    migrate::{Migration, MigrationType, Migrator},
+    postgres::PgListener,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::wakeup::{self, Wakeups};
+
+/// Storage settings.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// `postgres://…` or `sqlite://path`; empty: SQLite in `data_dir`.
+    pub database_url: String,
+    /// Where the embedded SQLite file lives when no URL is given.
+    pub data_dir: String,
+    /// Pool size on PostgreSQL (SQLite always uses one writer connection).
+    pub max_connections: u32,
+    /// How long a request waits for a pooled connection.
+    pub acquire_timeout_ms: u64,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            database_url: String::new(),
+            data_dir: ".chorus".to_owned(),
+            max_connections: 24,
+            acquire_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl fmt::Debug for StorageConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StorageConfig")
+            .field("database_url", &redact_url(&self.database_url))
+            .field("data_dir", &self.data_dir)
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout_ms", &self.acquire_timeout_ms)
+            .finish()
+    }
+}
+
+impl StorageConfig {
+    /// The URL to connect to: the configured one, or SQLite under `data_dir`.
+    pub fn effective_url(&self) -> Result<String, StorageError> {
+        if !self.database_url.is_empty() {
+            return Ok(self.database_url.clone());
+        }
+        std::fs::create_dir_all(&self.data_dir)
+            .map_err(|source| StorageError::DataDir { dir: self.data_dir.clone(), source })?;
+        Ok(format!("sqlite://{}/chorus.db?mode=rwc", self.data_dir))
+    }
+}
+
+/// Replaces the password in a URL, for logs and `Debug`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((userinfo, host)) = rest.split_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:OMITTED@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+/// Which database a [`Db`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+impl Backend {
+    pub fn from_url(url: &str) -> Result<Self, StorageError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Self::Postgres)
+        } else if url.starts_with("sqlite:") {
+            Ok(Self::Sqlite)
+        } else {
+            Err(StorageError::UnsupportedUrl { url: redact_url(url) })
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("unsupported database url {url}: use postgres://… or sqlite://…")]
+    UnsupportedUrl { url: String },
+    #[error("cannot create data directory {dir}: {source}")]
+    DataDir { dir: String, source: std::io::Error },
+    #[error("cannot connect to {url}: {source}")]
+    Connect { url: String, source: sqlx::Error },
+    #[error("migrations of {service} failed: {source}")]
+    Migrate { service: &'static str, source: sqlx::migrate::MigrateError },
+}
+
+/// One embedded migration file.
+#[derive(Debug, Clone, Copy)]
+pub struct MigrationFile {
+    pub version: i64,
+    pub description: &'static str,
+    pub sql: &'static str,
+}
+
+/// A service's migrations, one list per backend.
+#[derive(Debug, Clone, Copy)]
+pub struct ServiceMigrations {
+    pub service: &'static str,
+    pub postgres: &'static [MigrationFile],
+    pub sqlite: &'static [MigrationFile],
+}
+
+impl ServiceMigrations {
+    fn migrator(&self, backend: Backend) -> Migrator {
+        let files = match backend {
+            Backend::Postgres => self.postgres,
+            Backend::Sqlite => self.sqlite,
+        };
+        let migrations = files
+            .iter()
+            .map(|file| {
+                Migration::new(
+                    file.version,
+                    Cow::Borrowed(file.description),
+                    MigrationType::Simple,
+                    sqlx::SqlSafeStr::into_sql_str(file.sql),
+                    false,
+                )
+            })
+            .collect();
+        let mut migrator = Migrator::with_migrations(migrations);
+        migrator.dangerous_set_table_name(format!("_chorus_{}_migrations", self.service));
+        migrator
+    }
+}
+
+/// A connection pool and the backend behind it. Cheap to clone.
+#[derive(Clone)]
+pub struct Db {
+    pool: AnyPool,
+    backend: Backend,
+    url: String,
+}
+
+impl fmt::Debug for Db {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Db").field("backend", &self.backend).field("url", &redact_url(&self.url)).finish()
+    }
+}
+
+static INSTALL_DRIVERS: Once = Once::new();
+
+impl Db {
+    /// Connects to `url`. SQLite runs in WAL mode with a single connection, so
+    /// writers never meet `SQLITE_BUSY`.
+    pub async fn connect(url: &str, config: &StorageConfig) -> Result<Self, StorageError> {
+        INSTALL_DRIVERS.call_once(sqlx::any::install_default_drivers);
+        let backend = Backend::from_url(url)?;
+        let max_connections = match backend {
+            Backend::Postgres => config.max_connections.max(1),
+            Backend::Sqlite => 1,
+        };
+        let connect_error = |source| StorageError::Connect { url: redact_url(url), source };
+        let options = sqlx::any::AnyConnectOptions::from_str(url).map_err(connect_error)?;
+        let pool = AnyPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_millis(config.acquire_timeout_ms))
+            .after_connect(move |connection, _meta| {
+                Box::pin(async move {
+                    if backend == Backend::Sqlite {
+                        connection.execute("PRAGMA journal_mode = WAL").await?;
+                        connection.execute("PRAGMA synchronous = NORMAL").await?;
+                        connection.execute("PRAGMA foreign_keys = ON").await?;
+                        connection.execute("PRAGMA busy_timeout = 5000").await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await
+            .map_err(connect_error)?;
+        Ok(Self { pool, backend, url: url.to_owned() })
+    }
+
+    /// Runs a service's pending migrations (under a lock on PostgreSQL, so
+    /// replicas starting together migrate once).
+    pub async fn migrate(&self, migrations: &ServiceMigrations) -> Result<(), StorageError> {
+        migrations
+            .migrator(self.backend)
+            .run(&self.pool)
+            .await
+            .map_err(|source| StorageError::Migrate { service: migrations.service, source })
+    }
+
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Succeeds when the database answers.
+    pub async fn ping(&self) -> Result<(), sqlx::Error> {
+        self.pool.execute("SELECT 1").await.map(drop)
+    }
+
+    /// Carries `wakeups` across processes: on PostgreSQL, each notified key is
+    /// sent with `pg_notify` on `channel` (coalesced per burst) and keys other
+    /// processes notify are delivered locally. On SQLite (one process) this
+    /// does nothing. Runs until `shutdown`.
+    pub fn bridge_wakeups(&self, channel: &'static str, wakeups: &Wakeups, shutdown: CancellationToken) {
+        if self.backend != Backend::Postgres {
+            return;
+        }
+        let mut outgoing = wakeups.set_remote();
+        let pool = self.pool.clone();
+        let sender_shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                let batch = tokio::select! {
+                    () = sender_shutdown.cancelled() => return,
+                    batch = wakeup::next_batch(&mut outgoing) => batch,
+                };
+                let Some(keys) = batch else { return };
+                for key in keys {
+                    let sent = sqlx::query("SELECT pg_notify($1, $2)").bind(channel).bind(key).execute(&pool).await;
+                    if let Err(error) = sent {
+                        tracing::debug!(%error, channel, "wake-up notify failed; readers will poll");
+                    }
+                }
+            }
+        });
+        let url = self.url.clone();
+        let wakeups = wakeups.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = listen(url, channel, wakeups) => {}
+            }
+        });
+    }
+}
+
+async fn listen(url: String, channel: &'static str, wakeups: Wakeups) {
+    loop {
+        let received: Result<std::convert::Infallible, sqlx::Error> = async {
+            let mut listener = PgListener::connect(&url).await?;
+            listener.listen(channel).await?;
+            loop {
+                let notification = listener.recv().await?;
+                wakeups.notify_local(notification.payload());
+            }
+        }
+        .await;
+        let Err(error) = received;
+        tracing::warn!(%error, channel, "wake-up listener lost its connection; retrying");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// What a database error means to a caller, decided here and nowhere else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbErrorKind {
+    UniqueViolation,
+    ForeignKeyViolation,
+    /// Retryable: connection trouble, pool exhaustion, lock or serialization conflicts.
+    Unavailable,
+    Other,
+}
+
+/// Classifies a sqlx error.
+pub fn classify(error: &sqlx::Error) -> DbErrorKind {
+    match error {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => {
+            DbErrorKind::Unavailable
+        }
+        sqlx::Error::Database(database_error) => {
+            if database_error.is_unique_violation() {
+                return DbErrorKind::UniqueViolation;
+            }
+            if database_error.is_foreign_key_violation() {
+                return DbErrorKind::ForeignKeyViolation;
+            }
+            // 40001 serialization failure, 40P01 deadlock, 55P03 lock not
+            // available (PostgreSQL); 5 busy, 6 locked (SQLite).
+            match database_error.code().as_deref() {
+                Some("40001" | "40P01" | "55P03" | "5" | "6") => DbErrorKind::Unavailable,
+                _ => DbErrorKind::Other,
+            }
+        }
+        _ => DbErrorKind::Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_select_backends() {
+        assert_eq!(Backend::from_url("postgres://u@h/db").unwrap(), Backend::Postgres);
+        assert_eq!(Backend::from_url("sqlite::memory:").unwrap(), Backend::Sqlite);
+        assert!(Backend::from_url("mysql://x").is_err());
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(redact_url("postgres://u:hunter2@h/db"), "postgres://u:OMITTED@h/db");
+        let config = StorageConfig { database_url: "postgres://u:hunter2@h/db".into(), ..Default::default() };
+        assert!(!format!("{config:?}").contains("hunter2"));
+    }
+
+    #[tokio::test]
+    async fn sqlite_file_in_data_dir_migrates_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = StorageConfig { data_dir: dir.path().join("d").display().to_string(), ..Default::default() };
+        let url = config.effective_url().unwrap();
+        let db = Db::connect(&url, &config).await.unwrap();
+        const FILES: &[MigrationFile] =
+            &[MigrationFile { version: 1, description: "t", sql: "CREATE TABLE demo_t (x BIGINT)" }];
+        let migrations = ServiceMigrations { service: "demo", postgres: FILES, sqlite: FILES };
+        db.migrate(&migrations).await.unwrap();
+        db.migrate(&migrations).await.unwrap();
+        db.ping().await.unwrap();
+    }
+}

@@ -1,0 +1,170 @@
+//! Telemetry: one [`init`] call returning a guard.
+//!
+//! - `RUST_LOG` filters (default `info`); logs are pretty or JSON;
+//! - spans are exported over OTLP/gRPC only when `OTEL_EXPORTER_OTLP_ENDPOINT`
+//!   is set (the exporter reads the standard `OTEL_*` variables);
+//! - W3C trace context is extracted by every server ([`server_span`]) and
+//!   injected by every client ([`TracePropagation`]).
+
+use std::collections::HashMap;
+
+use opentelemetry::{
+    propagation::{Extractor, Injector},
+    trace::TracerProvider as _,
+};
+use opentelemetry_sdk::{Resource, propagation::TraceContextPropagator, trace::SdkTracerProvider};
+use serde::{Deserialize, Serialize};
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+use tracing_subscriber::{EnvFilter, Layer as _, layer::SubscriberExt as _, util::SubscriberInitExt as _};
+
+/// Log output settings.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Pretty,
+    Json,
+}
+
+/// Flushes exported spans when the process ends.
+#[derive(Debug)]
+#[must_use = "dropping the guard stops span export"]
+pub struct TelemetryGuard {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl TelemetryGuard {
+    /// Flushes and stops span export, off the async threads.
+    pub async fn shutdown(mut self) {
+        let Some(provider) = self.provider.take() else {
+            return;
+        };
+        let flushed = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+        if let Ok(Err(error)) = flushed {
+            eprintln!("chorus: span export shutdown failed: {error}");
+        }
+    }
+}
+
+/// Installs the global subscriber and propagator. Must run inside a tokio
+/// runtime. A second call in one process keeps the first subscriber.
+pub fn init(
+    service_name: &str,
+    config: &TelemetryConfig,
+) -> Result<TelemetryGuard, opentelemetry_otlp::ExporterBuildError> {
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,h2=warn"));
+    let fmt_layer = match config.log_format {
+        LogFormat::Pretty => tracing_subscriber::fmt::layer().with_target(false).boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer().json().flatten_event(true).boxed(),
+    };
+    let provider = match std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
+        Ok(endpoint) if !endpoint.is_empty() => Some(otlp_provider(service_name)?),
+        _ => None,
+    };
+    let otel_layer = provider
+        .as_ref()
+        .map(|provider| tracing_opentelemetry::layer().with_tracer(provider.tracer("chorus")).with_filter(filter()));
+    // Another subscriber already installed (tests running several services
+    // in one process) is not an error: the first one keeps logging.
+    let _ = tracing_subscriber::registry().with(fmt_layer.with_filter(filter())).with(otel_layer).try_init();
+    Ok(TelemetryGuard { provider })
+}
+
+fn otlp_provider(service_name: &str) -> Result<SdkTracerProvider, opentelemetry_otlp::ExporterBuildError> {
+    let service_name = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| service_name.to_owned());
+    let exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic().build()?;
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(Resource::builder().with_service_name(service_name).build())
+        .build())
+}
+
+/// The span of one incoming request, continuing the caller's trace when the
+/// request carries a W3C `traceparent`.
+pub fn server_span<B>(request: &http::Request<B>) -> tracing::Span {
+    let path = request.uri().path();
+    let span = tracing::info_span!(
+        "request",
+        otel.name = %path.trim_start_matches('/'),
+        otel.kind = "server",
+        rpc.path = %path,
+        namespace = tracing::field::Empty,
+        task_id = tracing::field::Empty,
+        context_id = tracing::field::Empty,
+    );
+    let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.extract(&HeaderExtractor(request.headers()))
+    });
+    // Fails only when no OpenTelemetry layer is installed: then there is nothing to join.
+    let _ = span.set_parent(parent);
+    span
+}
+
+struct HeaderExtractor<'a>(&'a http::HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(http::HeaderName::as_str).collect()
+    }
+}
+
+/// Records ids on the current request span (see [`server_span`]), so traces
+/// can be searched by them.
+pub fn record_ids(namespace: &str, task_id: &str) {
+    let span = tracing::Span::current();
+    span.record("namespace", namespace);
+    if !task_id.is_empty() {
+        span.record("task_id", task_id);
+    }
+}
+
+/// The current span's W3C trace context as header pairs (`traceparent`, ...).
+pub fn current_context_headers() -> HashMap<String, String> {
+    let mut headers = HashMap::new();
+    let context = tracing::Span::current().context();
+    opentelemetry::global::get_text_map_propagator(|propagator| propagator.inject_context(&context, &mut headers));
+    headers
+}
+
+/// Sets `span`'s parent from W3C header pairs (as [`current_context_headers`] made them).
+pub fn set_parent_from_headers(span: &tracing::Span, headers: &HashMap<String, String>) {
+    let parent = opentelemetry::global::get_text_map_propagator(|propagator| propagator.extract(headers));
+    let _ = span.set_parent(parent);
+}
+
+/// A tonic interceptor that sends the current trace context with every call.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TracePropagation;
+
+impl tonic::service::Interceptor for TracePropagation {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let context = tracing::Span::current().context();
+        opentelemetry::global::get_text_map_propagator(|propagator| {
+            propagator.inject_context(&context, &mut MetadataInjector(request.metadata_mut()));
+        });
+        Ok(request)
+    }
+}
+
+struct MetadataInjector<'a>(&'a mut tonic::metadata::MetadataMap);
+
+impl Injector for MetadataInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        let key = tonic::metadata::MetadataKey::from_bytes(key.as_bytes());
+        let value = tonic::metadata::MetadataValue::try_from(value);
+        if let (Ok(key), Ok(value)) = (key, value) {
+            self.0.insert(key, value);
+        }
+    }
+}

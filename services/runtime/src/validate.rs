@@ -1,0 +1,124 @@
+//! Checks for proto input at the handler edge. Each failure names its field.
+
+use std::time::Duration;
+
+/// A request field that is missing or malformed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct FieldViolation {
+    pub field: String,
+    pub reason: String,
+}
+
+impl FieldViolation {
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self { field: field.into(), reason: reason.into() }
+    }
+
+    pub fn required(field: impl Into<String>) -> Self {
+        Self::new(field, "is required")
+    }
+
+    /// The same violation inside a nested message: `message.parts[0]`.
+    pub fn nested(self, parent: &str) -> Self {
+        Self { field: format!("{parent}.{}", self.field), ..self }
+    }
+}
+
+impl crate::error::ServiceError for FieldViolation {
+    fn error_code(&self) -> crate::error::ErrorCode {
+        crate::error::ErrorCode::InvalidArgument
+    }
+
+    fn field(&self) -> Option<&str> {
+        Some(&self.field)
+    }
+}
+
+impl From<FieldViolation> for tonic::Status {
+    fn from(violation: FieldViolation) -> Self {
+        crate::error::into_status(violation)
+    }
+}
+
+/// Longest accepted identifier (namespace, agent, task, ...).
+pub const MAX_ID_LEN: usize = 200;
+
+/// A namespace: 1–63 characters of `a-z 0-9 - _ .`, starting alphanumeric.
+pub fn namespace(value: &str) -> Result<String, FieldViolation> {
+    let valid_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.".contains(c);
+    if value.is_empty() {
+        return Err(FieldViolation::required("namespace"));
+    }
+    if value.len() > 63 || !value.chars().all(valid_char) || !value.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        return Err(FieldViolation::new(
+            "namespace",
+            "must be 1-63 characters of a-z, 0-9, '-', '_' or '.', starting with a letter or digit",
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+/// A non-empty identifier of printable characters, at most [`MAX_ID_LEN`] bytes.
+pub fn id(field: &str, value: &str) -> Result<String, FieldViolation> {
+    if value.is_empty() {
+        return Err(FieldViolation::required(field));
+    }
+    if value.len() > MAX_ID_LEN {
+        return Err(FieldViolation::new(field, format!("must be at most {MAX_ID_LEN} bytes")));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(FieldViolation::new(field, "must not contain control characters"));
+    }
+    Ok(value.to_owned())
+}
+
+/// Like [`id`], but empty means absent.
+pub fn optional_id(field: &str, value: &str) -> Result<Option<String>, FieldViolation> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    id(field, value).map(Some)
+}
+
+/// A non-negative protobuf duration, or `default` when absent.
+pub fn duration(
+    field: &str,
+    value: Option<prost_types::Duration>,
+    default: Duration,
+) -> Result<Duration, FieldViolation> {
+    let Some(value) = value else {
+        return Ok(default);
+    };
+    Duration::try_from(value).map_err(|_| FieldViolation::new(field, "must be a non-negative duration"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaces() {
+        assert!(namespace("team-a.prod_1").is_ok());
+        assert_eq!(namespace("").unwrap_err().reason, "is required");
+        assert!(namespace("Team").is_err());
+        assert!(namespace("-x").is_err());
+        assert!(namespace(&"a".repeat(64)).is_err());
+    }
+
+    #[test]
+    fn ids() {
+        assert!(id("task_id", "abc").is_ok());
+        assert_eq!(id("task_id", "").unwrap_err().field, "task_id");
+        assert!(id("task_id", "a\u{7}b").is_err());
+        assert!(id("task_id", &"x".repeat(MAX_ID_LEN + 1)).is_err());
+        assert_eq!(optional_id("context_id", "").unwrap(), None);
+    }
+
+    #[test]
+    fn durations() {
+        let negative = prost_types::Duration { seconds: -1, nanos: 0 };
+        assert!(duration("lease", Some(negative), Duration::ZERO).is_err());
+        assert_eq!(duration("lease", None, Duration::from_secs(3)).unwrap(), Duration::from_secs(3));
+    }
+}

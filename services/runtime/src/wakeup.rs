@@ -1,0 +1,150 @@
+//! Commit signals: a writer says "key K changed", waiting readers re-read.
+//!
+//! Signals are hints. A reader always re-reads the database after a signal
+//! and also polls on an interval, so a lost signal delays, never loses, work.
+//! Within one process signals are immediate; across processes sharing one
+//! PostgreSQL they travel over LISTEN/NOTIFY (see [`crate::storage::Db::bridge_wakeups`]).
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::sync::{mpsc, watch};
+
+/// A set of named signals. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct Wakeups {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    senders: Mutex<HashMap<String, watch::Sender<u64>>>,
+    remote: Mutex<Option<mpsc::UnboundedSender<String>>>,
+}
+
+/// Waits for a signal on one key.
+#[derive(Debug)]
+pub struct Waiter {
+    receiver: watch::Receiver<u64>,
+}
+
+impl Wakeups {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A waiter for `key`. Create it *before* reading, so that a signal sent
+    /// between the read and the wait is not missed.
+    pub fn waiter(&self, key: &str) -> Waiter {
+        let mut senders = self.inner.senders.lock().expect("wakeups lock poisoned");
+        let sender = senders.entry(key.to_owned()).or_insert_with(|| watch::channel(0).0);
+        let mut receiver = sender.subscribe();
+        receiver.mark_unchanged();
+        Waiter { receiver }
+    }
+
+    /// Signals `key` in this process and, when bridged, in every other one.
+    pub fn notify(&self, key: &str) {
+        self.notify_local(key);
+        if let Some(remote) = self.inner.remote.lock().expect("wakeups lock poisoned").as_ref() {
+            // A closed bridge only costs latency: readers poll.
+            let _ = remote.send(key.to_owned());
+        }
+    }
+
+    /// Signals `key` in this process only (what a bridge calls on receipt).
+    pub fn notify_local(&self, key: &str) {
+        let mut senders = self.inner.senders.lock().expect("wakeups lock poisoned");
+        if let Some(sender) = senders.get(key) {
+            if sender.receiver_count() == 0 {
+                senders.remove(key);
+            } else {
+                sender.send_modify(|generation| *generation += 1);
+            }
+        }
+    }
+
+    /// Routes every future [`notify`](Self::notify) to the returned receiver
+    /// too (for a cross-process bridge, which reads it in batches of distinct
+    /// keys with [`next_batch`]).
+    pub(crate) fn set_remote(&self) -> mpsc::UnboundedReceiver<String> {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        *self.inner.remote.lock().expect("wakeups lock poisoned") = Some(sender);
+        receiver
+    }
+}
+
+impl Waiter {
+    /// Resolves on the next signal or after `poll`, whichever comes first.
+    pub async fn wait(&mut self, poll: Duration) {
+        // An error means every sender is gone; the timeout still bounds the wait.
+        let _ = tokio::time::timeout(poll, self.receiver.changed()).await;
+    }
+}
+
+/// Resolves on the next signal to any of `waiters`, or after `poll`.
+pub async fn wait_any(waiters: &mut [Waiter], poll: Duration) {
+    if waiters.is_empty() {
+        tokio::time::sleep(poll).await;
+        return;
+    }
+    let changes = waiters.iter_mut().map(|waiter| Box::pin(waiter.receiver.changed()));
+    let _ = tokio::time::timeout(poll, futures_util::future::select_all(changes)).await;
+}
+
+/// Drains up to everything queued on `receiver` into a set of distinct keys.
+pub(crate) async fn next_batch(receiver: &mut mpsc::UnboundedReceiver<String>) -> Option<HashSet<String>> {
+    let first = receiver.recv().await?;
+    let mut keys = HashSet::from([first]);
+    while let Ok(key) = receiver.try_recv() {
+        keys.insert(key);
+    }
+    Some(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_signal_after_the_waiter_is_created_is_not_missed() {
+        let wakeups = Wakeups::new();
+        let mut waiter = wakeups.waiter("ns/agent");
+        wakeups.notify("ns/agent");
+        let woke = tokio::time::timeout(Duration::from_secs(5), waiter.wait(Duration::from_secs(60))).await;
+        assert!(woke.is_ok(), "the waiter slept through the signal");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn other_keys_do_not_wake_and_poll_bounds_the_wait() {
+        let wakeups = Wakeups::new();
+        let mut waiter = wakeups.waiter("a");
+        wakeups.notify("b");
+        let started = tokio::time::Instant::now();
+        waiter.wait(Duration::from_millis(250)).await;
+        assert!(started.elapsed() >= Duration::from_millis(250));
+    }
+
+    #[tokio::test]
+    async fn wait_any_wakes_on_any_key() {
+        let wakeups = Wakeups::new();
+        let mut waiters = vec![wakeups.waiter("a"), wakeups.waiter("b")];
+        wakeups.notify("b");
+        let woke = tokio::time::timeout(Duration::from_secs(5), wait_any(&mut waiters, Duration::from_secs(60))).await;
+        assert!(woke.is_ok(), "wait_any slept through the signal");
+    }
+
+    #[tokio::test]
+    async fn remote_batches_hold_distinct_keys() {
+        let wakeups = Wakeups::new();
+        let mut remote = wakeups.set_remote();
+        wakeups.notify("x");
+        wakeups.notify("x");
+        wakeups.notify("y");
+        let batch = next_batch(&mut remote).await.expect("a batch");
+        assert_eq!(batch, HashSet::from(["x".to_owned(), "y".to_owned()]));
+    }
+}

@@ -1,0 +1,59 @@
+//! Task store settings (`[taskstore]` in `chorus.toml`).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::domain::Limits;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TaskStoreConfig {
+    /// Lease length when a worker does not ask for one.
+    pub default_lease_ms: u64,
+    /// Longest lease a worker may ask for.
+    pub max_lease_ms: u64,
+    /// How often expired leases are looked for.
+    pub reaper_interval_ms: u64,
+    /// Longest a waiting reader goes without re-reading the database when no
+    /// wake-up signal arrives (signals are hints; this bounds a lost one).
+    pub poll_interval_ms: u64,
+    /// How long a blocking spawn waits when the caller gives no timeout.
+    pub default_spawn_timeout_ms: u64,
+    pub limits: Limits,
+}
+
+impl Default for TaskStoreConfig {
+    fn default() -> Self {
+        Self {
+            default_lease_ms: 30_000,
+            max_lease_ms: 3_600_000,
+            reaper_interval_ms: 1_000,
+            poll_interval_ms: 1_000,
+            default_spawn_timeout_ms: 60_000,
+            limits: Limits::default(),
+        }
+    }
+}
+
+impl TaskStoreConfig {
+    pub fn default_lease(&self) -> Duration {
+        Duration::from_millis(self.default_lease_ms)
+    }
+
+    pub fn max_lease(&self) -> Duration {
+        Duration::from_millis(self.max_lease_ms)
+    }
+
+    pub fn reaper_interval(&self) -> Duration {
+        Duration::from_millis(self.reaper_interval_ms.max(1))
+    }
+
+    pub fn poll_interval(&self) -> Duration {
+        Duration::from_millis(self.poll_interval_ms.max(1))
+    }
+
+    pub fn default_spawn_timeout(&self) -> Duration {
+        Duration::from_millis(self.default_spawn_timeout_ms)
+    }
+}

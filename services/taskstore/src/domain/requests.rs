@@ -1,0 +1,303 @@
+//! What callers ask of the repository, and what it answers, beyond the model.
+
+use std::{collections::HashMap, fmt, str::FromStr, time::Duration};
+
+use super::{Artifact, JsonObject, Message, Owner, SpawnContext, Task, TaskState, TaskStatus};
+
+/// A task to create for an agent.
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    pub namespace: String,
+    pub agent_id: String,
+    pub context_id: Option<String>,
+    pub message: Message,
+    pub metadata: Option<JsonObject>,
+    pub spawn_context: SpawnContext,
+    /// W3C trace context of the creating request, handed to the worker.
+    pub trace_context: HashMap<String, String>,
+}
+
+/// A child task to create below a parent.
+#[derive(Debug, Clone)]
+pub struct NewSubtask {
+    pub namespace: String,
+    pub parent_id: String,
+    pub agent_id: String,
+    pub message: Message,
+    /// `None`: the parent task itself owns the child.
+    pub owner: Option<Owner>,
+    pub metadata: Option<JsonObject>,
+    pub trace_context: HashMap<String, String>,
+}
+
+/// Filters and paging of a task listing.
+#[derive(Debug, Clone)]
+pub struct TaskQuery {
+    pub namespace: String,
+    pub context_id: Option<String>,
+    pub state: Option<TaskState>,
+    pub agent_id: Option<String>,
+    /// Only tasks whose status changed at or after this time (µs).
+    pub updated_after: Option<i64>,
+    pub page_size: u32,
+    pub page_token: Option<PageToken>,
+    pub history_length: Option<u32>,
+    pub include_artifacts: bool,
+}
+
+/// Where the next page starts: after this (status timestamp, id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageToken {
+    pub timestamp: i64,
+    pub id: String,
+}
+
+impl fmt::Display for PageToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}~{}", self.timestamp, self.id)
+    }
+}
+
+impl FromStr for PageToken {
+    type Err = ();
+
+    fn from_str(value: &str) -> Result<Self, ()> {
+        let (timestamp, id) = value.split_once('~').ok_or(())?;
+        let timestamp = timestamp.parse().map_err(drop)?;
+        if id.is_empty() {
+            return Err(());
+        }
+        Ok(Self { timestamp, id: id.to_owned() })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct TaskPage {
+    pub tasks: Vec<Task>,
+    pub next_page_token: Option<PageToken>,
+    pub total_size: u64,
+}
+
+/// A move through the state machine.
+#[derive(Debug, Clone)]
+pub struct StatusUpdate {
+    pub state: TaskState,
+    pub message: Option<Message>,
+    pub lease_id: Option<String>,
+}
+
+/// An artifact, or a chunk appended to one.
+#[derive(Debug, Clone)]
+pub struct ArtifactChunk {
+    pub artifact: Artifact,
+    pub append: bool,
+    pub last_chunk: bool,
+    pub lease_id: Option<String>,
+}
+
+/// A worker asking for tasks.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    pub namespace: String,
+    pub agent_id: String,
+    pub worker_id: String,
+    pub capacity: u32,
+    pub lease: Duration,
+    pub max_retries: u32,
+}
+
+/// A task handed to a worker under a lease.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub task: Task,
+    pub lease_id: String,
+    pub lease_expires_at: i64,
+    pub trace_context: HashMap<String, String>,
+}
+
+/// What a claim got, and every task the worker now holds a lease on.
+#[derive(Debug, Clone, Default)]
+pub struct ClaimOutcome {
+    pub claimed: Vec<Claimed>,
+    /// Ids of all the worker's leased tasks, the new ones included.
+    pub active: Vec<String>,
+}
+
+/// The answer to a lease renewal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Renewal {
+    pub lease_expires_at: i64,
+    /// The task was canceled: the worker should stop.
+    pub canceled: bool,
+}
+
+/// A lease that ran out, and what became of its task.
+#[derive(Debug, Clone)]
+pub struct Expiry {
+    pub task: Task,
+    pub requeued: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InboxKind {
+    Completion,
+    Status,
+    Question,
+    Error,
+}
+
+impl InboxKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Completion => "completion",
+            Self::Status => "status",
+            Self::Question => "question",
+            Self::Error => "error",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<Self> {
+        [Self::Completion, Self::Status, Self::Question, Self::Error].into_iter().find(|kind| kind.as_str() == value)
+    }
+}
+
+/// A message held for an owner until read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InboxMessage {
+    pub id: String,
+    pub kind: InboxKind,
+    pub owner: Owner,
+    pub task_id: String,
+    pub parent_task_id: Option<String>,
+    pub message: Option<Message>,
+    /// For completions: the child's final state.
+    pub task_state: Option<TaskState>,
+    pub created_at: i64,
+}
+
+/// A child telling its owner something.
+#[derive(Debug, Clone)]
+pub struct Notification {
+    pub namespace: String,
+    pub task_id: String,
+    pub kind: InboxKind,
+    pub message: Message,
+    pub lease_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Created,
+    StatusChanged,
+    ArtifactUpdated,
+    MessageAdded,
+}
+
+impl EventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Created => "created",
+            Self::StatusChanged => "status_changed",
+            Self::ArtifactUpdated => "artifact_updated",
+            Self::MessageAdded => "message_added",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<Self> {
+        [Self::Created, Self::StatusChanged, Self::ArtifactUpdated, Self::MessageAdded]
+            .into_iter()
+            .find(|kind| kind.as_str() == value)
+    }
+}
+
+/// Position in the event log: events are totally ordered by (tx, id), and a
+/// reader only ever sees positions below which nothing can still commit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Cursor {
+    pub tx: i64,
+    pub id: i64,
+}
+
+impl fmt::Display for Cursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.tx, self.id)
+    }
+}
+
+impl FromStr for Cursor {
+    type Err = ();
+
+    fn from_str(value: &str) -> Result<Self, ()> {
+        let (tx, id) = value.split_once('.').ok_or(())?;
+        let cursor = Self { tx: tx.parse().map_err(drop)?, id: id.parse().map_err(drop)? };
+        if cursor.tx < 0 || cursor.id < 0 {
+            return Err(());
+        }
+        Ok(cursor)
+    }
+}
+
+/// One recorded change to a task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskEvent {
+    pub cursor: Cursor,
+    pub kind: EventKind,
+    pub namespace: String,
+    pub task_id: String,
+    pub context_id: String,
+    pub agent_id: String,
+    /// The task's status after the change.
+    pub status: TaskStatus,
+    pub artifact: Option<Artifact>,
+    pub append: bool,
+    pub last_chunk: bool,
+    pub message: Option<Message>,
+}
+
+/// Events read from the log.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EventBatch {
+    pub events: Vec<TaskEvent>,
+    /// More events after these have committed but are not readable yet: an
+    /// older transaction is still running (PostgreSQL). Read again shortly.
+    pub held_back: bool,
+}
+
+/// Which events to read.
+#[derive(Debug, Clone)]
+pub struct EventQuery {
+    pub namespace: String,
+    pub task_id: Option<String>,
+    pub agent_id: Option<String>,
+    pub context_id: Option<String>,
+    pub after: Cursor,
+    pub limit: u32,
+}
+
+/// An A2A push-notification (webhook) config of one task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushConfig {
+    pub id: String,
+    pub task_id: String,
+    pub url: String,
+    pub token: Option<String>,
+    pub auth_scheme: Option<String>,
+    pub auth_credentials: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_and_page_tokens_round_trip_and_reject_garbage() {
+        let cursor = Cursor { tx: 7, id: 42 };
+        assert_eq!(cursor.to_string().parse::<Cursor>(), Ok(cursor));
+        assert!("x".parse::<Cursor>().is_err());
+        assert!("-1.2".parse::<Cursor>().is_err());
+        let token = PageToken { timestamp: 5, id: "a~b".into() };
+        assert_eq!(token.to_string().parse::<PageToken>(), Ok(token));
+        assert!("5~".parse::<PageToken>().is_err());
+        assert!(Cursor { tx: 1, id: 9 } < Cursor { tx: 2, id: 1 });
+    }
+}

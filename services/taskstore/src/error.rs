@@ -1,0 +1,95 @@
+//! The task store's one error type, and its one mapping to error codes.
+
+use chorus_runtime::{
+    error::{ErrorCode, ServiceError},
+    storage::{DbErrorKind, classify},
+    validate::FieldViolation,
+};
+
+use crate::domain::{SpawnContext, TaskState};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TaskStoreError {
+    #[error(transparent)]
+    InvalidArgument(#[from] FieldViolation),
+    #[error("task {0} not found")]
+    TaskNotFound(String),
+    #[error("push notification config {id} of task {task_id} not found")]
+    PushConfigNotFound { task_id: String, id: String },
+    #[error("task {task_id} cannot move from {from} to {to}")]
+    IllegalTransition { task_id: String, from: TaskState, to: TaskState },
+    #[error("task {task_id} is {state} and can no longer change")]
+    TaskFinished { task_id: String, state: TaskState },
+    #[error("task {task_id} is leased by a worker: only the lease holder may write, pass its lease_id")]
+    LeaseRequired { task_id: String },
+    #[error("lease {lease_id} of task {task_id} is not held (expired, or the task was handed to another worker)")]
+    LeaseLost { task_id: String, lease_id: String },
+    #[error("artifact {artifact_id} of task {task_id} does not exist, so nothing can be appended to it")]
+    ArtifactNotFound { task_id: String, artifact_id: String },
+    #[error("task {task_id} has no owner to notify: it is not a subtask")]
+    NoOwner { task_id: String },
+    #[error("task {task_id} is {state}, not waiting for an answer")]
+    NoQuestion { task_id: String, state: TaskState },
+    #[error("subtask depth limit: depth {depth} exceeds the maximum of {max} for {}-spawned work", context.as_str())]
+    DepthLimit { depth: u32, max: u32, context: SpawnContext },
+    #[error("concurrent subtask limit: parent {parent_id} already has {limit} unfinished subtasks")]
+    ConcurrencyLimit { parent_id: String, limit: u32 },
+    #[error("total subtask limit: parent {parent_id} has already spawned {limit} subtasks")]
+    TotalLimit { parent_id: String, limit: u32 },
+    #[error("spawn rate limit: parent {parent_id} spawned {limit} subtasks in the last minute")]
+    RateLimit { parent_id: String, limit: u32 },
+    #[error("spawn cycle: agent {agent_id} already works on the same prompt in ancestor task {ancestor_id}")]
+    Cycle { agent_id: String, ancestor_id: String },
+    #[error("the database is unavailable, retry later: {0}")]
+    Unavailable(sqlx::Error),
+    #[error("storage error: {0}")]
+    Storage(sqlx::Error),
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+pub type Result<T, E = TaskStoreError> = std::result::Result<T, E>;
+
+impl From<sqlx::Error> for TaskStoreError {
+    fn from(error: sqlx::Error) -> Self {
+        match classify(&error) {
+            DbErrorKind::Unavailable => Self::Unavailable(error),
+            DbErrorKind::UniqueViolation | DbErrorKind::ForeignKeyViolation | DbErrorKind::Other => {
+                Self::Storage(error)
+            }
+        }
+    }
+}
+
+impl ServiceError for TaskStoreError {
+    fn error_code(&self) -> ErrorCode {
+        match self {
+            Self::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            Self::TaskNotFound(_) | Self::PushConfigNotFound { .. } => ErrorCode::NotFound,
+            Self::IllegalTransition { .. }
+            | Self::TaskFinished { .. }
+            | Self::LeaseRequired { .. }
+            | Self::LeaseLost { .. }
+            | Self::ArtifactNotFound { .. }
+            | Self::NoOwner { .. }
+            | Self::NoQuestion { .. }
+            | Self::DepthLimit { .. }
+            | Self::Cycle { .. } => ErrorCode::FailedPrecondition,
+            Self::ConcurrencyLimit { .. } | Self::TotalLimit { .. } | Self::RateLimit { .. } => {
+                ErrorCode::ResourceExhausted
+            }
+            Self::Unavailable(_) => ErrorCode::Unavailable,
+            Self::Storage(_) | Self::Corrupt(_) => ErrorCode::Internal,
+        }
+    }
+
+    fn field(&self) -> Option<&str> {
+        if let Self::InvalidArgument(violation) = self { Some(&violation.field) } else { None }
+    }
+}
+
+impl From<TaskStoreError> for tonic::Status {
+    fn from(error: TaskStoreError) -> Self {
+        chorus_runtime::error::into_status(error)
+    }
+}

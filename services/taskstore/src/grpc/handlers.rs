@@ -1,0 +1,396 @@
+//! The gRPC handlers: validate and convert the request, call the service,
+//! convert the answer. No logic of their own.
+
+use std::{pin::Pin, time::Duration};
+
+use chorus_proto::taskstore::{self as pb, task_store_server::TaskStoreServer};
+use chorus_runtime::{
+    telemetry::{current_context_headers, record_ids},
+    validate::{self, FieldViolation},
+};
+use futures_util::{Stream, StreamExt as _};
+use tonic::{Request, Response, Status};
+
+use super::convert;
+use crate::{
+    domain::{ArtifactChunk, ClaimRequest, NewSubtask, NewTask, Notification, StatusUpdate, TaskQuery},
+    service::{TaskStore, WatchFilter, WatchStart},
+};
+
+type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+const DEFAULT_PAGE_SIZE: u32 = 50;
+const MAX_PAGE_SIZE: u32 = 100;
+const DEFAULT_AWAIT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The `chorus.taskstore.v1.TaskStore` service over a [`TaskStore`].
+#[derive(Debug, Clone)]
+pub struct TaskStoreGrpc {
+    store: TaskStore,
+}
+
+impl TaskStoreGrpc {
+    pub fn new(store: TaskStore) -> Self {
+        Self { store }
+    }
+
+    /// The tonic server, accepting requests up to `max_message_bytes`.
+    pub fn into_server(self, max_message_bytes: usize) -> TaskStoreServer<Self> {
+        TaskStoreServer::new(self).max_decoding_message_size(max_message_bytes)
+    }
+}
+
+/// Checks a namespace and a task id, and records both on the request span.
+fn task_ref(namespace: &str, field: &str, task_id: &str) -> Result<(String, String), FieldViolation> {
+    let namespace = validate::namespace(namespace)?;
+    let task_id = validate::id(field, task_id)?;
+    record_ids(&namespace, &task_id);
+    Ok((namespace, task_id))
+}
+
+fn namespace(value: &str) -> Result<String, FieldViolation> {
+    let namespace = validate::namespace(value)?;
+    record_ids(&namespace, "");
+    Ok(namespace)
+}
+
+fn stream_of<T, U>(
+    stream: impl Stream<Item = crate::error::Result<T>> + Send + 'static,
+    convert: fn(T) -> U,
+) -> ResponseStream<U>
+where
+    T: 'static,
+    U: 'static,
+{
+    Box::pin(stream.map(move |item| item.map(convert).map_err(Status::from)))
+}
+
+#[tonic::async_trait]
+impl pb::task_store_server::TaskStore for TaskStoreGrpc {
+    async fn create_task(&self, request: Request<pb::CreateTaskRequest>) -> Result<Response<pb::Task>, Status> {
+        let request = request.into_inner();
+        let task = NewTask {
+            namespace: namespace(&request.namespace)?,
+            agent_id: validate::id("agent_id", &request.agent_id)?,
+            context_id: validate::optional_id("context_id", &request.context_id)?,
+            message: convert::message("message", request.message)?,
+            metadata: convert::json_object("metadata", request.metadata)?,
+            spawn_context: convert::spawn_context(request.spawn_context)?,
+            trace_context: current_context_headers(),
+        };
+        let task = self.store.create_task(task).await?;
+        record_ids(&task.namespace, &task.id);
+        Ok(Response::new(convert::task_out(task)))
+    }
+
+    async fn get_task(&self, request: Request<pb::GetTaskRequest>) -> Result<Response<pb::Task>, Status> {
+        let request = request.into_inner();
+        let (namespace, id) = task_ref(&request.namespace, "id", &request.id)?;
+        let task = self.store.get_task(&namespace, &id, request.history_length).await?;
+        Ok(Response::new(convert::task_out(task)))
+    }
+
+    async fn list_tasks(
+        &self,
+        request: Request<pb::ListTasksRequest>,
+    ) -> Result<Response<pb::ListTasksResponse>, Status> {
+        let request = request.into_inner();
+        let page_size = match request.page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            size if size > MAX_PAGE_SIZE => {
+                return Err(FieldViolation::new("page_size", format!("must be at most {MAX_PAGE_SIZE}")).into());
+            }
+            size => size,
+        };
+        let page_token = match request.page_token.as_str() {
+            "" => None,
+            token => Some(
+                token
+                    .parse()
+                    .map_err(|()| FieldViolation::new("page_token", "is not a page token this service handed out"))?,
+            ),
+        };
+        let query = TaskQuery {
+            namespace: namespace(&request.namespace)?,
+            context_id: validate::optional_id("context_id", &request.context_id)?,
+            state: convert::optional_task_state("state", request.state)?,
+            agent_id: validate::optional_id("agent_id", &request.agent_id)?,
+            updated_after: convert::timestamp_micros("updated_after", request.updated_after)?,
+            page_size,
+            page_token,
+            history_length: request.history_length,
+            include_artifacts: request.include_artifacts,
+        };
+        let page = self.store.list_tasks(query).await?;
+        Ok(Response::new(pb::ListTasksResponse {
+            tasks: page.tasks.into_iter().map(convert::task_out).collect(),
+            next_page_token: page.next_page_token.map(|token| token.to_string()).unwrap_or_default(),
+            total_size: u32::try_from(page.total_size).unwrap_or(u32::MAX),
+        }))
+    }
+
+    async fn add_message(&self, request: Request<pb::AddMessageRequest>) -> Result<Response<pb::Task>, Status> {
+        let request = request.into_inner();
+        let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
+        let message = convert::message("message", request.message)?;
+        let task = self.store.add_message(&namespace, &task_id, message).await?;
+        Ok(Response::new(convert::task_out(task)))
+    }
+
+    async fn update_status(&self, request: Request<pb::UpdateStatusRequest>) -> Result<Response<pb::Task>, Status> {
+        let request = request.into_inner();
+        let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
+        let update = StatusUpdate {
+            state: convert::task_state("state", request.state)?,
+            message: convert::optional_message("message", request.message)?,
+            lease_id: validate::optional_id("lease_id", &request.lease_id)?,
+        };
+        let task = self.store.update_status(&namespace, &task_id, update).await?;
+        Ok(Response::new(convert::task_out(task)))
+    }
+
+    async fn append_artifact(&self, request: Request<pb::AppendArtifactRequest>) -> Result<Response<pb::Task>, Status> {
+        let request = request.into_inner();
+        let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
+        let chunk = ArtifactChunk {
+            artifact: convert::artifact("artifact", request.artifact)?,
+            append: request.append,
+            last_chunk: request.last_chunk,
+            lease_id: validate::optional_id("lease_id", &request.lease_id)?,
+        };
+        let task = self.store.append_artifact(&namespace, &task_id, chunk).await?;
+        Ok(Response::new(convert::task_out(task)))
+    }
+
+    async fn cancel_task(
+        &self,
+        request: Request<pb::CancelTaskRequest>,
+    ) -> Result<Response<pb::CancelTaskResponse>, Status> {
+        let request = request.into_inner();
+        let (namespace, id) = task_ref(&request.namespace, "id", &request.id)?;
+        let reason = (!request.reason.is_empty()).then_some(request.reason);
+        let (task, canceled_task_ids) = self.store.cancel_task(&namespace, &id, reason).await?;
+        Ok(Response::new(pb::CancelTaskResponse { task: Some(convert::task_out(task)), canceled_task_ids }))
+    }
+
+    type WatchTaskStream = ResponseStream<pb::TaskEvent>;
+
+    async fn watch_task(
+        &self,
+        request: Request<pb::WatchTaskRequest>,
+    ) -> Result<Response<Self::WatchTaskStream>, Status> {
+        let request = request.into_inner();
+        let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
+        let after = convert::cursor("after_cursor", &request.after_cursor)?;
+        let events = self.store.watch_task(&namespace, &task_id, after).await?;
+        Ok(Response::new(stream_of(events, convert::event_out)))
+    }
+
+    type WatchTasksStream = ResponseStream<pb::TaskEvent>;
+
+    async fn watch_tasks(
+        &self,
+        request: Request<pb::WatchTasksRequest>,
+    ) -> Result<Response<Self::WatchTasksStream>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        let filter = WatchFilter {
+            agent_id: validate::optional_id("agent_id", &request.agent_id)?,
+            context_id: validate::optional_id("context_id", &request.context_id)?,
+        };
+        let start = match convert::cursor("after_cursor", &request.after_cursor)? {
+            Some(cursor) => WatchStart::After(cursor),
+            None if request.from_beginning => WatchStart::Beginning,
+            None => WatchStart::Now,
+        };
+        let events = self.store.watch_tasks(&namespace, filter, start).await?;
+        Ok(Response::new(stream_of(events, convert::event_out)))
+    }
+
+    type ClaimTasksStream = ResponseStream<pb::ClaimedTask>;
+
+    async fn claim_tasks(
+        &self,
+        request: Request<pb::ClaimTasksRequest>,
+    ) -> Result<Response<Self::ClaimTasksStream>, Status> {
+        let request = request.into_inner();
+        let claim = ClaimRequest {
+            namespace: namespace(&request.namespace)?,
+            agent_id: validate::id("agent_id", &request.agent_id)?,
+            worker_id: validate::id("worker_id", &request.worker_id)?,
+            capacity: request.capacity,
+            lease: validate::duration("lease", request.lease, Duration::ZERO)?,
+            max_retries: request.max_retries,
+        };
+        Ok(Response::new(stream_of(self.store.claim_stream(claim), convert::claimed_out)))
+    }
+
+    async fn renew_lease(
+        &self,
+        request: Request<pb::RenewLeaseRequest>,
+    ) -> Result<Response<pb::RenewLeaseResponse>, Status> {
+        let request = request.into_inner();
+        let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
+        let lease_id = validate::id("lease_id", &request.lease_id)?;
+        let lease = request.lease.map(|lease| validate::duration("lease", Some(lease), Duration::ZERO)).transpose()?;
+        let renewal = self.store.renew_lease(&namespace, &task_id, &lease_id, lease).await?;
+        Ok(Response::new(pb::RenewLeaseResponse {
+            lease_expires_at: (!renewal.canceled).then(|| convert::timestamp(renewal.lease_expires_at)),
+            canceled: renewal.canceled,
+        }))
+    }
+
+    async fn complete_task(&self, request: Request<pb::CompleteTaskRequest>) -> Result<Response<pb::Task>, Status> {
+        let request = request.into_inner();
+        let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
+        let lease_id = validate::id("lease_id", &request.lease_id)?;
+        let message = convert::optional_message("message", request.message)?;
+        let artifacts = request
+            .artifacts
+            .into_iter()
+            .enumerate()
+            .map(|(index, artifact)| convert::artifact(&format!("artifacts[{index}]"), Some(artifact)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let task = self.store.complete_task(&namespace, &task_id, &lease_id, message, artifacts).await?;
+        Ok(Response::new(convert::task_out(task)))
+    }
+
+    async fn fail_task(&self, request: Request<pb::FailTaskRequest>) -> Result<Response<pb::Task>, Status> {
+        let request = request.into_inner();
+        let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
+        let lease_id = validate::id("lease_id", &request.lease_id)?;
+        let reason = if request.reason.is_empty() { "the worker reported a failure" } else { &request.reason };
+        let task = self.store.fail_task(&namespace, &task_id, &lease_id, reason, request.retry).await?;
+        Ok(Response::new(convert::task_out(task)))
+    }
+
+    async fn spawn_subtask(
+        &self,
+        request: Request<pb::SpawnSubtaskRequest>,
+    ) -> Result<Response<pb::SpawnSubtaskResponse>, Status> {
+        let request = request.into_inner();
+        let (namespace, parent_id) = task_ref(&request.namespace, "parent_task_id", &request.parent_task_id)?;
+        let subtask = NewSubtask {
+            namespace,
+            parent_id,
+            agent_id: validate::id("agent_id", &request.agent_id)?,
+            message: convert::message("message", request.message)?,
+            owner: convert::owner("owner", request.owner)?,
+            metadata: convert::json_object("metadata", request.metadata)?,
+            trace_context: current_context_headers(),
+        };
+        let timeout =
+            request.timeout.map(|timeout| validate::duration("timeout", Some(timeout), Duration::ZERO)).transpose()?;
+        let (task, timed_out) = self.store.spawn_subtask(subtask, request.blocking, timeout).await?;
+        Ok(Response::new(pb::SpawnSubtaskResponse { task: Some(convert::task_out(task)), timed_out }))
+    }
+
+    async fn await_subtasks(
+        &self,
+        request: Request<pb::AwaitSubtasksRequest>,
+    ) -> Result<Response<pb::AwaitSubtasksResponse>, Status> {
+        let request = request.into_inner();
+        let (namespace, parent_id) = task_ref(&request.namespace, "parent_task_id", &request.parent_task_id)?;
+        let task_ids = request
+            .task_ids
+            .iter()
+            .enumerate()
+            .map(|(index, id)| validate::id(&format!("task_ids[{index}]"), id))
+            .collect::<Result<Vec<_>, _>>()?;
+        let timeout = validate::duration("timeout", request.timeout, DEFAULT_AWAIT_TIMEOUT)?;
+        let outcome = self.store.await_subtasks(&namespace, &parent_id, &task_ids, request.any, timeout).await?;
+        Ok(Response::new(pb::AwaitSubtasksResponse {
+            finished: outcome.finished.into_iter().map(convert::task_out).collect(),
+            pending_task_ids: outcome.pending,
+            timed_out: outcome.timed_out,
+        }))
+    }
+
+    async fn notify_owner(
+        &self,
+        request: Request<pb::NotifyOwnerRequest>,
+    ) -> Result<Response<pb::InboxMessage>, Status> {
+        let request = request.into_inner();
+        let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
+        let notification = Notification {
+            namespace,
+            task_id,
+            kind: convert::inbox_kind("kind", request.kind)?,
+            message: convert::message("message", request.message)?,
+            lease_id: validate::optional_id("lease_id", &request.lease_id)?,
+        };
+        let message = self.store.notify_owner(notification).await?;
+        Ok(Response::new(convert::inbox_out(message)))
+    }
+
+    async fn answer_question(&self, request: Request<pb::AnswerQuestionRequest>) -> Result<Response<pb::Task>, Status> {
+        let request = request.into_inner();
+        let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
+        let answer = convert::message("answer", request.answer)?;
+        let task = self.store.answer_question(&namespace, &task_id, answer).await?;
+        Ok(Response::new(convert::task_out(task)))
+    }
+
+    async fn read_inbox(
+        &self,
+        request: Request<pb::ReadInboxRequest>,
+    ) -> Result<Response<pb::ReadInboxResponse>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        let owner = convert::required_owner("owner", request.owner)?;
+        let max = match request.max_messages {
+            0 => 100,
+            max if max > 100 => return Err(FieldViolation::new("max_messages", "must be at most 100").into()),
+            max => max,
+        };
+        let wait = validate::duration("wait", request.wait, Duration::ZERO)?;
+        let messages = self.store.read_inbox(&namespace, &owner, max, wait, request.peek).await?;
+        Ok(Response::new(pb::ReadInboxResponse { messages: messages.into_iter().map(convert::inbox_out).collect() }))
+    }
+
+    async fn create_push_config(
+        &self,
+        request: Request<pb::CreatePushConfigRequest>,
+    ) -> Result<Response<pb::PushConfig>, Status> {
+        let request = request.into_inner();
+        let task_id = request.config.as_ref().map(|config| config.task_id.clone()).unwrap_or_default();
+        let (namespace, task_id) = task_ref(&request.namespace, "config.task_id", &task_id)?;
+        let config = convert::push_config(&task_id, request.config)?;
+        let config = self.store.create_push_config(&namespace, config).await?;
+        Ok(Response::new(convert::push_config_out(config)))
+    }
+
+    async fn get_push_config(
+        &self,
+        request: Request<pb::GetPushConfigRequest>,
+    ) -> Result<Response<pb::PushConfig>, Status> {
+        let request = request.into_inner();
+        let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
+        let id = validate::id("id", &request.id)?;
+        let config = self.store.get_push_config(&namespace, &task_id, &id).await?;
+        Ok(Response::new(convert::push_config_out(config)))
+    }
+
+    async fn list_push_configs(
+        &self,
+        request: Request<pb::ListPushConfigsRequest>,
+    ) -> Result<Response<pb::ListPushConfigsResponse>, Status> {
+        let request = request.into_inner();
+        let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
+        let configs = self.store.list_push_configs(&namespace, &task_id).await?;
+        Ok(Response::new(pb::ListPushConfigsResponse {
+            configs: configs.into_iter().map(convert::push_config_out).collect(),
+        }))
+    }
+
+    async fn delete_push_config(
+        &self,
+        request: Request<pb::DeletePushConfigRequest>,
+    ) -> Result<Response<pb::DeletePushConfigResponse>, Status> {
+        let request = request.into_inner();
+        let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
+        let id = validate::id("id", &request.id)?;
+        self.store.delete_push_config(&namespace, &task_id, &id).await?;
+        Ok(Response::new(pb::DeletePushConfigResponse {}))
+    }
+}

@@ -1,0 +1,100 @@
+//! The task store's storage contract. One SQL implementation serves both
+//! PostgreSQL and SQLite ([`sql::SqlTaskRepository`]); the conformance suite
+//! in `tests/conformance` runs against both.
+//!
+//! Every method is one transaction: it either commits everything it says or
+//! changes nothing.
+
+pub mod sql;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{
+    domain::{
+        ArtifactChunk, ClaimOutcome, ClaimRequest, EventBatch, EventQuery, Expiry, InboxMessage, Limits, Message,
+        NewSubtask, NewTask, Notification, Owner, PushConfig, Renewal, StatusUpdate, Task, TaskEvent, TaskPage,
+        TaskQuery,
+    },
+    error::Result,
+};
+
+#[async_trait]
+pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
+    /// Creates a task in `submitted`. A second create with the same first
+    /// message id returns the task of the first.
+    async fn create_task(&self, task: NewTask) -> Result<Task>;
+
+    /// `history_length`: `None` the whole history, `Some(n)` the last n messages.
+    async fn get_task(&self, namespace: &str, id: &str, history_length: Option<u32>) -> Result<Task>;
+
+    async fn list_tasks(&self, query: TaskQuery) -> Result<TaskPage>;
+
+    /// Appends to the history; a user message resumes an interrupted task.
+    async fn add_message(&self, namespace: &str, task_id: &str, message: Message) -> Result<Task>;
+
+    async fn update_status(&self, namespace: &str, task_id: &str, update: StatusUpdate) -> Result<Task>;
+
+    async fn append_artifact(&self, namespace: &str, task_id: &str, chunk: ArtifactChunk) -> Result<Task>;
+
+    /// Cancels the task and every unfinished task below it; returns the
+    /// canceled tasks, root first.
+    async fn cancel_task(&self, namespace: &str, id: &str, reason: Option<String>) -> Result<Vec<Task>>;
+
+    /// Leases up to `capacity` minus the worker's current leases.
+    async fn claim_tasks(&self, request: &ClaimRequest) -> Result<ClaimOutcome>;
+
+    async fn renew_lease(&self, namespace: &str, task_id: &str, lease_id: &str, lease: Duration) -> Result<Renewal>;
+
+    async fn complete_task(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        message: Option<Message>,
+        artifacts: Vec<crate::domain::Artifact>,
+    ) -> Result<Task>;
+
+    /// Fails the task, or requeues it when `retry` and its agent's retries last.
+    async fn fail_task(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        reason: &str,
+        retry: bool,
+    ) -> Result<Task>;
+
+    /// Ends or requeues up to `limit` tasks whose lease ran out before `now`.
+    async fn expire_leases(&self, now: i64, limit: u32) -> Result<Vec<Expiry>>;
+
+    /// Creates a child task after the safety limits.
+    async fn spawn_subtask(&self, subtask: NewSubtask, limits: &Limits) -> Result<Task>;
+
+    /// The parent's children that are still of interest: `task_ids` when
+    /// given, else every child whose completion has not been delivered.
+    async fn children(&self, namespace: &str, parent_id: &str, task_ids: &[String]) -> Result<Vec<Task>>;
+
+    /// Marks the completion messages of these finished children as read;
+    /// returns the ids whose completion this call consumed.
+    async fn take_completions(&self, namespace: &str, task_ids: &[String]) -> Result<Vec<String>>;
+
+    async fn notify_owner(&self, notification: Notification) -> Result<(InboxMessage, Task)>;
+
+    async fn answer_question(&self, namespace: &str, task_id: &str, answer: Message) -> Result<Task>;
+
+    /// Up to `max` unread messages, oldest first; consumed unless `peek`.
+    async fn read_inbox(&self, namespace: &str, owner: &Owner, max: u32, peek: bool) -> Result<Vec<InboxMessage>>;
+
+    /// Events after a cursor, in commit order.
+    async fn read_events(&self, query: &EventQuery) -> Result<EventBatch>;
+
+    /// The newest event a reader can see now, of one task or of the namespace.
+    async fn latest_event(&self, namespace: &str, task_id: Option<&str>) -> Result<Option<TaskEvent>>;
+
+    async fn create_push_config(&self, namespace: &str, config: PushConfig) -> Result<PushConfig>;
+    async fn get_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<PushConfig>;
+    async fn list_push_configs(&self, namespace: &str, task_id: &str) -> Result<Vec<PushConfig>>;
+    async fn delete_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<()>;
+}

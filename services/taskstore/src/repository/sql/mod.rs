@@ -1,0 +1,418 @@
+//! The SQL task repository: one implementation for PostgreSQL and SQLite.
+//!
+//! Each operation locks the rows it changes (`FOR UPDATE` on PostgreSQL;
+//! SQLite has a single writer), changes them in memory through the domain
+//! rules, writes them back, and records an event in the same transaction.
+
+mod events;
+mod push;
+mod rows;
+mod subtasks;
+mod tasks;
+mod workers;
+
+use chorus_runtime::storage::{Backend, Db, MigrationFile, ServiceMigrations};
+use sqlx::{Any, AnyConnection, Row as _};
+
+use self::rows::{EventPayload, TaskRecord, task_columns, to_json, to_json_opt};
+use crate::{
+    domain::{Artifact, EventKind, InboxKind, Message, Task, TaskState, TaskStatus, now_micros},
+    error::{Result, TaskStoreError},
+};
+
+/// The task store's embedded migrations.
+pub const MIGRATIONS: ServiceMigrations = ServiceMigrations {
+    service: "taskstore",
+    postgres: &[MigrationFile {
+        version: 1,
+        description: "taskstore",
+        sql: include_str!("../../../migrations/postgres/0001_taskstore.sql"),
+    }],
+    sqlite: &[MigrationFile {
+        version: 1,
+        description: "taskstore",
+        sql: include_str!("../../../migrations/sqlite/0001_taskstore.sql"),
+    }],
+};
+
+const SELECT_TASK: &str = concat!("SELECT ", task_columns!(), " FROM taskstore_tasks WHERE namespace = $1 AND id = $2");
+const SELECT_TASK_FOR_UPDATE: &str =
+    concat!("SELECT ", task_columns!(), " FROM taskstore_tasks WHERE namespace = $1 AND id = $2 FOR UPDATE");
+
+const SAVE_TASK: &str = "UPDATE taskstore_tasks SET state = $3, status_message = $4, status_timestamp = $5, \
+     lease_id = $6, worker_id = $7, lease_expires_at = $8, attempt = $9, max_retries = $10, history_count = $11 \
+     WHERE namespace = $1 AND id = $2";
+
+type Tx<'a> = sqlx::Transaction<'a, Any>;
+
+/// Task storage on a [`Db`].
+#[derive(Debug, Clone)]
+pub struct SqlTaskRepository {
+    db: Db,
+}
+
+impl SqlTaskRepository {
+    pub fn new(db: Db) -> Self {
+        Self { db }
+    }
+
+    fn backend(&self) -> Backend {
+        self.db.backend()
+    }
+
+    async fn begin(&self) -> Result<Tx<'static>> {
+        Ok(self.db.pool().begin().await?)
+    }
+
+    /// Reads a task row, locking it for the rest of the transaction.
+    async fn lock_record(&self, tx: &mut AnyConnection, namespace: &str, id: &str) -> Result<TaskRecord> {
+        let sql = match self.backend() {
+            Backend::Postgres => SELECT_TASK_FOR_UPDATE,
+            Backend::Sqlite => SELECT_TASK,
+        };
+        let row = sqlx::query(sql).bind(namespace).bind(id).fetch_optional(&mut *tx).await?;
+        let row = row.ok_or_else(|| TaskStoreError::TaskNotFound(id.to_owned()))?;
+        TaskRecord::decode(&row)
+    }
+}
+
+/// Reads a task row without locking it.
+async fn read_record(conn: &mut AnyConnection, namespace: &str, id: &str) -> Result<TaskRecord> {
+    let row = sqlx::query(SELECT_TASK).bind(namespace).bind(id).fetch_optional(&mut *conn).await?;
+    let row = row.ok_or_else(|| TaskStoreError::TaskNotFound(id.to_owned()))?;
+    TaskRecord::decode(&row)
+}
+
+/// Fills in the history (the last `history_length` messages, or all) and,
+/// when asked, the artifacts of a task row.
+async fn complete_task_view(
+    conn: &mut AnyConnection,
+    record: TaskRecord,
+    history_length: Option<u32>,
+    with_artifacts: bool,
+) -> Result<Task> {
+    let mut task = record.task;
+    let first_position = match history_length {
+        None => 0,
+        Some(length) => (record.history_count - i64::from(length)).max(0),
+    };
+    if history_length != Some(0) {
+        let rows = sqlx::query(
+            "SELECT message FROM taskstore_history WHERE namespace = $1 AND task_id = $2 AND position >= $3 \
+             ORDER BY position",
+        )
+        .bind(&task.namespace)
+        .bind(&task.id)
+        .bind(first_position)
+        .fetch_all(&mut *conn)
+        .await?;
+        task.history =
+            rows.iter().map(|row| rows::from_json(&row.try_get::<String, _>("message")?)).collect::<Result<_>>()?;
+    }
+    if with_artifacts {
+        let rows = sqlx::query(
+            "SELECT artifact FROM taskstore_artifacts WHERE namespace = $1 AND task_id = $2 ORDER BY position",
+        )
+        .bind(&task.namespace)
+        .bind(&task.id)
+        .fetch_all(&mut *conn)
+        .await?;
+        task.artifacts =
+            rows.iter().map(|row| rows::from_json(&row.try_get::<String, _>("artifact")?)).collect::<Result<_>>()?;
+    }
+    Ok(task)
+}
+
+/// Writes back the mutable columns of a task row.
+async fn save(conn: &mut AnyConnection, record: &TaskRecord) -> Result<()> {
+    let task = &record.task;
+    sqlx::query(SAVE_TASK)
+        .bind(&task.namespace)
+        .bind(&task.id)
+        .bind(task.status.state.as_str())
+        .bind(to_json_opt(task.status.message.as_ref())?)
+        .bind(task.status.timestamp)
+        .bind(record.lease_id.as_deref())
+        .bind(record.worker_id.as_deref())
+        .bind(record.lease_expires_at)
+        .bind(i64::from(task.attempt))
+        .bind(i64::from(record.max_retries))
+        .bind(record.history_count)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Appends a message to a task's history (the row's count is saved by [`save`]).
+async fn append_history(conn: &mut AnyConnection, record: &mut TaskRecord, message: &Message) -> Result<()> {
+    let message = message.clone().bound_to(&record.task.id, &record.task.context_id);
+    sqlx::query("INSERT INTO taskstore_history (namespace, task_id, position, message) VALUES ($1, $2, $3, $4)")
+        .bind(&record.task.namespace)
+        .bind(&record.task.id)
+        .bind(record.history_count)
+        .bind(to_json(&message)?)
+        .execute(&mut *conn)
+        .await?;
+    record.history_count += 1;
+    Ok(())
+}
+
+/// What an event carries beyond the task's status.
+#[derive(Debug, Default)]
+struct EventDetail<'a> {
+    artifact: Option<&'a Artifact>,
+    append: bool,
+    last_chunk: bool,
+    message: Option<&'a Message>,
+}
+
+async fn record_event(conn: &mut AnyConnection, task: &Task, kind: EventKind, detail: EventDetail<'_>) -> Result<()> {
+    let payload = EventPayload {
+        status: task.status.clone(),
+        artifact: detail.artifact.cloned(),
+        append: detail.append,
+        last_chunk: detail.last_chunk,
+        message: detail.message.cloned(),
+    };
+    sqlx::query(
+        "INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(&task.namespace)
+    .bind(&task.id)
+    .bind(&task.context_id)
+    .bind(&task.agent_id)
+    .bind(kind.as_str())
+    .bind(to_json(&payload)?)
+    .bind(now_micros())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Checks that the caller may write to a task: not finished, and holding its
+/// lease when it has one.
+fn check_writable(record: &TaskRecord, lease_id: Option<&str>) -> Result<()> {
+    let task = &record.task;
+    if task.status.state.is_terminal() {
+        return Err(TaskStoreError::TaskFinished { task_id: task.id.clone(), state: task.status.state });
+    }
+    match (record.lease_id.as_deref(), lease_id) {
+        (_, Some(given)) if record.lease_id.as_deref() != Some(given) => {
+            Err(TaskStoreError::LeaseLost { task_id: task.id.clone(), lease_id: given.to_owned() })
+        }
+        (Some(_), None) => Err(TaskStoreError::LeaseRequired { task_id: task.id.clone() }),
+        _ => Ok(()),
+    }
+}
+
+/// Moves a task to `state` by the state machine, then records it all: the
+/// message in the history, the row, the event, and, when the task finished,
+/// its completion in its owner's inbox.
+async fn apply_status(
+    conn: &mut AnyConnection,
+    record: &mut TaskRecord,
+    state: TaskState,
+    message: Option<Message>,
+) -> Result<()> {
+    let from = record.task.status.state;
+    if from.is_terminal() {
+        return Err(TaskStoreError::TaskFinished { task_id: record.task.id.clone(), state: from });
+    }
+    if !from.can_become(state) {
+        return Err(TaskStoreError::IllegalTransition { task_id: record.task.id.clone(), from, to: state });
+    }
+    set_status(conn, record, state, message).await
+}
+
+/// Records a status change that the caller has already checked.
+async fn set_status(
+    conn: &mut AnyConnection,
+    record: &mut TaskRecord,
+    state: TaskState,
+    message: Option<Message>,
+) -> Result<()> {
+    let message = message.map(|message| message.bound_to(&record.task.id, &record.task.context_id));
+    if let Some(message) = &message {
+        append_history(conn, record, message).await?;
+    }
+    record.task.status = TaskStatus { state, message, timestamp: now_micros() };
+    if state.is_terminal() || state == TaskState::Submitted {
+        // The worker lets go. A finished task remembers its last lease, so
+        // that worker (and only it) can learn it was canceled; a requeued
+        // task forgets it, so the old worker cannot write any more.
+        record.worker_id = None;
+        record.lease_expires_at = None;
+        if state == TaskState::Submitted {
+            record.lease_id = None;
+        }
+    }
+    save(conn, record).await?;
+    record_event(conn, &record.task, EventKind::StatusChanged, EventDetail::default()).await?;
+    if state.is_terminal() {
+        deliver_completion(conn, &record.task).await?;
+    }
+    Ok(())
+}
+
+/// Puts a finished subtask's completion in its owner's inbox, once: a unique
+/// index makes a second report a no-op.
+async fn deliver_completion(conn: &mut AnyConnection, task: &Task) -> Result<()> {
+    let Some(owner) = &task.owner else {
+        return Ok(());
+    };
+    sqlx::query(
+        "INSERT INTO taskstore_inbox (namespace, owner_kind, owner_id, task_id, parent_task_id, kind, message, \
+         task_state, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+         ON CONFLICT (namespace, task_id) WHERE kind = 'completion' DO NOTHING",
+    )
+    .bind(&task.namespace)
+    .bind(owner.kind.as_str())
+    .bind(&owner.id)
+    .bind(&task.id)
+    .bind(task.parent_id.as_deref())
+    .bind(InboxKind::Completion.as_str())
+    .bind(to_json_opt(task.status.message.as_ref())?)
+    .bind(task.status.state.as_str())
+    .bind(now_micros())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+#[async_trait::async_trait]
+impl crate::repository::TaskRepository for SqlTaskRepository {
+    async fn create_task(&self, task: crate::domain::NewTask) -> Result<Task> {
+        self.create(task).await
+    }
+
+    async fn get_task(&self, namespace: &str, id: &str, history_length: Option<u32>) -> Result<Task> {
+        self.get(namespace, id, history_length).await
+    }
+
+    async fn list_tasks(&self, query: crate::domain::TaskQuery) -> Result<crate::domain::TaskPage> {
+        self.list(query).await
+    }
+
+    async fn add_message(&self, namespace: &str, task_id: &str, message: Message) -> Result<Task> {
+        self.add_message_to(namespace, task_id, message).await
+    }
+
+    async fn update_status(&self, namespace: &str, task_id: &str, update: crate::domain::StatusUpdate) -> Result<Task> {
+        self.update(namespace, task_id, update).await
+    }
+
+    async fn append_artifact(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        chunk: crate::domain::ArtifactChunk,
+    ) -> Result<Task> {
+        self.write_artifact(namespace, task_id, chunk).await
+    }
+
+    async fn cancel_task(&self, namespace: &str, id: &str, reason: Option<String>) -> Result<Vec<Task>> {
+        self.cancel(namespace, id, reason).await
+    }
+
+    async fn claim_tasks(&self, request: &crate::domain::ClaimRequest) -> Result<crate::domain::ClaimOutcome> {
+        self.claim(request).await
+    }
+
+    async fn renew_lease(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        lease: std::time::Duration,
+    ) -> Result<crate::domain::Renewal> {
+        self.renew(namespace, task_id, lease_id, lease).await
+    }
+
+    async fn complete_task(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        message: Option<Message>,
+        artifacts: Vec<Artifact>,
+    ) -> Result<Task> {
+        self.complete(namespace, task_id, lease_id, message, artifacts).await
+    }
+
+    async fn fail_task(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        reason: &str,
+        retry: bool,
+    ) -> Result<Task> {
+        self.fail(namespace, task_id, lease_id, reason, retry).await
+    }
+
+    async fn expire_leases(&self, now: i64, limit: u32) -> Result<Vec<crate::domain::Expiry>> {
+        self.expire(now, limit).await
+    }
+
+    async fn spawn_subtask(&self, subtask: crate::domain::NewSubtask, limits: &crate::domain::Limits) -> Result<Task> {
+        self.spawn(subtask, limits).await
+    }
+
+    async fn children(&self, namespace: &str, parent_id: &str, task_ids: &[String]) -> Result<Vec<Task>> {
+        self.children_of(namespace, parent_id, task_ids).await
+    }
+
+    async fn take_completions(&self, namespace: &str, task_ids: &[String]) -> Result<Vec<String>> {
+        self.take(namespace, task_ids).await
+    }
+
+    async fn notify_owner(
+        &self,
+        notification: crate::domain::Notification,
+    ) -> Result<(crate::domain::InboxMessage, Task)> {
+        self.notify(notification).await
+    }
+
+    async fn answer_question(&self, namespace: &str, task_id: &str, answer: Message) -> Result<Task> {
+        self.answer(namespace, task_id, answer).await
+    }
+
+    async fn read_inbox(
+        &self,
+        namespace: &str,
+        owner: &crate::domain::Owner,
+        max: u32,
+        peek: bool,
+    ) -> Result<Vec<crate::domain::InboxMessage>> {
+        self.read_inbox_of(namespace, owner, max, peek).await
+    }
+
+    async fn read_events(&self, query: &crate::domain::EventQuery) -> Result<crate::domain::EventBatch> {
+        self.events(query).await
+    }
+
+    async fn latest_event(&self, namespace: &str, task_id: Option<&str>) -> Result<Option<crate::domain::TaskEvent>> {
+        self.latest(namespace, task_id).await
+    }
+
+    async fn create_push_config(
+        &self,
+        namespace: &str,
+        config: crate::domain::PushConfig,
+    ) -> Result<crate::domain::PushConfig> {
+        self.create_push(namespace, config).await
+    }
+
+    async fn get_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<crate::domain::PushConfig> {
+        self.get_push(namespace, task_id, id).await
+    }
+
+    async fn list_push_configs(&self, namespace: &str, task_id: &str) -> Result<Vec<crate::domain::PushConfig>> {
+        self.list_push(namespace, task_id).await
+    }
+
+    async fn delete_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<()> {
+        self.delete_push(namespace, task_id, id).await
+    }
+}

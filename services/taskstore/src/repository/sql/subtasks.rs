@@ -1,0 +1,272 @@
+//! Subtasks: spawning under the safety limits, completions, notifications,
+//! questions and the owner's inbox.
+
+use chorus_runtime::storage::Backend;
+use sqlx::{AnyConnection, Row as _};
+
+use super::{
+    EventDetail, SqlTaskRepository, append_history, apply_status, check_writable, complete_task_view, record_event,
+    rows::{self, TaskRecord, task_columns, to_json},
+    save, set_status,
+    tasks::{TaskInsert, find_by_request, insert_task},
+};
+use crate::{
+    domain::{
+        EventKind, InboxKind, InboxMessage, Limits, Message, NewSubtask, Notification, Owner, OwnerKind, Role, Task,
+        TaskState, now_micros, prompt_fingerprint,
+    },
+    error::{Result, TaskStoreError},
+};
+
+/// The inbox columns [`rows::decode_inbox`] reads.
+macro_rules! inbox_columns {
+    () => {
+        "id, namespace, owner_kind, owner_id, task_id, parent_task_id, kind, message, task_state, created_at"
+    };
+}
+
+const TAKE_INBOX_POSTGRES: &str = concat!(
+    "UPDATE taskstore_inbox SET read_at = $5 WHERE id IN (SELECT id FROM taskstore_inbox \
+     WHERE namespace = $1 AND owner_kind = $2 AND owner_id = $3 AND read_at IS NULL ORDER BY id LIMIT $4 \
+     FOR UPDATE SKIP LOCKED) RETURNING ",
+    inbox_columns!()
+);
+const TAKE_INBOX_SQLITE: &str = concat!(
+    "UPDATE taskstore_inbox SET read_at = $5 WHERE id IN (SELECT id FROM taskstore_inbox \
+     WHERE namespace = $1 AND owner_kind = $2 AND owner_id = $3 AND read_at IS NULL ORDER BY id LIMIT $4) \
+     RETURNING ",
+    inbox_columns!()
+);
+const PEEK_INBOX: &str = concat!(
+    "SELECT ",
+    inbox_columns!(),
+    " FROM taskstore_inbox WHERE namespace = $1 AND owner_kind = $2 AND owner_id = $3 AND read_at IS NULL \
+     ORDER BY id LIMIT $4"
+);
+
+const ONE_MINUTE_MICROS: i64 = 60_000_000;
+
+impl SqlTaskRepository {
+    pub(super) async fn spawn(&self, subtask: NewSubtask, limits: &Limits) -> Result<Task> {
+        let mut tx = self.begin().await?;
+        if let Some(existing) = find_by_request(&mut tx, &subtask.namespace, &subtask.message.message_id).await? {
+            return Ok(existing);
+        }
+        // Locking the parent serialises its spawns, so the counts below hold.
+        let parent = self.lock_record(&mut tx, &subtask.namespace, &subtask.parent_id).await?;
+        check_spawn_limits(&mut tx, &parent, &subtask, limits).await?;
+        let owner =
+            subtask.owner.clone().unwrap_or_else(|| Owner { kind: OwnerKind::Worker, id: subtask.parent_id.clone() });
+        let insert = TaskInsert {
+            namespace: &subtask.namespace,
+            agent_id: &subtask.agent_id,
+            context_id: parent.task.context_id.clone(),
+            message: &subtask.message,
+            metadata: subtask.metadata.as_ref(),
+            parent_id: Some(&subtask.parent_id),
+            owner: Some(&owner),
+            depth: parent.task.depth + 1,
+            spawn_context: parent.task.spawn_context,
+            trace_context: &subtask.trace_context,
+        };
+        let task = insert_task(&mut tx, insert).await;
+        self.commit_insert(tx, task, &subtask.namespace, &subtask.message.message_id).await
+    }
+
+    pub(super) async fn children_of(&self, namespace: &str, parent_id: &str, task_ids: &[String]) -> Result<Vec<Task>> {
+        let mut conn = self.db.pool().acquire().await?;
+        super::read_record(&mut conn, namespace, parent_id).await?;
+        let rows = if task_ids.is_empty() {
+            sqlx::query(concat!(
+                "SELECT ",
+                task_columns!(),
+                " FROM taskstore_tasks t WHERE namespace = $1 AND parent_id = $2 AND (state NOT IN \
+                 ('completed', 'failed', 'canceled', 'rejected') OR EXISTS (SELECT 1 FROM taskstore_inbox i \
+                 WHERE i.namespace = t.namespace AND i.task_id = t.id AND i.kind = 'completion' \
+                 AND i.read_at IS NULL)) ORDER BY created_at, id"
+            ))
+        } else {
+            sqlx::query(concat!(
+                "SELECT ",
+                task_columns!(),
+                " FROM taskstore_tasks WHERE namespace = $1 AND parent_id = $2 ORDER BY created_at, id"
+            ))
+        }
+        .bind(namespace)
+        .bind(parent_id)
+        .fetch_all(&mut *conn)
+        .await?;
+        let mut children = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let record = TaskRecord::decode(row)?;
+            if task_ids.is_empty() || task_ids.contains(&record.task.id) {
+                children.push(complete_task_view(&mut conn, record, None, true).await?);
+            }
+        }
+        if let Some(missing) = task_ids.iter().find(|id| !children.iter().any(|child| &child.id == *id)) {
+            return Err(TaskStoreError::TaskNotFound(missing.clone()));
+        }
+        Ok(children)
+    }
+
+    pub(super) async fn take(&self, namespace: &str, task_ids: &[String]) -> Result<Vec<String>> {
+        let mut tx = self.begin().await?;
+        let now = now_micros();
+        let mut taken = Vec::new();
+        for task_id in task_ids {
+            let marked = sqlx::query(
+                "UPDATE taskstore_inbox SET read_at = $3 WHERE namespace = $1 AND task_id = $2 \
+                 AND kind = 'completion' AND read_at IS NULL",
+            )
+            .bind(namespace)
+            .bind(task_id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+            if marked.rows_affected() > 0 {
+                taken.push(task_id.clone());
+            }
+        }
+        tx.commit().await?;
+        Ok(taken)
+    }
+
+    pub(super) async fn notify(&self, notification: Notification) -> Result<(InboxMessage, Task)> {
+        let mut tx = self.begin().await?;
+        let mut record = self.lock_record(&mut tx, &notification.namespace, &notification.task_id).await?;
+        check_writable(&record, notification.lease_id.as_deref())?;
+        let Some(owner) = record.task.owner.clone() else {
+            return Err(TaskStoreError::NoOwner { task_id: notification.task_id });
+        };
+        let message = notification.message.bound_to(&record.task.id, &record.task.context_id);
+        if notification.kind == InboxKind::Question {
+            apply_status(&mut tx, &mut record, TaskState::InputRequired, Some(message.clone())).await?;
+        }
+        let row = sqlx::query(concat!(
+            "INSERT INTO taskstore_inbox (namespace, owner_kind, owner_id, task_id, parent_task_id, kind, message, \
+             created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING ",
+            inbox_columns!()
+        ))
+        .bind(&notification.namespace)
+        .bind(owner.kind.as_str())
+        .bind(&owner.id)
+        .bind(&record.task.id)
+        .bind(record.task.parent_id.as_deref())
+        .bind(notification.kind.as_str())
+        .bind(to_json(&message)?)
+        .bind(now_micros())
+        .fetch_one(&mut *tx)
+        .await?;
+        let inbox_message = rows::decode_inbox(&row)?;
+        let task = complete_task_view(&mut tx, record, None, true).await?;
+        tx.commit().await?;
+        Ok((inbox_message, task))
+    }
+
+    pub(super) async fn answer(&self, namespace: &str, task_id: &str, answer: Message) -> Result<Task> {
+        let mut tx = self.begin().await?;
+        let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
+        let state = record.task.status.state;
+        if state != TaskState::InputRequired {
+            return Err(TaskStoreError::NoQuestion { task_id: task_id.to_owned(), state });
+        }
+        let answer = Message { role: Role::User, ..answer }.bound_to(task_id, &record.task.context_id);
+        append_history(&mut tx, &mut record, &answer).await?;
+        save(&mut tx, &record).await?;
+        let detail = EventDetail { message: Some(&answer), ..EventDetail::default() };
+        record_event(&mut tx, &record.task, EventKind::MessageAdded, detail).await?;
+        set_status(&mut tx, &mut record, TaskState::Working, None).await?;
+        sqlx::query(
+            "UPDATE taskstore_inbox SET read_at = $3 WHERE namespace = $1 AND task_id = $2 AND kind = 'question' \
+             AND read_at IS NULL",
+        )
+        .bind(namespace)
+        .bind(task_id)
+        .bind(now_micros())
+        .execute(&mut *tx)
+        .await?;
+        let task = complete_task_view(&mut tx, record, None, true).await?;
+        tx.commit().await?;
+        Ok(task)
+    }
+
+    pub(super) async fn read_inbox_of(
+        &self,
+        namespace: &str,
+        owner: &Owner,
+        max: u32,
+        peek: bool,
+    ) -> Result<Vec<InboxMessage>> {
+        let mut conn = self.db.pool().acquire().await?;
+        let sql = match (peek, self.backend()) {
+            (true, _) => PEEK_INBOX,
+            (false, Backend::Postgres) => TAKE_INBOX_POSTGRES,
+            (false, Backend::Sqlite) => TAKE_INBOX_SQLITE,
+        };
+        let statement = sqlx::query(sql).bind(namespace).bind(owner.kind.as_str()).bind(&owner.id).bind(i64::from(max));
+        let statement = if peek { statement } else { statement.bind(now_micros()) };
+        let rows = statement.fetch_all(&mut *conn).await?;
+        let mut messages = rows.iter().map(rows::decode_inbox).collect::<Result<Vec<_>>>()?;
+        messages.sort_by_key(|message| message.id.parse::<i64>().unwrap_or(i64::MAX));
+        Ok(messages)
+    }
+}
+
+/// Applies the safety limits to a spawn below `parent`, each with its own error.
+async fn check_spawn_limits(
+    conn: &mut AnyConnection,
+    parent: &TaskRecord,
+    subtask: &NewSubtask,
+    limits: &Limits,
+) -> Result<()> {
+    let parent_task = &parent.task;
+    if parent_task.status.state.is_terminal() {
+        return Err(TaskStoreError::TaskFinished { task_id: parent_task.id.clone(), state: parent_task.status.state });
+    }
+    let depth = parent_task.depth + 1;
+    let max_depth = limits.max_depth(parent_task.spawn_context);
+    if depth > max_depth {
+        return Err(TaskStoreError::DepthLimit { depth, max: max_depth, context: parent_task.spawn_context });
+    }
+    let counts = sqlx::query(
+        "SELECT COUNT(*) AS total, \
+         COALESCE(SUM(CASE WHEN state IN ('completed', 'failed', 'canceled', 'rejected') THEN 0 ELSE 1 END), 0) \
+         AS unfinished, COALESCE(SUM(CASE WHEN created_at >= $3 THEN 1 ELSE 0 END), 0) AS recent \
+         FROM taskstore_tasks WHERE namespace = $1 AND parent_id = $2",
+    )
+    .bind(&parent_task.namespace)
+    .bind(&parent_task.id)
+    .bind(now_micros() - ONE_MINUTE_MICROS)
+    .fetch_one(&mut *conn)
+    .await?;
+    let parent_id = parent_task.id.clone();
+    if counts.try_get::<i64, _>("unfinished")? >= i64::from(limits.max_concurrent_subtasks) {
+        return Err(TaskStoreError::ConcurrencyLimit { parent_id, limit: limits.max_concurrent_subtasks });
+    }
+    if counts.try_get::<i64, _>("total")? >= i64::from(limits.max_total_subtasks) {
+        return Err(TaskStoreError::TotalLimit { parent_id, limit: limits.max_total_subtasks });
+    }
+    if counts.try_get::<i64, _>("recent")? >= i64::from(limits.max_spawns_per_minute) {
+        return Err(TaskStoreError::RateLimit { parent_id, limit: limits.max_spawns_per_minute });
+    }
+    if !limits.reject_cycles {
+        return Ok(());
+    }
+    let fingerprint = prompt_fingerprint(&subtask.agent_id, &subtask.message.joined_text());
+    let ancestor: Option<String> = sqlx::query_scalar(
+        "WITH RECURSIVE ancestors(id, parent_id, prompt_fingerprint) AS ( \
+         SELECT id, parent_id, prompt_fingerprint FROM taskstore_tasks WHERE namespace = $1 AND id = $2 \
+         UNION ALL SELECT t.id, t.parent_id, t.prompt_fingerprint FROM taskstore_tasks t \
+         JOIN ancestors a ON t.id = a.parent_id WHERE t.namespace = $1) \
+         SELECT id FROM ancestors WHERE prompt_fingerprint = $3 LIMIT 1",
+    )
+    .bind(&parent_task.namespace)
+    .bind(&parent_task.id)
+    .bind(&fingerprint)
+    .fetch_optional(&mut *conn)
+    .await?;
+    match ancestor {
+        Some(ancestor_id) => Err(TaskStoreError::Cycle { agent_id: subtask.agent_id.clone(), ancestor_id }),
+        None => Ok(()),
+    }
+}

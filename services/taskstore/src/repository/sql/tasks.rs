@@ -1,0 +1,324 @@
+//! Tasks: create, read, list, converse, move through states, artifacts, cancel.
+
+use sqlx::AnyConnection;
+
+use super::{
+    EventDetail, SqlTaskRepository, Tx, append_history, apply_status, check_writable, complete_task_view, read_record,
+    record_event, rows,
+    rows::{TaskRecord, task_columns, to_json},
+    save, set_status,
+};
+use crate::{
+    domain::{
+        Artifact, ArtifactChunk, EventKind, Message, NewTask, Owner, Role, SpawnContext, StatusUpdate, Task, TaskPage,
+        TaskQuery, TaskState, prompt_fingerprint,
+    },
+    error::{Result, TaskStoreError},
+};
+
+/// The filters of a task listing: $1 namespace, $2 context, $3 state, $4 agent,
+/// $5 updated-after; empty strings match everything.
+macro_rules! list_filters {
+    () => {
+        "namespace = $1 AND ($2 = '' OR context_id = $2) AND ($3 = '' OR state = $3) \
+         AND ($4 = '' OR agent_id = $4) AND status_timestamp >= $5"
+    };
+}
+
+/// Everything a new task row needs.
+pub(super) struct TaskInsert<'a> {
+    pub(super) namespace: &'a str,
+    pub(super) agent_id: &'a str,
+    pub(super) context_id: String,
+    pub(super) message: &'a Message,
+    pub(super) metadata: Option<&'a crate::domain::JsonObject>,
+    pub(super) parent_id: Option<&'a str>,
+    pub(super) owner: Option<&'a Owner>,
+    pub(super) depth: u32,
+    pub(super) spawn_context: SpawnContext,
+    pub(super) trace_context: &'a std::collections::HashMap<String, String>,
+}
+
+/// The task a create with this first message id already made, if any.
+pub(super) async fn find_by_request(
+    conn: &mut AnyConnection,
+    namespace: &str,
+    message_id: &str,
+) -> Result<Option<Task>> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        task_columns!(),
+        " FROM taskstore_tasks WHERE namespace = $1 AND request_message_id = $2"
+    ))
+    .bind(namespace)
+    .bind(message_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    match row {
+        Some(row) => Ok(Some(complete_task_view(conn, TaskRecord::decode(&row)?, None, true).await?)),
+        None => Ok(None),
+    }
+}
+
+/// Inserts a task in `submitted` with its first message, and records `created`.
+pub(super) async fn insert_task(conn: &mut AnyConnection, insert: TaskInsert<'_>) -> Result<Task> {
+    let now = crate::domain::now_micros();
+    let id = uuid::Uuid::now_v7().to_string();
+    let fingerprint = prompt_fingerprint(insert.agent_id, &insert.message.joined_text());
+    sqlx::query(
+        "INSERT INTO taskstore_tasks (namespace, id, context_id, agent_id, state, status_timestamp, metadata, \
+         parent_id, owner_kind, owner_id, depth, spawn_context, prompt_fingerprint, request_message_id, \
+         trace_context, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+    )
+    .bind(insert.namespace)
+    .bind(&id)
+    .bind(&insert.context_id)
+    .bind(insert.agent_id)
+    .bind(TaskState::Submitted.as_str())
+    .bind(now)
+    .bind(rows::metadata_json(insert.metadata)?)
+    .bind(insert.parent_id)
+    .bind(insert.owner.map(|owner| owner.kind.as_str()))
+    .bind(insert.owner.map(|owner| owner.id.as_str()))
+    .bind(i64::from(insert.depth))
+    .bind(insert.spawn_context.as_str())
+    .bind(&fingerprint)
+    .bind(&insert.message.message_id)
+    .bind(to_json(insert.trace_context)?)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    let mut record = read_record(conn, insert.namespace, &id).await?;
+    append_history(conn, &mut record, insert.message).await?;
+    save(conn, &record).await?;
+    let task = complete_task_view(conn, record, None, false).await?;
+    let detail = EventDetail { message: task.history.first(), ..EventDetail::default() };
+    record_event(conn, &task, EventKind::Created, detail).await?;
+    Ok(task)
+}
+
+impl SqlTaskRepository {
+    pub(super) async fn create(&self, new: NewTask) -> Result<Task> {
+        let mut tx = self.begin().await?;
+        if let Some(existing) = find_by_request(&mut tx, &new.namespace, &new.message.message_id).await? {
+            return Ok(existing);
+        }
+        let insert = TaskInsert {
+            namespace: &new.namespace,
+            agent_id: &new.agent_id,
+            context_id: new.context_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+            message: &new.message,
+            metadata: new.metadata.as_ref(),
+            parent_id: None,
+            owner: None,
+            depth: 0,
+            spawn_context: new.spawn_context,
+            trace_context: &new.trace_context,
+        };
+        let task = insert_task(&mut tx, insert).await;
+        self.commit_insert(tx, task, &new.namespace, &new.message.message_id).await
+    }
+
+    /// Commits a transaction that inserted a task; when a concurrent create
+    /// with the same message id won the race, returns that task instead.
+    pub(super) async fn commit_insert(
+        &self,
+        tx: Tx<'static>,
+        inserted: Result<Task>,
+        namespace: &str,
+        message_id: &str,
+    ) -> Result<Task> {
+        let outcome = match inserted {
+            Ok(task) => tx.commit().await.map(|()| task).map_err(TaskStoreError::from),
+            Err(error) => {
+                // Release the connection first: SQLite has only one.
+                drop(tx);
+                Err(error)
+            }
+        };
+        match outcome {
+            Err(TaskStoreError::Storage(error)) if is_unique_violation(&error) => {
+                let mut conn = self.db.pool().acquire().await?;
+                find_by_request(&mut conn, namespace, message_id)
+                    .await?
+                    .ok_or_else(|| TaskStoreError::TaskNotFound(message_id.to_owned()))
+            }
+            other => other,
+        }
+    }
+
+    pub(super) async fn get(&self, namespace: &str, id: &str, history_length: Option<u32>) -> Result<Task> {
+        let mut conn = self.db.pool().acquire().await?;
+        let record = read_record(&mut conn, namespace, id).await?;
+        complete_task_view(&mut conn, record, history_length, true).await
+    }
+
+    pub(super) async fn list(&self, query: TaskQuery) -> Result<TaskPage> {
+        let mut conn = self.db.pool().acquire().await?;
+        let state = query.state.map(TaskState::as_str).unwrap_or_default();
+        let context_id = query.context_id.as_deref().unwrap_or_default();
+        let agent_id = query.agent_id.as_deref().unwrap_or_default();
+        let updated_after = query.updated_after.unwrap_or(i64::MIN);
+        let (before_timestamp, before_id) =
+            query.page_token.as_ref().map_or((i64::MAX, ""), |token| (token.timestamp, token.id.as_str()));
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            task_columns!(),
+            " FROM taskstore_tasks WHERE ",
+            list_filters!(),
+            " AND (status_timestamp < $6 OR (status_timestamp = $6 AND id < $7)) \
+             ORDER BY status_timestamp DESC, id DESC LIMIT $8"
+        ))
+        .bind(&query.namespace)
+        .bind(context_id)
+        .bind(state)
+        .bind(agent_id)
+        .bind(updated_after)
+        .bind(before_timestamp)
+        .bind(before_id)
+        .bind(i64::from(query.page_size) + 1)
+        .fetch_all(&mut *conn)
+        .await?;
+        let total: i64 = sqlx::query_scalar(concat!("SELECT COUNT(*) FROM taskstore_tasks WHERE ", list_filters!()))
+            .bind(&query.namespace)
+            .bind(context_id)
+            .bind(state)
+            .bind(agent_id)
+            .bind(updated_after)
+            .fetch_one(&mut *conn)
+            .await?;
+        let has_more = rows.len() > query.page_size as usize;
+        let mut tasks = Vec::with_capacity(rows.len());
+        for row in rows.iter().take(query.page_size as usize) {
+            let record = TaskRecord::decode(row)?;
+            tasks.push(complete_task_view(&mut conn, record, query.history_length, query.include_artifacts).await?);
+        }
+        let next_page_token = match tasks.last() {
+            Some(last) if has_more => {
+                Some(crate::domain::PageToken { timestamp: last.status.timestamp, id: last.id.clone() })
+            }
+            _ => None,
+        };
+        Ok(TaskPage { tasks, next_page_token, total_size: u64::try_from(total).unwrap_or(0) })
+    }
+
+    pub(super) async fn add_message_to(&self, namespace: &str, task_id: &str, message: Message) -> Result<Task> {
+        let mut tx = self.begin().await?;
+        let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
+        let state = record.task.status.state;
+        if state.is_terminal() {
+            return Err(TaskStoreError::TaskFinished { task_id: task_id.to_owned(), state });
+        }
+        let message = message.bound_to(task_id, &record.task.context_id);
+        append_history(&mut tx, &mut record, &message).await?;
+        save(&mut tx, &record).await?;
+        let detail = EventDetail { message: Some(&message), ..EventDetail::default() };
+        record_event(&mut tx, &record.task, EventKind::MessageAdded, detail).await?;
+        if message.role == Role::User && state.is_interrupted() {
+            set_status(&mut tx, &mut record, TaskState::Working, None).await?;
+        }
+        let task = complete_task_view(&mut tx, record, None, true).await?;
+        tx.commit().await?;
+        Ok(task)
+    }
+
+    pub(super) async fn update(&self, namespace: &str, task_id: &str, update: StatusUpdate) -> Result<Task> {
+        let mut tx = self.begin().await?;
+        let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
+        check_writable(&record, update.lease_id.as_deref())?;
+        apply_status(&mut tx, &mut record, update.state, update.message).await?;
+        let task = complete_task_view(&mut tx, record, None, true).await?;
+        tx.commit().await?;
+        Ok(task)
+    }
+
+    pub(super) async fn write_artifact(&self, namespace: &str, task_id: &str, chunk: ArtifactChunk) -> Result<Task> {
+        let mut tx = self.begin().await?;
+        let record = self.lock_record(&mut tx, namespace, task_id).await?;
+        check_writable(&record, chunk.lease_id.as_deref())?;
+        store_artifact(&mut tx, &record, &chunk).await?;
+        let detail = EventDetail {
+            artifact: Some(&chunk.artifact),
+            append: chunk.append,
+            last_chunk: chunk.last_chunk,
+            message: None,
+        };
+        record_event(&mut tx, &record.task, EventKind::ArtifactUpdated, detail).await?;
+        let task = complete_task_view(&mut tx, record, None, true).await?;
+        tx.commit().await?;
+        Ok(task)
+    }
+
+    pub(super) async fn cancel(&self, namespace: &str, id: &str, reason: Option<String>) -> Result<Vec<Task>> {
+        let mut tx = self.begin().await?;
+        let root = self.lock_record(&mut tx, namespace, id).await?;
+        if root.task.status.state.is_terminal() {
+            return Err(TaskStoreError::TaskFinished { task_id: id.to_owned(), state: root.task.status.state });
+        }
+        let subtree: Vec<String> = sqlx::query_scalar(
+            "WITH RECURSIVE subtree(id) AS (SELECT $2 UNION ALL SELECT t.id FROM taskstore_tasks t \
+             JOIN subtree s ON t.parent_id = s.id WHERE t.namespace = $1) SELECT id FROM subtree",
+        )
+        .bind(namespace)
+        .bind(id)
+        .fetch_all(&mut *tx)
+        .await?;
+        let text = reason.map_or_else(|| "canceled".to_owned(), |reason| format!("canceled: {reason}"));
+        let mut canceled = Vec::new();
+        for task_id in subtree {
+            let mut record = self.lock_record(&mut tx, namespace, &task_id).await?;
+            if record.task.status.state.is_terminal() {
+                continue;
+            }
+            let message = Message::text(uuid::Uuid::new_v4().to_string(), Role::Agent, text.clone());
+            set_status(&mut tx, &mut record, TaskState::Canceled, Some(message)).await?;
+            canceled.push(complete_task_view(&mut tx, record, Some(0), false).await?);
+        }
+        tx.commit().await?;
+        Ok(canceled)
+    }
+}
+
+/// Adds, replaces or extends one artifact of a task.
+pub(super) async fn store_artifact(conn: &mut AnyConnection, record: &TaskRecord, chunk: &ArtifactChunk) -> Result<()> {
+    let task = &record.task;
+    let artifact_id = &chunk.artifact.artifact_id;
+    let existing: Option<String> = sqlx::query_scalar(
+        "SELECT artifact FROM taskstore_artifacts WHERE namespace = $1 AND task_id = $2 AND artifact_id = $3",
+    )
+    .bind(&task.namespace)
+    .bind(&task.id)
+    .bind(artifact_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let stored = match (existing, chunk.append) {
+        (Some(existing), true) => {
+            let mut artifact: Artifact = rows::from_json(&existing)?;
+            artifact.parts.extend(chunk.artifact.parts.iter().cloned());
+            artifact
+        }
+        (None, true) => {
+            return Err(TaskStoreError::ArtifactNotFound {
+                task_id: task.id.clone(),
+                artifact_id: artifact_id.clone(),
+            });
+        }
+        (_, false) => chunk.artifact.clone(),
+    };
+    sqlx::query(
+        "INSERT INTO taskstore_artifacts (namespace, task_id, artifact_id, position, artifact) VALUES ($1, $2, $3, \
+         (SELECT COUNT(*) FROM taskstore_artifacts WHERE namespace = $1 AND task_id = $2), $4) \
+         ON CONFLICT (namespace, task_id, artifact_id) DO UPDATE SET artifact = excluded.artifact",
+    )
+    .bind(&task.namespace)
+    .bind(&task.id)
+    .bind(artifact_id)
+    .bind(to_json(&stored)?)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+fn is_unique_violation(error: &sqlx::Error) -> bool {
+    chorus_runtime::storage::classify(error) == chorus_runtime::storage::DbErrorKind::UniqueViolation
+}

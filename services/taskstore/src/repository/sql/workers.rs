@@ -1,0 +1,208 @@
+//! Workers: claims under a lease, renewals, completion, failure, expiry.
+
+use std::time::Duration;
+
+use super::{
+    EventDetail, SqlTaskRepository, apply_status, check_writable, complete_task_view, record_event,
+    rows::{TaskRecord, task_columns},
+    set_status,
+    tasks::store_artifact,
+};
+use crate::{
+    domain::{
+        Artifact, ArtifactChunk, ClaimOutcome, ClaimRequest, Claimed, EventKind, Expiry, Message, Renewal, Role, Task,
+        TaskState, now_micros,
+    },
+    error::{Result, TaskStoreError},
+};
+use chorus_runtime::storage::Backend;
+
+const CLAIM_POSTGRES: &str = concat!(
+    "UPDATE taskstore_tasks SET state = 'working', status_message = NULL, status_timestamp = $3, worker_id = $4, \
+     lease_id = $5, lease_expires_at = $6, max_retries = $7, attempt = attempt + 1 \
+     WHERE (namespace, id) IN (SELECT namespace, id FROM taskstore_tasks \
+     WHERE namespace = $1 AND agent_id = $2 AND state = 'submitted' ORDER BY created_at, id LIMIT $8 \
+     FOR UPDATE SKIP LOCKED) RETURNING ",
+    task_columns!()
+);
+const CLAIM_SQLITE: &str = concat!(
+    "UPDATE taskstore_tasks SET state = 'working', status_message = NULL, status_timestamp = $3, worker_id = $4, \
+     lease_id = $5, lease_expires_at = $6, max_retries = $7, attempt = attempt + 1 \
+     WHERE (namespace, id) IN (SELECT namespace, id FROM taskstore_tasks \
+     WHERE namespace = $1 AND agent_id = $2 AND state = 'submitted' ORDER BY created_at, id LIMIT $8) RETURNING ",
+    task_columns!()
+);
+
+const EXPIRED_POSTGRES: &str = concat!(
+    "SELECT ",
+    task_columns!(),
+    " FROM taskstore_tasks WHERE lease_expires_at < $1 ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+);
+const EXPIRED_SQLITE: &str = concat!(
+    "SELECT ",
+    task_columns!(),
+    " FROM taskstore_tasks WHERE lease_expires_at < $1 ORDER BY lease_expires_at LIMIT $2"
+);
+
+fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
+}
+
+impl SqlTaskRepository {
+    pub(super) async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome> {
+        let mut tx = self.begin().await?;
+        let mut active: Vec<String> =
+            sqlx::query_scalar("SELECT id FROM taskstore_tasks WHERE namespace = $1 AND worker_id = $2")
+                .bind(&request.namespace)
+                .bind(&request.worker_id)
+                .fetch_all(&mut *tx)
+                .await?;
+        let room = i64::from(request.capacity) - i64::try_from(active.len()).unwrap_or(i64::MAX);
+        if room <= 0 {
+            return Ok(ClaimOutcome { claimed: Vec::new(), active });
+        }
+        let now = now_micros();
+        let lease_id = uuid::Uuid::new_v4().to_string();
+        let lease_expires_at = now.saturating_add(micros(request.lease));
+        let sql = match self.backend() {
+            Backend::Postgres => CLAIM_POSTGRES,
+            Backend::Sqlite => CLAIM_SQLITE,
+        };
+        let rows = sqlx::query(sql)
+            .bind(&request.namespace)
+            .bind(&request.agent_id)
+            .bind(now)
+            .bind(&request.worker_id)
+            .bind(&lease_id)
+            .bind(lease_expires_at)
+            .bind(i64::from(request.max_retries))
+            .bind(room)
+            .fetch_all(&mut *tx)
+            .await?;
+        if rows.is_empty() {
+            return Ok(ClaimOutcome { claimed: Vec::new(), active });
+        }
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let record = TaskRecord::decode(row)?;
+            let trace_context = record.trace_context.clone();
+            record_event(&mut tx, &record.task, EventKind::StatusChanged, EventDetail::default()).await?;
+            let task = complete_task_view(&mut tx, record, None, true).await?;
+            claimed.push(Claimed { task, lease_id: lease_id.clone(), lease_expires_at, trace_context });
+        }
+        tx.commit().await?;
+        claimed.sort_by(|a, b| (a.task.created_at, &a.task.id).cmp(&(b.task.created_at, &b.task.id)));
+        active.extend(claimed.iter().map(|claimed| claimed.task.id.clone()));
+        Ok(ClaimOutcome { claimed, active })
+    }
+
+    pub(super) async fn renew(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        lease: Duration,
+    ) -> Result<Renewal> {
+        let lease_expires_at = now_micros().saturating_add(micros(lease));
+        let mut conn = self.db.pool().acquire().await?;
+        let renewed = sqlx::query(
+            "UPDATE taskstore_tasks SET lease_expires_at = $4 WHERE namespace = $1 AND id = $2 AND lease_id = $3 \
+             AND worker_id IS NOT NULL",
+        )
+        .bind(namespace)
+        .bind(task_id)
+        .bind(lease_id)
+        .bind(lease_expires_at)
+        .execute(&mut *conn)
+        .await?;
+        if renewed.rows_affected() == 1 {
+            return Ok(Renewal { lease_expires_at, canceled: false });
+        }
+        let record = super::read_record(&mut conn, namespace, task_id).await?;
+        if record.task.status.state == TaskState::Canceled && record.lease_id.as_deref() == Some(lease_id) {
+            return Ok(Renewal { lease_expires_at: 0, canceled: true });
+        }
+        Err(TaskStoreError::LeaseLost { task_id: task_id.to_owned(), lease_id: lease_id.to_owned() })
+    }
+
+    pub(super) async fn complete(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        message: Option<Message>,
+        artifacts: Vec<Artifact>,
+    ) -> Result<Task> {
+        let mut tx = self.begin().await?;
+        let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
+        check_writable(&record, Some(lease_id))?;
+        for artifact in artifacts {
+            let chunk = ArtifactChunk { artifact, append: false, last_chunk: true, lease_id: None };
+            store_artifact(&mut tx, &record, &chunk).await?;
+            let detail = EventDetail { artifact: Some(&chunk.artifact), last_chunk: true, ..EventDetail::default() };
+            record_event(&mut tx, &record.task, EventKind::ArtifactUpdated, detail).await?;
+        }
+        apply_status(&mut tx, &mut record, TaskState::Completed, message).await?;
+        let task = complete_task_view(&mut tx, record, None, true).await?;
+        tx.commit().await?;
+        Ok(task)
+    }
+
+    pub(super) async fn fail(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        reason: &str,
+        retry: bool,
+    ) -> Result<Task> {
+        let mut tx = self.begin().await?;
+        let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
+        check_writable(&record, Some(lease_id))?;
+        end_attempt(&mut tx, &mut record, reason, retry).await?;
+        let task = complete_task_view(&mut tx, record, None, true).await?;
+        tx.commit().await?;
+        Ok(task)
+    }
+
+    pub(super) async fn expire(&self, now: i64, limit: u32) -> Result<Vec<Expiry>> {
+        let sql = match self.backend() {
+            Backend::Postgres => EXPIRED_POSTGRES,
+            Backend::Sqlite => EXPIRED_SQLITE,
+        };
+        let mut tx = self.begin().await?;
+        let rows = sqlx::query(sql).bind(now).bind(i64::from(limit)).fetch_all(&mut *tx).await?;
+        let mut expired = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let mut record = TaskRecord::decode(row)?;
+            let requeued = end_attempt(&mut tx, &mut record, "worker lease expired", true).await?;
+            expired.push(Expiry { task: complete_task_view(&mut tx, record, Some(0), false).await?, requeued });
+        }
+        tx.commit().await?;
+        Ok(expired)
+    }
+}
+
+/// Ends a worker's attempt: back to `submitted` when `retry` is asked and the
+/// agent's retries last, else `failed` with `reason`. Returns whether requeued.
+async fn end_attempt(
+    conn: &mut sqlx::AnyConnection,
+    record: &mut TaskRecord,
+    reason: &str,
+    retry: bool,
+) -> Result<bool> {
+    let requeue = retry && record.task.attempt <= record.max_retries;
+    let text = if requeue {
+        format!("{reason}; requeued after attempt {} of {}", record.task.attempt, record.max_retries + 1)
+    } else {
+        reason.to_owned()
+    };
+    let message = Message::text(uuid::Uuid::new_v4().to_string(), Role::Agent, text);
+    if requeue {
+        // Requeueing is the store's own move, outside the A2A state machine.
+        set_status(conn, record, TaskState::Submitted, Some(message)).await?;
+    } else {
+        apply_status(conn, record, TaskState::Failed, Some(message)).await?;
+    }
+    Ok(requeue)
+}

@@ -1,0 +1,225 @@
+//! The task store service: the repository plus what storage alone cannot do
+//! — waiting for changes, waking waiters after commits, expiring leases.
+//!
+//! Every write goes through the repository (one transaction) and is then
+//! announced on [`Wakeups`] so streams and blocking calls re-read at once.
+
+mod reaper;
+mod streams;
+mod waits;
+
+use std::{sync::Arc, time::Duration};
+
+use chorus_runtime::wakeup::Wakeups;
+use tokio_util::sync::CancellationToken;
+
+pub use self::{
+    streams::{WatchFilter, WatchStart},
+    waits::AwaitOutcome,
+};
+use crate::{
+    config::TaskStoreConfig,
+    domain::{
+        Artifact, ArtifactChunk, InboxMessage, Message, NewTask, Notification, Owner, PushConfig, Renewal,
+        StatusUpdate, Task, TaskPage, TaskQuery,
+    },
+    error::Result,
+    repository::TaskRepository,
+};
+
+/// The task store. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct TaskStore {
+    repository: Arc<dyn TaskRepository>,
+    wakeups: Wakeups,
+    config: Arc<TaskStoreConfig>,
+    shutdown: CancellationToken,
+}
+
+/// Wake-up keys: who waits for what.
+pub(crate) mod keys {
+    use crate::domain::Owner;
+
+    pub(crate) fn task(namespace: &str, id: &str) -> String {
+        format!("task/{namespace}/{id}")
+    }
+
+    pub(crate) fn claimable(namespace: &str, agent_id: &str) -> String {
+        format!("claim/{namespace}/{agent_id}")
+    }
+
+    pub(crate) fn events(namespace: &str) -> String {
+        format!("events/{namespace}")
+    }
+
+    pub(crate) fn inbox(namespace: &str, owner: &Owner) -> String {
+        format!("inbox/{namespace}/{}/{}", owner.kind.as_str(), owner.id)
+    }
+}
+
+impl TaskStore {
+    /// `shutdown` ends every stream and wait the service has open.
+    pub fn new(
+        repository: Arc<dyn TaskRepository>,
+        wakeups: Wakeups,
+        config: TaskStoreConfig,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self { repository, wakeups, config: Arc::new(config), shutdown }
+    }
+
+    pub fn config(&self) -> &TaskStoreConfig {
+        &self.config
+    }
+
+    /// Announces a committed change to `task`.
+    fn changed(&self, task: &Task) {
+        let namespace = &task.namespace;
+        self.wakeups.notify(&keys::task(namespace, &task.id));
+        self.wakeups.notify(&keys::events(namespace));
+        if task.status.state == crate::domain::TaskState::Submitted {
+            self.wakeups.notify(&keys::claimable(namespace, &task.agent_id));
+        }
+        if let Some(owner) = &task.owner
+            && (task.status.state.is_terminal() || task.status.state.is_interrupted())
+        {
+            self.wakeups.notify(&keys::inbox(namespace, owner));
+        }
+    }
+
+    pub async fn create_task(&self, task: NewTask) -> Result<Task> {
+        let task = self.repository.create_task(task).await?;
+        self.changed(&task);
+        Ok(task)
+    }
+
+    pub async fn get_task(&self, namespace: &str, id: &str, history_length: Option<u32>) -> Result<Task> {
+        self.repository.get_task(namespace, id, history_length).await
+    }
+
+    pub async fn list_tasks(&self, query: TaskQuery) -> Result<TaskPage> {
+        self.repository.list_tasks(query).await
+    }
+
+    pub async fn add_message(&self, namespace: &str, task_id: &str, message: Message) -> Result<Task> {
+        let task = self.repository.add_message(namespace, task_id, message).await?;
+        self.changed(&task);
+        Ok(task)
+    }
+
+    pub async fn update_status(&self, namespace: &str, task_id: &str, update: StatusUpdate) -> Result<Task> {
+        let task = self.repository.update_status(namespace, task_id, update).await?;
+        self.changed(&task);
+        Ok(task)
+    }
+
+    pub async fn append_artifact(&self, namespace: &str, task_id: &str, chunk: ArtifactChunk) -> Result<Task> {
+        let task = self.repository.append_artifact(namespace, task_id, chunk).await?;
+        self.changed(&task);
+        Ok(task)
+    }
+
+    /// Cancels a task and its unfinished subtree; returns the root as it now
+    /// is and the ids of every task canceled.
+    pub async fn cancel_task(&self, namespace: &str, id: &str, reason: Option<String>) -> Result<(Task, Vec<String>)> {
+        let canceled = self.repository.cancel_task(namespace, id, reason).await?;
+        canceled.iter().for_each(|task| self.changed(task));
+        let root = self.repository.get_task(namespace, id, None).await?;
+        Ok((root, canceled.into_iter().map(|task| task.id).collect()))
+    }
+
+    pub async fn renew_lease(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        lease: Option<Duration>,
+    ) -> Result<Renewal> {
+        let lease = self.lease_length(lease);
+        self.repository.renew_lease(namespace, task_id, lease_id, lease).await
+    }
+
+    pub async fn complete_task(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        message: Option<Message>,
+        artifacts: Vec<Artifact>,
+    ) -> Result<Task> {
+        let task = self.repository.complete_task(namespace, task_id, lease_id, message, artifacts).await?;
+        self.changed(&task);
+        Ok(task)
+    }
+
+    pub async fn fail_task(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        reason: &str,
+        retry: bool,
+    ) -> Result<Task> {
+        let task = self.repository.fail_task(namespace, task_id, lease_id, reason, retry).await?;
+        self.changed(&task);
+        Ok(task)
+    }
+
+    pub async fn notify_owner(&self, notification: Notification) -> Result<InboxMessage> {
+        let (message, task) = self.repository.notify_owner(notification).await?;
+        self.changed(&task);
+        self.wakeups.notify(&keys::inbox(&task.namespace, &message.owner));
+        Ok(message)
+    }
+
+    pub async fn answer_question(&self, namespace: &str, task_id: &str, answer: Message) -> Result<Task> {
+        let task = self.repository.answer_question(namespace, task_id, answer).await?;
+        self.changed(&task);
+        Ok(task)
+    }
+
+    pub async fn create_push_config(&self, namespace: &str, config: PushConfig) -> Result<PushConfig> {
+        self.repository.create_push_config(namespace, config).await
+    }
+
+    pub async fn get_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<PushConfig> {
+        self.repository.get_push_config(namespace, task_id, id).await
+    }
+
+    pub async fn list_push_configs(&self, namespace: &str, task_id: &str) -> Result<Vec<PushConfig>> {
+        self.repository.list_push_configs(namespace, task_id).await
+    }
+
+    pub async fn delete_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<()> {
+        self.repository.delete_push_config(namespace, task_id, id).await
+    }
+
+    /// A worker's lease length: what it asked for, capped, or the default.
+    fn lease_length(&self, asked: Option<Duration>) -> Duration {
+        match asked {
+            Some(lease) if !lease.is_zero() => lease.min(self.config.max_lease()),
+            _ => self.config.default_lease(),
+        }
+    }
+
+    /// Reads `owner`'s inbox, waiting up to `wait` for a first message.
+    pub async fn read_inbox(
+        &self,
+        namespace: &str,
+        owner: &Owner,
+        max: u32,
+        wait: Duration,
+        peek: bool,
+    ) -> Result<Vec<InboxMessage>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let mut waiter = self.wakeups.waiter(&keys::inbox(namespace, owner));
+            let messages = self.repository.read_inbox(namespace, owner, max, peek).await?;
+            let now = tokio::time::Instant::now();
+            if !messages.is_empty() || now >= deadline || self.shutdown.is_cancelled() {
+                return Ok(messages);
+            }
+            waiter.wait(self.config.poll_interval().min(deadline - now)).await;
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! The lease reaper: a task whose worker stopped renewing its lease is
+//! requeued (while its agent's retries last) or failed — the fallback
+//! completion that tells its owner the child is gone.
+
+use tokio::task::JoinHandle;
+
+use super::TaskStore;
+use crate::domain::now_micros;
+
+/// Expired leases handled per transaction.
+const BATCH: u32 = 100;
+
+impl TaskStore {
+    /// Runs the reaper until shutdown. Every replica may run one: rows are
+    /// locked with `SKIP LOCKED`, so each lease is expired exactly once.
+    pub fn spawn_reaper(&self) -> JoinHandle<()> {
+        let store = self.clone();
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(store.config.reaper_interval());
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = store.shutdown.cancelled() => return,
+                    _ = interval.tick() => store.reap().await,
+                }
+            }
+        })
+    }
+
+    async fn reap(&self) {
+        loop {
+            let expired = match self.repository.expire_leases(now_micros(), BATCH).await {
+                Ok(expired) => expired,
+                Err(error) => {
+                    tracing::warn!(%error, "lease reaper failed; retrying on the next tick");
+                    return;
+                }
+            };
+            for expiry in &expired {
+                let task = &expiry.task;
+                tracing::warn!(
+                    namespace = %task.namespace,
+                    task_id = %task.id,
+                    agent_id = %task.agent_id,
+                    attempt = task.attempt,
+                    requeued = expiry.requeued,
+                    "worker lease expired"
+                );
+                self.changed(task);
+            }
+            if expired.len() < BATCH as usize {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! Long-lived streams: worker claims and task watches.
+//!
+//! Each stream is a task feeding a bounded channel; it ends when the client
+//! goes away, the service shuts down, or (for a task watch) the task is done.
+
+use std::time::Duration;
+
+use chorus_runtime::wakeup::{Waiter, wait_any};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::{TaskStore, keys};
+use crate::{
+    domain::{ClaimRequest, Claimed, Cursor, EventKind, EventQuery, TaskEvent},
+    error::Result,
+};
+
+/// Events read per query.
+const EVENT_BATCH: u32 = 256;
+
+/// How soon to read again when committed events wait behind an older transaction.
+const HELD_BACK_RETRY: Duration = Duration::from_millis(5);
+
+/// What a watch of many tasks follows.
+#[derive(Debug, Clone, Default)]
+pub struct WatchFilter {
+    pub agent_id: Option<String>,
+    pub context_id: Option<String>,
+}
+
+/// Where a watch starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchStart {
+    /// After this cursor.
+    After(Cursor),
+    /// With the first event recorded.
+    Beginning,
+    /// With the events committed from about now on: from the oldest
+    /// transaction still running, so a few events committed just before the
+    /// call may come too (delivery is at least once, never lossy).
+    Now,
+}
+
+fn ends_task(event: &TaskEvent) -> bool {
+    event.kind == EventKind::StatusChanged && event.status.state.is_terminal()
+}
+
+impl TaskStore {
+    /// Hands `request.agent_id`'s tasks to a worker as they become claimable,
+    /// keeping at most `capacity` leased at once.
+    pub fn claim_stream(&self, mut request: ClaimRequest) -> ReceiverStream<Result<Claimed>> {
+        request.lease = self.lease_length(Some(request.lease));
+        request.capacity = request.capacity.max(1);
+        let (sender, receiver) = mpsc::channel(request.capacity as usize);
+        let store = self.clone();
+        tokio::spawn(async move { store.feed_claims(request, sender).await });
+        ReceiverStream::new(receiver)
+    }
+
+    async fn feed_claims(self, request: ClaimRequest, sender: mpsc::Sender<Result<Claimed>>) {
+        let capacity = request.capacity as usize;
+        loop {
+            let mut waiters = vec![self.wakeups.waiter(&keys::claimable(&request.namespace, &request.agent_id))];
+            let outcome = match self.repository.claim_tasks(&request).await {
+                Ok(outcome) => outcome,
+                Err(error) => {
+                    let _ = sender.send(Err(error)).await;
+                    return;
+                }
+            };
+            let claimed_any = !outcome.claimed.is_empty();
+            for claimed in outcome.claimed {
+                self.changed(&claimed.task);
+                tracing::debug!(task_id = %claimed.task.id, worker_id = %request.worker_id, "task claimed");
+                if sender.send(Ok(claimed)).await.is_err() {
+                    return;
+                }
+            }
+            let full = outcome.active.len() >= capacity;
+            if claimed_any && !full {
+                continue;
+            }
+            if full {
+                // Only a lease ending can make room: wait on those tasks.
+                waiters.clear();
+            }
+            waiters.extend(outcome.active.iter().map(|id| self.wakeups.waiter(&keys::task(&request.namespace, id))));
+            if !self.pause(&sender, &mut waiters, false).await {
+                return;
+            }
+        }
+    }
+
+    /// The changes of one task after `after` (or from its first), ending
+    /// with its final state. Fails at once when the task does not exist.
+    pub async fn watch_task(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        after: Option<Cursor>,
+    ) -> Result<ReceiverStream<Result<TaskEvent>>> {
+        self.repository.get_task(namespace, task_id, Some(0)).await?;
+        let (sender, receiver) = mpsc::channel(64);
+        let store = self.clone();
+        let query = EventQuery {
+            namespace: namespace.to_owned(),
+            task_id: Some(task_id.to_owned()),
+            agent_id: None,
+            context_id: None,
+            after: after.unwrap_or_default(),
+            limit: EVENT_BATCH,
+        };
+        tokio::spawn(async move { store.feed_task_events(query, sender).await });
+        Ok(ReceiverStream::new(receiver))
+    }
+
+    async fn feed_task_events(self, mut query: EventQuery, sender: mpsc::Sender<Result<TaskEvent>>) {
+        let task_id = query.task_id.clone().unwrap_or_default();
+        loop {
+            let mut waiters = vec![self.wakeups.waiter(&keys::task(&query.namespace, &task_id))];
+            let batch = match self.repository.read_events(&query).await {
+                Ok(batch) => batch,
+                Err(error) => {
+                    let _ = sender.send(Err(error)).await;
+                    return;
+                }
+            };
+            let full_batch = batch.events.len() == EVENT_BATCH as usize;
+            for event in batch.events {
+                query.after = event.cursor;
+                let last = ends_task(&event);
+                if sender.send(Ok(event)).await.is_err() || last {
+                    return;
+                }
+            }
+            if full_batch {
+                continue;
+            }
+            if !batch.held_back && self.caught_up_with_finished_task(&query).await {
+                return;
+            }
+            if !self.pause(&sender, &mut waiters, batch.held_back).await {
+                return;
+            }
+        }
+    }
+
+    /// Whether a watch resumed after a task's final event: nothing is left.
+    async fn caught_up_with_finished_task(&self, query: &EventQuery) -> bool {
+        let latest = self.repository.latest_event(&query.namespace, query.task_id.as_deref()).await;
+        matches!(latest, Ok(Some(event)) if ends_task(&event) && event.cursor <= query.after)
+    }
+
+    /// Every change in a namespace (optionally of one agent or context).
+    pub async fn watch_tasks(
+        &self,
+        namespace: &str,
+        filter: WatchFilter,
+        start: WatchStart,
+    ) -> Result<ReceiverStream<Result<TaskEvent>>> {
+        let after = match start {
+            WatchStart::After(cursor) => cursor,
+            WatchStart::Beginning => Cursor::default(),
+            WatchStart::Now => {
+                self.repository.latest_event(namespace, None).await?.map(|event| event.cursor).unwrap_or_default()
+            }
+        };
+        let query = EventQuery {
+            namespace: namespace.to_owned(),
+            task_id: None,
+            agent_id: filter.agent_id,
+            context_id: filter.context_id,
+            after,
+            limit: EVENT_BATCH,
+        };
+        let (sender, receiver) = mpsc::channel(256);
+        let store = self.clone();
+        tokio::spawn(async move { store.feed_namespace_events(query, sender).await });
+        Ok(ReceiverStream::new(receiver))
+    }
+
+    async fn feed_namespace_events(self, mut query: EventQuery, sender: mpsc::Sender<Result<TaskEvent>>) {
+        loop {
+            let mut waiters = vec![self.wakeups.waiter(&keys::events(&query.namespace))];
+            let batch = match self.repository.read_events(&query).await {
+                Ok(batch) => batch,
+                Err(error) => {
+                    let _ = sender.send(Err(error)).await;
+                    return;
+                }
+            };
+            let full_batch = batch.events.len() == EVENT_BATCH as usize;
+            for event in batch.events {
+                query.after = event.cursor;
+                if sender.send(Ok(event)).await.is_err() {
+                    return;
+                }
+            }
+            if !full_batch && !self.pause(&sender, &mut waiters, batch.held_back).await {
+                return;
+            }
+        }
+    }
+
+    /// Waits for a signal or the poll interval — briefly when committed
+    /// events are `held_back` behind an older transaction, which signals
+    /// nothing when it ends. Returns false when the stream should end: the
+    /// client left or the service is shutting down.
+    async fn pause<T>(&self, sender: &mpsc::Sender<T>, waiters: &mut [Waiter], held_back: bool) -> bool {
+        let poll =
+            if held_back { HELD_BACK_RETRY.min(self.config.poll_interval()) } else { self.config.poll_interval() };
+        tokio::select! {
+            () = self.shutdown.cancelled() => false,
+            () = sender.closed() => false,
+            () = wait_any(waiters, poll) => true,
+        }
+    }
+}

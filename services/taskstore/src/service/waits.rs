@@ -1,0 +1,90 @@
+//! Calls that wait for subtasks: blocking spawn and await.
+
+use std::time::Duration;
+
+use chorus_runtime::wakeup::wait_any;
+use tokio::time::Instant;
+
+use super::{TaskStore, keys};
+use crate::{
+    domain::{NewSubtask, Task},
+    error::Result,
+};
+
+/// What an await found.
+#[derive(Debug, Clone)]
+pub struct AwaitOutcome {
+    /// Finished children; their completions are now delivered.
+    pub finished: Vec<Task>,
+    pub pending: Vec<String>,
+    pub timed_out: bool,
+}
+
+impl TaskStore {
+    /// Spawns a subtask. When `blocking`, waits until the child finishes or
+    /// is interrupted, or `timeout` passes; a finished child's completion is
+    /// then delivered here and not again to the inbox. Returns the child and
+    /// whether the wait timed out.
+    pub async fn spawn_subtask(
+        &self,
+        subtask: NewSubtask,
+        blocking: bool,
+        timeout: Option<Duration>,
+    ) -> Result<(Task, bool)> {
+        let child = self.repository.spawn_subtask(subtask, &self.config.limits).await?;
+        self.changed(&child);
+        if !blocking {
+            return Ok((child, false));
+        }
+        let deadline = Instant::now() + timeout.unwrap_or_else(|| self.config.default_spawn_timeout());
+        loop {
+            let mut waiter = self.wakeups.waiter(&keys::task(&child.namespace, &child.id));
+            let current = self.repository.get_task(&child.namespace, &child.id, None).await?;
+            let state = current.status.state;
+            if state.is_terminal() {
+                self.repository.take_completions(&child.namespace, std::slice::from_ref(&child.id)).await?;
+                return Ok((current, false));
+            }
+            if state.is_interrupted() {
+                return Ok((current, false));
+            }
+            let now = Instant::now();
+            if now >= deadline || self.shutdown.is_cancelled() {
+                return Ok((current, true));
+            }
+            waiter.wait(self.config.poll_interval().min(deadline - now)).await;
+        }
+    }
+
+    /// Waits for children of `parent_id` (all outstanding ones, or `task_ids`)
+    /// until all — or, with `any`, one — have finished, or `timeout` passes.
+    pub async fn await_subtasks(
+        &self,
+        namespace: &str,
+        parent_id: &str,
+        task_ids: &[String],
+        any: bool,
+        timeout: Duration,
+    ) -> Result<AwaitOutcome> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut waiters = vec![self.wakeups.waiter(&keys::task(namespace, parent_id))];
+            let children = self.repository.children(namespace, parent_id, task_ids).await?;
+            waiters.extend(children.iter().map(|child| self.wakeups.waiter(&keys::task(namespace, &child.id))));
+            let (finished, pending): (Vec<Task>, Vec<Task>) =
+                children.into_iter().partition(|child| child.status.state.is_terminal());
+            let done = if any { !finished.is_empty() || pending.is_empty() } else { pending.is_empty() };
+            let now = Instant::now();
+            if done || now >= deadline || self.shutdown.is_cancelled() {
+                let finished_ids: Vec<String> = finished.iter().map(|task| task.id.clone()).collect();
+                self.repository.take_completions(namespace, &finished_ids).await?;
+                return Ok(AwaitOutcome {
+                    finished,
+                    pending: pending.into_iter().map(|task| task.id).collect(),
+                    timed_out: !done,
+                });
+            }
+            wait_any(&mut waiters, self.config.poll_interval().min(deadline - now)).await;
+        }
+    }
+}

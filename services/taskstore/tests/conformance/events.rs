@@ -1,0 +1,139 @@
+//! The event log: watches resume from a cursor and lose nothing.
+
+use std::time::Duration;
+
+use chorus_taskstore::{
+    TaskStore,
+    domain::{Artifact, ArtifactChunk, EventKind, EventQuery, Part, StatusUpdate, TaskEvent, TaskState},
+    service::{WatchFilter, WatchStart},
+};
+use tokio_stream::StreamExt as _;
+
+use crate::harness::{Harness, agent_message, conformance, new_task};
+
+conformance!(
+    a_task_watch_replays_from_a_cursor_and_ends_with_the_task,
+    a_namespace_watch_follows_live_changes_and_resumes,
+    every_change_is_recorded_in_commit_order,
+);
+
+async fn collect(
+    stream: impl tokio_stream::Stream<Item = Result<TaskEvent, chorus_taskstore::error::TaskStoreError>>,
+) -> Vec<TaskEvent> {
+    tokio::time::timeout(Duration::from_secs(10), stream.map(Result::unwrap).collect::<Vec<_>>())
+        .await
+        .expect("the watch ends with the task")
+}
+
+async fn take(
+    stream: &mut (impl tokio_stream::Stream<Item = Result<TaskEvent, chorus_taskstore::error::TaskStoreError>> + Unpin),
+    count: usize,
+) -> Vec<TaskEvent> {
+    let mut events = Vec::new();
+    while events.len() < count {
+        let next =
+            tokio::time::timeout(Duration::from_secs(10), stream.next()).await.expect("an event arrives in time");
+        events.push(next.expect("the stream is open").unwrap());
+    }
+    events
+}
+
+/// Reads until no committed event is held back behind another transaction.
+async fn read_settled(h: &Harness, query: &EventQuery) -> Vec<TaskEvent> {
+    for _ in 0..1_000 {
+        let batch = h.repository.read_events(query).await.unwrap();
+        if !batch.held_back {
+            return batch.events;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("events stayed held back for 5 s");
+}
+
+async fn drive_to_completion(store: &TaskStore, task_id: &str) {
+    let working = StatusUpdate { state: TaskState::Working, message: None, lease_id: None };
+    store.update_status("ns", task_id, working).await.unwrap();
+    let artifact = Artifact {
+        artifact_id: "a".into(),
+        name: None,
+        description: None,
+        parts: vec![Part::text("chunk")],
+        metadata: None,
+        extensions: Vec::new(),
+    };
+    let chunk = ArtifactChunk { artifact, append: false, last_chunk: true, lease_id: None };
+    store.append_artifact("ns", task_id, chunk).await.unwrap();
+    let done = StatusUpdate { state: TaskState::Completed, message: Some(agent_message("ok")), lease_id: None };
+    store.update_status("ns", task_id, done).await.unwrap();
+}
+
+async fn a_task_watch_replays_from_a_cursor_and_ends_with_the_task(h: Harness) {
+    let task = h.task("ns", "echo", "watch me").await;
+    let live = h.store.watch_task("ns", &task.id, None).await.unwrap();
+    let driver = {
+        let store = h.store.clone();
+        let id = task.id.clone();
+        tokio::spawn(async move { drive_to_completion(&store, &id).await })
+    };
+    let events = collect(live).await;
+    driver.await.unwrap();
+    let kinds: Vec<EventKind> = events.iter().map(|event| event.kind).collect();
+    assert_eq!(
+        kinds,
+        [EventKind::Created, EventKind::StatusChanged, EventKind::ArtifactUpdated, EventKind::StatusChanged]
+    );
+    assert_eq!(events[0].message.as_ref().unwrap().joined_text(), "watch me");
+    assert_eq!(events[2].artifact.as_ref().unwrap().parts, vec![Part::text("chunk")]);
+    assert_eq!(events[3].status.state, TaskState::Completed);
+    assert!(events.windows(2).all(|pair| pair[0].cursor < pair[1].cursor), "cursors increase");
+
+    let resumed = collect(h.store.watch_task("ns", &task.id, Some(events[1].cursor)).await.unwrap()).await;
+    assert_eq!(resumed, events[2..], "a resumed watch starts right after its cursor");
+    let after_end = collect(h.store.watch_task("ns", &task.id, Some(events[3].cursor)).await.unwrap()).await;
+    assert!(after_end.is_empty(), "nothing follows the final event");
+}
+
+async fn a_namespace_watch_follows_live_changes_and_resumes(h: Harness) {
+    let before = h.task("ns", "echo", "before the watch").await;
+    let mut all = h.store.watch_tasks("ns", WatchFilter::default(), WatchStart::Now).await.unwrap();
+    let only_b = WatchFilter { agent_id: Some("b".into()), context_id: None };
+    let mut filtered = h.store.watch_tasks("ns", only_b, WatchStart::Now).await.unwrap();
+    let first_a = h.task("ns", "a", "one").await;
+    let first_b = h.task("ns", "b", "two").await;
+    // "Now" may also replay the last events committed before the call.
+    let mut seen = take(&mut all, 2).await;
+    seen.retain(|event| event.task_id != before.id);
+    if seen.len() < 2 {
+        seen.extend(take(&mut all, 2 - seen.len()).await);
+    }
+    assert_eq!(seen.iter().map(|event| &event.task_id).collect::<Vec<_>>(), [&first_a.id, &first_b.id]);
+    assert_eq!(take(&mut filtered, 1).await[0].task_id, first_b.id);
+    drop(all);
+
+    let resume_from = seen[1].cursor;
+    let missed = h.task("ns", "a", "while disconnected").await;
+    let mut resumed = h.store.watch_tasks("ns", WatchFilter::default(), WatchStart::After(resume_from)).await.unwrap();
+    assert_eq!(take(&mut resumed, 1).await[0].task_id, missed.id, "a reconnect gets what it missed");
+    let mut everything = h.store.watch_tasks("ns", WatchFilter::default(), WatchStart::Beginning).await.unwrap();
+    assert_eq!(take(&mut everything, 4).await[3].task_id, missed.id);
+}
+
+async fn every_change_is_recorded_in_commit_order(h: Harness) {
+    let task = h.store.create_task(new_task("ns", "echo", "log me")).await.unwrap();
+    drive_to_completion(&h.store, &task.id).await;
+    let query = EventQuery {
+        namespace: "ns".into(),
+        task_id: None,
+        agent_id: None,
+        context_id: Some(task.context_id.clone()),
+        after: Default::default(),
+        limit: 100,
+    };
+    let events = read_settled(&h, &query).await;
+    let states: Vec<TaskState> = events.iter().map(|event| event.status.state).collect();
+    assert_eq!(states, [TaskState::Submitted, TaskState::Working, TaskState::Working, TaskState::Completed]);
+    let latest = h.repository.latest_event("ns", Some(&task.id)).await.unwrap().unwrap();
+    assert_eq!(latest, events[3]);
+    let later = EventQuery { after: events[1].cursor, ..query };
+    assert_eq!(read_settled(&h, &later).await, events[2..]);
+}

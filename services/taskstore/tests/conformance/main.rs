@@ -1,0 +1,10 @@
+//! The task store's conformance suite: every test runs against SQLite and,
+//! when `CHORUS_TEST_POSTGRES_URL` is set, against PostgreSQL.
+
+mod events;
+mod harness;
+mod isolation;
+mod push;
+mod subtasks;
+mod tasks;
+mod workers;

@@ -1,0 +1,284 @@
+//! Subtasks: spawn, await, the owner's inbox, questions, exactly-once
+//! completion and the safety limits.
+
+use std::time::Duration;
+
+use chorus_taskstore::{
+    TaskStoreConfig,
+    domain::{InboxKind, Limits, NewSubtask, Notification, Owner, OwnerKind, SpawnContext, Task, TaskState},
+    error::TaskStoreError,
+};
+
+use crate::{
+    harness::{Harness, agent_message, conformance, new_task, test_config, user_message},
+    workers::{claim_request, next_claim},
+};
+
+conformance!(
+    config = crate::subtasks::limits_config();
+    a_blocking_spawn_returns_the_result,
+    a_blocking_spawn_times_out_without_losing_the_child,
+    non_blocking_spawns_are_awaited_together,
+    await_any_returns_on_the_first_to_finish,
+    completions_wait_in_the_inbox_until_read,
+    questions_interrupt_the_child_until_answered,
+    each_completion_reaches_the_parent_exactly_once,
+    depth_is_limited_by_where_the_tree_started,
+    concurrent_and_total_subtasks_are_limited,
+    spawn_rate_is_limited,
+    a_spawn_that_repeats_an_ancestor_is_a_cycle,
+);
+
+pub(crate) fn limits_config() -> TaskStoreConfig {
+    TaskStoreConfig {
+        limits: Limits {
+            max_concurrent_subtasks: 3,
+            max_total_subtasks: 5,
+            max_spawns_per_minute: 100,
+            ..Limits::default()
+        },
+        ..test_config()
+    }
+}
+
+fn subtask(parent_id: &str, agent: &str, text: &str) -> NewSubtask {
+    NewSubtask {
+        namespace: "ns".into(),
+        parent_id: parent_id.into(),
+        agent_id: agent.into(),
+        message: user_message(text),
+        owner: None,
+        metadata: None,
+        trace_context: Default::default(),
+    }
+}
+
+/// Spawns a non-blocking child.
+pub(crate) async fn spawn(h: &Harness, parent_id: &str, agent: &str, text: &str) -> Task {
+    h.store.spawn_subtask(subtask(parent_id, agent, text), false, None).await.expect("spawn").0
+}
+
+async fn orchestrator_root(h: &Harness) -> Task {
+    let mut root = new_task("ns", "planner", "plan the release");
+    root.spawn_context = SpawnContext::Orchestrator;
+    h.store.create_task(root).await.unwrap()
+}
+
+/// Runs a worker for `agent` that completes `count` tasks with their text reversed.
+fn complete_in_background(h: &Harness, agent: &'static str, count: usize) -> tokio::task::JoinHandle<()> {
+    let store = h.store.clone();
+    tokio::spawn(async move {
+        let mut claims =
+            store.claim_stream(claim_request(agent, &format!("{agent}-worker"), 4, Duration::from_secs(30), 0));
+        for _ in 0..count {
+            let claimed = next_claim(&mut claims).await;
+            let reversed: String = claimed.task.history[0].joined_text().chars().rev().collect();
+            store
+                .complete_task("ns", &claimed.task.id, &claimed.lease_id, Some(agent_message(&reversed)), Vec::new())
+                .await
+                .unwrap();
+        }
+    })
+}
+
+fn owner_of(parent: &Task) -> Owner {
+    Owner { kind: OwnerKind::Worker, id: parent.id.clone() }
+}
+
+async fn a_blocking_spawn_returns_the_result(h: Harness) {
+    let parent = orchestrator_root(&h).await;
+    let worker = complete_in_background(&h, "coder", 1);
+    let (child, timed_out) = h.store.spawn_subtask(subtask(&parent.id, "coder", "abc"), true, None).await.unwrap();
+    worker.await.unwrap();
+    assert!(!timed_out);
+    assert_eq!(child.status.state, TaskState::Completed);
+    assert_eq!(child.status.message.unwrap().joined_text(), "cba");
+    assert_eq!(child.parent_id.as_deref(), Some(parent.id.as_str()));
+    assert_eq!(child.depth, 1);
+    assert_eq!(child.context_id, parent.context_id);
+    let inbox = h.store.read_inbox("ns", &owner_of(&parent), 10, Duration::ZERO, false).await.unwrap();
+    assert!(inbox.is_empty(), "the blocking caller already received the completion");
+}
+
+async fn a_blocking_spawn_times_out_without_losing_the_child(h: Harness) {
+    let parent = orchestrator_root(&h).await;
+    let timeout = Some(Duration::from_millis(300));
+    let (child, timed_out) = h.store.spawn_subtask(subtask(&parent.id, "slow", "wait"), true, timeout).await.unwrap();
+    assert!(timed_out);
+    assert_eq!(child.status.state, TaskState::Submitted);
+    let worker = complete_in_background(&h, "slow", 1);
+    worker.await.unwrap();
+    let outcome = h.store.await_subtasks("ns", &parent.id, &[], false, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(outcome.finished.len(), 1);
+    assert_eq!(outcome.finished[0].id, child.id);
+}
+
+async fn non_blocking_spawns_are_awaited_together(h: Harness) {
+    let parent = orchestrator_root(&h).await;
+    let first = spawn(&h, &parent.id, "coder", "one").await;
+    let second = spawn(&h, &parent.id, "coder", "two").await;
+    assert_eq!(first.status.state, TaskState::Submitted);
+    let nothing_yet = h.store.await_subtasks("ns", &parent.id, &[], false, Duration::from_millis(200)).await.unwrap();
+    assert!(nothing_yet.timed_out);
+    assert!(nothing_yet.finished.is_empty());
+    assert_eq!(nothing_yet.pending.len(), 2);
+    let worker = complete_in_background(&h, "coder", 2);
+    let outcome = h.store.await_subtasks("ns", &parent.id, &[], false, Duration::from_secs(10)).await.unwrap();
+    worker.await.unwrap();
+    assert!(!outcome.timed_out);
+    let mut finished: Vec<String> = outcome.finished.iter().map(|task| task.id.clone()).collect();
+    finished.sort();
+    let mut expected = vec![first.id.clone(), second.id.clone()];
+    expected.sort();
+    assert_eq!(finished, expected);
+    let again = h.store.await_subtasks("ns", &parent.id, &[], false, Duration::from_millis(100)).await.unwrap();
+    assert!(again.finished.is_empty() && again.pending.is_empty(), "delivered completions are not delivered again");
+    let named = h.store.await_subtasks("ns", &parent.id, std::slice::from_ref(&first.id), false, Duration::ZERO).await;
+    assert_eq!(named.unwrap().finished[0].status.state, TaskState::Completed, "a named child can still be read");
+}
+
+async fn await_any_returns_on_the_first_to_finish(h: Harness) {
+    let parent = orchestrator_root(&h).await;
+    let fast = spawn(&h, &parent.id, "fast", "quick").await;
+    let slow = spawn(&h, &parent.id, "slow", "never").await;
+    let worker = complete_in_background(&h, "fast", 1);
+    let ids = [fast.id.clone(), slow.id.clone()];
+    let outcome = h.store.await_subtasks("ns", &parent.id, &ids, true, Duration::from_secs(10)).await.unwrap();
+    worker.await.unwrap();
+    assert_eq!(outcome.finished.iter().map(|task| &task.id).collect::<Vec<_>>(), [&fast.id]);
+    assert_eq!(outcome.pending, [slow.id.clone()]);
+    let unknown = h.store.await_subtasks("ns", &parent.id, &["nope".into()], true, Duration::ZERO).await;
+    assert!(matches!(unknown, Err(TaskStoreError::TaskNotFound(_))));
+}
+
+async fn completions_wait_in_the_inbox_until_read(h: Harness) {
+    let parent = orchestrator_root(&h).await;
+    let child = spawn(&h, &parent.id, "coder", "hello").await;
+    complete_in_background(&h, "coder", 1).await.unwrap();
+    let owner = owner_of(&parent);
+    let peeked = h.store.read_inbox("ns", &owner, 10, Duration::from_secs(5), true).await.unwrap();
+    assert_eq!(peeked.len(), 1);
+    assert_eq!(peeked[0].kind, InboxKind::Completion);
+    assert_eq!(peeked[0].task_id, child.id);
+    assert_eq!(peeked[0].task_state, Some(TaskState::Completed));
+    assert_eq!(peeked[0].message.as_ref().unwrap().joined_text(), "olleh");
+    let read = h.store.read_inbox("ns", &owner, 10, Duration::ZERO, false).await.unwrap();
+    assert_eq!(read, peeked, "peeking consumed nothing");
+    let after = h.store.read_inbox("ns", &owner, 10, Duration::from_millis(100), false).await.unwrap();
+    assert!(after.is_empty(), "a read message is gone");
+}
+
+async fn questions_interrupt_the_child_until_answered(h: Harness) {
+    let parent = orchestrator_root(&h).await;
+    let mut custom = subtask(&parent.id, "coder", "refactor");
+    let owner = Owner { kind: OwnerKind::Orchestrator, id: "orchestrator".into() };
+    custom.owner = Some(owner.clone());
+    let (child, _) = h.store.spawn_subtask(custom, false, None).await.unwrap();
+    let notify = |kind, text: &str| Notification {
+        namespace: "ns".into(),
+        task_id: child.id.clone(),
+        kind,
+        message: agent_message(text),
+        lease_id: None,
+    };
+    h.store.notify_owner(notify(InboxKind::Status, "halfway")).await.unwrap();
+    let question = h.store.notify_owner(notify(InboxKind::Question, "keep the old API?")).await.unwrap();
+    assert_eq!(question.owner, owner);
+    let asked = h.store.get_task("ns", &child.id, None).await.unwrap();
+    assert_eq!(asked.status.state, TaskState::InputRequired);
+    let inbox = h.store.read_inbox("ns", &owner, 10, Duration::ZERO, false).await.unwrap();
+    let kinds: Vec<InboxKind> = inbox.iter().map(|message| message.kind).collect();
+    assert_eq!(kinds, [InboxKind::Status, InboxKind::Question]);
+    let answered = h.store.answer_question("ns", &child.id, user_message("yes, keep it")).await.unwrap();
+    assert_eq!(answered.status.state, TaskState::Working);
+    assert_eq!(answered.history.last().unwrap().joined_text(), "yes, keep it");
+    let again = h.store.answer_question("ns", &child.id, user_message("twice")).await.unwrap_err();
+    assert!(matches!(again, TaskStoreError::NoQuestion { state: TaskState::Working, .. }));
+    let orphan = h.task("ns", "echo", "no parent").await;
+    let lonely = Notification { task_id: orphan.id, ..notify(InboxKind::Error, "help") };
+    assert!(matches!(h.store.notify_owner(lonely).await, Err(TaskStoreError::NoOwner { .. })));
+}
+
+async fn each_completion_reaches_the_parent_exactly_once(h: Harness) {
+    let parent = orchestrator_root(&h).await;
+    let owner = owner_of(&parent);
+    let mut children = Vec::new();
+    for round in 0..3 {
+        let child = spawn(&h, &parent.id, "racer", &format!("race {round}")).await;
+        let mut claims =
+            h.store.claim_stream(claim_request("racer", &format!("w{round}"), 1, Duration::from_millis(150), 0));
+        let claimed = next_claim(&mut claims).await;
+        // Two reporters at once — the worker completing and failing — while
+        // the lease runs out under them: one report wins, once.
+        tokio::time::sleep(Duration::from_millis(140)).await;
+        let complete =
+            h.store.complete_task("ns", &child.id, &claimed.lease_id, Some(agent_message("done")), Vec::new());
+        let fail = h.store.fail_task("ns", &child.id, &claimed.lease_id, "crashed", false);
+        let (completed, failed) = tokio::join!(complete, fail);
+        assert!(completed.is_ok() as u8 + failed.is_ok() as u8 <= 1, "at most one report wins");
+        children.push(child.id);
+    }
+    for child in &children {
+        crate::workers::final_state(&h.store, child).await;
+    }
+    let inbox = h.store.read_inbox("ns", &owner, 100, Duration::ZERO, false).await.unwrap();
+    let mut delivered: Vec<String> = inbox.iter().map(|message| message.task_id.clone()).collect();
+    delivered.sort();
+    children.sort();
+    assert_eq!(delivered, children, "one completion per child");
+    let outcome = h.store.await_subtasks("ns", &parent.id, &[], false, Duration::ZERO).await.unwrap();
+    assert!(outcome.finished.is_empty(), "nothing is delivered a second time");
+}
+
+async fn depth_is_limited_by_where_the_tree_started(h: Harness) {
+    let agent_root = h.task("ns", "solo", "standalone work").await;
+    let child = spawn(&h, &agent_root.id, "helper", "help").await;
+    let error = h.store.spawn_subtask(subtask(&child.id, "helper", "deeper"), false, None).await.unwrap_err();
+    assert!(matches!(error, TaskStoreError::DepthLimit { depth: 2, max: 1, context: SpawnContext::Agent }), "{error}");
+    let orchestrated = orchestrator_root(&h).await;
+    let level_one = spawn(&h, &orchestrated.id, "a", "level one").await;
+    let level_two = spawn(&h, &level_one.id, "b", "level two").await;
+    assert_eq!(level_two.depth, 2);
+    let error = h.store.spawn_subtask(subtask(&level_two.id, "c", "level three"), false, None).await.unwrap_err();
+    assert!(error.to_string().contains("depth 3 exceeds the maximum of 2 for orchestrator"), "{error}");
+}
+
+async fn concurrent_and_total_subtasks_are_limited(h: Harness) {
+    let parent = orchestrator_root(&h).await;
+    for index in 0..3 {
+        spawn(&h, &parent.id, "coder", &format!("part {index}")).await;
+    }
+    let error = h.store.spawn_subtask(subtask(&parent.id, "coder", "part 3"), false, None).await.unwrap_err();
+    assert!(matches!(error, TaskStoreError::ConcurrencyLimit { limit: 3, .. }), "{error}");
+    complete_in_background(&h, "coder", 3).await.unwrap();
+    spawn(&h, &parent.id, "coder", "part 3").await;
+    spawn(&h, &parent.id, "coder", "part 4").await;
+    let error = h.store.spawn_subtask(subtask(&parent.id, "writer", "part 5"), false, None).await.unwrap_err();
+    assert!(matches!(error, TaskStoreError::TotalLimit { limit: 5, .. }), "{error}");
+}
+
+async fn spawn_rate_is_limited(h: Harness) {
+    let parent = orchestrator_root(&h).await;
+    let mut tight = limits_config();
+    tight.limits.max_spawns_per_minute = 2;
+    tight.limits.max_concurrent_subtasks = 10;
+    let limits = tight.limits;
+    for index in 0..2 {
+        let child = subtask(&parent.id, "coder", &format!("quick {index}"));
+        h.repository.spawn_subtask(child, &limits).await.unwrap();
+    }
+    let error = h.repository.spawn_subtask(subtask(&parent.id, "coder", "one too many"), &limits).await.unwrap_err();
+    assert!(matches!(error, TaskStoreError::RateLimit { limit: 2, .. }), "{error}");
+}
+
+async fn a_spawn_that_repeats_an_ancestor_is_a_cycle(h: Harness) {
+    let root = orchestrator_root(&h).await;
+    let child = spawn(&h, &root.id, "coder", "Fix the   bug").await;
+    let error = h.store.spawn_subtask(subtask(&child.id, "coder", "fix the bug"), false, None).await.unwrap_err();
+    assert!(matches!(&error, TaskStoreError::Cycle { ancestor_id, .. } if ancestor_id == &child.id), "{error}");
+    let error =
+        h.store.spawn_subtask(subtask(&child.id, "planner", "PLAN THE RELEASE"), false, None).await.unwrap_err();
+    assert!(matches!(&error, TaskStoreError::Cycle { ancestor_id, .. } if ancestor_id == &root.id), "{error}");
+    let other_prompt = spawn(&h, &child.id, "coder", "fix the other bug").await;
+    assert_eq!(other_prompt.depth, 2);
+}

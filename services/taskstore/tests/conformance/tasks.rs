@@ -1,0 +1,203 @@
+//! Tasks: create, read, list, converse, the state machine, artifacts, cancel.
+
+use chorus_taskstore::{
+    domain::{Artifact, ArtifactChunk, PageToken, Part, Role, SpawnContext, StatusUpdate, TaskQuery, TaskState},
+    error::TaskStoreError,
+};
+
+use crate::harness::{Harness, agent_message, conformance, new_task, user_message};
+
+conformance!(
+    create_is_idempotent_on_the_first_message_id,
+    history_length_limits_what_is_returned,
+    list_filters_and_pages_newest_first,
+    illegal_transitions_fail_and_change_nothing,
+    artifacts_are_added_replaced_and_appended_in_chunks,
+    a_user_message_resumes_an_interrupted_task,
+    unknown_ids_are_not_found,
+    cancel_reaches_the_whole_unfinished_subtree,
+);
+
+fn status(state: TaskState) -> StatusUpdate {
+    StatusUpdate { state, message: None, lease_id: None }
+}
+
+async fn create_is_idempotent_on_the_first_message_id(h: Harness) {
+    let mut new = new_task("ns", "echo", "hello");
+    new.context_id = Some("ctx-1".into());
+    let first = h.store.create_task(new.clone()).await.unwrap();
+    assert_eq!(first.status.state, TaskState::Submitted);
+    assert_eq!(first.context_id, "ctx-1");
+    assert_eq!(first.history.len(), 1);
+    assert_eq!(first.history[0].task_id.as_deref(), Some(first.id.as_str()));
+    assert_eq!(first.history[0].context_id.as_deref(), Some("ctx-1"));
+    let again = h.store.create_task(new).await.unwrap();
+    assert_eq!(again.id, first.id);
+    let fetched = h.store.get_task("ns", &first.id, None).await.unwrap();
+    assert_eq!(fetched.history, first.history);
+    let other = h.task("ns", "echo", "hello").await;
+    assert_ne!(other.id, first.id, "a new message id makes a new task");
+    assert_ne!(other.context_id, first.context_id, "a context is generated when none is given");
+}
+
+async fn history_length_limits_what_is_returned(h: Harness) {
+    let task = h.task("ns", "echo", "one").await;
+    h.store.add_message("ns", &task.id, agent_message("two")).await.unwrap();
+    h.store.add_message("ns", &task.id, user_message("three")).await.unwrap();
+    let texts = |history: &[chorus_taskstore::domain::Message]| {
+        history.iter().map(|message| message.joined_text()).collect::<Vec<_>>()
+    };
+    let all = h.store.get_task("ns", &task.id, None).await.unwrap();
+    assert_eq!(texts(&all.history), ["one", "two", "three"]);
+    assert_eq!(all.history[1].role, Role::Agent);
+    let last = h.store.get_task("ns", &task.id, Some(1)).await.unwrap();
+    assert_eq!(texts(&last.history), ["three"]);
+    let none = h.store.get_task("ns", &task.id, Some(0)).await.unwrap();
+    assert!(none.history.is_empty());
+    let more = h.store.get_task("ns", &task.id, Some(10)).await.unwrap();
+    assert_eq!(more.history.len(), 3);
+}
+
+async fn list_filters_and_pages_newest_first(h: Harness) {
+    let mut ids = Vec::new();
+    for index in 0..5 {
+        let mut new = new_task("ns", if index % 2 == 0 { "even" } else { "odd" }, &format!("task {index}"));
+        new.context_id = Some(format!("ctx-{}", index % 2));
+        ids.push(h.store.create_task(new).await.unwrap().id);
+    }
+    h.store.update_status("ns", &ids[0], status(TaskState::Working)).await.unwrap();
+    let query = |page_size, page_token| TaskQuery {
+        namespace: "ns".into(),
+        context_id: None,
+        state: None,
+        agent_id: None,
+        updated_after: None,
+        page_size,
+        page_token,
+        history_length: Some(0),
+        include_artifacts: false,
+    };
+
+    let first_page = h.store.list_tasks(query(2, None)).await.unwrap();
+    assert_eq!(first_page.total_size, 5);
+    assert_eq!(first_page.tasks.len(), 2);
+    assert_eq!(first_page.tasks[0].id, ids[0], "the most recently updated comes first");
+    let mut seen: Vec<String> = first_page.tasks.iter().map(|task| task.id.clone()).collect();
+    let mut token = first_page.next_page_token;
+    while let Some(next) = token {
+        let page = h.store.list_tasks(query(2, Some(next))).await.unwrap();
+        seen.extend(page.tasks.iter().map(|task| task.id.clone()));
+        token = page.next_page_token;
+    }
+    let mut expected = ids.clone();
+    expected.sort();
+    seen.sort();
+    assert_eq!(seen, expected, "paging visits every task once");
+
+    let by_agent = h.store.list_tasks(TaskQuery { agent_id: Some("odd".into()), ..query(50, None) }).await.unwrap();
+    assert_eq!(by_agent.tasks.len(), 2);
+    assert!(by_agent.tasks.iter().all(|task| task.agent_id == "odd"));
+    let by_context =
+        h.store.list_tasks(TaskQuery { context_id: Some("ctx-0".into()), ..query(50, None) }).await.unwrap();
+    assert_eq!(by_context.total_size, 3);
+    let by_state = h.store.list_tasks(TaskQuery { state: Some(TaskState::Working), ..query(50, None) }).await.unwrap();
+    assert_eq!(by_state.tasks.iter().map(|task| &task.id).collect::<Vec<_>>(), [&ids[0]]);
+    let working = h.store.get_task("ns", &ids[0], None).await.unwrap();
+    let recent = TaskQuery { updated_after: Some(working.status.timestamp), ..query(50, None) };
+    assert_eq!(h.store.list_tasks(recent).await.unwrap().tasks[0].id, ids[0]);
+    let bogus = PageToken { timestamp: i64::MIN + 1, id: String::new() };
+    assert!(h.store.list_tasks(query(2, Some(bogus))).await.unwrap().tasks.is_empty());
+}
+
+async fn illegal_transitions_fail_and_change_nothing(h: Harness) {
+    let task = h.task("ns", "echo", "go").await;
+    let working = h.store.update_status("ns", &task.id, status(TaskState::Working)).await.unwrap();
+    let error = h.store.update_status("ns", &task.id, status(TaskState::Submitted)).await.unwrap_err();
+    assert!(matches!(
+        error,
+        TaskStoreError::IllegalTransition { from: TaskState::Working, to: TaskState::Submitted, .. }
+    ));
+    let error = h.store.update_status("ns", &task.id, status(TaskState::Rejected)).await.unwrap_err();
+    assert!(matches!(error, TaskStoreError::IllegalTransition { .. }), "{error}");
+    let unchanged = h.store.get_task("ns", &task.id, None).await.unwrap();
+    assert_eq!(unchanged, working, "a refused transition changes nothing");
+
+    let done = StatusUpdate { state: TaskState::Completed, message: Some(agent_message("done")), lease_id: None };
+    let completed = h.store.update_status("ns", &task.id, done).await.unwrap();
+    assert_eq!(completed.status.message.as_ref().unwrap().joined_text(), "done");
+    let error = h.store.update_status("ns", &task.id, status(TaskState::Working)).await.unwrap_err();
+    assert!(matches!(error, TaskStoreError::TaskFinished { state: TaskState::Completed, .. }));
+    let error = h.store.add_message("ns", &task.id, user_message("late")).await.unwrap_err();
+    assert!(matches!(error, TaskStoreError::TaskFinished { .. }));
+    assert_eq!(h.store.get_task("ns", &task.id, None).await.unwrap(), completed);
+}
+
+async fn artifacts_are_added_replaced_and_appended_in_chunks(h: Harness) {
+    let task = h.task("ns", "echo", "write").await;
+    let artifact = |id: &str, text: &str| Artifact {
+        artifact_id: id.into(),
+        name: Some("report".into()),
+        description: None,
+        parts: vec![Part::text(text)],
+        metadata: None,
+        extensions: Vec::new(),
+    };
+    let chunk = |artifact, append| ArtifactChunk { artifact, append, last_chunk: false, lease_id: None };
+    h.store.append_artifact("ns", &task.id, chunk(artifact("a", "one"), false)).await.unwrap();
+    h.store.append_artifact("ns", &task.id, chunk(artifact("b", "other"), false)).await.unwrap();
+    let appended = h.store.append_artifact("ns", &task.id, chunk(artifact("a", "two"), true)).await.unwrap();
+    assert_eq!(appended.artifacts.len(), 2);
+    assert_eq!(appended.artifacts[0].artifact_id, "a", "artifacts keep their order");
+    assert_eq!(appended.artifacts[0].parts, vec![Part::text("one"), Part::text("two")]);
+    let replaced = h.store.append_artifact("ns", &task.id, chunk(artifact("a", "new"), false)).await.unwrap();
+    assert_eq!(replaced.artifacts[0].parts, vec![Part::text("new")]);
+    let error = h.store.append_artifact("ns", &task.id, chunk(artifact("missing", "x"), true)).await.unwrap_err();
+    assert!(matches!(error, TaskStoreError::ArtifactNotFound { .. }), "{error}");
+    assert_eq!(h.store.get_task("ns", &task.id, None).await.unwrap().artifacts, replaced.artifacts);
+}
+
+async fn a_user_message_resumes_an_interrupted_task(h: Harness) {
+    let task = h.task("ns", "echo", "start").await;
+    let question =
+        StatusUpdate { state: TaskState::InputRequired, message: Some(agent_message("which file?")), lease_id: None };
+    h.store.update_status("ns", &task.id, question).await.unwrap();
+    let resumed = h.store.add_message("ns", &task.id, user_message("main.rs")).await.unwrap();
+    assert_eq!(resumed.status.state, TaskState::Working);
+    assert_eq!(resumed.history.last().unwrap().joined_text(), "main.rs");
+    let from_agent = h.store.add_message("ns", &task.id, agent_message("thinking")).await.unwrap();
+    assert_eq!(from_agent.status.state, TaskState::Working);
+}
+
+async fn unknown_ids_are_not_found(h: Harness) {
+    let missing = "no-such-task";
+    assert!(matches!(h.store.get_task("ns", missing, None).await, Err(TaskStoreError::TaskNotFound(_))));
+    let update = h.store.update_status("ns", missing, status(TaskState::Working)).await;
+    assert!(matches!(update, Err(TaskStoreError::TaskNotFound(_))));
+    let message = h.store.add_message("ns", missing, user_message("x")).await;
+    assert!(matches!(message, Err(TaskStoreError::TaskNotFound(_))));
+    assert!(matches!(h.store.cancel_task("ns", missing, None).await, Err(TaskStoreError::TaskNotFound(_))));
+    assert!(matches!(h.store.watch_task("ns", missing, None).await, Err(TaskStoreError::TaskNotFound(_))));
+}
+
+async fn cancel_reaches_the_whole_unfinished_subtree(h: Harness) {
+    let mut root = new_task("ns", "planner", "plan");
+    root.spawn_context = SpawnContext::Orchestrator;
+    let root = h.store.create_task(root).await.unwrap();
+    let child = crate::subtasks::spawn(&h, &root.id, "coder", "code it").await;
+    let grandchild = crate::subtasks::spawn(&h, &child.id, "tester", "test it").await;
+    let finished = crate::subtasks::spawn(&h, &root.id, "writer", "write docs").await;
+    h.store.update_status("ns", &finished.id, status(TaskState::Completed)).await.unwrap();
+
+    let (root_after, canceled) = h.store.cancel_task("ns", &root.id, Some("user gave up".into())).await.unwrap();
+    assert_eq!(root_after.status.state, TaskState::Canceled);
+    assert!(root_after.status.message.as_ref().unwrap().joined_text().contains("user gave up"));
+    assert_eq!(canceled.len(), 3);
+    for id in [&root.id, &child.id, &grandchild.id] {
+        assert!(canceled.contains(id));
+        assert_eq!(h.store.get_task("ns", id, Some(0)).await.unwrap().status.state, TaskState::Canceled);
+    }
+    let untouched = h.store.get_task("ns", &finished.id, Some(0)).await.unwrap();
+    assert_eq!(untouched.status.state, TaskState::Completed, "finished tasks stay as they were");
+    let again = h.store.cancel_task("ns", &root.id, None).await.unwrap_err();
+    assert!(matches!(again, TaskStoreError::TaskFinished { state: TaskState::Canceled, .. }));
+}

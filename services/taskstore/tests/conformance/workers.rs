@@ -1,0 +1,186 @@
+//! Workers: claims under leases, capacity, renewal, expiry, retries.
+
+use std::time::Duration;
+
+use chorus_taskstore::{
+    TaskStore,
+    domain::{Artifact, ClaimRequest, Claimed, Part, StatusUpdate, Task, TaskEvent, TaskState},
+    error::TaskStoreError,
+};
+use tokio_stream::StreamExt as _;
+
+use crate::harness::{Harness, agent_message, conformance};
+
+conformance!(
+    a_worker_claims_and_completes_a_task,
+    capacity_bounds_the_leases_a_worker_holds,
+    only_the_lease_holder_may_write,
+    an_expired_lease_fails_the_task,
+    an_expired_lease_requeues_while_retries_last,
+    renewal_keeps_a_lease_and_reports_cancellation,
+    a_worker_may_ask_for_a_retry,
+);
+
+pub(crate) fn claim_request(
+    agent: &str,
+    worker: &str,
+    capacity: u32,
+    lease: Duration,
+    max_retries: u32,
+) -> ClaimRequest {
+    ClaimRequest {
+        namespace: "ns".into(),
+        agent_id: agent.into(),
+        worker_id: worker.into(),
+        capacity,
+        lease,
+        max_retries,
+    }
+}
+
+pub(crate) async fn next_claim(
+    claims: &mut (impl tokio_stream::Stream<Item = Result<Claimed, TaskStoreError>> + Unpin),
+) -> Claimed {
+    tokio::time::timeout(Duration::from_secs(10), claims.next())
+        .await
+        .expect("a claim arrives in time")
+        .expect("the claim stream is open")
+        .expect("the claim succeeds")
+}
+
+/// Waits, event-driven, until the task reaches a final state.
+pub(crate) async fn final_state(store: &TaskStore, task_id: &str) -> Task {
+    let mut events = store.watch_task("ns", task_id, None).await.unwrap();
+    let last: Option<TaskEvent> = tokio::time::timeout(Duration::from_secs(15), async {
+        let mut last = None;
+        while let Some(event) = events.next().await {
+            last = Some(event.unwrap());
+        }
+        last
+    })
+    .await
+    .expect("the task finishes in time");
+    assert!(last.is_some_and(|event| event.status.state.is_terminal()));
+    store.get_task("ns", task_id, None).await.unwrap()
+}
+
+async fn a_worker_claims_and_completes_a_task(h: Harness) {
+    let task = h.task("ns", "echo", "ping").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
+    let claimed = next_claim(&mut claims).await;
+    assert_eq!(claimed.task.id, task.id);
+    assert_eq!(claimed.task.status.state, TaskState::Working);
+    assert_eq!(claimed.task.attempt, 1);
+    assert_eq!(claimed.task.history[0].joined_text(), "ping");
+    let artifact = Artifact {
+        artifact_id: "out".into(),
+        name: Some("echo".into()),
+        description: None,
+        parts: vec![Part::text("ping")],
+        metadata: None,
+        extensions: Vec::new(),
+    };
+    let done = h
+        .store
+        .complete_task("ns", &task.id, &claimed.lease_id, Some(agent_message("pong")), vec![artifact.clone()])
+        .await
+        .unwrap();
+    assert_eq!(done.status.state, TaskState::Completed);
+    assert_eq!(done.artifacts, vec![artifact]);
+    assert_eq!(done.history.last().unwrap().joined_text(), "pong");
+    let twice = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, Vec::new()).await.unwrap_err();
+    assert!(matches!(twice, TaskStoreError::TaskFinished { .. }), "{twice}");
+}
+
+async fn capacity_bounds_the_leases_a_worker_holds(h: Harness) {
+    for index in 0..3 {
+        h.task("ns", "echo", &format!("job {index}")).await;
+    }
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 2, Duration::from_secs(30), 0));
+    let first = next_claim(&mut claims).await;
+    let second = next_claim(&mut claims).await;
+    assert_eq!(first.task.history[0].joined_text(), "job 0", "oldest first");
+    let early = tokio::time::timeout(Duration::from_millis(400), claims.next()).await;
+    assert!(early.is_err(), "a worker at capacity gets no third task");
+    h.store.complete_task("ns", &first.task.id, &first.lease_id, None, Vec::new()).await.unwrap();
+    let third = next_claim(&mut claims).await;
+    assert_eq!(third.task.history[0].joined_text(), "job 2");
+    assert_ne!(third.task.id, second.task.id);
+}
+
+async fn only_the_lease_holder_may_write(h: Harness) {
+    let task = h.task("ns", "echo", "x").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
+    let claimed = next_claim(&mut claims).await;
+    let update = |lease_id: Option<&str>| StatusUpdate {
+        state: TaskState::Working,
+        message: Some(agent_message("progress")),
+        lease_id: lease_id.map(str::to_owned),
+    };
+    let error = h.store.update_status("ns", &task.id, update(None)).await.unwrap_err();
+    assert!(matches!(error, TaskStoreError::LeaseRequired { .. }), "{error}");
+    let error = h.store.update_status("ns", &task.id, update(Some("stolen"))).await.unwrap_err();
+    assert!(matches!(error, TaskStoreError::LeaseLost { .. }), "{error}");
+    let error = h.store.complete_task("ns", &task.id, "stolen", None, Vec::new()).await.unwrap_err();
+    assert!(matches!(error, TaskStoreError::LeaseLost { .. }), "{error}");
+    let progressed = h.store.update_status("ns", &task.id, update(Some(&claimed.lease_id))).await.unwrap();
+    assert_eq!(progressed.status.message.unwrap().joined_text(), "progress");
+}
+
+async fn an_expired_lease_fails_the_task(h: Harness) {
+    let task = h.task("ns", "echo", "hang").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_millis(300), 0));
+    let claimed = next_claim(&mut claims).await;
+    let failed = final_state(&h.store, &task.id).await;
+    assert_eq!(failed.status.state, TaskState::Failed);
+    assert_eq!(failed.status.message.unwrap().joined_text(), "worker lease expired");
+    let late = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, Vec::new()).await.unwrap_err();
+    assert!(matches!(late, TaskStoreError::TaskFinished { .. }), "a late worker cannot complete: {late}");
+}
+
+async fn an_expired_lease_requeues_while_retries_last(h: Harness) {
+    let task = h.task("ns", "echo", "flaky").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_millis(300), 1));
+    let first = next_claim(&mut claims).await;
+    assert_eq!(first.task.attempt, 1);
+    let second = next_claim(&mut claims).await;
+    assert_eq!(second.task.id, task.id, "the expired task comes back");
+    assert_eq!(second.task.attempt, 2);
+    assert_ne!(second.lease_id, first.lease_id);
+    let requeue_note = second.task.history.iter().any(|message| message.joined_text().contains("requeued"));
+    assert!(requeue_note, "the history says why the task came back");
+    let stale = h.store.complete_task("ns", &task.id, &first.lease_id, None, Vec::new()).await.unwrap_err();
+    assert!(matches!(stale, TaskStoreError::LeaseLost { .. }), "{stale}");
+    let failed = final_state(&h.store, &task.id).await;
+    assert_eq!(failed.status.state, TaskState::Failed, "retries are exhausted after the second expiry");
+}
+
+async fn renewal_keeps_a_lease_and_reports_cancellation(h: Harness) {
+    let task = h.task("ns", "echo", "long").await;
+    let lease = Duration::from_millis(400);
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, lease, 0));
+    let claimed = next_claim(&mut claims).await;
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let renewal = h.store.renew_lease("ns", &task.id, &claimed.lease_id, Some(lease)).await.unwrap();
+        assert!(!renewal.canceled);
+    }
+    assert_eq!(h.store.get_task("ns", &task.id, Some(0)).await.unwrap().status.state, TaskState::Working);
+    h.store.cancel_task("ns", &task.id, None).await.unwrap();
+    let renewal = h.store.renew_lease("ns", &task.id, &claimed.lease_id, Some(lease)).await.unwrap();
+    assert!(renewal.canceled, "the worker learns of the cancellation");
+    let error = h.store.renew_lease("ns", &task.id, "stolen", Some(lease)).await.unwrap_err();
+    assert!(matches!(error, TaskStoreError::LeaseLost { .. }), "only the last lease holder hears of it: {error}");
+}
+
+async fn a_worker_may_ask_for_a_retry(h: Harness) {
+    let task = h.task("ns", "echo", "retry me").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 1));
+    let first = next_claim(&mut claims).await;
+    let requeued = h.store.fail_task("ns", &task.id, &first.lease_id, "upstream timeout", true).await.unwrap();
+    assert_eq!(requeued.status.state, TaskState::Submitted);
+    let second = next_claim(&mut claims).await;
+    let failed = h.store.fail_task("ns", &task.id, &second.lease_id, "upstream timeout", true).await.unwrap();
+    assert_eq!(failed.status.state, TaskState::Failed);
+    assert_eq!(failed.status.message.unwrap().joined_text(), "upstream timeout");
+}
