@@ -1,1 +1,153 @@
-fn main() {}
+//! `chorus`: run the whole fabric in one process (`chorus dev`), one service
+//! on PostgreSQL (`chorus serve taskstore`), or a built-in agent.
+
+mod config;
+mod stack;
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    config::{ChorusConfig, Flags, StorageFlags},
+    stack::{ALL_SERVICES, Service, Stack},
+};
+
+#[derive(Debug, Parser)]
+#[command(name = "chorus", version, about = "The chorus agent-coordination fabric")]
+struct Cli {
+    /// Configuration file (default: ./chorus.toml when it exists).
+    #[arg(long, global = true, env = "CHORUS_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Every service and the built-in agents in one process, on one port,
+    /// with SQLite under the data directory.
+    Dev {
+        /// Address to serve gRPC and HTTP on (port 0 picks a free one).
+        #[arg(long)]
+        listen: Option<String>,
+        /// Where the SQLite file lives (default ./.chorus).
+        #[arg(long)]
+        data_dir: Option<String>,
+        /// Database URL instead of the embedded SQLite file.
+        #[arg(long)]
+        database_url: Option<String>,
+        /// Do not start the built-in demo agents.
+        #[arg(long)]
+        no_agents: bool,
+    },
+    /// One service, typically on PostgreSQL.
+    Serve {
+        #[arg(value_enum)]
+        service: Service,
+        #[arg(long)]
+        listen: Option<String>,
+        /// `postgres://…` (or `sqlite://…`).
+        #[arg(long)]
+        database_url: Option<String>,
+    },
+    /// A built-in agent, working for a remote task store.
+    Agent {
+        #[arg(value_enum)]
+        agent: Agent,
+        /// The task store to work for.
+        #[arg(long, default_value = "http://127.0.0.1:7800", env = "CHORUS_SERVER")]
+        server: String,
+        #[arg(long, default_value = chorus_worker::DEFAULT_NAMESPACE)]
+        namespace: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Agent {
+    /// Answers every task with its own text.
+    Echo,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let flags = match &cli.command {
+        Command::Dev { listen, data_dir, database_url, .. } => Flags {
+            listen: listen.clone(),
+            storage: StorageFlags { database_url: database_url.clone(), data_dir: data_dir.clone() },
+        },
+        Command::Serve { listen, database_url, .. } => Flags {
+            listen: listen.clone(),
+            storage: StorageFlags { database_url: database_url.clone(), data_dir: None },
+        },
+        Command::Agent { .. } => Flags::default(),
+    };
+    let config: ChorusConfig = chorus_runtime::config::load(cli.config.as_deref(), &flags)?;
+    let service_name = match &cli.command {
+        Command::Dev { .. } => "chorus-dev".to_owned(),
+        Command::Serve { service, .. } => format!("chorus-{}", service_label(*service)),
+        Command::Agent { agent: Agent::Echo, .. } => "chorus-agent-echo".to_owned(),
+    };
+    let telemetry = chorus_runtime::telemetry::init(&service_name, &config.telemetry)?;
+    let shutdown = chorus_runtime::signal::shutdown_on_signal();
+    let outcome = run(cli.command, &config, shutdown).await;
+    telemetry.shutdown().await;
+    outcome
+}
+
+fn service_label(service: Service) -> &'static str {
+    match service {
+        Service::Taskstore => "taskstore",
+    }
+}
+
+async fn run(command: Command, config: &ChorusConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    match command {
+        Command::Dev { no_agents, .. } => {
+            let stack = Stack::build(config, ALL_SERVICES, &shutdown).await?;
+            let address = stack.address;
+            let serving = tokio::spawn(stack.serve(shutdown.clone()));
+            if !no_agents {
+                start_demo_agents(address, shutdown.clone());
+            }
+            announce(address);
+            serving.await.context("server task failed")?
+        }
+        Command::Serve { service, .. } => {
+            let stack = Stack::build(config, &[service], &shutdown).await?;
+            announce(stack.address);
+            stack.serve(shutdown).await
+        }
+        Command::Agent { agent: Agent::Echo, server, namespace } => {
+            let client = chorus_worker::connect(&server).await?;
+            tracing::info!(%server, %namespace, "echo agent working");
+            chorus_worker::echo::run(client, &namespace, shutdown).await?;
+            Ok(())
+        }
+    }
+}
+
+/// One line on stdout saying where chorus listens (tests and scripts read it).
+fn announce(address: std::net::SocketAddr) {
+    println!("chorus listening on http://{address}");
+}
+
+/// The built-in agents of `chorus dev`, working over loopback like any worker.
+fn start_demo_agents(address: std::net::SocketAddr, shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        let url = format!("http://{address}");
+        let client = match chorus_worker::connect(&url).await {
+            Ok(client) => client,
+            Err(error) => {
+                tracing::error!(%error, "cannot start the built-in echo agent");
+                return;
+            }
+        };
+        if let Err(error) = chorus_worker::echo::run(client, chorus_worker::DEFAULT_NAMESPACE, shutdown).await {
+            tracing::error!(%error, "the built-in echo agent stopped");
+        }
+    });
+}

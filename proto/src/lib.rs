@@ -3,6 +3,8 @@
 //! The module tree mirrors the proto packages (`chorus.taskstore.v1` is
 //! [`chorus::taskstore::v1`]); the short aliases below are what callers use.
 
+pub mod codec;
+
 /// Generated code, one module per proto package.
 #[allow(missing_debug_implementations, unreachable_pub, clippy::all, clippy::clone_on_ref_ptr, rust_2018_idioms)]
 pub mod chorus {

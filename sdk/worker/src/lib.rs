@@ -51,6 +51,7 @@ use tonic::{
 };
 
 pub use chorus_proto::taskstore as proto;
+pub use chorus_runtime::signal::shutdown_on_signal;
 pub use context::TaskContext;
 pub use error::{HandlerError, WorkerError};
 pub use reply::{Reply, text_artifact, text_part};
@@ -80,48 +81,4 @@ pub async fn connect(url: &str) -> Result<Client, WorkerError> {
 /// A client over an existing channel (a lazy one, one with TLS, ...).
 pub fn client_from_channel(channel: Channel) -> Client {
     TaskStoreClient::with_interceptor(channel, TracePropagation)
-}
-
-/// A token cancelled on Ctrl-C (and on `SIGTERM` on Unix), for [`Worker::run`].
-///
-/// Must be called inside a tokio runtime.
-pub fn shutdown_on_signal() -> CancellationToken {
-    let token = CancellationToken::new();
-    let on_signal = token.clone();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("shutdown signal received");
-        on_signal.cancel();
-    });
-    token
-}
-
-#[cfg(unix)]
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut terminate = match signal(SignalKind::terminate()) {
-        Ok(terminate) => terminate,
-        Err(error) => {
-            tracing::warn!(error = %error, "cannot listen for sigterm");
-            return ctrl_c().await;
-        }
-    };
-    tokio::select! {
-        () = ctrl_c() => {}
-        _ = terminate.recv() => {}
-    }
-}
-
-#[cfg(not(unix))]
-async fn wait_for_signal() {
-    ctrl_c().await;
-}
-
-/// Waits for Ctrl-C; forever when it cannot be listened for (Ctrl-C then
-/// keeps its default effect of ending the process).
-async fn ctrl_c() {
-    if let Err(error) = tokio::signal::ctrl_c().await {
-        tracing::warn!(error = %error, "cannot listen for ctrl-c");
-        std::future::pending::<()>().await;
-    }
 }

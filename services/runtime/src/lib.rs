@@ -6,11 +6,13 @@
 //! - [`storage`]: a database URL selects PostgreSQL or SQLite; embedded migrations;
 //! - [`error`]: the closed error-code enum mapped once to gRPC and HTTP;
 //! - [`validate`]: proto input checks that name the offending field;
-//! - [`wakeup`]: commit signals between writers and waiting readers.
+//! - [`wakeup`]: commit signals between writers and waiting readers;
+//! - [`signal`]: shutdown on Ctrl-C and SIGTERM.
 
 pub mod config;
 pub mod error;
 pub mod server;
+pub mod signal;
 pub mod storage;
 pub mod telemetry;
 pub mod validate;

@@ -61,8 +61,10 @@ pub fn init(
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,h2=warn"));
     let fmt_layer = match config.log_format {
-        LogFormat::Pretty => tracing_subscriber::fmt::layer().with_target(false).boxed(),
-        LogFormat::Json => tracing_subscriber::fmt::layer().json().flatten_event(true).boxed(),
+        LogFormat::Pretty => tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false).boxed(),
+        LogFormat::Json => {
+            tracing_subscriber::fmt::layer().with_writer(std::io::stderr).json().flatten_event(true).boxed()
+        }
     };
     let provider = match std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
         Ok(endpoint) if !endpoint.is_empty() => Some(otlp_provider(service_name)?),

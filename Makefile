@@ -1,0 +1,33 @@
+# The README's commands. `make run` starts the stack; `make test` tests it.
+
+CARGO ?= cargo
+TARGET_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))
+# End-to-end tests start the real binary; `make test` builds it first.
+export CHORUS_BIN ?= $(TARGET_DIR)/debug/chorus
+
+.PHONY: run test lint fmt bench up
+
+## run: every service and the demo agents in one process (SQLite in ./.chorus)
+run:
+	$(CARGO) run --bin chorus -- dev
+
+## test: every test on SQLite, and on PostgreSQL when CHORUS_TEST_POSTGRES_URL is set
+test:
+	$(CARGO) build --bin chorus
+	$(CARGO) test --workspace
+
+## lint: formatting and clippy, warnings denied
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+## bench: task-store round trips on PostgreSQL and SQLite beside the raw commit rate
+bench:
+	$(CARGO) run --release -p chorus-bench
+
+## up: the whole stack on PostgreSQL with an OpenTelemetry collector (needs Docker)
+up:
+	docker compose up --build

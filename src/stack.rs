@@ -1,0 +1,75 @@
+//! Starts services: binds the port, opens storage, runs migrations, mounts
+//! every chosen service on one server and serves until shutdown.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use anyhow::Context as _;
+use chorus_runtime::{
+    server::ServerBuilder,
+    storage::{Db, redact_url},
+    wakeup::Wakeups,
+};
+use chorus_taskstore::{TaskStore, grpc::TaskStoreGrpc, repository::sql::SqlTaskRepository};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ChorusConfig;
+
+/// What runs in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Service {
+    /// The task store (`chorus.taskstore.v1`).
+    Taskstore,
+}
+
+/// The services `chorus dev` runs: every one that exists.
+pub(crate) const ALL_SERVICES: &[Service] = &[Service::Taskstore];
+
+/// A bound, ready-to-serve stack.
+pub(crate) struct Stack {
+    listener: TcpListener,
+    server: ServerBuilder,
+    pub(crate) address: SocketAddr,
+}
+
+impl Stack {
+    /// Binds `config.listen`, connects storage and builds `services`.
+    pub(crate) async fn build(
+        config: &ChorusConfig,
+        services: &[Service],
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<Self> {
+        let listener =
+            TcpListener::bind(&config.listen).await.with_context(|| format!("cannot listen on {}", config.listen))?;
+        let address = listener.local_addr()?;
+        let url = config.storage.effective_url()?;
+        let db = Db::connect(&url, &config.storage).await?;
+        tracing::info!(database = %redact_url(&url), backend = ?db.backend(), "storage connected");
+        let mut server = ServerBuilder::new(config.server.clone());
+        let probe_db = db.clone();
+        server.add_readiness_probe(Arc::new(move || {
+            let db = probe_db.clone();
+            Box::pin(async move { db.ping().await.map_err(|error| format!("database: {error}")) })
+        }));
+        for service in services {
+            match service {
+                Service::Taskstore => {
+                    db.migrate(&chorus_taskstore::MIGRATIONS).await?;
+                    let wakeups = Wakeups::new();
+                    db.bridge_wakeups("chorus_taskstore", &wakeups, shutdown.clone());
+                    let repository = Arc::new(SqlTaskRepository::new(db.clone()));
+                    let store = TaskStore::new(repository, wakeups, config.taskstore.clone(), shutdown.clone());
+                    store.spawn_reaper();
+                    let grpc = TaskStoreGrpc::new(store).into_server(config.server.max_message_bytes);
+                    server.add_grpc_service(grpc);
+                }
+            }
+        }
+        Ok(Self { listener, server, address })
+    }
+
+    /// Serves until `shutdown`.
+    pub(crate) async fn serve(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        self.server.serve(self.listener, shutdown).await.context("server failed")
+    }
+}
