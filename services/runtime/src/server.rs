@@ -4,7 +4,7 @@
 
 use std::{convert::Infallible, future::Future, pin::Pin, sync::Arc, time::Duration};
 
-use axum::{Router, http::StatusCode, routing::get};
+use axum::{Router, http::StatusCode, response::IntoResponse as _, routing::get};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -16,7 +16,7 @@ use tonic::{
 };
 use tonic_health::{ServingStatus, server::HealthReporter};
 use tower::ServiceBuilder;
-use tower_http::{catch_panic::CatchPanicLayer, trace::TraceLayer};
+use tower_http::{catch_panic::CatchPanicLayer, limit::RequestBodyLimitLayer, trace::TraceLayer};
 
 use crate::telemetry;
 
@@ -111,12 +111,12 @@ impl ServerBuilder {
             self.health.set_service_status(*name, ServingStatus::Serving).await;
         }
         let probes = Arc::new(std::mem::take(&mut self.probes));
-        let router = self
-            .grpc
-            .routes()
-            .into_axum_router()
-            .merge(std::mem::take(&mut self.http))
-            .route("/healthz", get(move || healthz(Arc::clone(&probes))));
+        // gRPC messages are size-checked by each service while decoding (a
+        // clear OUT_OF_RANGE); plain HTTP bodies are limited here.
+        let http = std::mem::take(&mut self.http)
+            .route("/healthz", get(move || healthz(Arc::clone(&probes))))
+            .layer(RequestBodyLimitLayer::new(self.config.max_message_bytes));
+        let router = self.grpc.routes().into_axum_router().merge(http).fallback(not_found);
         let layers = ServiceBuilder::new()
             .layer(TraceLayer::new_for_grpc().make_span_with(telemetry::server_span))
             .layer(CatchPanicLayer::custom(panic_response));
@@ -192,6 +192,19 @@ async fn healthz(probes: Arc<Vec<ReadinessProbe>>) -> (StatusCode, String) {
     (StatusCode::OK, "ok\n".to_owned())
 }
 
+/// Unknown paths: `UNIMPLEMENTED` for gRPC callers, 404 for everyone else.
+async fn not_found(request: axum::extract::Request) -> axum::response::Response {
+    let grpc = request
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"));
+    if grpc {
+        let message = format!("no such method: {}", request.uri().path());
+        return tonic::Status::unimplemented(message).into_http::<axum::body::Body>();
+    }
+    (StatusCode::NOT_FOUND, "not found\n").into_response()
+}
+
 fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> http::Response<Body> {
     let detail = panic
         .downcast_ref::<&str>()
@@ -200,4 +213,47 @@ fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> http::Respo
         .unwrap_or_default();
     tracing::error!(panic = %detail, "request handler panicked");
     tonic::Status::internal("internal error").into_http()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    async fn http_get(address: std::net::SocketAddr, path: &str) -> String {
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response
+    }
+
+    #[tokio::test]
+    async fn healthz_follows_readiness_and_unknown_paths_are_404() {
+        let ready = Arc::new(AtomicBool::new(false));
+        let mut builder = ServerBuilder::new(ServerConfig::default());
+        let probe_ready = Arc::clone(&ready);
+        builder.add_readiness_probe(Arc::new(move || {
+            let ready = probe_ready.load(Ordering::SeqCst);
+            Box::pin(async move { if ready { Ok(()) } else { Err("warming up".to_owned()) } })
+        }));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(builder.serve(listener, shutdown.clone()));
+
+        let warming = http_get(address, "/healthz").await;
+        assert!(warming.starts_with("HTTP/1.1 503"), "{warming}");
+        assert!(warming.contains("not ready: warming up"), "{warming}");
+        ready.store(true, Ordering::SeqCst);
+        assert!(http_get(address, "/healthz").await.starts_with("HTTP/1.1 200"));
+        assert!(http_get(address, "/no/such/page").await.starts_with("HTTP/1.1 404"));
+
+        shutdown.cancel();
+        server.await.unwrap().unwrap();
+    }
 }

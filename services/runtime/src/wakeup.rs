@@ -25,10 +25,22 @@ struct Inner {
     remote: Mutex<Option<mpsc::UnboundedSender<String>>>,
 }
 
-/// Waits for a signal on one key.
+/// Waits for a signal on one key. Dropping the last waiter of a key forgets it.
 #[derive(Debug)]
 pub struct Waiter {
     receiver: watch::Receiver<u64>,
+    key: String,
+    inner: Arc<Inner>,
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        let mut senders = self.inner.senders.lock().expect("wakeups lock poisoned");
+        // This waiter's receiver is still alive here, so "last" means one.
+        if senders.get(&self.key).is_some_and(|sender| sender.receiver_count() <= 1) {
+            senders.remove(&self.key);
+        }
+    }
 }
 
 impl Wakeups {
@@ -43,7 +55,7 @@ impl Wakeups {
         let sender = senders.entry(key.to_owned()).or_insert_with(|| watch::channel(0).0);
         let mut receiver = sender.subscribe();
         receiver.mark_unchanged();
-        Waiter { receiver }
+        Waiter { receiver, key: key.to_owned(), inner: Arc::clone(&self.inner) }
     }
 
     /// Signals `key` in this process and, when bridged, in every other one.
@@ -57,13 +69,9 @@ impl Wakeups {
 
     /// Signals `key` in this process only (what a bridge calls on receipt).
     pub fn notify_local(&self, key: &str) {
-        let mut senders = self.inner.senders.lock().expect("wakeups lock poisoned");
+        let senders = self.inner.senders.lock().expect("wakeups lock poisoned");
         if let Some(sender) = senders.get(key) {
-            if sender.receiver_count() == 0 {
-                senders.remove(key);
-            } else {
-                sender.send_modify(|generation| *generation += 1);
-            }
+            sender.send_modify(|generation| *generation += 1);
         }
     }
 
@@ -126,6 +134,17 @@ mod tests {
         let started = tokio::time::Instant::now();
         waiter.wait(Duration::from_millis(250)).await;
         assert!(started.elapsed() >= Duration::from_millis(250));
+    }
+
+    #[test]
+    fn keys_are_forgotten_with_their_last_waiter() {
+        let wakeups = Wakeups::new();
+        let first = wakeups.waiter("k");
+        let second = wakeups.waiter("k");
+        drop(first);
+        assert_eq!(wakeups.inner.senders.lock().unwrap().len(), 1);
+        drop(second);
+        assert!(wakeups.inner.senders.lock().unwrap().is_empty());
     }
 
     #[tokio::test]

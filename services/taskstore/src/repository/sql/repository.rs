@@ -1,0 +1,130 @@
+//! [`TaskRepository`] for [`SqlTaskRepository`]: each method is one of the
+//! transactions in the sibling modules.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::SqlTaskRepository;
+use crate::{
+    domain::{
+        Artifact, ArtifactChunk, ClaimOutcome, ClaimRequest, EventBatch, EventQuery, Expiry, InboxMessage, Limits,
+        Message, NewSubtask, NewTask, Notification, Owner, PushConfig, Renewal, StatusUpdate, Task, TaskEvent,
+        TaskPage, TaskQuery,
+    },
+    error::Result,
+    repository::TaskRepository,
+};
+
+#[async_trait]
+impl TaskRepository for SqlTaskRepository {
+    async fn create_task(&self, task: NewTask) -> Result<Task> {
+        self.create(task).await
+    }
+
+    async fn get_task(&self, namespace: &str, id: &str, history_length: Option<u32>) -> Result<Task> {
+        self.get(namespace, id, history_length).await
+    }
+
+    async fn list_tasks(&self, query: TaskQuery) -> Result<TaskPage> {
+        self.list(query).await
+    }
+
+    async fn add_message(&self, namespace: &str, task_id: &str, message: Message) -> Result<Task> {
+        self.add_message_to(namespace, task_id, message).await
+    }
+
+    async fn update_status(&self, namespace: &str, task_id: &str, update: StatusUpdate) -> Result<Task> {
+        self.update(namespace, task_id, update).await
+    }
+
+    async fn append_artifact(&self, namespace: &str, task_id: &str, chunk: ArtifactChunk) -> Result<Task> {
+        self.write_artifact(namespace, task_id, chunk).await
+    }
+
+    async fn cancel_task(&self, namespace: &str, id: &str, reason: Option<String>) -> Result<Vec<Task>> {
+        self.cancel(namespace, id, reason).await
+    }
+
+    async fn claim_tasks(&self, request: &ClaimRequest) -> Result<ClaimOutcome> {
+        self.claim(request).await
+    }
+
+    async fn renew_lease(&self, namespace: &str, task_id: &str, lease_id: &str, lease: Duration) -> Result<Renewal> {
+        self.renew(namespace, task_id, lease_id, lease).await
+    }
+
+    async fn complete_task(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        message: Option<Message>,
+        artifacts: Vec<Artifact>,
+    ) -> Result<Task> {
+        self.complete(namespace, task_id, lease_id, message, artifacts).await
+    }
+
+    async fn fail_task(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        reason: &str,
+        retry: bool,
+    ) -> Result<Task> {
+        self.fail(namespace, task_id, lease_id, reason, retry).await
+    }
+
+    async fn expire_leases(&self, now: i64, limit: u32) -> Result<Vec<Expiry>> {
+        self.expire(now, limit).await
+    }
+
+    async fn spawn_subtask(&self, subtask: NewSubtask, limits: &Limits) -> Result<Task> {
+        self.spawn(subtask, limits).await
+    }
+
+    async fn children(&self, namespace: &str, parent_id: &str, task_ids: &[String]) -> Result<Vec<Task>> {
+        self.children_of(namespace, parent_id, task_ids).await
+    }
+
+    async fn take_completions(&self, namespace: &str, task_ids: &[String]) -> Result<Vec<String>> {
+        self.take(namespace, task_ids).await
+    }
+
+    async fn notify_owner(&self, notification: Notification) -> Result<(InboxMessage, Task)> {
+        self.notify(notification).await
+    }
+
+    async fn answer_question(&self, namespace: &str, task_id: &str, answer: Message) -> Result<Task> {
+        self.answer(namespace, task_id, answer).await
+    }
+
+    async fn read_inbox(&self, namespace: &str, owner: &Owner, max: u32, peek: bool) -> Result<Vec<InboxMessage>> {
+        self.read_inbox_of(namespace, owner, max, peek).await
+    }
+
+    async fn read_events(&self, query: &EventQuery) -> Result<EventBatch> {
+        self.events(query).await
+    }
+
+    async fn latest_event(&self, namespace: &str, task_id: Option<&str>) -> Result<Option<TaskEvent>> {
+        self.latest(namespace, task_id).await
+    }
+
+    async fn create_push_config(&self, namespace: &str, config: PushConfig) -> Result<PushConfig> {
+        self.create_push(namespace, config).await
+    }
+
+    async fn get_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<PushConfig> {
+        self.get_push(namespace, task_id, id).await
+    }
+
+    async fn list_push_configs(&self, namespace: &str, task_id: &str) -> Result<Vec<PushConfig>> {
+        self.list_push(namespace, task_id).await
+    }
+
+    async fn delete_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<()> {
+        self.delete_push(namespace, task_id, id).await
+    }
+}
