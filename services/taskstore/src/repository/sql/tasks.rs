@@ -11,7 +11,7 @@ use super::{
 use crate::{
     domain::{
         Artifact, ArtifactChunk, EventKind, Message, NewTask, Owner, Role, SpawnContext, StatusUpdate, Task, TaskPage,
-        TaskQuery, TaskState, prompt_fingerprint,
+        TaskQuery, TaskState, TaskStatus, prompt_fingerprint,
     },
     error::{Result, TaskStoreError},
 };
@@ -64,11 +64,12 @@ pub(super) async fn find_by_request(
 pub(super) async fn insert_task(conn: &mut AnyConnection, insert: TaskInsert<'_>) -> Result<Task> {
     let now = crate::domain::now_micros();
     let id = uuid::Uuid::now_v7().to_string();
-    let fingerprint = prompt_fingerprint(insert.agent_id, &insert.message.joined_text());
+    let first_message = insert.message.clone().bound_to(&id, &insert.context_id);
     sqlx::query(
         "INSERT INTO taskstore_tasks (namespace, id, context_id, agent_id, state, status_timestamp, metadata, \
          parent_id, owner_kind, owner_id, depth, spawn_context, prompt_fingerprint, request_message_id, \
-         trace_context, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+         trace_context, history_count, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 1, $16)",
     )
     .bind(insert.namespace)
     .bind(&id)
@@ -82,16 +83,34 @@ pub(super) async fn insert_task(conn: &mut AnyConnection, insert: TaskInsert<'_>
     .bind(insert.owner.map(|owner| owner.id.as_str()))
     .bind(i64::from(insert.depth))
     .bind(insert.spawn_context.as_str())
-    .bind(&fingerprint)
+    .bind(prompt_fingerprint(insert.agent_id, &insert.message.joined_text()))
     .bind(&insert.message.message_id)
     .bind(to_json(insert.trace_context)?)
     .bind(now)
     .execute(&mut *conn)
     .await?;
-    let mut record = read_record(conn, insert.namespace, &id).await?;
-    append_history(conn, &mut record, insert.message).await?;
-    save(conn, &record).await?;
-    let task = complete_task_view(conn, record, None, false).await?;
+    sqlx::query("INSERT INTO taskstore_history (namespace, task_id, position, message) VALUES ($1, $2, 0, $3)")
+        .bind(insert.namespace)
+        .bind(&id)
+        .bind(to_json(&first_message)?)
+        .execute(&mut *conn)
+        .await?;
+    let task = Task {
+        namespace: insert.namespace.to_owned(),
+        id,
+        context_id: insert.context_id,
+        agent_id: insert.agent_id.to_owned(),
+        status: TaskStatus { state: TaskState::Submitted, message: None, timestamp: now },
+        artifacts: Vec::new(),
+        history: vec![first_message],
+        metadata: insert.metadata.cloned(),
+        parent_id: insert.parent_id.map(str::to_owned),
+        owner: insert.owner.cloned(),
+        depth: insert.depth,
+        spawn_context: insert.spawn_context,
+        attempt: 0,
+        created_at: now,
+    };
     let detail = EventDetail { message: task.history.first(), ..EventDetail::default() };
     record_event(conn, &task, EventKind::Created, detail).await?;
     Ok(task)
