@@ -16,7 +16,11 @@ use tonic::{
 };
 use tonic_health::{ServingStatus, server::HealthReporter};
 use tower::ServiceBuilder;
-use tower_http::{catch_panic::CatchPanicLayer, limit::RequestBodyLimitLayer, trace::TraceLayer};
+use tower_http::{
+    catch_panic::CatchPanicLayer,
+    limit::RequestBodyLimitLayer,
+    trace::{DefaultOnFailure, TraceLayer},
+};
 
 use crate::telemetry;
 
@@ -118,7 +122,13 @@ impl ServerBuilder {
             .layer(RequestBodyLimitLayer::new(self.config.max_message_bytes));
         let router = self.grpc.routes().into_axum_router().merge(http).fallback(not_found);
         let layers = ServiceBuilder::new()
-            .layer(TraceLayer::new_for_grpc().make_span_with(telemetry::server_span))
+            // Failures are logged once where they are handled (`error::into_status`);
+            // a caller's NOT_FOUND is no server error.
+            .layer(
+                TraceLayer::new_for_grpc()
+                    .make_span_with(telemetry::server_span)
+                    .on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG)),
+            )
             .layer(CatchPanicLayer::custom(panic_response));
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let grace = Duration::from_millis(self.config.shutdown_grace_ms);
