@@ -20,6 +20,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptors = protox::compile(PROTOS, ["."])?;
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     fs::write(out_dir.join("chorus_descriptor.bin"), descriptors.encode_to_vec())?;
-    tonic_prost_build::configure().emit_rerun_if_changed(false).compile_fds(descriptors)?;
+    tonic_prost_build::configure()
+        .codec_path("crate::codec::ChorusCodec")
+        .emit_rerun_if_changed(false)
+        .compile_fds(descriptors)?;
     Ok(())
 }

@@ -1,1 +1,90 @@
+//! chorus end-to-end tests: a sandbox that runs the real `chorus` binary
+//! (`CHORUS_BIN`) and worker processes over real sockets.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! let sandbox = chorus_tests::Sandbox::new();
+//! let server = sandbox.dev().no_agents().start().await; // waits for gRPC health
+//! let mut client = server.task_store().await;
+//! # }
+//! ```
+//!
+//! Every process is killed when its handle is dropped; the sandbox's
+//! directory (data, working directories) is removed when it is dropped.
 
+pub mod otlp;
+pub mod process;
+pub mod server;
+pub mod tasks;
+pub mod worker;
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+pub use server::{Server, ServerBuilder};
+pub use worker::{Mode, TestWorkerBuilder, WorkerProcess};
+
+/// The longest a test waits for anything (a process to start, a task to
+/// finish): generous for a loaded machine; things normally take milliseconds.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// A temporary directory for the processes of one test.
+#[derive(Debug)]
+pub struct Sandbox {
+    dir: tempfile::TempDir,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Sandbox {
+    pub fn new() -> Self {
+        let dir = tempfile::Builder::new().prefix("chorus-e2e-").tempdir();
+        Self { dir: dir.unwrap_or_else(|error| panic!("cannot create a temporary directory: {error}")) }
+    }
+
+    /// The sandbox's directory: every process's working directory.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Where `chorus dev` keeps its SQLite file; the same for every start,
+    /// so a restarted server finds its data.
+    pub fn data_dir(&self) -> PathBuf {
+        self.path().join("data")
+    }
+
+    /// `chorus dev --listen 127.0.0.1:0 --data-dir <data_dir>`.
+    pub fn dev(&self) -> ServerBuilder {
+        ServerBuilder::dev(&self.data_dir(), self.path())
+    }
+
+    /// `chorus serve taskstore --listen 127.0.0.1:0 --database-url <database_url>`.
+    pub fn serve_taskstore(&self, database_url: &str) -> ServerBuilder {
+        ServerBuilder::serve_taskstore(database_url, self.path())
+    }
+
+    /// A `test-worker` (at `bin`) for the server at `server_url`; see [`test_worker!`].
+    pub fn test_worker(&self, bin: impl Into<PathBuf>, server_url: &str) -> TestWorkerBuilder {
+        TestWorkerBuilder::new(bin, server_url, self.path())
+    }
+
+    /// `chorus agent echo --server <server_url> --namespace <namespace>`.
+    pub fn echo_agent(&self, server_url: &str, namespace: &str) -> WorkerProcess {
+        WorkerProcess::echo_agent(server_url, namespace, self.path())
+    }
+}
+
+/// `sandbox.test_worker(<this package's test-worker binary>, server_url)`:
+/// only integration tests know the binary's path, so this is a macro.
+#[macro_export]
+macro_rules! test_worker {
+    ($sandbox:expr, $server_url:expr) => {
+        $sandbox.test_worker(env!("CARGO_BIN_EXE_test-worker"), $server_url)
+    };
+}

@@ -7,7 +7,8 @@
 //! - [`error`]: the closed error-code enum mapped once to gRPC and HTTP;
 //! - [`validate`]: proto input checks that name the offending field;
 //! - [`wakeup`]: commit signals between writers and waiting readers;
-//! - [`signal`]: shutdown on Ctrl-C and SIGTERM.
+//! - [`signal`]: shutdown on Ctrl-C and SIGTERM;
+//! - `testing` (cargo feature `testing`): a PostgreSQL database per test.
 
 pub mod config;
 pub mod error;
@@ -15,5 +16,7 @@ pub mod server;
 pub mod signal;
 pub mod storage;
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod validate;
 pub mod wakeup;

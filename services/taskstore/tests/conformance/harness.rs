@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use chorus_runtime::{
     storage::{Db, StorageConfig},
+    testing::{PostgresDatabase, postgres_admin_url},
     wakeup::Wakeups,
 };
 use chorus_taskstore::{
@@ -14,7 +15,7 @@ use chorus_taskstore::{
 };
 use tokio_util::sync::CancellationToken;
 
-pub(crate) const POSTGRES_URL_VAR: &str = "CHORUS_TEST_POSTGRES_URL";
+pub(crate) use chorus_runtime::testing::POSTGRES_URL_VAR;
 
 pub(crate) struct Harness {
     pub(crate) store: TaskStore,
@@ -46,9 +47,8 @@ impl Harness {
 
     /// `None` when no PostgreSQL is configured for tests.
     pub(crate) async fn postgres_with(config: TaskStoreConfig) -> Option<Self> {
-        let admin_url = std::env::var(POSTGRES_URL_VAR).ok().filter(|url| !url.is_empty())?;
-        let database = PostgresDatabase::create(&admin_url).await;
-        let mut harness = Self::start(&database.url, config).await;
+        let database = PostgresDatabase::create(&postgres_admin_url()?).await;
+        let mut harness = Self::start(database.url(), config).await;
         harness.postgres = Some(database);
         Some(harness)
     }
@@ -72,9 +72,8 @@ impl Harness {
 impl Drop for Harness {
     fn drop(&mut self) {
         self.shutdown.cancel();
-        if let Some(database) = self.postgres.take() {
-            database.drop_blocking();
-        }
+        // Dropping the database ends the store's connections (`WITH (FORCE)`).
+        drop(self.postgres.take());
     }
 }
 
@@ -96,45 +95,6 @@ pub(crate) fn user_message(text: &str) -> Message {
 
 pub(crate) fn agent_message(text: &str) -> Message {
     Message::text(uuid::Uuid::new_v4().to_string(), Role::Agent, text)
-}
-
-/// A database of its own for one test, dropped when the test ends.
-struct PostgresDatabase {
-    admin_url: String,
-    name: String,
-    url: String,
-}
-
-impl PostgresDatabase {
-    async fn create(admin_url: &str) -> Self {
-        let name = format!("chorus_test_{}", uuid::Uuid::new_v4().simple());
-        let admin = Db::connect(admin_url, &StorageConfig { max_connections: 1, ..StorageConfig::default() })
-            .await
-            .unwrap_or_else(|error| panic!("{POSTGRES_URL_VAR} is set but PostgreSQL is unreachable: {error}"));
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(admin.pool())
-            .await
-            .expect("create test database");
-        admin.pool().close().await;
-        let (base, _database) = admin_url.rsplit_once('/').expect("the URL names a database");
-        let url = format!("{base}/{name}");
-        Self { admin_url: admin_url.to_owned(), name, url }
-    }
-
-    fn drop_blocking(self) {
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            runtime.block_on(async {
-                let admin =
-                    Db::connect(&self.admin_url, &StorageConfig { max_connections: 1, ..StorageConfig::default() })
-                        .await
-                        .ok()?;
-                let statement = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
-                sqlx::query(sqlx::AssertSqlSafe(statement)).execute(admin.pool()).await.ok()
-            })
-        });
-        let _ = dropped.join();
-    }
 }
 
 /// Runs each listed test against SQLite and, when configured, PostgreSQL,

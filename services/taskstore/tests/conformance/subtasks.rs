@@ -146,7 +146,7 @@ async fn await_any_returns_on_the_first_to_finish(h: Harness) {
     let outcome = h.store.await_subtasks("ns", &parent.id, &ids, true, Duration::from_secs(10)).await.unwrap();
     worker.await.unwrap();
     assert_eq!(outcome.finished.iter().map(|task| &task.id).collect::<Vec<_>>(), [&fast.id]);
-    assert_eq!(outcome.pending, [slow.id.clone()]);
+    assert_eq!(outcome.pending, std::slice::from_ref(&slow.id));
     let unknown = h.store.await_subtasks("ns", &parent.id, &["nope".into()], true, Duration::ZERO).await;
     assert!(matches!(unknown, Err(TaskStoreError::TaskNotFound(_))));
 }

@@ -1,0 +1,239 @@
+//! Bad input against a running `chorus dev`: each request gets a clear
+//! error, changes nothing, and the server keeps serving.
+
+use chorus_proto::taskstore::{
+    CreateTaskRequest, GetTaskRequest, ListTasksRequest, Role, Task, TaskState, UpdateStatusRequest, WatchTaskRequest,
+    WatchTasksRequest,
+};
+use chorus_tests::{
+    Sandbox, Server,
+    tasks::{Client, create_request, create_task, get_task, text_message},
+};
+use prost::{Message as _, bytes::BufMut as _};
+use prost_types::{Struct, Value, value::Kind};
+use tonic::{
+    Code, Status,
+    codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder},
+    codegen::http::uri::PathAndQuery,
+};
+use tonic_types::StatusExt as _;
+
+const NS: &str = "e2e";
+const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
+async fn dev_server(sandbox: &Sandbox) -> Server {
+    let max = MAX_MESSAGE_BYTES.to_string();
+    sandbox.dev().no_agents().env("CHORUS_SERVER__MAX_MESSAGE_BYTES", max).start().await
+}
+
+/// Asserts `outcome` failed with INVALID_ARGUMENT naming `field` in its BadRequest details.
+#[track_caller]
+fn assert_invalid<T: std::fmt::Debug>(outcome: Result<T, Status>, field: &str) {
+    let status = outcome.expect_err(&format!("a request with a bad `{field}` must fail"));
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let Some(details) = status.get_details_bad_request() else {
+        panic!("no google.rpc.BadRequest details in {status:?}");
+    };
+    let fields: Vec<&str> = details.field_violations.iter().map(|violation| violation.field.as_str()).collect();
+    assert_eq!(fields, [field], "{status:?}");
+    assert!(status.message().contains(field), "the message names the field: {status:?}");
+}
+
+async fn task_count(client: &mut Client) -> u32 {
+    let request = ListTasksRequest { namespace: NS.to_owned(), ..ListTasksRequest::default() };
+    client.list_tasks(request).await.expect("list tasks").into_inner().total_size
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_and_invalid_fields_are_named() {
+    let sandbox = Sandbox::new();
+    let server = dev_server(&sandbox).await;
+    let mut client = server.task_store().await;
+    let valid = || create_request(NS, "reverser", "hello");
+
+    let no_namespace = CreateTaskRequest { namespace: String::new(), ..valid() };
+    assert_invalid(client.create_task(no_namespace).await, "namespace");
+    let bad_namespace = CreateTaskRequest { namespace: "Not A Namespace".to_owned(), ..valid() };
+    assert_invalid(client.create_task(bad_namespace).await, "namespace");
+    let no_agent = CreateTaskRequest { agent_id: String::new(), ..valid() };
+    assert_invalid(client.create_task(no_agent).await, "agent_id");
+    let no_message = CreateTaskRequest { message: None, ..valid() };
+    assert_invalid(client.create_task(no_message).await, "message");
+    let mut no_parts = valid();
+    no_parts.message.as_mut().expect("a message").parts.clear();
+    assert_invalid(client.create_task(no_parts).await, "message.parts");
+    for role in [Role::Unspecified as i32, 42] {
+        let mut unknown_role = valid();
+        unknown_role.message.as_mut().expect("a message").role = role;
+        assert_invalid(client.create_task(unknown_role).await, "message.role");
+    }
+    let nan = Value { kind: Some(Kind::NumberValue(f64::NAN)) };
+    let metadata = Struct { fields: [("score".to_owned(), nan)].into_iter().collect() };
+    let not_a_number = CreateTaskRequest { metadata: Some(metadata), ..valid() };
+    assert_invalid(client.create_task(not_a_number).await, "metadata.score");
+
+    assert_eq!(task_count(&mut client).await, 0, "no refused request created a task");
+    server.assert_serving().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_task_ids_are_not_found() {
+    let sandbox = Sandbox::new();
+    let server = dev_server(&sandbox).await;
+    let mut client = server.task_store().await;
+
+    let get = GetTaskRequest { namespace: NS.to_owned(), id: "no-such-task".to_owned(), history_length: None };
+    let status = client.get_task(get).await.expect_err("unknown task");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    assert!(status.message().contains("no-such-task"), "{status:?}");
+    let update = UpdateStatusRequest {
+        namespace: NS.to_owned(),
+        task_id: "no-such-task".to_owned(),
+        state: TaskState::Working.into(),
+        ..UpdateStatusRequest::default()
+    };
+    assert_eq!(client.update_status(update).await.expect_err("unknown task").code(), Code::NotFound);
+    let watch = WatchTaskRequest { namespace: NS.to_owned(), task_id: "no-such-task".to_owned(), ..Default::default() };
+    assert_eq!(client.watch_task(watch).await.expect_err("unknown task").code(), Code::NotFound);
+    server.assert_serving().await;
+}
+
+async fn move_to(client: &mut Client, task: &Task, state: TaskState) -> Result<Task, Status> {
+    let request = UpdateStatusRequest {
+        namespace: NS.to_owned(),
+        task_id: task.id.clone(),
+        state: state.into(),
+        message: Some(text_message(Role::Agent, &format!("now {state:?}"))),
+        ..UpdateStatusRequest::default()
+    };
+    client.update_status(request).await.map(tonic::Response::into_inner)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn illegal_transitions_fail_and_change_nothing() {
+    let sandbox = Sandbox::new();
+    let server = dev_server(&sandbox).await;
+    let mut client = server.task_store().await;
+    let task = create_task(&mut client, NS, "reverser", "hello").await;
+    move_to(&mut client, &task, TaskState::Working).await.expect("submitted -> working is legal");
+
+    for (illegal, before) in [(TaskState::Submitted, TaskState::Working), (TaskState::Working, TaskState::Completed)] {
+        if before == TaskState::Completed {
+            move_to(&mut client, &task, TaskState::Completed).await.expect("working -> completed is legal");
+        }
+        let snapshot = get_task(&mut client, NS, &task.id).await;
+        let status = move_to(&mut client, &task, illegal).await.expect_err("an illegal transition");
+        assert_eq!(status.code(), Code::FailedPrecondition, "{before:?} -> {illegal:?}: {status:?}");
+        assert_eq!(get_task(&mut client, NS, &task.id).await, snapshot, "{before:?} -> {illegal:?} changed the task");
+    }
+    server.assert_serving().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_message_is_refused_and_the_server_keeps_serving() {
+    let sandbox = Sandbox::new();
+    let server = dev_server(&sandbox).await;
+    let mut client = server.task_store().await;
+
+    let huge = "x".repeat(100 * 1024);
+    let status = client.create_task(create_request(NS, "reverser", &huge)).await.expect_err("too large");
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    assert!(status.message().contains(&MAX_MESSAGE_BYTES.to_string()), "the message states the limit: {status:?}");
+
+    assert_eq!(task_count(&mut client).await, 0);
+    create_task(&mut client, NS, "reverser", "small enough").await;
+    server.assert_serving().await;
+}
+
+/// Sends pre-encoded request bytes and decodes a `Task`.
+#[derive(Debug, Clone, Copy, Default)]
+struct RawCodec;
+
+impl Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Task;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        RawCodec
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RawCodec
+    }
+}
+
+impl Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = Status;
+
+    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl Decoder for RawCodec {
+    type Item = Task;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Task>, Status> {
+        Task::decode(src).map(Some).map_err(|error| Status::internal(error.to_string()))
+    }
+}
+
+async fn create_raw(server: &Server, bytes: Vec<u8>) -> Result<Task, Status> {
+    let mut grpc = tonic::client::Grpc::new(server.channel().await);
+    grpc.ready().await.expect("channel ready");
+    let path = PathAndQuery::from_static("/chorus.taskstore.v1.TaskStore/CreateTask");
+    grpc.unary(tonic::Request::new(bytes), path, RawCodec).await.map(tonic::Response::into_inner)
+}
+
+/// Sends a CreateTask whose namespace is not UTF-8 (after checking that the
+/// same bytes unpatched are accepted), and returns the refusal.
+async fn create_with_non_utf8_namespace(server: &Server) -> Status {
+    let marker = "zzzzzzzz";
+    let encoded = CreateTaskRequest { namespace: marker.to_owned(), ..create_request(NS, "reverser", "hi") };
+    let encoded = encoded.encode_to_vec();
+    let accepted = create_raw(server, encoded.clone()).await.expect("the request as encoded is accepted");
+    assert_eq!(accepted.namespace, marker);
+
+    let at = encoded.windows(marker.len()).position(|window| window == marker.as_bytes()).expect("the namespace");
+    let mut patched = encoded;
+    patched[at..at + marker.len()].fill(0xFF);
+    create_raw(server, patched).await.expect_err("a namespace that is not UTF-8 must be refused")
+}
+
+/// A request that does not decode is the caller's mistake (`proto/src/codec.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_string_that_is_not_utf8_is_invalid_argument() {
+    let sandbox = Sandbox::new();
+    let server = dev_server(&sandbox).await;
+    let status = create_with_non_utf8_namespace(&server).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("namespace") && status.message().contains("UTF-8"), "{status:?}");
+    server.assert_serving().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_page_tokens_and_cursors_are_invalid_argument() {
+    let sandbox = Sandbox::new();
+    let server = dev_server(&sandbox).await;
+    let mut client = server.task_store().await;
+    let task = create_task(&mut client, NS, "reverser", "hello").await;
+
+    for token in ["garbage", "123~", "~abc", "1.5"] {
+        let list = ListTasksRequest { namespace: NS.to_owned(), page_token: token.to_owned(), ..Default::default() };
+        assert_invalid(client.list_tasks(list).await, "page_token");
+    }
+    for cursor in ["garbage", "-1.5", "1.x", "12"] {
+        let watch =
+            WatchTaskRequest { namespace: NS.to_owned(), task_id: task.id.clone(), after_cursor: cursor.to_owned() };
+        assert_invalid(client.watch_task(watch).await, "after_cursor");
+        let watch =
+            WatchTasksRequest { namespace: NS.to_owned(), after_cursor: cursor.to_owned(), ..Default::default() };
+        assert_invalid(client.watch_tasks(watch).await, "after_cursor");
+    }
+    server.assert_serving().await;
+}

@@ -1,0 +1,78 @@
+//! gRPC server reflection on a running `chorus dev`: what `grpcurl` and
+//! other generic clients rely on to discover the services.
+
+use chorus_tests::Sandbox;
+use prost::Message as _;
+use prost_types::FileDescriptorProto;
+use tonic::transport::Channel;
+use tonic_reflection::pb::{v1, v1alpha};
+
+const TASK_STORE: &str = "chorus.taskstore.v1.TaskStore";
+const HEALTH: &str = "grpc.health.v1.Health";
+
+/// Sends one reflection request (v1) and returns its answer.
+async fn ask(
+    channel: &Channel,
+    request: v1::server_reflection_request::MessageRequest,
+) -> v1::server_reflection_response::MessageResponse {
+    let mut client = v1::server_reflection_client::ServerReflectionClient::new(channel.clone());
+    let request = v1::ServerReflectionRequest { host: String::new(), message_request: Some(request) };
+    let mut responses =
+        client.server_reflection_info(tokio_stream::iter([request])).await.expect("reflection").into_inner();
+    let response = responses.message().await.expect("a reflection answer").expect("the stream answers");
+    response.message_response.expect("a reflection answer has a body")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_v1_lists_the_services_and_describes_the_task_store() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().no_agents().start().await;
+    let channel = server.channel().await;
+
+    use v1::{server_reflection_request::MessageRequest, server_reflection_response::MessageResponse};
+    let MessageResponse::ListServicesResponse(listed) =
+        ask(&channel, MessageRequest::ListServices(String::new())).await
+    else {
+        panic!("ListServices answered something else");
+    };
+    let names: Vec<&str> = listed.service.iter().map(|service| service.name.as_str()).collect();
+    assert!(names.contains(&TASK_STORE), "{names:?}");
+    assert!(names.contains(&HEALTH), "{names:?}");
+
+    let answer = ask(&channel, MessageRequest::FileContainingSymbol(TASK_STORE.to_owned())).await;
+    let MessageResponse::FileDescriptorResponse(files) = answer else {
+        panic!("FileContainingSymbol answered {answer:?}");
+    };
+    let files: Vec<FileDescriptorProto> = files
+        .file_descriptor_proto
+        .iter()
+        .map(|bytes| FileDescriptorProto::decode(bytes.as_slice()).expect("a file descriptor"))
+        .collect();
+    let file = files.iter().find(|file| file.package() == "chorus.taskstore.v1").expect("the task store's file");
+    assert_eq!(file.name(), "chorus/taskstore/v1/taskstore.proto");
+    let service = file.service.iter().find(|service| service.name() == "TaskStore").expect("the TaskStore service");
+    let claim = service.method.iter().find(|method| method.name() == "ClaimTasks").expect("ClaimTasks");
+    assert_eq!(claim.input_type(), ".chorus.taskstore.v1.ClaimTasksRequest");
+    assert!(claim.server_streaming(), "ClaimTasks streams claimed tasks");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_v1alpha_lists_the_services_too() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().no_agents().start().await;
+
+    use v1alpha::{server_reflection_request::MessageRequest, server_reflection_response::MessageResponse};
+    let mut client = v1alpha::server_reflection_client::ServerReflectionClient::new(server.channel().await);
+    let request = v1alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses =
+        client.server_reflection_info(tokio_stream::iter([request])).await.expect("reflection").into_inner();
+    let response = responses.message().await.expect("an answer").expect("the stream answers");
+    let Some(MessageResponse::ListServicesResponse(listed)) = response.message_response else {
+        panic!("ListServices answered {response:?}");
+    };
+    let names: Vec<&str> = listed.service.iter().map(|service| service.name.as_str()).collect();
+    assert!(names.contains(&TASK_STORE) && names.contains(&HEALTH), "{names:?}");
+}
