@@ -2,7 +2,7 @@
 //! it exactly as they would to an OpenTelemetry collector, and tests wait for
 //! the spans they expect.
 //!
-//! ```ignore
+//! ```text
 //! let (receiver, endpoint) = OtlpReceiver::start().await?;
 //! // start a service with OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, call it, then:
 //! let spans = receiver.wait_for(|spans| spans.iter().any(|s| s.name == "handle_task"), deadline).await?;
