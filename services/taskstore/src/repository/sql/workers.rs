@@ -103,8 +103,9 @@ impl SqlTaskRepository {
         lease_id: &str,
         lease: Duration,
     ) -> Result<Renewal> {
-        let lease_expires_at = now_micros().saturating_add(micros(lease));
         let mut conn = self.db.pool().acquire().await?;
+        // Measured after the wait for a connection, which must not eat into the lease.
+        let lease_expires_at = now_micros().saturating_add(micros(lease));
         let renewed = sqlx::query(
             "UPDATE taskstore_tasks SET lease_expires_at = $4 WHERE namespace = $1 AND id = $2 AND lease_id = $3 \
              AND worker_id IS NOT NULL",
