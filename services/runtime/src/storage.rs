@@ -13,11 +13,10 @@ use sqlx::{
     AnyPool, Executor as _,
     any::AnyPoolOptions,
     migrate::{Migration, MigrationType, Migrator},
-    postgres::PgListener,
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::wakeup::{self, Wakeups};
+use crate::wakeup::Wakeups;
 
 /// Storage settings.
 #[derive(Clone, Serialize, Deserialize)]
@@ -223,57 +222,12 @@ impl Db {
         self.pool.execute("SELECT 1").await.map(drop)
     }
 
-    /// Carries `wakeups` across processes: on PostgreSQL, each notified key is
-    /// sent with `pg_notify` on `channel` (coalesced per burst) and keys other
-    /// processes notify are delivered locally. On SQLite (one process) this
-    /// does nothing. Runs until `shutdown`.
+    /// Carries `wakeups` across processes sharing this PostgreSQL database
+    /// (see [`crate::wakeup::bridge`]). On SQLite (one process) does nothing.
     pub fn bridge_wakeups(&self, channel: &'static str, wakeups: &Wakeups, shutdown: CancellationToken) {
-        if self.backend != Backend::Postgres {
-            return;
+        if self.backend == Backend::Postgres {
+            crate::wakeup::bridge::spawn(self.pool.clone(), self.url.clone(), channel, wakeups, shutdown);
         }
-        let mut outgoing = wakeups.set_remote();
-        let pool = self.pool.clone();
-        let sender_shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            loop {
-                let batch = tokio::select! {
-                    () = sender_shutdown.cancelled() => return,
-                    batch = wakeup::next_batch(&mut outgoing) => batch,
-                };
-                let Some(keys) = batch else { return };
-                for key in keys {
-                    let sent = sqlx::query("SELECT pg_notify($1, $2)").bind(channel).bind(key).execute(&pool).await;
-                    if let Err(error) = sent {
-                        tracing::debug!(%error, channel, "wake-up notify failed; readers will poll");
-                    }
-                }
-            }
-        });
-        let url = self.url.clone();
-        let wakeups = wakeups.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                () = shutdown.cancelled() => {}
-                () = listen(url, channel, wakeups) => {}
-            }
-        });
-    }
-}
-
-async fn listen(url: String, channel: &'static str, wakeups: Wakeups) {
-    loop {
-        let received: Result<std::convert::Infallible, sqlx::Error> = async {
-            let mut listener = PgListener::connect(&url).await?;
-            listener.listen(channel).await?;
-            loop {
-                let notification = listener.recv().await?;
-                wakeups.notify_local(notification.payload());
-            }
-        }
-        .await;
-        let Err(error) = received;
-        tracing::warn!(%error, channel, "wake-up listener lost its connection; retrying");
-        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 

@@ -3,7 +3,7 @@
 //! Signals are hints. A reader always re-reads the database after a signal
 //! and also polls on an interval, so a lost signal delays, never loses, work.
 //! Within one process signals are immediate; across processes sharing one
-//! PostgreSQL they travel over LISTEN/NOTIFY (see [`crate::storage::Db::bridge_wakeups`]).
+//! PostgreSQL they travel over LISTEN/NOTIFY ([`bridge`]).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -12,6 +12,8 @@ use std::{
 };
 
 use tokio::sync::{mpsc, watch};
+
+pub(crate) mod bridge;
 
 /// A set of named signals. Cheap to clone.
 #[derive(Debug, Clone, Default)]
