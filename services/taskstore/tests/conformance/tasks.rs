@@ -9,6 +9,7 @@ use crate::harness::{Harness, agent_message, conformance, new_task, user_message
 
 conformance!(
     create_is_idempotent_on_the_first_message_id,
+    concurrent_creates_of_one_message_make_one_task,
     history_length_limits_what_is_returned,
     list_filters_and_pages_newest_first,
     illegal_transitions_fail_and_change_nothing,
@@ -38,6 +39,26 @@ async fn create_is_idempotent_on_the_first_message_id(h: Harness) {
     let other = h.task("ns", "echo", "hello").await;
     assert_ne!(other.id, first.id, "a new message id makes a new task");
     assert_ne!(other.context_id, first.context_id, "a context is generated when none is given");
+}
+
+async fn concurrent_creates_of_one_message_make_one_task(h: Harness) {
+    let new = new_task("ns", "echo", "only once");
+    let creates = (0..8).map(|_| h.store.create_task(new.clone()));
+    let tasks = futures_util::future::join_all(creates).await;
+    let ids: std::collections::HashSet<String> = tasks.into_iter().map(|task| task.unwrap().id).collect();
+    assert_eq!(ids.len(), 1, "every retry gets the one task");
+    let query = TaskQuery {
+        namespace: "ns".into(),
+        context_id: None,
+        state: None,
+        agent_id: None,
+        updated_after: None,
+        page_size: 10,
+        page_token: None,
+        history_length: Some(0),
+        include_artifacts: false,
+    };
+    assert_eq!(h.store.list_tasks(query).await.unwrap().total_size, 1);
 }
 
 async fn history_length_limits_what_is_returned(h: Harness) {

@@ -69,8 +69,8 @@ impl SqlTaskRepository {
             spawn_context: parent.task.spawn_context,
             trace_context: &subtask.trace_context,
         };
-        let task = insert_task(&mut tx, insert).await;
-        self.commit_insert(tx, task, &subtask.namespace, &subtask.message.message_id).await
+        let inserted = insert_task(&mut tx, insert).await?;
+        self.commit_insert(tx, inserted, &subtask.namespace, &subtask.message.message_id).await
     }
 
     pub(super) async fn children_of(&self, namespace: &str, parent_id: &str, task_ids: &[String]) -> Result<Vec<Task>> {

@@ -61,15 +61,17 @@ pub(super) async fn find_by_request(
 }
 
 /// Inserts a task in `submitted` with its first message, and records `created`.
-pub(super) async fn insert_task(conn: &mut AnyConnection, insert: TaskInsert<'_>) -> Result<Task> {
+/// `None`: a task with the same first message id exists already.
+pub(super) async fn insert_task(conn: &mut AnyConnection, insert: TaskInsert<'_>) -> Result<Option<Task>> {
     let now = crate::domain::now_micros();
     let id = uuid::Uuid::now_v7().to_string();
     let first_message = insert.message.clone().bound_to(&id, &insert.context_id);
-    sqlx::query(
+    let inserted = sqlx::query(
         "INSERT INTO taskstore_tasks (namespace, id, context_id, agent_id, state, status_timestamp, metadata, \
          parent_id, owner_kind, owner_id, depth, spawn_context, prompt_fingerprint, request_message_id, \
          trace_context, history_count, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 1, $16)",
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 1, $16) \
+         ON CONFLICT (namespace, request_message_id) DO NOTHING",
     )
     .bind(insert.namespace)
     .bind(&id)
@@ -89,6 +91,9 @@ pub(super) async fn insert_task(conn: &mut AnyConnection, insert: TaskInsert<'_>
     .bind(now)
     .execute(&mut *conn)
     .await?;
+    if inserted.rows_affected() == 0 {
+        return Ok(None);
+    }
     sqlx::query("INSERT INTO taskstore_history (namespace, task_id, position, message) VALUES ($1, $2, 0, $3)")
         .bind(insert.namespace)
         .bind(&id)
@@ -113,15 +118,12 @@ pub(super) async fn insert_task(conn: &mut AnyConnection, insert: TaskInsert<'_>
     };
     let detail = EventDetail { message: task.history.first(), ..EventDetail::default() };
     record_event(conn, &task, EventKind::Created, detail).await?;
-    Ok(task)
+    Ok(Some(task))
 }
 
 impl SqlTaskRepository {
     pub(super) async fn create(&self, new: NewTask) -> Result<Task> {
         let mut tx = self.begin().await?;
-        if let Some(existing) = find_by_request(&mut tx, &new.namespace, &new.message.message_id).await? {
-            return Ok(existing);
-        }
         let insert = TaskInsert {
             namespace: &new.namespace,
             agent_id: &new.agent_id,
@@ -134,36 +136,29 @@ impl SqlTaskRepository {
             spawn_context: new.spawn_context,
             trace_context: &new.trace_context,
         };
-        let task = insert_task(&mut tx, insert).await;
-        self.commit_insert(tx, task, &new.namespace, &new.message.message_id).await
+        let inserted = insert_task(&mut tx, insert).await?;
+        self.commit_insert(tx, inserted, &new.namespace, &new.message.message_id).await
     }
 
-    /// Commits a transaction that inserted a task; when a concurrent create
-    /// with the same message id won the race, returns that task instead.
+    /// Commits a transaction that inserted a task, or, when a task with the
+    /// same first message id existed already, returns that one.
     pub(super) async fn commit_insert(
         &self,
         tx: Tx<'static>,
-        inserted: Result<Task>,
+        inserted: Option<Task>,
         namespace: &str,
         message_id: &str,
     ) -> Result<Task> {
-        let outcome = match inserted {
-            Ok(task) => tx.commit().await.map(|()| task).map_err(TaskStoreError::from),
-            Err(error) => {
-                // Release the connection first: SQLite has only one.
-                drop(tx);
-                Err(error)
-            }
-        };
-        match outcome {
-            Err(TaskStoreError::Storage(error)) if is_unique_violation(&error) => {
-                let mut conn = self.db.pool().acquire().await?;
-                find_by_request(&mut conn, namespace, message_id)
-                    .await?
-                    .ok_or_else(|| TaskStoreError::TaskNotFound(message_id.to_owned()))
-            }
-            other => other,
+        if let Some(task) = inserted {
+            tx.commit().await?;
+            return Ok(task);
         }
+        // Release the connection first: SQLite has only one.
+        drop(tx);
+        let mut conn = self.db.pool().acquire().await?;
+        find_by_request(&mut conn, namespace, message_id)
+            .await?
+            .ok_or_else(|| TaskStoreError::TaskNotFound(message_id.to_owned()))
     }
 
     pub(super) async fn get(&self, namespace: &str, id: &str, history_length: Option<u32>) -> Result<Task> {
@@ -336,8 +331,4 @@ pub(super) async fn store_artifact(conn: &mut AnyConnection, record: &TaskRecord
     .execute(&mut *conn)
     .await?;
     Ok(())
-}
-
-fn is_unique_violation(error: &sqlx::Error) -> bool {
-    chorus_runtime::storage::classify(error) == chorus_runtime::storage::DbErrorKind::UniqueViolation
 }

@@ -16,6 +16,7 @@ use crate::{
     error::{Result, TaskStoreError},
 };
 use chorus_runtime::storage::Backend;
+use sqlx::Row as _;
 
 const CLAIM_POSTGRES: &str = concat!(
     "UPDATE taskstore_tasks SET state = 'working', status_message = NULL, status_timestamp = $3, worker_id = $4, \
@@ -32,6 +33,12 @@ const CLAIM_SQLITE: &str = concat!(
      WHERE namespace = $1 AND agent_id = $2 AND state = 'submitted' ORDER BY created_at, id LIMIT $8) RETURNING ",
     task_columns!()
 );
+
+/// The worker's leased tasks (`leased` = 1), and one claimable task of its
+/// agent if there is any (`leased` = 0).
+const CLAIM_PRECHECK: &str = "SELECT id, 1 AS leased FROM taskstore_tasks WHERE namespace = $1 AND worker_id = $2 \
+     UNION ALL SELECT id, 0 AS leased FROM (SELECT id FROM taskstore_tasks \
+     WHERE namespace = $1 AND agent_id = $3 AND state = 'submitted' LIMIT 1) ready";
 
 const EXPIRED_POSTGRES: &str = concat!(
     "SELECT ",
@@ -50,17 +57,28 @@ fn micros(duration: Duration) -> i64 {
 
 impl SqlTaskRepository {
     pub(super) async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome> {
-        let mut tx = self.begin().await?;
-        let mut active: Vec<String> =
-            sqlx::query_scalar("SELECT id FROM taskstore_tasks WHERE namespace = $1 AND worker_id = $2")
-                .bind(&request.namespace)
-                .bind(&request.worker_id)
-                .fetch_all(&mut *tx)
-                .await?;
+        // One read first, outside any transaction: most calls (a worker at
+        // capacity, or nothing to do) end here without BEGIN and ROLLBACK.
+        let rows = sqlx::query(CLAIM_PRECHECK)
+            .bind(&request.namespace)
+            .bind(&request.worker_id)
+            .bind(&request.agent_id)
+            .fetch_all(self.db.pool())
+            .await?;
+        let mut active = Vec::with_capacity(rows.len());
+        let mut ready = false;
+        for row in &rows {
+            let id: String = row.try_get("id")?;
+            match row.try_get::<i64, _>("leased")? {
+                1 => active.push(id),
+                _ => ready = true,
+            }
+        }
         let room = i64::from(request.capacity) - i64::try_from(active.len()).unwrap_or(i64::MAX);
-        if room <= 0 {
+        if room <= 0 || !ready {
             return Ok(ClaimOutcome { claimed: Vec::new(), active });
         }
+        let mut tx = self.begin().await?;
         let now = now_micros();
         let lease_id = uuid::Uuid::new_v4().to_string();
         let lease_expires_at = now.saturating_add(micros(request.lease));
