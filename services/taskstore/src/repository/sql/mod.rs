@@ -95,31 +95,31 @@ async fn complete_task_view(
     let mut task = record.task;
     let first_position = match history_length {
         None => 0,
-        Some(length) => (record.history_count - i64::from(length)).max(0),
+        Some(length) => record.history_count - i64::from(length),
     };
-    if history_length != Some(0) {
-        let rows = sqlx::query(
-            "SELECT message FROM taskstore_history WHERE namespace = $1 AND task_id = $2 AND position >= $3 \
-             ORDER BY position",
-        )
-        .bind(&task.namespace)
-        .bind(&task.id)
-        .bind(first_position)
-        .fetch_all(&mut *conn)
-        .await?;
-        task.history =
-            rows.iter().map(|row| rows::from_json(&row.try_get::<String, _>("message")?)).collect::<Result<_>>()?;
+    if first_position >= record.history_count && !with_artifacts {
+        return Ok(task);
     }
-    if with_artifacts {
-        let rows = sqlx::query(
-            "SELECT artifact FROM taskstore_artifacts WHERE namespace = $1 AND task_id = $2 ORDER BY position",
-        )
-        .bind(&task.namespace)
-        .bind(&task.id)
-        .fetch_all(&mut *conn)
-        .await?;
-        task.artifacts =
-            rows.iter().map(|row| rows::from_json(&row.try_get::<String, _>("artifact")?)).collect::<Result<_>>()?;
+    // One round trip for both: the history window, then (when asked) the artifacts.
+    let rows = sqlx::query(
+        "SELECT 0 AS part, position, message AS body FROM taskstore_history \
+         WHERE namespace = $1 AND task_id = $2 AND position >= $3 \
+         UNION ALL SELECT 1 AS part, position, artifact AS body FROM taskstore_artifacts \
+         WHERE namespace = $1 AND task_id = $2 AND $4 = 1 \
+         ORDER BY part, position",
+    )
+    .bind(&task.namespace)
+    .bind(&task.id)
+    .bind(first_position)
+    .bind(i64::from(with_artifacts))
+    .fetch_all(&mut *conn)
+    .await?;
+    for row in &rows {
+        let body: String = row.try_get("body")?;
+        match row.try_get::<i64, _>("part")? {
+            0 => task.history.push(rows::from_json(&body)?),
+            _ => task.artifacts.push(rows::from_json(&body)?),
+        }
     }
     Ok(task)
 }
@@ -159,7 +159,7 @@ async fn append_history(conn: &mut AnyConnection, record: &mut TaskRecord, messa
 }
 
 /// What an event carries beyond the task's status.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, Copy)]
 struct EventDetail<'a> {
     artifact: Option<&'a Artifact>,
     append: bool,
@@ -168,13 +168,6 @@ struct EventDetail<'a> {
 }
 
 async fn record_event(conn: &mut AnyConnection, task: &Task, kind: EventKind, detail: EventDetail<'_>) -> Result<()> {
-    let payload = EventPayload {
-        status: task.status.clone(),
-        artifact: detail.artifact.cloned(),
-        append: detail.append,
-        last_chunk: detail.last_chunk,
-        message: detail.message.cloned(),
-    };
     sqlx::query(
         "INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
@@ -184,11 +177,22 @@ async fn record_event(conn: &mut AnyConnection, task: &Task, kind: EventKind, de
     .bind(&task.context_id)
     .bind(&task.agent_id)
     .bind(kind.as_str())
-    .bind(to_json(&payload)?)
+    .bind(event_payload(&task.status, detail)?)
     .bind(now_micros())
     .execute(&mut *conn)
     .await?;
     Ok(())
+}
+
+/// The JSON an event row carries besides its columns.
+fn event_payload(status: &TaskStatus, detail: EventDetail<'_>) -> Result<String> {
+    to_json(&EventPayload {
+        status: status.clone(),
+        artifact: detail.artifact.cloned(),
+        append: detail.append,
+        last_chunk: detail.last_chunk,
+        message: detail.message.cloned(),
+    })
 }
 
 /// Checks that the caller may write to a task: not finished, and holding its

@@ -69,7 +69,7 @@ impl SqlTaskRepository {
             spawn_context: parent.task.spawn_context,
             trace_context: &subtask.trace_context,
         };
-        let inserted = insert_task(&mut tx, insert).await?;
+        let inserted = insert_task(&mut tx, self.backend(), insert).await?;
         self.commit_insert(tx, inserted, &subtask.namespace, &subtask.message.message_id).await
     }
 

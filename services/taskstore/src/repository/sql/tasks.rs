@@ -1,10 +1,11 @@
 //! Tasks: create, read, list, converse, move through states, artifacts, cancel.
 
-use sqlx::AnyConnection;
+use chorus_runtime::storage::Backend;
+use sqlx::{AnyConnection, Row as _};
 
 use super::{
-    EventDetail, SqlTaskRepository, Tx, append_history, apply_status, check_writable, complete_task_view, read_record,
-    record_event, rows,
+    EventDetail, SqlTaskRepository, Tx, append_history, apply_status, check_writable, complete_task_view,
+    event_payload, read_record, record_event, rows,
     rows::{TaskRecord, task_columns, to_json},
     save, set_status,
 };
@@ -62,48 +63,19 @@ pub(super) async fn find_by_request(
 
 /// Inserts a task in `submitted` with its first message, and records `created`.
 /// `None`: a task with the same first message id exists already.
-pub(super) async fn insert_task(conn: &mut AnyConnection, insert: TaskInsert<'_>) -> Result<Option<Task>> {
+pub(super) async fn insert_task(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    insert: TaskInsert<'_>,
+) -> Result<Option<Task>> {
     let now = crate::domain::now_micros();
     let id = uuid::Uuid::now_v7().to_string();
     let first_message = insert.message.clone().bound_to(&id, &insert.context_id);
-    let inserted = sqlx::query(
-        "INSERT INTO taskstore_tasks (namespace, id, context_id, agent_id, state, status_timestamp, metadata, \
-         parent_id, owner_kind, owner_id, depth, spawn_context, prompt_fingerprint, request_message_id, \
-         trace_context, history_count, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 1, $16) \
-         ON CONFLICT (namespace, request_message_id) DO NOTHING",
-    )
-    .bind(insert.namespace)
-    .bind(&id)
-    .bind(&insert.context_id)
-    .bind(insert.agent_id)
-    .bind(TaskState::Submitted.as_str())
-    .bind(now)
-    .bind(rows::metadata_json(insert.metadata)?)
-    .bind(insert.parent_id)
-    .bind(insert.owner.map(|owner| owner.kind.as_str()))
-    .bind(insert.owner.map(|owner| owner.id.as_str()))
-    .bind(i64::from(insert.depth))
-    .bind(insert.spawn_context.as_str())
-    .bind(prompt_fingerprint(insert.agent_id, &insert.message.joined_text()))
-    .bind(&insert.message.message_id)
-    .bind(to_json(insert.trace_context)?)
-    .bind(now)
-    .execute(&mut *conn)
-    .await?;
-    if inserted.rows_affected() == 0 {
-        return Ok(None);
-    }
-    sqlx::query("INSERT INTO taskstore_history (namespace, task_id, position, message) VALUES ($1, $2, 0, $3)")
-        .bind(insert.namespace)
-        .bind(&id)
-        .bind(to_json(&first_message)?)
-        .execute(&mut *conn)
-        .await?;
+    let history = to_json(&first_message)?;
     let task = Task {
         namespace: insert.namespace.to_owned(),
         id,
-        context_id: insert.context_id,
+        context_id: insert.context_id.clone(),
         agent_id: insert.agent_id.to_owned(),
         status: TaskStatus { state: TaskState::Submitted, message: None, timestamp: now },
         artifacts: Vec::new(),
@@ -117,13 +89,72 @@ pub(super) async fn insert_task(conn: &mut AnyConnection, insert: TaskInsert<'_>
         created_at: now,
     };
     let detail = EventDetail { message: task.history.first(), ..EventDetail::default() };
+    let payload = event_payload(&task.status, detail)?;
+    let sql = match backend {
+        Backend::Postgres => INSERT_TASK_POSTGRES,
+        Backend::Sqlite => INSERT_TASK,
+    };
+    let statement = sqlx::query(sql)
+        .bind(insert.namespace)
+        .bind(&task.id)
+        .bind(&insert.context_id)
+        .bind(insert.agent_id)
+        .bind(TaskState::Submitted.as_str())
+        .bind(now)
+        .bind(rows::metadata_json(insert.metadata)?)
+        .bind(insert.parent_id)
+        .bind(insert.owner.map(|owner| owner.kind.as_str()))
+        .bind(insert.owner.map(|owner| owner.id.as_str()))
+        .bind(i64::from(insert.depth))
+        .bind(insert.spawn_context.as_str())
+        .bind(prompt_fingerprint(insert.agent_id, &insert.message.joined_text()))
+        .bind(&insert.message.message_id)
+        .bind(to_json(insert.trace_context)?)
+        .bind(now);
+    if backend == Backend::Postgres {
+        // One statement writes the task, its first message and its event.
+        let inserted: i64 = statement.bind(history).bind(payload).fetch_one(&mut *conn).await?.try_get("inserted")?;
+        return Ok((inserted > 0).then_some(task));
+    }
+    if statement.execute(&mut *conn).await?.rows_affected() == 0 {
+        return Ok(None);
+    }
+    sqlx::query("INSERT INTO taskstore_history (namespace, task_id, position, message) VALUES ($1, $2, 0, $3)")
+        .bind(insert.namespace)
+        .bind(&task.id)
+        .bind(history)
+        .execute(&mut *conn)
+        .await?;
     record_event(conn, &task, EventKind::Created, detail).await?;
     Ok(Some(task))
 }
 
+/// A new task row; $1..$16 as bound in [`insert_task`].
+macro_rules! insert_task_row {
+    () => {
+        "INSERT INTO taskstore_tasks (namespace, id, context_id, agent_id, state, status_timestamp, metadata, \
+         parent_id, owner_kind, owner_id, depth, spawn_context, prompt_fingerprint, request_message_id, \
+         trace_context, history_count, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 1, $16) \
+         ON CONFLICT (namespace, request_message_id) DO NOTHING"
+    };
+}
+
+const INSERT_TASK: &str = insert_task_row!();
+/// The task row, its first message ($17) and its `created` event ($18).
+const INSERT_TASK_POSTGRES: &str = concat!(
+    "WITH task AS (",
+    insert_task_row!(),
+    " RETURNING namespace, id, context_id, agent_id, created_at), \
+     history AS (INSERT INTO taskstore_history (namespace, task_id, position, message) \
+     SELECT namespace, id, 0, $17 FROM task), \
+     event AS (INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
+     SELECT namespace, id, context_id, agent_id, 'created', $18, created_at FROM task) \
+     SELECT COUNT(*) AS inserted FROM task"
+);
+
 impl SqlTaskRepository {
     pub(super) async fn create(&self, new: NewTask) -> Result<Task> {
-        let mut tx = self.begin().await?;
         let insert = TaskInsert {
             namespace: &new.namespace,
             agent_id: &new.agent_id,
@@ -136,7 +167,17 @@ impl SqlTaskRepository {
             spawn_context: new.spawn_context,
             trace_context: &new.trace_context,
         };
-        let inserted = insert_task(&mut tx, insert).await?;
+        if self.backend() == Backend::Postgres {
+            // There the insert is one statement: its own transaction.
+            let mut conn = self.db.pool().acquire().await?;
+            if let Some(task) = insert_task(&mut conn, Backend::Postgres, insert).await? {
+                return Ok(task);
+            }
+            drop(conn);
+            return self.existing(&new.namespace, &new.message.message_id).await;
+        }
+        let mut tx = self.begin().await?;
+        let inserted = insert_task(&mut tx, self.backend(), insert).await?;
         self.commit_insert(tx, inserted, &new.namespace, &new.message.message_id).await
     }
 
@@ -155,6 +196,11 @@ impl SqlTaskRepository {
         }
         // Release the connection first: SQLite has only one.
         drop(tx);
+        self.existing(namespace, message_id).await
+    }
+
+    /// The task an earlier create with this first message id made.
+    async fn existing(&self, namespace: &str, message_id: &str) -> Result<Task> {
         let mut conn = self.db.pool().acquire().await?;
         find_by_request(&mut conn, namespace, message_id)
             .await?
