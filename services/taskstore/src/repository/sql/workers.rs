@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::{
-    EventDetail, SqlTaskRepository, apply_status, check_writable, complete_task_view, record_event,
+    EventDetail, SqlTaskRepository, apply_status, check_writable, complete_task_view, event_payload, record_event,
     rows::{TaskRecord, task_columns},
     set_status,
     tasks::store_artifact,
@@ -11,20 +11,25 @@ use super::{
 use crate::{
     domain::{
         Artifact, ArtifactChunk, ClaimOutcome, ClaimRequest, Claimed, EventKind, Expiry, Message, Renewal, Role, Task,
-        TaskState, now_micros,
+        TaskState, TaskStatus, now_micros,
     },
     error::{Result, TaskStoreError},
 };
 use chorus_runtime::storage::Backend;
 use sqlx::Row as _;
 
-const CLAIM_POSTGRES: &str = concat!(
-    "UPDATE taskstore_tasks SET state = 'working', status_message = NULL, status_timestamp = $3, worker_id = $4, \
-     lease_id = $5, lease_expires_at = $6, max_retries = $7, attempt = attempt + 1 \
+/// Leases up to $8 claimable tasks, skipping rows other claims hold, and
+/// records their `status_changed` events ($9: the payload), in one statement.
+const CLAIM_AND_LOG_POSTGRES: &str = concat!(
+    "WITH claimed AS (UPDATE taskstore_tasks SET state = 'working', status_message = NULL, status_timestamp = $3, \
+     worker_id = $4, lease_id = $5, lease_expires_at = $6, max_retries = $7, attempt = attempt + 1 \
      WHERE (namespace, id) IN (SELECT namespace, id FROM taskstore_tasks \
      WHERE namespace = $1 AND agent_id = $2 AND state = 'submitted' ORDER BY created_at, id LIMIT $8 \
      FOR UPDATE SKIP LOCKED) RETURNING ",
-    task_columns!()
+    task_columns!(),
+    "), logged AS (INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
+     SELECT namespace, id, context_id, agent_id, 'status_changed', $9, $3 FROM claimed) \
+     SELECT * FROM claimed"
 );
 const CLAIM_SQLITE: &str = concat!(
     "UPDATE taskstore_tasks SET state = 'working', status_message = NULL, status_timestamp = $3, worker_id = $4, \
@@ -50,6 +55,32 @@ const EXPIRED_SQLITE: &str = concat!(
     task_columns!(),
     " FROM taskstore_tasks WHERE lease_expires_at < $1 ORDER BY lease_expires_at LIMIT $2"
 );
+
+/// The lease a claim hands out.
+struct Lease<'a> {
+    id: &'a str,
+    expires_at: i64,
+    now: i64,
+    /// How many tasks it may take.
+    slots: i64,
+}
+
+/// Binds $1..$8 of a claim statement.
+fn bind_claim<'q>(
+    query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    request: &'q ClaimRequest,
+    lease: &Lease<'q>,
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+    query
+        .bind(&request.namespace)
+        .bind(&request.agent_id)
+        .bind(lease.now)
+        .bind(&request.worker_id)
+        .bind(lease.id)
+        .bind(lease.expires_at)
+        .bind(i64::from(request.max_retries))
+        .bind(lease.slots)
+}
 
 fn micros(duration: Duration) -> i64 {
     i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
@@ -78,40 +109,60 @@ impl SqlTaskRepository {
         if room <= 0 || !ready {
             return Ok(ClaimOutcome { claimed: Vec::new(), active });
         }
-        let mut tx = self.begin().await?;
         let now = now_micros();
         let lease_id = uuid::Uuid::new_v4().to_string();
         let lease_expires_at = now.saturating_add(micros(request.lease));
-        let sql = match self.backend() {
-            Backend::Postgres => CLAIM_POSTGRES,
-            Backend::Sqlite => CLAIM_SQLITE,
+        let lease = Lease { id: &lease_id, expires_at: lease_expires_at, now, slots: room };
+        let mut claimed = match self.backend() {
+            Backend::Postgres => self.claim_on_postgres(request, &lease).await?,
+            Backend::Sqlite => self.claim_on_sqlite(request, &lease).await?,
         };
-        let rows = sqlx::query(sql)
-            .bind(&request.namespace)
-            .bind(&request.agent_id)
-            .bind(now)
-            .bind(&request.worker_id)
-            .bind(&lease_id)
-            .bind(lease_expires_at)
-            .bind(i64::from(request.max_retries))
-            .bind(room)
-            .fetch_all(&mut *tx)
-            .await?;
-        if rows.is_empty() {
-            return Ok(ClaimOutcome { claimed: Vec::new(), active });
+        claimed.sort_by(|a, b| (a.task.created_at, &a.task.id).cmp(&(b.task.created_at, &b.task.id)));
+        active.extend(claimed.iter().map(|claimed| claimed.task.id.clone()));
+        Ok(ClaimOutcome { claimed, active })
+    }
+
+    /// One statement leases the tasks and records their events; the tasks'
+    /// history is read after it (they are ours now).
+    async fn claim_on_postgres(&self, request: &ClaimRequest, lease: &Lease<'_>) -> Result<Vec<Claimed>> {
+        let working = TaskStatus { state: TaskState::Working, message: None, timestamp: lease.now };
+        let payload = event_payload(&working, EventDetail::default())?;
+        let mut conn = self.db.pool().acquire().await?;
+        let rows =
+            bind_claim(sqlx::query(CLAIM_AND_LOG_POSTGRES), request, lease).bind(payload).fetch_all(&mut *conn).await?;
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let record = TaskRecord::decode(row)?;
+            let trace_context = record.trace_context.clone();
+            let task = complete_task_view(&mut conn, record, None, true).await?;
+            claimed.push(Claimed {
+                task,
+                lease_id: lease.id.to_owned(),
+                lease_expires_at: lease.expires_at,
+                trace_context,
+            });
         }
+        Ok(claimed)
+    }
+
+    async fn claim_on_sqlite(&self, request: &ClaimRequest, lease: &Lease<'_>) -> Result<Vec<Claimed>> {
+        let mut tx = self.begin().await?;
+        let rows = bind_claim(sqlx::query(CLAIM_SQLITE), request, lease).fetch_all(&mut *tx).await?;
         let mut claimed = Vec::with_capacity(rows.len());
         for row in &rows {
             let record = TaskRecord::decode(row)?;
             let trace_context = record.trace_context.clone();
             record_event(&mut tx, &record.task, EventKind::StatusChanged, EventDetail::default()).await?;
             let task = complete_task_view(&mut tx, record, None, true).await?;
-            claimed.push(Claimed { task, lease_id: lease_id.clone(), lease_expires_at, trace_context });
+            claimed.push(Claimed {
+                task,
+                lease_id: lease.id.to_owned(),
+                lease_expires_at: lease.expires_at,
+                trace_context,
+            });
         }
         tx.commit().await?;
-        claimed.sort_by(|a, b| (a.task.created_at, &a.task.id).cmp(&(b.task.created_at, &b.task.id)));
-        active.extend(claimed.iter().map(|claimed| claimed.task.id.clone()));
-        Ok(ClaimOutcome { claimed, active })
+        Ok(claimed)
     }
 
     pub(super) async fn renew(
