@@ -42,12 +42,16 @@ pub(crate) fn spawn(pool: AnyPool, url: String, channel: &'static str, wakeups: 
 }
 
 async fn send(pool: &AnyPool, channel: &str, instance: &str, keys: &HashSet<String>) -> Result<(), sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    sqlx::query("SET LOCAL synchronous_commit TO OFF").execute(&mut *tx).await?;
     for payload in payloads(instance, keys) {
-        sqlx::query("SELECT pg_notify($1, $2)").bind(channel).bind(payload).execute(&mut *tx).await?;
+        // One statement, one implicit transaction, committed without waiting
+        // for the WAL flush (`set_config(..., true)` lasts that transaction).
+        sqlx::query("SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)")
+            .bind(channel)
+            .bind(payload)
+            .execute(pool)
+            .await?;
     }
-    tx.commit().await
+    Ok(())
 }
 
 /// `instance` on the first line, then one key per line, split to fit.

@@ -77,7 +77,9 @@ impl TaskStore {
         let namespace = &task.namespace;
         self.wakeups.notify(&keys::task(namespace, &task.id));
         self.wakeups.notify(&keys::events(namespace));
-        if task.status.state == crate::domain::TaskState::Submitted {
+        // Claimable again, or finished: either way a worker of the agent may
+        // now take a task.
+        if task.status.state == crate::domain::TaskState::Submitted || task.status.state.is_terminal() {
             self.wakeups.notify(&keys::claimable(namespace, &task.agent_id));
         }
         if let Some(owner) = &task.owner

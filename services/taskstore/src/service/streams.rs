@@ -60,7 +60,9 @@ impl TaskStore {
     async fn feed_claims(self, request: ClaimRequest, sender: mpsc::Sender<Result<Claimed>>) {
         let capacity = request.capacity as usize;
         loop {
-            let mut waiters = vec![self.wakeups.waiter(&keys::claimable(&request.namespace, &request.agent_id))];
+            // Created before the read: a task becoming claimable, or one of
+            // this agent's tasks finishing (room freed), wakes this key.
+            let mut waiter = self.wakeups.waiter(&keys::claimable(&request.namespace, &request.agent_id));
             let outcome = match self.repository.claim_tasks(&request).await {
                 Ok(outcome) => outcome,
                 Err(error) => {
@@ -76,16 +78,10 @@ impl TaskStore {
                     return;
                 }
             }
-            let full = outcome.active.len() >= capacity;
-            if claimed_any && !full {
+            if claimed_any && outcome.active.len() < capacity {
                 continue;
             }
-            if full {
-                // Only a lease ending can make room: wait on those tasks.
-                waiters.clear();
-            }
-            waiters.extend(outcome.active.iter().map(|id| self.wakeups.waiter(&keys::task(&request.namespace, id))));
-            if !self.pause(&sender, &mut waiters, false).await {
+            if !self.pause(&sender, std::slice::from_mut(&mut waiter), false).await {
                 return;
             }
         }

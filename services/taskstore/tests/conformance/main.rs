@@ -7,4 +7,5 @@ mod isolation;
 mod push;
 mod subtasks;
 mod tasks;
+mod wakeups;
 mod workers;
