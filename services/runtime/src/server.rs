@@ -69,10 +69,6 @@ impl ServerBuilder {
         Self { config, grpc, http: Router::new(), service_names: Vec::new(), probes: Vec::new(), health }
     }
 
-    pub fn config(&self) -> &ServerConfig {
-        &self.config
-    }
-
     /// Mounts a gRPC service; it is reported SERVING once [`serve`](Self::serve) starts.
     pub fn add_grpc_service<S>(&mut self, service: S) -> &mut Self
     where

@@ -39,7 +39,7 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     async fn append_artifact(&self, namespace: &str, task_id: &str, chunk: ArtifactChunk) -> Result<Task>;
 
     /// Cancels the task and every unfinished task below it; returns the
-    /// canceled tasks, root first.
+    /// canceled tasks, root first and whole (the others without history).
     async fn cancel_task(&self, namespace: &str, id: &str, reason: Option<String>) -> Result<Vec<Task>>;
 
     /// Leases up to `capacity` minus the worker's current leases.

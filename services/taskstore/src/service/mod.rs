@@ -23,7 +23,7 @@ use crate::{
         Artifact, ArtifactChunk, InboxMessage, Message, NewTask, Notification, Owner, PushConfig, Renewal,
         StatusUpdate, Task, TaskPage, TaskQuery,
     },
-    error::Result,
+    error::{Result, TaskStoreError},
     repository::TaskRepository,
 };
 
@@ -66,10 +66,6 @@ impl TaskStore {
         shutdown: CancellationToken,
     ) -> Self {
         Self { repository, wakeups, config: Arc::new(config), shutdown }
-    }
-
-    pub fn config(&self) -> &TaskStoreConfig {
-        &self.config
     }
 
     /// Announces a committed change to `task`.
@@ -126,8 +122,9 @@ impl TaskStore {
     pub async fn cancel_task(&self, namespace: &str, id: &str, reason: Option<String>) -> Result<(Task, Vec<String>)> {
         let canceled = self.repository.cancel_task(namespace, id, reason).await?;
         canceled.iter().for_each(|task| self.changed(task));
-        let root = self.repository.get_task(namespace, id, None).await?;
-        Ok((root, canceled.into_iter().map(|task| task.id).collect()))
+        let ids = canceled.iter().map(|task| task.id.clone()).collect();
+        let root = canceled.into_iter().next().ok_or_else(|| TaskStoreError::TaskNotFound(id.to_owned()))?;
+        Ok((root, ids))
     }
 
     pub async fn renew_lease(

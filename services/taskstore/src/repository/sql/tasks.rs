@@ -332,7 +332,10 @@ impl SqlTaskRepository {
             }
             let message = Message::text(uuid::Uuid::new_v4().to_string(), Role::Agent, text.clone());
             set_status(&mut tx, &mut record, TaskState::Canceled, Some(message)).await?;
-            canceled.push(complete_task_view(&mut tx, record, Some(0), false).await?);
+            // The root comes back whole (the caller answers with it); the rest as ids.
+            let whole = task_id == id;
+            let history_length = if whole { None } else { Some(0) };
+            canceled.push(complete_task_view(&mut tx, record, history_length, whole).await?);
         }
         tx.commit().await?;
         Ok(canceled)
