@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use chorus_eventbus::EventBusConfig;
 use chorus_runtime::{server::ServerConfig, storage::StorageConfig, telemetry::TelemetryConfig};
 use chorus_taskstore::TaskStoreConfig;
 
@@ -15,6 +16,7 @@ pub(crate) struct ChorusConfig {
     pub(crate) storage: StorageConfig,
     pub(crate) telemetry: TelemetryConfig,
     pub(crate) taskstore: TaskStoreConfig,
+    pub(crate) eventbus: EventBusConfig,
 }
 
 impl Default for ChorusConfig {
@@ -25,6 +27,7 @@ impl Default for ChorusConfig {
             storage: StorageConfig::default(),
             telemetry: TelemetryConfig::default(),
             taskstore: TaskStoreConfig::default(),
+            eventbus: EventBusConfig::default(),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! `chorus`: run the whole fabric in one process (`chorus dev`), one service
-//! on PostgreSQL (`chorus serve taskstore`), or a built-in agent.
+//! on PostgreSQL (`chorus serve taskstore|eventbus`), or a built-in agent.
 
 mod config;
 mod stack;
@@ -101,6 +101,7 @@ async fn main() -> anyhow::Result<()> {
 fn service_label(service: Service) -> &'static str {
     match service {
         Service::Taskstore => "taskstore",
+        Service::Eventbus => "eventbus",
     }
 }
 

@@ -4,6 +4,7 @@
 use std::{net::SocketAddr, sync::Arc};
 
 use anyhow::Context as _;
+use chorus_eventbus::{EventBus, grpc::EventBusGrpc, repository::sql::SqlEventRepository};
 use chorus_runtime::{
     server::ServerBuilder,
     storage::{Db, redact_url},
@@ -20,10 +21,12 @@ use crate::config::ChorusConfig;
 pub(crate) enum Service {
     /// The task store (`chorus.taskstore.v1`).
     Taskstore,
+    /// The event bus (`chorus.eventbus.v1`).
+    Eventbus,
 }
 
 /// The services `chorus dev` runs: every one that exists.
-pub(crate) const ALL_SERVICES: &[Service] = &[Service::Taskstore];
+pub(crate) const ALL_SERVICES: &[Service] = &[Service::Eventbus, Service::Taskstore];
 
 /// A bound, ready-to-serve stack.
 pub(crate) struct Stack {
@@ -62,6 +65,15 @@ impl Stack {
                     store.spawn_reaper();
                     let grpc = TaskStoreGrpc::new(store).into_server(config.server.max_message_bytes);
                     server.add_grpc_service(grpc);
+                }
+                Service::Eventbus => {
+                    db.migrate(&chorus_eventbus::MIGRATIONS).await?;
+                    let wakeups = Wakeups::new();
+                    db.bridge_wakeups("chorus_eventbus", &wakeups, shutdown.clone());
+                    let repository = Arc::new(SqlEventRepository::new(db.clone()));
+                    let bus = EventBus::new(repository, wakeups, config.eventbus.clone(), shutdown.clone());
+                    bus.spawn_reaper();
+                    server.add_grpc_service(EventBusGrpc::new(bus).into_server(config.server.max_message_bytes));
                 }
             }
         }

@@ -62,6 +62,11 @@ pub trait ServiceError: std::error::Error {
     fn field(&self) -> Option<&str> {
         None
     }
+
+    /// A typed detail for the caller, sent in `grpc-status-details-bin`.
+    fn detail(&self) -> Option<prost_types::Any> {
+        None
+    }
 }
 
 /// Converts a service error to a gRPC status: the one place this happens.
@@ -75,6 +80,11 @@ pub fn into_status<E: ServiceError>(error: E) -> tonic::Status {
         return tonic::Status::internal("internal error");
     }
     let message = error.to_string();
+    if let Some(detail) = error.detail() {
+        let status =
+            tonic_types::Status { code: code.grpc_code().into(), message: message.clone(), details: vec![detail] };
+        return tonic::Status::with_details(code.grpc_code(), message, prost::Message::encode_to_vec(&status).into());
+    }
     match error.field() {
         Some(field) => {
             let mut details = tonic_types::ErrorDetails::new();

@@ -7,6 +7,7 @@
 //! - [`error`]: the closed error-code enum mapped once to gRPC and HTTP;
 //! - [`validate`]: proto input checks that name the offending field;
 //! - [`wakeup`]: commit signals between writers and waiting readers;
+//! - [`time`]: stored times (microseconds) and protobuf timestamps;
 //! - [`signal`]: shutdown on Ctrl-C and SIGTERM;
 //! - `testing` (cargo feature `testing`): a PostgreSQL database per test.
 
@@ -18,5 +19,6 @@ pub mod storage;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod time;
 pub mod validate;
 pub mod wakeup;

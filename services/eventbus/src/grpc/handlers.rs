@@ -1,0 +1,360 @@
+//! The gRPC handlers: validate and convert the request, call the service,
+//! convert the answer. No logic of their own.
+
+use std::pin::Pin;
+
+use chorus_proto::eventbus::{self as pb, event_bus_server::EventBusServer};
+use chorus_runtime::{
+    telemetry::record_ids,
+    time::timestamp,
+    validate::{self, FieldViolation},
+};
+use futures_util::{Stream, StreamExt as _};
+use tonic::{Request, Response, Status};
+
+use super::convert::{self, MAX_BATCH};
+use crate::{
+    domain::{DeliveryId, DeliveryQuery, DeliveryState, EventQuery, HandlerSpec, Nack},
+    service::{EventBus, Subscription},
+};
+
+type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+const DEFAULT_EVENT_PAGE: u32 = 100;
+const MAX_EVENT_PAGE: u32 = 1000;
+const DEFAULT_IN_FLIGHT: u32 = 10;
+const MAX_IN_FLIGHT: u32 = 1000;
+
+/// The `chorus.eventbus.v1.EventBus` service over an [`EventBus`].
+#[derive(Debug, Clone)]
+pub struct EventBusGrpc {
+    bus: EventBus,
+}
+
+impl EventBusGrpc {
+    pub fn new(bus: EventBus) -> Self {
+        Self { bus }
+    }
+
+    /// The tonic server, accepting requests up to `max_message_bytes`.
+    pub fn into_server(self, max_message_bytes: usize) -> EventBusServer<Self> {
+        EventBusServer::new(self).max_decoding_message_size(max_message_bytes)
+    }
+
+    fn max_payload(&self) -> usize {
+        self.bus.config().max_payload_bytes
+    }
+}
+
+fn namespace(value: &str) -> Result<String, FieldViolation> {
+    let namespace = validate::namespace(value)?;
+    record_ids(&namespace, "");
+    Ok(namespace)
+}
+
+fn stream_of<T, U>(
+    stream: impl Stream<Item = crate::error::Result<T>> + Send + 'static,
+    convert: fn(T) -> U,
+) -> ResponseStream<U>
+where
+    T: 'static,
+    U: 'static,
+{
+    Box::pin(stream.map(move |item| item.map(convert).map_err(Status::from)))
+}
+
+#[tonic::async_trait]
+impl pb::event_bus_server::EventBus for EventBusGrpc {
+    async fn publish(&self, request: Request<pb::PublishRequest>) -> Result<Response<pb::PublishResponse>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        let event = convert::new_event("event", request.event, self.max_payload())?;
+        let published = self.bus.publish(&namespace, vec![event]).await?;
+        let first = published.into_iter().next().ok_or_else(|| Status::internal("publish returned nothing"))?;
+        Ok(Response::new(convert::published(first)))
+    }
+
+    async fn publish_batch(
+        &self,
+        request: Request<pb::PublishBatchRequest>,
+    ) -> Result<Response<pb::PublishBatchResponse>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        if request.events.is_empty() || request.events.len() > MAX_BATCH {
+            return Err(FieldViolation::new("events", format!("must hold 1-{MAX_BATCH} events")).into());
+        }
+        let events = request
+            .events
+            .into_iter()
+            .enumerate()
+            .map(|(n, event)| convert::new_event(&format!("events[{n}]"), Some(event), self.max_payload()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let published = self.bus.publish(&namespace, events).await?;
+        Ok(Response::new(pb::PublishBatchResponse { results: published.into_iter().map(convert::published).collect() }))
+    }
+
+    async fn read_events(
+        &self,
+        request: Request<pb::ReadEventsRequest>,
+    ) -> Result<Response<pb::ReadEventsResponse>, Status> {
+        let request = request.into_inner();
+        let query = EventQuery {
+            namespace: namespace(&request.namespace)?,
+            after: convert::sequence("after_sequence", request.after_sequence)?,
+            types: convert::patterns("event_types", &request.event_types)?,
+            limit: convert::page_size("page_size", request.page_size, DEFAULT_EVENT_PAGE, MAX_EVENT_PAGE)?,
+        };
+        let page = self.bus.read_events(&query).await?;
+        Ok(Response::new(pb::ReadEventsResponse {
+            events: page.events.into_iter().map(convert::event).collect(),
+            next_after_sequence: u64::try_from(page.next_after).unwrap_or_default(),
+            head_sequence: u64::try_from(page.head).unwrap_or_default(),
+        }))
+    }
+
+    type StreamEventsStream = ResponseStream<pb::Event>;
+
+    async fn stream_events(
+        &self,
+        request: Request<pb::StreamEventsRequest>,
+    ) -> Result<Response<Self::StreamEventsStream>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        let after = request.after_sequence.map(|after| convert::sequence("after_sequence", after)).transpose()?;
+        let types = convert::patterns("event_types", &request.event_types)?;
+        let events = self.bus.stream_events(&namespace, after, types).await?;
+        Ok(Response::new(stream_of(events, convert::event)))
+    }
+
+    async fn register_handler(
+        &self,
+        request: Request<pb::RegisterHandlerRequest>,
+    ) -> Result<Response<pb::Handler>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        if request.event_types.is_empty() {
+            return Err(FieldViolation::required("event_types").into());
+        }
+        let after = request
+            .after
+            .iter()
+            .enumerate()
+            .map(|(n, name)| convert::handler_name(&format!("after[{n}]"), name))
+            .collect::<Result<Vec<_>, _>>()?;
+        let spec = HandlerSpec {
+            name: convert::handler_name("name", &request.name)?,
+            event_types: convert::patterns("event_types", &request.event_types)?,
+            after,
+            failure_policy: convert::failure_policy(request.failure_policy)?,
+            retry: convert::retry_policy(request.retry_policy, self.bus.config())?,
+            start_after: request
+                .start_after_sequence
+                .map(|after| convert::sequence("start_after_sequence", after))
+                .transpose()?,
+            namespace,
+        };
+        let handler = self.bus.register_handler(spec).await?;
+        let view = self.bus.get_handler(&handler.namespace, &handler.name).await?;
+        Ok(Response::new(convert::handler(view)))
+    }
+
+    async fn deregister_handler(
+        &self,
+        request: Request<pb::DeregisterHandlerRequest>,
+    ) -> Result<Response<pb::DeregisterHandlerResponse>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        self.bus.deregister_handler(&namespace, &convert::handler_name("name", &request.name)?).await?;
+        Ok(Response::new(pb::DeregisterHandlerResponse {}))
+    }
+
+    async fn get_handler(&self, request: Request<pb::GetHandlerRequest>) -> Result<Response<pb::Handler>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        let view = self.bus.get_handler(&namespace, &convert::handler_name("name", &request.name)?).await?;
+        Ok(Response::new(convert::handler(view)))
+    }
+
+    async fn list_handlers(
+        &self,
+        request: Request<pb::ListHandlersRequest>,
+    ) -> Result<Response<pb::ListHandlersResponse>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        let size = convert::page_size("page_size", request.page_size, 100, 100)? as usize;
+        let after = convert::parse_page_token("page_token", &request.page_token)?;
+        let views = self.bus.list_handlers(&namespace).await?;
+        let start = match &after {
+            Some(name) => views.iter().position(|view| &view.handler.name == name).map_or(views.len(), |at| at + 1),
+            None => 0,
+        };
+        let page: Vec<_> = views.into_iter().skip(start).collect();
+        let more = page.len() > size;
+        let page: Vec<_> = page.into_iter().take(size).collect();
+        let next_page_token = if more {
+            page.last().map(|view| convert::page_token(&view.handler.name)).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(pb::ListHandlersResponse {
+            handlers: page.into_iter().map(convert::handler).collect(),
+            next_page_token,
+        }))
+    }
+
+    type SubscribeStream = ResponseStream<pb::Delivery>;
+
+    async fn subscribe(
+        &self,
+        request: Request<pb::SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let request = request.into_inner();
+        let subscription = Subscription {
+            namespace: namespace(&request.namespace)?,
+            handler: convert::handler_name("handler", &request.handler)?,
+            consumer_id: validate::id("consumer_id", &request.consumer_id)?,
+            max_in_flight: convert::page_size(
+                "max_in_flight",
+                request.max_in_flight,
+                DEFAULT_IN_FLIGHT,
+                MAX_IN_FLIGHT,
+            )?,
+            after: request.after_sequence.map(|after| convert::sequence("after_sequence", after)).transpose()?,
+        };
+        let deliveries = self.bus.subscribe(subscription).await?;
+        Ok(Response::new(stream_of(deliveries, convert::delivery)))
+    }
+
+    async fn ack(&self, request: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        let ids = convert::delivery_ids("delivery_ids", &request.delivery_ids, true)?;
+        self.bus.ack(&namespace, &ids).await?;
+        Ok(Response::new(pb::AckResponse {}))
+    }
+
+    async fn nack(&self, request: Request<pb::NackRequest>) -> Result<Response<pb::NackResponse>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        let id = convert::delivery_id("delivery_id", &request.delivery_id)?;
+        let nack = Nack {
+            error: if request.error.is_empty() { "nacked".to_owned() } else { request.error },
+            retry_delay: request
+                .retry_delay
+                .map(|delay| validate::duration("retry_delay", Some(delay), Default::default()))
+                .transpose()?,
+            dead_letter: request.dead_letter,
+        };
+        let delivery = self.bus.nack(&namespace, &id, nack).await?;
+        Ok(Response::new(pb::NackResponse {
+            state: convert::delivery_state_out(delivery.state).into(),
+            next_attempt_at: delivery.next_attempt_at.map(timestamp),
+        }))
+    }
+
+    async fn extend_delivery(
+        &self,
+        request: Request<pb::ExtendDeliveryRequest>,
+    ) -> Result<Response<pb::ExtendDeliveryResponse>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        let id = convert::delivery_id("delivery_id", &request.delivery_id)?;
+        let extension = request
+            .extension
+            .map(|extension| validate::duration("extension", Some(extension), Default::default()))
+            .transpose()?
+            .filter(|extension| !extension.is_zero());
+        let until = self.bus.extend(&namespace, &id, extension).await?;
+        Ok(Response::new(pb::ExtendDeliveryResponse { visible_until: Some(timestamp(until)) }))
+    }
+
+    async fn list_dead_letters(
+        &self,
+        request: Request<pb::ListDeadLettersRequest>,
+    ) -> Result<Response<pb::ListDeadLettersResponse>, Status> {
+        let request = request.into_inner();
+        let query = DeliveryQuery {
+            namespace: namespace(&request.namespace)?,
+            handler: optional_handler(&request.handler)?,
+            sequence: None,
+            states: vec![DeliveryState::DeadLettered],
+            include_events: true,
+            after: delivery_cursor(&request.page_token)?,
+            limit: convert::page_size("page_size", request.page_size, 50, 100)?,
+        };
+        let page = self.bus.list_deliveries(&query).await?;
+        Ok(Response::new(pb::ListDeadLettersResponse {
+            next_page_token: page.next.map(|id| convert::page_token(&id.to_string())).unwrap_or_default(),
+            deliveries: page.deliveries.into_iter().map(convert::delivery).collect(),
+        }))
+    }
+
+    async fn replay_dead_letters(
+        &self,
+        request: Request<pb::ReplayDeadLettersRequest>,
+    ) -> Result<Response<pb::ReplayDeadLettersResponse>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        let handler = convert::handler_name("handler", &request.handler)?;
+        let ids = convert::delivery_ids("delivery_ids", &request.delivery_ids, false)?;
+        let replayed =
+            self.bus.replay_dead_letters(&namespace, &handler, &ids, request.rearm_skipped_dependents).await?;
+        Ok(Response::new(pb::ReplayDeadLettersResponse { replayed: replayed.replayed, rearmed: replayed.rearmed }))
+    }
+
+    async fn replay(&self, request: Request<pb::ReplayRequest>) -> Result<Response<pb::ReplayResponse>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        let handler = convert::handler_name("handler", &request.handler)?;
+        let from = convert::sequence("from_sequence", request.from_sequence)?.max(1);
+        let to = request.to_sequence.map(|to| convert::sequence("to_sequence", to)).transpose()?;
+        if to.is_some_and(|to| to < from) {
+            return Err(FieldViolation::new("to_sequence", "must not be below from_sequence").into());
+        }
+        let replayed = self.bus.replay(&namespace, &handler, from, to).await?;
+        Ok(Response::new(pb::ReplayResponse { replayed }))
+    }
+
+    async fn get_delivery(&self, request: Request<pb::GetDeliveryRequest>) -> Result<Response<pb::Delivery>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        let id = convert::delivery_id("delivery_id", &request.delivery_id)?;
+        Ok(Response::new(convert::delivery(self.bus.get_delivery(&namespace, &id).await?)))
+    }
+
+    async fn list_deliveries(
+        &self,
+        request: Request<pb::ListDeliveriesRequest>,
+    ) -> Result<Response<pb::ListDeliveriesResponse>, Status> {
+        let request = request.into_inner();
+        let states = request
+            .states
+            .iter()
+            .enumerate()
+            .map(|(n, state)| convert::delivery_state(&format!("states[{n}]"), *state))
+            .collect::<Result<Vec<_>, _>>()?;
+        let query = DeliveryQuery {
+            namespace: namespace(&request.namespace)?,
+            handler: optional_handler(&request.handler)?,
+            sequence: request.sequence.map(|sequence| convert::sequence("sequence", sequence)).transpose()?,
+            states,
+            include_events: request.include_events,
+            after: delivery_cursor(&request.page_token)?,
+            limit: convert::page_size("page_size", request.page_size, 50, 100)?,
+        };
+        let page = self.bus.list_deliveries(&query).await?;
+        Ok(Response::new(pb::ListDeliveriesResponse {
+            next_page_token: page.next.map(|id| convert::page_token(&id.to_string())).unwrap_or_default(),
+            deliveries: page.deliveries.into_iter().map(convert::delivery).collect(),
+        }))
+    }
+}
+
+fn optional_handler(value: &str) -> Result<Option<String>, FieldViolation> {
+    if value.is_empty() { Ok(None) } else { convert::handler_name("handler", value).map(Some) }
+}
+
+fn delivery_cursor(token: &str) -> Result<Option<DeliveryId>, FieldViolation> {
+    let bad = || FieldViolation::new("page_token", "is not a page token this service handed out");
+    convert::parse_page_token("page_token", token)?.map(|id| id.parse().map_err(|()| bad())).transpose()
+}

@@ -1,0 +1,6 @@
+//! The `chorus.eventbus.v1` gRPC service: handlers convert and delegate.
+
+mod convert;
+mod handlers;
+
+pub use handlers::EventBusGrpc;

@@ -1,0 +1,170 @@
+//! The log: publishing (with fan-out to deliveries) and reading.
+
+use std::collections::BTreeMap;
+
+use sqlx::AssertSqlSafe;
+
+use super::{SqlEventRepository, Tx, head, placeholders, rows};
+use crate::{
+    domain::{EventPage, EventQuery, NewEvent, Published},
+    error::Result,
+};
+
+/// Events per INSERT statement (11 parameters each).
+const INSERT_CHUNK: usize = 500;
+
+impl SqlEventRepository {
+    pub(super) async fn publish_events(
+        &self,
+        namespace: &str,
+        events: Vec<NewEvent>,
+        now: i64,
+    ) -> Result<Vec<Published>> {
+        let mut tx = self.begin().await?;
+        let head = self.lock_head(&mut tx, namespace).await?;
+        let mut known = self.known_keys(&mut tx, namespace, &events).await?;
+        let mut results = Vec::with_capacity(events.len());
+        let mut fresh = Vec::with_capacity(events.len());
+        let mut next = head;
+        for event in events {
+            if let Some(key) = &event.idempotency_key
+                && let Some(first) = known.get(key)
+            {
+                results.push(Published { duplicate: true, ..*first });
+                continue;
+            }
+            next += 1;
+            let published = Published { sequence: next, duplicate: false, published_at: now };
+            if let Some(key) = &event.idempotency_key {
+                known.insert(key.clone(), published);
+            }
+            results.push(published);
+            fresh.push((next, event));
+        }
+        if !fresh.is_empty() {
+            for chunk in fresh.chunks(INSERT_CHUNK) {
+                insert_events(&mut tx, namespace, chunk, now).await?;
+            }
+            sqlx::query("UPDATE eventbus_heads SET head = $2 WHERE namespace = $1")
+                .bind(namespace)
+                .bind(next)
+                .execute(&mut *tx)
+                .await?;
+            self.fan_out(&mut tx, namespace, None, head + 1, next, now).await?;
+        }
+        tx.commit().await?;
+        Ok(results)
+    }
+
+    /// The events already in the log under the batch's idempotency keys.
+    async fn known_keys(
+        &self,
+        tx: &mut Tx<'_>,
+        namespace: &str,
+        events: &[NewEvent],
+    ) -> Result<BTreeMap<String, Published>> {
+        let keys: Vec<&String> = events.iter().filter_map(|event| event.idempotency_key.as_ref()).collect();
+        let mut known = BTreeMap::new();
+        for chunk in keys.chunks(INSERT_CHUNK) {
+            let sql = format!(
+                "SELECT idempotency_key, sequence, published_at FROM eventbus_events \
+                 WHERE namespace = $1 AND idempotency_key IN ({})",
+                placeholders(2, chunk.len())
+            );
+            let mut query = sqlx::query_as::<_, (String, i64, i64)>(AssertSqlSafe(sql)).bind(namespace);
+            for key in chunk {
+                query = query.bind(*key);
+            }
+            for (key, sequence, published_at) in query.fetch_all(&mut **tx).await? {
+                known.insert(key, Published { sequence, duplicate: true, published_at });
+            }
+        }
+        Ok(known)
+    }
+
+    /// Creates pending deliveries of the events `first..=last` for every
+    /// handler (or only `handler`) that takes them; existing ones are kept.
+    pub(super) async fn fan_out(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        namespace: &str,
+        handler: Option<&str>,
+        first: i64,
+        last: i64,
+        now: i64,
+    ) -> Result<u64> {
+        let sql = format!(
+            "INSERT INTO eventbus_deliveries (namespace, sequence, handler, state, attempt, created_at, updated_at) \
+             SELECT DISTINCT e.namespace, e.sequence, t.handler, 'pending', 0, $4, $4 \
+             FROM eventbus_events e JOIN eventbus_handler_types t ON t.namespace = e.namespace AND {} \
+             WHERE e.namespace = $1 AND e.sequence >= $2 AND e.sequence <= $3 AND ($5 = '' OR t.handler = $5) \
+             ON CONFLICT (namespace, sequence, handler) DO NOTHING",
+            self.type_match("e.type", "t.matcher")
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(namespace)
+            .bind(first)
+            .bind(last)
+            .bind(now)
+            .bind(handler.unwrap_or_default())
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    pub(super) async fn read_log(&self, query: &EventQuery) -> Result<EventPage> {
+        let mut conn = self.db.pool().acquire().await?;
+        let head = head(&mut conn, &query.namespace).await?;
+        let filter = if query.types.is_empty() {
+            String::new()
+        } else {
+            let alternatives: Vec<String> =
+                (0..query.types.len()).map(|n| self.type_match("type", &format!("${}", n + 5))).collect();
+            format!(" AND ({})", alternatives.join(" OR "))
+        };
+        let sql = format!(
+            "SELECT {} FROM eventbus_events WHERE namespace = $1 AND sequence > $2 AND sequence <= $3{filter} \
+             ORDER BY sequence LIMIT $4",
+            rows::event_columns!("")
+        );
+        let mut statement = sqlx::query(AssertSqlSafe(sql))
+            .bind(&query.namespace)
+            .bind(query.after)
+            .bind(head)
+            .bind(i64::from(query.limit));
+        for pattern in &query.types {
+            statement = statement.bind(self.matcher(pattern));
+        }
+        let events =
+            statement.fetch_all(&mut *conn).await?.iter().map(rows::decode_event).collect::<Result<Vec<_>>>()?;
+        let next_after = match events.last() {
+            Some(last) if events.len() >= query.limit as usize => last.sequence,
+            _ => head.max(query.after),
+        };
+        Ok(EventPage { events, next_after, head })
+    }
+}
+
+async fn insert_events(tx: &mut Tx<'_>, namespace: &str, events: &[(i64, NewEvent)], now: i64) -> Result<()> {
+    const COLUMNS: usize = 11;
+    let values: Vec<String> =
+        (0..events.len()).map(|n| format!("({})", placeholders(n * COLUMNS + 1, COLUMNS))).collect();
+    let sql = format!("INSERT INTO eventbus_events ({}) VALUES {}", rows::event_columns!(""), values.join(", "));
+    let mut query = sqlx::query(AssertSqlSafe(sql));
+    for (sequence, event) in events {
+        query = query
+            .bind(namespace)
+            .bind(*sequence)
+            .bind(event.event_type.as_str())
+            .bind(&event.source)
+            .bind(&event.subject)
+            .bind(&event.payload)
+            .bind(&event.content_type)
+            .bind(rows::to_json(&event.attributes))
+            .bind(&event.idempotency_key)
+            .bind(event.time.unwrap_or(now))
+            .bind(now);
+    }
+    query.execute(&mut **tx).await?;
+    Ok(())
+}

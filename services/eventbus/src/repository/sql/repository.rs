@@ -1,0 +1,102 @@
+//! [`EventRepository`] for [`SqlEventRepository`]: delegation to the modules
+//! that hold each part.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::SqlEventRepository;
+use crate::{
+    domain::{
+        Claim, ClaimRequest, Delivery, DeliveryId, DeliveryPage, DeliveryQuery, EventPage, EventQuery, Handler,
+        HandlerSpec, HandlerView, Nack, NewEvent, Published, Replayed,
+    },
+    error::Result,
+    repository::EventRepository,
+};
+
+#[async_trait]
+impl EventRepository for SqlEventRepository {
+    async fn publish(&self, namespace: &str, events: Vec<NewEvent>, now: i64) -> Result<Vec<Published>> {
+        self.publish_events(namespace, events, now).await
+    }
+
+    async fn read_events(&self, query: &EventQuery) -> Result<EventPage> {
+        self.read_log(query).await
+    }
+
+    async fn head(&self, namespace: &str) -> Result<i64> {
+        let mut conn = self.db.pool().acquire().await?;
+        super::head(&mut conn, namespace).await
+    }
+
+    async fn register_handler(&self, spec: HandlerSpec, now: i64) -> Result<Handler> {
+        self.register(spec, now).await
+    }
+
+    async fn deregister_handler(&self, namespace: &str, name: &str) -> Result<()> {
+        self.deregister(namespace, name).await
+    }
+
+    async fn get_handler(&self, namespace: &str, name: &str) -> Result<HandlerView> {
+        self.handler_view(namespace, name).await
+    }
+
+    async fn list_handlers(&self, namespace: &str) -> Result<Vec<HandlerView>> {
+        self.handler_views(namespace).await
+    }
+
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim> {
+        self.claim_deliveries(request).await
+    }
+
+    async fn reclaim(
+        &self,
+        namespace: &str,
+        handler: &str,
+        consumer_id: &str,
+        after: Option<i64>,
+        now: i64,
+    ) -> Result<Vec<Delivery>> {
+        self.reclaim_deliveries(namespace, handler, consumer_id, after, now).await
+    }
+
+    async fn ack(&self, namespace: &str, ids: &[DeliveryId], now: i64) -> Result<()> {
+        self.ack_deliveries(namespace, ids, now).await
+    }
+
+    async fn nack(&self, namespace: &str, id: &DeliveryId, nack: Nack, now: i64) -> Result<Delivery> {
+        self.nack_delivery(namespace, id, nack, now).await
+    }
+
+    async fn extend(&self, namespace: &str, id: &DeliveryId, extension: Option<Duration>, now: i64) -> Result<i64> {
+        self.extend_delivery(namespace, id, extension, now).await
+    }
+
+    async fn expire(&self, now: i64, limit: u32) -> Result<Vec<String>> {
+        self.expire_leases(now, limit).await
+    }
+
+    async fn get_delivery(&self, namespace: &str, id: &DeliveryId) -> Result<Delivery> {
+        self.delivery(namespace, id).await
+    }
+
+    async fn list_deliveries(&self, query: &DeliveryQuery) -> Result<DeliveryPage> {
+        self.deliveries(query).await
+    }
+
+    async fn replay_dead_letters(
+        &self,
+        namespace: &str,
+        handler: &str,
+        ids: &[DeliveryId],
+        rearm_skipped: bool,
+        now: i64,
+    ) -> Result<Replayed> {
+        self.replay_dead(namespace, handler, ids, rearm_skipped, now).await
+    }
+
+    async fn replay(&self, namespace: &str, handler: &str, from: i64, to: Option<i64>, now: i64) -> Result<u64> {
+        self.replay_range(namespace, handler, from, to, now).await
+    }
+}

@@ -1,0 +1,171 @@
+//! Long-lived streams: a handler's deliveries, and the log itself.
+//!
+//! Each stream is a task feeding a bounded channel; it ends when the client
+//! goes away, the service shuts down, or the handler is deregistered.
+
+use std::time::Duration;
+
+use chorus_runtime::time::now_micros;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::{EventBus, key};
+use crate::{
+    domain::{ClaimRequest, Delivery, Event, EventQuery, Pattern},
+    error::Result,
+};
+
+/// Events read per query of a log stream.
+const EVENT_BATCH: u32 = 256;
+
+/// A consumer of one handler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscription {
+    pub namespace: String,
+    pub handler: String,
+    pub consumer_id: String,
+    pub max_in_flight: u32,
+    /// The highest sequence this consumer received on its previous stream:
+    /// its leases at or below stay as they are, those above are sent again.
+    /// `None`: every delivery leased to it is sent again.
+    pub after: Option<i64>,
+}
+
+/// Counts an open stream of a handler while it lives.
+struct ConsumerGuard {
+    bus: EventBus,
+    key: (String, String),
+}
+
+impl ConsumerGuard {
+    fn new(bus: &EventBus, namespace: &str, handler: &str) -> Self {
+        let key = (namespace.to_owned(), handler.to_owned());
+        *bus.consumers.lock().expect("consumers lock poisoned").entry(key.clone()).or_default() += 1;
+        Self { bus: bus.clone(), key }
+    }
+}
+
+impl Drop for ConsumerGuard {
+    fn drop(&mut self) {
+        let mut consumers = self.bus.consumers.lock().expect("consumers lock poisoned");
+        if let Some(count) = consumers.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                consumers.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl EventBus {
+    /// Hands the handler's ready deliveries to one consumer as they become
+    /// ready. Fails at once when the handler does not exist; ends with
+    /// `HandlerNotFound` when it is deregistered.
+    pub async fn subscribe(&self, subscription: Subscription) -> Result<ReceiverStream<Result<Delivery>>> {
+        self.repository.get_handler(&subscription.namespace, &subscription.handler).await?;
+        let (sender, receiver) = mpsc::channel(subscription.max_in_flight.max(1) as usize);
+        let bus = self.clone();
+        tokio::spawn(async move { bus.feed_deliveries(subscription, sender).await });
+        Ok(ReceiverStream::new(receiver))
+    }
+
+    async fn feed_deliveries(self, subscription: Subscription, sender: mpsc::Sender<Result<Delivery>>) {
+        let Subscription { namespace, handler, consumer_id, max_in_flight, after } = subscription;
+        let _guard = ConsumerGuard::new(&self, &namespace, &handler);
+        let resent = self.repository.reclaim(&namespace, &handler, &consumer_id, after, now_micros()).await;
+        if !self.forward(resent, &sender).await {
+            return;
+        }
+        let mut request = ClaimRequest { namespace, handler, consumer_id, max_in_flight: max_in_flight.max(1), now: 0 };
+        loop {
+            // Created before the read: an ack, a publish or a registration
+            // after it wakes this key.
+            let mut waiter = self.wakeups.waiter(&key(&request.namespace));
+            request.now = now_micros();
+            let claim = self.repository.claim(&request).await;
+            let next_due = claim.as_ref().ok().and_then(|claim| claim.next_due);
+            let claimed_any = claim.as_ref().is_ok_and(|claim| !claim.deliveries.is_empty());
+            if !self.forward(claim.map(|claim| claim.deliveries), &sender).await {
+                return;
+            }
+            if claimed_any {
+                continue;
+            }
+            let mut poll = self.config.poll_interval();
+            if let Some(due) = next_due {
+                let until_due = Duration::from_micros(u64::try_from(due - now_micros()).unwrap_or_default());
+                poll = poll.min(until_due.max(Duration::from_millis(1)));
+            }
+            tokio::select! {
+                () = self.shutdown.cancelled() => return,
+                () = sender.closed() => return,
+                () = waiter.wait(poll) => {}
+            }
+        }
+    }
+
+    /// Sends deliveries, or the error that ends the stream; false when the
+    /// stream is over.
+    async fn forward(&self, deliveries: Result<Vec<Delivery>>, sender: &mpsc::Sender<Result<Delivery>>) -> bool {
+        match deliveries {
+            Ok(deliveries) => {
+                for delivery in deliveries {
+                    if sender.send(Ok(delivery)).await.is_err() {
+                        return false;
+                    }
+                }
+                true
+            }
+            Err(error) => {
+                let _ = sender.send(Err(error)).await;
+                false
+            }
+        }
+    }
+
+    /// The log after `after` (`None`: from the head as of now), then every
+    /// event as it is committed.
+    pub async fn stream_events(
+        &self,
+        namespace: &str,
+        after: Option<i64>,
+        types: Vec<Pattern>,
+    ) -> Result<ReceiverStream<Result<Event>>> {
+        let after = match after {
+            Some(after) => after,
+            None => self.repository.head(namespace).await?,
+        };
+        let query = EventQuery { namespace: namespace.to_owned(), after, types, limit: EVENT_BATCH };
+        let (sender, receiver) = mpsc::channel(EVENT_BATCH as usize);
+        let bus = self.clone();
+        tokio::spawn(async move { bus.feed_events(query, sender).await });
+        Ok(ReceiverStream::new(receiver))
+    }
+
+    async fn feed_events(self, mut query: EventQuery, sender: mpsc::Sender<Result<Event>>) {
+        loop {
+            let mut waiter = self.wakeups.waiter(&key(&query.namespace));
+            let page = match self.repository.read_events(&query).await {
+                Ok(page) => page,
+                Err(error) => {
+                    let _ = sender.send(Err(error)).await;
+                    return;
+                }
+            };
+            let caught_up = page.next_after >= page.head;
+            query.after = page.next_after;
+            for event in page.events {
+                if sender.send(Ok(event)).await.is_err() {
+                    return;
+                }
+            }
+            if caught_up {
+                tokio::select! {
+                    () = self.shutdown.cancelled() => return,
+                    () = sender.closed() => return,
+                    () = waiter.wait(self.config.poll_interval()) => {}
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! Boots an event bus on a fresh database: SQLite always, PostgreSQL when
+//! `CHORUS_TEST_POSTGRES_URL` is set (then a failure to connect fails the test).
+
+use std::{sync::Arc, time::Duration};
+
+use chorus_eventbus::{
+    EventBus, EventBusConfig,
+    domain::{
+        ClaimRequest, Delivery, DeliveryId, EventType, FailurePolicy, Handler, HandlerSpec, NewEvent, Pattern,
+        RetryPolicy,
+    },
+    repository::{EventRepository, sql::SqlEventRepository},
+};
+use chorus_runtime::{
+    storage::{Db, StorageConfig},
+    testing::{PostgresDatabase, postgres_admin_url},
+    time::now_micros,
+    wakeup::Wakeups,
+};
+use tokio_util::sync::CancellationToken;
+
+pub(crate) use chorus_runtime::testing::POSTGRES_URL_VAR;
+
+pub(crate) const NS: &str = "team-a";
+
+pub(crate) struct Harness {
+    pub(crate) bus: EventBus,
+    pub(crate) repository: Arc<dyn EventRepository>,
+    shutdown: CancellationToken,
+    _sqlite_dir: Option<tempfile::TempDir>,
+    postgres: Option<PostgresDatabase>,
+}
+
+/// Short timings so retries and leases show within a test.
+pub(crate) fn test_config() -> EventBusConfig {
+    EventBusConfig {
+        default_max_attempts: 3,
+        default_initial_backoff_ms: 50,
+        default_max_backoff_ms: 200,
+        default_visibility_timeout_ms: 2_000,
+        reaper_interval_ms: 50,
+        poll_interval_ms: 200,
+        ..EventBusConfig::default()
+    }
+}
+
+impl Harness {
+    pub(crate) async fn sqlite() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}/bus.db?mode=rwc", dir.path().display());
+        let mut harness = Self::start(&url).await;
+        harness._sqlite_dir = Some(dir);
+        harness
+    }
+
+    /// `None` when no PostgreSQL is configured for tests.
+    pub(crate) async fn postgres() -> Option<Self> {
+        let database = PostgresDatabase::create(&postgres_admin_url()?).await;
+        let mut harness = Self::start(database.url()).await;
+        harness.postgres = Some(database);
+        Some(harness)
+    }
+
+    async fn start(url: &str) -> Self {
+        let db = Db::connect(url, &StorageConfig::default()).await.expect("connect to the test database");
+        db.migrate(&chorus_eventbus::MIGRATIONS).await.expect("migrate");
+        let repository: Arc<dyn EventRepository> = Arc::new(SqlEventRepository::new(db));
+        let shutdown = CancellationToken::new();
+        let bus = EventBus::new(Arc::clone(&repository), Wakeups::new(), test_config(), shutdown.clone());
+        bus.spawn_reaper();
+        Self { bus, repository, shutdown, _sqlite_dir: None, postgres: None }
+    }
+
+    /// Publishes one event of `event_type` to [`NS`]; returns its sequence.
+    pub(crate) async fn publish(&self, event_type: &str) -> i64 {
+        self.publish_in(NS, event_type).await
+    }
+
+    pub(crate) async fn publish_in(&self, namespace: &str, event_type: &str) -> i64 {
+        self.bus.publish(namespace, vec![event(event_type)]).await.expect("publish")[0].sequence
+    }
+
+    /// Registers a handler in [`NS`] taking every event, from the start of the log.
+    pub(crate) async fn handler(&self, name: &str, after: &[&str], policy: FailurePolicy) -> Handler {
+        self.bus.register_handler(spec(name, after, policy)).await.expect("register")
+    }
+
+    /// Claims up to `max` deliveries of `handler` in [`NS`] for consumer `c1`.
+    pub(crate) async fn claim(&self, handler: &str, max: u32) -> Vec<Delivery> {
+        self.claim_as(handler, "c1", max).await
+    }
+
+    pub(crate) async fn claim_as(&self, handler: &str, consumer: &str, max: u32) -> Vec<Delivery> {
+        let request = ClaimRequest {
+            namespace: NS.into(),
+            handler: handler.into(),
+            consumer_id: consumer.into(),
+            max_in_flight: max,
+            now: now_micros(),
+        };
+        self.repository.claim(&request).await.expect("claim").deliveries
+    }
+
+    /// The sequences a claim of `handler` gets (acking nothing).
+    pub(crate) async fn claimed(&self, handler: &str) -> Vec<i64> {
+        self.claim(handler, 100).await.iter().map(|d| d.id.sequence).collect()
+    }
+
+    pub(crate) async fn ack(&self, handler: &str, sequence: i64) {
+        self.bus.ack(NS, &[id(handler, sequence)]).await.expect("ack");
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        drop(self.postgres.take());
+    }
+}
+
+pub(crate) fn id(handler: &str, sequence: i64) -> DeliveryId {
+    DeliveryId { sequence, handler: handler.into() }
+}
+
+pub(crate) fn event(event_type: &str) -> NewEvent {
+    NewEvent {
+        event_type: EventType::parse("type", event_type).expect("valid type"),
+        source: "test".into(),
+        subject: String::new(),
+        payload: br#"{"n":1}"#.to_vec(),
+        content_type: "application/json".into(),
+        attributes: Default::default(),
+        idempotency_key: None,
+        time: None,
+    }
+}
+
+pub(crate) fn retry(max_attempts: u32, visibility: Duration) -> RetryPolicy {
+    RetryPolicy {
+        max_attempts,
+        initial_backoff: Duration::from_millis(50),
+        max_backoff: Duration::from_millis(200),
+        visibility_timeout: visibility,
+    }
+}
+
+pub(crate) fn spec(name: &str, after: &[&str], policy: FailurePolicy) -> HandlerSpec {
+    HandlerSpec {
+        namespace: NS.into(),
+        name: name.into(),
+        event_types: vec![Pattern::parse("event_types", "*").expect("pattern")],
+        after: after.iter().map(|a| (*a).to_owned()).collect(),
+        failure_policy: policy,
+        retry: retry(3, Duration::from_secs(2)),
+        start_after: Some(0),
+    }
+}
+
+/// Runs each listed test against SQLite and, when configured, PostgreSQL.
+macro_rules! conformance {
+    ($($test:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(crate::harness::Harness::sqlite().await).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let Some(harness) = crate::harness::Harness::postgres().await else {
+                        eprintln!("skipped: {} is not set", crate::harness::POSTGRES_URL_VAR);
+                        return;
+                    };
+                    super::$test(harness).await;
+                }
+            )*
+        }
+    };
+}
+pub(crate) use conformance;

@@ -1,0 +1,160 @@
+//! Subscribe streams, log streams and in-process handlers.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use chorus_eventbus::{
+    domain::{DeliveryState, Event, FailurePolicy},
+    error::EventBusError,
+    service::{EventHandler, HandlerFailure, Subscription},
+};
+use futures_util::StreamExt as _;
+
+use crate::harness::{Harness, NS, conformance, event, id, spec};
+
+conformance!(
+    a_subscription_receives_in_order_and_waits_for_more,
+    a_reconnecting_consumer_gets_its_leases_again,
+    deregistering_ends_open_subscriptions,
+    the_log_streams_from_a_sequence_then_live,
+    in_process_handlers_run_in_dependency_order_with_retries,
+);
+
+fn subscription(handler: &str, consumer: &str, after: Option<i64>) -> Subscription {
+    Subscription {
+        namespace: NS.into(),
+        handler: handler.into(),
+        consumer_id: consumer.into(),
+        max_in_flight: 3,
+        after,
+    }
+}
+
+const WAIT: Duration = Duration::from_secs(5);
+
+async fn a_subscription_receives_in_order_and_waits_for_more(h: Harness) {
+    h.handler("a", &[], FailurePolicy::Fail).await;
+    let mut stream = h.bus.subscribe(subscription("a", "c1", None)).await.unwrap();
+    h.bus.publish(NS, (0..5).map(|_| event("x")).collect()).await.unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 5 {
+        let delivery = tokio::time::timeout(WAIT, stream.next()).await.expect("delivery").unwrap().unwrap();
+        assert_eq!(delivery.state, DeliveryState::InFlight);
+        assert!(delivery.event.is_some());
+        seen.push(delivery.id.sequence);
+        // At most three unacked: ack as we go so the rest can come.
+        h.ack("a", delivery.id.sequence).await;
+    }
+    assert_eq!(seen, [1, 2, 3, 4, 5]);
+    let unknown = h.bus.subscribe(subscription("ghost", "c1", None)).await.unwrap_err();
+    assert!(matches!(unknown, EventBusError::HandlerNotFound(_)), "{unknown}");
+}
+
+async fn a_reconnecting_consumer_gets_its_leases_again(h: Harness) {
+    h.handler("a", &[], FailurePolicy::Fail).await;
+    h.bus.publish(NS, (0..3).map(|_| event("x")).collect()).await.unwrap();
+    let mut stream = h.bus.subscribe(subscription("a", "c1", None)).await.unwrap();
+    for expected in 1..=3 {
+        let delivery = tokio::time::timeout(WAIT, stream.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!(delivery.id.sequence, expected);
+    }
+    drop(stream);
+    // It had received up to 2 before it went away: 3 comes again at once.
+    let mut stream = h.bus.subscribe(subscription("a", "c1", Some(2))).await.unwrap();
+    let again = tokio::time::timeout(WAIT, stream.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!((again.id.sequence, again.attempt), (3, 1));
+    drop(stream);
+    // Without a cursor, everything leased to it comes again.
+    let mut stream = h.bus.subscribe(subscription("a", "c1", None)).await.unwrap();
+    let mut again = Vec::new();
+    for _ in 0..3 {
+        again.push(tokio::time::timeout(WAIT, stream.next()).await.unwrap().unwrap().unwrap().id.sequence);
+    }
+    assert_eq!(again, [1, 2, 3]);
+}
+
+async fn deregistering_ends_open_subscriptions(h: Harness) {
+    h.handler("a", &[], FailurePolicy::Fail).await;
+    let mut stream = h.bus.subscribe(subscription("a", "c1", None)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(h.bus.get_handler(NS, "a").await.unwrap().stats.consumers, 1);
+    h.bus.deregister_handler(NS, "a").await.unwrap();
+    let end = tokio::time::timeout(WAIT, stream.next()).await.expect("the stream ended").unwrap();
+    assert!(matches!(end, Err(EventBusError::HandlerNotFound(_))), "{end:?}");
+    assert!(tokio::time::timeout(WAIT, stream.next()).await.unwrap().is_none());
+}
+
+async fn the_log_streams_from_a_sequence_then_live(h: Harness) {
+    h.publish("old.one").await;
+    h.publish("old.two").await;
+    let mut from_start = h.bus.stream_events(NS, Some(1), vec![]).await.unwrap();
+    let mut live = h.bus.stream_events(NS, None, vec![]).await.unwrap();
+    h.publish("new.one").await;
+    assert_eq!(next_type(&mut from_start).await, "old.two");
+    assert_eq!(next_type(&mut from_start).await, "new.one");
+    assert_eq!(next_type(&mut live).await, "new.one");
+}
+
+async fn next_type(
+    stream: &mut tokio_stream::wrappers::ReceiverStream<chorus_eventbus::error::Result<Event>>,
+) -> String {
+    tokio::time::timeout(WAIT, stream.next()).await.unwrap().unwrap().unwrap().event_type
+}
+
+/// Records what it handled; fails `failures` times first.
+struct Recorder {
+    name: &'static str,
+    log: Arc<Mutex<Vec<(String, i64)>>>,
+    failures: Mutex<u32>,
+}
+
+#[async_trait]
+impl EventHandler for Recorder {
+    async fn handle(&self, event: &Event) -> Result<(), HandlerFailure> {
+        {
+            let mut failures = self.failures.lock().unwrap();
+            if *failures > 0 {
+                *failures -= 1;
+                return Err(HandlerFailure::retry("not yet"));
+            }
+        }
+        self.log.lock().unwrap().push((self.name.to_owned(), event.sequence));
+        Ok(())
+    }
+}
+
+async fn in_process_handlers_run_in_dependency_order_with_retries(h: Harness) {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let recorder = |name, failures| Arc::new(Recorder { name, log: Arc::clone(&log), failures: Mutex::new(failures) });
+    let mut flaky = spec("first", &[], FailurePolicy::Fail);
+    flaky.retry.initial_backoff = Duration::from_millis(10);
+    flaky.retry.max_backoff = Duration::from_millis(10);
+    let second = h.bus.run_handler(spec("second", &["first"], FailurePolicy::Fail), "p1", recorder("second", 0));
+    let second = second.await.unwrap();
+    let first = h.bus.run_handler(flaky, "p1", recorder("first", 2)).await.unwrap();
+    h.bus.publish(NS, vec![event("x"), event("x")]).await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while log.lock().unwrap().len() < 4 {
+        assert!(tokio::time::Instant::now() < deadline, "handlers did not finish: {:?}", log.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = log.lock().unwrap().clone();
+    let position = |name: &str, sequence| log.iter().position(|entry| entry == &(name.to_owned(), sequence)).unwrap();
+    for sequence in [1, 2] {
+        assert!(position("first", sequence) < position("second", sequence), "{log:?}");
+    }
+    assert!(position("first", 1) < position("first", 2), "{log:?}");
+    // Two failed attempts, then success: four attempts over the two events.
+    let mut attempts = 0;
+    for sequence in [1, 2] {
+        let delivery = h.bus.get_delivery(NS, &id("first", sequence)).await.unwrap();
+        assert_eq!(delivery.state, DeliveryState::Acked);
+        attempts += delivery.attempt;
+    }
+    assert_eq!(attempts, 4);
+    first.abort();
+    second.abort();
+}
