@@ -5,6 +5,7 @@ use std::{net::SocketAddr, sync::Arc};
 
 use anyhow::Context as _;
 use chorus_eventbus::{EventBus, grpc::EventBusGrpc, repository::sql::SqlEventRepository};
+use chorus_proto::eventbus::event_bus_client::EventBusClient;
 use chorus_runtime::{
     server::ServerBuilder,
     storage::{Db, redact_url},
@@ -13,6 +14,7 @@ use chorus_runtime::{
 use chorus_taskstore::{TaskStore, grpc::TaskStoreGrpc, repository::sql::SqlTaskRepository};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
 
 use crate::config::ChorusConfig;
 
@@ -33,6 +35,16 @@ pub(crate) struct Stack {
     listener: TcpListener,
     server: ServerBuilder,
     pub(crate) address: SocketAddr,
+}
+
+/// Where the task store publishes its changes: the configured bus, else this
+/// process's own when it runs one.
+fn outbox_target(config: &ChorusConfig, services: &[Service], address: SocketAddr) -> Option<String> {
+    config
+        .taskstore
+        .eventbus_url
+        .clone()
+        .or_else(|| services.contains(&Service::Eventbus).then(|| format!("http://{address}")))
 }
 
 impl Stack {
@@ -63,6 +75,13 @@ impl Stack {
                     let repository = Arc::new(SqlTaskRepository::new(db.clone()));
                     let store = TaskStore::new(repository, wakeups, config.taskstore.clone(), shutdown.clone());
                     store.spawn_reaper();
+                    if let Some(url) = outbox_target(config, services, address) {
+                        let channel = Channel::from_shared(url.clone())
+                            .with_context(|| format!("taskstore.eventbus_url {url:?} is not a URL"))?
+                            .connect_lazy();
+                        store.spawn_outbox_relay(EventBusClient::new(channel));
+                        tracing::info!(eventbus = %url, "task changes are published to the event bus");
+                    }
                     let grpc = TaskStoreGrpc::new(store).into_server(config.server.max_message_bytes);
                     server.add_grpc_service(grpc);
                 }

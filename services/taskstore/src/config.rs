@@ -20,6 +20,15 @@ pub struct TaskStoreConfig {
     pub poll_interval_ms: u64,
     /// How long a blocking spawn waits when the caller gives no timeout.
     pub default_spawn_timeout_ms: u64,
+    /// The event bus every change is published to (`http://host:port`).
+    /// Unset: changes are not published, except under `chorus dev`, which
+    /// publishes to its own bus.
+    pub eventbus_url: Option<String>,
+    /// Most events the outbox relay publishes to the event bus per round.
+    pub outbox_batch_size: u32,
+    /// How long a replica keeps the outbox relay without renewing: when it
+    /// stops, another replica takes over after this.
+    pub outbox_lease_ms: u64,
     pub limits: Limits,
 }
 
@@ -31,6 +40,9 @@ impl Default for TaskStoreConfig {
             reaper_interval_ms: 1_000,
             poll_interval_ms: 1_000,
             default_spawn_timeout_ms: 60_000,
+            eventbus_url: None,
+            outbox_batch_size: 500,
+            outbox_lease_ms: 10_000,
             limits: Limits::default(),
         }
     }
@@ -55,5 +67,13 @@ impl TaskStoreConfig {
 
     pub fn default_spawn_timeout(&self) -> Duration {
         Duration::from_millis(self.default_spawn_timeout_ms)
+    }
+
+    pub fn outbox_batch_size(&self) -> u32 {
+        self.outbox_batch_size.max(1)
+    }
+
+    pub fn outbox_lease(&self) -> Duration {
+        Duration::from_millis(self.outbox_lease_ms.max(1))
     }
 }

@@ -40,6 +40,10 @@ pub enum TaskStoreError {
     RateLimit { parent_id: String, limit: u32 },
     #[error("spawn cycle: agent {agent_id} already works on the same prompt in ancestor task {ancestor_id}")]
     Cycle { agent_id: String, ancestor_id: String },
+    #[error("outbox relay {relay} is not leased to {owner}: its lease ran out or another replica took it")]
+    OutboxLeaseLost { relay: String, owner: String },
+    #[error("the event bus did not take the events ({:?}): {}", .0.code(), .0.message())]
+    EventBus(Box<tonic::Status>),
     #[error("the database is unavailable, retry later: {0}")]
     Unavailable(sqlx::Error),
     #[error("storage error: {0}")]
@@ -74,11 +78,12 @@ impl ServiceError for TaskStoreError {
             | Self::NoOwner { .. }
             | Self::NoQuestion { .. }
             | Self::DepthLimit { .. }
-            | Self::Cycle { .. } => ErrorCode::FailedPrecondition,
+            | Self::Cycle { .. }
+            | Self::OutboxLeaseLost { .. } => ErrorCode::FailedPrecondition,
             Self::ConcurrencyLimit { .. } | Self::TotalLimit { .. } | Self::RateLimit { .. } => {
                 ErrorCode::ResourceExhausted
             }
-            Self::Unavailable(_) => ErrorCode::Unavailable,
+            Self::Unavailable(_) | Self::EventBus(_) => ErrorCode::Unavailable,
             Self::Storage(_) | Self::Corrupt(_) => ErrorCode::Internal,
         }
     }

@@ -2,7 +2,8 @@
 //!
 //! - [`domain`]: the task model and its rules, free of wire types;
 //! - [`repository`]: the storage contract and its SQL implementation;
-//! - [`service`]: waiting, wake-ups and the lease reaper around the repository;
+//! - [`service`]: waiting, wake-ups, the lease reaper and the outbox relay
+//!   around the repository;
 //! - [`grpc`]: the `chorus.taskstore.v1` handlers, which convert and delegate.
 
 pub mod config;

@@ -12,8 +12,4 @@ pub use model::{
 pub use requests::*;
 pub use state::TaskState;
 
-/// Microseconds since the Unix epoch, now.
-pub fn now_micros() -> i64 {
-    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    i64::try_from(since_epoch.as_micros()).unwrap_or(i64::MAX)
-}
+pub use chorus_runtime::time::now_micros;

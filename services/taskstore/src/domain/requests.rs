@@ -252,6 +252,8 @@ pub struct TaskEvent {
     pub append: bool,
     pub last_chunk: bool,
     pub message: Option<Message>,
+    /// When the change was recorded: microseconds since the Unix epoch.
+    pub created_at: i64,
 }
 
 /// Events read from the log.

@@ -2,8 +2,9 @@
 //! domain never sees a proto type.
 
 use chorus_proto::taskstore as pb;
+pub(super) use chorus_runtime::time::{timestamp, timestamp_micros};
 use chorus_runtime::validate::{self, FieldViolation};
-use prost_types::{ListValue, Struct, Timestamp, Value, value::Kind};
+use prost_types::{ListValue, Struct, Value, value::Kind};
 
 use crate::domain::{
     Artifact, Claimed, Cursor, EventKind, InboxKind, InboxMessage, JsonObject, Message, Owner, OwnerKind, Part,
@@ -200,21 +201,6 @@ pub(super) fn cursor(field: &str, value: &str) -> Checked<Option<Cursor>> {
     value.parse().map(Some).map_err(|()| FieldViolation::new(field, "is not a cursor this service handed out"))
 }
 
-pub(super) fn timestamp_micros(field: &str, value: Option<Timestamp>) -> Checked<Option<i64>> {
-    let Some(value) = value else {
-        return Ok(None);
-    };
-    if !(0..1_000_000_000).contains(&value.nanos) {
-        return Err(FieldViolation::new(field, "nanos must be within 0..1e9"));
-    }
-    value
-        .seconds
-        .checked_mul(1_000_000)
-        .and_then(|micros| micros.checked_add(i64::from(value.nanos / 1_000)))
-        .map(Some)
-        .ok_or_else(|| FieldViolation::new(field, "is out of range"))
-}
-
 pub(super) fn push_config(namespace_task: &str, value: Option<pb::PushConfig>) -> Checked<PushConfig> {
     let value = value.ok_or_else(|| FieldViolation::required("config"))?;
     let url = value.url.trim();
@@ -240,11 +226,6 @@ fn non_empty(value: String) -> Option<String> {
 }
 
 // === Output ===
-
-pub(super) fn timestamp(micros: i64) -> Timestamp {
-    let nanos = i32::try_from(micros.rem_euclid(1_000_000) * 1_000).unwrap_or_default();
-    Timestamp { seconds: micros.div_euclid(1_000_000), nanos }
-}
 
 pub(super) fn task_state_out(state: TaskState) -> pb::TaskState {
     match state {
@@ -427,15 +408,6 @@ mod tests {
         value.role = pb::Role::User.into();
         value.message_id.clear();
         assert_eq!(message("message", Some(value)).unwrap_err().field, "message.message_id");
-    }
-
-    #[test]
-    fn timestamps_round_trip_through_micros() {
-        for micros in [0, 1, 1_700_000_000_123_456, -5] {
-            assert_eq!(timestamp_micros("t", Some(timestamp(micros))).unwrap(), Some(micros));
-        }
-        let bad = Timestamp { seconds: 1, nanos: -1 };
-        assert!(timestamp_micros("t", Some(bad)).is_err());
     }
 
     #[test]

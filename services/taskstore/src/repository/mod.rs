@@ -13,9 +13,9 @@ use async_trait::async_trait;
 
 use crate::{
     domain::{
-        ArtifactChunk, ClaimOutcome, ClaimRequest, EventBatch, EventQuery, Expiry, InboxMessage, Limits, Message,
-        NewSubtask, NewTask, Notification, Owner, PushConfig, Renewal, StatusUpdate, Task, TaskEvent, TaskPage,
-        TaskQuery,
+        ArtifactChunk, ClaimOutcome, ClaimRequest, Cursor, EventBatch, EventQuery, Expiry, InboxMessage, Limits,
+        Message, NewSubtask, NewTask, Notification, Owner, PushConfig, Renewal, StatusUpdate, Task, TaskEvent,
+        TaskPage, TaskQuery,
     },
     error::Result,
 };
@@ -92,6 +92,23 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
 
     /// The newest event a reader can see now, of one task or of the namespace.
     async fn latest_event(&self, namespace: &str, task_id: Option<&str>) -> Result<Option<TaskEvent>>;
+
+    /// Up to `limit` events of every namespace after a cursor, in commit
+    /// order: what the outbox relay publishes.
+    async fn read_outbox(&self, after: Cursor, limit: u32) -> Result<EventBatch>;
+
+    /// Leases outbox relay `relay` to `owner` until `now` + `lease` (times in
+    /// µs) when it is free, its lease ran out, or `owner` already holds it;
+    /// creates the relay, at the start of the log, on first use. Returns the
+    /// relay's saved cursor, or `None` while another owner's lease runs.
+    async fn acquire_outbox_lease(&self, relay: &str, owner: &str, now: i64, lease: Duration)
+    -> Result<Option<Cursor>>;
+
+    /// Saves the relay's cursor; [`OutboxLeaseLost`] unless `owner` holds
+    /// the lease at `now`.
+    ///
+    /// [`OutboxLeaseLost`]: crate::error::TaskStoreError::OutboxLeaseLost
+    async fn save_outbox_cursor(&self, relay: &str, owner: &str, cursor: Cursor, now: i64) -> Result<()>;
 
     async fn create_push_config(&self, namespace: &str, config: PushConfig) -> Result<PushConfig>;
     async fn get_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<PushConfig>;

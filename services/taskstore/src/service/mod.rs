@@ -1,9 +1,11 @@
 //! The task store service: the repository plus what storage alone cannot do
-//! — waiting for changes, waking waiters after commits, expiring leases.
+//! — waiting for changes, waking waiters after commits, expiring leases,
+//! relaying the outbox to the event bus.
 //!
 //! Every write goes through the repository (one transaction) and is then
 //! announced on [`Wakeups`] so streams and blocking calls re-read at once.
 
+mod outbox;
 mod reaper;
 mod streams;
 mod waits;
@@ -55,6 +57,9 @@ pub(crate) mod keys {
     pub(crate) fn inbox(namespace: &str, owner: &Owner) -> String {
         format!("inbox/{namespace}/{}/{}", owner.kind.as_str(), owner.id)
     }
+
+    /// Every change in any namespace: what the outbox relay waits for.
+    pub(crate) const OUTBOX: &str = "outbox";
 }
 
 impl TaskStore {
@@ -73,6 +78,7 @@ impl TaskStore {
         let namespace = &task.namespace;
         self.wakeups.notify(&keys::task(namespace, &task.id));
         self.wakeups.notify(&keys::events(namespace));
+        self.wakeups.notify(keys::OUTBOX);
         // Claimable again, or finished: either way a worker of the agent may
         // now take a task.
         if task.status.state == crate::domain::TaskState::Submitted || task.status.state.is_terminal() {

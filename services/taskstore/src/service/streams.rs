@@ -19,7 +19,7 @@ use crate::{
 const EVENT_BATCH: u32 = 256;
 
 /// How soon to read again when committed events wait behind an older transaction.
-const HELD_BACK_RETRY: Duration = Duration::from_millis(5);
+pub(super) const HELD_BACK_RETRY: Duration = Duration::from_millis(5);
 
 /// What a watch of many tasks follows.
 #[derive(Debug, Clone, Default)]

@@ -1,10 +1,13 @@
 //! The task store's conformance suite: every test runs against SQLite and,
 //! when `CHORUS_TEST_POSTGRES_URL` is set, against PostgreSQL.
 
+mod bus;
 mod events;
 mod harness;
 mod isolation;
+mod outbox;
 mod push;
+mod relay;
 mod subtasks;
 mod tasks;
 mod wakeups;

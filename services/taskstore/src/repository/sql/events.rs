@@ -5,6 +5,8 @@
 //! an event whose transaction commits late still sorts after every cursor
 //! handed out before it, so no reader skips it. SQLite has one writer, so its
 //! ids already commit in order.
+//!
+//! Readers follow one task or one namespace; the outbox relay follows them all.
 
 use chorus_runtime::storage::Backend;
 
@@ -16,13 +18,21 @@ use crate::{
 
 macro_rules! event_columns {
     () => {
-        "id, tx_id, namespace, task_id, context_id, agent_id, kind, payload"
+        "id, tx_id, namespace, task_id, context_id, agent_id, kind, payload, created_at"
+    };
+}
+
+/// The oldest transaction still running (PostgreSQL): no event below it can
+/// still commit.
+macro_rules! horizon {
+    () => {
+        "(pg_snapshot_xmin(pg_current_snapshot())::text::bigint)"
     };
 }
 
 macro_rules! visible_to_postgres {
     () => {
-        " AND tx_id < (pg_snapshot_xmin(pg_current_snapshot())::text::bigint)"
+        concat!(" AND tx_id < ", horizon!())
     };
 }
 
@@ -54,11 +64,42 @@ macro_rules! by_namespace {
 /// Whether committed events wait above the horizon ($1..$4 as in the reads).
 macro_rules! held_back {
     () => {
-        "SELECT COUNT(*) FROM taskstore_events WHERE namespace = $1 AND ($2 = '' OR task_id = $2) \
-         AND (tx_id > $3 OR (tx_id = $3 AND id > $4)) \
-         AND tx_id >= (pg_snapshot_xmin(pg_current_snapshot())::text::bigint)"
+        concat!(
+            "SELECT COUNT(*) FROM taskstore_events WHERE namespace = $1 AND ($2 = '' OR task_id = $2) \
+             AND (tx_id > $3 OR (tx_id = $3 AND id > $4)) AND tx_id >= ",
+            horizon!()
+        )
     };
 }
+
+/// Every namespace's events after the cursor ($1, $2), up to $3. PostgreSQL
+/// seeks the (tx_id, id) index with the row comparison.
+const OUTBOX_POSTGRES: &str = concat!(
+    "SELECT ",
+    event_columns!(),
+    " FROM taskstore_events WHERE (tx_id, id) > ($1, $2)",
+    visible_to_postgres!(),
+    " ORDER BY tx_id, id LIMIT $3"
+);
+
+/// The same on SQLite, whose planner seeks a row comparison by its first
+/// column only: the cursor's own transaction and the later ones are two
+/// ranges, merged in order.
+const OUTBOX_SQLITE: &str = concat!(
+    "SELECT ",
+    event_columns!(),
+    " FROM taskstore_events WHERE tx_id = $1 AND id > $2 UNION ALL SELECT ",
+    event_columns!(),
+    " FROM taskstore_events WHERE tx_id > $1 ORDER BY tx_id, id LIMIT $3"
+);
+
+/// Whether committed events of any namespace wait above the horizon ($1, $2:
+/// the cursor).
+const OUTBOX_HELD_BACK: &str = concat!(
+    "SELECT COUNT(*) FROM (SELECT 1 FROM taskstore_events WHERE (tx_id, id) > ($1, $2) AND tx_id >= ",
+    horizon!(),
+    " LIMIT 1) waiting"
+);
 
 macro_rules! latest {
     ($horizon:expr) => {
@@ -90,25 +131,44 @@ impl SqlTaskRepository {
             Some(_) => statement,
             None => statement.bind(query.context_id.as_deref().unwrap_or_default()),
         };
-        let rows = statement.fetch_all(self.db.pool()).await?;
+        let mut snapshot = self.snapshot().await?;
+        let rows = statement.fetch_all(&mut *snapshot).await?;
         let events = rows.iter().map(rows::decode_event).collect::<Result<Vec<_>>>()?;
         let full = events.len() >= query.limit as usize;
-        let held_back =
-            postgres && !full && self.held_back(query, events.last().map_or(query.after, |e| e.cursor)).await?;
+        let held_back = postgres
+            && !full
+            && held_back(&mut snapshot, query, events.last().map_or(query.after, |e| e.cursor)).await?;
+        snapshot.commit().await?;
         Ok(EventBatch { events, held_back })
     }
 
-    /// Counts (PostgreSQL only) committed events after `after` that the
-    /// horizon still hides.
-    async fn held_back(&self, query: &EventQuery, after: Cursor) -> Result<bool> {
-        let waiting: i64 = sqlx::query_scalar(held_back!())
-            .bind(&query.namespace)
-            .bind(query.task_id.as_deref().unwrap_or_default())
-            .bind(after.tx)
-            .bind(after.id)
-            .fetch_one(self.db.pool())
-            .await?;
-        Ok(waiting > 0)
+    /// A read-only transaction whose statements share one snapshot on
+    /// PostgreSQL, so that the horizon a read used and the count of what it
+    /// held back agree.
+    async fn snapshot(&self) -> Result<super::Tx<'static>> {
+        Ok(match self.backend() {
+            Backend::Postgres => self.db.pool().begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY").await?,
+            Backend::Sqlite => self.db.pool().begin().await?,
+        })
+    }
+
+    /// Every namespace's events after `after`, in commit order.
+    pub(super) async fn outbox(&self, after: Cursor, limit: u32) -> Result<EventBatch> {
+        let postgres = self.backend() == Backend::Postgres;
+        let sql = if postgres { OUTBOX_POSTGRES } else { OUTBOX_SQLITE };
+        let mut snapshot = self.snapshot().await?;
+        let rows =
+            sqlx::query(sql).bind(after.tx).bind(after.id).bind(i64::from(limit)).fetch_all(&mut *snapshot).await?;
+        let events = rows.iter().map(rows::decode_event).collect::<Result<Vec<_>>>()?;
+        let full = events.len() >= limit as usize;
+        let held_back = postgres && !full && {
+            let last = events.last().map_or(after, |event| event.cursor);
+            let waiting: i64 =
+                sqlx::query_scalar(OUTBOX_HELD_BACK).bind(last.tx).bind(last.id).fetch_one(&mut *snapshot).await?;
+            waiting > 0
+        };
+        snapshot.commit().await?;
+        Ok(EventBatch { events, held_back })
     }
 
     pub(super) async fn latest(&self, namespace: &str, task_id: Option<&str>) -> Result<Option<TaskEvent>> {
@@ -120,4 +180,17 @@ impl SqlTaskRepository {
             sqlx::query(sql).bind(namespace).bind(task_id.unwrap_or_default()).fetch_optional(self.db.pool()).await?;
         row.as_ref().map(rows::decode_event).transpose()
     }
+}
+
+/// Whether (PostgreSQL only) committed events after `after` wait above the
+/// horizon of the snapshot.
+async fn held_back(snapshot: &mut super::Tx<'static>, query: &EventQuery, after: Cursor) -> Result<bool> {
+    let waiting: i64 = sqlx::query_scalar(held_back!())
+        .bind(&query.namespace)
+        .bind(query.task_id.as_deref().unwrap_or_default())
+        .bind(after.tx)
+        .bind(after.id)
+        .fetch_one(&mut **snapshot)
+        .await?;
+    Ok(waiting > 0)
 }

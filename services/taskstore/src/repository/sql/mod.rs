@@ -5,6 +5,7 @@
 //! rules, writes them back, and records an event in the same transaction.
 
 mod events;
+mod outbox;
 mod push;
 mod repository;
 mod rows;
@@ -24,16 +25,30 @@ use crate::{
 /// The task store's embedded migrations.
 pub const MIGRATIONS: ServiceMigrations = ServiceMigrations {
     service: "taskstore",
-    postgres: &[MigrationFile {
-        version: 1,
-        description: "taskstore",
-        sql: include_str!("../../../migrations/postgres/0001_taskstore.sql"),
-    }],
-    sqlite: &[MigrationFile {
-        version: 1,
-        description: "taskstore",
-        sql: include_str!("../../../migrations/sqlite/0001_taskstore.sql"),
-    }],
+    postgres: &[
+        MigrationFile {
+            version: 1,
+            description: "taskstore",
+            sql: include_str!("../../../migrations/postgres/0001_taskstore.sql"),
+        },
+        MigrationFile {
+            version: 2,
+            description: "outbox",
+            sql: include_str!("../../../migrations/postgres/0002_outbox.sql"),
+        },
+    ],
+    sqlite: &[
+        MigrationFile {
+            version: 1,
+            description: "taskstore",
+            sql: include_str!("../../../migrations/sqlite/0001_taskstore.sql"),
+        },
+        MigrationFile {
+            version: 2,
+            description: "outbox",
+            sql: include_str!("../../../migrations/sqlite/0002_outbox.sql"),
+        },
+    ],
 };
 
 const SELECT_TASK: &str = concat!("SELECT ", task_columns!(), " FROM taskstore_tasks WHERE namespace = $1 AND id = $2");

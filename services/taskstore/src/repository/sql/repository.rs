@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use super::SqlTaskRepository;
 use crate::{
     domain::{
-        Artifact, ArtifactChunk, ClaimOutcome, ClaimRequest, EventBatch, EventQuery, Expiry, InboxMessage, Limits,
-        Message, NewSubtask, NewTask, Notification, Owner, PushConfig, Renewal, StatusUpdate, Task, TaskEvent,
+        Artifact, ArtifactChunk, ClaimOutcome, ClaimRequest, Cursor, EventBatch, EventQuery, Expiry, InboxMessage,
+        Limits, Message, NewSubtask, NewTask, Notification, Owner, PushConfig, Renewal, StatusUpdate, Task, TaskEvent,
         TaskPage, TaskQuery,
     },
     error::Result,
@@ -110,6 +110,24 @@ impl TaskRepository for SqlTaskRepository {
 
     async fn latest_event(&self, namespace: &str, task_id: Option<&str>) -> Result<Option<TaskEvent>> {
         self.latest(namespace, task_id).await
+    }
+
+    async fn read_outbox(&self, after: Cursor, limit: u32) -> Result<EventBatch> {
+        self.outbox(after, limit).await
+    }
+
+    async fn acquire_outbox_lease(
+        &self,
+        relay: &str,
+        owner: &str,
+        now: i64,
+        lease: Duration,
+    ) -> Result<Option<Cursor>> {
+        self.acquire_outbox(relay, owner, now, lease).await
+    }
+
+    async fn save_outbox_cursor(&self, relay: &str, owner: &str, cursor: Cursor, now: i64) -> Result<()> {
+        self.save_outbox(relay, owner, cursor, now).await
     }
 
     async fn create_push_config(&self, namespace: &str, config: PushConfig) -> Result<PushConfig> {

@@ -106,6 +106,7 @@ pub(super) fn decode_event(row: &AnyRow) -> Result<crate::domain::TaskEvent> {
         append: payload.append,
         last_chunk: payload.last_chunk,
         message: payload.message,
+        created_at: row.try_get("created_at")?,
     })
 }
 

@@ -15,7 +15,7 @@ use crate::{
     },
     error::{Result, TaskStoreError},
 };
-use chorus_runtime::storage::Backend;
+use chorus_runtime::{storage::Backend, time::micros};
 use sqlx::Row as _;
 
 /// Leases up to $8 claimable tasks, skipping rows other claims hold, and
@@ -80,10 +80,6 @@ fn bind_claim<'q>(
         .bind(lease.expires_at)
         .bind(i64::from(request.max_retries))
         .bind(lease.slots)
-}
-
-fn micros(duration: Duration) -> i64 {
-    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
 }
 
 impl SqlTaskRepository {

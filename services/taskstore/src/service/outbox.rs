@@ -1,0 +1,394 @@
+//! The outbox relay: every recorded change goes to the event bus, once.
+//!
+//! One relay at a time works for a database: it holds the lease on its row
+//! in `taskstore_outbox`, which also keeps its cursor. A round renews the
+//! lease, reads the events after the cursor, publishes them with one
+//! `PublishBatch` per namespace, then saves the cursor. No transaction stays
+//! open across the publish. Each bus event's idempotency key names its task
+//! event, so a round repeated after a crash between publish and save appends
+//! nothing: the bus drops the keys it already has.
+
+use std::{collections::HashMap, time::Duration};
+
+use chorus_proto::eventbus::{NewEvent, PublishBatchRequest, event_bus_client::EventBusClient};
+use chorus_runtime::time::timestamp;
+use serde::Serialize;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+use super::{TaskStore, keys, streams::HELD_BACK_RETRY};
+use crate::{
+    domain::{Artifact, Cursor, EventKind, Message, TaskEvent, TaskState, TaskStatus, now_micros},
+    error::{Result, TaskStoreError},
+};
+
+/// The relay's row in `taskstore_outbox`.
+const RELAY: &str = "eventbus";
+
+/// The `source` of every event the relay publishes.
+const SOURCE: &str = "taskstore";
+
+/// Most events one `PublishBatch` takes.
+const MAX_PUBLISH: usize = 1_000;
+
+/// The wait after a failed round, doubled per failure up to the ceiling.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+impl TaskStore {
+    /// Publishes every change the store records to the event bus behind
+    /// `client`, until shutdown; on first use from the start of the log.
+    /// Every replica may run one: the one holding the relay's lease
+    /// publishes, the others stand by to take over.
+    pub fn spawn_outbox_relay(&self, client: EventBusClient<Channel>) -> JoinHandle<()> {
+        let relay = Relay { store: self.clone(), client, owner: uuid::Uuid::new_v4().to_string(), leader: false };
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = relay.run() => {}
+            }
+        })
+    }
+}
+
+/// What a round found, which decides when the next one starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Round {
+    /// Another replica holds the lease.
+    Standby,
+    /// It published a whole batch: more may wait.
+    More,
+    /// Committed events wait behind an older transaction (PostgreSQL).
+    HeldBack,
+    /// It published everything there was.
+    CaughtUp,
+}
+
+/// A delay that doubles each time it is taken, up to a ceiling, until reset.
+#[derive(Debug)]
+struct Backoff {
+    first: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    fn new(first: Duration, max: Duration) -> Self {
+        Self { first, max, next: first }
+    }
+
+    fn take(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (delay * 2).min(self.max);
+        delay
+    }
+
+    fn reset(&mut self) {
+        self.next = self.first;
+    }
+}
+
+struct Relay {
+    store: TaskStore,
+    client: EventBusClient<Channel>,
+    /// This relay's name in the lease.
+    owner: String,
+    /// Whether the last round held the lease.
+    leader: bool,
+}
+
+impl Relay {
+    async fn run(mut self) {
+        // Idle, the relay still renews its lease well before it runs out.
+        let renew = self.store.config.poll_interval().min(self.store.config.outbox_lease() / 3);
+        let mut failures = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
+        let mut held_back = Backoff::new(HELD_BACK_RETRY, renew);
+        loop {
+            // Created before the read, so a change committed meanwhile wakes it.
+            let mut waiter = self.store.wakeups.waiter(keys::OUTBOX);
+            let round = match self.round().await {
+                Ok(round) => round,
+                Err(error) => {
+                    let delay = failures.take();
+                    tracing::warn!(%error, retry_in_ms = delay.as_millis(), "outbox relay round failed");
+                    tokio::time::sleep(delay).await;
+                    continue;
+                }
+            };
+            failures.reset();
+            if round != Round::HeldBack {
+                held_back.reset();
+            }
+            match round {
+                Round::Standby => tokio::time::sleep(renew).await,
+                Round::More => {}
+                Round::HeldBack => tokio::time::sleep(held_back.take()).await,
+                Round::CaughtUp => waiter.wait(renew).await,
+            }
+        }
+    }
+
+    /// Renews the lease, then publishes the events after the cursor and
+    /// saves the cursor past them.
+    async fn round(&mut self) -> Result<Round> {
+        let lease = self.store.config.outbox_lease();
+        let cursor = self.store.repository.acquire_outbox_lease(RELAY, &self.owner, now_micros(), lease).await?;
+        self.note_leadership(cursor);
+        let Some(cursor) = cursor else {
+            return Ok(Round::Standby);
+        };
+        let limit = self.store.config.outbox_batch_size();
+        let batch = self.store.repository.read_outbox(cursor, limit).await?;
+        let next = match (batch.events.len() >= limit as usize, batch.held_back) {
+            (true, _) => Round::More,
+            (false, true) => Round::HeldBack,
+            (false, false) => Round::CaughtUp,
+        };
+        let Some(last) = batch.events.last().map(|event| event.cursor) else {
+            return Ok(next);
+        };
+        for (namespace, events) in by_namespace(&batch.events)? {
+            self.publish(namespace, events, lease).await?;
+        }
+        self.store.repository.save_outbox_cursor(RELAY, &self.owner, last, now_micros()).await?;
+        tracing::debug!(events = batch.events.len(), cursor = %last, "outbox relayed");
+        Ok(next)
+    }
+
+    fn note_leadership(&mut self, cursor: Option<Cursor>) {
+        let leader = cursor.is_some();
+        if leader != self.leader {
+            match cursor {
+                Some(cursor) => tracing::info!(owner = %self.owner, %cursor, "outbox relay took the lease"),
+                None => tracing::info!(owner = %self.owner, "outbox relay lost the lease to another replica"),
+            }
+        }
+        self.leader = leader;
+    }
+
+    /// Publishes one namespace's events in order, at most [`MAX_PUBLISH`]
+    /// per call. A call that outlasts the lease is given up.
+    async fn publish(&mut self, namespace: String, mut events: Vec<NewEvent>, timeout: Duration) -> Result<()> {
+        while !events.is_empty() {
+            let rest = events.split_off(events.len().min(MAX_PUBLISH));
+            let chunk = std::mem::replace(&mut events, rest);
+            let mut request = tonic::Request::new(PublishBatchRequest { namespace: namespace.clone(), events: chunk });
+            request.set_timeout(timeout);
+            let response = tokio::time::timeout(timeout, self.client.publish_batch(request))
+                .await
+                .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("the publish outlasted the relay's lease")))
+                .map_err(|status| TaskStoreError::EventBus(Box::new(status)))?;
+            let duplicates = response.get_ref().results.iter().filter(|result| result.duplicate).count();
+            if duplicates > 0 {
+                tracing::debug!(%namespace, duplicates, "the event bus already had events of a repeated round");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The bus events of `events`, by namespace (in order of first appearance),
+/// each namespace's in commit order.
+fn by_namespace(events: &[TaskEvent]) -> Result<Vec<(String, Vec<NewEvent>)>> {
+    let mut groups: Vec<(String, Vec<NewEvent>)> = Vec::new();
+    for event in events {
+        let published = bus_events(event)?;
+        match groups.iter_mut().find(|(namespace, _)| *namespace == event.namespace) {
+            Some((_, group)) => group.extend(published),
+            None => groups.push((event.namespace.clone(), published)),
+        }
+    }
+    Ok(groups)
+}
+
+/// The JSON payload of a bus event: the stored event's, plus the task's ids.
+#[derive(Serialize)]
+struct Payload<'a> {
+    task_id: &'a str,
+    context_id: &'a str,
+    agent_id: &'a str,
+    status: &'a TaskStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    artifact: Option<&'a Artifact>,
+    append: bool,
+    last_chunk: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<&'a Message>,
+}
+
+/// One task event as bus events: `task.<kind>`, and for a move into a final
+/// state also `task.<state>` under its own idempotency key.
+fn bus_events(event: &TaskEvent) -> Result<Vec<NewEvent>> {
+    let payload = Payload {
+        task_id: &event.task_id,
+        context_id: &event.context_id,
+        agent_id: &event.agent_id,
+        status: &event.status,
+        artifact: event.artifact.as_ref(),
+        append: event.append,
+        last_chunk: event.last_chunk,
+        message: event.message.as_ref(),
+    };
+    let payload = serde_json::to_vec(&payload)
+        .map_err(|error| TaskStoreError::Corrupt(format!("cannot encode event {}: {error}", event.cursor)))?;
+    let attributes = HashMap::from([
+        ("task_id".to_owned(), event.task_id.clone()),
+        ("context_id".to_owned(), event.context_id.clone()),
+        ("agent_id".to_owned(), event.agent_id.clone()),
+    ]);
+    let key = format!("{SOURCE}/{}", event.cursor.id);
+    let change = NewEvent {
+        r#type: change_type(event.kind).to_owned(),
+        source: SOURCE.to_owned(),
+        subject: event.task_id.clone(),
+        payload,
+        content_type: "application/json".to_owned(),
+        attributes,
+        idempotency_key: key.clone(),
+        time: Some(timestamp(event.created_at)),
+    };
+    let ending = match event.kind {
+        EventKind::StatusChanged => final_type(event.status.state),
+        EventKind::Created | EventKind::ArtifactUpdated | EventKind::MessageAdded => None,
+    };
+    let Some(ending) = ending else {
+        return Ok(vec![change]);
+    };
+    let ended = NewEvent { r#type: ending.to_owned(), idempotency_key: format!("{key}/final"), ..change.clone() };
+    Ok(vec![change, ended])
+}
+
+fn change_type(kind: EventKind) -> &'static str {
+    match kind {
+        EventKind::Created => "task.created",
+        EventKind::StatusChanged => "task.status_changed",
+        EventKind::ArtifactUpdated => "task.artifact_updated",
+        EventKind::MessageAdded => "task.message_added",
+    }
+}
+
+/// The type of the event that announces a task ended in `state`.
+fn final_type(state: TaskState) -> Option<&'static str> {
+    match state {
+        TaskState::Completed => Some("task.completed"),
+        TaskState::Failed => Some("task.failed"),
+        TaskState::Canceled => Some("task.canceled"),
+        TaskState::Rejected => Some("task.rejected"),
+        TaskState::Submitted | TaskState::Working | TaskState::InputRequired | TaskState::AuthRequired => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Role;
+
+    fn event(id: i64, namespace: &str, kind: EventKind, state: TaskState) -> TaskEvent {
+        TaskEvent {
+            cursor: Cursor { tx: 3, id },
+            kind,
+            namespace: namespace.to_owned(),
+            task_id: format!("task-{id}"),
+            context_id: "ctx".to_owned(),
+            agent_id: "echo".to_owned(),
+            status: TaskStatus { state, message: None, timestamp: 1_000_000 },
+            artifact: None,
+            append: false,
+            last_chunk: false,
+            message: None,
+            created_at: 1_500_000,
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_ceiling_until_reset() {
+        let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
+        let delays: Vec<u128> = (0..8).map(|_| backoff.take().as_millis()).collect();
+        assert_eq!(delays, [100, 200, 400, 800, 1_600, 3_200, 5_000, 5_000]);
+        backoff.reset();
+        assert_eq!(backoff.take(), FIRST_BACKOFF);
+    }
+
+    #[test]
+    fn a_change_is_one_event_about_its_task() {
+        let mut created = event(7, "ns", EventKind::Created, TaskState::Submitted);
+        created.message = Some(Message::text("m1", Role::User, "hello"));
+        let published = bus_events(&created).unwrap();
+        assert_eq!(published.len(), 1);
+        let bus = &published[0];
+        assert_eq!(bus.r#type, "task.created");
+        assert_eq!(bus.source, "taskstore");
+        assert_eq!(bus.subject, "task-7");
+        assert_eq!(bus.idempotency_key, "taskstore/7");
+        assert_eq!(bus.content_type, "application/json");
+        assert_eq!(bus.attributes["task_id"], "task-7");
+        assert_eq!(bus.attributes["context_id"], "ctx");
+        assert_eq!(bus.attributes["agent_id"], "echo");
+        assert_eq!(bus.time, Some(prost_types::Timestamp { seconds: 1, nanos: 500_000_000 }));
+        let payload: serde_json::Value = serde_json::from_slice(&bus.payload).unwrap();
+        assert_eq!(payload["task_id"], "task-7");
+        assert_eq!(payload["context_id"], "ctx");
+        assert_eq!(payload["agent_id"], "echo");
+        assert_eq!(payload["status"]["state"], "submitted");
+        assert_eq!(payload["message"]["parts"][0]["content"]["text"], "hello");
+    }
+
+    #[test]
+    fn every_kind_has_its_type_and_only_final_states_add_an_event() {
+        let kinds = [
+            (EventKind::Created, "task.created"),
+            (EventKind::StatusChanged, "task.status_changed"),
+            (EventKind::ArtifactUpdated, "task.artifact_updated"),
+            (EventKind::MessageAdded, "task.message_added"),
+        ];
+        for (kind, name) in kinds {
+            let published = bus_events(&event(1, "ns", kind, TaskState::Working)).unwrap();
+            assert_eq!(published.iter().map(|bus| bus.r#type.as_str()).collect::<Vec<_>>(), [name]);
+        }
+        // An artifact written to a finished task's event carries the final
+        // status too, but only the status change announces the ending.
+        let late = bus_events(&event(1, "ns", EventKind::ArtifactUpdated, TaskState::Completed)).unwrap();
+        assert_eq!(late.len(), 1);
+    }
+
+    #[test]
+    fn a_final_status_also_announces_the_ending_under_its_own_key() {
+        let endings = [
+            (TaskState::Completed, "task.completed"),
+            (TaskState::Failed, "task.failed"),
+            (TaskState::Canceled, "task.canceled"),
+            (TaskState::Rejected, "task.rejected"),
+        ];
+        for (state, name) in endings {
+            let published = bus_events(&event(42, "ns", EventKind::StatusChanged, state)).unwrap();
+            let types: Vec<&str> = published.iter().map(|bus| bus.r#type.as_str()).collect();
+            assert_eq!(types, ["task.status_changed", name]);
+            assert_eq!(published[0].idempotency_key, "taskstore/42");
+            assert_eq!(published[1].idempotency_key, "taskstore/42/final");
+            assert_eq!(published[1].payload, published[0].payload);
+            assert_eq!(published[1].subject, "task-42");
+        }
+    }
+
+    #[test]
+    fn namespaces_are_published_apart_each_in_commit_order() {
+        let events = [
+            event(1, "a", EventKind::Created, TaskState::Submitted),
+            event(2, "b", EventKind::Created, TaskState::Submitted),
+            event(3, "a", EventKind::StatusChanged, TaskState::Completed),
+            event(4, "b", EventKind::StatusChanged, TaskState::Working),
+        ];
+        let groups = by_namespace(&events).unwrap();
+        let keys: Vec<(&str, Vec<&str>)> = groups
+            .iter()
+            .map(|(namespace, events)| {
+                (namespace.as_str(), events.iter().map(|bus| bus.idempotency_key.as_str()).collect())
+            })
+            .collect();
+        assert_eq!(
+            keys,
+            [("a", vec!["taskstore/1", "taskstore/3", "taskstore/3/final"]), ("b", vec!["taskstore/2", "taskstore/4"])]
+        );
+    }
+}

@@ -1,0 +1,114 @@
+//! The outbox: every namespace's events in commit order, and the relay's
+//! cursor under a lease that one owner holds at a time.
+
+use std::time::Duration;
+
+use chorus_taskstore::{
+    domain::{Cursor, EventKind, StatusUpdate, TaskEvent, TaskState, now_micros},
+    error::TaskStoreError,
+};
+
+use crate::harness::{Harness, conformance};
+
+conformance!(
+    the_outbox_reads_every_namespace_in_commit_order,
+    one_owner_at_a_time_holds_the_relay_lease,
+    the_relay_cursor_outlives_its_owner,
+);
+
+const SECOND: i64 = 1_000_000;
+const LEASE: Duration = Duration::from_secs(10);
+
+/// Reads until no committed event is held back behind another transaction.
+async fn read_settled(h: &Harness, after: Cursor, limit: u32) -> Vec<TaskEvent> {
+    for _ in 0..1_000 {
+        let batch = h.repository.read_outbox(after, limit).await.unwrap();
+        if !batch.held_back {
+            return batch.events;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("events stayed held back for 5 s");
+}
+
+async fn the_outbox_reads_every_namespace_in_commit_order(h: Harness) {
+    let first = h.task("a", "echo", "one").await;
+    let second = h.task("b", "echo", "two").await;
+    let working = StatusUpdate { state: TaskState::Working, message: None, lease_id: None };
+    h.store.update_status("a", &first.id, working).await.unwrap();
+    let third = h.task("c", "echo", "three").await;
+
+    let all = read_settled(&h, Cursor::default(), 100).await;
+    let seen: Vec<(&str, &str, EventKind)> =
+        all.iter().map(|event| (event.namespace.as_str(), event.task_id.as_str(), event.kind)).collect();
+    assert_eq!(
+        seen,
+        [
+            ("a", first.id.as_str(), EventKind::Created),
+            ("b", second.id.as_str(), EventKind::Created),
+            ("a", first.id.as_str(), EventKind::StatusChanged),
+            ("c", third.id.as_str(), EventKind::Created),
+        ]
+    );
+    assert!(all.windows(2).all(|pair| pair[0].cursor < pair[1].cursor), "cursors increase");
+    assert!(all.iter().all(|event| event.created_at >= first.created_at), "events carry when they were recorded");
+
+    assert_eq!(read_settled(&h, Cursor::default(), 2).await, all[..2], "a page is the oldest events");
+    assert_eq!(read_settled(&h, all[1].cursor, 100).await, all[2..], "a read resumes right after its cursor");
+    assert!(read_settled(&h, all[3].cursor, 100).await.is_empty());
+}
+
+async fn one_owner_at_a_time_holds_the_relay_lease(h: Harness) {
+    let r = &h.repository;
+    let start = now_micros();
+    let step = Cursor { tx: 0, id: 1 };
+    assert_eq!(r.acquire_outbox_lease("bus", "a", start, LEASE).await.unwrap(), Some(Cursor::default()));
+    assert_eq!(r.acquire_outbox_lease("bus", "b", start + SECOND, LEASE).await.unwrap(), None, "a holds it");
+    assert_eq!(
+        r.acquire_outbox_lease("bus", "a", start + 5 * SECOND, LEASE).await.unwrap(),
+        Some(Cursor::default()),
+        "the holder renews, until 15 s"
+    );
+    assert_eq!(r.acquire_outbox_lease("bus", "b", start + 12 * SECOND, LEASE).await.unwrap(), None, "renewed");
+    let by_b = r.save_outbox_cursor("bus", "b", step, start + 12 * SECOND).await;
+    assert!(matches!(by_b, Err(TaskStoreError::OutboxLeaseLost { .. })), "{by_b:?}");
+    r.save_outbox_cursor("bus", "a", step, start + 12 * SECOND).await.unwrap();
+
+    let late = r.save_outbox_cursor("bus", "a", Cursor { tx: 0, id: 2 }, start + 16 * SECOND).await;
+    assert!(matches!(late, Err(TaskStoreError::OutboxLeaseLost { .. })), "a's lease ran out: {late:?}");
+    assert_eq!(
+        r.acquire_outbox_lease("bus", "b", start + 16 * SECOND, LEASE).await.unwrap(),
+        Some(step),
+        "b takes over the expired lease where a left off"
+    );
+    assert_eq!(r.acquire_outbox_lease("bus", "a", start + 17 * SECOND, LEASE).await.unwrap(), None);
+    let by_a = r.save_outbox_cursor("bus", "a", Cursor { tx: 0, id: 3 }, start + 17 * SECOND).await;
+    assert!(matches!(by_a, Err(TaskStoreError::OutboxLeaseLost { .. })), "{by_a:?}");
+
+    assert_eq!(
+        r.acquire_outbox_lease("other", "a", start + 17 * SECOND, LEASE).await.unwrap(),
+        Some(Cursor::default()),
+        "relays are leased apart"
+    );
+    let unknown = r.save_outbox_cursor("missing", "a", step, start).await;
+    assert!(matches!(unknown, Err(TaskStoreError::OutboxLeaseLost { .. })), "{unknown:?}");
+}
+
+async fn the_relay_cursor_outlives_its_owner(h: Harness) {
+    for text in ["one", "two", "three"] {
+        h.task("ns", "echo", text).await;
+    }
+    let events = read_settled(&h, Cursor::default(), 100).await;
+    assert_eq!(events.len(), 3);
+    let r = &h.repository;
+    let start = now_micros();
+    let cursor = r.acquire_outbox_lease("bus", "a", start, LEASE).await.unwrap().unwrap();
+    let batch = read_settled(&h, cursor, 2).await;
+    r.save_outbox_cursor("bus", "a", batch[1].cursor, start).await.unwrap();
+    assert_eq!(r.acquire_outbox_lease("bus", "a", start + SECOND, LEASE).await.unwrap(), Some(batch[1].cursor));
+
+    let taken = r.acquire_outbox_lease("bus", "b", start + 20 * SECOND, LEASE).await.unwrap();
+    let cursor = taken.expect("the lease ran out");
+    assert_eq!(cursor, events[1].cursor, "the next owner starts where the last one saved");
+    assert_eq!(read_settled(&h, cursor, 100).await, events[2..]);
+}

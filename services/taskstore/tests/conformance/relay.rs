@@ -1,0 +1,95 @@
+//! The outbox relay against the real event bus: each change is logged once,
+//! per namespace in commit order, and as soon as it commits. The poll
+//! interval and lease are far longer than the deadlines here, so only a
+//! wake-up can pass these tests.
+
+use std::collections::HashSet;
+
+use chorus_taskstore::{
+    TaskStoreConfig,
+    domain::{Artifact, ArtifactChunk, Part, StatusUpdate, TaskState},
+};
+
+use crate::{
+    bus::Bus,
+    harness::{Harness, agent_message, conformance, test_config},
+};
+
+conformance!(
+    config = crate::relay::slow_config();
+    each_change_reaches_the_bus_once_per_namespace_in_order,
+    a_publish_whose_answer_is_lost_is_repeated_and_logged_once,
+);
+
+pub(crate) fn slow_config() -> TaskStoreConfig {
+    TaskStoreConfig { poll_interval_ms: 60_000, outbox_lease_ms: 600_000, ..test_config() }
+}
+
+async fn each_change_reaches_the_bus_once_per_namespace_in_order(h: Harness) {
+    let (bus, client) = Bus::start().await;
+    // Two replicas' relays: one holds the lease, the other stands by.
+    h.store.spawn_outbox_relay(client.clone());
+    h.store.spawn_outbox_relay(client);
+    let task = h.task("a", "echo", "one").await;
+    bus.wait_for("a", 1).await;
+
+    let other = h.task("b", "echo", "two").await;
+    let working = StatusUpdate { state: TaskState::Working, message: None, lease_id: None };
+    h.store.update_status("a", &task.id, working).await.unwrap();
+    let artifact = Artifact {
+        artifact_id: "report".into(),
+        name: None,
+        description: None,
+        parts: vec![Part::text("done")],
+        metadata: None,
+        extensions: Vec::new(),
+    };
+    let chunk = ArtifactChunk { artifact, append: false, last_chunk: true, lease_id: None };
+    h.store.append_artifact("a", &task.id, chunk).await.unwrap();
+    let done = StatusUpdate { state: TaskState::Completed, message: Some(agent_message("ok")), lease_id: None };
+    h.store.update_status("a", &task.id, done).await.unwrap();
+
+    let log_a = bus.wait_for("a", 5).await;
+    let log_b = bus.wait_for("b", 1).await;
+    let types: Vec<&str> = log_a.iter().map(|event| event.event_type.as_str()).collect();
+    assert_eq!(
+        types,
+        ["task.created", "task.status_changed", "task.artifact_updated", "task.status_changed", "task.completed"]
+    );
+    assert_eq!(log_b.len(), 1);
+    assert_eq!(log_b[0].event_type, "task.created");
+    let keys: HashSet<&str> = log_a.iter().filter_map(|event| event.idempotency_key.as_deref()).collect();
+    assert_eq!(keys.len(), log_a.len(), "every event carries its own key: {log_a:?}");
+    for event in log_a.iter().chain(&log_b) {
+        let task_id = if event.namespace == "a" { &task.id } else { &other.id };
+        assert_eq!(&event.subject, task_id);
+        assert_eq!(&event.attributes["task_id"], task_id);
+        assert_eq!(event.source, "taskstore");
+        let payload: serde_json::Value = serde_json::from_slice(&event.payload).unwrap();
+        assert_eq!(&payload["task_id"], task_id.as_str());
+    }
+    let completed = log_a.iter().find(|event| event.event_type == "task.completed").unwrap();
+    let payload: serde_json::Value = serde_json::from_slice(&completed.payload).unwrap();
+    assert_eq!(payload["status"]["state"], "completed");
+    assert_eq!(payload["status"]["message"]["parts"][0]["content"]["text"], "ok");
+}
+
+async fn a_publish_whose_answer_is_lost_is_repeated_and_logged_once(h: Harness) {
+    let (bus, client) = Bus::start().await;
+    bus.lose_answers(2);
+    let first = h.task("ns", "echo", "one").await;
+    h.store.spawn_outbox_relay(client);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while bus.calls() < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "the relay did not repeat the publish");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let log = bus.wait_for("ns", 1).await;
+    assert_eq!(log.len(), 1, "the bus logged the event once: {log:?}");
+    assert_eq!(log[0].subject, first.id);
+
+    let second = h.task("ns", "echo", "two").await;
+    let log = bus.wait_for("ns", 2).await;
+    assert_eq!(log[1].subject, second.id);
+    assert_eq!(bus.calls(), 4, "once answered, the first event is not sent again");
+}
