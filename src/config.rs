@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use chorus_eventbus::EventBusConfig;
+use chorus_hub::HubConfig;
 use chorus_runtime::{server::ServerConfig, storage::StorageConfig, telemetry::TelemetryConfig};
 use chorus_taskstore::TaskStoreConfig;
 
@@ -17,6 +18,7 @@ pub(crate) struct ChorusConfig {
     pub(crate) telemetry: TelemetryConfig,
     pub(crate) taskstore: TaskStoreConfig,
     pub(crate) eventbus: EventBusConfig,
+    pub(crate) hub: HubConfig,
 }
 
 impl Default for ChorusConfig {
@@ -28,6 +30,7 @@ impl Default for ChorusConfig {
             telemetry: TelemetryConfig::default(),
             taskstore: TaskStoreConfig::default(),
             eventbus: EventBusConfig::default(),
+            hub: HubConfig::default(),
         }
     }
 }

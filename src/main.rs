@@ -1,5 +1,5 @@
 //! `chorus`: run the whole fabric in one process (`chorus dev`), one service
-//! on PostgreSQL (`chorus serve taskstore|eventbus`), or a built-in agent.
+//! on PostgreSQL (`chorus serve taskstore|eventbus|hub`), or a built-in agent.
 
 mod config;
 mod stack;
@@ -102,6 +102,7 @@ fn service_label(service: Service) -> &'static str {
     match service {
         Service::Taskstore => "taskstore",
         Service::Eventbus => "eventbus",
+        Service::Hub => "hub",
     }
 }
 

@@ -5,6 +5,7 @@ use std::{net::SocketAddr, sync::Arc};
 
 use anyhow::Context as _;
 use chorus_eventbus::{EventBus, grpc::EventBusGrpc, repository::sql::SqlEventRepository};
+use chorus_hub::{Hub, grpc::HubGrpc, repository::sql::SqlHubRepository};
 use chorus_proto::eventbus::event_bus_client::EventBusClient;
 use chorus_runtime::{
     server::ServerBuilder,
@@ -25,10 +26,12 @@ pub(crate) enum Service {
     Taskstore,
     /// The event bus (`chorus.eventbus.v1`).
     Eventbus,
+    /// The hub (`chorus.hub.v1`).
+    Hub,
 }
 
 /// The services `chorus dev` runs: every one that exists.
-pub(crate) const ALL_SERVICES: &[Service] = &[Service::Eventbus, Service::Taskstore];
+pub(crate) const ALL_SERVICES: &[Service] = &[Service::Eventbus, Service::Hub, Service::Taskstore];
 
 /// A bound, ready-to-serve stack.
 pub(crate) struct Stack {
@@ -93,6 +96,15 @@ impl Stack {
                     let bus = EventBus::new(repository, wakeups, config.eventbus.clone(), shutdown.clone());
                     bus.spawn_reaper();
                     server.add_grpc_service(EventBusGrpc::new(bus).into_server(config.server.max_message_bytes));
+                }
+                Service::Hub => {
+                    db.migrate(&chorus_hub::MIGRATIONS).await?;
+                    let wakeups = Wakeups::new();
+                    db.bridge_wakeups("chorus_hub", &wakeups, shutdown.clone());
+                    let repository = Arc::new(SqlHubRepository::new(db.clone()));
+                    let hub = Hub::new(repository, wakeups, config.hub.clone(), shutdown.clone());
+                    hub.spawn_reaper();
+                    server.add_grpc_service(HubGrpc::new(hub).into_server(config.server.max_message_bytes));
                 }
             }
         }

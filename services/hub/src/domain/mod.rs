@@ -1,0 +1,7 @@
+//! Domain types and rules of the hub, free of wire types.
+
+mod model;
+mod receive;
+
+pub use model::*;
+pub use receive::{Selection, select};

@@ -1,0 +1,85 @@
+//! The hub's one error type, and its one mapping to error codes.
+
+use chorus_runtime::{
+    error::{ErrorCode, ServiceError},
+    storage::{DbErrorKind, classify},
+    validate::FieldViolation,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error(transparent)]
+    InvalidArgument(#[from] FieldViolation),
+    #[error("agent {0} is not registered")]
+    AgentNotFound(String),
+    #[error("key {0} not found")]
+    KeyNotFound(String),
+    #[error("key {key} is at version {actual}, not {expected}")]
+    VersionConflict { key: String, expected: i64, actual: i64 },
+    #[error("inbox of agent {recipient} is full ({depth} messages): ack or let them expire first")]
+    QueueFull { recipient: String, depth: u32 },
+    #[error("no delegated request with correlation id {0} waits for a reply (it timed out or was answered)")]
+    NoPendingRequest(String),
+    #[error("only {recipient}, the agent the request was sent to, may reply to {correlation_id}")]
+    NotTheRecipient { correlation_id: String, recipient: String },
+    #[error("no reply to {correlation_id} from {recipient} after {attempts} attempt(s)")]
+    DelegationTimedOut { correlation_id: String, recipient: String, attempts: u32 },
+    #[error("the database is unavailable, retry later: {0}")]
+    Unavailable(sqlx::Error),
+    #[error("storage error: {0}")]
+    Storage(sqlx::Error),
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+pub type Result<T, E = HubError> = std::result::Result<T, E>;
+
+impl From<sqlx::Error> for HubError {
+    fn from(error: sqlx::Error) -> Self {
+        match classify(&error) {
+            DbErrorKind::Unavailable => Self::Unavailable(error),
+            DbErrorKind::UniqueViolation | DbErrorKind::ForeignKeyViolation | DbErrorKind::Other => {
+                Self::Storage(error)
+            }
+        }
+    }
+}
+
+impl ServiceError for HubError {
+    fn error_code(&self) -> ErrorCode {
+        match self {
+            Self::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            Self::AgentNotFound(_) | Self::KeyNotFound(_) => ErrorCode::NotFound,
+            Self::VersionConflict { .. } => ErrorCode::Aborted,
+            Self::QueueFull { .. } => ErrorCode::ResourceExhausted,
+            Self::NoPendingRequest(_) => ErrorCode::FailedPrecondition,
+            Self::NotTheRecipient { .. } => ErrorCode::PermissionDenied,
+            Self::DelegationTimedOut { .. } => ErrorCode::DeadlineExceeded,
+            Self::Unavailable(_) => ErrorCode::Unavailable,
+            Self::Storage(_) | Self::Corrupt(_) => ErrorCode::Internal,
+        }
+    }
+
+    fn field(&self) -> Option<&str> {
+        if let Self::InvalidArgument(violation) = self { Some(&violation.field) } else { None }
+    }
+
+    fn detail(&self) -> Option<prost_types::Any> {
+        let Self::VersionConflict { key, expected, actual } = self else { return None };
+        let conflict = chorus_proto::hub::StateConflict {
+            key: key.clone(),
+            expected_version: u64::try_from(*expected).unwrap_or_default(),
+            actual_version: u64::try_from(*actual).unwrap_or_default(),
+        };
+        Some(prost_types::Any {
+            type_url: "type.googleapis.com/chorus.hub.v1.StateConflict".into(),
+            value: prost::Message::encode_to_vec(&conflict),
+        })
+    }
+}
+
+impl From<HubError> for tonic::Status {
+    fn from(error: HubError) -> Self {
+        chorus_runtime::error::into_status(error)
+    }
+}

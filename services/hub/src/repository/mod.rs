@@ -1,0 +1,140 @@
+//! The hub's storage contract. One SQL implementation serves both PostgreSQL
+//! and SQLite ([`sql::SqlHubRepository`]); the conformance suite in
+//! `tests/conformance` runs against both.
+//!
+//! Every method is one transaction: it either commits everything it says or
+//! changes nothing.
+
+pub mod sql;
+
+use async_trait::async_trait;
+
+use crate::{
+    domain::{Agent, Content, InboxFilter, Lease, Message, Outgoing, Sent, StateEntry, StateWrite},
+    error::Result,
+};
+
+/// A topic subscription.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscription {
+    pub agent_id: String,
+    pub topic: String,
+    pub subscribed_at: i64,
+}
+
+/// What a take from an inbox asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Take {
+    pub namespace: String,
+    pub agent_id: String,
+    pub filter: InboxFilter,
+    pub require_all: bool,
+    pub max: u32,
+    pub lease: Lease,
+    /// Most messages the consumer may hold leased at once (streams).
+    pub hold_limit: Option<u32>,
+    pub now: i64,
+}
+
+/// What a take found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Taken {
+    /// Leased, oldest first (possibly none).
+    Messages(Vec<Message>),
+    /// `require_all`: these senders have nothing matching yet; nothing leased.
+    Missing(Vec<String>),
+}
+
+/// What the reaper cleared.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Expired {
+    /// Keys that expired: (namespace, key).
+    pub keys: Vec<(String, String)>,
+    /// Rows removed (messages, inbox entries, delegations).
+    pub removed: u64,
+}
+
+#[async_trait]
+pub trait HubRepository: Send + Sync + std::fmt::Debug + 'static {
+    /// Registers or updates an agent (keeping its first registration time);
+    /// counts as a heartbeat.
+    async fn register_agent(&self, agent: Agent) -> Result<Agent>;
+    async fn heartbeat(&self, namespace: &str, agent_id: &str, now: i64) -> Result<Agent>;
+    /// Removes an agent with its subscriptions and queued messages.
+    async fn deregister_agent(&self, namespace: &str, agent_id: &str) -> Result<()>;
+    async fn get_agent(&self, namespace: &str, agent_id: &str) -> Result<Agent>;
+    /// Every registered agent of the namespace, by id.
+    async fn list_agents(&self, namespace: &str) -> Result<Vec<Agent>>;
+
+    async fn subscribe(&self, namespace: &str, agent_id: &str, topic: &str, now: i64) -> Result<Subscription>;
+    /// Ends a subscription and drops the topic's messages queued for the agent.
+    async fn unsubscribe(&self, namespace: &str, agent_id: &str, topic: &str) -> Result<()>;
+    async fn subscriptions(
+        &self,
+        namespace: &str,
+        agent_id: Option<&str>,
+        topic: Option<&str>,
+    ) -> Result<Vec<Subscription>>;
+
+    /// Queues a message for its audience, all inboxes or none; returns what
+    /// was queued and the recipients.
+    async fn send(&self, send: Outgoing, max_queue_depth: u32, now: i64) -> Result<(Sent, Vec<String>)>;
+    /// Leases available inbox messages matching a filter.
+    async fn take(&self, take: &Take) -> Result<Taken>;
+    /// Renews and returns the messages still leased to `consumer_id` above
+    /// `after` (all when `None`), to send them again.
+    async fn reclaim(
+        &self,
+        namespace: &str,
+        agent_id: &str,
+        lease: &Lease,
+        after: Option<i64>,
+        now: i64,
+    ) -> Result<Vec<Message>>;
+    /// Removes acked messages from the agent's inbox; returns the ids that
+    /// were not there.
+    async fn ack(&self, namespace: &str, agent_id: &str, message_ids: &[String]) -> Result<Vec<String>>;
+    /// Whether a message still waits in the recipient's inbox.
+    async fn is_queued(&self, namespace: &str, recipient: &str, message_id: &str) -> Result<bool>;
+
+    /// Records a Delegate call waiting for its reply.
+    async fn open_delegation(
+        &self,
+        namespace: &str,
+        correlation_id: &str,
+        sender: &str,
+        recipient: &str,
+        expires_at: i64,
+    ) -> Result<()>;
+    /// Answers a waiting Delegate call; returns the reply.
+    async fn reply(
+        &self,
+        namespace: &str,
+        sender: &str,
+        correlation_id: &str,
+        content: Content,
+        now: i64,
+    ) -> Result<Message>;
+    /// The reply to a Delegate call, once there is one.
+    async fn delegation_reply(&self, namespace: &str, correlation_id: &str) -> Result<Option<Message>>;
+    /// Ends a Delegate call: forgets it and withdraws its requests still queued.
+    async fn close_delegation(&self, namespace: &str, correlation_id: &str) -> Result<()>;
+
+    /// A key's row, live or not (deleted and expired keys keep theirs).
+    async fn state_row(&self, namespace: &str, key: &str) -> Result<Option<StateEntry>>;
+    /// Sets or deletes a key under its version rule; returns the row after.
+    async fn write_state(&self, write: StateWrite, now: i64) -> Result<StateEntry>;
+    /// Live keys with a prefix after `after`, in key order.
+    async fn list_state(
+        &self,
+        namespace: &str,
+        prefix: &str,
+        after: Option<&str>,
+        limit: u32,
+        now: i64,
+    ) -> Result<Vec<StateEntry>>;
+
+    /// Clears what expired before `now`: messages, delegations, state (which
+    /// takes a new version).
+    async fn expire(&self, now: i64, limit: u32) -> Result<Expired>;
+}

@@ -1,0 +1,476 @@
+//! Messages: queueing into inboxes, leasing out of them, acks, delegations.
+
+use chorus_runtime::time::micros;
+use sqlx::{AnyConnection, AssertSqlSafe, Row as _};
+
+use super::{SqlHubRepository, Tx, placeholders, rows};
+use crate::{
+    domain::{Audience, Content, Lease, Message, MessageKind, Outgoing, Selection, Sent, select},
+    error::{HubError, Result},
+    repository::{Take, Taken},
+};
+
+impl SqlHubRepository {
+    /// The next message sequence.
+    async fn next_sequence(&self, tx: &mut Tx<'_>) -> Result<i64> {
+        let sql = if self.postgres() {
+            "SELECT nextval('hub_message_sequence')"
+        } else {
+            "UPDATE hub_message_sequence SET value = value + 1 WHERE id = 1 RETURNING value"
+        };
+        Ok(sqlx::query_scalar(sql).fetch_one(&mut **tx).await?)
+    }
+
+    pub(super) async fn queue(&self, send: Outgoing, max_queue_depth: u32, now: i64) -> Result<(Sent, Vec<String>)> {
+        let mut tx = self.begin().await?;
+        let namespace = &send.namespace;
+        if let Some(key) = &send.idempotency_key {
+            let earlier = sqlx::query(
+                "SELECT id, sequence, recipients, expires_at FROM hub_messages WHERE namespace = $1 AND idempotency_key = $2",
+            )
+            .bind(namespace)
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(row) = earlier {
+                let sent = Sent {
+                    message_id: row.try_get("id")?,
+                    sequence: row.try_get("sequence")?,
+                    recipients: u32::try_from(row.try_get::<i64, _>("recipients")?).unwrap_or_default(),
+                    expires_at: row.try_get("expires_at")?,
+                    duplicate: true,
+                };
+                return Ok((sent, Vec::new()));
+            }
+        }
+        let recipients = self.recipients(&mut tx, &send).await?;
+        check_depth(&mut tx, namespace, &recipients, max_queue_depth, now).await?;
+        let sequence = self.next_sequence(&mut tx).await?;
+        let message_id = uuid::Uuid::now_v7().to_string();
+        let expires_at = now.saturating_add(micros(send.ttl));
+        let topic = match &send.audience {
+            Audience::Topic(topic) => Some(topic.as_str()),
+            Audience::Agent(_) | Audience::Everyone { .. } => None,
+        };
+        sqlx::query(
+            "INSERT INTO hub_messages (namespace, id, sequence, kind, sender, topic, type, payload, content_type, \
+             correlation_id, sent_at, expires_at, idempotency_key, recipients) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+        )
+        .bind(namespace)
+        .bind(&message_id)
+        .bind(sequence)
+        .bind(send.kind.as_str())
+        .bind(&send.sender)
+        .bind(topic)
+        .bind(&send.content.message_type)
+        .bind(&send.content.payload)
+        .bind(&send.content.content_type)
+        .bind(&send.correlation_id)
+        .bind(now)
+        .bind(expires_at)
+        .bind(&send.idempotency_key)
+        .bind(i64::try_from(recipients.len()).unwrap_or(i64::MAX))
+        .execute(&mut *tx)
+        .await?;
+        for chunk in recipients.chunks(1000) {
+            let values: Vec<String> =
+                (0..chunk.len()).map(|n| format!("($1, ${}, $2, $3, $4, $5, $6, $7, $8, $9, 0)", 10 + n)).collect();
+            let sql = format!(
+                "INSERT INTO hub_inbox (namespace, recipient, sequence, message_id, kind, sender, type, topic, \
+                 correlation_id, expires_at, attempt) VALUES {}",
+                values.join(", ")
+            );
+            let mut query = sqlx::query(AssertSqlSafe(sql))
+                .bind(namespace)
+                .bind(sequence)
+                .bind(&message_id)
+                .bind(send.kind.as_str())
+                .bind(&send.sender)
+                .bind(&send.content.message_type)
+                .bind(topic)
+                .bind(&send.correlation_id)
+                .bind(expires_at);
+            for recipient in chunk {
+                query = query.bind(recipient);
+            }
+            query.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        let recipients_count = u32::try_from(recipients.len()).unwrap_or(u32::MAX);
+        Ok((Sent { message_id, sequence, recipients: recipients_count, expires_at, duplicate: false }, recipients))
+    }
+
+    /// Who a send reaches; an unregistered single recipient is an error.
+    async fn recipients(&self, tx: &mut Tx<'_>, send: &Outgoing) -> Result<Vec<String>> {
+        let namespace = &send.namespace;
+        let found: Vec<String> = match &send.audience {
+            Audience::Topic(topic) => {
+                sqlx::query_scalar(
+                    "SELECT agent_id FROM hub_subscriptions WHERE namespace = $1 AND topic = $2 AND agent_id <> $3 \
+                     ORDER BY agent_id",
+                )
+                .bind(namespace)
+                .bind(topic)
+                .bind(&send.sender)
+                .fetch_all(&mut **tx)
+                .await?
+            }
+            Audience::Agent(recipient) => {
+                let known: Option<String> =
+                    sqlx::query_scalar("SELECT id FROM hub_agents WHERE namespace = $1 AND id = $2")
+                        .bind(namespace)
+                        .bind(recipient)
+                        .fetch_optional(&mut **tx)
+                        .await?;
+                vec![known.ok_or_else(|| HubError::AgentNotFound(recipient.clone()))?]
+            }
+            Audience::Everyone { agent_type } => {
+                sqlx::query_scalar(
+                    "SELECT id FROM hub_agents WHERE namespace = $1 AND id <> $2 AND ($3 = '' OR agent_type = $3) \
+                     ORDER BY id",
+                )
+                .bind(namespace)
+                .bind(&send.sender)
+                .bind(agent_type.as_deref().unwrap_or_default())
+                .fetch_all(&mut **tx)
+                .await?
+            }
+        };
+        Ok(found)
+    }
+
+    pub(super) async fn take_messages(&self, take: &Take) -> Result<Taken> {
+        let mut tx = self.begin().await?;
+        let mut max = take.max;
+        if let Some(limit) = take.hold_limit {
+            let held: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM hub_inbox WHERE namespace = $1 AND recipient = $2 AND consumer_id = $3 \
+                 AND ack_deadline > $4 AND expires_at > $4",
+            )
+            .bind(&take.namespace)
+            .bind(&take.agent_id)
+            .bind(&take.lease.consumer_id)
+            .bind(take.now)
+            .fetch_one(&mut *tx)
+            .await?;
+            max = max.min(u32::try_from(i64::from(limit) - held).unwrap_or_default());
+            if max == 0 {
+                return Ok(Taken::Messages(Vec::new()));
+            }
+        }
+        let filter = &take.filter;
+        let mut conditions = String::new();
+        let mut next = 4;
+        let mut add = |column: &str, count: usize| {
+            if count > 0 {
+                conditions.push_str(&format!(" AND i.{column} IN ({})", placeholders(next, count)));
+                next += count;
+            }
+        };
+        add("sender", filter.senders.len());
+        add("type", filter.types.len());
+        add("kind", filter.kinds.len());
+        add("topic", filter.topics.len());
+        let scan = if take.require_all { 10_000 } else { i64::from(max) };
+        let sql = format!(
+            "SELECT {} FROM hub_inbox i JOIN hub_messages m ON m.namespace = i.namespace AND m.id = i.message_id \
+             WHERE i.namespace = $1 AND i.recipient = $2 AND i.expires_at > $3 \
+             AND (i.ack_deadline IS NULL OR i.ack_deadline <= $3){conditions} ORDER BY i.sequence LIMIT {scan}{}",
+            rows::inbox_columns!(),
+            self.on_postgres(" FOR UPDATE OF i SKIP LOCKED")
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(&take.namespace).bind(&take.agent_id).bind(take.now);
+        for value in filter.senders.iter().chain(&filter.types) {
+            query = query.bind(value);
+        }
+        for kind in &filter.kinds {
+            query = query.bind(kind.as_str());
+        }
+        for topic in &filter.topics {
+            query = query.bind(topic);
+        }
+        let available =
+            query.fetch_all(&mut *tx).await?.iter().map(rows::decode_message).collect::<Result<Vec<_>>>()?;
+        let chosen = match select(&available, filter, take.require_all, max as usize) {
+            Selection::Missing(senders) => return Ok(Taken::Missing(senders)),
+            Selection::Take(chosen) => chosen,
+        };
+        let mut messages: Vec<Message> =
+            available.into_iter().filter(|message| chosen.contains(&message.sequence)).collect();
+        lease(&mut tx, &take.namespace, &take.agent_id, &chosen, &take.lease).await?;
+        for message in &mut messages {
+            message.attempt += 1;
+            message.ack_deadline = Some(take.lease.until);
+        }
+        tx.commit().await?;
+        Ok(Taken::Messages(messages))
+    }
+
+    pub(super) async fn releases(
+        &self,
+        namespace: &str,
+        agent_id: &str,
+        lease: &Lease,
+        after: Option<i64>,
+        now: i64,
+    ) -> Result<Vec<Message>> {
+        let mut tx = self.begin().await?;
+        let sequences: Vec<i64> = sqlx::query_scalar(
+            "UPDATE hub_inbox SET ack_deadline = $4 WHERE namespace = $1 AND recipient = $2 AND consumer_id = $3 \
+             AND ack_deadline > $5 AND expires_at > $5 AND sequence > $6 RETURNING sequence",
+        )
+        .bind(namespace)
+        .bind(agent_id)
+        .bind(&lease.consumer_id)
+        .bind(lease.until)
+        .bind(now)
+        .bind(after.unwrap_or(0))
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut messages = Vec::with_capacity(sequences.len());
+        for chunk in sequences.chunks(500) {
+            let sql = format!(
+                "SELECT {} FROM hub_inbox i JOIN hub_messages m ON m.namespace = i.namespace AND m.id = i.message_id \
+                 WHERE i.namespace = $1 AND i.recipient = $2 AND i.sequence IN ({}) ORDER BY i.sequence",
+                rows::inbox_columns!(),
+                placeholders(3, chunk.len())
+            );
+            let mut query = sqlx::query(AssertSqlSafe(sql)).bind(namespace).bind(agent_id);
+            for sequence in chunk {
+                query = query.bind(*sequence);
+            }
+            for row in query.fetch_all(&mut *tx).await? {
+                messages.push(rows::decode_message(&row)?);
+            }
+        }
+        tx.commit().await?;
+        messages.sort_by_key(|message| message.sequence);
+        Ok(messages)
+    }
+
+    pub(super) async fn remove_acked(&self, namespace: &str, agent_id: &str, ids: &[String]) -> Result<Vec<String>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "DELETE FROM hub_inbox WHERE namespace = $1 AND recipient = $2 AND message_id IN ({}) RETURNING message_id",
+            placeholders(3, ids.len())
+        );
+        let mut query = sqlx::query_scalar::<_, String>(AssertSqlSafe(sql)).bind(namespace).bind(agent_id);
+        for id in ids {
+            query = query.bind(id);
+        }
+        let removed = query.fetch_all(self.db.pool()).await?;
+        Ok(ids.iter().filter(|id| !removed.contains(id)).cloned().collect())
+    }
+
+    pub(super) async fn queued(&self, namespace: &str, recipient: &str, message_id: &str) -> Result<bool> {
+        let found: Option<i64> = sqlx::query_scalar(
+            "SELECT sequence FROM hub_inbox WHERE namespace = $1 AND message_id = $2 AND recipient = $3",
+        )
+        .bind(namespace)
+        .bind(message_id)
+        .bind(recipient)
+        .fetch_optional(self.db.pool())
+        .await?;
+        Ok(found.is_some())
+    }
+
+    pub(super) async fn begin_delegation(
+        &self,
+        namespace: &str,
+        correlation_id: &str,
+        sender: &str,
+        recipient: &str,
+        expires_at: i64,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO hub_delegations (namespace, correlation_id, sender, recipient, expires_at) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(namespace)
+        .bind(correlation_id)
+        .bind(sender)
+        .bind(recipient)
+        .bind(expires_at)
+        .execute(self.db.pool())
+        .await?;
+        Ok(())
+    }
+
+    pub(super) async fn answer(
+        &self,
+        namespace: &str,
+        sender: &str,
+        correlation_id: &str,
+        content: Content,
+        now: i64,
+    ) -> Result<Message> {
+        let mut tx = self.begin().await?;
+        let sql = format!(
+            "SELECT sender, recipient, reply_id, expires_at FROM hub_delegations \
+             WHERE namespace = $1 AND correlation_id = $2{}",
+            self.on_postgres(" FOR UPDATE")
+        );
+        let row = sqlx::query(AssertSqlSafe(sql)).bind(namespace).bind(correlation_id).fetch_optional(&mut *tx).await?;
+        let Some(row) = row else { return Err(HubError::NoPendingRequest(correlation_id.to_owned())) };
+        let recipient: String = row.try_get("recipient")?;
+        if recipient != sender {
+            return Err(HubError::NotTheRecipient { correlation_id: correlation_id.to_owned(), recipient });
+        }
+        let answered: Option<String> = row.try_get("reply_id")?;
+        let expires_at: i64 = row.try_get("expires_at")?;
+        if answered.is_some() || expires_at <= now {
+            return Err(HubError::NoPendingRequest(correlation_id.to_owned()));
+        }
+        let sequence = self.next_sequence(&mut tx).await?;
+        let reply = Message {
+            id: uuid::Uuid::now_v7().to_string(),
+            sequence,
+            kind: MessageKind::Reply,
+            sender: sender.to_owned(),
+            recipient: row.try_get("sender")?,
+            topic: None,
+            content,
+            correlation_id: Some(correlation_id.to_owned()),
+            sent_at: now,
+            expires_at,
+            attempt: 0,
+            ack_deadline: None,
+        };
+        sqlx::query(
+            "UPDATE hub_delegations SET reply_id = $3, reply_sequence = $4, reply_type = $5, reply_payload = $6, \
+             reply_content_type = $7, replied_at = $8 WHERE namespace = $1 AND correlation_id = $2",
+        )
+        .bind(namespace)
+        .bind(correlation_id)
+        .bind(&reply.id)
+        .bind(sequence)
+        .bind(&reply.content.message_type)
+        .bind(&reply.content.payload)
+        .bind(&reply.content.content_type)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        // The request is answered: it need not be handed out again.
+        sqlx::query(
+            "DELETE FROM hub_inbox WHERE namespace = $1 AND recipient = $2 AND kind = 'request' AND correlation_id = $3",
+        )
+        .bind(namespace)
+        .bind(sender)
+        .bind(correlation_id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(reply)
+    }
+
+    pub(super) async fn reply_of(&self, namespace: &str, correlation_id: &str) -> Result<Option<Message>> {
+        let row = sqlx::query(
+            "SELECT sender, recipient, expires_at, reply_id, reply_sequence, reply_type, reply_payload, \
+             reply_content_type, replied_at FROM hub_delegations \
+             WHERE namespace = $1 AND correlation_id = $2 AND reply_id IS NOT NULL",
+        )
+        .bind(namespace)
+        .bind(correlation_id)
+        .fetch_optional(self.db.pool())
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        Ok(Some(Message {
+            id: row.try_get("reply_id")?,
+            sequence: row.try_get("reply_sequence")?,
+            kind: MessageKind::Reply,
+            sender: row.try_get("recipient")?,
+            recipient: row.try_get("sender")?,
+            topic: None,
+            content: Content {
+                message_type: row.try_get("reply_type")?,
+                payload: row.try_get("reply_payload")?,
+                content_type: row.try_get("reply_content_type")?,
+            },
+            correlation_id: Some(correlation_id.to_owned()),
+            sent_at: row.try_get("replied_at")?,
+            expires_at: row.try_get("expires_at")?,
+            attempt: 0,
+            ack_deadline: None,
+        }))
+    }
+
+    pub(super) async fn end_delegation(&self, namespace: &str, correlation_id: &str) -> Result<()> {
+        let mut tx = self.begin().await?;
+        let recipient: Option<String> = sqlx::query_scalar(
+            "DELETE FROM hub_delegations WHERE namespace = $1 AND correlation_id = $2 RETURNING recipient",
+        )
+        .bind(namespace)
+        .bind(correlation_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(recipient) = recipient {
+            sqlx::query(
+                "DELETE FROM hub_inbox WHERE namespace = $1 AND recipient = $2 AND kind = 'request' \
+                 AND correlation_id = $3",
+            )
+            .bind(namespace)
+            .bind(recipient)
+            .bind(correlation_id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// Fails with `QueueFull` when any recipient's inbox already holds
+/// `max_queue_depth` live messages.
+async fn check_depth(
+    conn: &mut AnyConnection,
+    namespace: &str,
+    recipients: &[String],
+    max_queue_depth: u32,
+    now: i64,
+) -> Result<()> {
+    for chunk in recipients.chunks(500) {
+        let sql = format!(
+            "SELECT recipient FROM hub_inbox WHERE namespace = $1 AND expires_at > $2 AND recipient IN ({}) \
+             GROUP BY recipient HAVING COUNT(*) >= $3 LIMIT 1",
+            placeholders(4, chunk.len())
+        );
+        let mut query = sqlx::query_scalar::<_, String>(AssertSqlSafe(sql))
+            .bind(namespace)
+            .bind(now)
+            .bind(i64::from(max_queue_depth));
+        for recipient in chunk {
+            query = query.bind(recipient);
+        }
+        if let Some(recipient) = query.fetch_optional(&mut *conn).await? {
+            return Err(HubError::QueueFull { recipient, depth: max_queue_depth });
+        }
+    }
+    Ok(())
+}
+
+/// Leases inbox rows to a consumer, counting the hand-out.
+async fn lease(
+    conn: &mut AnyConnection,
+    namespace: &str,
+    agent_id: &str,
+    sequences: &[i64],
+    lease: &Lease,
+) -> Result<()> {
+    for chunk in sequences.chunks(500) {
+        let sql = format!(
+            "UPDATE hub_inbox SET consumer_id = $3, ack_deadline = $4, attempt = attempt + 1 \
+             WHERE namespace = $1 AND recipient = $2 AND sequence IN ({})",
+            placeholders(5, chunk.len())
+        );
+        let mut query =
+            sqlx::query(AssertSqlSafe(sql)).bind(namespace).bind(agent_id).bind(&lease.consumer_id).bind(lease.until);
+        for sequence in chunk {
+            query = query.bind(*sequence);
+        }
+        query.execute(&mut *conn).await?;
+    }
+    Ok(())
+}

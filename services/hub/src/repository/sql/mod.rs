@@ -1,0 +1,59 @@
+//! The SQL hub repository: one implementation for PostgreSQL and SQLite.
+
+mod agents;
+mod messages;
+mod repository;
+mod rows;
+mod state;
+
+use chorus_runtime::storage::{Backend, Db, MigrationFile, ServiceMigrations};
+use sqlx::Any;
+
+use crate::error::Result;
+
+/// The hub's embedded migrations.
+pub const MIGRATIONS: ServiceMigrations = ServiceMigrations {
+    service: "hub",
+    postgres: &[MigrationFile {
+        version: 1,
+        description: "hub",
+        sql: include_str!("../../../migrations/postgres/0001_hub.sql"),
+    }],
+    sqlite: &[MigrationFile {
+        version: 1,
+        description: "hub",
+        sql: include_str!("../../../migrations/sqlite/0001_hub.sql"),
+    }],
+};
+
+type Tx<'a> = sqlx::Transaction<'a, Any>;
+
+/// Hub storage on a [`Db`].
+#[derive(Debug, Clone)]
+pub struct SqlHubRepository {
+    db: Db,
+}
+
+impl SqlHubRepository {
+    pub fn new(db: Db) -> Self {
+        Self { db }
+    }
+
+    fn postgres(&self) -> bool {
+        self.db.backend() == Backend::Postgres
+    }
+
+    async fn begin(&self) -> Result<Tx<'static>> {
+        Ok(self.db.pool().begin().await?)
+    }
+
+    /// `suffix` on PostgreSQL; nothing on SQLite, which has a single writer.
+    fn on_postgres(&self, suffix: &'static str) -> &'static str {
+        if self.postgres() { suffix } else { "" }
+    }
+}
+
+/// `$first, $first+1, ...`: `count` numbered placeholders.
+fn placeholders(first: usize, count: usize) -> String {
+    (first..first + count).map(|n| format!("${n}")).collect::<Vec<_>>().join(", ")
+}

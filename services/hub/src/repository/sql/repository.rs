@@ -1,0 +1,131 @@
+//! [`HubRepository`] for [`SqlHubRepository`]: delegation to the modules
+//! that hold each part.
+
+use async_trait::async_trait;
+
+use super::SqlHubRepository;
+use crate::{
+    domain::{Agent, Content, Lease, Message, Outgoing, Sent, StateEntry, StateWrite},
+    error::Result,
+    repository::{Expired, HubRepository, Subscription, Take, Taken},
+};
+
+#[async_trait]
+impl HubRepository for SqlHubRepository {
+    async fn register_agent(&self, agent: Agent) -> Result<Agent> {
+        self.upsert_agent(agent).await
+    }
+
+    async fn heartbeat(&self, namespace: &str, agent_id: &str, now: i64) -> Result<Agent> {
+        self.touch_agent(namespace, agent_id, now).await
+    }
+
+    async fn deregister_agent(&self, namespace: &str, agent_id: &str) -> Result<()> {
+        self.remove_agent(namespace, agent_id).await
+    }
+
+    async fn get_agent(&self, namespace: &str, agent_id: &str) -> Result<Agent> {
+        self.agent(namespace, agent_id).await
+    }
+
+    async fn list_agents(&self, namespace: &str) -> Result<Vec<Agent>> {
+        self.agents(namespace).await
+    }
+
+    async fn subscribe(&self, namespace: &str, agent_id: &str, topic: &str, now: i64) -> Result<Subscription> {
+        self.add_subscription(namespace, agent_id, topic, now).await
+    }
+
+    async fn unsubscribe(&self, namespace: &str, agent_id: &str, topic: &str) -> Result<()> {
+        self.remove_subscription(namespace, agent_id, topic).await
+    }
+
+    async fn subscriptions(
+        &self,
+        namespace: &str,
+        agent_id: Option<&str>,
+        topic: Option<&str>,
+    ) -> Result<Vec<Subscription>> {
+        self.list_subscriptions(namespace, agent_id, topic).await
+    }
+
+    async fn send(&self, send: Outgoing, max_queue_depth: u32, now: i64) -> Result<(Sent, Vec<String>)> {
+        self.queue(send, max_queue_depth, now).await
+    }
+
+    async fn take(&self, take: &Take) -> Result<Taken> {
+        self.take_messages(take).await
+    }
+
+    async fn reclaim(
+        &self,
+        namespace: &str,
+        agent_id: &str,
+        lease: &Lease,
+        after: Option<i64>,
+        now: i64,
+    ) -> Result<Vec<Message>> {
+        self.releases(namespace, agent_id, lease, after, now).await
+    }
+
+    async fn ack(&self, namespace: &str, agent_id: &str, message_ids: &[String]) -> Result<Vec<String>> {
+        self.remove_acked(namespace, agent_id, message_ids).await
+    }
+
+    async fn is_queued(&self, namespace: &str, recipient: &str, message_id: &str) -> Result<bool> {
+        self.queued(namespace, recipient, message_id).await
+    }
+
+    async fn open_delegation(
+        &self,
+        namespace: &str,
+        correlation_id: &str,
+        sender: &str,
+        recipient: &str,
+        expires_at: i64,
+    ) -> Result<()> {
+        self.begin_delegation(namespace, correlation_id, sender, recipient, expires_at).await
+    }
+
+    async fn reply(
+        &self,
+        namespace: &str,
+        sender: &str,
+        correlation_id: &str,
+        content: Content,
+        now: i64,
+    ) -> Result<Message> {
+        self.answer(namespace, sender, correlation_id, content, now).await
+    }
+
+    async fn delegation_reply(&self, namespace: &str, correlation_id: &str) -> Result<Option<Message>> {
+        self.reply_of(namespace, correlation_id).await
+    }
+
+    async fn close_delegation(&self, namespace: &str, correlation_id: &str) -> Result<()> {
+        self.end_delegation(namespace, correlation_id).await
+    }
+
+    async fn state_row(&self, namespace: &str, key: &str) -> Result<Option<StateEntry>> {
+        self.read_state(namespace, key).await
+    }
+
+    async fn write_state(&self, write: StateWrite, now: i64) -> Result<StateEntry> {
+        self.store_state(write, now).await
+    }
+
+    async fn list_state(
+        &self,
+        namespace: &str,
+        prefix: &str,
+        after: Option<&str>,
+        limit: u32,
+        now: i64,
+    ) -> Result<Vec<StateEntry>> {
+        self.live_keys(namespace, prefix, after, limit, now).await
+    }
+
+    async fn expire(&self, now: i64, limit: u32) -> Result<Expired> {
+        self.clear_expired(now, limit).await
+    }
+}

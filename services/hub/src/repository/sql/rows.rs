@@ -1,0 +1,96 @@
+//! Row decoding and the column lists that go with it.
+
+use sqlx::{Row as _, any::AnyRow};
+
+use crate::{
+    domain::{Agent, Content, Message, MessageKind, StateEntry},
+    error::{HubError, Result},
+};
+
+macro_rules! agent_columns {
+    () => {
+        "namespace, id, agent_type, capabilities, agent_card, metadata, announce, registered_at, last_seen_at"
+    };
+}
+
+/// An inbox row joined with its message (`i` and `m`).
+macro_rules! inbox_columns {
+    () => {
+        "i.sequence, i.message_id, i.kind, i.sender, i.recipient, i.type, i.topic, i.correlation_id, i.expires_at, \
+         i.attempt, i.ack_deadline, m.payload, m.content_type, m.sent_at"
+    };
+}
+
+macro_rules! state_columns {
+    () => {
+        "namespace, key, value, content_type, version, change, updated_by, updated_at, expires_at"
+    };
+}
+
+pub(super) use {agent_columns, inbox_columns, state_columns};
+
+fn corrupt(what: &str, error: impl std::fmt::Display) -> HubError {
+    HubError::Corrupt(format!("{what}: {error}"))
+}
+
+pub(super) fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("strings and maps serialize")
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|error| corrupt(what, error))
+}
+
+pub(super) fn decode_agent(row: &AnyRow) -> Result<Agent> {
+    Ok(Agent {
+        namespace: row.try_get("namespace")?,
+        id: row.try_get("id")?,
+        agent_type: row.try_get("agent_type")?,
+        capabilities: from_json("agent capabilities", &row.try_get::<String, _>("capabilities")?)?,
+        agent_card: row.try_get("agent_card")?,
+        metadata: from_json("agent metadata", &row.try_get::<String, _>("metadata")?)?,
+        announce: row.try_get::<i64, _>("announce")? != 0,
+        registered_at: row.try_get("registered_at")?,
+        last_seen_at: row.try_get("last_seen_at")?,
+    })
+}
+
+pub(super) fn decode_kind(text: &str) -> Result<MessageKind> {
+    text.parse().map_err(|error: String| corrupt("message kind", error))
+}
+
+pub(super) fn decode_message(row: &AnyRow) -> Result<Message> {
+    Ok(Message {
+        id: row.try_get("message_id")?,
+        sequence: row.try_get("sequence")?,
+        kind: decode_kind(&row.try_get::<String, _>("kind")?)?,
+        sender: row.try_get("sender")?,
+        recipient: row.try_get("recipient")?,
+        topic: row.try_get("topic")?,
+        content: Content {
+            message_type: row.try_get("type")?,
+            payload: row.try_get("payload")?,
+            content_type: row.try_get("content_type")?,
+        },
+        correlation_id: row.try_get("correlation_id")?,
+        sent_at: row.try_get("sent_at")?,
+        expires_at: row.try_get("expires_at")?,
+        attempt: u32::try_from(row.try_get::<i64, _>("attempt")?).unwrap_or(u32::MAX),
+        ack_deadline: row.try_get("ack_deadline")?,
+    })
+}
+
+pub(super) fn decode_state(row: &AnyRow) -> Result<StateEntry> {
+    let change: String = row.try_get("change")?;
+    Ok(StateEntry {
+        namespace: row.try_get("namespace")?,
+        key: row.try_get("key")?,
+        value: row.try_get("value")?,
+        content_type: row.try_get("content_type")?,
+        version: row.try_get("version")?,
+        change: change.parse().map_err(|error: String| corrupt("state change", error))?,
+        updated_by: row.try_get("updated_by")?,
+        updated_at: row.try_get("updated_at")?,
+        expires_at: row.try_get("expires_at")?,
+    })
+}

@@ -1,0 +1,320 @@
+//! Messaging: sends into inboxes, receives and streams out of them, acks,
+//! and request/response.
+
+use std::time::Duration;
+
+use chorus_runtime::{
+    time::{micros, now_micros},
+    wakeup::Waiter,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::{Hub, keys};
+use crate::{
+    domain::{Audience, Content, InboxFilter, Lease, Message, MessageKind, Outgoing, Sent},
+    error::{HubError, Result},
+    repository::{Take, Taken},
+};
+
+/// What a receive got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    pub messages: Vec<Message>,
+    pub timed_out: bool,
+    /// With `require_all` and a timeout: the senders that sent nothing matching.
+    pub missing_senders: Vec<String>,
+}
+
+/// A receive: which messages, how many, how long to wait.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receive {
+    pub namespace: String,
+    pub agent_id: String,
+    pub filter: InboxFilter,
+    pub require_all: bool,
+    pub max: u32,
+    pub timeout: Duration,
+    pub ack_timeout: Duration,
+}
+
+/// A consumer of an agent's inbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inbox {
+    pub namespace: String,
+    pub agent_id: String,
+    pub consumer_id: String,
+    pub filter: InboxFilter,
+    pub ack_timeout: Duration,
+    pub max_in_flight: u32,
+    /// The highest sequence this consumer received on its previous stream.
+    pub after: Option<i64>,
+}
+
+/// What Delegate does when no reply came in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeoutPolicy {
+    Raise,
+    Retry { max_retries: u32 },
+    Fallback,
+}
+
+/// A request to delegate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delegation {
+    pub namespace: String,
+    pub sender: String,
+    pub recipient: String,
+    pub content: Content,
+    pub timeout: Duration,
+    pub on_timeout: TimeoutPolicy,
+}
+
+/// The outcome of a Delegate call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delegated {
+    pub correlation_id: String,
+    pub reply: Option<Message>,
+    pub attempts: u32,
+}
+
+impl Hub {
+    /// Queues a message for its audience and wakes the recipients.
+    pub async fn send(&self, send: Outgoing) -> Result<Sent> {
+        let namespace = send.namespace.clone();
+        let (sent, recipients) = self.repository.send(send, self.config.max_queue_depth, now_micros()).await?;
+        for recipient in &recipients {
+            self.wakeups.notify(&keys::inbox(&namespace, recipient));
+        }
+        Ok(sent)
+    }
+
+    /// Sends, then waits up to `confirm` for the recipient to ack; returns
+    /// what was sent and whether it was acked in time.
+    pub async fn send_confirmed(&self, send: Outgoing, confirm: Duration) -> Result<(Sent, bool)> {
+        let (namespace, recipient) = match &send.audience {
+            Audience::Agent(recipient) => (send.namespace.clone(), recipient.clone()),
+            Audience::Topic(_) | Audience::Everyone { .. } => return Ok((self.send(send).await?, false)),
+        };
+        let sent = self.send(send).await?;
+        let deadline = tokio::time::Instant::now() + confirm;
+        loop {
+            let mut waiter = self.wakeups.waiter(&keys::acked(&namespace, &sent.message_id));
+            if !self.repository.is_queued(&namespace, &recipient, &sent.message_id).await? {
+                return Ok((sent, true));
+            }
+            if !self.pause(&mut waiter, deadline).await {
+                return Ok((sent, false));
+            }
+        }
+    }
+
+    /// Waits until `deadline` at most for a signal on `waiter` (or the poll
+    /// interval); false when the deadline passed or the service is stopping.
+    async fn pause(&self, waiter: &mut Waiter, deadline: tokio::time::Instant) -> bool {
+        let now = tokio::time::Instant::now();
+        if now >= deadline || self.shutdown.is_cancelled() {
+            return false;
+        }
+        tokio::select! {
+            () = self.shutdown.cancelled() => false,
+            () = waiter.wait(self.config.poll_interval().min(deadline - now)) => true,
+        }
+    }
+
+    /// Waits up to `timeout` for matching inbox messages and leases them
+    /// for `ack_timeout`. A receive that times out takes nothing.
+    pub async fn receive(&self, receive: Receive) -> Result<Received> {
+        let Receive { namespace, agent_id, filter, require_all, max, timeout, ack_timeout } = receive;
+        let (namespace, agent_id) = (namespace.as_str(), agent_id.as_str());
+        self.repository.get_agent(namespace, agent_id).await?;
+        let consumer_id = format!("receive-{}", uuid::Uuid::now_v7());
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let mut waiter = self.wakeups.waiter(&keys::inbox(namespace, agent_id));
+            let now = now_micros();
+            let take = Take {
+                namespace: namespace.to_owned(),
+                agent_id: agent_id.to_owned(),
+                filter: filter.clone(),
+                require_all,
+                max,
+                lease: Lease { consumer_id: consumer_id.clone(), until: now.saturating_add(micros(ack_timeout)) },
+                hold_limit: None,
+                now,
+            };
+            let missing_senders = match self.repository.take(&take).await? {
+                Taken::Messages(messages) if !messages.is_empty() => {
+                    return Ok(Received { messages, timed_out: false, missing_senders: Vec::new() });
+                }
+                Taken::Messages(_) => Vec::new(),
+                Taken::Missing(senders) => senders,
+            };
+            if !self.pause(&mut waiter, deadline).await {
+                return Ok(Received { messages: Vec::new(), timed_out: true, missing_senders });
+            }
+        }
+    }
+
+    /// Hands an agent's inbox messages to one consumer as they arrive.
+    pub async fn stream_inbox(&self, inbox: Inbox) -> Result<ReceiverStream<Result<Message>>> {
+        self.repository.get_agent(&inbox.namespace, &inbox.agent_id).await?;
+        let (sender, receiver) = mpsc::channel(inbox.max_in_flight.max(1) as usize);
+        let hub = self.clone();
+        tokio::spawn(async move { hub.feed_inbox(inbox, sender).await });
+        Ok(ReceiverStream::new(receiver))
+    }
+
+    async fn feed_inbox(self, inbox: Inbox, sender: mpsc::Sender<Result<Message>>) {
+        let lease = |now: i64| Lease {
+            consumer_id: inbox.consumer_id.clone(),
+            until: now.saturating_add(micros(inbox.ack_timeout)),
+        };
+        let now = now_micros();
+        let resent = self.repository.reclaim(&inbox.namespace, &inbox.agent_id, &lease(now), inbox.after, now).await;
+        if !forward(resent, &sender).await {
+            return;
+        }
+        loop {
+            let mut waiter = self.wakeups.waiter(&keys::inbox(&inbox.namespace, &inbox.agent_id));
+            let now = now_micros();
+            let take = Take {
+                namespace: inbox.namespace.clone(),
+                agent_id: inbox.agent_id.clone(),
+                filter: inbox.filter.clone(),
+                require_all: false,
+                max: inbox.max_in_flight,
+                lease: lease(now),
+                hold_limit: Some(inbox.max_in_flight),
+                now,
+            };
+            let taken = self.repository.take(&take).await.map(|taken| match taken {
+                Taken::Messages(messages) => messages,
+                Taken::Missing(_) => Vec::new(),
+            });
+            let got_any = taken.as_ref().is_ok_and(|messages| !messages.is_empty());
+            if !forward(taken, &sender).await {
+                return;
+            }
+            if got_any {
+                continue;
+            }
+            // The agent may have been deregistered meanwhile: end the stream.
+            if let Err(error) = self.repository.get_agent(&inbox.namespace, &inbox.agent_id).await {
+                let _ = sender.send(Err(error)).await;
+                return;
+            }
+            tokio::select! {
+                () = self.shutdown.cancelled() => return,
+                () = sender.closed() => return,
+                () = waiter.wait(self.config.poll_interval()) => {}
+            }
+        }
+    }
+
+    /// Removes acked messages; returns the ids that were not in the inbox.
+    pub async fn ack(&self, namespace: &str, agent_id: &str, message_ids: &[String]) -> Result<Vec<String>> {
+        let unknown = self.repository.ack(namespace, agent_id, message_ids).await?;
+        for id in message_ids.iter().filter(|id| !unknown.contains(id)) {
+            self.wakeups.notify(&keys::acked(namespace, id));
+        }
+        self.wakeups.notify(&keys::inbox(namespace, agent_id));
+        Ok(unknown)
+    }
+
+    /// Sends a request and waits for the reply carrying its correlation id.
+    pub async fn delegate(&self, delegation: Delegation) -> Result<Delegated> {
+        let Delegation { namespace, sender, recipient, content, timeout, on_timeout } = delegation;
+        self.repository.get_agent(&namespace, &recipient).await?;
+        let correlation_id = uuid::Uuid::now_v7().to_string();
+        let attempts_allowed = match on_timeout {
+            TimeoutPolicy::Retry { max_retries } => max_retries.saturating_add(1),
+            TimeoutPolicy::Raise | TimeoutPolicy::Fallback => 1,
+        };
+        let expires_at = now_micros().saturating_add(micros(timeout.saturating_mul(attempts_allowed)));
+        self.repository.open_delegation(&namespace, &correlation_id, &sender, &recipient, expires_at).await?;
+        let outcome = self
+            .await_reply(&namespace, &sender, &recipient, &content, &correlation_id, timeout, attempts_allowed)
+            .await;
+        // However it ended, withdraw what is still queued.
+        self.repository.close_delegation(&namespace, &correlation_id).await?;
+        let (reply, attempts) = outcome?;
+        match (reply, on_timeout) {
+            (Some(reply), _) => Ok(Delegated { correlation_id, reply: Some(reply), attempts }),
+            (None, TimeoutPolicy::Fallback) => Ok(Delegated { correlation_id, reply: None, attempts }),
+            (None, TimeoutPolicy::Raise | TimeoutPolicy::Retry { .. }) => {
+                Err(HubError::DelegationTimedOut { correlation_id, recipient, attempts })
+            }
+        }
+    }
+
+    /// Sends the request up to `attempts_allowed` times, each waiting
+    /// `timeout`; returns the reply (if any) and the attempts made.
+    #[expect(clippy::too_many_arguments, reason = "the parts of one delegation")]
+    async fn await_reply(
+        &self,
+        namespace: &str,
+        sender: &str,
+        recipient: &str,
+        content: &Content,
+        correlation_id: &str,
+        timeout: Duration,
+        attempts_allowed: u32,
+    ) -> Result<(Option<Message>, u32)> {
+        for attempt in 1..=attempts_allowed {
+            let deadline = tokio::time::Instant::now() + timeout;
+            self.send(Outgoing {
+                namespace: namespace.to_owned(),
+                sender: sender.to_owned(),
+                audience: Audience::Agent(recipient.to_owned()),
+                kind: MessageKind::Request,
+                content: content.clone(),
+                correlation_id: Some(correlation_id.to_owned()),
+                ttl: timeout,
+                idempotency_key: None,
+            })
+            .await?;
+            loop {
+                let mut waiter = self.wakeups.waiter(&keys::reply(namespace, correlation_id));
+                if let Some(reply) = self.repository.delegation_reply(namespace, correlation_id).await? {
+                    return Ok((Some(reply), attempt));
+                }
+                if !self.pause(&mut waiter, deadline).await {
+                    break;
+                }
+            }
+        }
+        Ok((None, attempts_allowed))
+    }
+
+    /// Answers a delegated request.
+    pub async fn reply(
+        &self,
+        namespace: &str,
+        sender: &str,
+        correlation_id: &str,
+        content: Content,
+    ) -> Result<Message> {
+        let reply = self.repository.reply(namespace, sender, correlation_id, content, now_micros()).await?;
+        self.wakeups.notify(&keys::reply(namespace, correlation_id));
+        Ok(reply)
+    }
+}
+
+/// Sends messages, or the error that ends the stream; false when it is over.
+async fn forward(messages: Result<Vec<Message>>, sender: &mpsc::Sender<Result<Message>>) -> bool {
+    match messages {
+        Ok(messages) => {
+            for message in messages {
+                if sender.send(Ok(message)).await.is_err() {
+                    return false;
+                }
+            }
+            true
+        }
+        Err(error) => {
+            let _ = sender.send(Err(error)).await;
+            false
+        }
+    }
+}

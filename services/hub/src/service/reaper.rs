@@ -1,0 +1,53 @@
+//! The reaper: messages, replies and state whose TTL passed are cleared;
+//! an expired key takes a new version, which its watchers see.
+
+use chorus_runtime::time::now_micros;
+use tokio::task::JoinHandle;
+
+use super::{Hub, keys};
+
+/// Expired keys handled per transaction.
+const BATCH: u32 = 500;
+
+impl Hub {
+    /// Runs the reaper until shutdown. Every replica may run one.
+    pub fn spawn_reaper(&self) -> JoinHandle<()> {
+        let hub = self.clone();
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(hub.config.reaper_interval());
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = hub.shutdown.cancelled() => return,
+                    _ = interval.tick() => hub.reap().await,
+                }
+            }
+        })
+    }
+
+    async fn reap(&self) {
+        loop {
+            match self.repository.expire(now_micros(), BATCH).await {
+                Ok(expired) => {
+                    if expired.removed > 0 || !expired.keys.is_empty() {
+                        tracing::debug!(
+                            removed = expired.removed,
+                            keys = expired.keys.len(),
+                            "expired hub data cleared"
+                        );
+                    }
+                    for (namespace, key) in &expired.keys {
+                        self.wakeups.notify(&keys::state(namespace, key));
+                    }
+                    if expired.keys.len() < BATCH as usize {
+                        return;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "hub reaper failed; retrying on the next tick");
+                    return;
+                }
+            }
+        }
+    }
+}

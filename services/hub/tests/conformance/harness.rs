@@ -1,0 +1,199 @@
+//! Boots a hub on a fresh database: SQLite always, PostgreSQL when
+//! `CHORUS_TEST_POSTGRES_URL` is set (then a failure to connect fails the test).
+
+use std::{sync::Arc, time::Duration};
+
+use chorus_hub::{
+    Hub, HubConfig,
+    config::StaticAgent,
+    domain::{Agent, Audience, Content, InboxFilter, Message, MessageKind, Outgoing, Sent},
+    repository::sql::SqlHubRepository,
+    service::{Receive, Received},
+};
+use chorus_runtime::{
+    storage::{Db, StorageConfig},
+    testing::{PostgresDatabase, postgres_admin_url},
+    wakeup::Wakeups,
+};
+use tokio_util::sync::CancellationToken;
+
+pub(crate) use chorus_runtime::testing::POSTGRES_URL_VAR;
+
+pub(crate) const NS: &str = "team-a";
+
+pub(crate) struct Harness {
+    pub(crate) hub: Hub,
+    shutdown: CancellationToken,
+    _sqlite_dir: Option<tempfile::TempDir>,
+    postgres: Option<PostgresDatabase>,
+}
+
+/// Short timings so TTLs, leases and staleness show within a test.
+pub(crate) fn test_config() -> HubConfig {
+    HubConfig {
+        max_queue_depth: 5,
+        stale_after_ms: 300,
+        default_ack_timeout_ms: 2_000,
+        reaper_interval_ms: 50,
+        poll_interval_ms: 200,
+        max_payload_bytes: 1024,
+        static_agents: [(
+            NS.to_owned(),
+            vec![StaticAgent { id: "oracle".into(), agent_type: "model".into(), capabilities: vec!["answer".into()] }],
+        )]
+        .into(),
+        ..HubConfig::default()
+    }
+}
+
+impl Harness {
+    pub(crate) async fn sqlite() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}/hub.db?mode=rwc", dir.path().display());
+        let mut harness = Self::start(&url).await;
+        harness._sqlite_dir = Some(dir);
+        harness
+    }
+
+    /// `None` when no PostgreSQL is configured for tests.
+    pub(crate) async fn postgres() -> Option<Self> {
+        let database = PostgresDatabase::create(&postgres_admin_url()?).await;
+        let mut harness = Self::start(database.url()).await;
+        harness.postgres = Some(database);
+        Some(harness)
+    }
+
+    async fn start(url: &str) -> Self {
+        let db = Db::connect(url, &StorageConfig::default()).await.expect("connect to the test database");
+        db.migrate(&chorus_hub::MIGRATIONS).await.expect("migrate");
+        let shutdown = CancellationToken::new();
+        let hub = Hub::new(Arc::new(SqlHubRepository::new(db)), Wakeups::new(), test_config(), shutdown.clone());
+        hub.spawn_reaper();
+        Self { hub, shutdown, _sqlite_dir: None, postgres: None }
+    }
+
+    /// Registers agent `id` of `agent_type` in [`NS`].
+    pub(crate) async fn agent(&self, id: &str, agent_type: &str) -> Agent {
+        self.agent_in(NS, id, agent_type, &[]).await
+    }
+
+    pub(crate) async fn agent_in(&self, namespace: &str, id: &str, agent_type: &str, capabilities: &[&str]) -> Agent {
+        self.hub
+            .register_agent(Agent {
+                namespace: namespace.into(),
+                id: id.into(),
+                agent_type: agent_type.into(),
+                capabilities: capabilities.iter().map(|c| (*c).to_owned()).collect(),
+                agent_card: None,
+                metadata: Default::default(),
+                announce: false,
+                registered_at: 0,
+                last_seen_at: 0,
+            })
+            .await
+            .expect("register")
+    }
+
+    /// A direct message of `message_type` from `sender` to `recipient` in [`NS`].
+    pub(crate) async fn direct(&self, sender: &str, recipient: &str, message_type: &str) -> Sent {
+        self.hub
+            .send(outgoing(sender, Audience::Agent(recipient.into()), MessageKind::Direct, message_type))
+            .await
+            .expect("send")
+    }
+
+    /// Receives for `agent` in [`NS`], waiting at most `timeout`.
+    pub(crate) async fn receive(
+        &self,
+        agent: &str,
+        filter: InboxFilter,
+        require_all: bool,
+        timeout: Duration,
+    ) -> Received {
+        self.hub
+            .receive(Receive {
+                namespace: NS.into(),
+                agent_id: agent.into(),
+                filter,
+                require_all,
+                max: 100,
+                timeout,
+                ack_timeout: Duration::from_secs(2),
+            })
+            .await
+            .expect("receive")
+    }
+
+    /// Everything waiting for `agent` now, acked.
+    pub(crate) async fn drain(&self, agent: &str) -> Vec<Message> {
+        let received = self.receive(agent, InboxFilter::default(), false, Duration::ZERO).await;
+        let ids: Vec<String> = received.messages.iter().map(|m| m.id.clone()).collect();
+        if !ids.is_empty() {
+            self.hub.ack(NS, agent, &ids).await.expect("ack");
+        }
+        received.messages
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        drop(self.postgres.take());
+    }
+}
+
+pub(crate) fn content(message_type: &str) -> Content {
+    Content {
+        message_type: message_type.into(),
+        payload: br#"{"n":1}"#.to_vec(),
+        content_type: "application/json".into(),
+    }
+}
+
+pub(crate) fn outgoing(sender: &str, audience: Audience, kind: MessageKind, message_type: &str) -> Outgoing {
+    Outgoing {
+        namespace: NS.into(),
+        sender: sender.into(),
+        audience,
+        kind,
+        content: content(message_type),
+        correlation_id: None,
+        ttl: Duration::from_secs(60),
+        idempotency_key: None,
+    }
+}
+
+pub(crate) fn senders(values: &[&str]) -> InboxFilter {
+    InboxFilter { senders: values.iter().map(|v| (*v).to_owned()).collect(), ..InboxFilter::default() }
+}
+
+pub(crate) fn types_of(messages: &[Message]) -> Vec<&str> {
+    messages.iter().map(|m| m.content.message_type.as_str()).collect()
+}
+
+/// Runs each listed test against SQLite and, when configured, PostgreSQL.
+macro_rules! conformance {
+    ($($test:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(crate::harness::Harness::sqlite().await).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let Some(harness) = crate::harness::Harness::postgres().await else {
+                        eprintln!("skipped: {} is not set", crate::harness::POSTGRES_URL_VAR);
+                        return;
+                    };
+                    super::$test(harness).await;
+                }
+            )*
+        }
+    };
+}
+pub(crate) use conformance;

@@ -1,0 +1,147 @@
+//! Topics and broadcast: who gets a copy, queued delivery, TTLs, limits.
+
+use std::time::Duration;
+
+use chorus_hub::{
+    domain::{Audience, InboxFilter, MessageKind},
+    error::HubError,
+};
+
+use crate::harness::{Harness, NS, conformance, outgoing, types_of};
+
+conformance!(
+    a_publish_reaches_every_other_subscriber_once,
+    late_subscribers_see_only_what_follows_and_unsubscribing_drops_the_queue,
+    messages_expire_with_their_ttl,
+    broadcast_reaches_every_agent_but_the_sender_optionally_by_type,
+    a_full_inbox_refuses_the_whole_send,
+    idempotent_sends_queue_once,
+    topics_and_broadcasts_stay_in_their_namespace,
+);
+
+fn publish(sender: &str, topic: &str, message_type: &str) -> chorus_hub::domain::Outgoing {
+    outgoing(sender, Audience::Topic(topic.into()), MessageKind::Topic, message_type)
+}
+
+async fn a_publish_reaches_every_other_subscriber_once(h: Harness) {
+    for agent in ["pub", "a", "b"] {
+        h.agent(agent, "worker").await;
+        h.hub.subscribe(NS, agent, "code-review").await.unwrap();
+    }
+    let sent = h.hub.send(publish("pub", "code-review", "review.ready")).await.unwrap();
+    assert_eq!(sent.recipients, 2, "never back to the publisher");
+    assert!(h.drain("pub").await.is_empty());
+    for agent in ["a", "b"] {
+        let messages = h.drain(agent).await;
+        assert_eq!(types_of(&messages), ["review.ready"]);
+        assert_eq!((messages[0].kind, messages[0].topic.as_deref()), (MessageKind::Topic, Some("code-review")));
+        assert_eq!(messages[0].id, sent.message_id, "one message, a copy per inbox");
+        assert!(h.drain(agent).await.is_empty(), "acked messages never come back");
+    }
+}
+
+async fn late_subscribers_see_only_what_follows_and_unsubscribing_drops_the_queue(h: Harness) {
+    h.agent("pub", "worker").await;
+    h.agent("late", "worker").await;
+    h.hub.send(publish("pub", "news", "before")).await.unwrap();
+    h.hub.subscribe(NS, "late", "news").await.unwrap();
+    h.hub.send(publish("pub", "news", "after")).await.unwrap();
+    // Offline meanwhile: the message waited in the inbox.
+    assert_eq!(types_of(&h.drain("late").await), ["after"]);
+    h.hub.send(publish("pub", "news", "dropped")).await.unwrap();
+    h.hub.unsubscribe(NS, "late", "news").await.unwrap();
+    h.hub.send(publish("pub", "news", "unseen")).await.unwrap();
+    assert!(h.drain("late").await.is_empty());
+    assert!(h.hub.subscriptions(NS, Some("late"), None).await.unwrap().is_empty());
+}
+
+async fn messages_expire_with_their_ttl(h: Harness) {
+    h.agent("pub", "worker").await;
+    h.agent("sub", "worker").await;
+    h.hub.subscribe(NS, "sub", "t").await.unwrap();
+    let mut short = publish("pub", "t", "short");
+    short.ttl = Duration::from_millis(100);
+    h.hub.send(short).await.unwrap();
+    h.hub.send(publish("pub", "t", "long")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(types_of(&h.drain("sub").await), ["long"]);
+}
+
+async fn broadcast_reaches_every_agent_but_the_sender_optionally_by_type(h: Harness) {
+    h.agent("boss", "coordinator").await;
+    for worker in ["w1", "w2"] {
+        h.agent(worker, "worker").await;
+    }
+    h.agent("auditor", "auditor").await;
+    let all = h
+        .hub
+        .send(outgoing("boss", Audience::Everyone { agent_type: None }, MessageKind::Broadcast, "hello"))
+        .await
+        .unwrap();
+    assert_eq!(all.recipients, 3);
+    let workers = Audience::Everyone { agent_type: Some("worker".into()) };
+    let some = h.hub.send(outgoing("boss", workers, MessageKind::Broadcast, "work")).await.unwrap();
+    assert_eq!(some.recipients, 2);
+    assert!(h.drain("boss").await.is_empty());
+    assert_eq!(types_of(&h.drain("w1").await), ["hello", "work"]);
+    assert_eq!(types_of(&h.drain("w2").await), ["hello", "work"]);
+    assert_eq!(types_of(&h.drain("auditor").await), ["hello"]);
+}
+
+async fn a_full_inbox_refuses_the_whole_send(h: Harness) {
+    h.agent("pub", "worker").await;
+    for agent in ["roomy", "full"] {
+        h.agent(agent, "worker").await;
+        h.hub.subscribe(NS, agent, "t").await.unwrap();
+    }
+    for _ in 0..5 {
+        h.direct("pub", "full", "filler").await;
+    }
+    let error = h.hub.send(publish("pub", "t", "too much")).await.unwrap_err();
+    assert!(matches!(&error, HubError::QueueFull { recipient, depth: 5 } if recipient == "full"), "{error}");
+    assert!(h.drain("roomy").await.is_empty(), "nothing was queued for anyone");
+    assert_eq!(h.drain("full").await.len(), 5);
+    h.hub.send(publish("pub", "t", "fits now")).await.unwrap();
+}
+
+async fn idempotent_sends_queue_once(h: Harness) {
+    h.agent("a", "worker").await;
+    h.agent("b", "worker").await;
+    let mut send = outgoing("a", Audience::Agent("b".into()), MessageKind::Direct, "once");
+    send.idempotency_key = Some("k1".into());
+    let first = h.hub.send(send.clone()).await.unwrap();
+    let again = h.hub.send(send).await.unwrap();
+    assert!(again.duplicate);
+    assert_eq!((again.message_id.as_str(), again.sequence), (first.message_id.as_str(), first.sequence));
+    assert_eq!(h.drain("b").await.len(), 1);
+}
+
+async fn topics_and_broadcasts_stay_in_their_namespace(h: Harness) {
+    h.agent("pub", "worker").await;
+    h.agent_in("other", "spy", "worker", &[]).await;
+    h.hub.subscribe("other", "spy", "t").await.unwrap();
+    let sent = h.hub.send(publish("pub", "t", "secret")).await.unwrap();
+    assert_eq!(sent.recipients, 0);
+    let all = h
+        .hub
+        .send(outgoing("pub", Audience::Everyone { agent_type: None }, MessageKind::Broadcast, "x"))
+        .await
+        .unwrap();
+    assert_eq!(all.recipients, 0);
+    let inbox = h
+        .hub
+        .receive(chorus_hub::service::Receive {
+            namespace: "other".into(),
+            agent_id: "spy".into(),
+            filter: InboxFilter::default(),
+            require_all: false,
+            max: 10,
+            timeout: Duration::ZERO,
+            ack_timeout: Duration::from_secs(1),
+        })
+        .await
+        .unwrap();
+    assert!(inbox.messages.is_empty());
+    let error = h.hub.subscribe("other", "pub", "t").await.unwrap_err();
+    assert!(matches!(error, HubError::AgentNotFound(_)), "{error}");
+}
