@@ -1,5 +1,6 @@
 //! chorus end-to-end tests: a sandbox that runs the real `chorus` binary
-//! (`CHORUS_BIN`) and worker processes over real sockets.
+//! (`CHORUS_BIN`), worker processes and event-bus handler processes over
+//! real sockets.
 //!
 //! ```no_run
 //! # async fn demo() {
@@ -12,9 +13,11 @@
 //! Every process is killed when its handle is dropped; the sandbox's
 //! directory (data, working directories) is removed when it is dropped.
 
+pub mod handler;
 pub mod otlp;
 pub mod process;
 pub mod server;
+pub mod status;
 pub mod tasks;
 pub mod worker;
 
@@ -23,6 +26,7 @@ use std::{
     time::Duration,
 };
 
+pub use handler::{HandlerProcess, TestHandlerBuilder};
 pub use server::{Server, ServerBuilder};
 pub use worker::{Mode, TestWorkerBuilder, WorkerProcess};
 
@@ -74,6 +78,18 @@ impl Sandbox {
         TestWorkerBuilder::new(bin, server_url, self.path())
     }
 
+    /// A `test-handler` (at `bin`) for handler `handler` of `namespace` on
+    /// the server at `server_url`; see [`test_handler!`].
+    pub fn test_handler(
+        &self,
+        bin: impl Into<PathBuf>,
+        server_url: &str,
+        namespace: &str,
+        handler: &str,
+    ) -> TestHandlerBuilder {
+        TestHandlerBuilder::new(bin, server_url, namespace, handler, self.path())
+    }
+
     /// `chorus agent echo --server <server_url> --namespace <namespace>`.
     pub fn echo_agent(&self, server_url: &str, namespace: &str) -> WorkerProcess {
         WorkerProcess::echo_agent(server_url, namespace, self.path())
@@ -86,5 +102,15 @@ impl Sandbox {
 macro_rules! test_worker {
     ($sandbox:expr, $server_url:expr) => {
         $sandbox.test_worker(env!("CARGO_BIN_EXE_test-worker"), $server_url)
+    };
+}
+
+/// `sandbox.test_handler(<this package's test-handler binary>, server_url,
+/// namespace, handler)`: only integration tests know the binary's path, so
+/// this is a macro.
+#[macro_export]
+macro_rules! test_handler {
+    ($sandbox:expr, $server_url:expr, $namespace:expr, $handler:expr) => {
+        $sandbox.test_handler(env!("CARGO_BIN_EXE_test-handler"), $server_url, $namespace, $handler)
     };
 }

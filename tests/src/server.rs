@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use chorus_proto::taskstore::task_store_client::TaskStoreClient;
+use chorus_proto::{eventbus::event_bus_client::EventBusClient, taskstore::task_store_client::TaskStoreClient};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
@@ -136,6 +136,11 @@ impl Server {
     /// A task-store client over a new connection.
     pub async fn task_store(&self) -> TaskStoreClient<Channel> {
         TaskStoreClient::new(self.channel().await)
+    }
+
+    /// An event-bus client over a new connection.
+    pub async fn event_bus(&self) -> EventBusClient<Channel> {
+        EventBusClient::new(self.channel().await)
     }
 
     /// What gRPC health says of the task store now.

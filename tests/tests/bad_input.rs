@@ -7,6 +7,7 @@ use chorus_proto::taskstore::{
 };
 use chorus_tests::{
     Sandbox, Server,
+    status::assert_invalid,
     tasks::{Client, create_request, create_task, get_task, text_message},
 };
 use prost::{Message as _, bytes::BufMut as _};
@@ -16,7 +17,6 @@ use tonic::{
     codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder},
     codegen::http::uri::PathAndQuery,
 };
-use tonic_types::StatusExt as _;
 
 const NS: &str = "e2e";
 const MAX_MESSAGE_BYTES: usize = 64 * 1024;
@@ -24,19 +24,6 @@ const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 async fn dev_server(sandbox: &Sandbox) -> Server {
     let max = MAX_MESSAGE_BYTES.to_string();
     sandbox.dev().no_agents().env("CHORUS_SERVER__MAX_MESSAGE_BYTES", max).start().await
-}
-
-/// Asserts `outcome` failed with INVALID_ARGUMENT naming `field` in its BadRequest details.
-#[track_caller]
-fn assert_invalid<T: std::fmt::Debug>(outcome: Result<T, Status>, field: &str) {
-    let status = outcome.expect_err(&format!("a request with a bad `{field}` must fail"));
-    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-    let Some(details) = status.get_details_bad_request() else {
-        panic!("no google.rpc.BadRequest details in {status:?}");
-    };
-    let fields: Vec<&str> = details.field_violations.iter().map(|violation| violation.field.as_str()).collect();
-    assert_eq!(fields, [field], "{status:?}");
-    assert!(status.message().contains(field), "the message names the field: {status:?}");
 }
 
 async fn task_count(client: &mut Client) -> u32 {

@@ -8,6 +8,7 @@ use tonic::transport::Channel;
 use tonic_reflection::pb::{v1, v1alpha};
 
 const TASK_STORE: &str = "chorus.taskstore.v1.TaskStore";
+const EVENT_BUS: &str = "chorus.eventbus.v1.EventBus";
 const HEALTH: &str = "grpc.health.v1.Health";
 
 /// Sends one reflection request (v1) and returns its answer.
@@ -23,8 +24,19 @@ async fn ask(
     response.message_response.expect("a reflection answer has a body")
 }
 
+/// The file descriptors reflection (v1) sends for `symbol`.
+async fn files_containing(channel: &Channel, symbol: &str) -> Vec<FileDescriptorProto> {
+    use v1::{server_reflection_request::MessageRequest, server_reflection_response::MessageResponse};
+    let answer = ask(channel, MessageRequest::FileContainingSymbol(symbol.to_owned())).await;
+    let MessageResponse::FileDescriptorResponse(files) = answer else {
+        panic!("FileContainingSymbol({symbol}) answered {answer:?}");
+    };
+    let decode = |bytes: &Vec<u8>| FileDescriptorProto::decode(bytes.as_slice()).expect("a file descriptor");
+    files.file_descriptor_proto.iter().map(decode).collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reflection_v1_lists_the_services_and_describes_the_task_store() {
+async fn reflection_v1_lists_the_services_and_describes_the_task_store_and_the_event_bus() {
     let sandbox = Sandbox::new();
     let server = sandbox.dev().no_agents().start().await;
     let channel = server.channel().await;
@@ -36,24 +48,25 @@ async fn reflection_v1_lists_the_services_and_describes_the_task_store() {
         panic!("ListServices answered something else");
     };
     let names: Vec<&str> = listed.service.iter().map(|service| service.name.as_str()).collect();
-    assert!(names.contains(&TASK_STORE), "{names:?}");
-    assert!(names.contains(&HEALTH), "{names:?}");
+    for service in [TASK_STORE, EVENT_BUS, HEALTH] {
+        assert!(names.contains(&service), "{service} is not in {names:?}");
+    }
 
-    let answer = ask(&channel, MessageRequest::FileContainingSymbol(TASK_STORE.to_owned())).await;
-    let MessageResponse::FileDescriptorResponse(files) = answer else {
-        panic!("FileContainingSymbol answered {answer:?}");
-    };
-    let files: Vec<FileDescriptorProto> = files
-        .file_descriptor_proto
-        .iter()
-        .map(|bytes| FileDescriptorProto::decode(bytes.as_slice()).expect("a file descriptor"))
-        .collect();
+    let files = files_containing(&channel, TASK_STORE).await;
     let file = files.iter().find(|file| file.package() == "chorus.taskstore.v1").expect("the task store's file");
     assert_eq!(file.name(), "chorus/taskstore/v1/taskstore.proto");
     let service = file.service.iter().find(|service| service.name() == "TaskStore").expect("the TaskStore service");
     let claim = service.method.iter().find(|method| method.name() == "ClaimTasks").expect("ClaimTasks");
     assert_eq!(claim.input_type(), ".chorus.taskstore.v1.ClaimTasksRequest");
     assert!(claim.server_streaming(), "ClaimTasks streams claimed tasks");
+
+    let files = files_containing(&channel, EVENT_BUS).await;
+    let file = files.iter().find(|file| file.package() == "chorus.eventbus.v1").expect("the event bus's file");
+    assert_eq!(file.name(), "chorus/eventbus/v1/eventbus.proto");
+    let service = file.service.iter().find(|service| service.name() == "EventBus").expect("the EventBus service");
+    let subscribe = service.method.iter().find(|method| method.name() == "Subscribe").expect("Subscribe");
+    assert_eq!(subscribe.output_type(), ".chorus.eventbus.v1.Delivery");
+    assert!(subscribe.server_streaming(), "Subscribe streams deliveries");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,5 +87,7 @@ async fn reflection_v1alpha_lists_the_services_too() {
         panic!("ListServices answered {response:?}");
     };
     let names: Vec<&str> = listed.service.iter().map(|service| service.name.as_str()).collect();
-    assert!(names.contains(&TASK_STORE) && names.contains(&HEALTH), "{names:?}");
+    for service in [TASK_STORE, EVENT_BUS, HEALTH] {
+        assert!(names.contains(&service), "{service} is not in {names:?}");
+    }
 }
