@@ -2,7 +2,7 @@
 
 use chorus_runtime::{
     error::{ErrorCode, ServiceError},
-    storage::{DbErrorKind, classify},
+    storage::storage_error,
     validate::FieldViolation,
 };
 
@@ -36,12 +36,7 @@ pub type Result<T, E = EventBusError> = std::result::Result<T, E>;
 
 impl From<sqlx::Error> for EventBusError {
     fn from(error: sqlx::Error) -> Self {
-        match classify(&error) {
-            DbErrorKind::Unavailable => Self::Unavailable(error),
-            DbErrorKind::UniqueViolation | DbErrorKind::ForeignKeyViolation | DbErrorKind::Other => {
-                Self::Storage(error)
-            }
-        }
+        storage_error(error, Self::Unavailable, Self::Storage)
     }
 }
 

@@ -5,6 +5,7 @@
 //! - [`server`]: one server builder for gRPC + HTTP on one pre-bound port;
 //! - [`storage`]: a database URL selects PostgreSQL or SQLite; embedded migrations;
 //! - [`error`]: the closed error-code enum mapped once to gRPC and HTTP;
+//! - [`grpc`]: the namespace check and response streams every handler uses;
 //! - [`validate`]: proto input checks that name the offending field;
 //! - [`wakeup`]: commit signals between writers and waiting readers;
 //! - [`time`]: stored times (microseconds) and protobuf timestamps;
@@ -13,6 +14,7 @@
 
 pub mod config;
 pub mod error;
+pub mod grpc;
 pub mod server;
 pub mod signal;
 pub mod storage;

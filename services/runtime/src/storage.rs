@@ -241,6 +241,25 @@ pub enum DbErrorKind {
     Other,
 }
 
+/// A database error as one of a service's two storage errors: `unavailable`
+/// when retrying later may help, else `other`.
+pub fn storage_error<E>(
+    error: sqlx::Error,
+    unavailable: impl FnOnce(sqlx::Error) -> E,
+    other: impl FnOnce(sqlx::Error) -> E,
+) -> E {
+    match classify(&error) {
+        DbErrorKind::Unavailable => unavailable(error),
+        DbErrorKind::UniqueViolation | DbErrorKind::ForeignKeyViolation | DbErrorKind::Other => other(error),
+    }
+}
+
+/// `$first, $first+1, ...`: `count` numbered placeholders, for statements
+/// built with a variable number of values.
+pub fn placeholders(first: usize, count: usize) -> String {
+    (first..first + count).map(|n| format!("${n}")).collect::<Vec<_>>().join(", ")
+}
+
 /// Classifies a sqlx error.
 pub fn classify(error: &sqlx::Error) -> DbErrorKind {
     match error {

@@ -1,5 +1,7 @@
-//! Test support (cargo feature `testing`): a PostgreSQL database of its own
-//! for each test.
+//! Test support (cargo feature `testing`): a database of its own for each
+//! test — a SQLite file, or a fresh PostgreSQL database — and
+//! [`backend_suite!`](crate::backend_suite), which runs a repository suite
+//! against both.
 //!
 //! Tests that need PostgreSQL read [`postgres_admin_url`]: unset means skip
 //! (say so with an `eprintln!`); set but unreachable is a failure, which
@@ -7,7 +9,7 @@
 
 use std::fmt;
 
-use crate::storage::{Db, StorageConfig, redact_url};
+use crate::storage::{Db, ServiceMigrations, StorageConfig, redact_url};
 
 /// The variable naming the PostgreSQL server tests may use; CI sets it.
 pub const POSTGRES_URL_VAR: &str = "CHORUS_TEST_POSTGRES_URL";
@@ -15,6 +17,78 @@ pub const POSTGRES_URL_VAR: &str = "CHORUS_TEST_POSTGRES_URL";
 /// The admin URL tests create their databases from, when one is configured.
 pub fn postgres_admin_url() -> Option<String> {
     std::env::var(POSTGRES_URL_VAR).ok().filter(|url| !url.is_empty())
+}
+
+/// One test's database: a SQLite file in a temporary directory, or a fresh
+/// PostgreSQL database; removed when dropped.
+#[derive(Debug)]
+pub enum TestDatabase {
+    Sqlite { url: String, _dir: tempfile::TempDir },
+    Postgres(PostgresDatabase),
+}
+
+impl TestDatabase {
+    pub fn sqlite() -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|error| panic!("cannot create a temporary directory: {error}"));
+        let url = format!("sqlite://{}/test.db?mode=rwc", dir.path().display());
+        Self::Sqlite { url, _dir: dir }
+    }
+
+    /// `None` when no PostgreSQL is configured for tests (see [`postgres_admin_url`]).
+    pub async fn postgres() -> Option<Self> {
+        Some(Self::Postgres(PostgresDatabase::create(&postgres_admin_url()?).await))
+    }
+
+    pub fn url(&self) -> &str {
+        match self {
+            Self::Sqlite { url, .. } => url,
+            Self::Postgres(database) => database.url(),
+        }
+    }
+
+    /// Connects and runs each service's migrations.
+    ///
+    /// # Panics
+    /// When the database cannot be opened or migrated.
+    pub async fn open(&self, migrations: &[&ServiceMigrations]) -> Db {
+        let db = Db::connect(self.url(), &StorageConfig::default())
+            .await
+            .unwrap_or_else(|error| panic!("cannot open the test database: {error}"));
+        for service in migrations {
+            db.migrate(service).await.unwrap_or_else(|error| panic!("cannot migrate the test database: {error}"));
+        }
+        db
+    }
+}
+
+/// Runs each listed test against SQLite and, when `CHORUS_TEST_POSTGRES_URL`
+/// is set, against PostgreSQL. `$start` turns a [`TestDatabase`] into what
+/// the tests take (`async fn test(harness: H)`); it is called with a fresh
+/// database for every test and backend.
+#[macro_export]
+macro_rules! backend_suite {
+    ($start:path; $($test:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test($start($crate::testing::TestDatabase::sqlite()).await).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let Some(database) = $crate::testing::TestDatabase::postgres().await else {
+                        eprintln!("skipped: {} is not set", $crate::testing::POSTGRES_URL_VAR);
+                        return;
+                    };
+                    super::$test($start(database).await).await;
+                }
+            )*
+        }
+    };
 }
 
 /// A fresh database `chorus_test_<uuid>`, dropped (`WITH (FORCE)`, so open

@@ -1,15 +1,12 @@
 //! The gRPC handlers: validate and convert the request, call the service,
 //! convert the answer. No logic of their own.
 
-use std::pin::Pin;
-
 use chorus_proto::eventbus::{self as pb, event_bus_server::EventBusServer};
 use chorus_runtime::{
-    telemetry::record_ids,
+    grpc::{ResponseStream, namespace, stream_of},
     time::timestamp,
     validate::{self, FieldViolation},
 };
-use futures_util::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status};
 
 use super::convert::{self, MAX_BATCH};
@@ -17,8 +14,6 @@ use crate::{
     domain::{DeliveryId, DeliveryQuery, DeliveryState, EventQuery, HandlerSpec, Nack},
     service::{EventBus, Subscription},
 };
-
-type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 const DEFAULT_EVENT_PAGE: u32 = 100;
 const MAX_EVENT_PAGE: u32 = 1000;
@@ -44,23 +39,6 @@ impl EventBusGrpc {
     fn max_payload(&self) -> usize {
         self.bus.config().max_payload_bytes
     }
-}
-
-fn namespace(value: &str) -> Result<String, FieldViolation> {
-    let namespace = validate::namespace(value)?;
-    record_ids(&namespace, "");
-    Ok(namespace)
-}
-
-fn stream_of<T, U>(
-    stream: impl Stream<Item = crate::error::Result<T>> + Send + 'static,
-    convert: fn(T) -> U,
-) -> ResponseStream<U>
-where
-    T: 'static,
-    U: 'static,
-{
-    Box::pin(stream.map(move |item| item.map(convert).map_err(Status::from)))
 }
 
 #[tonic::async_trait]

@@ -11,15 +11,8 @@ use chorus_eventbus::{
     },
     repository::{EventRepository, sql::SqlEventRepository},
 };
-use chorus_runtime::{
-    storage::{Db, StorageConfig},
-    testing::{PostgresDatabase, postgres_admin_url},
-    time::now_micros,
-    wakeup::Wakeups,
-};
+use chorus_runtime::{testing::TestDatabase, time::now_micros, wakeup::Wakeups};
 use tokio_util::sync::CancellationToken;
-
-pub(crate) use chorus_runtime::testing::POSTGRES_URL_VAR;
 
 pub(crate) const NS: &str = "team-a";
 
@@ -27,8 +20,7 @@ pub(crate) struct Harness {
     pub(crate) bus: EventBus,
     pub(crate) repository: Arc<dyn EventRepository>,
     shutdown: CancellationToken,
-    _sqlite_dir: Option<tempfile::TempDir>,
-    postgres: Option<PostgresDatabase>,
+    _database: TestDatabase,
 }
 
 /// Short timings so retries and leases show within a test.
@@ -45,30 +37,13 @@ pub(crate) fn test_config() -> EventBusConfig {
 }
 
 impl Harness {
-    pub(crate) async fn sqlite() -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let url = format!("sqlite://{}/bus.db?mode=rwc", dir.path().display());
-        let mut harness = Self::start(&url).await;
-        harness._sqlite_dir = Some(dir);
-        harness
-    }
-
-    /// `None` when no PostgreSQL is configured for tests.
-    pub(crate) async fn postgres() -> Option<Self> {
-        let database = PostgresDatabase::create(&postgres_admin_url()?).await;
-        let mut harness = Self::start(database.url()).await;
-        harness.postgres = Some(database);
-        Some(harness)
-    }
-
-    async fn start(url: &str) -> Self {
-        let db = Db::connect(url, &StorageConfig::default()).await.expect("connect to the test database");
-        db.migrate(&chorus_eventbus::MIGRATIONS).await.expect("migrate");
+    pub(crate) async fn start(database: TestDatabase) -> Self {
+        let db = database.open(&[&chorus_eventbus::MIGRATIONS]).await;
         let repository: Arc<dyn EventRepository> = Arc::new(SqlEventRepository::new(db));
         let shutdown = CancellationToken::new();
         let bus = EventBus::new(Arc::clone(&repository), Wakeups::new(), test_config(), shutdown.clone());
         bus.spawn_reaper();
-        Self { bus, repository, shutdown, _sqlite_dir: None, postgres: None }
+        Self { bus, repository, shutdown, _database: database }
     }
 
     /// Publishes one event of `event_type` to [`NS`]; returns its sequence.
@@ -114,7 +89,6 @@ impl Harness {
 impl Drop for Harness {
     fn drop(&mut self) {
         self.shutdown.cancel();
-        drop(self.postgres.take());
     }
 }
 
@@ -159,26 +133,7 @@ pub(crate) fn spec(name: &str, after: &[&str], policy: FailurePolicy) -> Handler
 /// Runs each listed test against SQLite and, when configured, PostgreSQL.
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test(crate::harness::Harness::sqlite().await).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    let Some(harness) = crate::harness::Harness::postgres().await else {
-                        eprintln!("skipped: {} is not set", crate::harness::POSTGRES_URL_VAR);
-                        return;
-                    };
-                    super::$test(harness).await;
-                }
-            )*
-        }
+        chorus_runtime::backend_suite!(crate::harness::Harness::start; $($test),*);
     };
 }
 pub(crate) use conformance;

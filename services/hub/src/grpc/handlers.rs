@@ -1,16 +1,15 @@
 //! The gRPC handlers: validate and convert the request, call the service,
 //! convert the answer. No logic of their own.
 
-use std::{pin::Pin, time::Duration};
+use std::time::Duration;
 
 use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
 use chorus_proto::hub::{self as pb, hub_server::HubServer};
 use chorus_runtime::{
-    telemetry::record_ids,
+    grpc::{ResponseStream, namespace, stream_of},
     time::{now_micros, timestamp},
     validate::{self, FieldViolation},
 };
-use futures_util::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status};
 
 use super::convert;
@@ -18,8 +17,6 @@ use crate::{
     domain::{AgentQuery, Audience, InboxFilter, MessageKind, Outgoing, Sent, StateWrite},
     service::{Delegation, Hub, Inbox, Receive, TimeoutPolicy},
 };
-
-type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 const DEFAULT_RECEIVE: u32 = 100;
 const MAX_RECEIVE: u32 = 100;
@@ -44,12 +41,6 @@ impl HubGrpc {
     pub fn into_server(self, max_message_bytes: usize) -> HubServer<Self> {
         HubServer::new(self).max_decoding_message_size(max_message_bytes)
     }
-}
-
-fn namespace(value: &str) -> Result<String, FieldViolation> {
-    let namespace = validate::namespace(value)?;
-    record_ids(&namespace, "");
-    Ok(namespace)
 }
 
 fn sent(value: Sent, confirmed: bool) -> pb::SendResponse {
@@ -165,7 +156,7 @@ impl pb::hub_server::Hub for HubGrpc {
                 .transpose()?,
         };
         let messages = self.hub.stream_inbox(inbox).await?;
-        Ok(Response::new(Box::pin(messages.map(|item| item.map(convert::message).map_err(Status::from)))))
+        Ok(Response::new(stream_of(messages, convert::message)))
     }
 
     async fn send_direct(&self, request: Request<pb::SendDirectRequest>) -> Result<Response<pb::SendResponse>, Status> {
@@ -375,7 +366,7 @@ impl pb::hub_server::Hub for HubGrpc {
         let key = convert::name("key", &request.key)?;
         let after = convert::version(request.after_version)?;
         let changes = self.hub.watch_state(&namespace, &key, after);
-        Ok(Response::new(Box::pin(changes.map(|item| item.map(convert::state_change).map_err(Status::from)))))
+        Ok(Response::new(stream_of(changes, convert::state_change)))
     }
 
     async fn register_agent(&self, request: Request<pb::RegisterAgentRequest>) -> Result<Response<pb::Agent>, Status> {

@@ -10,22 +10,15 @@ use chorus_hub::{
     repository::sql::SqlHubRepository,
     service::{Receive, Received},
 };
-use chorus_runtime::{
-    storage::{Db, StorageConfig},
-    testing::{PostgresDatabase, postgres_admin_url},
-    wakeup::Wakeups,
-};
+use chorus_runtime::{testing::TestDatabase, wakeup::Wakeups};
 use tokio_util::sync::CancellationToken;
-
-pub(crate) use chorus_runtime::testing::POSTGRES_URL_VAR;
 
 pub(crate) const NS: &str = "team-a";
 
 pub(crate) struct Harness {
     pub(crate) hub: Hub,
     shutdown: CancellationToken,
-    _sqlite_dir: Option<tempfile::TempDir>,
-    postgres: Option<PostgresDatabase>,
+    _database: TestDatabase,
 }
 
 /// Short timings so TTLs, leases and staleness show within a test.
@@ -47,29 +40,12 @@ pub(crate) fn test_config() -> HubConfig {
 }
 
 impl Harness {
-    pub(crate) async fn sqlite() -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let url = format!("sqlite://{}/hub.db?mode=rwc", dir.path().display());
-        let mut harness = Self::start(&url).await;
-        harness._sqlite_dir = Some(dir);
-        harness
-    }
-
-    /// `None` when no PostgreSQL is configured for tests.
-    pub(crate) async fn postgres() -> Option<Self> {
-        let database = PostgresDatabase::create(&postgres_admin_url()?).await;
-        let mut harness = Self::start(database.url()).await;
-        harness.postgres = Some(database);
-        Some(harness)
-    }
-
-    async fn start(url: &str) -> Self {
-        let db = Db::connect(url, &StorageConfig::default()).await.expect("connect to the test database");
-        db.migrate(&chorus_hub::MIGRATIONS).await.expect("migrate");
+    pub(crate) async fn start(database: TestDatabase) -> Self {
+        let db = database.open(&[&chorus_hub::MIGRATIONS]).await;
         let shutdown = CancellationToken::new();
         let hub = Hub::new(Arc::new(SqlHubRepository::new(db)), Wakeups::new(), test_config(), shutdown.clone());
         hub.spawn_reaper();
-        Self { hub, shutdown, _sqlite_dir: None, postgres: None }
+        Self { hub, shutdown, _database: database }
     }
 
     /// Registers agent `id` of `agent_type` in [`NS`].
@@ -138,7 +114,6 @@ impl Harness {
 impl Drop for Harness {
     fn drop(&mut self) {
         self.shutdown.cancel();
-        drop(self.postgres.take());
     }
 }
 
@@ -174,26 +149,7 @@ pub(crate) fn types_of(messages: &[Message]) -> Vec<&str> {
 /// Runs each listed test against SQLite and, when configured, PostgreSQL.
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test(crate::harness::Harness::sqlite().await).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    let Some(harness) = crate::harness::Harness::postgres().await else {
-                        eprintln!("skipped: {} is not set", crate::harness::POSTGRES_URL_VAR);
-                        return;
-                    };
-                    super::$test(harness).await;
-                }
-            )*
-        }
+        chorus_runtime::backend_suite!(crate::harness::Harness::start; $($test),*);
     };
 }
 pub(crate) use conformance;

@@ -1,14 +1,14 @@
 //! The gRPC handlers: validate and convert the request, call the service,
 //! convert the answer. No logic of their own.
 
-use std::{pin::Pin, time::Duration};
+use std::time::Duration;
 
 use chorus_proto::taskstore::{self as pb, task_store_server::TaskStoreServer};
 use chorus_runtime::{
+    grpc::{ResponseStream, namespace, stream_of},
     telemetry::{current_context_headers, record_ids},
     validate::{self, FieldViolation},
 };
-use futures_util::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status};
 
 use super::convert;
@@ -16,8 +16,6 @@ use crate::{
     domain::{ArtifactChunk, ClaimRequest, NewSubtask, NewTask, Notification, StatusUpdate, TaskQuery},
     service::{TaskStore, WatchFilter, WatchStart},
 };
-
-type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 const DEFAULT_PAGE_SIZE: u32 = 50;
 const MAX_PAGE_SIZE: u32 = 100;
@@ -46,23 +44,6 @@ fn task_ref(namespace: &str, field: &str, task_id: &str) -> Result<(String, Stri
     let task_id = validate::id(field, task_id)?;
     record_ids(&namespace, &task_id);
     Ok((namespace, task_id))
-}
-
-fn namespace(value: &str) -> Result<String, FieldViolation> {
-    let namespace = validate::namespace(value)?;
-    record_ids(&namespace, "");
-    Ok(namespace)
-}
-
-fn stream_of<T, U>(
-    stream: impl Stream<Item = crate::error::Result<T>> + Send + 'static,
-    convert: fn(T) -> U,
-) -> ResponseStream<U>
-where
-    T: 'static,
-    U: 'static,
-{
-    Box::pin(stream.map(move |item| item.map(convert).map_err(Status::from)))
 }
 
 #[tonic::async_trait]

@@ -3,11 +3,7 @@
 
 use std::sync::Arc;
 
-use chorus_runtime::{
-    storage::{Db, StorageConfig},
-    testing::{PostgresDatabase, postgres_admin_url},
-    wakeup::Wakeups,
-};
+use chorus_runtime::{testing::TestDatabase, wakeup::Wakeups};
 use chorus_taskstore::{
     TaskStore, TaskStoreConfig,
     domain::{Message, NewTask, Role, SpawnContext, Task},
@@ -15,14 +11,11 @@ use chorus_taskstore::{
 };
 use tokio_util::sync::CancellationToken;
 
-pub(crate) use chorus_runtime::testing::POSTGRES_URL_VAR;
-
 pub(crate) struct Harness {
     pub(crate) store: TaskStore,
     pub(crate) repository: Arc<dyn TaskRepository>,
     shutdown: CancellationToken,
-    _sqlite_dir: Option<tempfile::TempDir>,
-    postgres: Option<PostgresDatabase>,
+    _database: TestDatabase,
 }
 
 /// Short timings so lease and wait behaviour shows within a test.
@@ -37,30 +30,18 @@ pub(crate) fn test_config() -> TaskStoreConfig {
 }
 
 impl Harness {
-    pub(crate) async fn sqlite_with(config: TaskStoreConfig) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let url = format!("sqlite://{}/tasks.db?mode=rwc", dir.path().display());
-        let mut harness = Self::start(&url, config).await;
-        harness._sqlite_dir = Some(dir);
-        harness
+    /// A task store configured with [`test_config`].
+    pub(crate) async fn start(database: TestDatabase) -> Self {
+        Self::start_with(database, test_config()).await
     }
 
-    /// `None` when no PostgreSQL is configured for tests.
-    pub(crate) async fn postgres_with(config: TaskStoreConfig) -> Option<Self> {
-        let database = PostgresDatabase::create(&postgres_admin_url()?).await;
-        let mut harness = Self::start(database.url(), config).await;
-        harness.postgres = Some(database);
-        Some(harness)
-    }
-
-    async fn start(url: &str, config: TaskStoreConfig) -> Self {
-        let db = Db::connect(url, &StorageConfig::default()).await.expect("connect to the test database");
-        db.migrate(&chorus_taskstore::MIGRATIONS).await.expect("migrate");
+    pub(crate) async fn start_with(database: TestDatabase, config: TaskStoreConfig) -> Self {
+        let db = database.open(&[&chorus_taskstore::MIGRATIONS]).await;
         let repository: Arc<dyn TaskRepository> = Arc::new(SqlTaskRepository::new(db));
         let shutdown = CancellationToken::new();
         let store = TaskStore::new(Arc::clone(&repository), Wakeups::new(), config, shutdown.clone());
         store.spawn_reaper();
-        Self { store, repository, shutdown, _sqlite_dir: None, postgres: None }
+        Self { store, repository, shutdown, _database: database }
     }
 
     /// Creates a task for `agent` in `namespace` whose first message says `text`.
@@ -72,8 +53,6 @@ impl Harness {
 impl Drop for Harness {
     fn drop(&mut self) {
         self.shutdown.cancel();
-        // Dropping the database ends the store's connections (`WITH (FORCE)`).
-        drop(self.postgres.take());
     }
 }
 
@@ -98,32 +77,13 @@ pub(crate) fn agent_message(text: &str) -> Message {
 }
 
 /// Runs each listed test against SQLite and, when configured, PostgreSQL,
-/// with the task store configured by `config` (default: [`test_config`]).
+/// with the task store [`Harness::start`] makes, or the one `start` makes.
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
-        crate::harness::conformance!(config = crate::harness::test_config(); $($test),*);
+        chorus_runtime::backend_suite!(crate::harness::Harness::start; $($test),*);
     };
-    (config = $config:expr; $($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test(crate::harness::Harness::sqlite_with($config).await).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    let Some(harness) = crate::harness::Harness::postgres_with($config).await else {
-                        eprintln!("skipped: {} is not set", crate::harness::POSTGRES_URL_VAR);
-                        return;
-                    };
-                    super::$test(harness).await;
-                }
-            )*
-        }
+    (start = $start:path; $($test:ident),* $(,)?) => {
+        chorus_runtime::backend_suite!($start; $($test),*);
     };
 }
 pub(crate) use conformance;

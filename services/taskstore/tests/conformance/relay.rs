@@ -16,7 +16,7 @@ use crate::{
 };
 
 conformance!(
-    config = crate::relay::slow_config();
+    start = crate::relay::start;
     each_change_reaches_the_bus_once_per_namespace_in_order,
     a_publish_whose_answer_is_lost_is_repeated_and_logged_once,
 );
@@ -92,4 +92,8 @@ async fn a_publish_whose_answer_is_lost_is_repeated_and_logged_once(h: Harness) 
     let log = bus.wait_for("ns", 2).await;
     assert_eq!(log[1].subject, second.id);
     assert_eq!(bus.calls(), 4, "once answered, the first event is not sent again");
+}
+
+async fn start(database: chorus_runtime::testing::TestDatabase) -> Harness {
+    Harness::start_with(database, slow_config()).await
 }

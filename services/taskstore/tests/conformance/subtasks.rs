@@ -15,7 +15,7 @@ use crate::{
 };
 
 conformance!(
-    config = crate::subtasks::limits_config();
+    start = crate::subtasks::start;
     a_blocking_spawn_returns_the_result,
     a_blocking_spawn_times_out_without_losing_the_child,
     non_blocking_spawns_are_awaited_together,
@@ -281,4 +281,8 @@ async fn a_spawn_that_repeats_an_ancestor_is_a_cycle(h: Harness) {
     assert!(matches!(&error, TaskStoreError::Cycle { ancestor_id, .. } if ancestor_id == &root.id), "{error}");
     let other_prompt = spawn(&h, &child.id, "coder", "fix the other bug").await;
     assert_eq!(other_prompt.depth, 2);
+}
+
+async fn start(database: chorus_runtime::testing::TestDatabase) -> Harness {
+    Harness::start_with(database, limits_config()).await
 }

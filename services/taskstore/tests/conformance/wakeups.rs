@@ -12,7 +12,7 @@ use crate::{
 };
 
 conformance!(
-    config = crate::wakeups::slow_poll_config();
+    start = crate::wakeups::start;
     a_worker_at_capacity_gets_the_next_task_as_soon_as_one_finishes,
     a_waiting_worker_gets_a_new_task_at_once,
 );
@@ -42,4 +42,8 @@ async fn a_waiting_worker_gets_a_new_task_at_once(h: Harness) {
     let task = h.task("ns", "echo", "new").await;
     let next = tokio::time::timeout(Duration::from_secs(10), claims.next()).await;
     assert_eq!(next.expect("woken by the create").unwrap().unwrap().task.id, task.id);
+}
+
+async fn start(database: chorus_runtime::testing::TestDatabase) -> Harness {
+    Harness::start_with(database, slow_poll_config()).await
 }

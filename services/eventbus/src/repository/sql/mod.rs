@@ -13,7 +13,7 @@ mod rows;
 
 use std::collections::BTreeMap;
 
-use chorus_runtime::storage::{Backend, Db, MigrationFile, ServiceMigrations};
+use chorus_runtime::storage::{Backend, Db, MigrationFile, ServiceMigrations, placeholders};
 use sqlx::{Any, AnyConnection};
 
 use crate::{
@@ -90,11 +90,6 @@ impl SqlEventRepository {
             .await?;
         Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(select)).bind(namespace).fetch_one(&mut *conn).await?)
     }
-}
-
-/// `$first, $first+1, ...`: `count` numbered placeholders.
-fn placeholders(first: usize, count: usize) -> String {
-    (first..first + count).map(|n| format!("${n}")).collect::<Vec<_>>().join(", ")
 }
 
 /// The namespace's latest sequence, without locking.

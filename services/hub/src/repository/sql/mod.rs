@@ -6,7 +6,7 @@ mod repository;
 mod rows;
 mod state;
 
-use chorus_runtime::storage::{Backend, Db, MigrationFile, ServiceMigrations};
+use chorus_runtime::storage::{Backend, Db, MigrationFile, ServiceMigrations, placeholders};
 use sqlx::Any;
 
 use crate::error::Result;
@@ -51,9 +51,4 @@ impl SqlHubRepository {
     fn on_postgres(&self, suffix: &'static str) -> &'static str {
         if self.postgres() { suffix } else { "" }
     }
-}
-
-/// `$first, $first+1, ...`: `count` numbered placeholders.
-fn placeholders(first: usize, count: usize) -> String {
-    (first..first + count).map(|n| format!("${n}")).collect::<Vec<_>>().join(", ")
 }
