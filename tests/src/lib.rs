@@ -1,6 +1,6 @@
 //! chorus end-to-end tests: a sandbox that runs the real `chorus` binary
-//! (`CHORUS_BIN`), worker processes and event-bus handler processes over
-//! real sockets.
+//! (`CHORUS_BIN`), worker processes, event-bus handler processes and hub
+//! agent processes over real sockets.
 //!
 //! ```no_run
 //! # async fn demo() {
@@ -13,6 +13,7 @@
 //! Every process is killed when its handle is dropped; the sandbox's
 //! directory (data, working directories) is removed when it is dropped.
 
+pub mod agent;
 pub mod handler;
 pub mod otlp;
 pub mod process;
@@ -26,6 +27,7 @@ use std::{
     time::Duration,
 };
 
+pub use agent::{AgentProcess, TestAgentBuilder};
 pub use handler::{HandlerProcess, TestHandlerBuilder};
 pub use server::{Server, ServerBuilder};
 pub use worker::{Mode, TestWorkerBuilder, WorkerProcess};
@@ -90,6 +92,18 @@ impl Sandbox {
         TestHandlerBuilder::new(bin, server_url, namespace, handler, self.path())
     }
 
+    /// A `test-agent` (at `bin`) for worker `agent_id` of `namespace` on the
+    /// hub at `server_url`; see [`test_agent!`].
+    pub fn test_agent(
+        &self,
+        bin: impl Into<PathBuf>,
+        server_url: &str,
+        namespace: &str,
+        agent_id: &str,
+    ) -> TestAgentBuilder {
+        TestAgentBuilder::new(bin, server_url, namespace, agent_id, self.path())
+    }
+
     /// `chorus agent echo --server <server_url> --namespace <namespace>`.
     pub fn echo_agent(&self, server_url: &str, namespace: &str) -> WorkerProcess {
         WorkerProcess::echo_agent(server_url, namespace, self.path())
@@ -112,5 +126,15 @@ macro_rules! test_worker {
 macro_rules! test_handler {
     ($sandbox:expr, $server_url:expr, $namespace:expr, $handler:expr) => {
         $sandbox.test_handler(env!("CARGO_BIN_EXE_test-handler"), $server_url, $namespace, $handler)
+    };
+}
+
+/// `sandbox.test_agent(<this package's test-agent binary>, server_url,
+/// namespace, agent_id)`: only integration tests know the binary's path, so
+/// this is a macro.
+#[macro_export]
+macro_rules! test_agent {
+    ($sandbox:expr, $server_url:expr, $namespace:expr, $agent_id:expr) => {
+        $sandbox.test_agent(env!("CARGO_BIN_EXE_test-agent"), $server_url, $namespace, $agent_id)
     };
 }

@@ -10,7 +10,10 @@ use std::{
     time::Duration,
 };
 
-use chorus_proto::{eventbus::event_bus_client::EventBusClient, taskstore::task_store_client::TaskStoreClient};
+use chorus_proto::{
+    eventbus::event_bus_client::EventBusClient, hub::hub_client::HubClient,
+    taskstore::task_store_client::TaskStoreClient,
+};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
@@ -141,6 +144,11 @@ impl Server {
     /// An event-bus client over a new connection.
     pub async fn event_bus(&self) -> EventBusClient<Channel> {
         EventBusClient::new(self.channel().await)
+    }
+
+    /// A hub client over a new connection.
+    pub async fn hub(&self) -> HubClient<Channel> {
+        HubClient::new(self.channel().await)
     }
 
     /// What gRPC health says of the task store now.

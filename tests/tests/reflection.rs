@@ -9,6 +9,7 @@ use tonic_reflection::pb::{v1, v1alpha};
 
 const TASK_STORE: &str = "chorus.taskstore.v1.TaskStore";
 const EVENT_BUS: &str = "chorus.eventbus.v1.EventBus";
+const HUB: &str = "chorus.hub.v1.Hub";
 const HEALTH: &str = "grpc.health.v1.Health";
 
 /// Sends one reflection request (v1) and returns its answer.
@@ -36,7 +37,7 @@ async fn files_containing(channel: &Channel, symbol: &str) -> Vec<FileDescriptor
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reflection_v1_lists_the_services_and_describes_the_task_store_and_the_event_bus() {
+async fn reflection_v1_lists_the_services_and_describes_the_task_store_the_event_bus_and_the_hub() {
     let sandbox = Sandbox::new();
     let server = sandbox.dev().no_agents().start().await;
     let channel = server.channel().await;
@@ -48,7 +49,7 @@ async fn reflection_v1_lists_the_services_and_describes_the_task_store_and_the_e
         panic!("ListServices answered something else");
     };
     let names: Vec<&str> = listed.service.iter().map(|service| service.name.as_str()).collect();
-    for service in [TASK_STORE, EVENT_BUS, HEALTH] {
+    for service in [TASK_STORE, EVENT_BUS, HUB, HEALTH] {
         assert!(names.contains(&service), "{service} is not in {names:?}");
     }
 
@@ -67,6 +68,14 @@ async fn reflection_v1_lists_the_services_and_describes_the_task_store_and_the_e
     let subscribe = service.method.iter().find(|method| method.name() == "Subscribe").expect("Subscribe");
     assert_eq!(subscribe.output_type(), ".chorus.eventbus.v1.Delivery");
     assert!(subscribe.server_streaming(), "Subscribe streams deliveries");
+
+    let files = files_containing(&channel, HUB).await;
+    let file = files.iter().find(|file| file.package() == "chorus.hub.v1").expect("the hub's file");
+    assert_eq!(file.name(), "chorus/hub/v1/hub.proto");
+    let service = file.service.iter().find(|service| service.name() == "Hub").expect("the Hub service");
+    let stream = service.method.iter().find(|method| method.name() == "StreamInbox").expect("StreamInbox");
+    assert_eq!(stream.output_type(), ".chorus.hub.v1.Message");
+    assert!(stream.server_streaming(), "StreamInbox streams inbox messages");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,7 +96,7 @@ async fn reflection_v1alpha_lists_the_services_too() {
         panic!("ListServices answered {response:?}");
     };
     let names: Vec<&str> = listed.service.iter().map(|service| service.name.as_str()).collect();
-    for service in [TASK_STORE, EVENT_BUS, HEALTH] {
+    for service in [TASK_STORE, EVENT_BUS, HUB, HEALTH] {
         assert!(names.contains(&service), "{service} is not in {names:?}");
     }
 }

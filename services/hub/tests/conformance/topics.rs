@@ -16,6 +16,7 @@ conformance!(
     broadcast_reaches_every_agent_but_the_sender_optionally_by_type,
     a_full_inbox_refuses_the_whole_send,
     idempotent_sends_queue_once,
+    concurrent_sends_keep_keys_and_limits,
     topics_and_broadcasts_stay_in_their_namespace,
 );
 
@@ -114,6 +115,41 @@ async fn idempotent_sends_queue_once(h: Harness) {
     assert!(again.duplicate);
     assert_eq!((again.message_id.as_str(), again.sequence), (first.message_id.as_str(), first.sequence));
     assert_eq!(h.drain("b").await.len(), 1);
+}
+
+async fn concurrent_sends_keep_keys_and_limits(h: Harness) {
+    h.agent("a", "worker").await;
+    h.agent("b", "worker").await;
+    h.agent("c", "worker").await;
+    let keyed = (0..10).map(|_| {
+        let hub = h.hub.clone();
+        let mut send = outgoing("a", Audience::Agent("b".into()), MessageKind::Direct, "once");
+        send.idempotency_key = Some("same".into());
+        tokio::spawn(async move { hub.send(send).await.expect("a keyed send succeeds").message_id })
+    });
+    let mut ids = Vec::new();
+    for send in keyed {
+        ids.push(send.await.unwrap());
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 1, "every concurrent send got the one message: {ids:?}");
+    assert_eq!(h.drain("b").await.len(), 1);
+
+    // Ten senders race for an inbox with room for five.
+    let racing = (0..10).map(|_| {
+        let hub = h.hub.clone();
+        tokio::spawn(async move { hub.send(outgoing("a", Audience::Agent("c".into()), MessageKind::Direct, "x")).await })
+    });
+    let mut queued = 0;
+    for send in racing {
+        match send.await.unwrap() {
+            Ok(_) => queued += 1,
+            Err(HubError::QueueFull { .. }) => {}
+            Err(other) => panic!("unexpected error: {other}"),
+        }
+    }
+    assert_eq!(queued, 5);
+    assert_eq!(h.drain("c").await.len(), 5, "the limit held under concurrency");
 }
 
 async fn topics_and_broadcasts_stay_in_their_namespace(h: Harness) {

@@ -1,6 +1,9 @@
 //! Messages: queueing into inboxes, leasing out of them, acks, delegations.
 
-use chorus_runtime::time::micros;
+use chorus_runtime::{
+    storage::{DbErrorKind, classify},
+    time::micros,
+};
 use sqlx::{AnyConnection, AssertSqlSafe, Row as _};
 
 use super::{SqlHubRepository, Tx, placeholders, rows};
@@ -22,6 +25,19 @@ impl SqlHubRepository {
     }
 
     pub(super) async fn queue(&self, send: Outgoing, max_queue_depth: u32, now: i64) -> Result<(Sent, Vec<String>)> {
+        match self.queue_once(send.clone(), max_queue_depth, now).await {
+            // A concurrent send with the same idempotency key committed
+            // first: this one is its duplicate, which a second pass finds.
+            Err(HubError::Storage(error))
+                if send.idempotency_key.is_some() && classify(&error) == DbErrorKind::UniqueViolation =>
+            {
+                self.queue_once(send, max_queue_depth, now).await
+            }
+            outcome => outcome,
+        }
+    }
+
+    async fn queue_once(&self, send: Outgoing, max_queue_depth: u32, now: i64) -> Result<(Sent, Vec<String>)> {
         let mut tx = self.begin().await?;
         let namespace = &send.namespace;
         if let Some(key) = &send.idempotency_key {
@@ -44,6 +60,11 @@ impl SqlHubRepository {
             }
         }
         let recipients = self.recipients(&mut tx, &send).await?;
+        if self.postgres() {
+            // Sends to one agent queue up here, so that its inbox depth
+            // is counted by one sender at a time and the limit holds.
+            lock_agents(&mut tx, namespace, &recipients).await?;
+        }
         check_depth(&mut tx, namespace, &recipients, max_queue_depth, now).await?;
         let sequence = self.next_sequence(&mut tx).await?;
         let message_id = uuid::Uuid::now_v7().to_string();
@@ -217,8 +238,8 @@ impl SqlHubRepository {
     ) -> Result<Vec<Message>> {
         let mut tx = self.begin().await?;
         let sequences: Vec<i64> = sqlx::query_scalar(
-            "UPDATE hub_inbox SET ack_deadline = $4 WHERE namespace = $1 AND recipient = $2 AND consumer_id = $3 \
-             AND ack_deadline > $5 AND expires_at > $5 AND sequence > $6 RETURNING sequence",
+            "UPDATE hub_inbox SET ack_deadline = $4, attempt = attempt + 1 WHERE namespace = $1 AND recipient = $2 \
+             AND consumer_id = $3 AND ack_deadline > $5 AND expires_at > $5 AND sequence > $6 RETURNING sequence",
         )
         .bind(namespace)
         .bind(agent_id)
@@ -420,6 +441,25 @@ impl SqlHubRepository {
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// Locks the agents' rows, in id order (so that concurrent senders never
+/// deadlock).
+async fn lock_agents(conn: &mut AnyConnection, namespace: &str, agent_ids: &[String]) -> Result<()> {
+    let mut sorted: Vec<&String> = agent_ids.iter().collect();
+    sorted.sort();
+    for chunk in sorted.chunks(500) {
+        let sql = format!(
+            "SELECT id FROM hub_agents WHERE namespace = $1 AND id IN ({}) ORDER BY id FOR UPDATE",
+            placeholders(2, chunk.len())
+        );
+        let mut query = sqlx::query_scalar::<_, String>(AssertSqlSafe(sql)).bind(namespace);
+        for id in chunk {
+            query = query.bind(*id);
+        }
+        query.fetch_all(&mut *conn).await?;
+    }
+    Ok(())
 }
 
 /// Fails with `QueueFull` when any recipient's inbox already holds
