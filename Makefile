@@ -24,7 +24,8 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
-## bench: task-store round trips on PostgreSQL and SQLite beside the raw commit rate
+## bench: task-store round trips (PostgreSQL, SQLite) and event-bus throughput through a 3-handler
+## chain (PostgreSQL; NATS JetStream on 127.0.0.1:4222 beside it) against the raw commit rate
 bench:
 	$(CARGO) run --release -p chorus-bench
 

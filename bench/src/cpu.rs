@@ -1,6 +1,6 @@
 //! Where the CPU goes during a measured window, from `/proc`: the whole
-//! machine, every `postgres` process, the chorus server and the load client
-//! (this process, or pgbench).
+//! machine, every `postgres` process, the server under test (chorus, or
+//! nats-server) and the load client (this process, or pgbench).
 //!
 //! Processes that exit inside a window lose their ticks, so windows are
 //! sampled while the load runs (pgbench's backends exit when it ends).
@@ -31,7 +31,8 @@ pub(crate) struct CpuUsage {
     pub(crate) cores: usize,
     pub(crate) machine_busy_pct: f64,
     pub(crate) postgres_pct: f64,
-    pub(crate) chorus_pct: Option<f64>,
+    /// chorus, or nats-server in the NATS runs.
+    pub(crate) server_pct: Option<f64>,
     pub(crate) client_pct: f64,
     /// Everything else on the machine (other users, the kernel's own work):
     /// a high figure means the run was disturbed.
@@ -39,7 +40,7 @@ pub(crate) struct CpuUsage {
 }
 
 impl CpuSnapshot {
-    /// Reads the counters; `server` is the chorus process (if any) and
+    /// Reads the counters; `server` is the process under test (if any) and
     /// `client` the process generating the load.
     pub(crate) fn take(server: Option<u32>, client: u32) -> anyhow::Result<Self> {
         let (machine_busy, machine_total) = machine_ticks()?;
@@ -61,14 +62,14 @@ impl CpuSnapshot {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let machine_busy_pct = later.machine_busy.saturating_sub(self.machine_busy) as f64 / total as f64 * 100.0;
         let postgres_pct = pct(self.postgres, later.postgres);
-        let chorus_pct = self.server.zip(later.server).map(|(before, after)| pct(before, after));
+        let server_pct = self.server.zip(later.server).map(|(before, after)| pct(before, after));
         let client_pct = pct(self.client, later.client);
-        let accounted = postgres_pct + chorus_pct.unwrap_or_default() + client_pct;
+        let accounted = postgres_pct + server_pct.unwrap_or_default() + client_pct;
         CpuUsage {
             cores,
             machine_busy_pct,
             postgres_pct,
-            chorus_pct,
+            server_pct,
             client_pct,
             other_pct: (machine_busy_pct * cores as f64 - accounted).max(0.0),
         }
@@ -102,18 +103,42 @@ fn process_ticks(pid: u32) -> anyhow::Result<u64> {
 /// User plus system ticks of every process whose command is `postgres`.
 fn postgres_ticks() -> anyhow::Result<u64> {
     let mut total = 0;
-    for entry in std::fs::read_dir("/proc").context("cannot list /proc")? {
-        let Ok(entry) = entry else { continue };
-        if !entry.file_name().to_str().is_some_and(|name| name.bytes().all(|byte| byte.is_ascii_digit())) {
-            continue;
-        }
-        // A process may exit between the listing and the read: skip it.
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+    for (_, stat) in processes()? {
         if let Some(("postgres", ticks)) = parse_process_stat(&stat) {
             total += ticks;
         }
     }
     Ok(total)
+}
+
+/// A process whose command is `name`, and its command line.
+pub(crate) fn find_process(name: &str) -> anyhow::Result<Option<(u32, String)>> {
+    for (pid, stat) in processes()? {
+        if parse_process_stat(&stat).is_some_and(|(command, _)| command == name) {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let words: Vec<String> = cmdline
+                .split(|&byte| byte == 0)
+                .filter(|word| !word.is_empty())
+                .map(String::from_utf8_lossy)
+                .map(String::from)
+                .collect();
+            return Ok(Some((pid, words.join(" "))));
+        }
+    }
+    Ok(None)
+}
+
+/// Every process's pid and `/proc/PID/stat` line.
+fn processes() -> anyhow::Result<Vec<(u32, String)>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").context("cannot list /proc")? {
+        let Ok(entry) = entry else { continue };
+        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse().ok()) else { continue };
+        // A process may exit between the listing and the read: skip it.
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        found.push((pid, stat));
+    }
+    Ok(found)
 }
 
 /// The command name and user plus system ticks of a `/proc/PID/stat` line.
@@ -152,6 +177,6 @@ mod tests {
         let after = CpuSnapshot::take(None, std::process::id()).expect("a snapshot");
         let usage = before.usage_until(&after);
         assert!(usage.cores >= 1);
-        assert!(usage.chorus_pct.is_none());
+        assert!(usage.server_pct.is_none());
     }
 }

@@ -32,7 +32,7 @@ pub(crate) struct Window {
 }
 
 impl Window {
-    fn contains(&self, at: Instant) -> bool {
+    pub(crate) fn contains(&self, at: Instant) -> bool {
         at >= self.start && at < self.end
     }
 }
@@ -143,14 +143,7 @@ struct Worker {
 
 impl Worker {
     async fn connect(endpoint: &str, index: usize, clients: usize) -> anyhow::Result<Self> {
-        let channel = Endpoint::from_shared(endpoint.to_owned())
-            .with_context(|| format!("bad endpoint {endpoint}"))?
-            .connect_timeout(STEP_TIMEOUT)
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .with_context(|| format!("cannot connect to {endpoint}"))?;
-        let mut client = TaskStoreClient::new(channel);
+        let mut client = TaskStoreClient::new(connect(endpoint).await?);
         let agent_id = format!("bench-{index}");
         let request = pb::ClaimTasksRequest {
             namespace: NAMESPACE.to_owned(),
@@ -232,8 +225,19 @@ impl Worker {
     }
 }
 
+/// A connection of its own to `endpoint`.
+pub(crate) async fn connect(endpoint: &str) -> anyhow::Result<Channel> {
+    Endpoint::from_shared(endpoint.to_owned())
+        .with_context(|| format!("bad endpoint {endpoint}"))?
+        .connect_timeout(STEP_TIMEOUT)
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {endpoint}"))
+}
+
 /// One gRPC call, bounded by [`STEP_TIMEOUT`].
-async fn call<T>(
+pub(crate) async fn call<T>(
     name: &str,
     response: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 ) -> anyhow::Result<T> {

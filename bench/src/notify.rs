@@ -1,7 +1,7 @@
 //! Counts the wake-up notifications chorus sends through PostgreSQL.
 //!
 //! chorus carries wake-up keys to other replicas with `pg_notify` on one
-//! channel. Each call is made in a transaction of the sender's and read, by
+//! channel per service. Each call is made in a transaction of the sender's and read, by
 //! every listening backend, in a transaction of the listener's: both show in
 //! `xact_commit`. Listening on the same channel shows how many calls a round
 //! trip causes and which keys they carried. A payload is one key, or (from
@@ -14,8 +14,10 @@ use serde::Serialize;
 use sqlx::postgres::PgListener;
 use tokio::task::JoinHandle;
 
-/// The channel `chorus serve taskstore` notifies on (`src/stack.rs`).
-const CHANNEL: &str = "chorus_taskstore";
+/// The channels `chorus serve taskstore` and `chorus serve eventbus` notify
+/// on (`src/stack.rs`).
+pub(crate) const TASKSTORE_CHANNEL: &str = "chorus_taskstore";
+pub(crate) const EVENTBUS_CHANNEL: &str = "chorus_eventbus";
 
 /// Notifications received, and the wake-up keys they carried by kind
 /// (`task/…`, `events/…`, `claim/…`, anything else).
@@ -65,10 +67,10 @@ pub(crate) struct NotifyCounter {
 }
 
 impl NotifyCounter {
-    /// Starts listening on `database_url` (a database chorus serves from).
-    pub(crate) async fn start(database_url: &str) -> anyhow::Result<Self> {
+    /// Starts listening on `channel` of `database_url` (a database chorus serves from).
+    pub(crate) async fn start(database_url: &str, channel: &str) -> anyhow::Result<Self> {
         let mut listener = PgListener::connect(database_url).await.context("cannot connect the notify counter")?;
-        listener.listen(CHANNEL).await.context("cannot LISTEN for chorus wake-ups")?;
+        listener.listen(channel).await.context("cannot LISTEN for chorus wake-ups")?;
         // A listening backend runs a transaction for each batch of
         // notifications it reads and reports it only when it next finishes
         // a query or exits. Flushing now leaves nothing pending, so no idle

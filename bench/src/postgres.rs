@@ -7,9 +7,10 @@ use anyhow::{Context as _, anyhow, bail};
 use sqlx::{AssertSqlSafe, Connection as _, Executor as _, PgConnection};
 use tokio_util::sync::CancellationToken;
 
-/// Every scratch database is `chorus_bench_<pid>_<label>`: a later run drops
-/// those whose process is gone (a run killed before it could clean up).
-const PREFIX: &str = "chorus_bench_";
+/// Every scratch database (and NATS stream) is `chorus_bench_<pid>_<label>`:
+/// a later run drops those whose process is gone (a run killed before it
+/// could clean up).
+pub(crate) const PREFIX: &str = "chorus_bench_";
 
 /// How long the sessions of a stopped chorus may take to end.
 const SESSIONS_END_TIMEOUT: Duration = Duration::from_secs(10);
@@ -69,6 +70,20 @@ impl Admin {
         Ok(version)
     }
 
+    /// The settings that decide whether a commit waits for the disk.
+    pub(crate) async fn durability(&self) -> anyhow::Result<String> {
+        let mut connection = self.connect().await?;
+        let settings: String = sqlx::query_scalar(
+            "SELECT string_agg(name || '=' || setting, ', ' ORDER BY name) FROM pg_settings \
+             WHERE name IN ('fsync', 'synchronous_commit', 'wal_sync_method')",
+        )
+        .fetch_one(&mut connection)
+        .await
+        .context("reading pg_settings")?;
+        connection.close().await.context("closing the admin connection")?;
+        Ok(settings)
+    }
+
     /// Drops the scratch databases of earlier runs whose process has exited.
     pub(crate) async fn drop_stale(&self) -> anyhow::Result<Vec<String>> {
         let mut connection = self.connect().await?;
@@ -79,8 +94,7 @@ impl Admin {
             .context("listing scratch databases")?;
         let mut dropped = Vec::new();
         for name in names {
-            let owner_alive = owner_pid(&name).is_none_or(|pid| Path::new(&format!("/proc/{pid}")).exists());
-            if owner_alive {
+            if !owner_gone(&name) {
                 continue;
             }
             drop_database(&mut connection, &name).await?;
@@ -224,6 +238,11 @@ async fn drop_database(connection: &mut PgConnection, name: &str) -> anyhow::Res
         .await
         .with_context(|| format!("cannot drop database {name}"))?;
     Ok(())
+}
+
+/// Whether `name` is a scratch name whose process has exited.
+pub(crate) fn owner_gone(name: &str) -> bool {
+    owner_pid(name).is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
 }
 
 /// The pid in a scratch database's name.

@@ -1,4 +1,5 @@
-//! The results: a table on stdout and a JSON summary of the same figures.
+//! The task-store results: a table on stdout and a JSON summary of the same
+//! figures (`target/bench/taskstore.json` by default).
 
 use std::{
     fmt::Write as _,
@@ -15,8 +16,8 @@ use crate::{
 
 /// The goal: this many concurrent workers reach this share of the raw
 /// commit rate (at the designed 3 commits per round trip).
-const GOAL_CLIENTS: usize = 16;
-const GOAL_RATIO: f64 = 0.5;
+pub(crate) const GOAL_CLIENTS: usize = 16;
+pub(crate) const GOAL_RATIO: f64 = 0.5;
 
 /// Everything one run measured. Every field is always present (null when not
 /// measured), so the structure is the same from run to run.
@@ -78,13 +79,8 @@ impl Report {
         Self { config, raw_postgres, chorus, goal }
     }
 
-    /// Writes the JSON summary to `path`, creating its directory.
     pub(crate) fn write_json(&self, path: &Path) -> anyhow::Result<()> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        }
-        let json = serde_json::to_string_pretty(self).context("cannot serialise the report")?;
-        std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))
+        write_json(self, path)
     }
 
     /// The human-readable tables.
@@ -183,7 +179,7 @@ impl Report {
                 result.phases.create.p50_ms,
                 result.phases.claim.p50_ms,
                 result.phases.complete.p50_ms,
-                cpu.chorus_pct.unwrap_or_default(),
+                cpu.server_pct.unwrap_or_default(),
                 cpu.postgres_pct,
                 cpu.client_pct,
                 cpu.other_pct,
@@ -275,15 +271,24 @@ fn backend_name(backend: Backend) -> &'static str {
     }
 }
 
-fn percent(ratio: Option<f64>) -> String {
+pub(crate) fn percent(ratio: Option<f64>) -> String {
     ratio.map_or_else(|| "-".to_owned(), |ratio| format!("{:.1}%", ratio * 100.0))
 }
 
-/// Where the JSON goes by default: `target/bench/taskstore.json` in the
+/// Writes a JSON summary to `path`, creating its directory.
+pub(crate) fn write_json(report: &impl Serialize, path: &Path) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let json = serde_json::to_string_pretty(report).context("cannot serialise the report")?;
+    std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Where a JSON summary goes by default: `target/bench/<name>` in the
 /// workspace (or under `CARGO_TARGET_DIR`).
-pub(crate) fn default_json_path() -> PathBuf {
+pub(crate) fn default_json_path(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| {
         Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or_else(|| Path::new(".")).join("target")
     });
-    target.join("bench").join("taskstore.json")
+    target.join("bench").join(name)
 }

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     cpu::{CpuSnapshot, CpuUsage},
     load::{Load, LoadResult},
-    notify::{Notifications, NotifyCounter},
+    notify::{Notifications, NotifyCounter, TASKSTORE_CHANNEL},
     postgres::{Admin, CommitCounter, Commits, EventLog},
     server::Server,
     stats::LatencySummary,
@@ -137,7 +137,7 @@ pub(crate) async fn run_postgres(
             prime(binary, &db.url, workdir.path(), Backend::Postgres, plan).await?;
             let mut probes = PgProbes {
                 commits: admin.commit_counter(&db.name).await?,
-                notifications: NotifyCounter::start(&db.url).await?,
+                notifications: NotifyCounter::start(&db.url, TASKSTORE_CHANNEL).await?,
                 events: EventLog::new(&db.url),
             };
             let mut results = Vec::with_capacity(plan.clients.len());
@@ -168,7 +168,7 @@ async fn measure_postgres(
     // reads stay outside the count.
     let position = probes.events.position().await?;
     let (commits_before, notes_before) = probes.read().await?;
-    let server = Server::start(binary, url, workdir).await?;
+    let server = Server::start(binary, "taskstore", url, workdir).await?;
     let (server, outcome) = drive(server, Backend::Postgres, clients, plan).await;
     let stopped = server.stop().await;
     let (load, cpu) = outcome?;
@@ -193,7 +193,7 @@ pub(crate) async fn run_sqlite(
         prime(binary, &url, workdir.path(), Backend::Sqlite, plan).await?;
         let mut results = Vec::with_capacity(plan.clients.len());
         for &clients in &plan.clients {
-            let server = Server::start(binary, &url, workdir.path()).await?;
+            let server = Server::start(binary, "taskstore", &url, workdir.path()).await?;
             let (server, outcome) = drive(server, Backend::Sqlite, clients, plan).await;
             let stopped = server.stop().await;
             let (load, cpu) = outcome?;
@@ -221,7 +221,7 @@ async fn prime(binary: &Path, url: &str, workdir: &Path, backend: Backend, plan:
     }
     let clients = plan.clients.iter().copied().max().unwrap_or(1);
     eprintln!("chorus on {backend:?}: priming the database, {clients} client(s) for {:?}…", plan.prime);
-    let server = Server::start(binary, url, workdir).await?;
+    let server = Server::start(binary, "taskstore", url, workdir).await?;
     let outcome =
         async { Load::start(&server.endpoint, clients, Duration::ZERO, plan.prime).await?.finish().await }.await;
     let stopped = server.stop().await;

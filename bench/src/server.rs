@@ -1,5 +1,5 @@
 //! The `chorus` binary under test: built in release mode (or named by the
-//! caller) and run as `chorus serve taskstore` on a scratch database.
+//! caller) and run as `chorus serve taskstore|eventbus` on a scratch database.
 
 use std::{
     path::{Path, PathBuf},
@@ -71,7 +71,7 @@ fn chorus_executable(messages: &str) -> Option<PathBuf> {
     })
 }
 
-/// A running `chorus serve taskstore`.
+/// A running `chorus serve SERVICE`.
 #[derive(Debug)]
 pub(crate) struct Server {
     child: Child,
@@ -81,15 +81,21 @@ pub(crate) struct Server {
 }
 
 impl Server {
-    /// Starts chorus on `database_url` and waits for its announcement. Its
-    /// logs (RUST_LOG=warn) go to a file in `workdir`, shown if it fails.
-    pub(crate) async fn start(binary: &Path, database_url: &str, workdir: &Path) -> anyhow::Result<Self> {
+    /// Starts `chorus serve <service>` on `database_url` and waits for its
+    /// announcement. Its logs (RUST_LOG=warn) go to a file in `workdir`,
+    /// shown if it fails.
+    pub(crate) async fn start(
+        binary: &Path,
+        service: &str,
+        database_url: &str,
+        workdir: &Path,
+    ) -> anyhow::Result<Self> {
         let stderr_path = workdir.join("chorus.stderr.log");
         let stderr =
             std::fs::File::create(&stderr_path).with_context(|| format!("cannot create {}", stderr_path.display()))?;
         let mut command = Command::new(binary);
         command
-            .args(["serve", "taskstore", "--listen", "127.0.0.1:0", "--database-url", database_url])
+            .args(["serve", service, "--listen", "127.0.0.1:0", "--database-url", database_url])
             // No stray chorus.toml: the defaults plus any CHORUS_* variables.
             .current_dir(workdir)
             .env("RUST_LOG", "warn")
@@ -122,6 +128,11 @@ impl Server {
             None => Ok(()),
             Some(status) => bail!("chorus exited ({status})\nchorus stderr:\n{}", tail(&self.stderr_path)),
         }
+    }
+
+    /// The end of chorus's log, for error messages.
+    pub(crate) fn log_tail(&self) -> String {
+        tail(&self.stderr_path)
     }
 
     /// Stops chorus and reaps it.
