@@ -90,6 +90,20 @@ pub fn topological_order(handlers: &Handlers) -> Vec<String> {
     order
 }
 
+/// Every registered handler `name` runs after, directly or through others.
+pub fn ancestors(handlers: &Handlers, name: &str) -> Vec<String> {
+    let mut found = BTreeSet::new();
+    let mut stack = vec![name];
+    while let Some(node) = stack.pop() {
+        for after in handlers.get(node).into_iter().flat_map(|handler| &handler.after) {
+            if handlers.contains_key(after) && found.insert(after.clone()) {
+                stack.push(after);
+            }
+        }
+    }
+    found.into_iter().collect()
+}
+
 /// One handler's delivery of an event, as readiness sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Participant {
@@ -222,6 +236,13 @@ mod tests {
         assert_eq!(find_cycle(&handlers, "a", &names(&["b"])), Some(names(&["a", "b", "c", "d", "a"])));
         assert_eq!(find_cycle(&handlers, "a", &names(&["x"])), None);
         assert_eq!(find_cycle(&handlers, "e", &names(&["b", "d"])), None);
+    }
+
+    #[test]
+    fn ancestors_are_transitive_and_registered() {
+        let handlers = graph(&[("a", &[]), ("b", &["a", "ghost"]), ("c", &["b"]), ("d", &[])]);
+        assert_eq!(ancestors(&handlers, "c"), names(&["a", "b"]));
+        assert!(ancestors(&handlers, "d").is_empty());
     }
 
     #[test]

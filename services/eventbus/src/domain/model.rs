@@ -273,12 +273,14 @@ pub struct ClaimRequest {
     pub now: i64,
 }
 
-/// Deliveries leased by a claim, and when the handler next has work due
-/// without any further write (a lease running out, a retry falling due).
+/// Deliveries leased by a claim; when the handler next has work due without
+/// any further write (a retry falling due); and the handlers whose progress
+/// can make more of its deliveries ready (those it is after, transitively).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Claim {
     pub deliveries: Vec<Delivery>,
     pub next_due: Option<i64>,
+    pub waits_on: Vec<String>,
 }
 
 /// A failed attempt, as a consumer reports it.

@@ -44,9 +44,19 @@ pub struct EventBus {
     consumers: Arc<Mutex<HashMap<(String, String), u32>>>,
 }
 
-/// The wake-up key of a namespace: every write to it signals it.
-fn key(namespace: &str) -> String {
-    format!("eventbus/{namespace}")
+/// Wake-up keys: who waits for what.
+mod keys {
+    /// Writes that can give any handler of the namespace work: publishes,
+    /// registrations, replays, expired leases.
+    pub(super) fn namespace(namespace: &str) -> String {
+        format!("eventbus/{namespace}")
+    }
+
+    /// A handler finished (or failed) deliveries: its consumers have room
+    /// again, and the handlers after it may have work.
+    pub(super) fn progress(namespace: &str, handler: &str) -> String {
+        format!("eventbus/{namespace}/progress/{handler}")
+    }
 }
 
 impl EventBus {
@@ -65,7 +75,11 @@ impl EventBus {
     }
 
     fn changed(&self, namespace: &str) {
-        self.wakeups.notify(&key(namespace));
+        self.wakeups.notify(&keys::namespace(namespace));
+    }
+
+    fn progressed(&self, namespace: &str, handler: &str) {
+        self.wakeups.notify(&keys::progress(namespace, handler));
     }
 
     /// Appends events to the namespace's log, in order, all or none.
@@ -112,13 +126,14 @@ impl EventBus {
 
     pub async fn ack(&self, namespace: &str, ids: &[DeliveryId]) -> Result<()> {
         self.repository.ack(namespace, ids, now_micros()).await?;
-        self.changed(namespace);
+        let handlers: std::collections::BTreeSet<&str> = ids.iter().map(|id| id.handler.as_str()).collect();
+        handlers.into_iter().for_each(|handler| self.progressed(namespace, handler));
         Ok(())
     }
 
     pub async fn nack(&self, namespace: &str, id: &DeliveryId, nack: Nack) -> Result<Delivery> {
         let delivery = self.repository.nack(namespace, id, nack, now_micros()).await?;
-        self.changed(namespace);
+        self.progressed(namespace, &id.handler);
         Ok(delivery)
     }
 

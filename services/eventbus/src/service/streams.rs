@@ -9,7 +9,9 @@ use chorus_runtime::time::now_micros;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::{EventBus, key};
+use chorus_runtime::wakeup::wait_any;
+
+use super::{EventBus, keys};
 use crate::{
     domain::{ClaimRequest, Delivery, Event, EventQuery, Pattern},
     error::Result,
@@ -77,18 +79,33 @@ impl EventBus {
             return;
         }
         let mut request = ClaimRequest { namespace, handler, consumer_id, max_in_flight: max_in_flight.max(1), now: 0 };
+        let mut waits_on: Vec<String> = Vec::new();
         loop {
-            // Created before the read: an ack, a publish or a registration
-            // after it wakes this key.
-            let mut waiter = self.wakeups.waiter(&key(&request.namespace));
+            // Created before the read: a publish or registration, this
+            // handler's own acks (room again) and its ancestors' (ready
+            // work) after it wake one of these.
+            let mut waiters: Vec<_> =
+                [keys::namespace(&request.namespace), keys::progress(&request.namespace, &request.handler)]
+                    .into_iter()
+                    .chain(waits_on.iter().map(|ancestor| keys::progress(&request.namespace, ancestor)))
+                    .map(|key| self.wakeups.waiter(&key))
+                    .collect();
             request.now = now_micros();
             let claim = self.repository.claim(&request).await;
             let next_due = claim.as_ref().ok().and_then(|claim| claim.next_due);
-            let claimed_any = claim.as_ref().is_ok_and(|claim| !claim.deliveries.is_empty());
+            // When the graph changed, the waiters above may be the wrong ones.
+            let mut again = false;
+            if let Ok(claim) = &claim
+                && claim.waits_on != waits_on
+            {
+                waits_on.clone_from(&claim.waits_on);
+                again = true;
+            }
+            again |= claim.as_ref().is_ok_and(|claim| !claim.deliveries.is_empty());
             if !self.forward(claim.map(|claim| claim.deliveries), &sender).await {
                 return;
             }
-            if claimed_any {
+            if again {
                 continue;
             }
             let mut poll = self.config.poll_interval();
@@ -99,7 +116,7 @@ impl EventBus {
             tokio::select! {
                 () = self.shutdown.cancelled() => return,
                 () = sender.closed() => return,
-                () = waiter.wait(poll) => {}
+                () = wait_any(&mut waiters, poll) => {}
             }
         }
     }
@@ -144,7 +161,7 @@ impl EventBus {
 
     async fn feed_events(self, mut query: EventQuery, sender: mpsc::Sender<Result<Event>>) {
         loop {
-            let mut waiter = self.wakeups.waiter(&key(&query.namespace));
+            let mut waiter = self.wakeups.waiter(&keys::namespace(&query.namespace));
             let page = match self.repository.read_events(&query).await {
                 Ok(page) => page,
                 Err(error) => {

@@ -9,7 +9,7 @@ use super::{SqlEventRepository, head, load_handlers, participants, placeholders,
 use crate::{
     domain::{
         Claim, ClaimRequest, Delivery, DeliveryId, DeliveryPage, DeliveryQuery, DeliveryState, Handler, Handlers, Nack,
-        Replayed, Verdict, settle, verdict,
+        Replayed, Verdict, ancestors, settle, verdict,
     },
     error::{EventBusError, Result},
 };
@@ -65,27 +65,34 @@ impl SqlEventRepository {
         .fetch_one(&mut *tx)
         .await?;
         let mut capacity = i64::from(*max_in_flight) - held;
-        let mut claim = Claim::default();
+        let mut claim = Claim { waits_on: ancestors(&handlers, name), ..Claim::default() };
+        if capacity <= 0 {
+            tx.commit().await?;
+            return Ok(claim);
+        }
+        self.expire_handler_leases(&mut tx, &handlers, namespace, name, now).await?;
+        // Only pending and retrying deliveries are candidates; in-flight ones
+        // neither go again nor hold the others back. Nothing is locked here:
+        // the handler lock keeps other claims out, and the lease below only
+        // takes rows still in the state they were read in.
         let mut leased = Vec::new();
         let mut after = 0;
-        let page = capacity.max(0) + 32;
         'scan: while capacity > 0 {
             let sql = format!(
-                "SELECT sequence, state, attempt, visible_until, next_attempt_at FROM eventbus_deliveries \
-                 WHERE namespace = $1 AND handler = $2 AND {INDEXED} AND {UNFINISHED} AND sequence > $3 \
-                 ORDER BY sequence LIMIT $4{}",
-                self.for_update()
+                "SELECT sequence, state, next_attempt_at FROM eventbus_deliveries \
+                 WHERE namespace = $1 AND handler = $2 AND {INDEXED} AND state IN ('pending', 'failed') \
+                 AND sequence > $3 ORDER BY sequence LIMIT $4"
             );
             let rows = sqlx::query(AssertSqlSafe(sql))
                 .bind(namespace)
                 .bind(name)
                 .bind(after)
-                .bind(page)
+                .bind(capacity)
                 .fetch_all(&mut *tx)
                 .await?;
-            let full = rows.len() as i64 >= page;
+            let full = rows.len() as i64 >= capacity;
             let sequences: Vec<i64> = rows.iter().map(|row| row.try_get("sequence")).collect::<Result<_, _>>()?;
-            let siblings = if handler.after.is_empty() {
+            let siblings = if claim.waits_on.is_empty() {
                 Default::default()
             } else {
                 participants(&mut tx, namespace, &sequences).await?
@@ -93,47 +100,11 @@ impl SqlEventRepository {
             for row in &rows {
                 let sequence: i64 = row.try_get("sequence")?;
                 after = sequence;
-                let state: String = row.try_get("state")?;
-                let state: DeliveryState = state.parse().map_err(EventBusError::Corrupt)?;
-                let id = DeliveryId { sequence, handler: name.clone() };
-                match state {
-                    DeliveryState::InFlight => {
-                        let until: i64 = row.try_get("visible_until")?;
-                        if until > now {
-                            claim.next_due = earliest(claim.next_due, until);
-                            continue;
-                        }
-                        let attempt = u32::try_from(row.try_get::<i64, _>("attempt")?).unwrap_or(u32::MAX);
-                        match self
-                            .fail_attempt(
-                                &mut tx,
-                                &handlers,
-                                namespace,
-                                &id,
-                                attempt,
-                                "lease expired",
-                                None,
-                                false,
-                                now,
-                            )
-                            .await?
-                        {
-                            DeliveryState::Failed => {
-                                claim.next_due = earliest(claim.next_due, now + micros(handler.retry.backoff(attempt)));
-                                break 'scan;
-                            }
-                            _ => continue,
-                        }
-                    }
-                    DeliveryState::Failed => {
-                        let due: i64 = row.try_get("next_attempt_at")?;
-                        if due > now {
-                            claim.next_due = earliest(claim.next_due, due);
-                            break 'scan;
-                        }
-                    }
-                    DeliveryState::Pending => {}
-                    DeliveryState::Acked | DeliveryState::Skipped | DeliveryState::DeadLettered => continue,
+                if let Some(due) = row.try_get::<Option<i64>, _>("next_attempt_at")?
+                    && due > now
+                {
+                    claim.next_due = Some(due);
+                    break 'scan;
                 }
                 let ready = match siblings.get(&sequence) {
                     Some(participants) => verdict(&handlers, name, participants),
@@ -157,14 +128,16 @@ impl SqlEventRepository {
         }
         if !leased.is_empty() {
             let visible_until = now + micros(handler.retry.visibility_timeout);
+            let mut taken = Vec::with_capacity(leased.len());
             for chunk in leased.chunks(500) {
                 let sql = format!(
                     "UPDATE eventbus_deliveries SET state = 'in_flight', attempt = attempt + 1, consumer_id = $3, \
                      visible_until = $4, next_attempt_at = NULL, updated_at = $5 \
-                     WHERE namespace = $1 AND handler = $2 AND sequence IN ({})",
+                     WHERE namespace = $1 AND handler = $2 AND sequence IN ({}) \
+                     AND (state = 'pending' OR (state = 'failed' AND next_attempt_at <= $5)) RETURNING sequence",
                     placeholders(6, chunk.len())
                 );
-                let mut query = sqlx::query(AssertSqlSafe(sql))
+                let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql))
                     .bind(namespace)
                     .bind(name)
                     .bind(consumer_id)
@@ -173,12 +146,42 @@ impl SqlEventRepository {
                 for sequence in chunk {
                     query = query.bind(*sequence);
                 }
-                query.execute(&mut *tx).await?;
+                taken.extend(query.fetch_all(&mut *tx).await?);
             }
-            claim.deliveries = deliveries_with_events(&mut tx, namespace, name, &leased).await?;
+            // What an ack, a replay or a skip changed meanwhile is not leased.
+            taken.sort_unstable();
+            claim.deliveries = deliveries_with_events(&mut tx, namespace, name, &taken).await?;
         }
         tx.commit().await?;
         Ok(claim)
+    }
+
+    /// Counts the attempts whose lease ran out among a handler's in-flight
+    /// deliveries as failed (the reaper does the same for every handler).
+    async fn expire_handler_leases(
+        &self,
+        conn: &mut AnyConnection,
+        handlers: &Handlers,
+        namespace: &str,
+        name: &str,
+        now: i64,
+    ) -> Result<()> {
+        let expired: Vec<(i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT sequence, attempt FROM eventbus_deliveries WHERE namespace = $1 AND handler = $2 AND {INDEXED} \
+             AND state = 'in_flight' AND visible_until <= $3 ORDER BY sequence{}",
+            self.on_postgres(" FOR UPDATE SKIP LOCKED")
+        )))
+        .bind(namespace)
+        .bind(name)
+        .bind(now)
+        .fetch_all(&mut *conn)
+        .await?;
+        for (sequence, attempt) in expired {
+            let id = DeliveryId { sequence, handler: name.to_owned() };
+            let attempt = u32::try_from(attempt).unwrap_or(u32::MAX);
+            self.fail_attempt(conn, handlers, namespace, &id, attempt, "lease expired", None, false, now).await?;
+        }
+        Ok(())
     }
 
     /// Records a failed attempt of an unfinished delivery: a retry after the
@@ -541,10 +544,6 @@ impl SqlEventRepository {
         tx.commit().await?;
         Ok(reset.rows_affected() + created)
     }
-}
-
-fn earliest(current: Option<i64>, candidate: i64) -> Option<i64> {
-    Some(current.map_or(candidate, |current| current.min(candidate)))
 }
 
 /// Skips the deliveries of one event whose FAIL-policy dependencies failed.

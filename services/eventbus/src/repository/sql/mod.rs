@@ -62,6 +62,11 @@ impl SqlEventRepository {
         if self.postgres() { " FOR UPDATE" } else { "" }
     }
 
+    /// `suffix` on PostgreSQL; nothing on SQLite.
+    fn on_postgres(&self, suffix: &'static str) -> &'static str {
+        if self.postgres() { suffix } else { "" }
+    }
+
     /// How a type column matches a handler's stored `matcher`.
     fn type_match(&self, column: &str, matcher: &str) -> String {
         if self.postgres() {
