@@ -69,9 +69,8 @@ CREATE TABLE eventbus_deliveries (
 );
 
 -- A handler's deliveries that are not done yet, in log order: what claims
--- scan, and what its statistics and dead letters count.
+-- scan, what its statistics and dead letters count, and where the reaper
+-- finds leases that ran out. The only index besides the key: every state
+-- change rewrites the index entries of its row.
 CREATE INDEX eventbus_deliveries_unfinished ON eventbus_deliveries (namespace, handler, sequence)
     WHERE state IN ('pending', 'in_flight', 'failed', 'dead_lettered');
-
--- Leases that may run out, for the reaper.
-CREATE INDEX eventbus_deliveries_leases ON eventbus_deliveries (visible_until) WHERE state = 'in_flight';

@@ -380,7 +380,8 @@ impl SqlEventRepository {
         let skip_locked = if self.postgres() { " FOR UPDATE SKIP LOCKED" } else { "" };
         let sql = format!(
             "SELECT namespace, sequence, handler, attempt FROM eventbus_deliveries \
-             WHERE state = 'in_flight' AND visible_until <= $1 ORDER BY visible_until LIMIT $2{skip_locked}"
+             WHERE {INDEXED} AND state = 'in_flight' AND visible_until <= $1 ORDER BY visible_until \
+             LIMIT $2{skip_locked}"
         );
         let expired = sqlx::query(AssertSqlSafe(sql)).bind(now).bind(i64::from(limit)).fetch_all(&mut *tx).await?;
         let mut namespaces = BTreeSet::new();
