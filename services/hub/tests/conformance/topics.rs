@@ -138,7 +138,9 @@ async fn concurrent_sends_keep_keys_and_limits(h: Harness) {
     // Ten senders race for an inbox with room for five.
     let racing = (0..10).map(|_| {
         let hub = h.hub.clone();
-        tokio::spawn(async move { hub.send(outgoing("a", Audience::Agent("c".into()), MessageKind::Direct, "x")).await })
+        tokio::spawn(
+            async move { hub.send(outgoing("a", Audience::Agent("c".into()), MessageKind::Direct, "x")).await },
+        )
     });
     let mut queued = 0;
     for send in racing {
