@@ -24,8 +24,10 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
-## bench: task-store round trips (PostgreSQL, SQLite) and event-bus throughput through a 3-handler
-## chain (PostgreSQL; NATS JetStream on 127.0.0.1:4222 beside it) against the raw commit rate
+## bench: task-store round trips (PostgreSQL, SQLite), event-bus throughput through a 3-handler
+## chain (PostgreSQL; NATS JetStream on 127.0.0.1:4222 beside it) and hub topic fan-out and direct
+## round trips (PostgreSQL, SQLite; JetStream and Redis Streams on 127.0.0.1:6379 beside them),
+## against the raw commit rate
 bench:
 	$(CARGO) run --release -p chorus-bench
 

@@ -5,20 +5,24 @@
 //!   worker's stream, CompleteTask — on PostgreSQL and SQLite;
 //! - `eventbus`: events published in batches through the event bus on
 //!   PostgreSQL and finished by a chain of three handlers;
-//! - `nats`: the same load on NATS JetStream (file storage), for comparison.
+//! - `nats`: the same load on NATS JetStream (file storage), for comparison;
+//! - `hub`: topic fan-out (1 publisher, 10 subscribers) and direct round
+//!   trips through the hub on PostgreSQL and SQLite, and the same work on
+//!   NATS JetStream and Redis Streams.
 //!
 //! The chorus binary is built here with `cargo build --release --bin chorus`
 //! (a debug binary would measure the wrong thing), unless `--chorus-bin` /
 //! `CHORUS_BENCH_BIN` names one, which must then be a release build too.
 //! `CHORUS_BIN` is not used: the Makefile points it at the debug binary.
 //!
-//! Every PostgreSQL database and NATS stream is a scratch one, dropped at
-//! the end however the run ends (Ctrl-C included); child processes die with
-//! the run.
+//! Every PostgreSQL database, NATS stream and Redis key is a scratch one,
+//! dropped at the end however the run ends (Ctrl-C included); child
+//! processes die with the run.
 
 mod cpu;
 mod eventbus;
 mod flow;
+mod hub;
 mod load;
 mod nats;
 mod notify;
@@ -43,6 +47,10 @@ use crate::{
         BusPlan,
         report::{BusReport, BusRunConfig},
     },
+    hub::{
+        HubPlan,
+        report::{HubReport, HubRunConfig, SQLITE_DURABILITY},
+    },
     pgbench::{Pgbench, RawResult},
     postgres::Admin,
     report::{GOAL_CLIENTS, Report, RunConfig},
@@ -55,16 +63,18 @@ enum Scenario {
     Taskstore,
     Eventbus,
     Nats,
+    Hub,
 }
 
 #[derive(Debug, Parser)]
 #[command(
     name = "chorus-bench",
-    about = "Task-store round trips and event-bus throughput against the raw PostgreSQL commit rate and NATS"
+    about = "Task-store round trips, event-bus throughput and hub messaging against the raw PostgreSQL commit rate, \
+             NATS JetStream and Redis Streams"
 )]
 struct Options {
     /// What to measure.
-    #[arg(long, env = "CHORUS_BENCH_SCENARIOS", value_enum, value_delimiter = ',', default_values = ["taskstore", "eventbus", "nats"])]
+    #[arg(long, env = "CHORUS_BENCH_SCENARIOS", value_enum, value_delimiter = ',', default_values = ["taskstore", "eventbus", "nats", "hub"])]
     scenarios: Vec<Scenario>,
     /// Measured seconds of each run.
     #[arg(long, env = "CHORUS_BENCH_SECONDS", default_value_t = 10)]
@@ -79,7 +89,7 @@ struct Options {
     /// Concurrent task-store clients, one run each (pgbench -c, chorus workers).
     #[arg(long, env = "CHORUS_BENCH_CLIENTS", value_delimiter = ',', default_values_t = [1, 16])]
     clients: Vec<usize>,
-    /// Backends to run the task store on (PostgreSQL also runs pgbench).
+    /// Backends to run the task store and the hub on (PostgreSQL also runs pgbench).
     #[arg(long, env = "CHORUS_BENCH_BACKENDS", value_enum, value_delimiter = ',', default_values = ["postgres", "sqlite"])]
     backends: Vec<Backend>,
     /// A PostgreSQL maintenance database; scratch databases are made beside it.
@@ -108,11 +118,11 @@ struct Options {
     /// Most events published and not yet finished by the last consumer.
     #[arg(long, env = "CHORUS_BENCH_BACKLOG", default_value_t = 2000)]
     backlog: usize,
-    /// Most unacked deliveries a consumer holds (Subscribe max_in_flight,
-    /// JetStream max_ack_pending).
+    /// Most unacked deliveries a consumer holds (Subscribe and StreamInbox
+    /// max_in_flight, JetStream max_ack_pending, Redis XREADGROUP COUNT).
     #[arg(long, env = "CHORUS_BENCH_MAX_IN_FLIGHT", default_value_t = 500)]
     max_in_flight: u32,
-    /// Most deliveries one Ack call carries.
+    /// Most deliveries one Ack (or XACK) call carries.
     #[arg(long, env = "CHORUS_BENCH_ACK_BATCH", default_value_t = 200)]
     ack_batch: usize,
     /// A NATS server with JetStream; a scratch stream is made on it.
@@ -121,6 +131,28 @@ struct Options {
     /// The event-bus JSON summary (default: target/bench/eventbus.json).
     #[arg(long, env = "CHORUS_BENCH_EVENTBUS_OUTPUT")]
     eventbus_output: Option<PathBuf>,
+    /// Subscribers of the hub's fan-out topic (JetStream consumers, Redis groups).
+    #[arg(long, env = "CHORUS_BENCH_HUB_SUBSCRIBERS", default_value_t = 10)]
+    hub_subscribers: usize,
+    /// Most publishes the hub's fan-out publisher has in flight (pipelined).
+    #[arg(long, env = "CHORUS_BENCH_HUB_PUBLISHES_IN_FLIGHT", default_value_t = 16)]
+    hub_publishes_in_flight: usize,
+    /// Most fan-out messages published and not yet acked by every subscriber.
+    #[arg(long, env = "CHORUS_BENCH_HUB_BACKLOG", default_value_t = 1000)]
+    hub_backlog: usize,
+    /// Publishes per second of the hub's equal-load fan-out, the same for
+    /// every system.
+    #[arg(long, env = "CHORUS_BENCH_HUB_RATE", default_value_t = 200.0)]
+    hub_rate: f64,
+    /// Sender → receiver pairs of the hub's direct round trips.
+    #[arg(long, env = "CHORUS_BENCH_HUB_PAIRS", default_value_t = 16)]
+    hub_pairs: usize,
+    /// A Redis server; scratch streams are made on it.
+    #[arg(long, env = "CHORUS_BENCH_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    redis_url: String,
+    /// The hub JSON summary (default: target/bench/hub.json).
+    #[arg(long, env = "CHORUS_BENCH_HUB_OUTPUT")]
+    hub_output: Option<PathBuf>,
 }
 
 impl Options {
@@ -151,6 +183,16 @@ impl Options {
         if !(1..=1000).contains(&self.max_in_flight) || !(1..=1000).contains(&self.ack_batch) {
             bail!("--max-in-flight and --ack-batch must be 1..=1000");
         }
+        if !(1..=100).contains(&self.hub_subscribers) || !(1..=64).contains(&self.hub_pairs) {
+            bail!("--hub-subscribers must be 1..=100 and --hub-pairs 1..=64");
+        }
+        // The hub refuses sends past an inbox's max_queue_depth (10000 by default).
+        if !(1..=256).contains(&self.hub_publishes_in_flight) || !(1..=10_000).contains(&self.hub_backlog) {
+            bail!("--hub-publishes-in-flight must be 1..=256 and --hub-backlog 1..=10000");
+        }
+        if !(1.0..=10_000.0).contains(&self.hub_rate) {
+            bail!("--hub-rate must be 1..=10000 publishes/s");
+        }
         Ok(())
     }
 
@@ -165,7 +207,7 @@ impl Options {
         if self.has(Scenario::Taskstore) && self.backends.contains(&Backend::Postgres) {
             clients.extend(&self.clients);
         }
-        if self.has(Scenario::Eventbus) {
+        if self.has(Scenario::Eventbus) || (self.has(Scenario::Hub) && self.backends.contains(&Backend::Postgres)) {
             clients.push(GOAL_CLIENTS);
         }
         clients.sort_unstable();
@@ -180,6 +222,21 @@ impl Options {
             backlog: self.backlog,
             max_in_flight: self.max_in_flight,
             ack_batch: self.ack_batch,
+            prime: Duration::from_secs(self.prime),
+            warmup: Duration::from_secs(self.warmup),
+            measure: Duration::from_secs(self.seconds),
+        }
+    }
+
+    fn hub_plan(&self) -> HubPlan {
+        HubPlan {
+            subscribers: self.hub_subscribers,
+            publishes_in_flight: self.hub_publishes_in_flight,
+            backlog: self.hub_backlog,
+            max_in_flight: self.max_in_flight,
+            ack_batch: self.ack_batch,
+            steady_rate: self.hub_rate,
+            pairs: self.hub_pairs,
             prime: Duration::from_secs(self.prime),
             warmup: Duration::from_secs(self.warmup),
             measure: Duration::from_secs(self.seconds),
@@ -208,7 +265,7 @@ async fn main() -> anyhow::Result<()> {
             on_signal.cancel();
         }
     });
-    let (taskstore, bus) = run(&options, &interrupt).await?;
+    let Reports { taskstore, bus, hub } = run(&options, &interrupt).await?;
     if let Some(report) = taskstore {
         let path = options.output.clone().unwrap_or_else(|| report::default_json_path("taskstore.json"));
         report.write_json(&path)?;
@@ -219,7 +276,20 @@ async fn main() -> anyhow::Result<()> {
         report.write_json(&path)?;
         print!("{}", report.table(&path));
     }
+    if let Some(report) = hub {
+        let path = options.hub_output.clone().unwrap_or_else(|| report::default_json_path("hub.json"));
+        report.write_json(&path)?;
+        print!("{}", report.table(&path));
+    }
     Ok(())
+}
+
+/// What a run measured, by scenario.
+#[derive(Debug)]
+struct Reports {
+    taskstore: Option<Report>,
+    bus: Option<BusReport>,
+    hub: Option<HubReport>,
 }
 
 /// What every part of a run shares: when it started, the machine, the
@@ -235,12 +305,13 @@ struct Common {
     raw: Vec<RawResult>,
 }
 
-async fn run(options: &Options, interrupt: &CancellationToken) -> anyhow::Result<(Option<Report>, Option<BusReport>)> {
-    let binary = if options.has(Scenario::Taskstore) || options.has(Scenario::Eventbus) {
-        Some(chorus_binary(options).await?)
-    } else {
-        None
-    };
+async fn run(options: &Options, interrupt: &CancellationToken) -> anyhow::Result<Reports> {
+    let binary =
+        if [Scenario::Taskstore, Scenario::Eventbus, Scenario::Hub].into_iter().any(|scenario| options.has(scenario)) {
+            Some(server::release_binary(options.chorus_bin.as_deref()).await?)
+        } else {
+            None
+        };
     let admin = Admin::new(&options.postgres_url);
     let common = prepare(options, &admin, interrupt).await?;
     let taskstore = match (options.has(Scenario::Taskstore), &binary) {
@@ -248,11 +319,15 @@ async fn run(options: &Options, interrupt: &CancellationToken) -> anyhow::Result
         _ => None,
     };
     let bus = if options.has(Scenario::Eventbus) || options.has(Scenario::Nats) {
-        Some(run_bus(options, &admin, binary.as_deref(), common, interrupt).await?)
+        Some(run_bus(options, &admin, binary.as_deref(), &common, interrupt).await?)
     } else {
         None
     };
-    Ok((taskstore, bus))
+    let hub = match (options.has(Scenario::Hub), &binary) {
+        (true, Some(binary)) => Some(run_hub(options, &admin, binary, &common, interrupt).await?),
+        _ => None,
+    };
+    Ok(Reports { taskstore, bus, hub })
 }
 
 /// Reads the machine and the PostgreSQL server, drops what earlier runs
@@ -265,7 +340,7 @@ async fn prepare(options: &Options, admin: &Admin, interrupt: &CancellationToken
     let mut common = Common {
         started_unix,
         cores: std::thread::available_parallelism().map_or(1, usize::from),
-        chorus_env: chorus_env(),
+        chorus_env: server::inherited_env(),
         postgres_version: None,
         postgres_durability: None,
         pgbench_version: None,
@@ -326,7 +401,7 @@ async fn run_bus(
     options: &Options,
     admin: &Admin,
     binary: Option<&Path>,
-    common: Common,
+    common: &Common,
     interrupt: &CancellationToken,
 ) -> anyhow::Result<BusReport> {
     let plan = options.bus_plan();
@@ -349,37 +424,50 @@ async fn run_bus(
         max_in_flight: options.max_in_flight,
         ack_batch: options.ack_batch,
         chorus_bin: binary.map(|binary| binary.display().to_string()),
-        chorus_env: common.chorus_env,
-        postgres_version: common.postgres_version,
-        postgres_durability: common.postgres_durability,
-        pgbench_version: common.pgbench_version,
+        chorus_env: common.chorus_env.clone(),
+        postgres_version: common.postgres_version.clone(),
+        postgres_durability: common.postgres_durability.clone(),
+        pgbench_version: common.pgbench_version.clone(),
         nats_url: options.has(Scenario::Nats).then(|| options.nats_url.clone()),
     };
     Ok(BusReport::new(config, &common.raw, chorus, nats))
 }
 
-/// The release chorus binary: named by the caller, or built.
-async fn chorus_binary(options: &Options) -> anyhow::Result<PathBuf> {
-    let binary = match &options.chorus_bin {
-        Some(binary) => binary.clone(),
-        None => server::build_release().await?,
+/// The hub on every backend, and JetStream and Redis under the same loads.
+async fn run_hub(
+    options: &Options,
+    admin: &Admin,
+    binary: &Path,
+    common: &Common,
+    interrupt: &CancellationToken,
+) -> anyhow::Result<HubReport> {
+    let plan = options.hub_plan();
+    let peers = hub::Peers { nats_url: &options.nats_url, redis_url: &options.redis_url };
+    let measured = hub::run(admin, binary, &options.backends, peers, &plan, interrupt).await?;
+    let config = HubRunConfig {
+        started_unix: common.started_unix,
+        seconds: options.seconds,
+        warmup_seconds: options.warmup,
+        prime_seconds: options.prime,
+        cores: common.cores,
+        backends: options.backends.clone(),
+        subscribers: plan.subscribers,
+        publishes_in_flight: plan.publishes_in_flight,
+        backlog: plan.backlog,
+        max_in_flight: plan.max_in_flight,
+        ack_batch: plan.ack_batch,
+        steady_rate: plan.steady_rate,
+        pairs: plan.pairs,
+        chorus_bin: binary.display().to_string(),
+        chorus_env: common.chorus_env.clone(),
+        postgres_version: common.postgres_version.clone(),
+        postgres_durability: common.postgres_durability.clone(),
+        sqlite_durability: SQLITE_DURABILITY.to_owned(),
+        pgbench_version: common.pgbench_version.clone(),
+        nats_url: options.nats_url.clone(),
+        redis_url: options.redis_url.clone(),
     };
-    // Absolute: chorus runs in a scratch directory.
-    let binary = std::fs::canonicalize(&binary).with_context(|| format!("no chorus binary at {}", binary.display()))?;
-    if !binary.is_file() {
-        bail!("{} is not a file", binary.display());
-    }
-    Ok(binary)
-}
-
-/// Names of the `CHORUS_*` variables chorus inherits, sorted.
-fn chorus_env() -> Vec<String> {
-    let mut names: Vec<String> = std::env::vars()
-        .map(|(name, _)| name)
-        .filter(|name| name.starts_with("CHORUS_") && !name.starts_with("CHORUS_BENCH_"))
-        .collect();
-    names.sort();
-    names
+    Ok(HubReport::new(config, &common.raw, measured))
 }
 
 /// pgbench at every client count, on a scratch database.

@@ -59,22 +59,7 @@ pub(crate) async fn run(
     plan: &BusPlan,
     interrupt: &CancellationToken,
 ) -> anyhow::Result<(NatsServer, Vec<NatsResult>)> {
-    let client = connect(url).await?;
-    let info = client.server_info();
-    if !info.jetstream {
-        anyhow::bail!("the NATS server at {url} does not have JetStream enabled (nats-server -js)");
-    }
-    let process = cpu::find_process("nats-server")?;
-    let command = process.as_ref().map(|(_, command)| command.clone());
-    let server = NatsServer {
-        durability: durability(&info.version, command.as_deref()),
-        version: info.version.clone(),
-        command,
-    };
-    let control = jetstream::new(client);
-    for name in delete_stale(&control).await? {
-        eprintln!("deleted NATS stream {name}, left behind by an earlier run");
-    }
+    let (control, server, pid) = open(url).await?;
     let mut results = Vec::with_capacity(plan.batch_sizes.len());
     for &batch in &plan.batch_sizes {
         eprintln!(
@@ -93,7 +78,7 @@ pub(crate) async fn run(
         let subject = Subject::from(format!("chorus.bench.{id}.event"));
         let flow = plan.flow(batch);
         let outcome = tokio::select! {
-            outcome = measure(url, &name, subject, &flow, process.as_ref().map(|(pid, _)| *pid)) => outcome,
+            outcome = measure(url, &name, subject, &flow, pid) => outcome,
             () = interrupt.cancelled() => Err(anyhow!("interrupted")),
         };
         let deleted =
@@ -105,7 +90,30 @@ pub(crate) async fn run(
     Ok((server, results))
 }
 
-async fn connect(url: &str) -> anyhow::Result<async_nats::Client> {
+/// Connects to the JetStream server at `url`, describes it, and deletes
+/// what earlier runs left on it; also returns nats-server's pid when it
+/// runs on this machine.
+pub(crate) async fn open(url: &str) -> anyhow::Result<(jetstream::Context, NatsServer, Option<u32>)> {
+    let client = connect(url).await?;
+    let info = client.server_info();
+    if !info.jetstream {
+        anyhow::bail!("the NATS server at {url} does not have JetStream enabled (nats-server -js)");
+    }
+    let process = cpu::find_process("nats-server")?;
+    let command = process.as_ref().map(|(_, command)| command.clone());
+    let server = NatsServer {
+        durability: durability(&info.version, command.as_deref()),
+        version: info.version.clone(),
+        command,
+    };
+    let control = jetstream::new(client);
+    for name in delete_stale(&control).await? {
+        eprintln!("deleted NATS stream {name}, left behind by an earlier run");
+    }
+    Ok((control, server, process.map(|(pid, _)| pid)))
+}
+
+pub(crate) async fn connect(url: &str) -> anyhow::Result<async_nats::Client> {
     async_nats::connect(url).await.with_context(|| format!("cannot connect to NATS at {url} (see --nats-url)"))
 }
 

@@ -1,5 +1,5 @@
 //! The `chorus` binary under test: built in release mode (or named by the
-//! caller) and run as `chorus serve taskstore|eventbus` on a scratch database.
+//! caller) and run as `chorus serve taskstore|eventbus|hub` on a scratch database.
 
 use std::{
     path::{Path, PathBuf},
@@ -31,7 +31,7 @@ fn workspace_root() -> PathBuf {
 /// Builds the release `chorus` binary with cargo (its progress on stderr),
 /// then asks cargo where it is (from its artifact report, so any target
 /// directory works; the second build has nothing left to do).
-pub(crate) async fn build_release() -> anyhow::Result<PathBuf> {
+async fn build_release() -> anyhow::Result<PathBuf> {
     const BUILD: [&str; 4] = ["build", "--release", "--bin", "chorus"];
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     eprintln!("building the release chorus binary (cargo build --release --bin chorus)…");
@@ -69,6 +69,30 @@ fn chorus_executable(messages: &str) -> Option<PathBuf> {
         let is_chorus = message["reason"] == "compiler-artifact" && message["target"]["name"] == "chorus";
         is_chorus.then(|| message["executable"].as_str().map(PathBuf::from)).flatten()
     })
+}
+
+/// The release chorus binary: `named` by the caller, or built.
+pub(crate) async fn release_binary(named: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let binary = match named {
+        Some(binary) => binary.to_owned(),
+        None => build_release().await?,
+    };
+    // Absolute: chorus runs in a scratch directory.
+    let binary = std::fs::canonicalize(&binary).with_context(|| format!("no chorus binary at {}", binary.display()))?;
+    if !binary.is_file() {
+        bail!("{} is not a file", binary.display());
+    }
+    Ok(binary)
+}
+
+/// Names of the `CHORUS_*` variables chorus inherits, sorted.
+pub(crate) fn inherited_env() -> Vec<String> {
+    let mut names: Vec<String> = std::env::vars()
+        .map(|(name, _)| name)
+        .filter(|name| name.starts_with("CHORUS_") && !name.starts_with(BENCH_ENV_PREFIX))
+        .collect();
+    names.sort();
+    names
 }
 
 /// A running `chorus serve SERVICE`.
