@@ -78,6 +78,11 @@ impl Harness {
             .expect("send")
     }
 
+    /// A direct message from `sender` to `recipient`, or why it was refused.
+    pub(crate) async fn direct_result(&self, sender: &str, recipient: &str) -> chorus_hub::error::Result<Sent> {
+        self.hub.send(outgoing(sender, Audience::Agent(recipient.into()), MessageKind::Direct, "x")).await
+    }
+
     /// Receives for `agent` in [`NS`], waiting at most `timeout`.
     pub(crate) async fn receive(
         &self,
