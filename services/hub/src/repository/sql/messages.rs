@@ -4,11 +4,13 @@ use chorus_runtime::{
     storage::{DbErrorKind, classify},
     time::micros,
 };
-use sqlx::{AnyConnection, AssertSqlSafe, Row as _};
+use sqlx::{Any, AnyConnection, AssertSqlSafe, Row as _, any::AnyArguments, query::Query};
+
+type AnyQuery<'q> = Query<'q, Any, AnyArguments>;
 
 use super::{SqlHubRepository, Tx, placeholders, rows};
 use crate::{
-    domain::{Audience, Content, Lease, Message, MessageKind, Outgoing, Selection, Sent, select},
+    domain::{Audience, Content, InboxFilter, Lease, Message, MessageKind, Outgoing, Selection, Sent, select},
     error::{HubError, Result},
     repository::{Take, Taken},
 };
@@ -157,6 +159,9 @@ impl SqlHubRepository {
     }
 
     pub(super) async fn take_messages(&self, take: &Take) -> Result<Taken> {
+        if self.postgres() && !take.require_all {
+            return self.lease_in_one_statement(take).await.map(Taken::Messages);
+        }
         let mut tx = self.begin_lease().await?;
         let mut max = take.max;
         if let Some(limit) = take.hold_limit {
@@ -176,18 +181,7 @@ impl SqlHubRepository {
             }
         }
         let filter = &take.filter;
-        let mut conditions = String::new();
-        let mut next = 4;
-        let mut add = |column: &str, count: usize| {
-            if count > 0 {
-                conditions.push_str(&format!(" AND i.{column} IN ({})", placeholders(next, count)));
-                next += count;
-            }
-        };
-        add("sender", filter.senders.len());
-        add("type", filter.types.len());
-        add("kind", filter.kinds.len());
-        add("topic", filter.topics.len());
+        let conditions = filter_conditions(filter, 4);
         let scan = if take.require_all { 10_000 } else { i64::from(max) };
         let sql = format!(
             "SELECT {} FROM hub_inbox i JOIN hub_messages m ON m.namespace = i.namespace AND m.id = i.message_id \
@@ -196,16 +190,8 @@ impl SqlHubRepository {
             rows::inbox_columns!(),
             self.on_postgres(" FOR UPDATE OF i SKIP LOCKED")
         );
-        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(&take.namespace).bind(&take.agent_id).bind(take.now);
-        for value in filter.senders.iter().chain(&filter.types) {
-            query = query.bind(value);
-        }
-        for kind in &filter.kinds {
-            query = query.bind(kind.as_str());
-        }
-        for topic in &filter.topics {
-            query = query.bind(topic);
-        }
+        let query = sqlx::query(AssertSqlSafe(sql)).bind(&take.namespace).bind(&take.agent_id).bind(take.now);
+        let query = bind_filter(query, filter);
         let available =
             query.fetch_all(&mut *tx).await?.iter().map(rows::decode_message).collect::<Result<Vec<_>>>()?;
         let chosen = match select(&available, filter, take.require_all, max as usize) {
@@ -221,6 +207,42 @@ impl SqlHubRepository {
         }
         tx.commit().await?;
         Ok(Taken::Messages(messages))
+    }
+
+    /// PostgreSQL: picks, leases and returns the next messages in one
+    /// statement (one round trip, committed without waiting for the disk).
+    async fn lease_in_one_statement(&self, take: &Take) -> Result<Vec<Message>> {
+        let held = match take.hold_limit {
+            Some(_) => {
+                "(SELECT COUNT(*) FROM hub_inbox h WHERE h.namespace = $1 AND h.recipient = $2 \
+                 AND h.consumer_id = $4 AND h.ack_deadline > $3 AND h.expires_at > $3)"
+            }
+            None => "0",
+        };
+        let limit = i64::from(take.hold_limit.map_or(take.max, |limit| limit.min(take.max)));
+        let conditions = filter_conditions(&take.filter, 7);
+        let sql = format!(
+            "WITH picked AS (SELECT i.sequence FROM hub_inbox i WHERE i.namespace = $1 AND i.recipient = $2 \
+             AND i.expires_at > $3 AND (i.ack_deadline IS NULL OR i.ack_deadline <= $3){conditions} \
+             ORDER BY i.sequence LIMIT GREATEST(0, $6 - {held}) FOR UPDATE SKIP LOCKED), \
+             relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) \
+             UPDATE hub_inbox i SET consumer_id = $4, ack_deadline = $5, attempt = i.attempt + 1 \
+             FROM picked, relaxed, hub_messages m \
+             WHERE i.namespace = $1 AND i.recipient = $2 AND i.sequence = picked.sequence \
+             AND m.namespace = i.namespace AND m.id = i.message_id RETURNING {}",
+            rows::inbox_columns!()
+        );
+        let query = sqlx::query(AssertSqlSafe(sql))
+            .bind(&take.namespace)
+            .bind(&take.agent_id)
+            .bind(take.now)
+            .bind(&take.lease.consumer_id)
+            .bind(take.lease.until)
+            .bind(limit);
+        let rows = bind_filter(query, &take.filter).fetch_all(self.db.pool()).await?;
+        let mut messages = rows.iter().map(rows::decode_message).collect::<Result<Vec<_>>>()?;
+        messages.sort_by_key(|message| message.sequence);
+        Ok(messages)
     }
 
     pub(super) async fn releases(
@@ -436,6 +458,38 @@ impl SqlHubRepository {
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// The filter's conditions on the inbox row `i`, numbered from `$first`.
+fn filter_conditions(filter: &InboxFilter, first: usize) -> String {
+    let mut conditions = String::new();
+    let mut next = first;
+    for (column, count) in [
+        ("sender", filter.senders.len()),
+        ("type", filter.types.len()),
+        ("kind", filter.kinds.len()),
+        ("topic", filter.topics.len()),
+    ] {
+        if count > 0 {
+            conditions.push_str(&format!(" AND i.{column} IN ({})", placeholders(next, count)));
+            next += count;
+        }
+    }
+    conditions
+}
+
+/// Binds the values of [`filter_conditions`], in its order.
+fn bind_filter<'q>(mut query: AnyQuery<'q>, filter: &'q InboxFilter) -> AnyQuery<'q> {
+    for value in filter.senders.iter().chain(&filter.types) {
+        query = query.bind(value);
+    }
+    for kind in &filter.kinds {
+        query = query.bind(kind.as_str());
+    }
+    for topic in &filter.topics {
+        query = query.bind(topic);
+    }
+    query
 }
 
 /// Fails with `QueueFull` when any recipient's inbox already holds
