@@ -93,7 +93,10 @@ impl EventBus {
             request.now = now_micros();
             let claim = self.repository.claim(&request).await;
             let next_due = claim.as_ref().ok().and_then(|claim| claim.next_due);
-            // When the graph changed, the waiters above may be the wrong ones.
+            // A claim takes everything ready up to the consumer's room, so
+            // what it left is waiting for a signal (its own acks, an
+            // ancestor's, a publish) or a retry falling due. Only when the
+            // graph changed may the waiters above be the wrong ones.
             let mut again = false;
             if let Ok(claim) = &claim
                 && claim.waits_on != waits_on
@@ -101,7 +104,6 @@ impl EventBus {
                 waits_on.clone_from(&claim.waits_on);
                 again = true;
             }
-            again |= claim.as_ref().is_ok_and(|claim| !claim.deliveries.is_empty());
             if !self.forward(claim.map(|claim| claim.deliveries), &sender).await {
                 return;
             }

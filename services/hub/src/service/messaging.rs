@@ -192,15 +192,20 @@ impl Hub {
                 Taken::Messages(messages) => messages,
                 Taken::Missing(_) => Vec::new(),
             });
-            let got_any = taken.as_ref().is_ok_and(|messages| !messages.is_empty());
+            let got = taken.as_ref().map_or(0, Vec::len);
             if !forward(taken, &sender).await {
                 return;
             }
-            if got_any {
+            // A full take may have left more behind. A smaller one took all
+            // there was when it read; whatever comes later signals the
+            // waiter, which was created before the read.
+            if got == inbox.max_in_flight as usize {
                 continue;
             }
-            // The agent may have been deregistered meanwhile: end the stream.
-            if let Err(error) = self.repository.get_agent(&inbox.namespace, &inbox.agent_id).await {
+            // Woken for nothing: the agent may have been deregistered.
+            if got == 0
+                && let Err(error) = self.repository.get_agent(&inbox.namespace, &inbox.agent_id).await
+            {
                 let _ = sender.send(Err(error)).await;
                 return;
             }
