@@ -9,13 +9,12 @@
 use std::{
     ffi::OsString,
     path::{Path, PathBuf},
-    process::ExitStatus,
     time::Duration,
 };
 
 use chorus_proto::hub::message::Kind;
 
-use crate::process::ChildProcess;
+use crate::process::ReadyProcess;
 
 /// What `test-agent` prints on stdout once it is registered, subscribed and
 /// streaming its inbox.
@@ -128,32 +127,9 @@ impl TestAgentBuilder {
 
     /// Starts a process of the agent and waits until it is registered,
     /// subscribed and streaming its inbox.
-    pub async fn start(&self) -> AgentProcess {
-        let mut command = crate::process::command(&self.bin, &self.workdir);
-        command.args(&self.args);
-        let mut process = ChildProcess::spawn(format!("test-agent {}", self.agent_id), command);
-        process.stdout_line(READY).await;
-        AgentProcess { process }
-    }
-}
-
-/// A running `test-agent`, killed when dropped.
-#[derive(Debug)]
-pub struct AgentProcess {
-    process: ChildProcess,
-}
-
-impl AgentProcess {
-    /// Kills the process with `SIGKILL`, as a crash would, and waits until it is gone.
-    pub async fn kill(&mut self) -> ExitStatus {
-        self.process.kill().await
-    }
-
-    /// Panics, with its output, when the process has exited on its own.
-    pub async fn assert_running(&mut self) {
-        if self.process.exit_status().is_some() {
-            self.process.fail("exited on its own").await;
-        }
+    pub async fn start(&self) -> ReadyProcess {
+        let name = format!("test-agent {}", self.agent_id);
+        ReadyProcess::start(name, &self.bin, &self.workdir, &self.args, READY).await
     }
 }
 

@@ -8,10 +8,9 @@
 use std::{
     ffi::OsString,
     path::{Path, PathBuf},
-    process::ExitStatus,
 };
 
-use crate::process::ChildProcess;
+use crate::process::ReadyProcess;
 
 /// What `test-handler` prints on stdout once its handler is registered.
 pub const READY: &str = "test-handler ready";
@@ -109,32 +108,9 @@ impl TestHandlerBuilder {
 
     /// Starts a process of the handler and waits until it has registered the
     /// handler (not until it has subscribed).
-    pub async fn start(&self) -> HandlerProcess {
-        let mut command = crate::process::command(&self.bin, &self.workdir);
-        command.args(&self.args);
-        let mut process = ChildProcess::spawn(format!("test-handler {}", self.handler), command);
-        process.stdout_line(READY).await;
-        HandlerProcess { process }
-    }
-}
-
-/// A running `test-handler`, killed when dropped.
-#[derive(Debug)]
-pub struct HandlerProcess {
-    process: ChildProcess,
-}
-
-impl HandlerProcess {
-    /// Kills the process with `SIGKILL`, as a crash would, and waits until it is gone.
-    pub async fn kill(&mut self) -> ExitStatus {
-        self.process.kill().await
-    }
-
-    /// Panics, with its output, when the process has exited on its own.
-    pub async fn assert_running(&mut self) {
-        if self.process.exit_status().is_some() {
-            self.process.fail("exited on its own").await;
-        }
+    pub async fn start(&self) -> ReadyProcess {
+        let name = format!("test-handler {}", self.handler);
+        ReadyProcess::start(name, &self.bin, &self.workdir, &self.args, READY).await
     }
 }
 

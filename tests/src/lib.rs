@@ -27,8 +27,9 @@ use std::{
     time::Duration,
 };
 
-pub use agent::{AgentProcess, TestAgentBuilder};
-pub use handler::{HandlerProcess, TestHandlerBuilder};
+pub use agent::TestAgentBuilder;
+pub use handler::TestHandlerBuilder;
+pub use process::ReadyProcess;
 pub use server::{Server, ServerBuilder};
 pub use worker::{Mode, TestWorkerBuilder, WorkerProcess};
 

@@ -4,7 +4,7 @@
 
 use std::{
     collections::VecDeque,
-    ffi::OsStr,
+    ffi::{OsStr, OsString},
     path::Path,
     process::{ExitStatus, Stdio},
     sync::{Arc, Mutex},
@@ -196,6 +196,36 @@ impl Drop for ChildProcess {
         }
         if std::thread::panicking() && !self.output_shown {
             eprintln!("--- output of {} ---\n{}\n--- end of {} ---", self.name, self.output.text(), self.name);
+        }
+    }
+}
+
+/// A test bin's process, started and waited for until it printed its ready
+/// line; killed when dropped.
+#[derive(Debug)]
+pub struct ReadyProcess {
+    process: ChildProcess,
+}
+
+impl ReadyProcess {
+    /// Runs `bin args` in `workdir` and waits for a stdout line starting with `ready`.
+    pub async fn start(name: String, bin: &Path, workdir: &Path, args: &[OsString], ready: &str) -> Self {
+        let mut command = command(bin, workdir);
+        command.args(args);
+        let mut process = ChildProcess::spawn(name, command);
+        process.stdout_line(ready).await;
+        Self { process }
+    }
+
+    /// Kills the process with `SIGKILL`, as a crash would, and waits until it is gone.
+    pub async fn kill(&mut self) -> ExitStatus {
+        self.process.kill().await
+    }
+
+    /// Panics, with its output, when the process has exited on its own.
+    pub async fn assert_running(&mut self) {
+        if self.process.exit_status().is_some() {
+            self.process.fail("exited on its own").await;
         }
     }
 }

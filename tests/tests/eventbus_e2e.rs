@@ -14,7 +14,7 @@ use chorus_proto::eventbus::{
     GetHandlerRequest, HandlerStats, NewEvent, PublishBatchRequest, event_bus_client::EventBusClient,
 };
 use chorus_tests::{
-    HandlerProcess, Sandbox, TestHandlerBuilder,
+    ReadyProcess, Sandbox, TestHandlerBuilder,
     handler::{Handled, read_log},
     test_handler,
 };
@@ -65,7 +65,7 @@ async fn publish_all(client: &mut Client, published: &AtomicBool) {
 /// the kills per handler of the chain.
 async fn crash_handlers(
     chain: &[TestHandlerBuilder],
-    running: &mut [HandlerProcess],
+    running: &mut [ReadyProcess],
     published: &AtomicBool,
 ) -> Vec<usize> {
     let mut kills = vec![0; chain.len()];
@@ -89,7 +89,7 @@ async fn stats(client: &mut Client, handler: &str) -> HandlerStats {
 
 /// Waits until every handler has finished every event, failing when one of
 /// their processes exits or [`FINISH_DEADLINE`] passes.
-async fn wait_until_finished(client: &mut Client, chain: &[TestHandlerBuilder], running: &mut [HandlerProcess]) {
+async fn wait_until_finished(client: &mut Client, chain: &[TestHandlerBuilder], running: &mut [ReadyProcess]) {
     let deadline = Instant::now() + FINISH_DEADLINE;
     loop {
         let mut all = Vec::new();

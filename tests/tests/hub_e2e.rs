@@ -17,7 +17,7 @@ use chorus_proto::hub::{
     TimeoutPolicy, hub_client::HubClient, message::Kind,
 };
 use chorus_tests::{
-    AgentProcess, DEADLINE, Sandbox, TestAgentBuilder,
+    DEADLINE, ReadyProcess, Sandbox, TestAgentBuilder,
     agent::{DONE, Handled, answer, read_log},
     test_agent,
 };
@@ -202,7 +202,7 @@ fn answered(message: &Message) -> Pair {
 /// within `within`; fails on any other answer, on an answer that comes twice
 /// (the workers answer under an idempotency key) and when a worker process
 /// exits.
-async fn gather(client: &mut Client, expected: &BTreeSet<Pair>, within: Duration, workers: &mut [AgentProcess]) {
+async fn gather(client: &mut Client, expected: &BTreeSet<Pair>, within: Duration, workers: &mut [ReadyProcess]) {
     let deadline = Instant::now() + within;
     let mut got = BTreeSet::new();
     while got != *expected {
