@@ -5,7 +5,7 @@ use std::{collections::BTreeSet, time::Duration};
 use chorus_runtime::time::micros;
 use sqlx::{AnyConnection, AssertSqlSafe, Row as _};
 
-use super::{SqlEventRepository, head, load_handlers, participants, placeholders, rows};
+use super::{SqlEventRepository, head, load_handlers, participants, rows};
 use crate::{
     domain::{
         Claim, ClaimRequest, Delivery, DeliveryId, DeliveryPage, DeliveryQuery, DeliveryState, Handler, Handlers, Nack,
@@ -98,10 +98,9 @@ impl SqlEventRepository {
                 .await?;
             let full = rows.len() as i64 >= capacity;
             let sequences: Vec<i64> = rows.iter().map(|row| row.try_get("sequence")).collect::<Result<_, _>>()?;
-            let siblings = if claim.waits_on.is_empty() {
-                Default::default()
-            } else {
-                participants(&mut tx, namespace, &sequences).await?
+            let siblings = match (claim.waits_on.is_empty(), sequences.first(), sequences.last()) {
+                (false, Some(first), Some(last)) => participants(&mut tx, namespace, *first, *last).await?,
+                _ => Default::default(),
             };
             for row in &rows {
                 let sequence: i64 = row.try_get("sequence")?;
@@ -132,30 +131,26 @@ impl SqlEventRepository {
                 break;
             }
         }
-        if !leased.is_empty() {
+        if let (Some(first), Some(last)) = (leased.first(), leased.last()) {
+            // Between the first and the last chosen, every row still pending
+            // or due is chosen: the scan stopped at the first that was not.
             let visible_until = now + micros(handler.retry.visibility_timeout);
-            let mut taken = Vec::with_capacity(leased.len());
-            for chunk in leased.chunks(500) {
-                let sql = format!(
-                    "UPDATE eventbus_deliveries SET state = 'in_flight', attempt = attempt + 1, consumer_id = $3, \
-                     visible_until = $4, next_attempt_at = NULL, updated_at = $5 \
-                     WHERE namespace = $1 AND handler = $2 AND sequence IN ({}) \
-                     AND (state = 'pending' OR (state = 'failed' AND next_attempt_at <= $5)) RETURNING sequence",
-                    placeholders(6, chunk.len())
-                );
-                let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql))
-                    .bind(namespace)
-                    .bind(name)
-                    .bind(consumer_id)
-                    .bind(visible_until)
-                    .bind(now);
-                for sequence in chunk {
-                    query = query.bind(*sequence);
-                }
-                taken.extend(query.fetch_all(&mut *tx).await?);
-            }
+            let taken: Vec<i64> = sqlx::query_scalar(
+                "UPDATE eventbus_deliveries SET state = 'in_flight', attempt = attempt + 1, consumer_id = $3, \
+                 visible_until = $4, next_attempt_at = NULL, updated_at = $5 \
+                 WHERE namespace = $1 AND handler = $2 AND sequence >= $6 AND sequence <= $7 \
+                 AND (state = 'pending' OR (state = 'failed' AND next_attempt_at <= $5)) RETURNING sequence",
+            )
+            .bind(namespace)
+            .bind(name)
+            .bind(consumer_id)
+            .bind(visible_until)
+            .bind(now)
+            .bind(*first)
+            .bind(*last)
+            .fetch_all(&mut *tx)
+            .await?;
             // What an ack, a replay or a skip changed meanwhile is not leased.
-            taken.sort_unstable();
             claim.deliveries = deliveries_with_events(&mut tx, namespace, name, &taken).await?;
         }
         tx.commit().await?;
@@ -561,7 +556,7 @@ async fn settle_event(
     sequence: i64,
     now: i64,
 ) -> Result<()> {
-    let mut events = participants(conn, namespace, &[sequence]).await?;
+    let mut events = participants(conn, namespace, sequence, sequence).await?;
     let Some(participants) = events.get_mut(&sequence) else { return Ok(()) };
     for (handler, reason) in settle(handlers, participants) {
         sqlx::query(
@@ -613,25 +608,32 @@ async fn lock_delivery(conn: &mut AnyConnection, namespace: &str, id: &DeliveryI
     rows::decode_delivery(&row, false)
 }
 
-/// The handler's deliveries of these events, with the events, in order.
+/// The handler's deliveries of these events, with the events, in order (one
+/// key range scan between the lowest and the highest, filtered here).
 async fn deliveries_with_events(
     conn: &mut AnyConnection,
     namespace: &str,
     handler: &str,
     sequences: &[i64],
 ) -> Result<Vec<Delivery>> {
-    let mut deliveries = Vec::with_capacity(sequences.len());
-    for chunk in sequences.chunks(500) {
-        let sql = format!(
-            "{} AND d.sequence IN ({}) ORDER BY d.sequence",
-            with_events!("d.namespace = $1 AND d.handler = $2"),
-            placeholders(3, chunk.len())
-        );
-        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(namespace).bind(handler);
-        for sequence in chunk {
-            query = query.bind(*sequence);
-        }
-        for row in query.fetch_all(&mut *conn).await? {
+    let (Some(first), Some(last)) = (sequences.iter().min(), sequences.iter().max()) else {
+        return Ok(Vec::new());
+    };
+    let wanted: BTreeSet<i64> = sequences.iter().copied().collect();
+    let rows = sqlx::query(concat!(
+        with_events!("d.namespace = $1 AND d.handler = $2 AND d.sequence >= $3 AND d.sequence <= $4"),
+        " ORDER BY d.sequence"
+    ))
+    .bind(namespace)
+    .bind(handler)
+    .bind(*first)
+    .bind(*last)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut deliveries = Vec::with_capacity(wanted.len());
+    for row in rows {
+        let sequence: i64 = row.try_get("d_sequence")?;
+        if wanted.contains(&sequence) {
             deliveries.push(rows::decode_delivery(&row, true)?);
         }
     }

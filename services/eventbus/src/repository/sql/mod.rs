@@ -116,27 +116,27 @@ async fn load_handlers(conn: &mut AnyConnection, namespace: &str) -> Result<Hand
     rows.iter().map(|row| rows::decode_handler(row).map(|h| (h.name.clone(), h))).collect()
 }
 
-/// Every delivery of each of these events, as readiness sees them.
+/// Every delivery of the events `first..=last`, as readiness sees them (a
+/// key range scan: no statement with one parameter per event).
 async fn participants(
     conn: &mut AnyConnection,
     namespace: &str,
-    sequences: &[i64],
+    first: i64,
+    last: i64,
 ) -> Result<BTreeMap<i64, BTreeMap<String, Participant>>> {
     let mut events: BTreeMap<i64, BTreeMap<String, Participant>> = BTreeMap::new();
-    for chunk in sequences.chunks(500) {
-        let sql = format!(
-            "SELECT sequence, handler, state, last_error, skip_handler, skip_message FROM eventbus_deliveries \
-             WHERE namespace = $1 AND sequence IN ({})",
-            placeholders(2, chunk.len())
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(namespace);
-        for sequence in chunk {
-            query = query.bind(*sequence);
-        }
-        for row in query.fetch_all(&mut *conn).await? {
-            let (sequence, handler, participant) = rows::decode_participant(&row)?;
-            events.entry(sequence).or_default().insert(handler, participant);
-        }
+    let rows = sqlx::query(
+        "SELECT sequence, handler, state, last_error, skip_handler, skip_message FROM eventbus_deliveries \
+         WHERE namespace = $1 AND sequence >= $2 AND sequence <= $3",
+    )
+    .bind(namespace)
+    .bind(first)
+    .bind(last)
+    .fetch_all(&mut *conn)
+    .await?;
+    for row in rows {
+        let (sequence, handler, participant) = rows::decode_participant(&row)?;
+        events.entry(sequence).or_default().insert(handler, participant);
     }
     Ok(events)
 }
