@@ -97,6 +97,18 @@ impl Backend {
             Err(StorageError::UnsupportedUrl { url: redact_url(url) })
         }
     }
+
+    /// A subquery yielding the elements of the JSON array bound to `param`
+    /// (e.g. `$3`), each cast to `sql_type` (`BIGINT`, `TEXT`). One
+    /// parameter whatever the list's length, so the statement's text — and
+    /// its cached plan — stay the same; `IN ($3, $4, …)` would make a new
+    /// statement, parsed and planned anew, for every length.
+    pub fn json_elements(self, param: &str, sql_type: &str) -> String {
+        match self {
+            Self::Postgres => format!("SELECT CAST(jsonb_array_elements_text(CAST({param} AS jsonb)) AS {sql_type})"),
+            Self::Sqlite => format!("SELECT CAST(value AS {sql_type}) FROM json_each({param})"),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

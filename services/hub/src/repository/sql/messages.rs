@@ -291,14 +291,15 @@ impl SqlHubRepository {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
+        // The ids as one JSON array: the same statement for any number.
         let sql = format!(
             "DELETE FROM hub_inbox WHERE namespace = $1 AND recipient = $2 AND message_id IN ({}) RETURNING message_id",
-            placeholders(3, ids.len())
+            self.db.backend().json_elements("$3", "TEXT")
         );
-        let mut query = sqlx::query_scalar::<_, String>(AssertSqlSafe(sql)).bind(namespace).bind(agent_id);
-        for id in ids {
-            query = query.bind(id);
-        }
+        let query = sqlx::query_scalar::<_, String>(AssertSqlSafe(sql))
+            .bind(namespace)
+            .bind(agent_id)
+            .bind(rows::to_json(&ids));
         let removed = query.fetch_all(self.db.pool()).await?;
         Ok(ids.iter().filter(|id| !removed.contains(id)).cloned().collect())
     }
