@@ -1,9 +1,6 @@
 //! Deliveries: claims, acks, nacks, leases running out, replays, reads.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    time::Duration,
-};
+use std::{collections::BTreeSet, time::Duration};
 
 use chorus_runtime::time::micros;
 use sqlx::{AnyConnection, AssertSqlSafe, Row as _};
@@ -272,30 +269,18 @@ impl SqlEventRepository {
     pub(super) async fn ack_deliveries(&self, namespace: &str, ids: &[DeliveryId], now: i64) -> Result<()> {
         let ids: BTreeSet<&DeliveryId> = ids.iter().collect();
         let mut tx = self.begin().await?;
-        // One statement per handler, with the sequences as one JSON array:
-        // the same text for any number of ids.
-        let mut by_handler: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
-        for id in &ids {
-            by_handler.entry(id.handler.as_str()).or_default().push(id.sequence);
-        }
+        let pairs: Vec<String> = (0..ids.len()).map(|n| format!("(${}, ${})", 3 + 2 * n, 4 + 2 * n)).collect();
         let sql = format!(
             "UPDATE eventbus_deliveries SET state = 'acked', visible_until = NULL, next_attempt_at = NULL, \
-             finished_at = $2, updated_at = $2 WHERE namespace = $1 AND handler = $3 AND {UNFINISHED} \
-             AND sequence IN ({}) RETURNING sequence",
-            self.db.backend().json_elements("$4", "BIGINT")
+             finished_at = $2, updated_at = $2 WHERE namespace = $1 AND {UNFINISHED} \
+             AND (sequence, handler) IN ({}) RETURNING sequence",
+            pairs.join(", ")
         );
-        let mut acked = Vec::with_capacity(ids.len());
-        for (handler, sequences) in &by_handler {
-            acked.extend(
-                sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql.clone()))
-                    .bind(namespace)
-                    .bind(now)
-                    .bind(*handler)
-                    .bind(rows::to_json(sequences))
-                    .fetch_all(&mut *tx)
-                    .await?,
-            );
+        let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql)).bind(namespace).bind(now);
+        for id in &ids {
+            query = query.bind(id.sequence).bind(&id.handler);
         }
+        let acked = query.fetch_all(&mut *tx).await?;
         if acked.len() < ids.len() {
             // Some were not unfinished: already acked (fine), gone, or failed for good.
             for id in &ids {
