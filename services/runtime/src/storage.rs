@@ -266,6 +266,14 @@ pub fn storage_error<E>(
     }
 }
 
+/// How many values to bind for a list of `count`: the next power of two, the
+/// list padded with repeats of its last value. `IN ($3, $4, …)` is a new
+/// statement — parsed and planned anew, and crowding the statement cache —
+/// for every distinct length; padding keeps it to a handful.
+pub fn padded_len(count: usize) -> usize {
+    count.max(1).next_power_of_two()
+}
+
 /// `$first, $first+1, ...`: `count` numbered placeholders, for statements
 /// built with a variable number of values.
 pub fn placeholders(first: usize, count: usize) -> String {

@@ -1,8 +1,14 @@
 //! Deliveries: claims, acks, nacks, leases running out, replays, reads.
 
-use std::{collections::BTreeSet, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
 
-use chorus_runtime::time::micros;
+use chorus_runtime::{
+    storage::{padded_len, placeholders},
+    time::micros,
+};
 use sqlx::{AnyConnection, AssertSqlSafe, Row as _};
 
 use super::{SqlEventRepository, head, load_handlers, participants, rows};
@@ -269,18 +275,29 @@ impl SqlEventRepository {
     pub(super) async fn ack_deliveries(&self, namespace: &str, ids: &[DeliveryId], now: i64) -> Result<()> {
         let ids: BTreeSet<&DeliveryId> = ids.iter().collect();
         let mut tx = self.begin().await?;
-        let pairs: Vec<String> = (0..ids.len()).map(|n| format!("(${}, ${})", 3 + 2 * n, 4 + 2 * n)).collect();
-        let sql = format!(
-            "UPDATE eventbus_deliveries SET state = 'acked', visible_until = NULL, next_attempt_at = NULL, \
-             finished_at = $2, updated_at = $2 WHERE namespace = $1 AND {UNFINISHED} \
-             AND (sequence, handler) IN ({}) RETURNING sequence",
-            pairs.join(", ")
-        );
-        let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql)).bind(namespace).bind(now);
+        // One statement per handler, its sequences padded to a power of two
+        // so that the statement's text (and plan) is reused.
+        let mut by_handler: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
         for id in &ids {
-            query = query.bind(id.sequence).bind(&id.handler);
+            by_handler.entry(id.handler.as_str()).or_default().push(id.sequence);
         }
-        let acked = query.fetch_all(&mut *tx).await?;
+        let mut acked = Vec::with_capacity(ids.len());
+        for (handler, sequences) in &by_handler {
+            let bound = padded_len(sequences.len());
+            let sql = format!(
+                "UPDATE eventbus_deliveries SET state = 'acked', visible_until = NULL, next_attempt_at = NULL, \
+                 finished_at = $2, updated_at = $2 WHERE namespace = $1 AND handler = $3 AND {UNFINISHED} \
+                 AND sequence IN ({}) RETURNING sequence",
+                placeholders(4, bound)
+            );
+            let mut query =
+                sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql)).bind(namespace).bind(now).bind(*handler);
+            let last = sequences[sequences.len() - 1];
+            for sequence in sequences.iter().copied().chain(std::iter::repeat(last)).take(bound) {
+                query = query.bind(sequence);
+            }
+            acked.extend(query.fetch_all(&mut *tx).await?);
+        }
         if acked.len() < ids.len() {
             // Some were not unfinished: already acked (fine), gone, or failed for good.
             for id in &ids {
