@@ -290,8 +290,7 @@ impl SqlEventRepository {
                  AND sequence IN ({}) RETURNING sequence",
                 placeholders(4, bound)
             );
-            let mut query =
-                sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql)).bind(namespace).bind(now).bind(*handler);
+            let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql)).bind(namespace).bind(now).bind(*handler);
             let last = sequences[sequences.len() - 1];
             for sequence in sequences.iter().copied().chain(std::iter::repeat(last)).take(bound) {
                 query = query.bind(sequence);
