@@ -1,4 +1,5 @@
-//! Deliveries: claims, acks, nacks, leases running out, replays, reads.
+//! Deliveries after their claim: acks, nacks, extensions, leases running
+//! out, reads; and the helpers claims and replays share.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -11,21 +12,18 @@ use chorus_runtime::{
 };
 use sqlx::{AnyConnection, AssertSqlSafe, Row as _};
 
-use super::{SqlEventRepository, head, load_handlers, participants, rows};
+use super::{SqlEventRepository, load_handlers, participants, rows};
 use crate::{
-    domain::{
-        Claim, ClaimRequest, Delivery, DeliveryId, DeliveryPage, DeliveryQuery, DeliveryState, Handler, Handlers, Nack,
-        Replayed, Verdict, ancestors, settle, verdict,
-    },
+    domain::{Delivery, DeliveryId, DeliveryPage, DeliveryQuery, DeliveryState, Handler, Handlers, Nack, settle},
     error::{EventBusError, Result},
 };
 
-const UNFINISHED: &str = "state IN ('pending', 'in_flight', 'failed')";
+pub(super) const UNFINISHED: &str = "state IN ('pending', 'in_flight', 'failed')";
 
 /// The predicate of the partial index `eventbus_deliveries_unfinished`,
 /// word for word: SQLite uses a partial index only for queries that repeat
 /// its condition, and does not infer it from a narrower one.
-const INDEXED: &str = "state IN ('pending', 'in_flight', 'failed', 'dead_lettered')";
+pub(super) const INDEXED: &str = "state IN ('pending', 'in_flight', 'failed', 'dead_lettered')";
 
 /// Deliveries joined with their events.
 macro_rules! joined {
@@ -47,155 +45,11 @@ macro_rules! with_events {
 }
 
 impl SqlEventRepository {
-    pub(super) async fn claim_deliveries(&self, request: &ClaimRequest) -> Result<Claim> {
-        let ClaimRequest { namespace, handler: name, consumer_id, max_in_flight, now } = request;
-        let now = *now;
-        let mut tx = self.begin().await?;
-        if self.postgres() {
-            // A claim's commit need not wait for the disk: a lease lost in a
-            // crash only means a redelivery, and what else a claim settles
-            // (expired leases, skips) is derived again by the next one.
-            sqlx::query("SELECT set_config('synchronous_commit', 'off', true)").execute(&mut *tx).await?;
-        }
-        let lock =
-            format!("SELECT name FROM eventbus_handlers WHERE namespace = $1 AND name = $2{}", self.for_update());
-        let found: Option<String> =
-            sqlx::query_scalar(AssertSqlSafe(lock)).bind(namespace).bind(name).fetch_optional(&mut *tx).await?;
-        if found.is_none() {
-            return Err(EventBusError::HandlerNotFound(name.clone()));
-        }
-        let handlers = load_handlers(&mut tx, namespace).await?;
-        let handler = &handlers[name];
-        let held: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT COUNT(*) FROM eventbus_deliveries WHERE namespace = $1 AND handler = $2 AND {INDEXED} \
-             AND state = 'in_flight' AND consumer_id = $3 AND visible_until > $4"
-        )))
-        .bind(namespace)
-        .bind(name)
-        .bind(consumer_id)
-        .bind(now)
-        .fetch_one(&mut *tx)
-        .await?;
-        let mut capacity = i64::from(*max_in_flight) - held;
-        let mut claim = Claim { waits_on: ancestors(&handlers, name), ..Claim::default() };
-        if capacity <= 0 {
-            tx.commit().await?;
-            return Ok(claim);
-        }
-        self.expire_handler_leases(&mut tx, &handlers, namespace, name, now).await?;
-        // Only pending and retrying deliveries are candidates; in-flight ones
-        // neither go again nor hold the others back. Nothing is locked here:
-        // the handler lock keeps other claims out, and the lease below only
-        // takes rows still in the state they were read in.
-        let mut leased = Vec::new();
-        let mut after = 0;
-        'scan: while capacity > 0 {
-            let sql = format!(
-                "SELECT sequence, state, next_attempt_at FROM eventbus_deliveries \
-                 WHERE namespace = $1 AND handler = $2 AND {INDEXED} AND state IN ('pending', 'failed') \
-                 AND sequence > $3 ORDER BY sequence LIMIT $4"
-            );
-            let rows = sqlx::query(AssertSqlSafe(sql))
-                .bind(namespace)
-                .bind(name)
-                .bind(after)
-                .bind(capacity)
-                .fetch_all(&mut *tx)
-                .await?;
-            let full = rows.len() as i64 >= capacity;
-            let sequences: Vec<i64> = rows.iter().map(|row| row.try_get("sequence")).collect::<Result<_, _>>()?;
-            let siblings = match (claim.waits_on.is_empty(), sequences.first(), sequences.last()) {
-                (false, Some(first), Some(last)) => participants(&mut tx, namespace, *first, *last).await?,
-                _ => Default::default(),
-            };
-            for row in &rows {
-                let sequence: i64 = row.try_get("sequence")?;
-                after = sequence;
-                if let Some(due) = row.try_get::<Option<i64>, _>("next_attempt_at")?
-                    && due > now
-                {
-                    claim.next_due = Some(due);
-                    break 'scan;
-                }
-                let ready = match siblings.get(&sequence) {
-                    Some(participants) => verdict(&handlers, name, participants),
-                    None => Verdict::Ready,
-                };
-                match ready {
-                    Verdict::Ready => {
-                        leased.push(sequence);
-                        capacity -= 1;
-                        if capacity == 0 {
-                            break 'scan;
-                        }
-                    }
-                    Verdict::Wait => break 'scan,
-                    Verdict::Skip(_) => settle_event(&mut tx, &handlers, namespace, sequence, now).await?,
-                }
-            }
-            if !full {
-                break;
-            }
-        }
-        if let (Some(first), Some(last)) = (leased.first(), leased.last()) {
-            // Between the first and the last chosen, every row still pending
-            // or due is chosen: the scan stopped at the first that was not.
-            let visible_until = now + micros(handler.retry.visibility_timeout);
-            let taken: Vec<i64> = sqlx::query_scalar(
-                "UPDATE eventbus_deliveries SET state = 'in_flight', attempt = attempt + 1, consumer_id = $3, \
-                 visible_until = $4, next_attempt_at = NULL, updated_at = $5 \
-                 WHERE namespace = $1 AND handler = $2 AND sequence >= $6 AND sequence <= $7 \
-                 AND (state = 'pending' OR (state = 'failed' AND next_attempt_at <= $5)) RETURNING sequence",
-            )
-            .bind(namespace)
-            .bind(name)
-            .bind(consumer_id)
-            .bind(visible_until)
-            .bind(now)
-            .bind(*first)
-            .bind(*last)
-            .fetch_all(&mut *tx)
-            .await?;
-            // What an ack, a replay or a skip changed meanwhile is not leased.
-            claim.deliveries = deliveries_with_events(&mut tx, namespace, name, &taken).await?;
-        }
-        tx.commit().await?;
-        Ok(claim)
-    }
-
-    /// Counts the attempts whose lease ran out among a handler's in-flight
-    /// deliveries as failed (the reaper does the same for every handler).
-    async fn expire_handler_leases(
-        &self,
-        conn: &mut AnyConnection,
-        handlers: &Handlers,
-        namespace: &str,
-        name: &str,
-        now: i64,
-    ) -> Result<()> {
-        let expired: Vec<(i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT sequence, attempt FROM eventbus_deliveries WHERE namespace = $1 AND handler = $2 AND {INDEXED} \
-             AND state = 'in_flight' AND visible_until <= $3 ORDER BY sequence{}",
-            self.on_postgres(" FOR UPDATE SKIP LOCKED")
-        )))
-        .bind(namespace)
-        .bind(name)
-        .bind(now)
-        .fetch_all(&mut *conn)
-        .await?;
-        for (sequence, attempt) in expired {
-            let id = DeliveryId { sequence, handler: name.to_owned() };
-            let attempt = u32::try_from(attempt).unwrap_or(u32::MAX);
-            self.fail_attempt(conn, handlers, namespace, &id, attempt, "lease expired", None, false, now).await?;
-        }
-        Ok(())
-    }
-
     /// Records a failed attempt of an unfinished delivery: a retry after the
     /// backoff (or `retry_delay`), or the dead letter when attempts ran out
     /// (or `dead_letter`), skipping FAIL-policy dependents. Returns the new state.
     #[expect(clippy::too_many_arguments, reason = "one row's whole failure, from three callers")]
-    async fn fail_attempt(
+    pub(super) async fn fail_attempt(
         &self,
         conn: &mut AnyConnection,
         handlers: &Handlers,
@@ -239,37 +93,6 @@ impl SqlEventRepository {
         .execute(&mut *conn)
         .await?;
         Ok(DeliveryState::Failed)
-    }
-
-    pub(super) async fn reclaim_deliveries(
-        &self,
-        namespace: &str,
-        handler: &str,
-        consumer_id: &str,
-        after: Option<i64>,
-        now: i64,
-    ) -> Result<Vec<Delivery>> {
-        let mut tx = self.begin().await?;
-        let handlers = load_handlers(&mut tx, namespace).await?;
-        let definition = handlers.get(handler).ok_or_else(|| EventBusError::HandlerNotFound(handler.to_owned()))?;
-        let sequences: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "UPDATE eventbus_deliveries SET visible_until = $5, updated_at = $6 WHERE namespace = $1 AND handler = $2 \
-             AND {INDEXED} AND consumer_id = $3 AND state = 'in_flight' AND sequence > $4 AND visible_until > $6 \
-             RETURNING sequence"
-        )))
-        .bind(namespace)
-        .bind(handler)
-        .bind(consumer_id)
-        .bind(after.unwrap_or(0))
-        .bind(now + micros(definition.retry.visibility_timeout))
-        .bind(now)
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut sequences = sequences;
-        sequences.sort_unstable();
-        let deliveries = deliveries_with_events(&mut tx, namespace, handler, &sequences).await?;
-        tx.commit().await?;
-        Ok(deliveries)
     }
 
     pub(super) async fn ack_deliveries(&self, namespace: &str, ids: &[DeliveryId], now: i64) -> Result<()> {
@@ -468,104 +291,10 @@ impl SqlEventRepository {
             (deliveries.len() >= query.limit as usize).then(|| deliveries.last().map(|d| d.id.clone())).flatten();
         Ok(DeliveryPage { deliveries, next })
     }
-
-    pub(super) async fn replay_dead(
-        &self,
-        namespace: &str,
-        handler: &str,
-        ids: &[DeliveryId],
-        rearm_skipped: bool,
-        now: i64,
-    ) -> Result<Replayed> {
-        let mut tx = self.begin().await?;
-        let handlers = load_handlers(&mut tx, namespace).await?;
-        if !handlers.contains_key(handler) {
-            return Err(EventBusError::HandlerNotFound(handler.to_owned()));
-        }
-        for id in ids {
-            let current = lock_delivery(&mut tx, namespace, id, self.for_update()).await?;
-            if id.handler != handler || current.state != DeliveryState::DeadLettered {
-                return Err(EventBusError::NotDeadLettered { id: id.clone(), handler: handler.to_owned() });
-            }
-        }
-        let sequences: Vec<i64> = match ids {
-            [] => {
-                sqlx::query_scalar(
-                    "SELECT sequence FROM eventbus_deliveries WHERE namespace = $1 AND handler = $2 \
-                 AND state = 'dead_lettered' ORDER BY sequence",
-                )
-                .bind(namespace)
-                .bind(handler)
-                .fetch_all(&mut *tx)
-                .await?
-            }
-            ids => ids.iter().map(|id| id.sequence).collect(),
-        };
-        let mut replayed = Replayed::default();
-        for sequence in sequences {
-            rearm(&mut tx, namespace, sequence, handler, now).await?;
-            replayed.replayed += 1;
-            if rearm_skipped {
-                let mut causes = vec![handler.to_owned()];
-                while let Some(cause) = causes.pop() {
-                    let rearmed: Vec<String> = sqlx::query_scalar(
-                        "UPDATE eventbus_deliveries SET state = 'pending', attempt = 0, skip_handler = NULL, \
-                         skip_message = NULL, finished_at = NULL, updated_at = $4 \
-                         WHERE namespace = $1 AND sequence = $2 AND state = 'skipped' AND skip_handler = $3 \
-                         RETURNING handler",
-                    )
-                    .bind(namespace)
-                    .bind(sequence)
-                    .bind(&cause)
-                    .bind(now)
-                    .fetch_all(&mut *tx)
-                    .await?;
-                    replayed.rearmed += rearmed.len() as u64;
-                    causes.extend(rearmed);
-                }
-            }
-        }
-        tx.commit().await?;
-        Ok(replayed)
-    }
-
-    pub(super) async fn replay_range(
-        &self,
-        namespace: &str,
-        handler: &str,
-        from: i64,
-        to: Option<i64>,
-        now: i64,
-    ) -> Result<u64> {
-        let mut tx = self.begin().await?;
-        let handlers = load_handlers(&mut tx, namespace).await?;
-        if !handlers.contains_key(handler) {
-            return Err(EventBusError::HandlerNotFound(handler.to_owned()));
-        }
-        let last = match to {
-            Some(to) => to,
-            None => head(&mut tx, namespace).await?,
-        };
-        let reset = sqlx::query(
-            "UPDATE eventbus_deliveries SET state = 'pending', attempt = 0, consumer_id = NULL, visible_until = NULL, \
-             next_attempt_at = NULL, skip_handler = NULL, skip_message = NULL, finished_at = NULL, updated_at = $5 \
-             WHERE namespace = $1 AND handler = $2 AND sequence >= $3 AND sequence <= $4",
-        )
-        .bind(namespace)
-        .bind(handler)
-        .bind(from)
-        .bind(last)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        let created = self.fan_out(&mut tx, namespace, Some(handler), from, last, now).await?;
-        tx.commit().await?;
-        Ok(reset.rows_affected() + created)
-    }
 }
 
 /// Skips the deliveries of one event whose FAIL-policy dependencies failed.
-async fn settle_event(
+pub(super) async fn settle_event(
     conn: &mut AnyConnection,
     handlers: &Handlers,
     namespace: &str,
@@ -592,24 +321,13 @@ async fn settle_event(
     Ok(())
 }
 
-/// Moves one delivery back to pending with its attempts reset.
-async fn rearm(conn: &mut AnyConnection, namespace: &str, sequence: i64, handler: &str, now: i64) -> Result<()> {
-    sqlx::query(
-        "UPDATE eventbus_deliveries SET state = 'pending', attempt = 0, consumer_id = NULL, visible_until = NULL, \
-         next_attempt_at = NULL, finished_at = NULL, updated_at = $4 \
-         WHERE namespace = $1 AND sequence = $2 AND handler = $3",
-    )
-    .bind(namespace)
-    .bind(sequence)
-    .bind(handler)
-    .bind(now)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
 /// One delivery without its event, locked with `lock` (`""` or ` FOR UPDATE`).
-async fn lock_delivery(conn: &mut AnyConnection, namespace: &str, id: &DeliveryId, lock: &str) -> Result<Delivery> {
+pub(super) async fn lock_delivery(
+    conn: &mut AnyConnection,
+    namespace: &str,
+    id: &DeliveryId,
+    lock: &str,
+) -> Result<Delivery> {
     let sql = format!(
         "SELECT {} FROM eventbus_deliveries d WHERE d.namespace = $1 AND d.sequence = $2 AND d.handler = $3{lock}",
         rows::delivery_columns!()
@@ -626,7 +344,7 @@ async fn lock_delivery(conn: &mut AnyConnection, namespace: &str, id: &DeliveryI
 
 /// The handler's deliveries of these events, with the events, in order (one
 /// key range scan between the lowest and the highest, filtered here).
-async fn deliveries_with_events(
+pub(super) async fn deliveries_with_events(
     conn: &mut AnyConnection,
     namespace: &str,
     handler: &str,

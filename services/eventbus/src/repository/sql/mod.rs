@@ -5,9 +5,11 @@
 //! its row (PostgreSQL; SQLite has a single writer), so a handler's
 //! deliveries are leased in sequence order.
 
+mod claims;
 mod deliveries;
 mod handlers;
 mod log;
+mod replays;
 mod repository;
 mod rows;
 

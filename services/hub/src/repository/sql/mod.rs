@@ -1,6 +1,7 @@
 //! The SQL hub repository: one implementation for PostgreSQL and SQLite.
 
 mod agents;
+mod delegations;
 mod messages;
 mod repository;
 mod rows;

@@ -1,0 +1,192 @@
+//! Claims: a handler's next ready deliveries, leased to one consumer in
+//! sequence order, and the leases a reconnecting consumer still holds.
+
+use chorus_runtime::time::micros;
+use sqlx::{AnyConnection, AssertSqlSafe, Row as _};
+
+use super::{
+    SqlEventRepository,
+    deliveries::{INDEXED, deliveries_with_events, settle_event},
+    load_handlers, participants,
+};
+use crate::{
+    domain::{Claim, ClaimRequest, Delivery, DeliveryId, Handlers, Verdict, ancestors, verdict},
+    error::{EventBusError, Result},
+};
+
+impl SqlEventRepository {
+    pub(super) async fn claim_deliveries(&self, request: &ClaimRequest) -> Result<Claim> {
+        let ClaimRequest { namespace, handler: name, consumer_id, max_in_flight, now } = request;
+        let now = *now;
+        let mut tx = self.begin().await?;
+        if self.postgres() {
+            // A claim's commit need not wait for the disk: a lease lost in a
+            // crash only means a redelivery, and what else a claim settles
+            // (expired leases, skips) is derived again by the next one.
+            sqlx::query("SELECT set_config('synchronous_commit', 'off', true)").execute(&mut *tx).await?;
+        }
+        let lock =
+            format!("SELECT name FROM eventbus_handlers WHERE namespace = $1 AND name = $2{}", self.for_update());
+        let found: Option<String> =
+            sqlx::query_scalar(AssertSqlSafe(lock)).bind(namespace).bind(name).fetch_optional(&mut *tx).await?;
+        if found.is_none() {
+            return Err(EventBusError::HandlerNotFound(name.clone()));
+        }
+        let handlers = load_handlers(&mut tx, namespace).await?;
+        let handler = &handlers[name];
+        let held: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT COUNT(*) FROM eventbus_deliveries WHERE namespace = $1 AND handler = $2 AND {INDEXED} \
+             AND state = 'in_flight' AND consumer_id = $3 AND visible_until > $4"
+        )))
+        .bind(namespace)
+        .bind(name)
+        .bind(consumer_id)
+        .bind(now)
+        .fetch_one(&mut *tx)
+        .await?;
+        let mut capacity = i64::from(*max_in_flight) - held;
+        let mut claim = Claim { waits_on: ancestors(&handlers, name), ..Claim::default() };
+        if capacity <= 0 {
+            tx.commit().await?;
+            return Ok(claim);
+        }
+        self.expire_handler_leases(&mut tx, &handlers, namespace, name, now).await?;
+        // Only pending and retrying deliveries are candidates; in-flight ones
+        // neither go again nor hold the others back. Nothing is locked here:
+        // the handler lock keeps other claims out, and the lease below only
+        // takes rows still in the state they were read in.
+        let mut leased = Vec::new();
+        let mut after = 0;
+        'scan: while capacity > 0 {
+            let sql = format!(
+                "SELECT sequence, state, next_attempt_at FROM eventbus_deliveries \
+                 WHERE namespace = $1 AND handler = $2 AND {INDEXED} AND state IN ('pending', 'failed') \
+                 AND sequence > $3 ORDER BY sequence LIMIT $4"
+            );
+            let rows = sqlx::query(AssertSqlSafe(sql))
+                .bind(namespace)
+                .bind(name)
+                .bind(after)
+                .bind(capacity)
+                .fetch_all(&mut *tx)
+                .await?;
+            let full = rows.len() as i64 >= capacity;
+            let sequences: Vec<i64> = rows.iter().map(|row| row.try_get("sequence")).collect::<Result<_, _>>()?;
+            let siblings = match (claim.waits_on.is_empty(), sequences.first(), sequences.last()) {
+                (false, Some(first), Some(last)) => participants(&mut tx, namespace, *first, *last).await?,
+                _ => Default::default(),
+            };
+            for row in &rows {
+                let sequence: i64 = row.try_get("sequence")?;
+                after = sequence;
+                if let Some(due) = row.try_get::<Option<i64>, _>("next_attempt_at")?
+                    && due > now
+                {
+                    claim.next_due = Some(due);
+                    break 'scan;
+                }
+                let ready = match siblings.get(&sequence) {
+                    Some(participants) => verdict(&handlers, name, participants),
+                    None => Verdict::Ready,
+                };
+                match ready {
+                    Verdict::Ready => {
+                        leased.push(sequence);
+                        capacity -= 1;
+                        if capacity == 0 {
+                            break 'scan;
+                        }
+                    }
+                    Verdict::Wait => break 'scan,
+                    Verdict::Skip(_) => settle_event(&mut tx, &handlers, namespace, sequence, now).await?,
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        if let (Some(first), Some(last)) = (leased.first(), leased.last()) {
+            // Between the first and the last chosen, every row still pending
+            // or due is chosen: the scan stopped at the first that was not.
+            let visible_until = now + micros(handler.retry.visibility_timeout);
+            let taken: Vec<i64> = sqlx::query_scalar(
+                "UPDATE eventbus_deliveries SET state = 'in_flight', attempt = attempt + 1, consumer_id = $3, \
+                 visible_until = $4, next_attempt_at = NULL, updated_at = $5 \
+                 WHERE namespace = $1 AND handler = $2 AND sequence >= $6 AND sequence <= $7 \
+                 AND (state = 'pending' OR (state = 'failed' AND next_attempt_at <= $5)) RETURNING sequence",
+            )
+            .bind(namespace)
+            .bind(name)
+            .bind(consumer_id)
+            .bind(visible_until)
+            .bind(now)
+            .bind(*first)
+            .bind(*last)
+            .fetch_all(&mut *tx)
+            .await?;
+            // What an ack, a replay or a skip changed meanwhile is not leased.
+            claim.deliveries = deliveries_with_events(&mut tx, namespace, name, &taken).await?;
+        }
+        tx.commit().await?;
+        Ok(claim)
+    }
+
+    /// Counts the attempts whose lease ran out among a handler's in-flight
+    /// deliveries as failed (the reaper does the same for every handler).
+    async fn expire_handler_leases(
+        &self,
+        conn: &mut AnyConnection,
+        handlers: &Handlers,
+        namespace: &str,
+        name: &str,
+        now: i64,
+    ) -> Result<()> {
+        let expired: Vec<(i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT sequence, attempt FROM eventbus_deliveries WHERE namespace = $1 AND handler = $2 AND {INDEXED} \
+             AND state = 'in_flight' AND visible_until <= $3 ORDER BY sequence{}",
+            self.on_postgres(" FOR UPDATE SKIP LOCKED")
+        )))
+        .bind(namespace)
+        .bind(name)
+        .bind(now)
+        .fetch_all(&mut *conn)
+        .await?;
+        for (sequence, attempt) in expired {
+            let id = DeliveryId { sequence, handler: name.to_owned() };
+            let attempt = u32::try_from(attempt).unwrap_or(u32::MAX);
+            self.fail_attempt(conn, handlers, namespace, &id, attempt, "lease expired", None, false, now).await?;
+        }
+        Ok(())
+    }
+
+    pub(super) async fn reclaim_deliveries(
+        &self,
+        namespace: &str,
+        handler: &str,
+        consumer_id: &str,
+        after: Option<i64>,
+        now: i64,
+    ) -> Result<Vec<Delivery>> {
+        let mut tx = self.begin().await?;
+        let handlers = load_handlers(&mut tx, namespace).await?;
+        let definition = handlers.get(handler).ok_or_else(|| EventBusError::HandlerNotFound(handler.to_owned()))?;
+        let sequences: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "UPDATE eventbus_deliveries SET visible_until = $5, updated_at = $6 WHERE namespace = $1 AND handler = $2 \
+             AND {INDEXED} AND consumer_id = $3 AND state = 'in_flight' AND sequence > $4 AND visible_until > $6 \
+             RETURNING sequence"
+        )))
+        .bind(namespace)
+        .bind(handler)
+        .bind(consumer_id)
+        .bind(after.unwrap_or(0))
+        .bind(now + micros(definition.retry.visibility_timeout))
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut sequences = sequences;
+        sequences.sort_unstable();
+        let deliveries = deliveries_with_events(&mut tx, namespace, handler, &sequences).await?;
+        tx.commit().await?;
+        Ok(deliveries)
+    }
+}
