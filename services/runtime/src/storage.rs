@@ -229,6 +229,23 @@ impl Db {
         self.backend
     }
 
+    /// `clause` (a lock such as ` FOR UPDATE`) on PostgreSQL; nothing on
+    /// SQLite, whose single writer needs none.
+    pub fn on_postgres(&self, clause: &'static str) -> &'static str {
+        if self.backend == Backend::Postgres { clause } else { "" }
+    }
+
+    /// A transaction whose commit does not wait for the disk on PostgreSQL
+    /// (`synchronous_commit = off` for it alone): for writes a crash may
+    /// lose without harm, such as leases, which only mean a redelivery.
+    pub async fn begin_relaxed(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        if self.backend == Backend::Postgres {
+            sqlx::query("SELECT set_config('synchronous_commit', 'off', true)").execute(&mut *tx).await?;
+        }
+        Ok(tx)
+    }
+
     /// Succeeds when the database answers.
     pub async fn ping(&self) -> Result<(), sqlx::Error> {
         self.pool.execute("SELECT 1").await.map(drop)

@@ -18,13 +18,10 @@ impl SqlEventRepository {
     pub(super) async fn claim_deliveries(&self, request: &ClaimRequest) -> Result<Claim> {
         let ClaimRequest { namespace, handler: name, consumer_id, max_in_flight, now } = request;
         let now = *now;
-        let mut tx = self.begin().await?;
-        if self.postgres() {
-            // A claim's commit need not wait for the disk: a lease lost in a
-            // crash only means a redelivery, and what else a claim settles
-            // (expired leases, skips) is derived again by the next one.
-            sqlx::query("SELECT set_config('synchronous_commit', 'off', true)").execute(&mut *tx).await?;
-        }
+        // A claim's commit need not wait for the disk: a lease lost in a crash
+        // only means a redelivery, and what else a claim settles (expired
+        // leases, skips) is derived again by the next one.
+        let mut tx = self.db.begin_relaxed().await?;
         let lock =
             format!("SELECT name FROM eventbus_handlers WHERE namespace = $1 AND name = $2{}", self.for_update());
         let found: Option<String> =
@@ -144,7 +141,7 @@ impl SqlEventRepository {
         let expired: Vec<(i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT sequence, attempt FROM eventbus_deliveries WHERE namespace = $1 AND handler = $2 AND {INDEXED} \
              AND state = 'in_flight' AND visible_until <= $3 ORDER BY sequence{}",
-            self.on_postgres(" FOR UPDATE SKIP LOCKED")
+            self.db.on_postgres(" FOR UPDATE SKIP LOCKED")
         )))
         .bind(namespace)
         .bind(name)

@@ -217,7 +217,7 @@ impl SqlEventRepository {
 
     pub(super) async fn expire_leases(&self, now: i64, limit: u32) -> Result<Vec<String>> {
         let mut tx = self.begin().await?;
-        let skip_locked = if self.postgres() { " FOR UPDATE SKIP LOCKED" } else { "" };
+        let skip_locked = self.db.on_postgres(" FOR UPDATE SKIP LOCKED");
         let sql = format!(
             "SELECT namespace, sequence, handler, attempt FROM eventbus_deliveries \
              WHERE {INDEXED} AND state = 'in_flight' AND visible_until <= $1 ORDER BY visible_until \

@@ -61,12 +61,7 @@ impl SqlEventRepository {
 
     /// `... FOR UPDATE` on PostgreSQL; nothing on SQLite (one writer).
     fn for_update(&self) -> &'static str {
-        if self.postgres() { " FOR UPDATE" } else { "" }
-    }
-
-    /// `suffix` on PostgreSQL; nothing on SQLite.
-    fn on_postgres(&self, suffix: &'static str) -> &'static str {
-        if self.postgres() { suffix } else { "" }
+        self.db.on_postgres(" FOR UPDATE")
     }
 
     /// How a type column matches a handler's stored `matcher`.

@@ -44,7 +44,7 @@ impl SqlHubRepository {
         let sql = format!(
             "SELECT sender, recipient, reply_id, expires_at FROM hub_delegations \
              WHERE namespace = $1 AND correlation_id = $2{}",
-            self.on_postgres(" FOR UPDATE")
+            self.db.on_postgres(" FOR UPDATE")
         );
         let row = sqlx::query(AssertSqlSafe(sql)).bind(namespace).bind(correlation_id).fetch_optional(&mut *tx).await?;
         let Some(row) = row else { return Err(HubError::NoPendingRequest(correlation_id.to_owned())) };

@@ -188,7 +188,7 @@ impl SqlHubRepository {
              WHERE i.namespace = $1 AND i.recipient = $2 AND i.expires_at > $3 \
              AND (i.ack_deadline IS NULL OR i.ack_deadline <= $3){conditions} ORDER BY i.sequence LIMIT {scan}{}",
             rows::inbox_columns!(),
-            self.on_postgres(" FOR UPDATE OF i SKIP LOCKED")
+            self.db.on_postgres(" FOR UPDATE OF i SKIP LOCKED")
         );
         let query = sqlx::query(AssertSqlSafe(sql)).bind(&take.namespace).bind(&take.agent_id).bind(take.now);
         let query = bind_filter(query, filter);

@@ -48,19 +48,10 @@ impl SqlHubRepository {
         Ok(self.db.pool().begin().await?)
     }
 
-    /// A transaction that only hands out leases. Its commit need not wait
-    /// for the disk on PostgreSQL: a lease lost in a crash only means the
-    /// message is handed out again, which at-least-once delivery allows.
+    /// A transaction that only hands out leases: its commit need not wait
+    /// for the disk, as a lease lost in a crash only means the message is
+    /// handed out again, which at-least-once delivery allows.
     async fn begin_lease(&self) -> Result<Tx<'static>> {
-        let mut tx = self.begin().await?;
-        if self.postgres() {
-            sqlx::query("SELECT set_config('synchronous_commit', 'off', true)").execute(&mut *tx).await?;
-        }
-        Ok(tx)
-    }
-
-    /// `suffix` on PostgreSQL; nothing on SQLite, which has a single writer.
-    fn on_postgres(&self, suffix: &'static str) -> &'static str {
-        if self.postgres() { suffix } else { "" }
+        Ok(self.db.begin_relaxed().await?)
     }
 }

@@ -40,7 +40,7 @@ impl SqlHubRepository {
         let sql = format!(
             "SELECT {} FROM hub_state WHERE namespace = $1 AND key = $2{}",
             rows::state_columns!(),
-            self.on_postgres(" FOR UPDATE")
+            self.db.on_postgres(" FOR UPDATE")
         );
         let row = sqlx::query(AssertSqlSafe(sql)).bind(&write.namespace).bind(&write.key).fetch_one(&mut *tx).await?;
         let current = rows::decode_state(&row)?;
@@ -123,7 +123,7 @@ impl SqlHubRepository {
         let sql = format!(
             "SELECT namespace, key FROM hub_state WHERE change = 'set' AND expires_at <= $1 ORDER BY expires_at \
              LIMIT $2{}",
-            self.on_postgres(" FOR UPDATE SKIP LOCKED")
+            self.db.on_postgres(" FOR UPDATE SKIP LOCKED")
         );
         let keys: Vec<(String, String)> =
             sqlx::query_as(AssertSqlSafe(sql)).bind(now).bind(i64::from(limit)).fetch_all(&mut *tx).await?;
