@@ -5,6 +5,7 @@
 //! - [`server`]: one server builder for gRPC + HTTP on one pre-bound port;
 //! - [`storage`]: a database URL selects PostgreSQL or SQLite; embedded migrations;
 //! - [`error`]: the closed error-code enum mapped once to gRPC and HTTP;
+//! - [`feed`]: sending what a stream's task read to its receiver;
 //! - [`grpc`]: the namespace check and response streams every handler uses;
 //! - [`validate`]: proto input checks that name the offending field;
 //! - [`wakeup`]: commit signals between writers and waiting readers;
@@ -14,6 +15,7 @@
 
 pub mod config;
 pub mod error;
+pub mod feed;
 pub mod grpc;
 pub mod server;
 pub mod signal;

@@ -9,7 +9,7 @@ use chorus_runtime::time::now_micros;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use chorus_runtime::wakeup::wait_any;
+use chorus_runtime::{feed::forward, wakeup::wait_any};
 
 use super::{EventBus, keys};
 use crate::{
@@ -61,21 +61,28 @@ impl Drop for ConsumerGuard {
 
 impl EventBus {
     /// Hands the handler's ready deliveries to one consumer as they become
-    /// ready. Fails at once when the handler does not exist; ends with
-    /// `HandlerNotFound` when it is deregistered.
+    /// ready, starting with those still leased to it. Fails at once when the
+    /// handler does not exist; ends with `HandlerNotFound` when it is
+    /// deregistered.
     pub async fn subscribe(&self, subscription: Subscription) -> Result<ReceiverStream<Result<Delivery>>> {
-        self.repository.get_handler(&subscription.namespace, &subscription.handler).await?;
+        let Subscription { namespace, handler, consumer_id, after, .. } = &subscription;
+        // Also the existence check: it fails for an unknown handler.
+        let resent = self.repository.reclaim(namespace, handler, consumer_id, *after, now_micros()).await?;
         let (sender, receiver) = mpsc::channel(subscription.max_in_flight.max(1) as usize);
         let bus = self.clone();
-        tokio::spawn(async move { bus.feed_deliveries(subscription, sender).await });
+        tokio::spawn(async move { bus.feed_deliveries(subscription, resent, sender).await });
         Ok(ReceiverStream::new(receiver))
     }
 
-    async fn feed_deliveries(self, subscription: Subscription, sender: mpsc::Sender<Result<Delivery>>) {
-        let Subscription { namespace, handler, consumer_id, max_in_flight, after } = subscription;
+    async fn feed_deliveries(
+        self,
+        subscription: Subscription,
+        resent: Vec<Delivery>,
+        sender: mpsc::Sender<Result<Delivery>>,
+    ) {
+        let Subscription { namespace, handler, consumer_id, max_in_flight, .. } = subscription;
         let _guard = ConsumerGuard::new(&self, &namespace, &handler);
-        let resent = self.repository.reclaim(&namespace, &handler, &consumer_id, after, now_micros()).await;
-        if !self.forward(resent, &sender).await {
+        if !forward(Ok(resent), &sender).await {
             return;
         }
         let mut request = ClaimRequest { namespace, handler, consumer_id, max_in_flight: max_in_flight.max(1), now: 0 };
@@ -104,7 +111,7 @@ impl EventBus {
                 waits_on.clone_from(&claim.waits_on);
                 again = true;
             }
-            if !self.forward(claim.map(|claim| claim.deliveries), &sender).await {
+            if !forward(claim.map(|claim| claim.deliveries), &sender).await {
                 return;
             }
             if again {
@@ -119,25 +126,6 @@ impl EventBus {
                 () = self.shutdown.cancelled() => return,
                 () = sender.closed() => return,
                 () = wait_any(&mut waiters, poll) => {}
-            }
-        }
-    }
-
-    /// Sends deliveries, or the error that ends the stream; false when the
-    /// stream is over.
-    async fn forward(&self, deliveries: Result<Vec<Delivery>>, sender: &mpsc::Sender<Result<Delivery>>) -> bool {
-        match deliveries {
-            Ok(deliveries) => {
-                for delivery in deliveries {
-                    if sender.send(Ok(delivery)).await.is_err() {
-                        return false;
-                    }
-                }
-                true
-            }
-            Err(error) => {
-                let _ = sender.send(Err(error)).await;
-                false
             }
         }
     }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use chorus_runtime::{
+    feed::forward,
     time::{micros, now_micros},
     wakeup::Waiter,
 };
@@ -303,23 +304,5 @@ impl Hub {
         let reply = self.repository.reply(namespace, sender, correlation_id, content, now_micros()).await?;
         self.wakeups.notify(&keys::reply(namespace, correlation_id));
         Ok(reply)
-    }
-}
-
-/// Sends messages, or the error that ends the stream; false when it is over.
-async fn forward(messages: Result<Vec<Message>>, sender: &mpsc::Sender<Result<Message>>) -> bool {
-    match messages {
-        Ok(messages) => {
-            for message in messages {
-                if sender.send(Ok(message)).await.is_err() {
-                    return false;
-                }
-            }
-            true
-        }
-        Err(error) => {
-            let _ = sender.send(Err(error)).await;
-            false
-        }
     }
 }
