@@ -229,3 +229,23 @@ impl ReadyProcess {
         }
     }
 }
+
+/// Why a test bin stopped consuming: the server failed (open the stream
+/// again), or its log did (nothing more can be acked; give up).
+#[derive(Debug)]
+pub enum Stop {
+    Grpc(tonic::Status),
+    Log(std::io::Error),
+}
+
+impl From<tonic::Status> for Stop {
+    fn from(status: tonic::Status) -> Self {
+        Self::Grpc(status)
+    }
+}
+
+impl From<std::io::Error> for Stop {
+    fn from(error: std::io::Error) -> Self {
+        Self::Log(error)
+    }
+}

@@ -22,7 +22,10 @@ use chorus_proto::hub::{
     StreamInboxRequest, SubscribeRequest, hub_client::HubClient, message::Kind,
 };
 use chorus_runtime::telemetry::{self, TelemetryConfig};
-use chorus_tests::agent::{DONE, Handled, READY, answer};
+use chorus_tests::{
+    agent::{DONE, Handled, READY, answer},
+    process::Stop,
+};
 use clap::Parser;
 use tokio::{
     fs::{File, OpenOptions},
@@ -144,26 +147,6 @@ async fn heartbeat(mut client: HubClient<Channel>, request: HeartbeatRequest, ev
         if let Err(status) = client.heartbeat(request.clone()).await {
             tracing::warn!(code = ?status.code(), message = status.message(), "heartbeat failed");
         }
-    }
-}
-
-/// Why consuming stopped: the hub failed (open the stream again), or the
-/// log did (nothing more can be acked; give up).
-#[derive(Debug)]
-enum Stop {
-    Grpc(Status),
-    Log(std::io::Error),
-}
-
-impl From<Status> for Stop {
-    fn from(status: Status) -> Self {
-        Self::Grpc(status)
-    }
-}
-
-impl From<std::io::Error> for Stop {
-    fn from(error: std::io::Error) -> Self {
-        Self::Log(error)
     }
 }
 

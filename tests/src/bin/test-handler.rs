@@ -20,7 +20,10 @@ use chorus_proto::eventbus::{
     event_bus_client::EventBusClient,
 };
 use chorus_runtime::telemetry::{self, TelemetryConfig};
-use chorus_tests::handler::{Handled, READY};
+use chorus_tests::{
+    handler::{Handled, READY},
+    process::Stop,
+};
 use clap::Parser;
 use futures_util::FutureExt as _;
 use tokio::{
@@ -112,26 +115,6 @@ async fn register(client: &mut EventBusClient<Channel>, args: &Args) -> Result<(
             }
             Err(status) => return Err(status),
         }
-    }
-}
-
-/// Why consuming stopped: the bus failed (subscribe again), or the log did
-/// (nothing more can be acked; give up).
-#[derive(Debug)]
-enum Stop {
-    Grpc(Status),
-    Log(std::io::Error),
-}
-
-impl From<Status> for Stop {
-    fn from(status: Status) -> Self {
-        Self::Grpc(status)
-    }
-}
-
-impl From<std::io::Error> for Stop {
-    fn from(error: std::io::Error) -> Self {
-        Self::Log(error)
     }
 }
 
