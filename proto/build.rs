@@ -7,6 +7,7 @@ use prost::Message as _;
 
 const PROTOS: &[&str] = &[
     "chorus/eventbus/v1/eventbus.proto",
+    "chorus/gateway/v1/gateway.proto",
     "chorus/hub/v1/hub.proto",
     "chorus/taskstore/v1/taskstore.proto",
     "chorus/workflow/v1/workflow.proto",

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use chorus_eventbus::EventBusConfig;
+use chorus_gateway::GatewayConfig;
 use chorus_hub::HubConfig;
 use chorus_runtime::{server::ServerConfig, storage::StorageConfig, telemetry::TelemetryConfig};
 use chorus_taskstore::TaskStoreConfig;
@@ -19,6 +20,7 @@ pub(crate) struct ChorusConfig {
     pub(crate) taskstore: TaskStoreConfig,
     pub(crate) eventbus: EventBusConfig,
     pub(crate) hub: HubConfig,
+    pub(crate) gateway: GatewayConfig,
 }
 
 impl Default for ChorusConfig {
@@ -31,6 +33,7 @@ impl Default for ChorusConfig {
             taskstore: TaskStoreConfig::default(),
             eventbus: EventBusConfig::default(),
             hub: HubConfig::default(),
+            gateway: GatewayConfig::default(),
         }
     }
 }

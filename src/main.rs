@@ -103,6 +103,7 @@ fn service_label(service: Service) -> &'static str {
         Service::Taskstore => "taskstore",
         Service::Eventbus => "eventbus",
         Service::Hub => "hub",
+        Service::Gateway => "gateway",
     }
 }
 

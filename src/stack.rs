@@ -1,10 +1,11 @@
 //! Starts services: binds the port, opens storage, runs migrations, mounts
 //! every chosen service on one server and serves until shutdown.
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
 use anyhow::Context as _;
 use chorus_eventbus::{EventBus, grpc::EventBusGrpc, repository::sql::SqlEventRepository};
+use chorus_gateway::A2aGrpc;
 use chorus_hub::{Hub, grpc::HubGrpc, repository::sql::SqlHubRepository};
 use chorus_proto::eventbus::event_bus_client::EventBusClient;
 use chorus_runtime::{
@@ -28,16 +29,24 @@ pub(crate) enum Service {
     Eventbus,
     /// The hub (`chorus.hub.v1`).
     Hub,
+    /// The A2A gateway (JSON-RPC, HTTP+JSON and `lf.a2a.v1` gRPC).
+    Gateway,
 }
 
 /// The services `chorus dev` runs: every one that exists.
-pub(crate) const ALL_SERVICES: &[Service] = &[Service::Eventbus, Service::Hub, Service::Taskstore];
+pub(crate) const ALL_SERVICES: &[Service] = &[Service::Eventbus, Service::Hub, Service::Taskstore, Service::Gateway];
 
 /// A bound, ready-to-serve stack.
 pub(crate) struct Stack {
     listener: TcpListener,
     server: ServerBuilder,
     pub(crate) address: SocketAddr,
+}
+
+/// The task store the gateway works on: the configured one, else this
+/// process's own.
+fn taskstore_target(config: &ChorusConfig, address: SocketAddr) -> String {
+    config.gateway.taskstore_url.clone().unwrap_or_else(|| format!("http://{address}"))
 }
 
 /// Where the task store publishes its changes: the configured bus, else this
@@ -96,6 +105,25 @@ impl Stack {
                     let bus = EventBus::new(repository, wakeups, config.eventbus.clone(), shutdown.clone());
                     bus.spawn_reaper();
                     server.add_grpc_service(EventBusGrpc::new(bus).into_server(config.server.max_message_bytes));
+                }
+                Service::Gateway => {
+                    let url = taskstore_target(config, address);
+                    let channel = Channel::from_shared(url.clone())
+                        .with_context(|| format!("gateway.taskstore_url {url:?} is not a URL"))?
+                        .connect_lazy();
+                    let mut gateway_config = config.gateway.clone();
+                    if gateway_config.registry_file.is_none() && config.storage.database_url.is_empty() {
+                        gateway_config.registry_file =
+                            Some(PathBuf::from(&config.storage.data_dir).join("agents.json"));
+                    }
+                    let gateway =
+                        chorus_gateway::build(gateway_config, channel, &format!("http://{address}"), shutdown.clone())
+                            .map_err(|error| anyhow::anyhow!("gateway: {error}"))?;
+                    server.add_grpc_service(A2aGrpc::new(gateway.clone()).into_server(config.server.max_message_bytes));
+                    server.add_grpc_service(gateway.delegation().into_server(config.server.max_message_bytes));
+                    server.merge_http(chorus_gateway::router(gateway));
+                    server.enable_grpc_web(&config.gateway.cors_origins);
+                    tracing::info!(taskstore = %url, "A2A gateway mounted");
                 }
                 Service::Hub => {
                     db.migrate(&chorus_hub::MIGRATIONS).await?;

@@ -13,6 +13,11 @@ pub mod chorus {
             include!(concat!(env!("OUT_DIR"), "/chorus.eventbus.v1.rs"));
         }
     }
+    pub mod gateway {
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/chorus.gateway.v1.rs"));
+        }
+    }
     pub mod hub {
         pub mod v1 {
             include!(concat!(env!("OUT_DIR"), "/chorus.hub.v1.rs"));
@@ -31,6 +36,7 @@ pub mod chorus {
 }
 
 pub use chorus::eventbus::v1 as eventbus;
+pub use chorus::gateway::v1 as gateway;
 pub use chorus::hub::v1 as hub;
 pub use chorus::taskstore::v1 as taskstore;
 pub use chorus::workflow::v1 as workflow;

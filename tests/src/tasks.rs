@@ -98,6 +98,7 @@ impl TaskWatch {
             namespace: namespace.to_owned(),
             task_id: task_id.to_owned(),
             after_cursor: after_cursor.to_owned(),
+            snapshot: false,
         };
         let stream = client.watch_task(request).await;
         let stream = stream.unwrap_or_else(|status| panic!("WatchTask {task_id} failed: {status:?}")).into_inner();

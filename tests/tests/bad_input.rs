@@ -215,8 +215,12 @@ async fn malformed_page_tokens_and_cursors_are_invalid_argument() {
         assert_invalid(client.list_tasks(list).await, "page_token");
     }
     for cursor in ["garbage", "-1.5", "1.x", "12"] {
-        let watch =
-            WatchTaskRequest { namespace: NS.to_owned(), task_id: task.id.clone(), after_cursor: cursor.to_owned() };
+        let watch = WatchTaskRequest {
+            namespace: NS.to_owned(),
+            task_id: task.id.clone(),
+            after_cursor: cursor.to_owned(),
+            snapshot: false,
+        };
         assert_invalid(client.watch_task(watch).await, "after_cursor");
         let watch =
             WatchTasksRequest { namespace: NS.to_owned(), after_cursor: cursor.to_owned(), ..Default::default() };

@@ -18,6 +18,7 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 use tower::ServiceBuilder;
 use tower_http::{
     catch_panic::CatchPanicLayer,
+    cors::{AllowOrigin, CorsLayer},
     limit::RequestBodyLimitLayer,
     trace::{DefaultOnFailure, TraceLayer},
 };
@@ -53,6 +54,8 @@ pub struct ServerBuilder {
     service_names: Vec<&'static str>,
     probes: Vec<ReadinessProbe>,
     health: HealthReporter,
+    /// Origins browsers may call from over grpc-web; `None`: no grpc-web.
+    grpc_web_origins: Option<Vec<String>>,
 }
 
 impl std::fmt::Debug for ServerBuilder {
@@ -66,7 +69,15 @@ impl ServerBuilder {
         let (health, health_service) = tonic_health::server::health_reporter();
         let mut grpc = RoutesBuilder::default();
         grpc.add_service(health_service);
-        Self { config, grpc, http: Router::new(), service_names: Vec::new(), probes: Vec::new(), health }
+        Self {
+            config,
+            grpc,
+            http: Router::new(),
+            service_names: Vec::new(),
+            probes: Vec::new(),
+            health,
+            grpc_web_origins: None,
+        }
     }
 
     /// Mounts a gRPC service; it is reported SERVING once [`serve`](Self::serve) starts.
@@ -88,6 +99,13 @@ impl ServerBuilder {
     /// Mounts HTTP routes beside the gRPC services.
     pub fn merge_http(&mut self, router: Router) -> &mut Self {
         self.http = std::mem::take(&mut self.http).merge(router);
+        self
+    }
+
+    /// Lets browsers call every gRPC service over grpc-web (HTTP/1.1 or 2),
+    /// from `origins` (`*` for any) under CORS.
+    pub fn enable_grpc_web(&mut self, origins: &[String]) -> &mut Self {
+        self.grpc_web_origins = Some(origins.to_vec());
         self
     }
 
@@ -116,7 +134,12 @@ impl ServerBuilder {
         let http = std::mem::take(&mut self.http)
             .route("/healthz", get(move || healthz(Arc::clone(&probes))))
             .layer(RequestBodyLimitLayer::new(self.config.max_message_bytes));
-        let router = self.grpc.routes().into_axum_router().merge(http).fallback(not_found);
+        let mut grpc = self.grpc.routes().into_axum_router();
+        if let Some(origins) = &self.grpc_web_origins {
+            // Only the gRPC routes speak grpc-web; HTTP routes stay as they are.
+            grpc = grpc.layer(tonic_web::GrpcWebLayer::new()).layer(cors(origins));
+        }
+        let router = grpc.merge(http).fallback(not_found);
         let layers = ServiceBuilder::new()
             // Failures are logged once where they are handled (`error::into_status`);
             // a caller's NOT_FOUND is no server error.
@@ -187,6 +210,32 @@ impl<S> ReflectionService for S where
         + Sync
         + 'static
 {
+}
+
+/// CORS for grpc-web callers from `origins`: the headers grpc-web sends and
+/// the trailers-as-headers it reads.
+fn cors(origins: &[String]) -> CorsLayer {
+    let allow_origin = if origins.iter().any(|origin| origin == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|origin| http::HeaderValue::from_str(origin).ok()))
+    };
+    let header = http::HeaderName::from_static;
+    CorsLayer::new()
+        .allow_origin(allow_origin)
+        .allow_methods([http::Method::POST, http::Method::GET, http::Method::OPTIONS])
+        .allow_headers([
+            http::header::CONTENT_TYPE,
+            http::header::AUTHORIZATION,
+            header("x-grpc-web"),
+            header("x-user-agent"),
+            header("grpc-timeout"),
+            header("a2a-version"),
+            header("x-api-key"),
+            header("connect-protocol-version"),
+        ])
+        .expose_headers([header("grpc-status"), header("grpc-message"), header("grpc-status-details-bin")])
+        .max_age(Duration::from_secs(3600))
 }
 
 async fn healthz(probes: Arc<Vec<ReadinessProbe>>) -> (StatusCode, String) {

@@ -15,6 +15,9 @@ pub struct NewTask {
     pub spawn_context: SpawnContext,
     /// W3C trace context of the creating request, handed to the worker.
     pub trace_context: HashMap<String, String>,
+    /// Creates with one key in a namespace make one task; `None`: the
+    /// message id is the key.
+    pub idempotency_key: Option<String>,
 }
 
 /// A child task to create below a parent.

@@ -350,6 +350,21 @@ pub(super) fn event_out(event: TaskEvent) -> pb::TaskEvent {
         append: event.append,
         last_chunk: event.last_chunk,
         message: event.message.map(message_out),
+        task: None,
+    }
+}
+
+/// The first event of a watch with a snapshot: `task` as of `cursor`.
+pub(super) fn snapshot_out(task: Task, cursor: Option<Cursor>) -> pb::TaskEvent {
+    pb::TaskEvent {
+        cursor: cursor.map(|cursor| cursor.to_string()).unwrap_or_default(),
+        kind: pb::task_event::Kind::Snapshot.into(),
+        task_id: task.id.clone(),
+        context_id: task.context_id.clone(),
+        agent_id: task.agent_id.clone(),
+        status: Some(status_out(task.status.clone())),
+        task: Some(task_out(task)),
+        ..pb::TaskEvent::default()
     }
 }
 

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use futures_util::StreamExt as _;
+
 use chorus_proto::taskstore::{self as pb, task_store_server::TaskStoreServer};
 use chorus_runtime::{
     grpc::{ResponseStream, namespace, stream_of},
@@ -58,6 +60,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
             metadata: convert::json_object("metadata", request.metadata)?,
             spawn_context: convert::spawn_context(request.spawn_context)?,
             trace_context: current_context_headers(),
+            idempotency_key: validate::optional_id("idempotency_key", &request.idempotency_key)?,
         };
         let task = self.store.create_task(task).await?;
         record_ids(&task.namespace, &task.id);
@@ -163,8 +166,16 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let request = request.into_inner();
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
         let after = convert::cursor("after_cursor", &request.after_cursor)?;
-        let events = self.store.watch_task(&namespace, &task_id, after).await?;
-        Ok(Response::new(stream_of(events, convert::event_out)))
+        if !request.snapshot {
+            let events = self.store.watch_task(&namespace, &task_id, after).await?;
+            return Ok(Response::new(stream_of(events, convert::event_out)));
+        }
+        if after.is_some() {
+            return Err(FieldViolation::new("snapshot", "cannot be combined with after_cursor").into());
+        }
+        let (task, cursor, events) = self.store.watch_task_from_snapshot(&namespace, &task_id).await?;
+        let snapshot = futures_util::stream::once(std::future::ready(Ok(convert::snapshot_out(task, cursor))));
+        Ok(Response::new(Box::pin(snapshot.chain(stream_of(events, convert::event_out)))))
     }
 
     type WatchTasksStream = ResponseStream<pb::TaskEvent>;

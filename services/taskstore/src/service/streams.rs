@@ -11,7 +11,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::{TaskStore, keys};
 use crate::{
-    domain::{ClaimRequest, Claimed, Cursor, EventKind, EventQuery, TaskEvent},
+    domain::{ClaimRequest, Claimed, Cursor, EventKind, EventQuery, Task, TaskEvent},
     error::Result,
 };
 
@@ -108,6 +108,21 @@ impl TaskStore {
         };
         tokio::spawn(async move { store.feed_task_events(query, sender).await });
         Ok(ReceiverStream::new(receiver))
+    }
+
+    /// The task as it is now, the cursor of the latest change it includes,
+    /// and its changes after that cursor. The cursor is read before the task:
+    /// a change committed in between is both in the task and in the stream,
+    /// never in neither.
+    pub async fn watch_task_from_snapshot(
+        &self,
+        namespace: &str,
+        task_id: &str,
+    ) -> Result<(Task, Option<Cursor>, ReceiverStream<Result<TaskEvent>>)> {
+        let cursor = self.repository.latest_event(namespace, Some(task_id)).await?.map(|event| event.cursor);
+        let task = self.repository.get_task(namespace, task_id, None).await?;
+        let events = self.watch_task(namespace, task_id, cursor).await?;
+        Ok((task, cursor, events))
     }
 
     async fn feed_task_events(self, mut query: EventQuery, sender: mpsc::Sender<Result<TaskEvent>>) {

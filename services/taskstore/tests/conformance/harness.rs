@@ -65,6 +65,7 @@ pub(crate) fn new_task(namespace: &str, agent: &str, text: &str) -> NewTask {
         metadata: None,
         spawn_context: SpawnContext::Agent,
         trace_context: Default::default(),
+        idempotency_key: None,
     }
 }
 

@@ -10,6 +10,8 @@ use crate::harness::{Harness, agent_message, conformance, new_task, user_message
 conformance!(
     create_is_idempotent_on_the_first_message_id,
     concurrent_creates_of_one_message_make_one_task,
+    an_idempotency_key_replaces_the_message_id_as_the_create_key,
+    a_snapshot_watch_starts_with_the_task_then_follows_it,
     history_length_limits_what_is_returned,
     list_filters_and_pages_newest_first,
     illegal_transitions_fail_and_change_nothing,
@@ -39,6 +41,32 @@ async fn create_is_idempotent_on_the_first_message_id(h: Harness) {
     let other = h.task("ns", "echo", "hello").await;
     assert_ne!(other.id, first.id, "a new message id makes a new task");
     assert_ne!(other.context_id, first.context_id, "a context is generated when none is given");
+}
+
+async fn an_idempotency_key_replaces_the_message_id_as_the_create_key(h: Harness) {
+    let mut new = new_task("ns", "echo", "same message");
+    new.idempotency_key = Some("request-1".into());
+    let first = h.store.create_task(new.clone()).await.unwrap();
+    assert_eq!(h.store.create_task(new.clone()).await.unwrap().id, first.id, "a retry with the key");
+    new.idempotency_key = Some("request-2".into());
+    let second = h.store.create_task(new).await.unwrap();
+    assert_ne!(second.id, first.id, "the same message id under another key is another task");
+    assert_eq!(second.history[0].message_id, first.history[0].message_id);
+}
+
+async fn a_snapshot_watch_starts_with_the_task_then_follows_it(h: Harness) {
+    use futures_util::StreamExt as _;
+    let task = h.task("ns", "echo", "watch me").await;
+    h.store.update_status("ns", &task.id, status(TaskState::Working)).await.unwrap();
+    let (snapshot, cursor, mut events) = h.store.watch_task_from_snapshot("ns", &task.id).await.unwrap();
+    assert_eq!(snapshot.status.state, TaskState::Working, "the snapshot is the task as it is");
+    assert!(cursor.is_some(), "the snapshot names the change it includes");
+    h.store.update_status("ns", &task.id, status(TaskState::Completed)).await.unwrap();
+    let next = events.next().await.expect("a change after the snapshot").unwrap();
+    assert_eq!(next.status.state, TaskState::Completed, "changes already in the snapshot are not repeated");
+    assert!(events.next().await.is_none(), "the watch ends with the task");
+    let unknown = h.store.watch_task_from_snapshot("ns", "no-such-task").await;
+    assert!(matches!(unknown, Err(TaskStoreError::TaskNotFound(_))), "{unknown:?}");
 }
 
 async fn concurrent_creates_of_one_message_make_one_task(h: Harness) {

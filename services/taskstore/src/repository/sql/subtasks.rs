@@ -68,6 +68,7 @@ impl SqlTaskRepository {
             depth: parent.task.depth + 1,
             spawn_context: parent.task.spawn_context,
             trace_context: &subtask.trace_context,
+            request_key: &subtask.message.message_id,
         };
         let inserted = insert_task(&mut tx, self.backend(), insert).await?;
         self.commit_insert(tx, inserted, &subtask.namespace, &subtask.message.message_id).await

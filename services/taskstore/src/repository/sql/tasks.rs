@@ -38,6 +38,8 @@ pub(super) struct TaskInsert<'a> {
     pub(super) depth: u32,
     pub(super) spawn_context: SpawnContext,
     pub(super) trace_context: &'a std::collections::HashMap<String, String>,
+    /// Creates with the same key in a namespace make one task.
+    pub(super) request_key: &'a str,
 }
 
 /// The task a create with this first message id already made, if any.
@@ -108,7 +110,7 @@ pub(super) async fn insert_task(
         .bind(i64::from(insert.depth))
         .bind(insert.spawn_context.as_str())
         .bind(prompt_fingerprint(insert.agent_id, &insert.message.joined_text()))
-        .bind(&insert.message.message_id)
+        .bind(insert.request_key)
         .bind(to_json(insert.trace_context)?)
         .bind(now);
     if backend == Backend::Postgres {
@@ -155,6 +157,7 @@ const INSERT_TASK_POSTGRES: &str = concat!(
 
 impl SqlTaskRepository {
     pub(super) async fn create(&self, new: NewTask) -> Result<Task> {
+        let request_key = new.idempotency_key.as_deref().unwrap_or(&new.message.message_id);
         let insert = TaskInsert {
             namespace: &new.namespace,
             agent_id: &new.agent_id,
@@ -166,6 +169,7 @@ impl SqlTaskRepository {
             depth: 0,
             spawn_context: new.spawn_context,
             trace_context: &new.trace_context,
+            request_key,
         };
         if self.backend() == Backend::Postgres {
             // There the insert is one statement: its own transaction.
@@ -174,11 +178,11 @@ impl SqlTaskRepository {
                 return Ok(task);
             }
             drop(conn);
-            return self.existing(&new.namespace, &new.message.message_id).await;
+            return self.existing(&new.namespace, request_key).await;
         }
         let mut tx = self.begin().await?;
         let inserted = insert_task(&mut tx, self.backend(), insert).await?;
-        self.commit_insert(tx, inserted, &new.namespace, &new.message.message_id).await
+        self.commit_insert(tx, inserted, &new.namespace, request_key).await
     }
 
     /// Commits a transaction that inserted a task, or, when a task with the

@@ -1,0 +1,145 @@
+//! Who is calling, and which namespace (A2A tenant) a request acts in.
+//!
+//! A tenant is `namespace` or `namespace/agent`. Credentials come from
+//! config, each scoped to namespaces; with none configured every request is
+//! let in (a local `chorus dev`).
+
+use sha2::{Digest as _, Sha256};
+
+use crate::{
+    config::{AuthConfig, Credential},
+    error::{GatewayError, Result},
+};
+
+/// An authenticated caller.
+#[derive(Debug, Clone)]
+pub(crate) struct Principal {
+    /// `None`: every namespace.
+    namespaces: Option<Vec<String>>,
+}
+
+/// Where a request acts: a namespace, and an agent when the tenant names one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Scope {
+    pub(crate) namespace: String,
+    pub(crate) agent: Option<String>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Authenticator {
+    api_key_header: String,
+    /// (SHA-256 of the secret, credential): compared in constant time.
+    api_keys: Vec<([u8; 32], Credential)>,
+    bearer_tokens: Vec<([u8; 32], Credential)>,
+    default_namespace: String,
+}
+
+fn digest(secret: &str) -> [u8; 32] {
+    Sha256::digest(secret.as_bytes()).into()
+}
+
+/// Equal digests, compared without an early exit.
+fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Authenticator {
+    pub(crate) fn new(config: &AuthConfig, default_namespace: &str) -> Self {
+        let hashed = |credentials: &[Credential]| {
+            credentials.iter().map(|credential| (digest(&credential.secret), credential.clone())).collect()
+        };
+        Self {
+            api_key_header: config.api_key_header.to_ascii_lowercase(),
+            api_keys: hashed(&config.api_keys),
+            bearer_tokens: hashed(&config.bearer_tokens),
+            default_namespace: default_namespace.to_owned(),
+        }
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        !self.api_keys.is_empty() || !self.bearer_tokens.is_empty()
+    }
+
+    /// The caller `lookup` (a header by lower-case name) identifies.
+    pub(crate) fn authenticate<'a>(&self, lookup: impl Fn(&str) -> Option<&'a str>) -> Result<Principal> {
+        if !self.enabled() {
+            return Ok(Principal { namespaces: None });
+        }
+        let bearer = lookup("authorization")
+            .and_then(|value| value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer ")))
+            .map(|token| (token.trim(), &self.bearer_tokens));
+        let api_key = lookup(&self.api_key_header).map(|key| (key.trim(), &self.api_keys));
+        for (secret, known) in bearer.into_iter().chain(api_key) {
+            let presented = digest(secret);
+            if let Some((_, credential)) = known.iter().find(|(hash, _)| same(hash, &presented)) {
+                tracing::debug!(caller = %credential.name, "authenticated");
+                let all = credential.namespaces.iter().any(|namespace| namespace == "*");
+                return Ok(Principal { namespaces: (!all).then(|| credential.namespaces.clone()) });
+            }
+        }
+        Err(GatewayError::Unauthenticated)
+    }
+
+    /// The scope of a request by `principal` naming `tenant` (empty: none).
+    /// Without a tenant: the caller's only namespace, else the default one.
+    pub(crate) fn scope(&self, principal: &Principal, tenant: &str) -> Result<Scope> {
+        let (namespace, agent) = match tenant.split_once('/') {
+            Some((namespace, agent)) => (namespace, Some(agent.to_owned())),
+            None => (tenant, None),
+        };
+        let namespace = match (namespace, &principal.namespaces) {
+            ("", Some(only)) if only.len() == 1 => only[0].clone(),
+            ("", _) => self.default_namespace.clone(),
+            (named, _) => chorus_runtime::validate::namespace(named)
+                .map_err(|_| GatewayError::InvalidParams(format!("tenant {tenant:?} is not a valid namespace")))?,
+        };
+        if let Some(allowed) = &principal.namespaces
+            && !allowed.contains(&namespace)
+        {
+            return Err(GatewayError::PermissionDenied(namespace));
+        }
+        Ok(Scope { namespace, agent })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn authenticator() -> Authenticator {
+        let credential = |name: &str, secret: &str, namespaces: &[&str]| Credential {
+            name: name.to_owned(),
+            secret: secret.to_owned(),
+            namespaces: namespaces.iter().map(|namespace| (*namespace).to_owned()).collect(),
+        };
+        let config = AuthConfig {
+            api_key_header: "X-API-Key".to_owned(),
+            api_keys: vec![credential("team-a", "key-a", &["team-a"])],
+            bearer_tokens: vec![credential("ops", "token-ops", &["*"])],
+        };
+        Authenticator::new(&config, "default")
+    }
+
+    #[test]
+    fn credentials_are_checked_and_scoped() {
+        let auth = authenticator();
+        assert!(matches!(auth.authenticate(|_| None), Err(GatewayError::Unauthenticated)));
+        let wrong = auth.authenticate(|name| (name == "authorization").then_some("Bearer nope"));
+        assert!(matches!(wrong, Err(GatewayError::Unauthenticated)));
+        let team = auth.authenticate(|name| (name == "x-api-key").then_some("key-a")).expect("api key");
+        assert_eq!(auth.scope(&team, "").expect("own namespace").namespace, "team-a");
+        assert!(matches!(auth.scope(&team, "team-b"), Err(GatewayError::PermissionDenied(_))));
+        let ops = auth.authenticate(|name| (name == "authorization").then_some("Bearer token-ops")).expect("bearer");
+        assert_eq!(auth.scope(&ops, "").expect("default").namespace, "default");
+        let scope = auth.scope(&ops, "team-b/tck").expect("any namespace");
+        assert_eq!(scope, Scope { namespace: "team-b".into(), agent: Some("tck".into()) });
+        assert!(matches!(auth.scope(&ops, "Bad Tenant"), Err(GatewayError::InvalidParams(_))));
+    }
+
+    #[test]
+    fn without_credentials_configured_everyone_is_let_in() {
+        let auth = Authenticator::new(&AuthConfig::default(), "default");
+        let principal = auth.authenticate(|_| None).expect("open");
+        assert_eq!(auth.scope(&principal, "").expect("scope").namespace, "default");
+    }
+}

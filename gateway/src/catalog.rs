@@ -1,0 +1,311 @@
+//! The agent catalog and each agent's A2A 1.0 Agent Card.
+//!
+//! Every agent lives under `{base}/a2a/{id}`: JSON-RPC there, HTTP+JSON under
+//! `{base}/a2a/{id}/rest`, its card at `{base}/a2a/{id}/.well-known/agent-card.json`.
+//! gRPC has one endpoint per host; an agent other than the default one is
+//! addressed there through the `tenant` its card's gRPC interface carries.
+
+use std::collections::{BTreeMap, HashMap};
+
+use a2a::{
+    AgentCapabilities, AgentCard, AgentInterface, AgentProvider, AgentSkill, ApiKeySecurityScheme,
+    HttpAuthSecurityScheme, SecurityScheme,
+};
+use bytes::Bytes;
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+
+use crate::config::{AgentConfig, AgentKind, AgentsFile, AuthConfig, GatewayConfig, SkillConfig};
+
+/// The built-in agents' ids.
+pub(crate) const ECHO: &str = "echo";
+pub(crate) const TCK: &str = "tck";
+
+/// A card, serialized once, with its cache validators.
+#[derive(Debug, Clone)]
+pub(crate) struct CardEntry {
+    pub(crate) card: AgentCard,
+    pub(crate) json: Bytes,
+    pub(crate) etag: String,
+}
+
+#[derive(Debug)]
+pub(crate) struct Catalog {
+    agents: BTreeMap<String, AgentConfig>,
+    cards: BTreeMap<String, CardEntry>,
+    default_agent: String,
+    /// `Last-Modified` of every card: when this process built them.
+    pub(crate) last_modified: String,
+}
+
+impl Catalog {
+    /// The catalog `config` describes, with cards for `base_url`
+    /// (`http://host:port`, no trailing slash).
+    pub(crate) fn new(config: &GatewayConfig, base_url: &str) -> Result<Self, String> {
+        let mut configured = config.agents.clone();
+        if let Some(path) = &config.agents_file {
+            let text =
+                std::fs::read_to_string(path).map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+            let file: AgentsFile =
+                serde_norway::from_str(&text).map_err(|error| format!("{}: {error}", path.display()))?;
+            configured.extend(file.agents);
+        }
+        if configured.is_empty() {
+            configured = builtin_agents();
+        }
+        let mut agents = BTreeMap::new();
+        for agent in configured {
+            validate(&agent)?;
+            if agents.insert(agent.id.clone(), agent.clone()).is_some() {
+                return Err(format!("agent {:?} is listed twice", agent.id));
+            }
+        }
+        if !agents.contains_key(&config.default_agent) {
+            return Err(format!("gateway.default_agent {:?} is not in the catalog", config.default_agent));
+        }
+        let cards = agents
+            .values()
+            .map(|agent| {
+                let tenant =
+                    (agent.id != config.default_agent).then(|| format!("{}/{}", config.default_namespace, agent.id));
+                let card = card(agent, base_url, tenant, &config.auth);
+                (agent.id.clone(), entry(card))
+            })
+            .collect();
+        let last_modified = chrono::Utc::now().format("%a, %d %b %Y %H:%M:%S GMT").to_string();
+        Ok(Self { agents, cards, default_agent: config.default_agent.clone(), last_modified })
+    }
+
+    pub(crate) fn agent(&self, id: &str) -> Option<&AgentConfig> {
+        self.agents.get(id)
+    }
+
+    pub(crate) fn default_agent(&self) -> &AgentConfig {
+        &self.agents[&self.default_agent]
+    }
+
+    pub(crate) fn card(&self, id: &str) -> Option<&CardEntry> {
+        self.cards.get(id)
+    }
+
+    pub(crate) fn cards(&self) -> impl Iterator<Item = &CardEntry> {
+        self.cards.values()
+    }
+
+    /// The registry of the running agents (seed 002): id, kind and card URL.
+    pub(crate) fn registry(&self, base_url: &str) -> Value {
+        let agents: Vec<Value> = self
+            .agents
+            .values()
+            .map(|agent| {
+                json!({
+                    "id": agent.id,
+                    "name": agent.name,
+                    "kind": agent.kind,
+                    "url": format!("{base_url}/a2a/{}", agent.id),
+                    "card": format!("{base_url}/a2a/{}/.well-known/agent-card.json", agent.id),
+                })
+            })
+            .collect();
+        json!({ "gateway": base_url, "defaultAgent": self.default_agent, "agents": agents })
+    }
+}
+
+fn validate(agent: &AgentConfig) -> Result<(), String> {
+    chorus_runtime::validate::id("agents.id", &agent.id).map_err(|violation| violation.to_string())?;
+    if !agent.id.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.".contains(c)) {
+        return Err(format!("agent id {:?} may only hold a-z, 0-9, '-', '_' and '.'", agent.id));
+    }
+    match agent.kind {
+        AgentKind::Remote if agent.url.is_none() => Err(format!("remote agent {:?} needs a url", agent.id)),
+        AgentKind::Builtin if agent.id != TCK => {
+            Err(format!("there is no built-in agent {:?} (built-in: {TCK}; {ECHO} is a worker)", agent.id))
+        }
+        AgentKind::Worker | AgentKind::Remote | AgentKind::Builtin => Ok(()),
+    }
+}
+
+/// The catalog when none is configured: the echo worker and the TCK agent.
+fn builtin_agents() -> Vec<AgentConfig> {
+    let skill = |id: &str, name: &str, description: &str, examples: &[&str]| SkillConfig {
+        id: id.to_owned(),
+        name: name.to_owned(),
+        description: description.to_owned(),
+        tags: vec![id.to_owned()],
+        examples: examples.iter().map(|example| (*example).to_owned()).collect(),
+    };
+    let modes = vec!["text/plain".to_owned(), "application/json".to_owned()];
+    vec![
+        AgentConfig {
+            id: ECHO.to_owned(),
+            name: "Echo".to_owned(),
+            description: "Answers every message with its own text, as a message and an artifact.".to_owned(),
+            kind: AgentKind::Worker,
+            url: None,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            skills: vec![skill(ECHO, "Echo", "Echoes text back", &["hello"])],
+            input_modes: modes.clone(),
+            output_modes: modes.clone(),
+            streaming: true,
+        },
+        AgentConfig {
+            id: TCK.to_owned(),
+            name: "A2A TCK agent".to_owned(),
+            description: "Behaves as the A2A conformance kit's scenarios ask, by messageId prefix.".to_owned(),
+            kind: AgentKind::Builtin,
+            url: None,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            skills: vec![skill(
+                TCK,
+                "TCK conformance",
+                "Handles TCK conformance test messages",
+                &["tck-complete-task"],
+            )],
+            input_modes: modes.clone(),
+            output_modes: modes,
+            streaming: true,
+        },
+    ]
+}
+
+fn card(agent: &AgentConfig, base_url: &str, grpc_tenant: Option<String>, auth: &AuthConfig) -> AgentCard {
+    let url = format!("{base_url}/a2a/{}", agent.id);
+    let host = base_url.split_once("://").map_or(base_url, |(_, rest)| rest);
+    let interface = |url: String, binding: &str| AgentInterface {
+        url,
+        protocol_binding: binding.to_owned(),
+        protocol_version: a2a::VERSION.to_owned(),
+        tenant: None,
+    };
+    let mut grpc = interface(host.to_owned(), a2a::TRANSPORT_PROTOCOL_GRPC);
+    grpc.tenant = grpc_tenant;
+    let (security_schemes, security_requirements) = security(auth);
+    AgentCard {
+        name: agent.name.clone(),
+        description: agent.description.clone(),
+        version: agent.version.clone(),
+        supported_interfaces: vec![
+            interface(url.clone(), a2a::TRANSPORT_PROTOCOL_JSONRPC),
+            interface(format!("{url}/rest"), a2a::TRANSPORT_PROTOCOL_HTTP_JSON),
+            grpc,
+        ],
+        capabilities: AgentCapabilities {
+            streaming: Some(agent.streaming),
+            push_notifications: Some(true),
+            extensions: None,
+            extended_agent_card: Some(auth.enabled()),
+        },
+        default_input_modes: agent.input_modes.clone(),
+        default_output_modes: agent.output_modes.clone(),
+        skills: agent
+            .skills
+            .iter()
+            .map(|skill| AgentSkill {
+                id: skill.id.clone(),
+                name: skill.name.clone(),
+                description: skill.description.clone(),
+                tags: skill.tags.clone(),
+                examples: (!skill.examples.is_empty()).then(|| skill.examples.clone()),
+                input_modes: None,
+                output_modes: None,
+                security_requirements: None,
+            })
+            .collect(),
+        provider: Some(AgentProvider {
+            organization: "chorus".to_owned(),
+            url: "https://github.com/chorus-fabric/chorus".to_owned(),
+        }),
+        documentation_url: None,
+        icon_url: None,
+        security_schemes,
+        security_requirements,
+        signatures: None,
+    }
+}
+
+/// The schemes in force and the requirement that any one of them suffices.
+type Security = (Option<HashMap<String, SecurityScheme>>, Option<Vec<a2a::SecurityRequirement>>);
+
+fn security(auth: &AuthConfig) -> Security {
+    let mut schemes = HashMap::new();
+    if !auth.api_keys.is_empty() {
+        schemes.insert(
+            "apiKey".to_owned(),
+            SecurityScheme::ApiKey(ApiKeySecurityScheme {
+                location: "header".to_owned(),
+                name: auth.api_key_header.clone(),
+                description: Some("An API key scoped to namespaces".to_owned()),
+            }),
+        );
+    }
+    if !auth.bearer_tokens.is_empty() {
+        schemes.insert(
+            "bearer".to_owned(),
+            SecurityScheme::HttpAuth(HttpAuthSecurityScheme {
+                scheme: "bearer".to_owned(),
+                description: Some("A bearer token scoped to namespaces".to_owned()),
+                bearer_format: None,
+            }),
+        );
+    }
+    if schemes.is_empty() {
+        return (None, None);
+    }
+    let requirements = schemes.keys().map(|name| HashMap::from([(name.clone(), Vec::new())])).collect();
+    (Some(schemes), Some(requirements))
+}
+
+fn entry(card: AgentCard) -> CardEntry {
+    let json = Bytes::from(serde_json::to_vec(&card).expect("an agent card serializes"));
+    let etag = format!("\"{:x}\"", Sha256::digest(&json));
+    CardEntry { card, json, etag }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_agent_card_lists_all_three_bindings() {
+        let catalog = Catalog::new(&GatewayConfig::default(), "http://127.0.0.1:7800").expect("default catalog");
+        let card = &catalog.card(TCK).expect("tck card").card;
+        let urls: Vec<(&str, &str)> =
+            card.supported_interfaces.iter().map(|i| (i.protocol_binding.as_str(), i.url.as_str())).collect();
+        assert_eq!(
+            urls,
+            [
+                ("JSONRPC", "http://127.0.0.1:7800/a2a/tck"),
+                ("HTTP+JSON", "http://127.0.0.1:7800/a2a/tck/rest"),
+                ("GRPC", "127.0.0.1:7800"),
+            ]
+        );
+        assert_eq!(card.supported_interfaces[2].tenant.as_deref(), Some("default/tck"));
+        let default = &catalog.card(ECHO).expect("echo card").card;
+        assert_eq!(default.supported_interfaces[2].tenant, None, "the default agent needs no tenant");
+    }
+
+    #[test]
+    fn a_bad_catalog_is_refused() {
+        let config = GatewayConfig { default_agent: "nobody".to_owned(), ..GatewayConfig::default() };
+        assert!(Catalog::new(&config, "http://h").unwrap_err().contains("nobody"));
+        let mut remote = builtin_agents().remove(0);
+        remote.kind = AgentKind::Remote;
+        let config = GatewayConfig { agents: vec![remote], ..GatewayConfig::default() };
+        assert!(Catalog::new(&config, "http://h").unwrap_err().contains("needs a url"));
+    }
+
+    #[test]
+    fn cards_declare_the_schemes_in_force() {
+        let mut config = GatewayConfig::default();
+        config.auth.bearer_tokens.push(crate::config::Credential {
+            name: "ci".into(),
+            secret: "s".into(),
+            namespaces: vec!["*".into()],
+        });
+        let catalog = Catalog::new(&config, "http://h").expect("catalog");
+        let json: Value = serde_json::from_slice(&catalog.card(ECHO).expect("card").json).expect("json");
+        assert_eq!(json["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"], "bearer");
+        assert_eq!(json["securityRequirements"][0]["schemes"]["bearer"], json!({"list": []}));
+        assert_eq!(json["capabilities"]["extendedAgentCard"], true);
+    }
+}

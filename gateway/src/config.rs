@@ -1,0 +1,194 @@
+//! Gateway settings (`[gateway]` in `chorus.toml`) and the agent catalog.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::push::PushPolicy;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewayConfig {
+    /// The base URL external agents reach this gateway at, advertised in
+    /// agent cards (`https://agents.example.com`). Unset: `http://` and the
+    /// address the server is bound to.
+    pub public_url: Option<String>,
+    /// The agent `/.well-known/agent-card.json` describes.
+    pub default_agent: String,
+    /// The namespace of a request that names no tenant and whose credential
+    /// is not scoped to exactly one namespace.
+    pub default_namespace: String,
+    /// The task store (`http://host:port`). Unset: this process's own.
+    pub taskstore_url: Option<String>,
+    /// Largest accepted HTTP request body (JSON-RPC and REST).
+    pub max_body_bytes: usize,
+    /// How long a blocking `SendMessage` waits for the task to finish or
+    /// need input before answering with the task as it is.
+    pub blocking_timeout_ms: u64,
+    /// How often an SSE stream sends a keep-alive comment.
+    pub keep_alive_ms: u64,
+    /// Where the registry of the agents this gateway serves is written at
+    /// start-up (JSON). Unset: not written.
+    pub registry_file: Option<PathBuf>,
+    /// A YAML file of agents (`agents: [...]`), read in addition to `agents`.
+    pub agents_file: Option<PathBuf>,
+    /// The catalog. Empty (and no `agents_file`): the built-in agents.
+    pub agents: Vec<AgentConfig>,
+    pub auth: AuthConfig,
+    pub push: PushPolicy,
+    pub delegate: DelegateConfig,
+    /// Origins a browser may call the gRPC services from (grpc-web);
+    /// `["*"]` allows any.
+    pub cors_origins: Vec<String>,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            public_url: None,
+            default_agent: "echo".to_owned(),
+            default_namespace: "default".to_owned(),
+            taskstore_url: None,
+            max_body_bytes: 1024 * 1024,
+            blocking_timeout_ms: 60_000,
+            keep_alive_ms: 15_000,
+            registry_file: None,
+            agents_file: None,
+            agents: Vec::new(),
+            auth: AuthConfig::default(),
+            push: PushPolicy::default(),
+            delegate: DelegateConfig::default(),
+            cors_origins: vec!["*".to_owned()],
+        }
+    }
+}
+
+/// Outbound delegation to external A2A agents (the `Delegate` call and
+/// `remote` agents).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DelegateConfig {
+    /// How long a delegation may take when the caller gives no timeout.
+    pub timeout_ms: u64,
+    /// How long a fetched agent card is reused.
+    pub card_ttl_ms: u64,
+    /// Polling of agents that do not stream: first interval, then doubling
+    /// up to the maximum.
+    pub poll_initial_ms: u64,
+    pub poll_max_ms: u64,
+}
+
+impl Default for DelegateConfig {
+    fn default() -> Self {
+        Self { timeout_ms: 300_000, card_ttl_ms: 60_000, poll_initial_ms: 250, poll_max_ms: 5_000 }
+    }
+}
+
+/// Who serves an agent's tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentKind {
+    /// Task-store workers claim its tasks.
+    Worker,
+    /// An external A2A agent this gateway proxies (`url`).
+    Remote,
+    /// Code inside chorus (`echo`, `tck`).
+    Builtin,
+}
+
+/// One agent of the catalog, in the spirit of an `agents.yaml`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The id in URLs and in the task store (`[a-z0-9-_.]`).
+    pub id: String,
+    pub name: String,
+    pub description: String,
+    pub kind: AgentKind,
+    /// For `remote` agents: the agent's base URL (its card is read there).
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default = "default_version")]
+    pub version: String,
+    #[serde(default)]
+    pub skills: Vec<SkillConfig>,
+    #[serde(default = "default_modes")]
+    pub input_modes: Vec<String>,
+    #[serde(default = "default_modes")]
+    pub output_modes: Vec<String>,
+    #[serde(default = "default_true")]
+    pub streaming: bool,
+}
+
+/// One skill of an agent's card.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SkillConfig {
+    pub id: String,
+    pub name: String,
+    pub description: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(default)]
+    pub examples: Vec<String>,
+}
+
+/// The agents file: `agents: [...]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AgentsFile {
+    pub(crate) agents: Vec<AgentConfig>,
+}
+
+fn default_version() -> String {
+    "1.0.0".to_owned()
+}
+
+fn default_modes() -> Vec<String> {
+    vec!["text/plain".to_owned(), "application/json".to_owned()]
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Credentials accepted by the gateway. With none configured, requests are
+/// not authenticated (a local `chorus dev`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// The header API keys travel in.
+    pub api_key_header: String,
+    pub api_keys: Vec<Credential>,
+    /// Tokens accepted as `Authorization: Bearer <token>`.
+    pub bearer_tokens: Vec<Credential>,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self { api_key_header: "X-API-Key".to_owned(), api_keys: Vec::new(), bearer_tokens: Vec::new() }
+    }
+}
+
+impl AuthConfig {
+    /// Whether any credential is configured.
+    pub fn enabled(&self) -> bool {
+        !self.api_keys.is_empty() || !self.bearer_tokens.is_empty()
+    }
+}
+
+/// A secret and the namespaces it may act in (`*` for all).
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Credential {
+    /// Who holds it, for logs.
+    pub name: String,
+    pub secret: String,
+    pub namespaces: Vec<String>,
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credential").field("name", &self.name).field("namespaces", &self.namespaces).finish()
+    }
+}

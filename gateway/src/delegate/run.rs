@@ -1,0 +1,213 @@
+//! [`A2aClient::delegate`]: send one message to a remote agent and follow the
+//! task until it settles or the deadline passes.
+
+use std::pin::pin;
+use std::time::Duration;
+
+use a2a::{
+    CancelTaskRequest, GetTaskRequest, Message, SendMessageConfiguration, SendMessageRequest, SendMessageResponse,
+    StreamResponse, Task, TaskArtifactUpdateEvent, TaskState, TaskStatus,
+};
+use futures_util::StreamExt;
+use tracing::{debug, warn};
+
+use super::wire;
+use super::{A2aClient, Credentials, DelegateError, DelegateOutcome, DelegateTarget, Endpoint, pick_interface};
+
+/// How long the cancel request of a timed-out delegation may take.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a delegation has learnt so far, kept when the deadline cuts it short.
+#[derive(Debug, Default)]
+struct Progress {
+    endpoint: Option<Endpoint>,
+    task_id: Option<String>,
+}
+
+impl A2aClient {
+    /// Delegates `message` to the agent at `target` and waits, at most
+    /// `timeout`, until its task is terminal or interrupted (input-required,
+    /// auth-required), or until it answers with a message.
+    ///
+    /// Uses the agent card (cached per base URL) to pick the interface; follows
+    /// the task over SSE when the card declares `capabilities.streaming`, else
+    /// sends with `returnImmediately` and polls `GetTask` with backoff. When
+    /// the deadline passes the remote task is asked to cancel and the result
+    /// is [`DelegateError::Timeout`].
+    pub(crate) async fn delegate(
+        &self,
+        target: &DelegateTarget,
+        message: Message,
+        timeout: Duration,
+        credentials: Option<&Credentials>,
+    ) -> Result<DelegateOutcome, DelegateError> {
+        let mut progress = Progress::default();
+        let run = Box::pin(self.run(target, message, credentials, &mut progress));
+        let result = tokio::time::timeout(timeout, run).await;
+        if let Ok(outcome) = result {
+            return outcome;
+        }
+        self.cancel_abandoned(&progress, credentials).await;
+        Err(DelegateError::Timeout { task_id: progress.task_id })
+    }
+
+    async fn run(
+        &self,
+        target: &DelegateTarget,
+        message: Message,
+        credentials: Option<&Credentials>,
+        progress: &mut Progress,
+    ) -> Result<DelegateOutcome, DelegateError> {
+        let card = self.card(&target.base_url).await?;
+        let endpoint = pick_interface(&card)?;
+        progress.endpoint = Some(endpoint.clone());
+        let streaming = card.capabilities.streaming == Some(true);
+        let configuration = (!streaming).then_some(SendMessageConfiguration {
+            accepted_output_modes: None,
+            task_push_notification_config: None,
+            history_length: None,
+            return_immediately: Some(true),
+        });
+        let request = SendMessageRequest { message, configuration, metadata: None, tenant: None };
+        let first = if streaming {
+            self.follow_stream(&endpoint, request, credentials, progress).await?
+        } else {
+            match self.send(&endpoint, request, credentials).await? {
+                SendMessageResponse::Task(task) => DelegateOutcome::Task(task),
+                SendMessageResponse::Message(message) => DelegateOutcome::Message(message),
+            }
+        };
+        let task = match first {
+            DelegateOutcome::Task(task) if !is_settled(&task.status.state) => task,
+            settled => return Ok(settled),
+        };
+        progress.task_id = Some(task.id.clone());
+        self.poll(&endpoint, task.id, credentials).await.map(DelegateOutcome::Task)
+    }
+
+    /// Follows the event stream; returns the task once it settles, or as last
+    /// seen when the stream closes or breaks early (the caller then polls).
+    async fn follow_stream(
+        &self,
+        endpoint: &Endpoint,
+        request: SendMessageRequest,
+        credentials: Option<&Credentials>,
+        progress: &mut Progress,
+    ) -> Result<DelegateOutcome, DelegateError> {
+        let mut events = pin!(self.stream(endpoint, request, credentials));
+        let mut task: Option<Task> = None;
+        while let Some(event) = events.next().await {
+            let event = match event {
+                Ok(event) => event,
+                Err(error @ DelegateError::Http { .. }) if task.is_some() => {
+                    warn!(%error, "the event stream of a remote A2A task broke; polling the task instead");
+                    break;
+                }
+                Err(error) => return Err(error),
+            };
+            if task.is_none()
+                && let StreamResponse::Message(message) = event
+            {
+                return Ok(DelegateOutcome::Message(message));
+            }
+            apply(&mut task, event);
+            if let Some(current) = &task {
+                progress.task_id.get_or_insert_with(|| current.id.clone());
+                if is_settled(&current.status.state) {
+                    break;
+                }
+            }
+        }
+        let task =
+            task.ok_or_else(|| wire::protocol(&endpoint.url, "the event stream ended before any task or message"))?;
+        Ok(DelegateOutcome::Task(task))
+    }
+
+    /// Polls `GetTask` with exponential backoff until the task settles.
+    async fn poll(
+        &self,
+        endpoint: &Endpoint,
+        id: String,
+        credentials: Option<&Credentials>,
+    ) -> Result<Task, DelegateError> {
+        let mut delay = self.poll_initial;
+        loop {
+            tokio::time::sleep(delay).await;
+            let request = GetTaskRequest { id: id.clone(), history_length: None, tenant: None };
+            let task = self.get_task(endpoint, request, credentials).await?;
+            if is_settled(&task.status.state) {
+                return Ok(task);
+            }
+            delay = (delay * 2).min(self.poll_max);
+        }
+    }
+
+    /// Best effort: asks the agent to cancel the task a timed-out delegation left behind.
+    async fn cancel_abandoned(&self, progress: &Progress, credentials: Option<&Credentials>) {
+        let (Some(endpoint), Some(task_id)) = (&progress.endpoint, &progress.task_id) else {
+            return;
+        };
+        let request = CancelTaskRequest { id: task_id.clone(), metadata: None, tenant: None };
+        match tokio::time::timeout(CANCEL_TIMEOUT, self.cancel_task(endpoint, request, credentials)).await {
+            Ok(Ok(task)) => debug!(task_id, state = ?task.status.state, "canceled a timed-out remote A2A task"),
+            Ok(Err(error)) => warn!(task_id, %error, "could not cancel a timed-out remote A2A task"),
+            Err(_) => warn!(task_id, "the remote A2A agent did not answer the cancel request in time"),
+        }
+    }
+}
+
+/// Terminal, or interrupted until the user or an authorization acts.
+fn is_settled(state: &TaskState) -> bool {
+    state.is_terminal() || matches!(state, TaskState::InputRequired | TaskState::AuthRequired)
+}
+
+/// Folds a stream event into the task as last seen.
+fn apply(task: &mut Option<Task>, event: StreamResponse) {
+    match event {
+        StreamResponse::Task(snapshot) => *task = Some(snapshot),
+        StreamResponse::Message(message) => {
+            if let Some(current) = task {
+                current.history.get_or_insert_with(Vec::new).push(message);
+            }
+        }
+        StreamResponse::StatusUpdate(update) => {
+            if let Some(current) = snapshot_for(task, &update.task_id, &update.context_id) {
+                current.status = update.status;
+            }
+        }
+        StreamResponse::ArtifactUpdate(update) => {
+            if let Some(current) = snapshot_for(task, &update.task_id, &update.context_id) {
+                merge_artifact(current, update);
+            }
+        }
+    }
+}
+
+/// The snapshot an update for task `id` applies to. An update before the
+/// first `Task` event (which 1.0 agents send first) starts the snapshot; an
+/// update for another task is ignored.
+fn snapshot_for<'a>(task: &'a mut Option<Task>, id: &str, context_id: &str) -> Option<&'a mut Task> {
+    let current = task.get_or_insert_with(|| Task {
+        id: id.to_owned(),
+        context_id: context_id.to_owned(),
+        status: TaskStatus { state: TaskState::Working, message: None, timestamp: None },
+        artifacts: None,
+        history: None,
+        metadata: None,
+    });
+    if current.id != id {
+        debug!(task_id = %id, "ignoring an update for another task");
+        return None;
+    }
+    Some(current)
+}
+
+/// Adds or replaces the artifact of `update`, or appends its parts.
+fn merge_artifact(task: &mut Task, update: TaskArtifactUpdateEvent) {
+    let artifacts = task.artifacts.get_or_insert_with(Vec::new);
+    match artifacts.iter_mut().find(|a| a.artifact_id == update.artifact.artifact_id) {
+        Some(existing) if update.append == Some(true) => existing.parts.extend(update.artifact.parts),
+        Some(existing) => *existing = update.artifact,
+        None => artifacts.push(update.artifact),
+    }
+}

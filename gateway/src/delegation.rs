@@ -1,0 +1,74 @@
+//! `chorus.gateway.v1.Gateway/Delegate`: chorus agents (and the workflow
+//! engine) delegate a task to an external A2A agent through the gateway.
+
+use std::time::Duration;
+
+use chorus_proto::gateway::{self as pb, delegate_response::Result as Outcome, gateway_server::GatewayServer};
+use tonic::{Request, Response, Status};
+
+use crate::{
+    convert,
+    delegate::{A2aClient, Credentials, DelegateOutcome, DelegateTarget},
+    error::GatewayError,
+};
+
+/// The `Gateway` gRPC service.
+#[derive(Debug, Clone)]
+pub struct DelegateGrpc {
+    client: A2aClient,
+    default_timeout: Duration,
+}
+
+impl DelegateGrpc {
+    pub(crate) fn new(client: A2aClient, default_timeout: Duration) -> Self {
+        Self { client, default_timeout }
+    }
+
+    pub fn into_server(self, max_message_bytes: usize) -> GatewayServer<Self> {
+        GatewayServer::new(self).max_decoding_message_size(max_message_bytes)
+    }
+}
+
+fn invalid(message: &str) -> Status {
+    GatewayError::InvalidParams(message.to_owned()).into()
+}
+
+#[tonic::async_trait]
+impl pb::gateway_server::Gateway for DelegateGrpc {
+    async fn delegate(&self, request: Request<pb::DelegateRequest>) -> Result<Response<pb::DelegateResponse>, Status> {
+        let request = request.into_inner();
+        if request.agent_url.is_empty() {
+            return Err(invalid("agent_url is required"));
+        }
+        let mut message = convert::message_out(request.message.ok_or_else(|| invalid("message is required"))?);
+        if message.parts.is_empty() {
+            return Err(invalid("message.parts must not be empty"));
+        }
+        if message.message_id.is_empty() {
+            message.message_id = a2a::new_message_id();
+        }
+        if message.role == a2a::Role::Unspecified {
+            message.role = a2a::Role::User;
+        }
+        let timeout = match request.timeout {
+            Some(timeout) => Duration::try_from(timeout).map_err(|_| invalid("timeout must not be negative"))?,
+            None => self.default_timeout,
+        };
+        let credentials = match (request.bearer_token.is_empty(), request.api_key.is_empty()) {
+            (false, _) => Some(Credentials::Bearer(request.bearer_token)),
+            (true, false) => Some(Credentials::ApiKey {
+                header: if request.api_key_header.is_empty() { "X-API-Key".to_owned() } else { request.api_key_header },
+                value: request.api_key,
+            }),
+            (true, true) => None,
+        };
+        let target = DelegateTarget::new(request.agent_url);
+        let outcome =
+            self.client.delegate(&target, message, timeout, credentials.as_ref()).await.map_err(GatewayError::from)?;
+        let result = match outcome {
+            DelegateOutcome::Task(task) => Outcome::Task(convert::task_in(&task)),
+            DelegateOutcome::Message(message) => Outcome::Message(convert::message_in(&message)),
+        };
+        Ok(Response::new(pb::DelegateResponse { result: Some(result) }))
+    }
+}

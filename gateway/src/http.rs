@@ -1,0 +1,153 @@
+//! The HTTP side of the gateway: agent cards, the catalog, and the
+//! JSON-RPC and HTTP+JSON bindings, with what they share (body limits,
+//! version negotiation, authentication, SSE).
+
+use std::{convert::Infallible, time::Duration};
+
+use axum::{
+    Router,
+    body::{Body, Bytes},
+    extract::{Path, State},
+    http::{HeaderMap, HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response, Sse, sse::Event, sse::KeepAlive},
+    routing::{any, get, post},
+};
+use futures_util::{Stream, StreamExt as _};
+use serde_json::Value;
+
+use crate::{
+    auth::{Principal, Scope},
+    catalog::CardEntry,
+    error::{GatewayError, Result},
+    jsonrpc, rest,
+    service::{EventStream, Gateway},
+};
+
+/// The protocol version a request asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Version {
+    V1,
+    /// No `A2A-Version`, or `0.3`: the 0.3 methods and shapes.
+    V03,
+}
+
+/// The gateway's routes, to merge into the server's router.
+pub fn router(gateway: Gateway) -> Router {
+    Router::new()
+        .route("/.well-known/agent-card.json", get(default_card))
+        .route("/.well-known/agent.json", get(default_card))
+        .route("/a2a", get(catalog))
+        .route("/a2a/{agent}/.well-known/agent-card.json", get(agent_card))
+        .route("/a2a/{agent}", post(jsonrpc::handle))
+        .route("/a2a/{agent}/", post(jsonrpc::handle))
+        .route("/a2a/{agent}/rest/{*path}", any(rest::handle))
+        .with_state(gateway)
+}
+
+async fn default_card(State(gateway): State<Gateway>, headers: HeaderMap) -> Response {
+    let id = gateway.catalog().default_agent().id.clone();
+    card_response(&gateway, &id, &headers)
+}
+
+async fn agent_card(State(gateway): State<Gateway>, Path(agent): Path<String>, headers: HeaderMap) -> Response {
+    card_response(&gateway, &agent, &headers)
+}
+
+/// Every agent's card.
+async fn catalog(State(gateway): State<Gateway>) -> Response {
+    let cards: Vec<&a2a::AgentCard> = gateway.catalog().cards().map(|entry| &entry.card).collect();
+    (StatusCode::OK, axum::Json(serde_json::json!({ "agents": cards }))).into_response()
+}
+
+fn card_response(gateway: &Gateway, agent: &str, headers: &HeaderMap) -> Response {
+    let Some(CardEntry { json, etag, .. }) = gateway.catalog().card(agent) else {
+        return rest::error_response(&GatewayError::AgentNotFound(agent.to_owned()));
+    };
+    let last_modified = gateway.catalog().last_modified.as_str();
+    let fresh = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|tags| tags.split(',').any(|tag| tag.trim() == etag || tag.trim() == "*"));
+    let status = if fresh { StatusCode::NOT_MODIFIED } else { StatusCode::OK };
+    let body = if fresh { Body::empty() } else { Body::from(json.clone()) };
+    let mut response = (status, body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("public, max-age=300"));
+    headers.insert(header::ETAG, HeaderValue::from_str(etag).expect("an ETag is a valid header"));
+    headers
+        .insert(header::LAST_MODIFIED, HeaderValue::from_str(last_modified).expect("an HTTP date is a valid header"));
+    response
+}
+
+/// The version a request asked for (`A2A-Version` header, else query
+/// parameter); the patch number does not count.
+pub(crate) fn version(headers: &HeaderMap, query: Option<&str>) -> Result<Version> {
+    let from_query = || {
+        query.and_then(|query| {
+            query
+                .split('&')
+                .find_map(|pair| pair.strip_prefix("A2A-Version=").or_else(|| pair.strip_prefix("a2a-version=")))
+        })
+    };
+    let requested = match headers.get("a2a-version") {
+        Some(value) => value.to_str().map_err(|_| GatewayError::VersionNotSupported("<not ASCII>".to_owned()))?,
+        None => from_query().unwrap_or(""),
+    };
+    parse_version(requested.trim())
+}
+
+pub(crate) fn parse_version(requested: &str) -> Result<Version> {
+    let major_minor: Vec<&str> = requested.split('.').take(2).collect();
+    match major_minor.as_slice() {
+        [""] => Ok(Version::V03),
+        ["1", "0"] | ["1"] => Ok(Version::V1),
+        ["0", "3"] => Ok(Version::V03),
+        _ => Err(GatewayError::VersionNotSupported(requested.to_owned())),
+    }
+}
+
+/// The caller and the scope of a request naming `tenant`.
+pub(crate) fn authorize(gateway: &Gateway, headers: &HeaderMap, tenant: &str) -> Result<Scope> {
+    let principal: Principal =
+        gateway.auth().authenticate(|name| headers.get(name).and_then(|value| value.to_str().ok()))?;
+    gateway.auth().scope(&principal, tenant)
+}
+
+/// The body, refused past the configured limit.
+pub(crate) async fn read_body(gateway: &Gateway, body: Body) -> Result<Bytes> {
+    let limit = gateway.config().max_body_bytes;
+    axum::body::to_bytes(body, limit).await.map_err(|_| GatewayError::PayloadTooLarge(limit))
+}
+
+/// Whether the request says its body is JSON (`application/json` or
+/// `application/a2a+json`, any parameters). No Content-Type is accepted.
+pub(crate) fn is_json(headers: &HeaderMap) -> bool {
+    headers.get(header::CONTENT_TYPE).and_then(|value| value.to_str().ok()).is_none_or(|value| {
+        let media_type = value.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+        media_type == "application/json" || media_type == "application/a2a+json"
+    })
+}
+
+/// An SSE response: each event rendered by `render`, keep-alive comments
+/// between them; an error mid-stream becomes the last event.
+pub(crate) fn sse(
+    gateway: &Gateway,
+    events: EventStream,
+    render: impl Fn(std::result::Result<&a2a::StreamResponse, &GatewayError>) -> Value + Send + 'static,
+) -> Response {
+    let stream = events.map(move |event| {
+        let data = render(event.as_ref());
+        Ok::<_, Infallible>(Event::default().data(data.to_string()))
+    });
+    sse_of(stream, Duration::from_millis(gateway.config().keep_alive_ms))
+}
+
+fn sse_of(
+    stream: impl Stream<Item = std::result::Result<Event, Infallible>> + Send + 'static,
+    keep_alive: Duration,
+) -> Response {
+    let mut response = Sse::new(stream).keep_alive(KeepAlive::new().interval(keep_alive)).into_response();
+    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}

@@ -1,0 +1,212 @@
+//! The JSON-RPC 2.0 binding (spec §9): `POST /a2a/{agent}`, 1.0 method
+//! names, and the 0.3 names and shapes when the request asks for 0.3.
+
+use axum::{
+    body::Body,
+    extract::{Path, State},
+    http::{HeaderMap, StatusCode, Uri},
+    response::{IntoResponse, Response},
+};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::{
+    compat,
+    error::{GatewayError, Result},
+    http::{self, Version},
+    service::Gateway,
+};
+
+/// A parsed call: its id, what it asks, in which version.
+struct Call {
+    id: Value,
+    method: &'static str,
+    params: Value,
+    version: Version,
+}
+
+/// The 1.0 methods.
+const METHODS: &[&str] = &[
+    "SendMessage",
+    "SendStreamingMessage",
+    "GetTask",
+    "ListTasks",
+    "CancelTask",
+    "SubscribeToTask",
+    "CreateTaskPushNotificationConfig",
+    "GetTaskPushNotificationConfig",
+    "ListTaskPushNotificationConfigs",
+    "DeleteTaskPushNotificationConfig",
+    "GetExtendedAgentCard",
+];
+
+pub(crate) async fn handle(
+    State(gateway): State<Gateway>,
+    Path(agent): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let call = match parse(&gateway, &uri, &headers, body).await {
+        Ok(call) => call,
+        Err((id, error)) => return error_response(&id, &error),
+    };
+    let id = call.id.clone();
+    match dispatch(&gateway, &agent, &headers, call).await {
+        Ok(Reply::Value(result)) => axum::Json(json!({ "jsonrpc": "2.0", "id": id, "result": result })).into_response(),
+        Ok(Reply::Stream(response)) => response,
+        Err(error) => error_response(&id, &error),
+    }
+}
+
+enum Reply {
+    Value(Value),
+    Stream(Response),
+}
+
+async fn parse(
+    gateway: &Gateway,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Body,
+) -> std::result::Result<Call, (Value, GatewayError)> {
+    let fail = |error| (Value::Null, error);
+    gateway.auth().authenticate(|name| headers.get(name).and_then(|value| value.to_str().ok())).map_err(fail)?;
+    let body = http::read_body(gateway, body).await.map_err(fail)?;
+    if !http::is_json(headers) {
+        return Err(fail(GatewayError::ContentTypeNotSupported("a JSON-RPC request is application/json".to_owned())));
+    }
+    let request: Value = serde_json::from_slice(&body)
+        .map_err(|error| fail(GatewayError::Parse(format!("the body is not JSON: {error}"))))?;
+    let Value::Object(mut request) = request else {
+        return Err(fail(GatewayError::InvalidRequest("a JSON-RPC request is an object".to_owned())));
+    };
+    let id = match request.remove("id") {
+        Some(id @ (Value::String(_) | Value::Number(_) | Value::Null)) => id,
+        Some(_) => return Err(fail(GatewayError::InvalidRequest("id must be a string, a number or null".to_owned()))),
+        None => Value::Null,
+    };
+    let invalid = |message: &str| (id.clone(), GatewayError::InvalidRequest(message.to_owned()));
+    if request.get("jsonrpc") != Some(&json!("2.0")) {
+        return Err(invalid("jsonrpc must be \"2.0\""));
+    }
+    let Some(Value::String(method)) = request.remove("method") else {
+        return Err(invalid("method must be a string"));
+    };
+    let params = match request.remove("params") {
+        None | Some(Value::Null) => json!({}),
+        Some(params @ Value::Object(_)) => params,
+        Some(_) => return Err((id, GatewayError::InvalidParams("params must be an object".to_owned()))),
+    };
+    let version = http::version(headers, uri.query()).map_err(|error| (id.clone(), error))?;
+    let v1_method = METHODS.iter().copied().find(|known| *known == method);
+    let (method, params, version) = match (v1_method, version) {
+        (Some(method), _) => (method, params, Version::V1),
+        (None, Version::V03) => {
+            let method =
+                compat::method_v1(&method).ok_or_else(|| (id.clone(), GatewayError::MethodNotFound(method.clone())))?;
+            let params = compat::params_to_v1(method, params)
+                .map_err(|error| (id.clone(), GatewayError::InvalidParams(error)))?;
+            (method, params, Version::V03)
+        }
+        (None, Version::V1) => return Err((id, GatewayError::MethodNotFound(method))),
+    };
+    Ok(Call { id, method, params, version })
+}
+
+fn params<T: DeserializeOwned>(mut params: Value) -> Result<T> {
+    crate::protojson::accept_proto_names(&mut params);
+    serde_json::from_value(params).map_err(|error| GatewayError::InvalidParams(format!("invalid params: {error}")))
+}
+
+fn tenant(params: &Value) -> &str {
+    params.get("tenant").and_then(Value::as_str).unwrap_or_default()
+}
+
+fn to_value(value: impl serde::Serialize) -> Value {
+    serde_json::to_value(value).expect("A2A types serialize")
+}
+
+async fn dispatch(gateway: &Gateway, agent: &str, headers: &HeaderMap, call: Call) -> Result<Reply> {
+    let scope = http::authorize(gateway, headers, tenant(&call.params))?;
+    let version = call.version;
+    let method = call.method;
+    let result = match method {
+        "SendMessage" | "SendStreamingMessage" => {
+            let request: a2a::SendMessageRequest = params(call.params)?;
+            let agent = gateway.agent(Some(agent), &scope)?;
+            if method == "SendMessage" {
+                to_value(gateway.send(&scope, agent, request).await?)
+            } else {
+                let events = gateway.send_streaming(&scope, agent, request).await?;
+                return Ok(Reply::Stream(stream(gateway, call.id, version, events)));
+            }
+        }
+        "SubscribeToTask" => {
+            let request: a2a::SubscribeToTaskRequest = params(call.params)?;
+            let events = gateway.subscribe(&scope, &request.id).await?;
+            return Ok(Reply::Stream(stream(gateway, call.id, version, events)));
+        }
+        "GetTask" => {
+            let request: a2a::GetTaskRequest = params(call.params)?;
+            let history_length = request
+                .history_length
+                .map(|length| {
+                    u32::try_from(length)
+                        .map_err(|_| GatewayError::InvalidParams("historyLength must not be negative".to_owned()))
+                })
+                .transpose()?;
+            to_value(gateway.get_task(&scope, &request.id, history_length).await?)
+        }
+        "ListTasks" => to_value(gateway.list_tasks(&scope, params(call.params)?).await?),
+        "CancelTask" => {
+            let request: a2a::CancelTaskRequest = params(call.params)?;
+            to_value(gateway.cancel_task(&scope, &request.id).await?)
+        }
+        "CreateTaskPushNotificationConfig" => to_value(gateway.create_push_config(&scope, params(call.params)?).await?),
+        "GetTaskPushNotificationConfig" => {
+            let request: a2a::GetTaskPushNotificationConfigRequest = params(call.params)?;
+            to_value(gateway.get_push_config(&scope, &request.task_id, &request.id).await?)
+        }
+        "ListTaskPushNotificationConfigs" => {
+            let request: a2a::ListTaskPushNotificationConfigsRequest = params(call.params)?;
+            let configs = gateway.list_push_configs(&scope, &request.task_id).await?;
+            json!({ "configs": configs, "nextPageToken": "" })
+        }
+        "DeleteTaskPushNotificationConfig" => {
+            let request: a2a::DeleteTaskPushNotificationConfigRequest = params(call.params)?;
+            gateway.delete_push_config(&scope, &request.task_id, &request.id).await?;
+            json!({})
+        }
+        "GetExtendedAgentCard" => to_value(gateway.extended_card(agent)?),
+        other => return Err(GatewayError::MethodNotFound(other.to_owned())),
+    };
+    Ok(Reply::Value(match version {
+        Version::V1 => result,
+        Version::V03 => compat::result_to_v03(method, result),
+    }))
+}
+
+fn stream(gateway: &Gateway, id: Value, version: Version, events: crate::service::EventStream) -> Response {
+    http::sse(gateway, events, move |event| match event {
+        Ok(event) => {
+            let event = to_value(event);
+            let result = match version {
+                Version::V1 => event,
+                Version::V03 => compat::stream_event_to_v03(event),
+            };
+            json!({ "jsonrpc": "2.0", "id": id, "result": result })
+        }
+        Err(error) => json!({ "jsonrpc": "2.0", "id": id, "error": error.jsonrpc_error() }),
+    })
+}
+
+fn error_response(id: &Value, error: &GatewayError) -> Response {
+    // JSON-RPC errors travel in a 200, except those refused before the
+    // call is read at all.
+    let status = match error.http_status() {
+        status @ (StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN | StatusCode::PAYLOAD_TOO_LARGE) => status,
+        _ => StatusCode::OK,
+    };
+    (status, axum::Json(json!({ "jsonrpc": "2.0", "id": id, "error": error.jsonrpc_error() }))).into_response()
+}

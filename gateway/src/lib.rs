@@ -1,0 +1,68 @@
+//! The chorus gateway: A2A 1.0 for external agents over JSON-RPC, HTTP+JSON
+//! (REST) and gRPC, with SSE streaming, push notifications, and outbound
+//! delegation to external A2A agents.
+//!
+//! The A2A wire types are the official crates' (`a2a-lf` for JSON, `a2a-pb`
+//! for gRPC); [`convert`] maps them to the task store's contract, which keeps
+//! every task. The bindings ([`jsonrpc`], [`rest`], [`grpc`]) parse and
+//! authenticate, then call [`service::Gateway`].
+
+mod auth;
+mod builtin;
+mod catalog;
+mod compat;
+pub mod config;
+mod convert;
+mod delegate;
+pub mod delegation;
+mod error;
+pub mod grpc;
+mod http;
+mod jsonrpc;
+mod notify;
+mod protojson;
+mod push;
+mod rest;
+mod service;
+
+use std::time::Duration;
+
+use chorus_proto::taskstore::task_store_client::TaskStoreClient;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+pub use crate::{config::GatewayConfig, delegation::DelegateGrpc, grpc::A2aGrpc, http::router, service::Gateway};
+
+/// Builds the gateway over the task store behind `taskstore`, advertising
+/// `base_url` (`http://host:port`) in its cards unless `public_url` is set.
+pub fn build(
+    config: GatewayConfig,
+    taskstore: Channel,
+    base_url: &str,
+    shutdown: CancellationToken,
+) -> Result<Gateway, String> {
+    push::install_crypto_provider();
+    let base_url = config.public_url.clone().unwrap_or_else(|| base_url.to_owned());
+    let base_url = base_url.trim_end_matches('/');
+    let catalog = catalog::Catalog::new(&config, base_url)?;
+    if let Some(path) = &config.registry_file {
+        let registry = serde_json::to_vec_pretty(&catalog.registry(base_url)).expect("the registry serializes");
+        std::fs::write(path, registry).map_err(|error| format!("cannot write {}: {error}", path.display()))?;
+    }
+    let tasks = TaskStoreClient::new(taskstore);
+    let settings = &config.delegate;
+    let timeout = Duration::from_millis(settings.timeout_ms);
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|error| format!("cannot build the HTTP client: {error}"))?;
+    let client =
+        delegate::A2aClient::new(http).with_card_ttl(Duration::from_millis(settings.card_ttl_ms)).with_poll_backoff(
+            Duration::from_millis(settings.poll_initial_ms),
+            Duration::from_millis(settings.poll_max_ms),
+        );
+    let runner = builtin::Runner::new(tasks.clone(), client.clone(), timeout, shutdown.clone());
+    let push = notify::PushDispatcher::new(tasks.clone(), &config.push, shutdown)?;
+    let delegation = delegation::DelegateGrpc::new(client, timeout);
+    Ok(Gateway::new(tasks, catalog, runner, push, delegation, config))
+}

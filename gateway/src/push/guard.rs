@@ -1,0 +1,263 @@
+//! The SSRF guard: which push URLs, and which addresses behind them, the
+//! gateway may call.
+
+use std::{
+    fmt,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    sync::Arc,
+};
+
+use reqwest::{
+    Url,
+    dns::{Addrs, Name, Resolve, Resolving},
+};
+
+use super::{PushError, PushPolicy};
+
+/// `url`'s parse error type (reqwest does not re-export the `url` crate).
+type ParseError = <Url as std::str::FromStr>::Err;
+
+/// The AWS, GCP and Azure instance metadata address.
+const METADATA_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
+
+/// Checks push URLs and the addresses their hosts resolve to.
+#[derive(Debug, Clone)]
+pub(crate) struct UrlGuard {
+    allow_private: bool,
+    /// Normalised with [`normalize_host`].
+    allowed_hosts: Vec<String>,
+}
+
+impl UrlGuard {
+    /// A guard enforcing `policy`'s `allow_private` and `allowed_hosts`.
+    pub(crate) fn new(policy: &PushPolicy) -> Self {
+        let allowed_hosts = policy.allowed_hosts.iter().map(|host| normalize_host(host)).collect();
+        Self { allow_private: policy.allow_private, allowed_hosts }
+    }
+
+    /// Parses `url` and checks its syntax: `http` or `https`, a host, and no
+    /// user name or password. Resolves nothing.
+    pub(crate) fn check(&self, url: &str) -> Result<Url, PushError> {
+        let url = Url::parse(url).map_err(|error| match error {
+            ParseError::EmptyHost => PushError::MissingHost,
+            other => PushError::InvalidUrl(other.to_string()),
+        })?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(PushError::UnsupportedScheme(url.scheme().to_owned()));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(PushError::UserInfo);
+        }
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err(PushError::MissingHost);
+        }
+        Ok(url)
+    }
+
+    /// Checks `url`, resolves its host and refuses it when any address is
+    /// not public (see [`classify`]), unless private addresses are allowed or
+    /// the host is listed in `allowed_hosts`. Returns the vetted addresses.
+    pub(crate) async fn resolve(&self, url: &str) -> Result<Vec<SocketAddr>, PushError> {
+        let url = self.check(url)?;
+        let host = url.host_str().ok_or(PushError::MissingHost)?;
+        let port = url.port_or_known_default().ok_or(PushError::MissingHost)?;
+        self.resolve_host(host, port).await
+    }
+
+    /// Refuses `url` when its host is an IP literal that may not be called.
+    /// Host names are vetted when they are resolved, by [`GuardedResolver`].
+    pub(super) fn check_literal(&self, url: &Url) -> Result<(), PushError> {
+        let host = url.host_str().ok_or(PushError::MissingHost)?;
+        match bare_host(host).parse::<IpAddr>() {
+            Ok(ip) => self.vet(host, [ip]),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Resolves `host` (a name or an IP literal, brackets allowed) and vets
+    /// every address it resolves to.
+    async fn resolve_host(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, PushError> {
+        let bare = bare_host(host);
+        let addrs: Vec<SocketAddr> = match bare.parse::<IpAddr>() {
+            Ok(ip) => vec![SocketAddr::new(ip, port)],
+            Err(_) => tokio::net::lookup_host((bare, port))
+                .await
+                .map_err(|reason| PushError::Resolve { host: host.to_owned(), reason })?
+                .collect(),
+        };
+        if addrs.is_empty() {
+            return Err(PushError::NoAddress { host: host.to_owned() });
+        }
+        self.vet(host, addrs.iter().map(SocketAddr::ip))?;
+        Ok(addrs)
+    }
+
+    /// Refuses the first address of `ips` that is not public, unless the
+    /// policy exempts `host`.
+    fn vet(&self, host: &str, ips: impl IntoIterator<Item = IpAddr>) -> Result<(), PushError> {
+        if self.allow_private || self.allowed_hosts.contains(&normalize_host(host)) {
+            return Ok(());
+        }
+        for ip in ips {
+            if let Some(kind) = classify(ip) {
+                return Err(PushError::Blocked { host: host.to_owned(), addr: ip, kind });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A reqwest DNS resolver that vets every address it hands to the
+/// connector, so the addresses a push connection uses are exactly the ones
+/// checked: a host cannot pass a check and then resolve elsewhere for the
+/// connection (DNS rebinding). The refusal surfaces as a [`PushError`] in
+/// the reqwest error's source chain.
+#[derive(Debug)]
+pub(super) struct GuardedResolver(Arc<UrlGuard>);
+
+impl GuardedResolver {
+    /// A resolver enforcing `guard`.
+    pub(super) fn new(guard: UrlGuard) -> Self {
+        Self(Arc::new(guard))
+    }
+}
+
+impl Resolve for GuardedResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        let guard = Arc::clone(&self.0);
+        Box::pin(async move {
+            // Port 0: the connector substitutes the URL's port.
+            let addrs = guard.resolve_host(name.as_str(), 0).await?;
+            Ok(Box::new(addrs.into_iter()) as Addrs)
+        })
+    }
+}
+
+/// Why an address may not be called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AddressKind {
+    Loopback,
+    Unspecified,
+    LinkLocal,
+    CloudMetadata,
+    Private,
+    Shared,
+    UniqueLocal,
+    Multicast,
+    Broadcast,
+    Documentation,
+    Reserved,
+}
+
+impl fmt::Display for AddressKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Loopback => "a loopback address",
+            Self::Unspecified => "an unspecified address",
+            Self::LinkLocal => "a link-local address",
+            Self::CloudMetadata => "the cloud metadata address",
+            Self::Private => "a private address",
+            Self::Shared => "a shared (carrier-grade NAT) address",
+            Self::UniqueLocal => "a unique-local address",
+            Self::Multicast => "a multicast address",
+            Self::Broadcast => "the broadcast address",
+            Self::Documentation => "a documentation address",
+            Self::Reserved => "a reserved address",
+        })
+    }
+}
+
+/// The kind of a non-public address, `None` for a public one. IPv6
+/// addresses that embed an IPv4 address (mapped, NAT64 well-known prefix,
+/// 6to4) are judged by the embedded address.
+pub(crate) fn classify(ip: IpAddr) -> Option<AddressKind> {
+    match ip {
+        IpAddr::V4(ip) => classify_v4(ip),
+        IpAddr::V6(ip) => classify_v6(ip),
+    }
+}
+
+fn classify_v4(ip: Ipv4Addr) -> Option<AddressKind> {
+    let [a, b, c, _] = ip.octets();
+    let kind = if ip == METADATA_V4 {
+        AddressKind::CloudMetadata
+    } else if ip.is_unspecified() {
+        AddressKind::Unspecified
+    } else if ip.is_loopback() {
+        AddressKind::Loopback
+    } else if ip.is_private() {
+        AddressKind::Private
+    } else if ip.is_link_local() {
+        AddressKind::LinkLocal
+    } else if a == 100 && (b & 0xc0) == 64 {
+        AddressKind::Shared
+    } else if ip.is_broadcast() {
+        AddressKind::Broadcast
+    } else if ip.is_multicast() {
+        AddressKind::Multicast
+    } else if ip.is_documentation() {
+        AddressKind::Documentation
+    } else if a == 0 || a >= 240 || (a, b, c) == (192, 0, 0) || (a == 198 && (b & 0xfe) == 18) {
+        // "This network" 0/8, future use 240/4, IETF protocol assignments
+        // 192.0.0/24, benchmarking 198.18/15.
+        AddressKind::Reserved
+    } else {
+        return None;
+    };
+    Some(kind)
+}
+
+fn classify_v6(ip: Ipv6Addr) -> Option<AddressKind> {
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return classify_v4(v4);
+    }
+    let s = ip.segments();
+    let embedded = |high: u16, low: u16| Ipv4Addr::from((u32::from(high) << 16) | u32::from(low));
+    let kind = if ip.is_unspecified() {
+        AddressKind::Unspecified
+    } else if ip.is_loopback() {
+        AddressKind::Loopback
+    } else if s[..6] == [0; 6] {
+        // Deprecated IPv4-compatible ::a.b.c.d.
+        AddressKind::Reserved
+    } else if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        return classify_v4(embedded(s[6], s[7]));
+    } else if s[0] == 0x2002 {
+        return classify_v4(embedded(s[1], s[2]));
+    } else if s[..3] == [0x64, 0xff9b, 1] {
+        // Local-use NAT64 prefix 64:ff9b:1::/48.
+        AddressKind::Private
+    } else if ip.is_unicast_link_local() {
+        AddressKind::LinkLocal
+    } else if (s[0] & 0xffc0) == 0xfec0 {
+        // Deprecated site-local fec0::/10.
+        AddressKind::Private
+    } else if ip.is_unique_local() {
+        AddressKind::UniqueLocal
+    } else if ip.is_multicast() {
+        AddressKind::Multicast
+    } else if s[..2] == [0x2001, 0x0db8] || (s[0] == 0x3fff && (s[1] & 0xf000) == 0) {
+        AddressKind::Documentation
+    } else if s[..4] == [0x0100, 0, 0, 0] {
+        // Discard-only 100::/64.
+        AddressKind::Reserved
+    } else {
+        return None;
+    };
+    Some(kind)
+}
+
+/// `host` without the brackets of an IPv6 literal.
+pub(super) fn bare_host(host: &str) -> &str {
+    host.strip_prefix('[').and_then(|inner| inner.strip_suffix(']')).unwrap_or(host)
+}
+
+/// The form hosts are compared in: IP literals in canonical text, names in
+/// lower case.
+fn normalize_host(host: &str) -> String {
+    let bare = bare_host(host);
+    match bare.parse::<IpAddr>() {
+        Ok(ip) => ip.to_string(),
+        Err(_) => bare.to_ascii_lowercase(),
+    }
+}

@@ -1,0 +1,82 @@
+//! Outbound A2A push notifications: an SSRF guard for webhook URLs and a
+//! sender that delivers with retries.
+//!
+//! A webhook URL comes from an A2A client, so it is untrusted: [`UrlGuard`]
+//! refuses URLs whose host is, or resolves to, a loopback, private,
+//! link-local, metadata or otherwise non-public address unless the operator
+//! allows it (`gateway.push.allow_private`, `gateway.push.allowed_hosts`).
+//! [`PushSender`] re-checks every address it connects to, so a host that
+//! passes the check and then re-resolves elsewhere (DNS rebinding) is still
+//! refused.
+
+mod error;
+mod guard;
+mod sender;
+#[cfg(test)]
+mod tests;
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub(crate) use error::PushError;
+pub(crate) use guard::{AddressKind, UrlGuard};
+pub(crate) use sender::{PushSender, PushTarget};
+
+/// Push notification settings (`[gateway.push]` in `chorus.toml`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PushPolicy {
+    /// Deliver to loopback, private, link-local and other non-public
+    /// addresses (development and single-network deployments only).
+    pub allow_private: bool,
+    /// Hosts exempt from the address check, matched exactly and
+    /// case-insensitively against the URL's host.
+    pub allowed_hosts: Vec<String>,
+    /// Longest one delivery attempt may take, from connecting to the answer.
+    pub timeout_ms: u64,
+    /// Most attempts per notification, the first included.
+    pub max_attempts: u32,
+    /// Backoff ceiling before the second attempt; it doubles per attempt.
+    pub initial_backoff_ms: u64,
+    /// Largest backoff, also the cap on a receiver's `Retry-After`.
+    pub max_backoff_ms: u64,
+}
+
+impl Default for PushPolicy {
+    fn default() -> Self {
+        Self {
+            allow_private: false,
+            allowed_hosts: Vec::new(),
+            timeout_ms: 10_000,
+            max_attempts: 5,
+            initial_backoff_ms: 500,
+            max_backoff_ms: 30_000,
+        }
+    }
+}
+
+impl PushPolicy {
+    /// The per-attempt timeout (at least 1 ms).
+    pub(crate) fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms.max(1))
+    }
+
+    /// The backoff before the second attempt.
+    pub(crate) fn initial_backoff(&self) -> Duration {
+        Duration::from_millis(self.initial_backoff_ms)
+    }
+
+    /// The largest backoff between two attempts.
+    pub(crate) fn max_backoff(&self) -> Duration {
+        Duration::from_millis(self.max_backoff_ms)
+    }
+}
+
+/// Installs ring as the process-wide rustls crypto provider, which reqwest
+/// (built without a provider of its own) needs before any TLS client is
+/// built. Idempotent: a provider installed earlier is kept.
+pub(crate) fn install_crypto_provider() {
+    // `Err` only means a provider is already installed, which is all we need.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,269 @@
+//! The HTTP+JSON binding (spec §11) under `/a2a/{agent}/rest`, with the
+//! optional `/{tenant}` prefix. Errors are `google.rpc.Status` JSON (AIP-193)
+//! with the HTTP status of spec 1.0.1.
+
+use std::collections::HashMap;
+
+use axum::{
+    body::Body,
+    extract::{Path, State},
+    http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header},
+    response::{IntoResponse, Response},
+};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::{
+    error::{GatewayError, Result},
+    http::{self, Version},
+    service::Gateway,
+};
+
+/// What a REST path asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Operation {
+    Send,
+    Stream,
+    ListTasks,
+    GetTask(String),
+    CancelTask(String),
+    Subscribe(String),
+    CreatePushConfig(String),
+    ListPushConfigs(String),
+    GetPushConfig(String, String),
+    DeletePushConfig(String, String),
+    ExtendedCard,
+}
+
+pub(crate) async fn handle(
+    State(gateway): State<Gateway>,
+    Path((agent, path)): Path<(String, String)>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match serve(&gateway, &agent, &path, &method, &uri, &headers, body).await {
+        Ok(response) => response,
+        Err(error) => error_response(&error),
+    }
+}
+
+/// The error body and status of spec 1.0.1 §11.6.
+pub(crate) fn error_response(error: &GatewayError) -> Response {
+    (error.http_status(), axum::Json(error.rest_body())).into_response()
+}
+
+async fn serve(
+    gateway: &Gateway,
+    agent: &str,
+    path: &str,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response> {
+    gateway.auth().authenticate(|name| headers.get(name).and_then(|value| value.to_str().ok()))?;
+    if http::version(headers, uri.query())? == Version::V03 && headers.contains_key("a2a-version") {
+        return Err(GatewayError::VersionNotSupported("0.3".to_owned()));
+    }
+    let (tenant, operation) = route(method, path)?;
+    let scope = http::authorize(gateway, headers, &tenant)?;
+    let query = query(uri.query());
+    let body = http::read_body(gateway, body).await?;
+    let json_body = || -> Result<Value> {
+        if !http::is_json(headers) {
+            return Err(GatewayError::ContentTypeNotSupported("the body must be application/a2a+json".to_owned()));
+        }
+        if body.is_empty() {
+            return Ok(json!({}));
+        }
+        serde_json::from_slice(&body).map_err(|error| GatewayError::Parse(format!("the body is not JSON: {error}")))
+    };
+    let result = match operation {
+        Operation::Send | Operation::Stream => {
+            let request: a2a::SendMessageRequest = from_json(json_body()?)?;
+            let agent = gateway.agent(Some(agent), &scope)?;
+            if operation == Operation::Send {
+                to_value(gateway.send(&scope, agent, request).await?)
+            } else {
+                let events = gateway.send_streaming(&scope, agent, request).await?;
+                return Ok(stream(gateway, events));
+            }
+        }
+        Operation::Subscribe(id) => return Ok(stream(gateway, gateway.subscribe(&scope, &id).await?)),
+        Operation::GetTask(id) => {
+            let history_length = number(&query, "historyLength")?;
+            to_value(gateway.get_task(&scope, &id, history_length).await?)
+        }
+        Operation::ListTasks => to_value(gateway.list_tasks(&scope, list_request(&query)?).await?),
+        Operation::CancelTask(id) => to_value(gateway.cancel_task(&scope, &id).await?),
+        Operation::CreatePushConfig(task_id) => {
+            let mut config: a2a::TaskPushNotificationConfig = from_json(json_body()?)?;
+            config.task_id = task_id;
+            to_value(gateway.create_push_config(&scope, config).await?)
+        }
+        Operation::ListPushConfigs(task_id) => {
+            json!({ "configs": gateway.list_push_configs(&scope, &task_id).await?, "nextPageToken": "" })
+        }
+        Operation::GetPushConfig(task_id, id) => to_value(gateway.get_push_config(&scope, &task_id, &id).await?),
+        Operation::DeletePushConfig(task_id, id) => {
+            gateway.delete_push_config(&scope, &task_id, &id).await?;
+            json!({})
+        }
+        Operation::ExtendedCard => to_value(gateway.extended_card(agent)?),
+    };
+    let mut response = (StatusCode::OK, axum::Json(result)).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/a2a+json"));
+    Ok(response)
+}
+
+/// The tenant (empty when the path has none) and the operation of `path`.
+fn route(method: &Method, path: &str) -> Result<(String, Operation)> {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let is_operation =
+        |segment: &str| segment == "tasks" || segment == "extendedAgentCard" || segment.starts_with("message:");
+    let (tenant, segments) = match segments.split_first() {
+        Some((first, rest)) if !is_operation(first) && !rest.is_empty() => ((*first).to_owned(), rest),
+        _ => (String::new(), segments.as_slice()),
+    };
+    let not_found = || GatewayError::MethodNotFound(format!("{method} /{path}"));
+    let operation = match (method.as_str(), segments) {
+        ("POST", ["message:send"]) => Operation::Send,
+        ("POST", ["message:stream"]) => Operation::Stream,
+        ("GET", ["tasks"]) => Operation::ListTasks,
+        ("GET", ["extendedAgentCard"]) => Operation::ExtendedCard,
+        ("POST", ["tasks", id]) if id.ends_with(":cancel") => Operation::CancelTask(action_target(id, ":cancel")),
+        ("GET" | "POST", ["tasks", id]) if id.ends_with(":subscribe") => {
+            Operation::Subscribe(action_target(id, ":subscribe"))
+        }
+        ("GET", ["tasks", id]) => Operation::GetTask((*id).to_owned()),
+        ("POST", ["tasks", id, "pushNotificationConfigs"]) => Operation::CreatePushConfig((*id).to_owned()),
+        ("GET", ["tasks", id, "pushNotificationConfigs"]) => Operation::ListPushConfigs((*id).to_owned()),
+        ("GET", ["tasks", id, "pushNotificationConfigs", config]) => {
+            Operation::GetPushConfig((*id).to_owned(), (*config).to_owned())
+        }
+        ("DELETE", ["tasks", id, "pushNotificationConfigs", config]) => {
+            Operation::DeletePushConfig((*id).to_owned(), (*config).to_owned())
+        }
+        _ => return Err(not_found()),
+    };
+    Ok((tenant, operation))
+}
+
+fn action_target(segment: &str, action: &str) -> String {
+    segment.strip_suffix(action).unwrap_or(segment).to_owned()
+}
+
+fn query(query: Option<&str>) -> HashMap<String, String> {
+    url_decode_pairs(query.unwrap_or_default())
+}
+
+/// `a=1&b=x%20y` → pairs, percent-decoded (`+` is a space).
+fn url_decode_pairs(query: &str) -> HashMap<String, String> {
+    let decode = |text: &str| {
+        let bytes = text.replace('+', " ").into_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut index = 0;
+        while index < bytes.len() {
+            let hex = bytes.get(index + 1..index + 3).and_then(|hex| std::str::from_utf8(hex).ok());
+            match (bytes[index], hex.and_then(|hex| u8::from_str_radix(hex, 16).ok())) {
+                (b'%', Some(byte)) => {
+                    out.push(byte);
+                    index += 3;
+                }
+                (byte, _) => {
+                    out.push(byte);
+                    index += 1;
+                }
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (decode(name), decode(value))
+        })
+        .collect()
+}
+
+fn number<T: std::str::FromStr>(query: &HashMap<String, String>, name: &str) -> Result<Option<T>> {
+    query
+        .get(name)
+        .map(|value| {
+            value.parse().map_err(|_| GatewayError::InvalidParams(format!("{name} must be a non-negative integer")))
+        })
+        .transpose()
+}
+
+/// `GET /tasks` query parameters as a ListTasks request.
+fn list_request(query: &HashMap<String, String>) -> Result<a2a::ListTasksRequest> {
+    let mut request = serde_json::Map::new();
+    for (name, value) in query {
+        let value = match name.as_str() {
+            "pageSize" | "historyLength" => json!(
+                value
+                    .parse::<i64>()
+                    .map_err(|_| { GatewayError::InvalidParams(format!("{name} must be an integer")) })?
+            ),
+            "includeArtifacts" => json!(value == "true"),
+            "contextId" | "status" | "pageToken" | "statusTimestampAfter" | "tenant" => json!(value),
+            other => return Err(GatewayError::InvalidParams(format!("unknown query parameter {other:?}"))),
+        };
+        request.insert(name.clone(), value);
+    }
+    from_json(Value::Object(request))
+}
+
+fn from_json<T: DeserializeOwned>(mut value: Value) -> Result<T> {
+    crate::protojson::accept_proto_names(&mut value);
+    serde_json::from_value(value).map_err(|error| GatewayError::InvalidParams(format!("invalid request: {error}")))
+}
+
+fn to_value(value: impl serde::Serialize) -> Value {
+    serde_json::to_value(value).expect("A2A types serialize")
+}
+
+fn stream(gateway: &Gateway, events: crate::service::EventStream) -> Response {
+    http::sse(gateway, events, |event| match event {
+        Ok(event) => to_value(event),
+        Err(error) => error.rest_body(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_route_with_and_without_a_tenant() {
+        let get = Method::GET;
+        let post = Method::POST;
+        assert_eq!(route(&post, "message:send").expect("send"), (String::new(), Operation::Send));
+        assert_eq!(route(&post, "team-a/message:stream").expect("tenant"), ("team-a".to_owned(), Operation::Stream));
+        assert_eq!(route(&get, "tasks/t1").expect("get"), (String::new(), Operation::GetTask("t1".into())));
+        assert_eq!(route(&post, "tasks/t1:cancel").expect("cancel").1, Operation::CancelTask("t1".into()));
+        assert_eq!(route(&get, "tasks/t1:subscribe").expect("subscribe").1, Operation::Subscribe("t1".into()));
+        assert_eq!(route(&post, "tasks/t1:subscribe").expect("subscribe").1, Operation::Subscribe("t1".into()));
+        assert_eq!(
+            route(&Method::DELETE, "ns/tasks/t1/pushNotificationConfigs/c1").expect("delete"),
+            ("ns".to_owned(), Operation::DeletePushConfig("t1".into(), "c1".into()))
+        );
+        assert!(matches!(route(&Method::PUT, "tasks/t1"), Err(GatewayError::MethodNotFound(_))));
+        assert!(matches!(route(&get, "nothing/here/at/all"), Err(GatewayError::MethodNotFound(_))));
+    }
+
+    #[test]
+    fn list_queries_are_typed() {
+        let request = list_request(&url_decode_pairs("pageSize=5&status=TASK_STATE_WORKING&contextId=a%20b"))
+            .expect("a list request");
+        assert_eq!(request.page_size, Some(5));
+        assert_eq!(request.status, Some(a2a::TaskState::Working));
+        assert_eq!(request.context_id.as_deref(), Some("a b"));
+        assert!(list_request(&url_decode_pairs("pageSize=x")).is_err());
+        assert!(list_request(&url_decode_pairs("bogus=1")).is_err());
+    }
+}

@@ -1,0 +1,514 @@
+//! The A2A operations, over the task store. Bindings parse and authenticate,
+//! then call these with A2A model types; nothing here knows JSON-RPC, REST
+//! or gRPC.
+
+use std::{pin::Pin, sync::Arc, time::Duration};
+
+use a2a::{
+    ListTasksRequest, ListTasksResponse, Message, Role, SendMessageRequest, SendMessageResponse, StreamResponse, Task,
+    TaskPushNotificationConfig,
+};
+use chorus_proto::taskstore::{self as pb, task_store_client::TaskStoreClient};
+use futures_util::{Stream, StreamExt as _, stream};
+use tonic::transport::Channel;
+
+use crate::{
+    auth::{Authenticator, Scope},
+    builtin::Runner,
+    catalog::Catalog,
+    config::{AgentConfig, AgentKind, GatewayConfig},
+    convert::{self, is_interrupted, is_terminal},
+    delegation::DelegateGrpc,
+    error::{GatewayError, Result},
+    notify::PushDispatcher,
+};
+
+/// The events of a streaming call, in order; the stream ends after a
+/// terminal or interrupted state.
+pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<StreamResponse>> + Send>>;
+
+const DEFAULT_PAGE_SIZE: i32 = 50;
+const MAX_PAGE_SIZE: i32 = 100;
+
+/// The gateway: cheap to clone, shared by every binding.
+#[derive(Debug, Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    tasks: TaskStoreClient<Channel>,
+    catalog: Catalog,
+    auth: Authenticator,
+    runner: Runner,
+    push: PushDispatcher,
+    delegation: DelegateGrpc,
+    config: GatewayConfig,
+}
+
+/// What starting a turn produced.
+enum Started {
+    /// The agent answered with a message; there is no task.
+    Reply(Box<Message>),
+    /// The task the message created or continued, as it was then.
+    Task(Box<pb::Task>),
+}
+
+impl Gateway {
+    pub(crate) fn new(
+        tasks: TaskStoreClient<Channel>,
+        catalog: Catalog,
+        runner: Runner,
+        push: PushDispatcher,
+        delegation: DelegateGrpc,
+        config: GatewayConfig,
+    ) -> Self {
+        let auth = Authenticator::new(&config.auth, &config.default_namespace);
+        Self { inner: Arc::new(Inner { tasks, catalog, auth, runner, push, delegation, config }) }
+    }
+
+    /// The `chorus.gateway.v1.Gateway` service (outbound delegation).
+    pub fn delegation(&self) -> DelegateGrpc {
+        self.inner.delegation.clone()
+    }
+
+    pub(crate) fn catalog(&self) -> &Catalog {
+        &self.inner.catalog
+    }
+
+    pub(crate) fn auth(&self) -> &Authenticator {
+        &self.inner.auth
+    }
+
+    pub(crate) fn config(&self) -> &GatewayConfig {
+        &self.inner.config
+    }
+
+    fn tasks(&self) -> TaskStoreClient<Channel> {
+        self.inner.tasks.clone()
+    }
+
+    /// The agent a request is for: the one its URL names, else the one its
+    /// tenant names, else the default agent.
+    pub(crate) fn agent(&self, path_agent: Option<&str>, scope: &Scope) -> Result<&AgentConfig> {
+        match path_agent.or(scope.agent.as_deref()) {
+            Some(id) => self.inner.catalog.agent(id).ok_or_else(|| GatewayError::AgentNotFound(id.to_owned())),
+            None => Ok(self.inner.catalog.default_agent()),
+        }
+    }
+
+    /// `GetExtendedAgentCard`: the card an authenticated caller sees. There is
+    /// one only where credentials are configured.
+    pub(crate) fn extended_card(&self, agent: &str) -> Result<a2a::AgentCard> {
+        if !self.inner.auth.enabled() {
+            return Err(GatewayError::UnsupportedOperation(
+                "this gateway authenticates no one, so it has no extended agent card".to_owned(),
+            ));
+        }
+        let entry = self.inner.catalog.card(agent).ok_or_else(|| GatewayError::AgentNotFound(agent.to_owned()))?;
+        Ok(entry.card.clone())
+    }
+
+    /// `SendMessage`: blocking unless `returnImmediately`; a blocking call
+    /// answers when the task is terminal or interrupted, or after the
+    /// blocking timeout with the task as it is.
+    pub(crate) async fn send(
+        &self,
+        scope: &Scope,
+        agent: &AgentConfig,
+        request: SendMessageRequest,
+    ) -> Result<SendMessageResponse> {
+        let configuration = request.configuration.clone().unwrap_or_else(default_configuration);
+        let history_length = history_length(configuration.history_length)?;
+        let task = match self.start(scope, agent, request).await? {
+            Started::Reply(message) => return Ok(SendMessageResponse::Message(*message)),
+            Started::Task(task) => task,
+        };
+        if !configuration.return_immediately.unwrap_or(false) {
+            self.settle(scope, &task).await?;
+        }
+        let task = self.get_task(scope, &task.id, history_length).await?;
+        Ok(SendMessageResponse::Task(task))
+    }
+
+    /// `SendStreamingMessage`: the task as created, then its changes.
+    pub(crate) async fn send_streaming(
+        &self,
+        scope: &Scope,
+        agent: &AgentConfig,
+        request: SendMessageRequest,
+    ) -> Result<EventStream> {
+        if !agent.streaming {
+            return Err(GatewayError::UnsupportedOperation(format!("agent {} does not stream", agent.id)));
+        }
+        let continuing = request.message.task_id.is_some();
+        match self.start(scope, agent, request).await? {
+            Started::Reply(message) => Ok(Box::pin(stream::once(async move { Ok(StreamResponse::Message(*message)) }))),
+            Started::Task(task) if continuing => self.follow(scope, &task.id, Waiting::Ends).await,
+            Started::Task(task) => {
+                // The task as it was created, then every change from its first:
+                // a retried message (same messageId, same task) replays it all.
+                let first = StreamResponse::Task(convert::task_as_created((*task).clone()));
+                let request = pb::WatchTaskRequest {
+                    namespace: scope.namespace.clone(),
+                    task_id: task.id.clone(),
+                    ..pb::WatchTaskRequest::default()
+                };
+                let events = self.watch(request, &task.id).await?;
+                Ok(Box::pin(stream::once(async { Ok(first) }).chain(until_settled(events, Waiting::Ends))))
+            }
+        }
+    }
+
+    /// `SubscribeToTask`: the task as it is, then its changes.
+    pub(crate) async fn subscribe(&self, scope: &Scope, task_id: &str) -> Result<EventStream> {
+        let task = self.get_task(scope, task_id, Some(0)).await?;
+        if is_terminal(&task.status.state) {
+            return Err(GatewayError::UnsupportedOperation(format!(
+                "task {task_id} is {:?} and will not change; read it with GetTask",
+                task.status.state
+            )));
+        }
+        self.follow(scope, task_id, Waiting::Continues).await
+    }
+
+    pub(crate) async fn get_task(&self, scope: &Scope, id: &str, history_length: Option<u32>) -> Result<Task> {
+        let request = pb::GetTaskRequest { namespace: scope.namespace.clone(), id: id.to_owned(), history_length };
+        let task = self.tasks().get_task(request).await.map_err(|status| task_error(&status, id))?.into_inner();
+        Ok(convert::task_out(task, true))
+    }
+
+    pub(crate) async fn list_tasks(&self, scope: &Scope, request: ListTasksRequest) -> Result<ListTasksResponse> {
+        let page_size = request.page_size.unwrap_or(DEFAULT_PAGE_SIZE);
+        if !(1..=MAX_PAGE_SIZE).contains(&page_size) {
+            return Err(GatewayError::InvalidParams(format!("pageSize must be between 1 and {MAX_PAGE_SIZE}")));
+        }
+        let include_artifacts = request.include_artifacts.unwrap_or(false);
+        let query = pb::ListTasksRequest {
+            namespace: scope.namespace.clone(),
+            context_id: request.context_id.unwrap_or_default(),
+            state: request.status.as_ref().map(convert::state_in).unwrap_or_default().into(),
+            agent_id: String::new(),
+            updated_after: request.status_timestamp_after.as_ref().and_then(a2a_pb::pbconv::to_proto_timestamp),
+            page_size: page_size.unsigned_abs(),
+            page_token: request.page_token.unwrap_or_default(),
+            history_length: history_length(request.history_length)?,
+            include_artifacts,
+        };
+        let page = self.tasks().list_tasks(query).await.map_err(|status| task_error(&status, ""))?.into_inner();
+        Ok(ListTasksResponse {
+            tasks: page.tasks.into_iter().map(|task| convert::task_out(task, include_artifacts)).collect(),
+            next_page_token: page.next_page_token,
+            page_size,
+            total_size: i32::try_from(page.total_size).unwrap_or(i32::MAX),
+        })
+    }
+
+    pub(crate) async fn cancel_task(&self, scope: &Scope, id: &str) -> Result<Task> {
+        let request = pb::CancelTaskRequest {
+            namespace: scope.namespace.clone(),
+            id: id.to_owned(),
+            reason: "canceled by the A2A caller".to_owned(),
+        };
+        match self.tasks().cancel_task(request).await {
+            Ok(response) => {
+                let task = response.into_inner().task.ok_or_else(|| GatewayError::Internal("no task".to_owned()))?;
+                Ok(convert::task_out(task, true))
+            }
+            Err(status) if status.code() == tonic::Code::FailedPrecondition => {
+                let task = self.get_task(scope, id, Some(0)).await?;
+                Err(GatewayError::TaskNotCancelable { id: id.to_owned(), state: format!("{:?}", task.status.state) })
+            }
+            Err(status) => Err(task_error(&status, id)),
+        }
+    }
+
+    pub(crate) async fn create_push_config(
+        &self,
+        scope: &Scope,
+        config: TaskPushNotificationConfig,
+    ) -> Result<TaskPushNotificationConfig> {
+        self.get_task(scope, &config.task_id, Some(0)).await?;
+        self.inner.push.check(&config.url).await?;
+        let request = pb::CreatePushConfigRequest {
+            namespace: scope.namespace.clone(),
+            config: Some(pb::PushConfig {
+                id: config.id.clone().filter(|id| !id.is_empty()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+                task_id: config.task_id.clone(),
+                url: config.url.clone(),
+                token: config.token.clone().unwrap_or_default(),
+                auth_scheme: config.authentication.as_ref().map(|auth| auth.scheme.clone()).unwrap_or_default(),
+                auth_credentials: config
+                    .authentication
+                    .as_ref()
+                    .and_then(|auth| auth.credentials.clone())
+                    .unwrap_or_default(),
+            }),
+        };
+        let created =
+            self.tasks().create_push_config(request).await.map_err(|status| task_error(&status, &config.task_id))?;
+        self.inner.push.follow(&scope.namespace, &config.task_id);
+        Ok(push_config_out(created.into_inner()))
+    }
+
+    pub(crate) async fn get_push_config(
+        &self,
+        scope: &Scope,
+        task_id: &str,
+        id: &str,
+    ) -> Result<TaskPushNotificationConfig> {
+        let request = pb::GetPushConfigRequest {
+            namespace: scope.namespace.clone(),
+            task_id: task_id.to_owned(),
+            id: id.to_owned(),
+        };
+        let config = self.tasks().get_push_config(request).await.map_err(|status| task_error(&status, task_id))?;
+        Ok(push_config_out(config.into_inner()))
+    }
+
+    pub(crate) async fn list_push_configs(
+        &self,
+        scope: &Scope,
+        task_id: &str,
+    ) -> Result<Vec<TaskPushNotificationConfig>> {
+        self.get_task(scope, task_id, Some(0)).await?;
+        let request = pb::ListPushConfigsRequest { namespace: scope.namespace.clone(), task_id: task_id.to_owned() };
+        let configs = self.tasks().list_push_configs(request).await.map_err(|status| task_error(&status, task_id))?;
+        Ok(configs.into_inner().configs.into_iter().map(push_config_out).collect())
+    }
+
+    /// Idempotent: deleting a config that is gone already succeeds, on a
+    /// task that exists.
+    pub(crate) async fn delete_push_config(&self, scope: &Scope, task_id: &str, id: &str) -> Result<()> {
+        self.get_task(scope, task_id, Some(0)).await?;
+        let request = pb::DeletePushConfigRequest {
+            namespace: scope.namespace.clone(),
+            task_id: task_id.to_owned(),
+            id: id.to_owned(),
+        };
+        match self.tasks().delete_push_config(request).await {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == tonic::Code::NotFound => Ok(()),
+            Err(status) => Err(task_error(&status, task_id)),
+        }
+    }
+
+    /// Creates or continues the task, or lets a built-in agent answer.
+    async fn start(&self, scope: &Scope, agent: &AgentConfig, request: SendMessageRequest) -> Result<Started> {
+        let message = request.message;
+        validate_message(&message)?;
+        check_input_modes(agent, &message)?;
+        if let Some(task_id) = message.task_id.clone() {
+            return self.continue_task(scope, agent, &task_id, message).await;
+        }
+        if let Some(reply) = Runner::direct_reply(agent, &message) {
+            return Ok(Started::Reply(Box::new(reply)));
+        }
+        let create = pb::CreateTaskRequest {
+            namespace: scope.namespace.clone(),
+            agent_id: agent.id.clone(),
+            message: Some(convert::message_in(&message)),
+            context_id: message.context_id.clone().unwrap_or_default(),
+            metadata: request.metadata.as_ref().map(a2a_pb::pbconv::to_proto_struct),
+            spawn_context: pb::SpawnContext::Agent.into(),
+            // Every SendMessage makes its own task, as A2A servers do; a
+            // messageId is the sender's, not a request key.
+            idempotency_key: format!("a2a-{}", uuid::Uuid::new_v4()),
+        };
+        let task = self.tasks().create_task(create).await.map_err(|status| task_error(&status, ""))?.into_inner();
+        if let Some(mut push) =
+            request.configuration.and_then(|configuration| configuration.task_push_notification_config)
+        {
+            push.task_id = task.id.clone();
+            self.create_push_config(scope, push).await?;
+        }
+        if matches!(agent.kind, AgentKind::Builtin | AgentKind::Remote) {
+            self.inner.runner.start(agent, &scope.namespace, &task, message);
+        }
+        Ok(Started::Task(Box::new(task)))
+    }
+
+    async fn continue_task(
+        &self,
+        scope: &Scope,
+        agent: &AgentConfig,
+        task_id: &str,
+        message: Message,
+    ) -> Result<Started> {
+        let request =
+            pb::GetTaskRequest { namespace: scope.namespace.clone(), id: task_id.to_owned(), history_length: Some(0) };
+        let task = self.tasks().get_task(request).await.map_err(|status| task_error(&status, task_id))?.into_inner();
+        if let Some(context_id) = &message.context_id
+            && *context_id != task.context_id
+        {
+            return Err(GatewayError::InvalidParams(format!(
+                "message.contextId {context_id:?} is not the context of task {task_id}"
+            )));
+        }
+        let state = convert::state_out(task.status.as_ref().map_or(0, |status| status.state));
+        if is_terminal(&state) {
+            return Err(GatewayError::UnsupportedOperation(format!(
+                "task {task_id} is {state:?} and accepts no more messages"
+            )));
+        }
+        let request = pb::AddMessageRequest {
+            namespace: scope.namespace.clone(),
+            task_id: task_id.to_owned(),
+            message: Some(convert::message_in(&message)),
+        };
+        let task = self.tasks().add_message(request).await.map_err(|status| task_error(&status, task_id))?.into_inner();
+        if task.agent_id == agent.id && matches!(agent.kind, AgentKind::Builtin | AgentKind::Remote) {
+            self.inner.runner.start(agent, &scope.namespace, &task, message);
+        }
+        Ok(Started::Task(Box::new(task)))
+    }
+
+    /// Waits until the task is terminal or interrupted, or the blocking
+    /// timeout passes.
+    async fn settle(&self, scope: &Scope, task: &pb::Task) -> Result<()> {
+        let request = pb::WatchTaskRequest {
+            namespace: scope.namespace.clone(),
+            task_id: task.id.clone(),
+            snapshot: true,
+            ..pb::WatchTaskRequest::default()
+        };
+        let mut events = until_settled(self.watch(request, &task.id).await?, Waiting::Ends);
+        let timeout = Duration::from_millis(self.inner.config.blocking_timeout_ms);
+        let drained = async {
+            while let Some(event) = events.next().await {
+                event?;
+            }
+            Ok(())
+        };
+        tokio::time::timeout(timeout, drained).await.unwrap_or(Ok(()))
+    }
+
+    /// The task as it is now, then its changes until it settles.
+    async fn follow(&self, scope: &Scope, task_id: &str, waiting: Waiting) -> Result<EventStream> {
+        let request = pb::WatchTaskRequest {
+            namespace: scope.namespace.clone(),
+            task_id: task_id.to_owned(),
+            snapshot: true,
+            ..pb::WatchTaskRequest::default()
+        };
+        Ok(Box::pin(until_settled(self.watch(request, task_id).await?, waiting)))
+    }
+
+    async fn watch(
+        &self,
+        request: pb::WatchTaskRequest,
+        task_id: &str,
+    ) -> Result<impl Stream<Item = Result<StreamResponse>> + Send + 'static> {
+        let events = self.tasks().watch_task(request).await.map_err(|status| task_error(&status, task_id))?;
+        let task_id = task_id.to_owned();
+        Ok(events.into_inner().filter_map(move |event| {
+            let item = match event {
+                Ok(event) => convert::event_out(event).map(Ok),
+                Err(status) => Some(Err(task_error(&status, &task_id))),
+            };
+            std::future::ready(item)
+        }))
+    }
+}
+
+/// How a stream treats a first snapshot of a task waiting for input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waiting {
+    /// It ends the stream: the turn that was followed is over.
+    Ends,
+    /// It does not: the caller subscribed to see what comes next.
+    Continues,
+}
+
+/// Ends `events` after the first terminal or interrupted state, or after an
+/// error; a snapshot waiting for input ends it as `waiting` says.
+fn until_settled(events: impl Stream<Item = Result<StreamResponse>> + Send + 'static, waiting: Waiting) -> EventStream {
+    Box::pin(stream::unfold((Box::pin(events), false), move |(mut events, done)| async move {
+        if done {
+            return None;
+        }
+        let event = events.next().await?;
+        let settled = match &event {
+            Ok(StreamResponse::Task(task)) => {
+                is_terminal(&task.status.state) || (waiting == Waiting::Ends && is_interrupted(&task.status.state))
+            }
+            Ok(StreamResponse::StatusUpdate(update)) => settles(&update.status.state),
+            Ok(StreamResponse::Message(_) | StreamResponse::ArtifactUpdate(_)) => false,
+            Err(_) => true,
+        };
+        Some((event, (events, settled)))
+    }))
+}
+
+fn settles(state: &a2a::TaskState) -> bool {
+    is_terminal(state) || is_interrupted(state)
+}
+
+fn default_configuration() -> a2a::SendMessageConfiguration {
+    a2a::SendMessageConfiguration {
+        accepted_output_modes: None,
+        task_push_notification_config: None,
+        history_length: None,
+        return_immediately: None,
+    }
+}
+
+/// `historyLength`: unset is the whole history; negative is an error.
+fn history_length(value: Option<i32>) -> Result<Option<u32>> {
+    value
+        .map(|length| {
+            u32::try_from(length)
+                .map_err(|_| GatewayError::InvalidParams("historyLength must not be negative".to_owned()))
+        })
+        .transpose()
+}
+
+fn validate_message(message: &Message) -> Result<()> {
+    if message.message_id.is_empty() {
+        return Err(GatewayError::InvalidParams("message.messageId is required".to_owned()));
+    }
+    if message.parts.is_empty() {
+        return Err(GatewayError::InvalidParams("message.parts must not be empty".to_owned()));
+    }
+    if message.role == Role::Unspecified {
+        return Err(GatewayError::InvalidParams("message.role must be ROLE_USER or ROLE_AGENT".to_owned()));
+    }
+    Ok(())
+}
+
+/// Every part's media type must be one the agent accepts.
+fn check_input_modes(agent: &AgentConfig, message: &Message) -> Result<()> {
+    let accepts = |media_type: &str| {
+        agent.input_modes.iter().any(|mode| {
+            mode == media_type
+                || mode == "*/*"
+                || mode.ends_with("/*") && media_type.starts_with(mode.trim_end_matches('*'))
+        })
+    };
+    match message.parts.iter().filter_map(|part| part.media_type.as_deref()).find(|media_type| !accepts(media_type)) {
+        Some(media_type) => Err(GatewayError::ContentTypeNotSupported(format!(
+            "agent {} does not accept {media_type}; it accepts {}",
+            agent.id,
+            agent.input_modes.join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn task_error(status: &tonic::Status, task_id: &str) -> GatewayError {
+    GatewayError::from_taskstore(status, Some(task_id))
+}
+
+/// A push config as the caller may read it back: secrets are never echoed.
+fn push_config_out(config: pb::PushConfig) -> TaskPushNotificationConfig {
+    TaskPushNotificationConfig {
+        url: config.url,
+        id: Some(config.id),
+        task_id: config.task_id,
+        token: None,
+        authentication: (!config.auth_scheme.is_empty())
+            .then_some(a2a::AuthenticationInfo { scheme: config.auth_scheme, credentials: None }),
+        tenant: None,
+    }
+}
