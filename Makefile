@@ -5,7 +5,7 @@ TARGET_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))
 # End-to-end tests start the real binary; `make test` builds it first.
 export CHORUS_BIN ?= $(TARGET_DIR)/debug/chorus
 
-.PHONY: run test lint fmt bench up
+.PHONY: run test lint fmt bench up conformance
 
 ## run: every service and the demo agents in one process (SQLite in ./.chorus)
 run:
@@ -34,3 +34,8 @@ bench:
 ## up: the whole stack on PostgreSQL with an OpenTelemetry collector (needs Docker)
 up:
 	docker compose up --build
+
+## conformance: the A2A conformance kit against `chorus dev` (TCK=path of an a2a-tck clone with its venv)
+conformance:
+	$(CARGO) build --bin chorus
+	CHORUS_BIN=$(CHORUS_BIN) scripts/conformance $(TCK)

@@ -59,6 +59,35 @@ fn outbox_target(config: &ChorusConfig, services: &[Service], address: SocketAdd
         .or_else(|| services.contains(&Service::Eventbus).then(|| format!("http://{address}")))
 }
 
+impl Service {
+    /// Whether the service keeps state in the database (the gateway keeps
+    /// its in the task store).
+    fn needs_storage(self) -> bool {
+        match self {
+            Self::Taskstore | Self::Eventbus | Self::Hub => true,
+            Self::Gateway => false,
+        }
+    }
+}
+
+/// Connects the database and makes `/healthz` depend on it.
+async fn open_storage(config: &ChorusConfig, server: &mut ServerBuilder) -> anyhow::Result<Db> {
+    let url = config.storage.effective_url()?;
+    let db = Db::connect(&url, &config.storage).await?;
+    tracing::info!(database = %redact_url(&url), backend = ?db.backend(), "storage connected");
+    let probe_db = db.clone();
+    server.add_readiness_probe(Arc::new(move || {
+        let db = probe_db.clone();
+        Box::pin(async move { db.ping().await.map_err(|error| format!("database: {error}")) })
+    }));
+    Ok(db)
+}
+
+/// The database of a process whose services need one.
+fn opened(db: Option<&Db>) -> anyhow::Result<&Db> {
+    db.context("the database was not opened")
+}
+
 impl Stack {
     /// Binds `config.listen`, connects storage and builds `services`.
     pub(crate) async fn build(
@@ -69,18 +98,15 @@ impl Stack {
         let listener =
             TcpListener::bind(&config.listen).await.with_context(|| format!("cannot listen on {}", config.listen))?;
         let address = listener.local_addr()?;
-        let url = config.storage.effective_url()?;
-        let db = Db::connect(&url, &config.storage).await?;
-        tracing::info!(database = %redact_url(&url), backend = ?db.backend(), "storage connected");
         let mut server = ServerBuilder::new(config.server.clone());
-        let probe_db = db.clone();
-        server.add_readiness_probe(Arc::new(move || {
-            let db = probe_db.clone();
-            Box::pin(async move { db.ping().await.map_err(|error| format!("database: {error}")) })
-        }));
+        let db = match services.iter().any(|service| service.needs_storage()) {
+            true => Some(open_storage(config, &mut server).await?),
+            false => None,
+        };
         for service in services {
             match service {
                 Service::Taskstore => {
+                    let db = opened(db.as_ref())?;
                     db.migrate(&chorus_taskstore::MIGRATIONS).await?;
                     let wakeups = Wakeups::new();
                     db.bridge_wakeups("chorus_taskstore", &wakeups, shutdown.clone());
@@ -98,6 +124,7 @@ impl Stack {
                     server.add_grpc_service(grpc);
                 }
                 Service::Eventbus => {
+                    let db = opened(db.as_ref())?;
                     db.migrate(&chorus_eventbus::MIGRATIONS).await?;
                     let wakeups = Wakeups::new();
                     db.bridge_wakeups("chorus_eventbus", &wakeups, shutdown.clone());
@@ -112,7 +139,8 @@ impl Stack {
                         .with_context(|| format!("gateway.taskstore_url {url:?} is not a URL"))?
                         .connect_lazy();
                     let mut gateway_config = config.gateway.clone();
-                    if gateway_config.registry_file.is_none() && config.storage.database_url.is_empty() {
+                    if gateway_config.registry_file.is_none() && db.is_some() && config.storage.database_url.is_empty()
+                    {
                         gateway_config.registry_file =
                             Some(PathBuf::from(&config.storage.data_dir).join("agents.json"));
                     }
@@ -126,6 +154,7 @@ impl Stack {
                     tracing::info!(taskstore = %url, "A2A gateway mounted");
                 }
                 Service::Hub => {
+                    let db = opened(db.as_ref())?;
                     db.migrate(&chorus_hub::MIGRATIONS).await?;
                     let wakeups = Wakeups::new();
                     db.bridge_wakeups("chorus_hub", &wakeups, shutdown.clone());
