@@ -1,0 +1,93 @@
+//! Push-notification configs of a task: kept by the task store, checked
+//! by the SSRF guard on the way in, redacted on the way out.
+
+use a2a::TaskPushNotificationConfig;
+use chorus_proto::taskstore as pb;
+
+use super::{Gateway, task_error};
+use crate::{auth::Scope, error::Result};
+
+impl Gateway {
+    pub(crate) async fn create_push_config(
+        &self,
+        scope: &Scope,
+        config: TaskPushNotificationConfig,
+    ) -> Result<TaskPushNotificationConfig> {
+        self.get_task(scope, &config.task_id, Some(0)).await?;
+        self.inner.push.check(&config.url).await?;
+        let request = pb::CreatePushConfigRequest {
+            namespace: scope.namespace.clone(),
+            config: Some(pb::PushConfig {
+                id: config.id.clone().filter(|id| !id.is_empty()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+                task_id: config.task_id.clone(),
+                url: config.url.clone(),
+                token: config.token.clone().unwrap_or_default(),
+                auth_scheme: config.authentication.as_ref().map(|auth| auth.scheme.clone()).unwrap_or_default(),
+                auth_credentials: config
+                    .authentication
+                    .as_ref()
+                    .and_then(|auth| auth.credentials.clone())
+                    .unwrap_or_default(),
+            }),
+        };
+        let created =
+            self.tasks().create_push_config(request).await.map_err(|status| task_error(&status, &config.task_id))?;
+        self.inner.push.follow(&scope.namespace, &config.task_id);
+        Ok(push_config_out(created.into_inner()))
+    }
+
+    pub(crate) async fn get_push_config(
+        &self,
+        scope: &Scope,
+        task_id: &str,
+        id: &str,
+    ) -> Result<TaskPushNotificationConfig> {
+        let request = pb::GetPushConfigRequest {
+            namespace: scope.namespace.clone(),
+            task_id: task_id.to_owned(),
+            id: id.to_owned(),
+        };
+        let config = self.tasks().get_push_config(request).await.map_err(|status| task_error(&status, task_id))?;
+        Ok(push_config_out(config.into_inner()))
+    }
+
+    pub(crate) async fn list_push_configs(
+        &self,
+        scope: &Scope,
+        task_id: &str,
+    ) -> Result<Vec<TaskPushNotificationConfig>> {
+        self.get_task(scope, task_id, Some(0)).await?;
+        let request = pb::ListPushConfigsRequest { namespace: scope.namespace.clone(), task_id: task_id.to_owned() };
+        let configs = self.tasks().list_push_configs(request).await.map_err(|status| task_error(&status, task_id))?;
+        Ok(configs.into_inner().configs.into_iter().map(push_config_out).collect())
+    }
+
+    /// Idempotent: deleting a config that is gone already succeeds, on a
+    /// task that exists.
+    pub(crate) async fn delete_push_config(&self, scope: &Scope, task_id: &str, id: &str) -> Result<()> {
+        self.get_task(scope, task_id, Some(0)).await?;
+        let request = pb::DeletePushConfigRequest {
+            namespace: scope.namespace.clone(),
+            task_id: task_id.to_owned(),
+            id: id.to_owned(),
+        };
+        match self.tasks().delete_push_config(request).await {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == tonic::Code::NotFound => Ok(()),
+            Err(status) => Err(task_error(&status, task_id)),
+        }
+    }
+}
+
+/// A push config as the caller may read it back: secrets are never echoed.
+fn push_config_out(config: pb::PushConfig) -> TaskPushNotificationConfig {
+    TaskPushNotificationConfig {
+        url: config.url,
+        id: Some(config.id),
+        task_id: config.task_id,
+        token: None,
+        authentication: (!config.auth_scheme.is_empty())
+            .then_some(a2a::AuthenticationInfo { scheme: config.auth_scheme, credentials: None }),
+        tenant: None,
+    }
+}
