@@ -226,5 +226,12 @@ async fn malformed_page_tokens_and_cursors_are_invalid_argument() {
             WatchTasksRequest { namespace: NS.to_owned(), after_cursor: cursor.to_owned(), ..Default::default() };
         assert_invalid(client.watch_tasks(watch).await, "after_cursor");
     }
+    let both = WatchTaskRequest {
+        namespace: NS.to_owned(),
+        task_id: task.id.clone(),
+        after_cursor: "1.1".to_owned(),
+        snapshot: true,
+    };
+    assert_invalid(client.watch_task(both).await, "snapshot");
     server.assert_serving().await;
 }
