@@ -53,13 +53,13 @@ fn metadata_in(metadata: Option<&std::collections::HashMap<String, serde_json::V
 
 fn metadata_out(metadata: Option<prost_types::Struct>) -> Option<std::collections::HashMap<String, serde_json::Value>> {
     metadata
-        .map(|metadata| metadata.fields.iter().map(|(key, value)| (key.clone(), json_out(value))).collect())
+        .map(|metadata| metadata.fields.iter().map(|(key, value)| (key.clone(), value_out(value))).collect())
         .filter(|metadata: &std::collections::HashMap<_, _>| !metadata.is_empty())
 }
 
 /// A protobuf `Value` as JSON. Numbers are doubles there; a whole one is
 /// written as an integer (`42`, not `42.0`), as ProtoJSON writers do.
-fn json_out(value: &prost_types::Value) -> serde_json::Value {
+pub(crate) fn value_out(value: &prost_types::Value) -> serde_json::Value {
     use serde_json::Value as J;
     match &value.kind {
         None | Some(ValueKind::NullValue(_)) => J::Null,
@@ -75,9 +75,9 @@ fn json_out(value: &prost_types::Value) -> serde_json::Value {
             json
         }
         Some(ValueKind::StringValue(text)) => J::String(text.clone()),
-        Some(ValueKind::ListValue(list)) => J::Array(list.values.iter().map(json_out).collect()),
+        Some(ValueKind::ListValue(list)) => J::Array(list.values.iter().map(value_out).collect()),
         Some(ValueKind::StructValue(object)) => {
-            J::Object(object.fields.iter().map(|(key, value)| (key.clone(), json_out(value))).collect())
+            J::Object(object.fields.iter().map(|(key, value)| (key.clone(), value_out(value))).collect())
         }
     }
 }
@@ -110,7 +110,7 @@ fn part_out(part: pb::Part) -> Part {
         Some(Content::Text(text)) => PartContent::Text(text),
         Some(Content::Raw(bytes)) => PartContent::Raw(bytes),
         Some(Content::Url(url)) => PartContent::Url(url),
-        Some(Content::Data(value)) => PartContent::Data(json_out(&value)),
+        Some(Content::Data(value)) => PartContent::Data(value_out(&value)),
         None => PartContent::Text(String::new()),
     };
     Part {

@@ -214,7 +214,7 @@ impl From<crate::delegate::DelegateError> for GatewayError {
         match error {
             D::Http { .. } => Self::Unavailable(message),
             D::Status { .. } | D::Protocol { .. } => Self::InvalidAgentResponse(message),
-            D::Remote { .. } | D::NoInterface { .. } => Self::RemoteAgent(message),
+            D::Remote { .. } | D::NoInterface { .. } | D::Canceled { .. } => Self::RemoteAgent(message),
             D::InvalidCredentials { .. } => Self::InvalidParams(message),
             D::Timeout { .. } => Self::Timeout(message),
         }

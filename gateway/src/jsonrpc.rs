@@ -114,9 +114,8 @@ async fn parse(
     Ok(Call { id, method, params, version })
 }
 
-fn params<T: DeserializeOwned>(mut params: Value) -> Result<T> {
-    crate::protojson::accept_proto_names(&mut params);
-    serde_json::from_value(params).map_err(|error| GatewayError::InvalidParams(format!("invalid params: {error}")))
+fn params<T: DeserializeOwned>(params: Value) -> Result<T> {
+    crate::protojson::parse(params, "params")
 }
 
 fn tenant(params: &Value) -> &str {
@@ -129,12 +128,12 @@ fn to_value(value: impl serde::Serialize) -> Value {
 
 async fn dispatch(gateway: &Gateway, agent: &str, headers: &HeaderMap, call: Call) -> Result<Reply> {
     let scope = http::authorize(gateway, headers, tenant(&call.params))?;
+    let agent = gateway.agent(Some(agent), &scope)?;
     let version = call.version;
     let method = call.method;
     let result = match method {
         "SendMessage" | "SendStreamingMessage" => {
             let request: a2a::SendMessageRequest = params(call.params)?;
-            let agent = gateway.agent(Some(agent), &scope)?;
             if method == "SendMessage" {
                 to_value(gateway.send(&scope, agent, request).await?)
             } else {
@@ -178,7 +177,7 @@ async fn dispatch(gateway: &Gateway, agent: &str, headers: &HeaderMap, call: Cal
             gateway.delete_push_config(&scope, &request.task_id, &request.id).await?;
             json!({})
         }
-        "GetExtendedAgentCard" => to_value(gateway.extended_card(agent)?),
+        "GetExtendedAgentCard" => to_value(gateway.extended_card(&agent.id)?),
         other => return Err(GatewayError::MethodNotFound(other.to_owned())),
     };
     Ok(Reply::Value(match version {

@@ -19,6 +19,16 @@ use crate::{
     push::{PushError, PushPolicy, PushSender, PushTarget},
 };
 
+/// Which changes of a task its push configs receive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Follow {
+    /// Every change since the task was created (a config sent with the
+    /// message that created it).
+    FromCreation,
+    /// The changes from now on (a config added to a running task).
+    FromNow,
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct PushDispatcher {
     tasks: TaskStoreClient<Channel>,
@@ -50,36 +60,39 @@ impl PushDispatcher {
         }
     }
 
-    /// Starts following a task's changes, unless it is followed already.
-    pub(crate) fn follow(&self, namespace: &str, task_id: &str) {
+    /// Follows a task's changes for its push configs, unless it is followed
+    /// already; returns once the watch is open, so no change after this call
+    /// is missed.
+    pub(crate) async fn follow(&self, namespace: &str, task_id: &str, from: Follow) {
         let key = (namespace.to_owned(), task_id.to_owned());
         if !self.following.lock().expect("push followers lock").insert(key.clone()) {
             return;
         }
+        let request = pb::WatchTaskRequest {
+            namespace: namespace.to_owned(),
+            task_id: task_id.to_owned(),
+            snapshot: from == Follow::FromNow,
+            ..pb::WatchTaskRequest::default()
+        };
+        let events = match self.tasks.clone().watch_task(request).await {
+            Ok(events) => events.into_inner(),
+            Err(status) => {
+                tracing::warn!(%task_id, error = %status.message(), "cannot follow the task for push notifications");
+                self.following.lock().expect("push followers lock").remove(&key);
+                return;
+            }
+        };
         let dispatcher = self.clone();
         tokio::spawn(async move {
             tokio::select! {
-                () = dispatcher.deliver_changes(&key.0, &key.1) => {}
+                () = dispatcher.deliver(&key.0, &key.1, events) => {}
                 () = dispatcher.shutdown.cancelled() => {}
             }
             dispatcher.following.lock().expect("push followers lock").remove(&key);
         });
     }
 
-    async fn deliver_changes(&self, namespace: &str, task_id: &str) {
-        let request = pb::WatchTaskRequest {
-            namespace: namespace.to_owned(),
-            task_id: task_id.to_owned(),
-            snapshot: true,
-            ..pb::WatchTaskRequest::default()
-        };
-        let mut events = match self.tasks.clone().watch_task(request).await {
-            Ok(events) => events.into_inner(),
-            Err(status) => {
-                tracing::warn!(%task_id, error = %status.message(), "cannot follow the task for push notifications");
-                return;
-            }
-        };
+    async fn deliver(&self, namespace: &str, task_id: &str, mut events: tonic::Streaming<pb::TaskEvent>) {
         while let Some(event) = events.next().await {
             let Ok(event) = event else { return };
             match convert::event_out(event) {

@@ -2,11 +2,25 @@
 //! (`task_id`) as well as its JSON name (`taskId`). The A2A JSON types
 //! know only the latter, so requests are renamed before they are parsed.
 
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
+
+use crate::error::{GatewayError, Result};
 
 /// Fields whose values are free-form JSON (`google.protobuf.Struct` and
 /// `Value`): their keys belong to the caller and are never renamed.
 const FREE_FORM: &[&str] = &["metadata", "data", "params"];
+
+/// Parses a request (`what` names it in errors), accepting proto names; a
+/// mismatch names the field at fault (`params.message.parts: invalid type …`).
+pub(crate) fn parse<T: DeserializeOwned>(mut value: Value, what: &str) -> Result<T> {
+    accept_proto_names(&mut value);
+    serde_path_to_error::deserialize(value).map_err(|error| {
+        let path = error.path().to_string();
+        let field = if path == "." { what.to_owned() } else { format!("{what}.{path}") };
+        GatewayError::InvalidParams(format!("{field}: {}", error.into_inner()))
+    })
+}
 
 /// Renames every `snake_case` key of `value` to `lowerCamelCase`, outside
 /// free-form fields.

@@ -69,6 +69,7 @@ async fn serve(
     }
     let (tenant, operation) = route(method, path)?;
     let scope = http::authorize(gateway, headers, &tenant)?;
+    let agent = gateway.agent(Some(agent), &scope)?;
     let query = query(uri.query());
     let body = http::read_body(gateway, body).await?;
     let json_body = || -> Result<Value> {
@@ -83,7 +84,6 @@ async fn serve(
     let result = match operation {
         Operation::Send | Operation::Stream => {
             let request: a2a::SendMessageRequest = from_json(json_body()?)?;
-            let agent = gateway.agent(Some(agent), &scope)?;
             if operation == Operation::Send {
                 to_value(gateway.send(&scope, agent, request).await?)
             } else {
@@ -111,7 +111,7 @@ async fn serve(
             gateway.delete_push_config(&scope, &task_id, &id).await?;
             json!({})
         }
-        Operation::ExtendedCard => to_value(gateway.extended_card(agent)?),
+        Operation::ExtendedCard => to_value(gateway.extended_card(&agent.id)?),
     };
     let mut response = (StatusCode::OK, axum::Json(result)).into_response();
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/a2a+json"));
@@ -218,9 +218,8 @@ fn list_request(query: &HashMap<String, String>) -> Result<a2a::ListTasksRequest
     from_json(Value::Object(request))
 }
 
-fn from_json<T: DeserializeOwned>(mut value: Value) -> Result<T> {
-    crate::protojson::accept_proto_names(&mut value);
-    serde_json::from_value(value).map_err(|error| GatewayError::InvalidParams(format!("invalid request: {error}")))
+fn from_json<T: DeserializeOwned>(value: Value) -> Result<T> {
+    crate::protojson::parse(value, "request")
 }
 
 fn to_value(value: impl serde::Serialize) -> Value {

@@ -154,6 +154,9 @@ pub(crate) enum DelegateError {
         /// The remote task, when the agent had created one; it was asked to cancel.
         task_id: Option<String>,
     },
+    /// The caller gave up on the delegation; the remote task was asked to cancel.
+    #[error("the delegation was canceled{}", task_id.as_deref().map(|id| format!(" (remote task {id} was asked to cancel)")).unwrap_or_default())]
+    Canceled { task_id: Option<String> },
 }
 
 fn timeout_message(task_id: Option<&str>) -> String {

@@ -9,6 +9,7 @@ use a2a::{
     StreamResponse, Task, TaskArtifactUpdateEvent, TaskState, TaskStatus,
 };
 use futures_util::StreamExt;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::wire;
@@ -41,14 +42,38 @@ impl A2aClient {
         timeout: Duration,
         credentials: Option<&Credentials>,
     ) -> Result<DelegateOutcome, DelegateError> {
+        self.delegate_until(target, message, timeout, credentials, &CancellationToken::new()).await
+    }
+
+    /// [`delegate`](Self::delegate), which `cancel` also cuts short: the
+    /// remote task is then asked to cancel and the result is
+    /// [`DelegateError::Canceled`].
+    pub(crate) async fn delegate_until(
+        &self,
+        target: &DelegateTarget,
+        message: Message,
+        timeout: Duration,
+        credentials: Option<&Credentials>,
+        cancel: &CancellationToken,
+    ) -> Result<DelegateOutcome, DelegateError> {
         let mut progress = Progress::default();
-        let run = Box::pin(self.run(target, message, credentials, &mut progress));
-        let result = tokio::time::timeout(timeout, run).await;
-        if let Ok(outcome) = result {
+        let finished = {
+            let run = Box::pin(self.run(target, message, credentials, &mut progress));
+            tokio::select! {
+                result = tokio::time::timeout(timeout, run) => result.ok(),
+                () = cancel.cancelled() => None,
+            }
+        };
+        if let Some(outcome) = finished {
             return outcome;
         }
         self.cancel_abandoned(&progress, credentials).await;
-        Err(DelegateError::Timeout { task_id: progress.task_id })
+        let task_id = progress.task_id;
+        if cancel.is_cancelled() {
+            Err(DelegateError::Canceled { task_id })
+        } else {
+            Err(DelegateError::Timeout { task_id })
+        }
     }
 
     async fn run(

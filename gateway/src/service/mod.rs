@@ -21,7 +21,7 @@ use crate::{
     convert::{self, is_interrupted, is_terminal},
     delegation::DelegateGrpc,
     error::{GatewayError, Result},
-    notify::PushDispatcher,
+    notify::{Follow, PushDispatcher},
 };
 
 /// The events of a streaming call, in order; the stream ends after a
@@ -215,6 +215,11 @@ impl Gateway {
         match self.tasks().cancel_task(request).await {
             Ok(response) => {
                 let task = response.into_inner().task.ok_or_else(|| GatewayError::Internal("no task".to_owned()))?;
+                if let Some(agent) = self.inner.catalog.agent(&task.agent_id)
+                    && agent.kind == AgentKind::Remote
+                {
+                    self.inner.runner.cancel_remote(agent, &task).await;
+                }
                 Ok(convert::task_out(task, true))
             }
             Err(status) if status.code() == tonic::Code::FailedPrecondition => {
@@ -236,6 +241,10 @@ impl Gateway {
         if let Some(reply) = Runner::direct_reply(agent, &message) {
             return Ok(Started::Reply(Box::new(reply)));
         }
+        let push = request.configuration.and_then(|configuration| configuration.task_push_notification_config);
+        if let Some(push) = &push {
+            self.inner.push.check(&push.url).await?;
+        }
         let create = pb::CreateTaskRequest {
             namespace: scope.namespace.clone(),
             agent_id: agent.id.clone(),
@@ -248,11 +257,9 @@ impl Gateway {
             idempotency_key: format!("a2a-{}", uuid::Uuid::new_v4()),
         };
         let task = self.tasks().create_task(create).await.map_err(|status| task_error(&status, ""))?.into_inner();
-        if let Some(mut push) =
-            request.configuration.and_then(|configuration| configuration.task_push_notification_config)
-        {
+        if let Some(mut push) = push {
             push.task_id = task.id.clone();
-            self.create_push_config(scope, push).await?;
+            self.store_push_config(scope, push, Follow::FromCreation).await?;
         }
         if matches!(agent.kind, AgentKind::Builtin | AgentKind::Remote) {
             self.inner.runner.start(agent, &scope.namespace, &task, message);

@@ -5,9 +5,11 @@ use a2a::TaskPushNotificationConfig;
 use chorus_proto::taskstore as pb;
 
 use super::{Gateway, task_error};
-use crate::{auth::Scope, error::Result};
+use crate::{auth::Scope, error::Result, notify::Follow};
 
 impl Gateway {
+    /// `CreateTaskPushNotificationConfig`: notifications cover the changes
+    /// from about now on.
     pub(crate) async fn create_push_config(
         &self,
         scope: &Scope,
@@ -15,6 +17,20 @@ impl Gateway {
     ) -> Result<TaskPushNotificationConfig> {
         self.get_task(scope, &config.task_id, Some(0)).await?;
         self.inner.push.check(&config.url).await?;
+        self.store_push_config(scope, config, Follow::FromNow).await
+    }
+
+    /// Stores a checked config and makes sure the task's changes are
+    /// delivered to it (`follow` says from where).
+    pub(super) async fn store_push_config(
+        &self,
+        scope: &Scope,
+        config: TaskPushNotificationConfig,
+        follow: Follow,
+    ) -> Result<TaskPushNotificationConfig> {
+        // Followed before the config is stored: a change in between reaches
+        // it (at least once), none is lost.
+        self.inner.push.follow(&scope.namespace, &config.task_id, follow).await;
         let request = pb::CreatePushConfigRequest {
             namespace: scope.namespace.clone(),
             config: Some(pb::PushConfig {
@@ -32,7 +48,6 @@ impl Gateway {
         };
         let created =
             self.tasks().create_push_config(request).await.map_err(|status| task_error(&status, &config.task_id))?;
-        self.inner.push.follow(&scope.namespace, &config.task_id);
         Ok(push_config_out(created.into_inner()))
     }
 

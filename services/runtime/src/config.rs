@@ -15,8 +15,11 @@ use serde::{Serialize, de::DeserializeOwned};
 /// The file read when no `--config` is given, if it exists.
 pub const DEFAULT_FILE: &str = "chorus.toml";
 
-/// `CHORUS_*` variables that are not configuration keys (test harness knobs).
-const NOT_CONFIG: &[&str] = &["test_postgres_url", "bin"];
+/// `CHORUS_*` variables that are not configuration keys: the command line's
+/// own (`CHORUS_CONFIG` names the file, `CHORUS_SERVER`, `CHORUS_GATEWAY_URL`
+/// and `CHORUS_TOKEN` are flags of the agent and ACP verbs, `CHORUS_URL`
+/// the examples') and the test harness's.
+const NOT_CONFIG: &[&str] = &["config", "server", "gateway_url", "token", "url", "test_postgres_url", "bin"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -109,9 +112,11 @@ mod tests {
     }
 
     #[test]
-    fn a_named_file_must_exist_and_harness_variables_are_ignored() {
+    fn a_named_file_must_exist_and_command_line_variables_are_ignored() {
         figment::Jail::expect_with(|jail| {
             jail.set_env("CHORUS_TEST_POSTGRES_URL", "postgres://x");
+            jail.set_env("CHORUS_CONFIG", "elsewhere.toml");
+            jail.set_env("CHORUS_GATEWAY_URL", "http://127.0.0.1:7800");
             let no_flags = Flags { listen: None };
             assert!(matches!(
                 load::<Demo, _>(Some(Path::new("absent.toml")), &no_flags),

@@ -1,0 +1,153 @@
+//! Agents the gateway runs itself: the `tck` agent, which behaves as the
+//! A2A conformance kit's scenarios ask (keyed on the messageId prefix), and
+//! `remote` agents, whose turns the gateway forwards to an external A2A agent
+//! and mirrors into the chorus task.
+//!
+//! They write to the task store like any worker, through its gRPC API; the
+//! task is not leased (no worker claims a built-in agent's tasks).
+
+mod remote;
+mod tck;
+
+use std::time::Duration;
+
+use a2a::{Artifact, Message, Part, Role};
+use chorus_proto::taskstore::{self as pb, task_store_client::TaskStoreClient};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use crate::{
+    catalog::TCK,
+    config::{AgentConfig, AgentKind},
+    convert,
+    delegate::A2aClient,
+};
+
+/// Runs the turns of built-in and remote agents.
+#[derive(Debug, Clone)]
+pub(crate) struct Runner {
+    tasks: TaskStoreClient<Channel>,
+    delegate: A2aClient,
+    remote_timeout: Duration,
+    shutdown: CancellationToken,
+}
+
+/// One task's writer.
+struct Turn {
+    tasks: TaskStoreClient<Channel>,
+    namespace: String,
+    task: pb::Task,
+}
+
+type Written = Result<(), tonic::Status>;
+
+impl Turn {
+    /// A writer of the same task.
+    fn clone_writer(&self) -> Self {
+        Self { tasks: self.tasks.clone(), namespace: self.namespace.clone(), task: self.task.clone() }
+    }
+
+    /// Moves the task to `state`, with `text` as the agent's status message
+    /// (carrying `link`, a remote task's ids, in its metadata).
+    async fn status(&mut self, state: pb::TaskState, text: Option<&str>, link: Option<Value>) -> Written {
+        let message = text.map(|text| self.agent_message(text, link));
+        let request = pb::UpdateStatusRequest {
+            namespace: self.namespace.clone(),
+            task_id: self.task.id.clone(),
+            state: state.into(),
+            message,
+            lease_id: String::new(),
+        };
+        self.tasks.update_status(request).await?;
+        Ok(())
+    }
+
+    /// Adds `artifact`, or a chunk of it.
+    async fn artifact(&mut self, artifact: Artifact, append: bool, last_chunk: bool) -> Written {
+        let request = pb::AppendArtifactRequest {
+            namespace: self.namespace.clone(),
+            task_id: self.task.id.clone(),
+            artifact: Some(convert::artifact_in(&artifact)),
+            append,
+            last_chunk,
+            lease_id: String::new(),
+        };
+        self.tasks.append_artifact(request).await?;
+        Ok(())
+    }
+
+    fn agent_message(&self, text: &str, link: Option<Value>) -> pb::Message {
+        let mut message = Message::new(Role::Agent, vec![Part::text(text)]);
+        message.context_id = Some(self.task.context_id.clone());
+        message.task_id = Some(self.task.id.clone());
+        message.metadata = link.map(remote::link_metadata);
+        convert::message_in(&message)
+    }
+}
+
+impl Runner {
+    pub(crate) fn new(
+        tasks: TaskStoreClient<Channel>,
+        delegate: A2aClient,
+        remote_timeout: Duration,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self { tasks, delegate, remote_timeout, shutdown }
+    }
+
+    /// The message a built-in agent answers without a task, if it does.
+    pub(crate) fn direct_reply(agent: &AgentConfig, message: &Message) -> Option<Message> {
+        let direct = agent.kind == AgentKind::Builtin
+            && agent.id == TCK
+            && message.message_id.starts_with("tck-message-response");
+        direct.then(|| {
+            let mut reply = Message::new(Role::Agent, vec![Part::text("Direct message response")]);
+            reply.context_id = Some(message.context_id.clone().unwrap_or_else(a2a::new_context_id));
+            reply
+        })
+    }
+
+    /// Runs `agent`'s turn on `task` for `message` in the background.
+    pub(crate) fn start(&self, agent: &AgentConfig, namespace: &str, task: &pb::Task, message: Message) {
+        let turn = Turn { tasks: self.tasks.clone(), namespace: namespace.to_owned(), task: task.clone() };
+        let runner = self.clone();
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            let task_id = turn.task.id.clone();
+            let outcome = tokio::select! {
+                outcome = runner.run(&agent, turn, message) => outcome,
+                () = runner.shutdown.cancelled() => Ok(()),
+            };
+            if let Err(status) = outcome {
+                // A canceled task refuses further writes: that ends the turn.
+                tracing::debug!(%task_id, agent = %agent.id, error = %status.message(), "built-in turn ended early");
+            }
+        });
+    }
+
+    async fn run(&self, agent: &AgentConfig, turn: Turn, message: Message) -> Written {
+        match agent.kind {
+            AgentKind::Remote => self.forward(agent, turn, message).await,
+            AgentKind::Builtin | AgentKind::Worker => tck::run(turn, &message).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::GatewayConfig;
+
+    #[test]
+    fn only_the_tck_agent_answers_directly() {
+        let catalog = crate::catalog::Catalog::new(&GatewayConfig::default(), "http://h").expect("catalog");
+        let mut message = Message::new(Role::User, vec![Part::text("hi")]);
+        message.message_id = "tck-message-response-1".to_owned();
+        message.context_id = Some("ctx".to_owned());
+        let reply = Runner::direct_reply(catalog.agent(TCK).expect("tck"), &message).expect("a direct reply");
+        assert_eq!(reply.text(), Some("Direct message response"));
+        assert_eq!(reply.context_id.as_deref(), Some("ctx"));
+        assert!(Runner::direct_reply(catalog.agent("echo").expect("echo"), &message).is_none());
+    }
+}

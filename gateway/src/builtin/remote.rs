@@ -1,0 +1,118 @@
+//! `remote` agents: each turn goes to an external A2A agent, and what it
+//! answers comes back into the chorus task.
+//!
+//! The chorus task and the remote task stay one conversation: when the
+//! remote task waits for input, the status message recording that carries
+//! the remote task's ids (metadata `chorus.remote`), so the answer continues
+//! that remote task. Canceling the chorus task cancels the remote one.
+
+use a2a::{CancelTaskRequest, Message, StreamResponse};
+use chorus_proto::taskstore as pb;
+use futures_util::StreamExt as _;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::{Runner, Turn, Written};
+use crate::{
+    config::AgentConfig,
+    convert,
+    delegate::{DelegateError, DelegateOutcome, DelegateTarget, pick_interface},
+};
+
+/// The metadata key linking a chorus task to the remote task behind it.
+const REMOTE: &str = "chorus.remote";
+
+/// The remote task (id, context id) an earlier turn of `task` left waiting.
+fn remote_of(task: &pb::Task) -> Option<(String, String)> {
+    task.history.iter().rev().find_map(|message| {
+        let link = message.metadata.as_ref()?.fields.get(REMOTE)?;
+        let link = convert::value_out(link);
+        let task_id = link.get("taskId")?.as_str()?.to_owned();
+        let context_id = link.get("contextId")?.as_str()?.to_owned();
+        Some((task_id, context_id))
+    })
+}
+
+impl Runner {
+    /// One turn of `agent`, a remote agent, on `turn`'s task.
+    pub(super) async fn forward(&self, agent: &AgentConfig, mut turn: Turn, mut message: Message) -> Written {
+        turn.status(pb::TaskState::Working, None, None).await?;
+        let (task_id, context_id) = remote_of(&turn.task).unzip();
+        message.task_id = task_id;
+        message.context_id = context_id;
+        let canceled = CancellationToken::new();
+        let watcher = tokio::spawn(cancel_when_canceled(turn.clone_writer(), canceled.clone()));
+        let target = DelegateTarget::new(agent.url.clone().unwrap_or_default());
+        let outcome = self.delegate.delegate_until(&target, message, self.remote_timeout, None, &canceled).await;
+        watcher.abort();
+        match outcome {
+            Ok(DelegateOutcome::Task(task)) => {
+                for artifact in task.artifacts.iter().flatten() {
+                    turn.artifact(artifact.clone(), false, true).await?;
+                }
+                let state = convert::state_in(&task.status.state);
+                let text = task.status.message.as_ref().and_then(Message::text).map(str::to_owned);
+                let waiting = convert::is_interrupted(&task.status.state);
+                let link = waiting.then(|| json!({ "taskId": task.id, "contextId": task.context_id }));
+                turn.status(state, text.as_deref().or(waiting.then_some("The agent needs input")), link).await
+            }
+            Ok(DelegateOutcome::Message(reply)) => {
+                let text = reply.text().unwrap_or_default().to_owned();
+                turn.status(pb::TaskState::Completed, Some(&text), None).await
+            }
+            Err(DelegateError::Canceled { .. }) => Ok(()),
+            Err(error) => {
+                let reason = format!("remote agent {}: {error}", agent.id);
+                turn.status(pb::TaskState::Failed, Some(&reason), None).await
+            }
+        }
+    }
+}
+
+impl Runner {
+    /// Passes the cancel of `task`, a remote agent's, on to the remote task
+    /// an earlier turn left waiting (a turn in flight cancels its own). Best
+    /// effort: the chorus task is canceled either way.
+    pub(crate) async fn cancel_remote(&self, agent: &AgentConfig, task: &pb::Task) {
+        let Some((remote_id, _)) = remote_of(task) else { return };
+        let base_url = agent.url.clone().unwrap_or_default();
+        let canceled = async {
+            let card = self.delegate.card(&base_url).await?;
+            let endpoint = pick_interface(&card)?;
+            let request = CancelTaskRequest { id: remote_id.clone(), metadata: None, tenant: None };
+            self.delegate.cancel_task(&endpoint, request, None).await
+        };
+        match canceled.await {
+            Ok(remote) => tracing::debug!(%remote_id, state = ?remote.status.state, "remote task canceled"),
+            Err(error) => tracing::warn!(%remote_id, agent = %agent.id, %error, "could not cancel the remote task"),
+        }
+    }
+}
+
+/// Cancels `canceled` when the chorus task ends while its turn is away.
+async fn cancel_when_canceled(turn: Turn, canceled: CancellationToken) {
+    let request = pb::WatchTaskRequest {
+        namespace: turn.namespace.clone(),
+        task_id: turn.task.id.clone(),
+        snapshot: true,
+        ..pb::WatchTaskRequest::default()
+    };
+    let Ok(events) = turn.tasks.clone().watch_task(request).await else { return };
+    let mut events = events.into_inner();
+    while let Some(Ok(event)) = events.next().await {
+        let ended = match convert::event_out(event) {
+            Some(StreamResponse::Task(task)) => convert::is_terminal(&task.status.state),
+            Some(StreamResponse::StatusUpdate(update)) => convert::is_terminal(&update.status.state),
+            Some(StreamResponse::Message(_) | StreamResponse::ArtifactUpdate(_)) | None => false,
+        };
+        if ended {
+            canceled.cancel();
+            return;
+        }
+    }
+}
+
+/// The link written into a status message's metadata.
+pub(super) fn link_metadata(link: Value) -> std::collections::HashMap<String, Value> {
+    std::collections::HashMap::from([(REMOTE.to_owned(), link)])
+}
