@@ -122,12 +122,13 @@ impl Gateway {
     ) -> Result<SendMessageResponse> {
         let configuration = request.configuration.clone().unwrap_or_else(default_configuration);
         let history_length = history_length(configuration.history_length)?;
+        let continued = request.message.task_id.is_some();
         let task = match self.start(scope, agent, request).await? {
             Started::Reply(message) => return Ok(SendMessageResponse::Message(*message)),
             Started::Task(task) => task,
         };
         if !configuration.return_immediately.unwrap_or(false) {
-            self.settle(scope, &task).await?;
+            self.settle(scope, &task, continued).await?;
         }
         let task = self.get_task(scope, &task.id, history_length).await?;
         Ok(SendMessageResponse::Task(task))
@@ -303,12 +304,14 @@ impl Gateway {
     }
 
     /// Waits until the task is terminal or interrupted, or the blocking
-    /// timeout passes.
-    async fn settle(&self, scope: &Scope, task: &pb::Task) -> Result<()> {
+    /// timeout passes. A new task is followed from its first change (its
+    /// history holds nothing older); a continued one from a snapshot, past
+    /// the interruption it was continued from.
+    async fn settle(&self, scope: &Scope, task: &pb::Task, continued: bool) -> Result<()> {
         let request = pb::WatchTaskRequest {
             namespace: scope.namespace.clone(),
             task_id: task.id.clone(),
-            snapshot: true,
+            snapshot: continued,
             ..pb::WatchTaskRequest::default()
         };
         let mut events = until_settled(self.watch(request, &task.id).await?, Waiting::Ends);
