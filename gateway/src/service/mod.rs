@@ -333,7 +333,8 @@ impl Gateway {
             snapshot: true,
             ..pb::WatchTaskRequest::default()
         };
-        Ok(Box::pin(until_settled(self.watch(request, task_id).await?, waiting)))
+        let events = without_repeats(self.watch(request, task_id).await?);
+        Ok(Box::pin(until_settled(events, waiting)))
     }
 
     async fn watch(
@@ -351,6 +352,32 @@ impl Gateway {
             std::future::ready(item)
         }))
     }
+}
+
+/// Drops the changes a snapshot already holds. The task store may repeat a
+/// few after the snapshot (at least once, never lost); a status no newer
+/// than the snapshot's, or an artifact it holds as is, is one of those.
+fn without_repeats(
+    events: impl Stream<Item = Result<StreamResponse>> + Send + 'static,
+) -> impl Stream<Item = Result<StreamResponse>> + Send + 'static {
+    let mut snapshot: Option<Task> = None;
+    events.filter(move |event| {
+        let repeated = match (event, &snapshot) {
+            (Ok(StreamResponse::Task(task)), _) => {
+                snapshot = Some(task.clone());
+                false
+            }
+            (Ok(StreamResponse::StatusUpdate(update)), Some(task)) => {
+                update.status.timestamp.is_some() && update.status.timestamp <= task.status.timestamp
+            }
+            (Ok(StreamResponse::ArtifactUpdate(update)), Some(task)) => {
+                update.append != Some(true)
+                    && task.artifacts.iter().flatten().any(|artifact| *artifact == update.artifact)
+            }
+            (Ok(_) | Err(_), _) => false,
+        };
+        std::future::ready(!repeated)
+    })
 }
 
 /// How a stream treats a first snapshot of a task waiting for input.
