@@ -1,5 +1,6 @@
 //! `chorus`: run the whole fabric in one process (`chorus dev`), one service
-//! on PostgreSQL (`chorus serve taskstore|eventbus|hub`), or a built-in agent.
+//! on PostgreSQL (`chorus serve taskstore|eventbus|hub`), a built-in agent,
+//! or the ACP bridge an IDE launches (`chorus acp`).
 
 mod config;
 mod stack;
@@ -62,6 +63,24 @@ enum Command {
         server: String,
         #[arg(long, default_value = chorus_worker::DEFAULT_NAMESPACE)]
         namespace: String,
+        /// The reviewer's pause between two steps, in milliseconds.
+        #[arg(long, default_value_t = 100)]
+        pace_ms: u64,
+    },
+    /// An Agent Client Protocol (v1) agent on stdin/stdout, for an IDE to
+    /// launch: it talks to `--agent` through the gateway's A2A API. Nothing
+    /// but ACP is written to stdout; logs go to stderr.
+    Acp {
+        /// The agent in the gateway's catalog (`echo`, `tck`, ...).
+        #[arg(long)]
+        agent: String,
+        /// The gateway's base URL.
+        #[arg(long, default_value = "http://127.0.0.1:7800", env = "CHORUS_GATEWAY")]
+        gateway: String,
+        /// A file holding the gateway's bearer token (default: the
+        /// `CHORUS_TOKEN` environment variable, if set).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
     },
 }
 
@@ -69,6 +88,9 @@ enum Command {
 enum Agent {
     /// Answers every task with its own text.
     Echo,
+    /// Reviews the files a message refers to, asking for them and for
+    /// approval on the way.
+    Reviewer,
 }
 
 #[tokio::main]
@@ -83,13 +105,15 @@ async fn main() -> anyhow::Result<()> {
             listen: listen.clone(),
             storage: StorageFlags { database_url: database_url.clone(), data_dir: None },
         },
-        Command::Agent { .. } => Flags::default(),
+        Command::Agent { .. } | Command::Acp { .. } => Flags::default(),
     };
     let config: ChorusConfig = chorus_runtime::config::load(cli.config.as_deref(), &flags)?;
     let service_name = match &cli.command {
         Command::Dev { .. } => "chorus-dev".to_owned(),
         Command::Serve { service, .. } => format!("chorus-{}", service_label(*service)),
         Command::Agent { agent: Agent::Echo, .. } => "chorus-agent-echo".to_owned(),
+        Command::Agent { agent: Agent::Reviewer, .. } => "chorus-agent-reviewer".to_owned(),
+        Command::Acp { .. } => "chorus-acp".to_owned(),
     };
     let telemetry = chorus_runtime::telemetry::init(&service_name, &config.telemetry)?;
     let shutdown = chorus_runtime::signal::shutdown_on_signal();
@@ -124,11 +148,25 @@ async fn run(command: Command, config: &ChorusConfig, shutdown: CancellationToke
             announce(stack.address);
             stack.serve(shutdown).await
         }
-        Command::Agent { agent: Agent::Echo, server, namespace } => {
+        Command::Agent { agent: Agent::Echo, server, namespace, .. } => {
             let client = chorus_worker::connect(&server).await?;
             tracing::info!(%server, %namespace, "echo agent working");
             chorus_worker::echo::run(client, &namespace, shutdown).await?;
             Ok(())
+        }
+        Command::Agent { agent: Agent::Reviewer, server, namespace, pace_ms } => {
+            let client = chorus_worker::connect(&server).await?;
+            tracing::info!(%server, %namespace, "reviewer agent working");
+            let pace = std::time::Duration::from_millis(pace_ms);
+            chorus_worker::reviewer::run(client, &namespace, pace, shutdown).await?;
+            Ok(())
+        }
+        Command::Acp { agent, gateway, token_file } => {
+            let options = chorus_gateway::acp::StdioOptions { gateway, agent, token_file };
+            tokio::select! {
+                served = chorus_gateway::acp::serve_stdio(options) => served.map_err(anyhow::Error::msg),
+                () = shutdown.cancelled() => Ok(()),
+            }
         }
     }
 }
@@ -138,19 +176,29 @@ fn announce(address: std::net::SocketAddr) {
     println!("chorus listening on http://{address}");
 }
 
-/// The built-in agents of `chorus dev`, working over loopback like any worker.
+/// The built-in agents of `chorus dev`, working over loopback like any
+/// worker: `echo`, and `reviewer` (which the catalog lists only when
+/// configured to).
 fn start_demo_agents(address: std::net::SocketAddr, shutdown: CancellationToken) {
     tokio::spawn(async move {
         let url = format!("http://{address}");
         let client = match chorus_worker::connect(&url).await {
             Ok(client) => client,
             Err(error) => {
-                tracing::error!(%error, "cannot start the built-in echo agent");
+                tracing::error!(%error, "cannot start the built-in agents");
                 return;
             }
         };
-        if let Err(error) = chorus_worker::echo::run(client, chorus_worker::DEFAULT_NAMESPACE, shutdown).await {
-            tracing::error!(%error, "the built-in echo agent stopped");
+        let namespace = chorus_worker::DEFAULT_NAMESPACE;
+        let pace = chorus_worker::reviewer::DEFAULT_PACE;
+        let (echo, reviewer) = tokio::join!(
+            chorus_worker::echo::run(client.clone(), namespace, shutdown.clone()),
+            chorus_worker::reviewer::run(client, namespace, pace, shutdown),
+        );
+        for (agent, outcome) in [("echo", echo), ("reviewer", reviewer)] {
+            if let Err(error) = outcome {
+                tracing::error!(%error, agent, "a built-in agent stopped");
+            }
         }
     });
 }

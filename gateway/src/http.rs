@@ -41,6 +41,7 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/a2a/{agent}", post(jsonrpc::handle))
         .route("/a2a/{agent}/", post(jsonrpc::handle))
         .route("/a2a/{agent}/rest/{*path}", any(rest::handle))
+        .route("/acp", get(crate::acp::websocket))
         .with_state(gateway)
 }
 

@@ -7,6 +7,7 @@
 //! every task. The bindings ([`jsonrpc`], [`rest`], [`grpc`]) parse and
 //! authenticate, then call [`service::Gateway`].
 
+pub mod acp;
 mod auth;
 mod builtin;
 mod catalog;

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use a2a::{
-    AgentCard, CancelTaskRequest, GetTaskRequest, JsonRpcId, JsonRpcResponse, SendMessageRequest, SendMessageResponse,
-    StreamResponse, Task, methods,
+    AgentCard, CancelTaskRequest, GetTaskRequest, JsonRpcId, JsonRpcResponse, ListTasksRequest, ListTasksResponse,
+    SendMessageRequest, SendMessageResponse, StreamResponse, Task, methods,
 };
 use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt, TryStreamExt, future, stream};
@@ -159,6 +159,27 @@ impl A2aClient {
         self.unary(endpoint, &call, &request, credentials).await
     }
 
+    /// `ListTasks` (JSON-RPC) or `GET /tasks` (HTTP+JSON): one page of the
+    /// caller's tasks, newest first, optionally of one context.
+    pub(crate) async fn list_tasks(
+        &self,
+        endpoint: &Endpoint,
+        mut request: ListTasksRequest,
+        credentials: Option<&Credentials>,
+    ) -> Result<ListTasksResponse, DelegateError> {
+        copy_tenant(endpoint, &mut request.tenant);
+        let query = [
+            ("contextId", request.context_id.clone()),
+            ("pageSize", request.page_size.map(|n| n.to_string())),
+            ("pageToken", request.page_token.clone()),
+            ("historyLength", request.history_length.map(|n| n.to_string())),
+            ("includeArtifacts", request.include_artifacts.map(|b| b.to_string())),
+        ];
+        let query = query.into_iter().filter_map(|(name, value)| value.map(|value| (name, value))).collect();
+        let call = Call { method: methods::LIST_TASKS, verb: Method::GET, path: vec!["tasks".to_owned()], query };
+        self.unary(endpoint, &call, &request, credentials).await
+    }
+
     /// `CancelTask` (JSON-RPC) or `POST /tasks/{id}:cancel` (HTTP+JSON).
     pub(crate) async fn cancel_task(
         &self,
@@ -179,7 +200,7 @@ impl A2aClient {
         endpoint: &Endpoint,
         mut request: SendMessageRequest,
         credentials: Option<&Credentials>,
-    ) -> impl Stream<Item = Result<StreamResponse, DelegateError>> + Send + 'static {
+    ) -> impl Stream<Item = Result<StreamResponse, DelegateError>> + Send + 'static + use<> {
         copy_tenant(endpoint, &mut request.tenant);
         let call = Call::post(methods::SEND_STREAMING_MESSAGE, vec!["message:stream".to_owned()]);
         let prepared = self.prepare(endpoint, &call, &request, credentials, EVENT_STREAM);

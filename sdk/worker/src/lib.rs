@@ -36,6 +36,7 @@ mod context;
 pub mod echo;
 mod error;
 mod reply;
+pub mod reviewer;
 mod task;
 #[cfg(test)]
 mod tests;

@@ -24,5 +24,6 @@ pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod time;
+mod upgrade;
 pub mod validate;
 pub mod wakeup;

@@ -12,7 +12,7 @@ use tonic::{
     body::Body,
     server::NamedService,
     service::{Routes, RoutesBuilder},
-    transport::{Server, server::TcpIncoming},
+    transport::Server,
 };
 use tonic_health::{ServingStatus, server::HealthReporter};
 use tower::ServiceBuilder;
@@ -23,7 +23,7 @@ use tower_http::{
     trace::{DefaultOnFailure, TraceLayer},
 };
 
-use crate::telemetry;
+use crate::{telemetry, upgrade};
 
 /// Server settings shared by every service.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -149,7 +149,17 @@ impl ServerBuilder {
                     .on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG)),
             )
             .layer(CatchPanicLayer::custom(panic_response));
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        // WebSocket handshakes go to axum (tonic completes no upgrade); the
+        // rest to tonic.
+        let upgrade::Split { grpc: incoming, upgrades } = upgrade::split(listener, shutdown.clone());
+        let upgrade_routes = router.clone().layer(CatchPanicLayer::custom(panic_response));
+        let stopped = shutdown.clone();
+        tokio::spawn(async move {
+            let serving = axum::serve(upgrades, upgrade_routes).with_graceful_shutdown(stopped.cancelled_owned());
+            if let Err(error) = serving.await {
+                tracing::error!(%error, "the upgrade server stopped");
+            }
+        });
         let grace = Duration::from_millis(self.config.shutdown_grace_ms);
         let health = self.health.clone();
         let names = self.service_names.clone();

@@ -1,0 +1,158 @@
+//! The bridge's types to and from the ACP v1 schema types.
+
+use agent_client_protocol::v1::schema::{
+    BlobResourceContents, ContentBlock, ContentChunk, EmbeddedResource, EmbeddedResourceResource, ListSessionsResponse,
+    McpServer, MessageId, PermissionOption, PermissionOptionKind, ResourceLink, SessionInfo, SessionUpdate, StopReason,
+    TextResourceContents, ToolCall, ToolCallContent, ToolCallLocation, ToolCallStatus, ToolCallUpdate,
+    ToolCallUpdateFields, ToolKind,
+};
+use serde_json::Value;
+
+use crate::acp::StopReason as Stop;
+use crate::acp::ask::OPTIONS;
+use crate::acp::content::{self, Body, Content, ToolStatus, Update};
+use crate::acp::error::AcpError;
+use crate::acp::history::SessionSummary;
+
+/// An error as the SDK sends it.
+pub(super) fn error(error: &AcpError) -> agent_client_protocol::Error {
+    let code = agent_client_protocol::ErrorCode::new(error.code().value());
+    let sdk = agent_client_protocol::Error::new(code, error.to_string());
+    match error.data() {
+        Some(data) => sdk.data(data),
+        None => sdk,
+    }
+}
+
+/// A prompt block.
+pub(super) fn content_in(block: ContentBlock) -> Content {
+    match block {
+        ContentBlock::Text(text) => Content::Text(text.text),
+        ContentBlock::ResourceLink(link) => Content::Link { uri: link.uri, name: link.name, mime_type: link.mime_type },
+        ContentBlock::Resource(resource) => match resource.resource {
+            EmbeddedResourceResource::TextResourceContents(text) => {
+                Content::Resource { uri: text.uri, mime_type: text.mime_type, body: Body::Text(text.text) }
+            }
+            EmbeddedResourceResource::BlobResourceContents(blob) => {
+                Content::Resource { uri: blob.uri, mime_type: blob.mime_type, body: Body::Blob(blob.blob) }
+            }
+            _ => Content::Unsupported("embedded resource of this kind"),
+        },
+        ContentBlock::Image(_) => Content::Unsupported("image"),
+        ContentBlock::Audio(_) => Content::Unsupported("audio"),
+        _ => Content::Unsupported("content of this kind"),
+    }
+}
+
+/// The IDE's MCP servers, as the agent receives them in metadata.
+pub(super) fn mcp_servers(servers: &[McpServer]) -> Vec<Value> {
+    servers.iter().filter_map(|server| serde_json::to_value(server).ok()).collect()
+}
+
+fn content_out(content: Content) -> ContentBlock {
+    match content {
+        Content::Text(text) => ContentBlock::from(text),
+        Content::Link { uri, name, mime_type } => {
+            ContentBlock::ResourceLink(ResourceLink::new(name, uri).mime_type(mime_type))
+        }
+        Content::Resource { uri, mime_type, body } => {
+            let resource = match body {
+                Body::Text(text) => EmbeddedResourceResource::TextResourceContents(
+                    TextResourceContents::new(text, uri).mime_type(mime_type),
+                ),
+                Body::Blob(blob) => EmbeddedResourceResource::BlobResourceContents(
+                    BlobResourceContents::new(blob, uri).mime_type(mime_type),
+                ),
+            };
+            ContentBlock::Resource(EmbeddedResource::new(resource))
+        }
+        Content::Unsupported(kind) => ContentBlock::from(format!("[{kind}]")),
+    }
+}
+
+fn status_out(status: ToolStatus) -> ToolCallStatus {
+    match status {
+        ToolStatus::InProgress => ToolCallStatus::InProgress,
+        ToolStatus::Completed => ToolCallStatus::Completed,
+        ToolStatus::Failed => ToolCallStatus::Failed,
+    }
+}
+
+fn kind_out(kind: content::ToolKind) -> ToolKind {
+    match kind {
+        content::ToolKind::Read => ToolKind::Read,
+        content::ToolKind::Other => ToolKind::Other,
+    }
+}
+
+fn tool_content(content: Vec<Content>) -> Vec<ToolCallContent> {
+    content.into_iter().map(|content| ToolCallContent::from(content_out(content))).collect()
+}
+
+fn locations(paths: Vec<std::path::PathBuf>) -> Vec<ToolCallLocation> {
+    paths.into_iter().map(ToolCallLocation::new).collect()
+}
+
+/// One `session/update`.
+pub(super) fn update_out(update: Update) -> SessionUpdate {
+    let chunk = |message_id: Option<String>, content: Content| {
+        ContentChunk::new(content_out(content)).message_id(message_id.map(MessageId::new))
+    };
+    match update {
+        Update::User { message_id, content } => SessionUpdate::UserMessageChunk(chunk(message_id, content)),
+        Update::Agent { message_id, content } => SessionUpdate::AgentMessageChunk(chunk(message_id, content)),
+        Update::ToolCall(call) => SessionUpdate::ToolCall(
+            ToolCall::new(call.id, call.title)
+                .kind(kind_out(call.kind))
+                .status(status_out(call.status))
+                .content(tool_content(call.content))
+                .locations(locations(call.locations)),
+        ),
+        Update::ToolChange { id, status, content } => {
+            let fields = ToolCallUpdateFields::new().status(status.map(status_out)).content(content.map(tool_content));
+            SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id, fields))
+        }
+    }
+}
+
+/// The tool call a permission question is about.
+pub(super) fn permission_call(call: content::ToolCall) -> ToolCallUpdate {
+    let fields = ToolCallUpdateFields::new()
+        .title(call.title)
+        .kind(kind_out(call.kind))
+        .status(status_out(call.status))
+        .content(tool_content(call.content));
+    ToolCallUpdate::new(call.id, fields)
+}
+
+/// The options of every permission question.
+pub(super) fn permission_options() -> Vec<PermissionOption> {
+    OPTIONS
+        .iter()
+        .map(|option| {
+            let kind = if option.allows { PermissionOptionKind::AllowOnce } else { PermissionOptionKind::RejectOnce };
+            PermissionOption::new(option.id, option.name, kind)
+        })
+        .collect()
+}
+
+pub(super) fn stop_out(stop: Stop) -> StopReason {
+    match stop {
+        Stop::EndTurn => StopReason::EndTurn,
+        Stop::Refusal => StopReason::Refusal,
+        Stop::Cancelled => StopReason::Cancelled,
+    }
+}
+
+pub(super) fn sessions_out(sessions: Vec<SessionSummary>) -> ListSessionsResponse {
+    let infos = sessions
+        .into_iter()
+        .map(|session| {
+            SessionInfo::new(session.id, session.cwd)
+                .additional_directories(session.additional_directories)
+                .title(session.title)
+                .updated_at(session.updated_at)
+        })
+        .collect();
+    ListSessionsResponse::new(infos)
+}

@@ -1,0 +1,188 @@
+//! Sessions as the gateway keeps them: `session/load` replays a context's
+//! tasks, `session/list` finds the contexts the bridge's prompts made.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use a2a::{ListTasksRequest, Message, Role, Task};
+use serde_json::Value;
+
+use super::Ide;
+use super::ask;
+use super::content::{ToolCall, ToolKind, ToolStatus, Update, content_of};
+use super::error::Result;
+use super::session::SESSION_METADATA;
+use super::upstream::Upstream;
+
+/// The gateway's largest page.
+const PAGE_SIZE: i32 = 100;
+/// How many of the newest tasks `session/list` looks through.
+const LIST_SCAN: usize = 1000;
+
+/// A session as `session/list` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SessionSummary {
+    pub(crate) id: String,
+    pub(crate) cwd: PathBuf,
+    pub(crate) additional_directories: Vec<PathBuf>,
+    pub(crate) title: Option<String>,
+    /// RFC 3339.
+    pub(crate) updated_at: Option<String>,
+}
+
+/// Every task of context `context_id`, oldest first, with history and artifacts.
+pub(crate) async fn tasks_of(upstream: &Upstream, context_id: &str) -> Result<Vec<Task>> {
+    let mut tasks = Vec::new();
+    let mut page_token = None;
+    loop {
+        let request = query(Some(context_id), PAGE_SIZE, page_token.take(), None, true);
+        let page = upstream.list(request).await?;
+        tasks.extend(page.tasks);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = Some(page.next_page_token);
+    }
+    // The gateway lists the most recently updated first; a session's turns
+    // never overlap, so the reverse is the order they were prompted in.
+    tasks.reverse();
+    Ok(tasks)
+}
+
+/// One `ListTasks` page request; `history_length` unset is the whole history.
+fn query(
+    context_id: Option<&str>,
+    page_size: i32,
+    page_token: Option<String>,
+    history_length: Option<i32>,
+    include_artifacts: bool,
+) -> ListTasksRequest {
+    ListTasksRequest {
+        context_id: context_id.map(str::to_owned),
+        status: None,
+        page_size: Some(page_size),
+        page_token,
+        history_length,
+        status_timestamp_after: None,
+        include_artifacts: Some(include_artifacts),
+        tenant: None,
+    }
+}
+
+/// Whether context `context_id` has any task.
+pub(crate) async fn exists(upstream: &Upstream, context_id: &str) -> Result<bool> {
+    let request = query(Some(context_id), 1, None, Some(0), false);
+    Ok(!upstream.list(request).await?.tasks.is_empty())
+}
+
+/// `session/load`: the conversation of `tasks` as `session/update`s, in order.
+/// Each task's artifacts come before its last agent message (the answer).
+pub(crate) fn replay(ide: &dyn Ide, session_id: &str, tasks: &[Task]) -> Result<()> {
+    for task in tasks {
+        let history = task.history.as_deref().unwrap_or_default();
+        let answer = history.iter().rposition(|message| message.role == Role::Agent).unwrap_or(history.len());
+        for (index, message) in history.iter().enumerate() {
+            if index == answer {
+                replay_artifacts(ide, session_id, task)?;
+            }
+            replay_message(ide, session_id, message)?;
+        }
+        if answer == history.len() {
+            replay_artifacts(ide, session_id, task)?;
+        }
+    }
+    Ok(())
+}
+
+fn replay_message(ide: &dyn Ide, session_id: &str, message: &Message) -> Result<()> {
+    if let Some(request) = ask::file_request(Some(message)) {
+        if message.role == Role::Agent {
+            let call = ToolCall {
+                id: format!("read-{}", message.message_id),
+                title: format!("Read {}", request.path.display()),
+                kind: ToolKind::Read,
+                status: ToolStatus::Completed,
+                content: Vec::new(),
+                locations: vec![request.path],
+            };
+            ide.update(session_id, Update::ToolCall(call))?;
+        }
+        return Ok(());
+    }
+    for part in &message.parts {
+        let message_id = Some(message.message_id.clone());
+        let content = content_of(part);
+        let update = match message.role {
+            Role::User => Update::User { message_id, content },
+            Role::Agent | Role::Unspecified => Update::Agent { message_id, content },
+        };
+        ide.update(session_id, update)?;
+    }
+    Ok(())
+}
+
+fn replay_artifacts(ide: &dyn Ide, session_id: &str, task: &Task) -> Result<()> {
+    for artifact in task.artifacts.as_deref().unwrap_or_default() {
+        let call = ToolCall {
+            id: format!("artifact-{}", artifact.artifact_id),
+            title: artifact.name.clone().filter(|name| !name.is_empty()).unwrap_or_else(|| "artifact".to_owned()),
+            kind: ToolKind::Other,
+            status: ToolStatus::Completed,
+            content: artifact.parts.iter().map(content_of).collect(),
+            locations: Vec::new(),
+        };
+        ide.update(session_id, Update::ToolCall(call))?;
+    }
+    Ok(())
+}
+
+/// `session/list`: the contexts among the newest tasks that this bridge's
+/// prompts to the same agent made, newest first; `cwd` filters.
+pub(crate) async fn list(upstream: &Upstream, cwd: Option<&PathBuf>) -> Result<Vec<SessionSummary>> {
+    let mut sessions: Vec<SessionSummary> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut page_token = None;
+    let mut scanned = 0;
+    while scanned < LIST_SCAN {
+        let request = query(None, PAGE_SIZE, page_token.take(), Some(0), false);
+        let page = upstream.list(request).await?;
+        scanned += page.tasks.len().max(1);
+        for task in &page.tasks {
+            let Some(found) = summary(upstream.agent(), task) else {
+                continue;
+            };
+            match index.get(&found.id) {
+                // Newest first: a task seen later is older, so its title is the earlier one.
+                Some(&at) => sessions[at].title = found.title.or(sessions[at].title.take()),
+                None => {
+                    index.insert(found.id.clone(), sessions.len());
+                    sessions.push(found);
+                }
+            }
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = Some(page.next_page_token);
+    }
+    sessions.retain(|session| cwd.is_none_or(|cwd| &session.cwd == cwd));
+    Ok(sessions)
+}
+
+/// The session a task belongs to, if the bridge made it for `agent`.
+fn summary(agent: &str, task: &Task) -> Option<SessionSummary> {
+    let session = task.metadata.as_ref()?.get(SESSION_METADATA)?;
+    if session.get("agent").and_then(Value::as_str) != Some(agent) {
+        return None;
+    }
+    let paths = |value: Option<&Value>| -> Vec<PathBuf> {
+        value.and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(PathBuf::from).collect()
+    };
+    Some(SessionSummary {
+        id: task.context_id.clone(),
+        cwd: PathBuf::from(session.get("cwd").and_then(Value::as_str)?),
+        additional_directories: paths(session.get("additionalDirectories")),
+        title: session.get("title").and_then(Value::as_str).filter(|title| !title.is_empty()).map(str::to_owned),
+        updated_at: task.status.timestamp.map(|at| at.to_rfc3339()),
+    })
+}

@@ -1,0 +1,322 @@
+//! One prompt turn: the prompt goes to the agent as a streaming A2A task in
+//! the session's context, and the task's events come back as
+//! `session/update`s until the task settles.
+//!
+//! - agent status messages → `agent_message_chunk` (one ACP `messageId` per
+//!   A2A message); a direct A2A message reply ends the turn the same way;
+//! - artifacts → `tool_call` (`in_progress`), then `tool_call_update` with
+//!   the content so far, `completed` with the last chunk;
+//! - `input-required` → a question for the IDE ([`super::ask`]), whose answer
+//!   continues the same task;
+//! - completed → `end_turn`, rejected → `refusal`, canceled → `cancelled`;
+//!   failed and auth-required → a JSON-RPC error naming the task.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use a2a::{Message, Part, Role, SendMessageRequest, StreamResponse, TaskState, TaskStatus};
+use futures_util::StreamExt as _;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::ask::{self, Answer};
+use super::content::{Content, ToolCall, ToolKind, ToolStatus, Update, content_of, part_of, text_of};
+use super::error::{AcpError, Result};
+use super::session::{SESSION_METADATA, SessionContext};
+use super::upstream::Upstream;
+use super::{Ide, StopReason};
+
+/// How long a cancelled turn waits for the gateway to name the task it made.
+const CANCEL_GRACE: Duration = Duration::from_secs(2);
+/// How long a cancelled turn waits for `CancelTask`.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest session title, in characters.
+const TITLE_CHARS: usize = 80;
+
+/// How a stream of the task ended.
+enum Settled {
+    /// Terminal (or auth-required, which ACP cannot answer).
+    Finished(TaskState, Option<Message>),
+    /// The agent asks something.
+    Interrupted(TaskStatus),
+    Cancelled,
+}
+
+/// An artifact shown as a tool call.
+struct Tool {
+    content: Vec<Content>,
+    done: bool,
+}
+
+/// The state of one turn.
+pub(crate) struct Turn {
+    pub(crate) upstream: Upstream,
+    pub(crate) ide: Arc<dyn Ide>,
+    pub(crate) session_id: String,
+    pub(crate) context: SessionContext,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) can_read_files: bool,
+    task_id: Option<String>,
+    shown: HashSet<String>,
+    tools: HashMap<String, Tool>,
+    questions: usize,
+}
+
+impl Turn {
+    pub(crate) fn new(
+        upstream: Upstream,
+        ide: Arc<dyn Ide>,
+        session_id: String,
+        context: SessionContext,
+        cancel: CancellationToken,
+        can_read_files: bool,
+    ) -> Self {
+        Self {
+            upstream,
+            ide,
+            session_id,
+            context,
+            cancel,
+            can_read_files,
+            task_id: None,
+            shown: HashSet::new(),
+            tools: HashMap::new(),
+            questions: 0,
+        }
+    }
+
+    /// Runs the turn to its stop reason.
+    pub(crate) async fn run(mut self, prompt: Vec<Content>) -> Result<StopReason> {
+        if let Some(Content::Unsupported(kind)) = prompt.iter().find(|c| matches!(c, Content::Unsupported(_))) {
+            return Err(AcpError::InvalidParams(format!("this agent takes no {kind} content")));
+        }
+        let parts: Vec<Part> = prompt.iter().filter_map(part_of).collect();
+        if parts.is_empty() {
+            return Err(AcpError::InvalidParams("the prompt is empty".to_owned()));
+        }
+        let mut message = self.message(parts, None);
+        let mut task_metadata = Some(self.task_metadata(&text_of(&prompt)));
+        loop {
+            let settled = self.follow(message, task_metadata.take()).await?;
+            let status = match settled {
+                Settled::Cancelled => return Ok(self.cancelled().await),
+                Settled::Finished(state, last) => return self.finish(&state, last.as_ref()),
+                Settled::Interrupted(status) => status,
+            };
+            self.questions += 1;
+            let task_id = self.task_id.clone().unwrap_or_default();
+            let question = ask::Question {
+                ide: Arc::clone(&self.ide),
+                session_id: &self.session_id,
+                task_id: &task_id,
+                number: self.questions,
+                can_read_files: self.can_read_files,
+                cancel: &self.cancel,
+            };
+            match question.answer(status.message.as_ref()).await? {
+                Answer::Reply(parts, metadata) => message = self.message(parts, Some(metadata)),
+                Answer::Cancelled => return Ok(self.cancelled().await),
+            }
+        }
+    }
+
+    /// An A2A user message of the session, continuing the task once there is one.
+    fn message(&self, parts: Vec<Part>, extra: Option<(String, Value)>) -> Message {
+        let mut metadata = HashMap::from([(SESSION_METADATA.to_owned(), self.context.metadata(&self.session_id))]);
+        metadata.extend(extra);
+        let mut message = Message::new(Role::User, parts);
+        message.context_id = Some(self.session_id.clone());
+        message.task_id.clone_from(&self.task_id);
+        message.metadata = Some(metadata);
+        message
+    }
+
+    /// The task's own metadata: what `session/list` finds sessions by.
+    fn task_metadata(&self, text: &str) -> HashMap<String, Value> {
+        let first_line = text.lines().find(|line| !line.trim().is_empty()).unwrap_or("").trim();
+        let title: String = first_line.chars().take(TITLE_CHARS).collect();
+        let session = json!({
+            "sessionId": self.session_id,
+            "agent": self.upstream.agent(),
+            "cwd": self.context.cwd,
+            "additionalDirectories": self.context.additional_directories,
+            "title": title,
+        });
+        HashMap::from([(SESSION_METADATA.to_owned(), session)])
+    }
+
+    /// Sends `message` and shows the task's events until it settles.
+    async fn follow(&mut self, message: Message, metadata: Option<HashMap<String, Value>>) -> Result<Settled> {
+        let request = SendMessageRequest { message, configuration: None, metadata, tenant: None };
+        let stream = tokio::select! {
+            () = self.cancel.cancelled() => return Ok(Settled::Cancelled),
+            stream = self.upstream.stream(request) => stream?,
+        };
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let event = tokio::select! {
+                biased;
+                () = self.cancel.cancelled(), if self.task_id.is_some() => return Ok(Settled::Cancelled),
+                () = self.cancel.cancelled(), if self.task_id.is_none() => {
+                    // Learn the task the gateway made, so that it can be canceled.
+                    if let Ok(Some(Ok(event))) = tokio::time::timeout(CANCEL_GRACE, stream.next()).await {
+                        self.note_task(&event);
+                    }
+                    return Ok(Settled::Cancelled);
+                }
+                event = stream.next() => event,
+            };
+            let Some(event) = event else {
+                return Err(AcpError::StreamEnded(self.task_id.clone().unwrap_or_else(|| "(none yet)".to_owned())));
+            };
+            if let Some(settled) = self.on_event(event?)? {
+                return Ok(settled);
+            }
+        }
+    }
+
+    fn note_task(&mut self, event: &StreamResponse) {
+        let id = match event {
+            StreamResponse::Task(task) => Some(&task.id),
+            StreamResponse::StatusUpdate(update) => Some(&update.task_id),
+            StreamResponse::ArtifactUpdate(update) => Some(&update.task_id),
+            StreamResponse::Message(message) => message.task_id.as_ref(),
+        };
+        if let Some(id) = id {
+            self.task_id = Some(id.clone());
+        }
+    }
+
+    fn on_event(&mut self, event: StreamResponse) -> Result<Option<Settled>> {
+        self.note_task(&event);
+        match event {
+            StreamResponse::Task(task) => {
+                for artifact in task.artifacts.unwrap_or_default() {
+                    if !self.tools.contains_key(&artifact.artifact_id) {
+                        self.artifact(&artifact, false, true)?;
+                    }
+                }
+                self.status(&task.status)
+            }
+            StreamResponse::Message(message) => {
+                self.show(&message)?;
+                Ok(Some(Settled::Finished(TaskState::Completed, Some(message))))
+            }
+            StreamResponse::StatusUpdate(update) => self.status(&update.status),
+            StreamResponse::ArtifactUpdate(update) => {
+                let append = update.append == Some(true);
+                self.artifact(&update.artifact, append, update.last_chunk == Some(true))?;
+                Ok(None)
+            }
+        }
+    }
+
+    fn status(&mut self, status: &TaskStatus) -> Result<Option<Settled>> {
+        if let Some(message) = &status.message {
+            self.show(message)?;
+        }
+        let settled = match status.state {
+            TaskState::Completed
+            | TaskState::Failed
+            | TaskState::Canceled
+            | TaskState::Rejected
+            | TaskState::AuthRequired => Some(Settled::Finished(status.state.clone(), status.message.clone())),
+            TaskState::InputRequired => Some(Settled::Interrupted(status.clone())),
+            TaskState::Unspecified | TaskState::Submitted | TaskState::Working => None,
+        };
+        Ok(settled)
+    }
+
+    /// Shows an agent message once (requests for files are not words).
+    fn show(&mut self, message: &Message) -> Result<()> {
+        if message.role != Role::Agent || ask::file_request(Some(message)).is_some() {
+            return Ok(());
+        }
+        if !self.shown.insert(message.message_id.clone()) {
+            return Ok(());
+        }
+        for part in &message.parts {
+            let content = content_of(part);
+            self.ide
+                .update(&self.session_id, Update::Agent { message_id: Some(message.message_id.clone()), content })?;
+        }
+        Ok(())
+    }
+
+    fn artifact(&mut self, artifact: &a2a::Artifact, append: bool, last: bool) -> Result<()> {
+        let id = format!("artifact-{}", artifact.artifact_id);
+        let parts = artifact.parts.iter().map(content_of);
+        let tool = match self.tools.get_mut(&artifact.artifact_id) {
+            Some(tool) if tool.done => return Ok(()),
+            Some(tool) => tool,
+            None => {
+                let title =
+                    artifact.name.clone().filter(|name| !name.is_empty()).unwrap_or_else(|| "artifact".to_owned());
+                let call = ToolCall {
+                    id: id.clone(),
+                    title,
+                    kind: ToolKind::Other,
+                    status: ToolStatus::InProgress,
+                    content: Vec::new(),
+                    locations: Vec::new(),
+                };
+                self.ide.update(&self.session_id, Update::ToolCall(call))?;
+                self.tools.entry(artifact.artifact_id.clone()).or_insert(Tool { content: Vec::new(), done: false })
+            }
+        };
+        if !append {
+            tool.content.clear();
+        }
+        tool.content.extend(parts);
+        tool.done = last;
+        let status = if last { ToolStatus::Completed } else { ToolStatus::InProgress };
+        let update = Update::ToolChange { id, status: Some(status), content: Some(tool.content.clone()) };
+        self.ide.update(&self.session_id, update)
+    }
+
+    /// Closes the tool calls still open, as the task ended.
+    fn close_tools(&mut self, status: ToolStatus) -> Result<()> {
+        for (artifact_id, tool) in &mut self.tools {
+            if !tool.done {
+                tool.done = true;
+                let update =
+                    Update::ToolChange { id: format!("artifact-{artifact_id}"), status: Some(status), content: None };
+                self.ide.update(&self.session_id, update)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, state: &TaskState, last: Option<&Message>) -> Result<StopReason> {
+        let succeeded = *state == TaskState::Completed;
+        self.close_tools(if succeeded { ToolStatus::Completed } else { ToolStatus::Failed })?;
+        let task_id = self.task_id.clone().unwrap_or_default();
+        let reason = || last.and_then(Message::text).unwrap_or("the agent gave no reason").to_owned();
+        match state {
+            TaskState::Completed => Ok(StopReason::EndTurn),
+            TaskState::Rejected => Ok(StopReason::Refusal),
+            TaskState::Canceled => Ok(StopReason::Cancelled),
+            TaskState::Failed => Err(AcpError::TaskEnded { task_id, state: "failed", reason: reason() }),
+            TaskState::AuthRequired => Err(AcpError::TaskEnded { task_id, state: "auth-required", reason: reason() }),
+            TaskState::Unspecified | TaskState::Submitted | TaskState::Working | TaskState::InputRequired => {
+                Err(AcpError::StreamEnded(task_id))
+            }
+        }
+    }
+
+    /// `session/cancel`: the task is canceled, the turn ends `cancelled`.
+    async fn cancelled(&mut self) -> StopReason {
+        if let Some(task_id) = &self.task_id {
+            match tokio::time::timeout(CANCEL_TIMEOUT, self.upstream.cancel(task_id)).await {
+                Ok(Ok(_)) => tracing::debug!(%task_id, "task canceled"),
+                Ok(Err(error)) => tracing::warn!(%task_id, %error, "cannot cancel the task"),
+                Err(_) => tracing::warn!(%task_id, "the gateway did not cancel the task in time"),
+            }
+        }
+        if let Err(error) = self.close_tools(ToolStatus::Failed) {
+            tracing::debug!(%error, "cannot close the turn's tool calls");
+        }
+        StopReason::Cancelled
+    }
+}

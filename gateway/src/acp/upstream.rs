@@ -1,0 +1,164 @@
+//! The bridge's side towards chorus: one agent behind the gateway's A2A API,
+//! reached with the outbound A2A client, and the credentials it is called with.
+
+use std::path::PathBuf;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use a2a::{
+    AgentCard, CancelTaskRequest, ListTasksRequest, ListTasksResponse, SendMessageRequest, StreamResponse, Task,
+};
+use futures_util::Stream;
+use tokio::sync::OnceCell;
+
+use super::error::{AcpError, Result};
+use crate::delegate::{A2aClient, Credentials, DelegateError, Endpoint, pick_interface};
+
+/// The environment variable a token may come from.
+pub const TOKEN_ENV: &str = "CHORUS_TOKEN";
+
+/// Where the bridge's credentials for the gateway come from.
+#[derive(Debug, Clone)]
+pub(crate) enum TokenSource {
+    /// Credentials handed over once (the WebSocket endpoint: the connection's own).
+    Fixed(Option<Credentials>),
+    /// `--token-file`, else `CHORUS_TOKEN`, as a bearer token; read again by `authenticate`.
+    FileOrEnv(Option<PathBuf>),
+}
+
+impl TokenSource {
+    /// The credentials, if there are any; an unreadable file is an error.
+    fn read(&self) -> Result<Option<Credentials>> {
+        let token = match self {
+            Self::Fixed(credentials) => return Ok(credentials.clone()),
+            Self::FileOrEnv(Some(path)) => std::fs::read_to_string(path).map_err(|error| {
+                AcpError::AuthRequired(format!("cannot read the token file {}: {error}", path.display()))
+            })?,
+            Self::FileOrEnv(None) => std::env::var(TOKEN_ENV).unwrap_or_default(),
+        };
+        let token = token.trim();
+        Ok((!token.is_empty()).then(|| Credentials::Bearer(token.to_owned())))
+    }
+}
+
+/// One agent behind the gateway. Cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct Upstream {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: A2aClient,
+    http: reqwest::Client,
+    /// The gateway's base URL (`http://host:port`).
+    gateway: String,
+    agent: String,
+    card: OnceCell<(AgentCard, Endpoint)>,
+    tokens: TokenSource,
+    credentials: RwLock<Option<Credentials>>,
+}
+
+impl Upstream {
+    /// The agent `agent` of the gateway at `gateway`; its card is read on first use.
+    pub(crate) fn new(http: reqwest::Client, gateway: &str, agent: &str, tokens: TokenSource) -> Self {
+        let credentials = tokens.read().unwrap_or_else(|error| {
+            tracing::warn!(%error, "no gateway token until authenticate");
+            None
+        });
+        let inner = Inner {
+            client: A2aClient::new(http.clone()),
+            http,
+            gateway: gateway.trim_end_matches('/').to_owned(),
+            agent: agent.to_owned(),
+            card: OnceCell::new(),
+            tokens,
+            credentials: RwLock::new(credentials),
+        };
+        Self { inner: Arc::new(inner) }
+    }
+
+    /// The agent's id.
+    pub(crate) fn agent(&self) -> &str {
+        &self.inner.agent
+    }
+
+    /// The agent's card and the interface chosen from it.
+    async fn card(&self) -> Result<&(AgentCard, Endpoint)> {
+        let fetch = || async {
+            let url = format!("{}/a2a/{}", self.inner.gateway, self.inner.agent);
+            let card = self.inner.client.fetch_card(&url).await?;
+            let endpoint = pick_interface(&card)?;
+            Ok::<_, DelegateError>((card, endpoint))
+        };
+        Ok(self.inner.card.get_or_try_init(fetch).await?)
+    }
+
+    async fn endpoint(&self) -> Result<Endpoint> {
+        Ok(self.card().await?.1.clone())
+    }
+
+    /// Whether the agent's card asks for credentials.
+    pub(crate) async fn needs_token(&self) -> Result<bool> {
+        let (card, _) = self.card().await?;
+        Ok(card.security_requirements.as_ref().is_some_and(|requirements| !requirements.is_empty()))
+    }
+
+    fn credentials(&self) -> Option<Credentials> {
+        self.inner.credentials.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// `authenticate`: reads the token again and checks the gateway takes it.
+    pub(crate) async fn authenticate(&self) -> Result<()> {
+        let credentials = self.inner.tokens.read()?;
+        *self.inner.credentials.write().unwrap_or_else(PoisonError::into_inner) = credentials;
+        self.check_access().await
+    }
+
+    /// Fails with [`AcpError::AuthRequired`] unless the gateway lets the
+    /// bridge's credentials in (an authenticated `ListTasks` of one task).
+    pub(crate) async fn check_access(&self) -> Result<()> {
+        self.card().await?;
+        let url = format!("{}/a2a/{}/rest/tasks?pageSize=1", self.inner.gateway, self.inner.agent);
+        let mut request = self.inner.http.get(&url).header(a2a::SVC_PARAM_VERSION, a2a::VERSION);
+        request = match self.credentials() {
+            Some(Credentials::Bearer(token)) => request.bearer_auth(token),
+            Some(Credentials::ApiKey { header, value }) => request.header(header, value),
+            None => request,
+        };
+        let response = request.send().await.map_err(|source| DelegateError::Http { url: url.clone(), source })?;
+        match response.status().as_u16() {
+            401 | 403 => Err(AcpError::AuthRequired(match self.credentials() {
+                Some(_) => {
+                    format!("the gateway refused the token for agent {}; fix it and authenticate again", self.agent())
+                }
+                None => format!(
+                    "the gateway at {} needs a token: give chorus acp --token-file or set {TOKEN_ENV}, then authenticate",
+                    self.inner.gateway
+                ),
+            })),
+            _ => Ok(()),
+        }
+    }
+
+    /// `SendStreamingMessage`: the task's events until it settles.
+    pub(crate) async fn stream(
+        &self,
+        request: SendMessageRequest,
+    ) -> Result<impl Stream<Item = Result<StreamResponse, DelegateError>> + Send + 'static> {
+        let endpoint = self.endpoint().await?;
+        Ok(self.inner.client.stream(&endpoint, request, self.credentials().as_ref()))
+    }
+
+    /// `CancelTask`.
+    pub(crate) async fn cancel(&self, task_id: &str) -> Result<Task> {
+        let endpoint = self.endpoint().await?;
+        let request = CancelTaskRequest { id: task_id.to_owned(), metadata: None, tenant: None };
+        Ok(self.inner.client.cancel_task(&endpoint, request, self.credentials().as_ref()).await?)
+    }
+
+    /// One page of `ListTasks`.
+    pub(crate) async fn list(&self, request: ListTasksRequest) -> Result<ListTasksResponse> {
+        let endpoint = self.endpoint().await?;
+        Ok(self.inner.client.list_tasks(&endpoint, request, self.credentials().as_ref()).await?)
+    }
+}

@@ -1,0 +1,239 @@
+//! The built-in `reviewer` agent: reviews the files a message refers to, and
+//! shows each way a worker talks to the person behind an IDE (through the
+//! gateway's ACP bridge, or any A2A client):
+//!
+//! 1. it reports progress as working status messages, one per step, `pace`
+//!    apart;
+//! 2. a file the message only links to (a `file://` URL part, as an IDE's
+//!    resource link arrives) it asks for: the task goes `input-required`
+//!    with [`READ_TEXT_FILE`] `{"path": ...}` in the status message's
+//!    metadata, and the next user message holds the file's text (a file the
+//!    message embeds, a text part with a filename, is read from there; a
+//!    message with no file is reviewed as text itself);
+//! 3. it reviews each file (lines, words, TODO/FIXME markers, long lines,
+//!    trailing spaces);
+//! 4. it asks whether to publish the review (`input-required` again); the
+//!    answer `allow` completes the task with the review as an artifact named
+//!    `review` and a one-line summary, any other answer completes it without.
+
+mod review;
+
+use std::time::Duration;
+
+use chorus_proto::taskstore::{
+    Message, Role, TaskState, UpdateStatusRequest, WatchTaskRequest, part::Content, task_event::Kind,
+};
+use prost_types::{Struct, Value, value::Kind as ValueKind};
+use tokio_util::sync::CancellationToken;
+
+use crate::reply::{agent_message, text_part};
+use crate::{Client, HandlerError, Reply, TaskContext, Worker, WorkerError, text_artifact};
+
+/// The reviewer agent's id.
+pub const AGENT_ID: &str = "reviewer";
+/// How many tasks one reviewer worker handles at once.
+pub const CAPACITY: u32 = 8;
+/// Metadata key of a request for a file of the client's (the gateway's ACP
+/// bridge answers it with `fs/read_text_file`).
+pub const READ_TEXT_FILE: &str = "acp/readTextFile";
+/// The answer that lets the reviewer publish its review.
+pub const ALLOW: &str = "allow";
+/// The pause between two steps by default.
+pub const DEFAULT_PACE: Duration = Duration::from_millis(100);
+
+/// Runs a reviewer worker in `namespace` until `shutdown` is cancelled,
+/// pausing `pace` between the steps of a review.
+pub async fn run(
+    client: Client,
+    namespace: &str,
+    pace: Duration,
+    shutdown: CancellationToken,
+) -> Result<(), WorkerError> {
+    Worker::new(client, AGENT_ID)
+        .namespace(namespace)
+        .capacity(CAPACITY)
+        .run(move |task| handle(task, pace), shutdown)
+        .await
+}
+
+/// One file of the message.
+enum Source {
+    Embedded(String),
+    /// An absolute path to ask the client for.
+    Linked(String),
+}
+
+/// The reviewer's handler.
+pub async fn handle(task: TaskContext, pace: Duration) -> Result<Reply, HandlerError> {
+    let files = files_of(task.task().history.iter().rev().find(|m| m.role == i32::from(Role::User)));
+    let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
+    step(&task, format!("Reviewing {}.", names.join(", ")), pace).await?;
+    let mut reviews = Vec::new();
+    for (name, source) in files {
+        let text = match source {
+            Source::Embedded(text) => text,
+            Source::Linked(path) => {
+                let answer = ask(&task, format!("May I read {path}?"), Some(file_request(&path))).await?;
+                let failed = answer.metadata.as_ref().and_then(|m| m.fields.get(READ_TEXT_FILE)).and_then(|request| {
+                    match &request.kind {
+                        Some(ValueKind::StructValue(fields)) => fields.fields.get("error").cloned(),
+                        _ => None,
+                    }
+                });
+                if let Some(error) = failed {
+                    step(&task, format!("Could not read {name}: {}.", string_of(&error)), pace).await?;
+                    continue;
+                }
+                texts(&answer).join("\n")
+            }
+        };
+        let found = review::review(&name, &text);
+        step(&task, format!("Read {name}: {}.", review::count(found.lines, "line")), pace).await?;
+        reviews.push(found);
+    }
+    if reviews.is_empty() {
+        return Ok(Reply::text("There was nothing I could read to review."));
+    }
+    let summary = review::summary(&reviews);
+    let answer = ask(&task, format!("{summary} Publish the review?"), None).await?;
+    if texts(&answer).first().is_some_and(|text| text.trim() == ALLOW) {
+        let artifact = text_artifact("review", review::table(&reviews));
+        return Ok(Reply::text(format!("Published: {summary}")).with_artifact(artifact));
+    }
+    Ok(Reply::text("The review was not published."))
+}
+
+/// The files a message refers to, by name; the message itself when none.
+fn files_of(message: Option<&Message>) -> Vec<(String, Source)> {
+    let Some(message) = message else {
+        return vec![("the message".to_owned(), Source::Embedded(String::new()))];
+    };
+    let mut files = Vec::new();
+    let mut words = Vec::new();
+    for part in &message.parts {
+        match &part.content {
+            Some(Content::Url(url)) => {
+                if let Some(path) = url.strip_prefix("file://") {
+                    let name = if part.filename.is_empty() { path.to_owned() } else { part.filename.clone() };
+                    files.push((name, Source::Linked(path.to_owned())));
+                }
+            }
+            Some(Content::Text(text)) if !part.filename.is_empty() => {
+                files.push((part.filename.clone(), Source::Embedded(text.clone())));
+            }
+            Some(Content::Text(text)) => words.push(text.clone()),
+            Some(Content::Raw(_) | Content::Data(_)) | None => {}
+        }
+    }
+    if files.is_empty() {
+        files.push(("the message".to_owned(), Source::Embedded(words.join("\n"))));
+    }
+    files
+}
+
+fn texts(message: &Message) -> Vec<&str> {
+    message
+        .parts
+        .iter()
+        .filter_map(|part| match &part.content {
+            Some(Content::Text(text)) => Some(text.as_str()),
+            Some(Content::Raw(_) | Content::Url(_) | Content::Data(_)) | None => None,
+        })
+        .collect()
+}
+
+fn string_of(value: &Value) -> String {
+    match &value.kind {
+        Some(ValueKind::StringValue(text)) => text.clone(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// `{READ_TEXT_FILE: {"path": path}}`.
+fn file_request(path: &str) -> Struct {
+    let string = |text: &str| Value { kind: Some(ValueKind::StringValue(text.to_owned())) };
+    let request = Struct { fields: [("path".to_owned(), string(path))].into() };
+    Struct { fields: [(READ_TEXT_FILE.to_owned(), Value { kind: Some(ValueKind::StructValue(request)) })].into() }
+}
+
+/// Reports a step, then pauses `pace` (or stops when the task is cancelled).
+async fn step(task: &TaskContext, text: String, pace: Duration) -> Result<(), HandlerError> {
+    task.status(text).await?;
+    tokio::select! {
+        () = task.cancelled() => Err(HandlerError::fatal("the task was cancelled")),
+        () = tokio::time::sleep(pace) => Ok(()),
+    }
+}
+
+/// Puts the task in `input-required` with `question`, and waits for the
+/// user's answer: the next user message the task gets.
+async fn ask(task: &TaskContext, question: String, metadata: Option<Struct>) -> Result<Message, HandlerError> {
+    let mut message = agent_message(task.task(), vec![text_part(question)]);
+    message.metadata = metadata;
+    let mut client = task.client();
+    let update = UpdateStatusRequest {
+        namespace: task.namespace().to_owned(),
+        task_id: task.id().to_owned(),
+        state: TaskState::InputRequired.into(),
+        message: Some(message),
+        lease_id: task.lease_id().to_owned(),
+    };
+    client.update_status(update).await.map_err(WorkerError::from)?;
+    let watch = WatchTaskRequest {
+        namespace: task.namespace().to_owned(),
+        task_id: task.id().to_owned(),
+        snapshot: true,
+        ..WatchTaskRequest::default()
+    };
+    let mut events = client.watch_task(watch).await.map_err(WorkerError::from)?.into_inner();
+    loop {
+        let event = tokio::select! {
+            () = task.cancelled() => return Err(HandlerError::fatal("the task was cancelled")),
+            event = events.message() => event.map_err(WorkerError::from)?,
+        };
+        let Some(event) = event else {
+            return Err(HandlerError::retryable("the task store ended the watch before the answer came"));
+        };
+        match Kind::try_from(event.kind) {
+            Ok(Kind::Snapshot) => {
+                let Some(snapshot) = event.task else { continue };
+                let answered = snapshot.status.as_ref().is_some_and(|s| s.state == i32::from(TaskState::Working));
+                let latest = snapshot.history.iter().rev().find(|m| m.role == i32::from(Role::User));
+                if let (true, Some(answer)) = (answered, latest) {
+                    return Ok(answer.clone());
+                }
+            }
+            Ok(Kind::MessageAdded) => {
+                if let Some(answer) = event.message.filter(|m| m.role == i32::from(Role::User)) {
+                    return Ok(answer);
+                }
+            }
+            Ok(Kind::StatusChanged | Kind::ArtifactUpdated | Kind::Created | Kind::Unspecified) | Err(_) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chorus_proto::taskstore::Part;
+
+    use super::*;
+
+    #[test]
+    fn linked_and_embedded_files_are_told_apart_from_words() {
+        let url =
+            Part { content: Some(Content::Url("file:///src/a.rs".into())), filename: "a.rs".into(), ..Part::default() };
+        let embedded =
+            Part { content: Some(Content::Text("fn b() {}".into())), filename: "/src/b.rs".into(), ..Part::default() };
+        let words = Part { content: Some(Content::Text("review these".into())), ..Part::default() };
+        let message = Message { parts: vec![words.clone(), url, embedded], ..Message::default() };
+        let files = files_of(Some(&message));
+        let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names, ["a.rs", "/src/b.rs"]);
+        assert!(matches!(&files[0].1, Source::Linked(path) if path == "/src/a.rs"));
+        let plain = files_of(Some(&Message { parts: vec![words], ..Message::default() }));
+        assert!(
+            matches!(&plain[..], [(name, Source::Embedded(text))] if name == "the message" && text == "review these")
+        );
+    }
+}
