@@ -13,6 +13,8 @@
 //! Every process is killed when its handle is dropped; the sandbox's
 //! directory (data, working directories) is removed when it is dropped.
 
+pub mod a2a;
+pub mod acp;
 pub mod agent;
 pub mod handler;
 pub mod otlp;

@@ -1,0 +1,137 @@
+//! `chorus acp` given what an IDE should not send, or left by its gateway:
+//! raw NDJSON over the real binary's stdin. Every bad request gets its
+//! JSON-RPC error, and the process goes on serving.
+
+use chorus_tests::{
+    Sandbox,
+    acp::{self, AcpProcess, agent_texts, error_code},
+};
+use serde_json::{Value, json};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_lines_unknown_methods_and_unknown_sessions_get_errors_and_the_bridge_keeps_serving() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().start().await;
+    let mut ide = AcpProcess::start(server.url(), "echo", sandbox.path(), &[]);
+
+    ide.send_line("this is not JSON").await;
+    let parse = ide.next().await;
+    assert_eq!((error_code(&parse), &parse["id"]), (-32700, &Value::Null), "{parse}");
+    ide.send_line(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion""#).await;
+    assert_eq!(error_code(&ide.next().await), -32700, "a truncated line is a parse error");
+
+    let info = ide.initialize(json!({})).await;
+    assert_eq!(info["protocolVersion"], 1, "{info}");
+    assert_eq!(info["authMethods"], json!([]), "an open gateway needs no token: {info}");
+
+    let (unknown, _) = ide.call(2, "session/teleport", json!({})).await;
+    assert_eq!(error_code(&unknown), -32601, "{unknown}");
+    let (relative, _) = ide.call(3, "session/new", json!({ "cwd": "relative/dir", "mcpServers": [] })).await;
+    assert_eq!(error_code(&relative), -32602, "cwd must be absolute: {relative}");
+    let (wrong_shape, _) = ide.call(4, "session/new", json!({ "cwd": 42 })).await;
+    assert_eq!(error_code(&wrong_shape), -32602, "{wrong_shape}");
+
+    let prompt = json!({ "sessionId": "no-such-session", "prompt": [{ "type": "text", "text": "hi" }] });
+    let (stranger, _) = ide.call(5, "session/prompt", prompt).await;
+    assert_eq!(error_code(&stranger), -32002, "a prompt for a session never opened: {stranger}");
+    let load = json!({ "sessionId": "0190c6b0-0000-7000-8000-000000000000", "cwd": "/", "mcpServers": [] });
+    let (missing, _) = ide.call(6, "session/load", load.clone()).await;
+    assert_eq!(error_code(&missing), -32002, "a context with no task is no session: {missing}");
+    let (missing, _) = ide.call(7, "session/resume", load).await;
+    assert_eq!(error_code(&missing), -32002, "{missing}");
+    ide.send(json!({ "jsonrpc": "2.0", "method": "session/cancel", "params": { "sessionId": "nobody" } })).await;
+
+    // Still serving: a whole turn with the echo agent.
+    let session = ide.new_session(8, sandbox.path()).await;
+    let image = json!({ "type": "image", "data": "AAAA", "mimeType": "image/png" });
+    let (refused, _) = ide.call(9, "session/prompt", json!({ "sessionId": session, "prompt": [image] })).await;
+    assert_eq!(error_code(&refused), -32602, "images are not advertised, so not taken: {refused}");
+    let prompt = json!({ "sessionId": session, "prompt": [{ "type": "text", "text": "still here" }] });
+    let (answer, updates) = ide.call(10, "session/prompt", prompt).await;
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    assert_eq!(agent_texts(&updates), ["still here"], "{updates:#?}");
+    assert!(updates.iter().all(|update| update["params"]["sessionId"] == session.as_str()), "{updates:#?}");
+    assert!(ide.close().await.success(), "chorus acp exits cleanly when the IDE closes stdin");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_that_goes_away_mid_turn_fails_that_prompt_and_the_bridge_keeps_serving() {
+    let sandbox = Sandbox::new();
+    acp::write_config(&sandbox, None);
+    let server = sandbox.dev().no_agents().start().await;
+    let _reviewer = acp::reviewer(&sandbox, server.url(), 2_000);
+    let mut ide = AcpProcess::start(server.url(), "reviewer", sandbox.path(), &[]);
+    ide.initialize(json!({})).await;
+    let session = ide.new_session(1, sandbox.path()).await;
+    let prompt = json!({ "sessionId": session, "prompt": [{ "type": "text", "text": "slowly, please" }] });
+    ide.send(json!({ "jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": prompt })).await;
+    let first = ide.wait_for(|m| m["params"]["update"]["sessionUpdate"] == "agent_message_chunk").await;
+    assert_eq!(first["params"]["update"]["content"]["text"], "Reviewing the message.", "{first}");
+
+    server.kill().await;
+    let (failed, _) = ide.response(&json!(2)).await;
+    assert_eq!(error_code(&failed), -32603, "the turn fails with the gateway: {failed}");
+    let message = failed["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("gateway"), "the error names the gateway: {failed}");
+
+    let (unreachable, _) = ide.call(3, "session/new", json!({ "cwd": sandbox.path(), "mcpServers": [] })).await;
+    assert!(unreachable.get("result").is_some() || error_code(&unreachable) == -32603, "{unreachable}");
+    let (unknown, _) = ide.call(4, "no/such/method", json!({})).await;
+    assert_eq!(error_code(&unknown), -32601, "still answering: {unknown}");
+    assert!(ide.is_running(), "the bridge outlives its gateway");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_the_gateway_takes_calls_fail_auth_required_until_authenticate() {
+    let sandbox = Sandbox::new();
+    acp::write_config(&sandbox, Some("s3cret-ide-token"));
+    let server = sandbox.dev().start().await;
+    let token_file = acp::project_file(sandbox.path(), "token", "not-the-token\n");
+    let token_arg = token_file.to_string_lossy().into_owned();
+    let mut ide = AcpProcess::start(server.url(), "echo", sandbox.path(), &["--token-file", &token_arg]);
+
+    let info = ide.initialize(json!({})).await;
+    assert_eq!(info["authMethods"][0]["id"], "chorus-token", "a gateway with auth asks for a token: {info}");
+    let (refused, _) = ide.call(1, "session/new", json!({ "cwd": sandbox.path(), "mcpServers": [] })).await;
+    assert_eq!(error_code(&refused), -32000, "{refused}");
+    let (listed, _) = ide.call(2, "session/list", json!({})).await;
+    assert_eq!(error_code(&listed), -32000, "{listed}");
+    let (still, _) = ide.call(3, "authenticate", json!({ "methodId": "chorus-token" })).await;
+    assert_eq!(error_code(&still), -32000, "the wrong token stays wrong: {still}");
+    let (unknown, _) = ide.call(4, "authenticate", json!({ "methodId": "password" })).await;
+    assert_eq!(error_code(&unknown), -32602, "{unknown}");
+
+    std::fs::write(&token_file, "s3cret-ide-token\n").expect("token file");
+    let (accepted, _) = ide.call(5, "authenticate", json!({ "methodId": "chorus-token" })).await;
+    assert_eq!(accepted["result"], json!({}), "{accepted}");
+    let session = ide.new_session(6, sandbox.path()).await;
+    let prompt = json!({ "sessionId": session, "prompt": [{ "type": "text", "text": "let me in" }] });
+    let (answer, updates) = ide.call(7, "session/prompt", prompt).await;
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    assert_eq!(agent_texts(&updates), ["let me in"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_websocket_endpoint_refuses_a_caller_without_the_gateways_token() {
+    let sandbox = Sandbox::new();
+    acp::write_config(&sandbox, Some("s3cret-ide-token"));
+    let server = sandbox.dev().start().await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
+    let upgrade = |url: String| {
+        http.get(url)
+            .header("Connection", "Upgrade")
+            .header("Upgrade", "websocket")
+            .header("Sec-WebSocket-Version", "13")
+            .header("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+            .send()
+    };
+    let anonymous = upgrade(format!("{}/acp?agent=echo", server.url())).await.expect("an answer");
+    assert_eq!(anonymous.status(), 401);
+    let wrong = upgrade(format!("{}/acp?agent=echo&token=guess", server.url())).await.expect("an answer");
+    assert_eq!(wrong.status(), 401);
+    let unknown = upgrade(format!("{}/acp?agent=nobody&token=s3cret-ide-token", server.url())).await.expect("answer");
+    assert_eq!(unknown.status(), 404, "an unknown agent is refused before the upgrade");
+    let welcome = upgrade(format!("{}/acp?agent=echo&token=s3cret-ide-token", server.url())).await.expect("answer");
+    assert_eq!(welcome.status(), 101, "the token lets the upgrade through");
+}

@@ -1,0 +1,163 @@
+//! Authentication and tenant scoping end to end: `chorus dev` with a bearer
+//! token for operators and an API key scoped to one namespace (from its
+//! `chorus.toml`), called over JSON-RPC, HTTP+JSON and gRPC.
+
+use a2a_pb::proto as pb;
+use chorus_tests::{
+    Sandbox,
+    a2a::{
+        A2a, assert_error_info, assert_grpc_error, assert_rest_error, assert_rpc_error, grpc_request, json, message,
+        state, text, unique, write_chorus_toml,
+    },
+};
+use reqwest::{Method, RequestBuilder, StatusCode};
+use serde_json::{Value, json};
+use tonic::{Code, metadata::MetadataValue};
+
+const AUTH: &str = r#"
+[gateway.auth]
+bearer_tokens = [{ name = "ops", secret = "s3cret", namespaces = ["*"] }]
+api_keys = [{ name = "team-a", secret = "key-a", namespaces = ["team-a"] }]
+"#;
+
+/// What team A's task says; no refused answer may show it.
+const PLANS: &str = "team a's secret plans";
+
+fn team_a(request: RequestBuilder) -> RequestBuilder {
+    request.header("X-API-Key", "key-a")
+}
+
+fn ops(request: RequestBuilder) -> RequestBuilder {
+    request.bearer_auth("s3cret")
+}
+
+/// Sends a JSON-RPC `request` that is refused before it runs: HTTP `status`
+/// and a JSON-RPC error body with `reason`, and nothing of team A's task.
+async fn assert_refused(request: RequestBuilder, status: StatusCode, reason: &str) {
+    let (answered, body) = json(request).await;
+    assert_eq!(answered, status, "{body:#}");
+    assert!(body.get("result").is_none(), "{body:#}");
+    assert_error_info(&body["error"]["data"], reason);
+    assert!(!body.to_string().contains(PLANS), "a refused call shows no task data: {body:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_are_required_and_scoped_to_their_namespaces() {
+    let sandbox = Sandbox::new();
+    write_chorus_toml(sandbox.path(), AUTH);
+    let server = sandbox.dev().no_agents().start().await;
+    let a2a = A2a::new(&server);
+
+    // Team A's key acts in team A's namespace without naming it.
+    let send = json!({ "message": message(&unique("tck-complete-task"), PLANS) });
+    let (status, created) = json(team_a(a2a.rpc("tck", "SendMessage", send.clone()))).await;
+    assert_eq!(status, StatusCode::OK, "{created:#}");
+    let task = created["result"]["task"].clone();
+    assert_eq!(state(&task), "TASK_STATE_COMPLETED", "{created:#}");
+    let id = task["id"].clone();
+    let in_team_a = json!({ "id": id, "tenant": "team-a" });
+
+    assert_refused(a2a.rpc("tck", "GetTask", in_team_a.clone()), StatusCode::UNAUTHORIZED, "UNAUTHENTICATED").await;
+    assert_refused(a2a.rpc("tck", "SendMessage", send.clone()), StatusCode::UNAUTHORIZED, "UNAUTHENTICATED").await;
+    let wrong_token = a2a.rpc("tck", "GetTask", in_team_a.clone()).bearer_auth("nope");
+    assert_refused(wrong_token, StatusCode::UNAUTHORIZED, "UNAUTHENTICATED").await;
+    let wrong_key = a2a.rpc("tck", "GetTask", in_team_a.clone()).header("X-API-Key", "key-b");
+    assert_refused(wrong_key, StatusCode::UNAUTHORIZED, "UNAUTHENTICATED").await;
+    let path = format!("team-a/tasks/{}", id.as_str().unwrap_or_default());
+    let (status, body) = json(a2a.rest(Method::GET, "tck", &path)).await;
+    assert_rest_error(status, &body, StatusCode::UNAUTHORIZED, "UNAUTHENTICATED");
+    assert!(!body.to_string().contains(PLANS), "{body:#}");
+
+    // Team A's key does not reach team B.
+    let elsewhere = team_a(a2a.rpc("tck", "GetTask", json!({ "id": id, "tenant": "team-b" })));
+    assert_refused(elsewhere, StatusCode::FORBIDDEN, "PERMISSION_DENIED").await;
+    let (status, body) = json(team_a(a2a.rest(Method::GET, "tck", "team-b/tasks"))).await;
+    assert_rest_error(status, &body, StatusCode::FORBIDDEN, "PERMISSION_DENIED");
+
+    // A task lives in its namespace only: other namespaces do not see it.
+    for other in [json!({ "id": id, "tenant": "team-b" }), json!({ "id": id })] {
+        let (status, body) = json(ops(a2a.rpc("tck", "GetTask", other))).await;
+        assert_eq!(status, StatusCode::OK, "{body:#}");
+        assert_rpc_error(&body["error"], -32001, "TASK_NOT_FOUND");
+        assert!(!body.to_string().contains(PLANS), "{body:#}");
+    }
+    let (_, listed) = json(ops(a2a.rpc("tck", "ListTasks", json!({})))).await;
+    assert_eq!(listed["result"]["totalSize"], 0, "the default namespace has no task: {listed:#}");
+    let (_, read) = json(ops(a2a.rpc("tck", "GetTask", in_team_a.clone()))).await;
+    assert_eq!(text(&read["result"]["history"][0]), PLANS, "the operator reads team A's task there: {read:#}");
+    let (_, own) = json(team_a(a2a.rpc("tck", "ListTasks", json!({})))).await;
+    assert_eq!(own["result"]["totalSize"], 1, "{own:#}");
+
+    // Cards stay public and say how to authenticate.
+    let (status, card) = json(a2a.get("/.well-known/agent-card.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    let schemes = &card["securitySchemes"];
+    assert_eq!(schemes["bearer"]["httpAuthSecurityScheme"]["scheme"], "bearer", "{card:#}");
+    let api_key = &schemes["apiKey"]["apiKeySecurityScheme"];
+    assert_eq!((&api_key["name"], &api_key["location"]), (&json!("X-API-Key"), &json!("header")), "{card:#}");
+    assert!(card["securityRequirements"].as_array().is_some_and(|requirements| requirements.len() == 2));
+    assert_eq!(card["capabilities"]["extendedAgentCard"], true);
+    let (status, _) = json(a2a.get("/a2a/tck/.well-known/agent-card.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    let extended = ops(a2a.rpc("tck", "GetExtendedAgentCard", json!({})));
+    let (_, extended) = json(extended).await;
+    assert_eq!(extended["result"]["name"], "A2A TCK agent", "{extended:#}");
+    assert_refused(a2a.rpc("tck", "GetExtendedAgentCard", json!({})), StatusCode::UNAUTHORIZED, "UNAUTHENTICATED")
+        .await;
+}
+
+fn get_task(id: &Value, tenant: &str) -> tonic::Request<pb::GetTaskRequest> {
+    let id = id.as_str().unwrap_or_default().to_owned();
+    grpc_request(pb::GetTaskRequest { tenant: tenant.to_owned(), id, history_length: None })
+}
+
+fn with(
+    mut request: tonic::Request<pb::GetTaskRequest>,
+    key: &'static str,
+    value: &'static str,
+) -> tonic::Request<pb::GetTaskRequest> {
+    request.metadata_mut().insert(key, MetadataValue::from_static(value));
+    request
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_calls_need_credentials_too() {
+    let sandbox = Sandbox::new();
+    write_chorus_toml(sandbox.path(), AUTH);
+    let server = sandbox.dev().no_agents().start().await;
+    let a2a = A2a::new(&server);
+    let send = json!({ "message": message(&unique("tck-complete-task"), PLANS) });
+    let (_, created) = json(team_a(a2a.rpc("tck", "SendMessage", send))).await;
+    let id = created["result"]["task"]["id"].clone();
+    let mut client = A2a::grpc(&server).await;
+
+    assert_grpc_error(client.get_task(get_task(&id, "team-a")).await, Code::Unauthenticated, "UNAUTHENTICATED");
+    let wrong = with(get_task(&id, "team-a"), "authorization", "Bearer nope");
+    assert_grpc_error(client.get_task(wrong).await, Code::Unauthenticated, "UNAUTHENTICATED");
+    let elsewhere = with(get_task(&id, "team-b"), "x-api-key", "key-a");
+    assert_grpc_error(client.get_task(elsewhere).await, Code::PermissionDenied, "PERMISSION_DENIED");
+    let other_namespace = with(get_task(&id, "team-b"), "authorization", "Bearer s3cret");
+    assert_grpc_error(client.get_task(other_namespace).await, Code::NotFound, "TASK_NOT_FOUND");
+
+    let own = with(get_task(&id, ""), "x-api-key", "key-a");
+    let task = client.get_task(own).await.expect("team A reads its task").into_inner();
+    assert_eq!(task.status.map(|status| status.state()), Some(pb::TaskState::Completed));
+    let operator = with(get_task(&id, "team-a"), "authorization", "Bearer s3cret");
+    assert_eq!(client.get_task(operator).await.expect("the operator reads it").into_inner().id, task.id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_file_named_by_chorus_config_is_read() {
+    let sandbox = Sandbox::new();
+    let elsewhere = sandbox.path().join("etc");
+    std::fs::create_dir_all(&elsewhere).expect("a config directory");
+    let config = write_chorus_toml(&elsewhere, AUTH);
+    // `chorus --config` is also `CHORUS_CONFIG` (its clap `env`).
+    let server = sandbox.dev().no_agents().env("CHORUS_CONFIG", &config).start().await;
+    let a2a = A2a::new(&server);
+    let (status, card) = json(a2a.get("/.well-known/agent-card.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(card["securitySchemes"]["bearer"].is_object(), "the file's credentials are in force: {card:#}");
+    let (status, _) = json(a2a.rpc("tck", "ListTasks", json!({}))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}

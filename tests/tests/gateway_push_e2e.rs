@@ -1,0 +1,147 @@
+//! Push notifications end to end: the real `chorus dev` POSTs each task
+//! change to a webhook the test runs on loopback (allowed only with
+//! `gateway.push.allow_private`), with the caller's credentials, and never
+//! hands the secrets back.
+
+use std::time::Duration;
+
+use chorus_tests::{
+    Sandbox,
+    a2a::{
+        A2a, Notification, Webhook, assert_rest_error, assert_rpc_error, describe, json, message, state, text, unique,
+    },
+};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+const TOKEN: &str = "notification-token-4e1f";
+const CREDENTIALS: &str = "webhook-credentials-9b2c";
+
+/// Asserts `text` (a response body) holds neither secret.
+#[track_caller]
+fn assert_no_secrets(text: &str) {
+    assert!(!text.contains(TOKEN) && !text.contains(CREDENTIALS), "a secret was echoed: {text}");
+}
+
+/// Reads notifications up to the task's completion, and checks what every
+/// one carries.
+async fn notifications(webhook: &mut Webhook, task_id: &Value, token: &str) -> Vec<Notification> {
+    let mut received = Vec::new();
+    while received.last().is_none_or(|last: &Notification| describe(&last.body) != "status COMPLETED") {
+        received.push(webhook.next().await);
+    }
+    for notification in &received {
+        assert_eq!(notification.header("authorization"), format!("Bearer {CREDENTIALS}"), "{notification:#?}");
+        assert_eq!(notification.header("x-a2a-notification-token"), token, "{notification:#?}");
+        assert!(notification.header("content-type").starts_with("application/a2a+json"), "{notification:#?}");
+        let update = notification.body.get("statusUpdate").or_else(|| notification.body.get("artifactUpdate"));
+        assert_eq!(update.map(|update| &update["taskId"]), Some(task_id), "{notification:#?}");
+    }
+    received
+}
+
+fn described(notifications: &[Notification]) -> Vec<String> {
+    notifications.iter().map(|notification| describe(&notification.body)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_notifications_reach_the_webhook_in_order_with_their_credentials() {
+    let mut webhook = Webhook::start().await;
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().no_agents().env("CHORUS_GATEWAY__PUSH__ALLOW_PRIVATE", "true").start().await;
+    let a2a = A2a::new(&server);
+
+    let push = json!({ "url": webhook.url(), "token": TOKEN,
+        "authentication": { "scheme": "Bearer", "credentials": CREDENTIALS } });
+    let params = json!({
+        "message": message(&unique("tck-stream-artifact-chunked"), "push it"),
+        "configuration": { "taskPushNotificationConfig": push },
+    });
+    let task = a2a.call("tck", "SendMessage", params).await["task"].clone();
+    assert_eq!(state(&task), "TASK_STATE_COMPLETED", "{task:#}");
+    let id = task["id"].clone();
+
+    let received = notifications(&mut webhook, &id, TOKEN).await;
+    let every_change = ["status WORKING", "artifact", "artifact", "status COMPLETED"];
+    assert_eq!(described(&received), every_change, "every change of the task, in order");
+    let (first, last) = (&received[1].body["artifactUpdate"], &received[2].body["artifactUpdate"]);
+    assert_eq!((text(&first["artifact"]), text(&last["artifact"])), ("chunk-1 ", "chunk-2"));
+    assert_eq!((&last["append"], &last["lastChunk"]), (&json!(true), &json!(true)));
+    webhook.assert_quiet(Duration::from_millis(500)).await;
+
+    // The config reads back without its secrets, on both bindings.
+    let response = a2a.rpc("tck", "ListTaskPushNotificationConfigs", json!({ "taskId": id })).send().await;
+    let listed = response.expect("list").text().await.expect("a body");
+    assert_no_secrets(&listed);
+    let listed: Value = serde_json::from_str(&listed).expect("JSON");
+    let [config] = listed["result"]["configs"].as_array().map(Vec::as_slice).unwrap_or_default() else {
+        panic!("one config expected: {listed:#}");
+    };
+    assert_eq!((&config["url"], &config["taskId"]), (&json!(webhook.url()), &id), "{config:#}");
+    assert_eq!(config["authentication"], json!({ "scheme": "Bearer" }), "the scheme, not the credentials");
+    assert!(config.get("token").is_none(), "{config:#}");
+    let config_id = config["id"].as_str().filter(|id| !id.is_empty()).expect("a config id").to_owned();
+    let got = a2a.call("tck", "GetTaskPushNotificationConfig", json!({ "taskId": id, "id": config_id })).await;
+    assert_eq!(&got, config);
+    let path = format!("tasks/{}/pushNotificationConfigs/{config_id}", id.as_str().unwrap_or_default());
+    let rest = a2a.rest(Method::GET, "tck", &path).send().await.expect("REST get");
+    assert_eq!(rest.status(), StatusCode::OK);
+    let rest = rest.text().await.expect("a body");
+    assert_no_secrets(&rest);
+    assert_eq!(serde_json::from_str::<Value>(&rest).expect("JSON"), got);
+
+    // A config registered on a waiting task reports the rest of its turns.
+    let waiting = a2a.send("tck", message(&unique("tck-input-required"), "and then?")).await;
+    let waiting_id = waiting["id"].clone();
+    let path = format!("tasks/{}/pushNotificationConfigs", waiting_id.as_str().unwrap_or_default());
+    let later = json!({ "url": webhook.url(), "token": "second-token",
+        "authentication": { "scheme": "Bearer", "credentials": CREDENTIALS } });
+    let (status, created) = json(a2a.rest(Method::POST, "tck", &path).json(&later)).await;
+    assert_eq!(status, StatusCode::OK, "{created:#}");
+    assert_eq!((&created["taskId"], created.get("token")), (&waiting_id, None), "{created:#}");
+    let mut follow_up = message(&unique("tck-complete-task"), "dessert");
+    follow_up["taskId"] = waiting_id.clone();
+    assert_eq!(state(&a2a.send("tck", follow_up).await), "TASK_STATE_COMPLETED");
+    let received = notifications(&mut webhook, &waiting_id, "second-token").await;
+    assert_eq!(described(&received), ["status WORKING", "status COMPLETED"]);
+
+    let created_id = created["id"].clone();
+    let deleted =
+        a2a.call("tck", "DeleteTaskPushNotificationConfig", json!({ "taskId": waiting_id, "id": created_id }));
+    assert_eq!(deleted.await, json!({}));
+    let listed = a2a.call("tck", "ListTaskPushNotificationConfigs", json!({ "taskId": waiting_id })).await;
+    assert_eq!(listed["configs"], json!([]), "{listed:#}");
+    webhook.assert_quiet(Duration::from_millis(300)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_allow_private_a_loopback_push_url_is_refused_and_nothing_is_created() {
+    let mut webhook = Webhook::start().await;
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().no_agents().start().await;
+    let a2a = A2a::new(&server);
+    let task = a2a.send("tck", message(&unique("tck-input-required"), "waiting")).await;
+    let id = task["id"].clone();
+
+    let config = json!({ "taskId": id, "url": webhook.url(), "token": TOKEN });
+    let error = a2a.call_error("tck", "CreateTaskPushNotificationConfig", config).await;
+    assert_rpc_error(&error, -32602, "INVALID_PARAMS");
+    assert!(error["message"].as_str().unwrap_or_default().contains("loopback"), "{error:#}");
+    let path = format!("tasks/{}/pushNotificationConfigs", id.as_str().unwrap_or_default());
+    let (status, body) = json(a2a.rest(Method::POST, "tck", &path).json(&json!({ "url": webhook.url() }))).await;
+    assert_rest_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMS");
+    let listed = a2a.call("tck", "ListTaskPushNotificationConfigs", json!({ "taskId": id })).await;
+    assert_eq!(listed["configs"], json!([]), "no config was created: {listed:#}");
+
+    // Refused with a SendMessage too, and then no task is made.
+    let before = a2a.task_count().await;
+    let params = json!({
+        "message": message(&unique("tck-complete-task"), "tell me later"),
+        "configuration": { "taskPushNotificationConfig": { "url": webhook.url() } },
+    });
+    let error = a2a.call_error("tck", "SendMessage", params).await;
+    assert_rpc_error(&error, -32602, "INVALID_PARAMS");
+    webhook.assert_quiet(Duration::from_millis(300)).await;
+    let listed = a2a.call("tck", "ListTasks", json!({})).await;
+    assert_eq!(a2a.task_count().await, before, "a refused SendMessage leaves no task behind: {listed:#}");
+}

@@ -1,0 +1,131 @@
+//! Outbound A2A end to end, between two real `chorus dev` processes: B's
+//! catalog has a `remote` agent that proxies A's echo agent, and B's
+//! `chorus.gateway.v1.Gateway/Delegate` sends a message to A's tck agent,
+//! follows it, and cancels what runs past its deadline.
+
+use std::time::{Duration, Instant};
+
+use chorus_proto::{
+    gateway::{DelegateRequest, delegate_response, gateway_client::GatewayClient},
+    taskstore::{Role, Task, TaskState},
+};
+use chorus_tests::{
+    Sandbox, Server,
+    a2a::{A2a, assert_grpc_error, dead_address, message, state, text, unique, write_chorus_toml},
+    tasks::{state as task_state, status_text, text_message},
+};
+use serde_json::json;
+use tonic::{Code, transport::Channel};
+
+/// B's catalog: the echo worker (the default) and `far`, A's echo agent.
+fn catalog(a_url: &str) -> String {
+    format!(
+        r#"
+[gateway]
+default_agent = "echo"
+
+[[gateway.agents]]
+id = "echo"
+name = "Echo"
+description = "Echoes what it is told"
+kind = "worker"
+
+[[gateway.agents]]
+id = "far"
+name = "Far echo"
+description = "The echo agent of another chorus"
+kind = "remote"
+url = "{a_url}/a2a/echo"
+"#
+    )
+}
+
+fn delegate(agent_url: String, message_id: &str, text: &str, timeout: Duration) -> DelegateRequest {
+    let mut message = text_message(Role::User, text);
+    message.message_id = message_id.to_owned();
+    DelegateRequest {
+        agent_url,
+        message: Some(message),
+        timeout: Some(prost_types::Duration::try_from(timeout).expect("a timeout in range")),
+        ..DelegateRequest::default()
+    }
+}
+
+async fn delegated_task(client: &mut GatewayClient<Channel>, request: DelegateRequest) -> Task {
+    let response = client.delegate(request).await.unwrap_or_else(|status| panic!("Delegate failed: {status:?}"));
+    match response.into_inner().result {
+        Some(delegate_response::Result::Task(task)) => task,
+        other => panic!("Delegate answered no task: {other:?}"),
+    }
+}
+
+async fn two_choruses() -> (Sandbox, Server, Sandbox, Server) {
+    let sandbox_a = Sandbox::new();
+    let a = sandbox_a.dev().name("chorus A").start().await;
+    let sandbox_b = Sandbox::new();
+    write_chorus_toml(sandbox_b.path(), &catalog(a.url()));
+    let b = sandbox_b.dev().no_agents().name("chorus B").start().await;
+    (sandbox_a, a, sandbox_b, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_agent_forwards_its_turns_to_another_chorus() {
+    let (_sandbox_a, a, _sandbox_b, b) = two_choruses().await;
+    let (on_a, on_b) = (A2a::new(&a), A2a::new(&b));
+
+    let (_, far_card) = chorus_tests::a2a::json(on_b.get("/a2a/far/.well-known/agent-card.json")).await;
+    assert_eq!(far_card["name"], "Far echo", "{far_card:#}");
+    let task = on_b.send("far", message("far-1", "hello from B")).await;
+    assert_eq!(state(&task), "TASK_STATE_COMPLETED", "{task:#}");
+    assert_eq!(text(&task["artifacts"][0]), "hello from B", "A's echo came back: {task:#}");
+    assert_eq!(text(&task["status"]["message"]), "hello from B");
+
+    let on_a_tasks = on_a.call("echo", "ListTasks", json!({ "includeArtifacts": true })).await;
+    let [remote] = on_a_tasks["tasks"].as_array().map(Vec::as_slice).unwrap_or_default() else {
+        panic!("A ran one task: {on_a_tasks:#}");
+    };
+    assert_eq!(state(remote), "TASK_STATE_COMPLETED");
+    assert_eq!(text(&remote["history"][0]), "hello from B");
+    assert_eq!(remote["artifacts"][0]["name"], "echo", "A's echo worker did the work");
+    assert_ne!(remote["id"], task["id"], "B's task mirrors A's; they are two tasks");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delegate_follows_a_remote_task_and_cancels_it_past_its_deadline() {
+    let (_sandbox_a, a, _sandbox_b, b) = two_choruses().await;
+    let on_a = A2a::new(&a);
+    let mut gateway = GatewayClient::new(b.channel().await);
+    let tck = format!("{}/a2a/tck", a.url());
+
+    let id = unique("tck-complete-task");
+    let done =
+        delegated_task(&mut gateway, delegate(tck.clone(), &id, "are you there?", Duration::from_secs(20))).await;
+    assert_eq!((task_state(&done), status_text(&done).as_str()), (TaskState::Completed, "Hello from TCK"));
+    let on_a_task = on_a.call("tck", "GetTask", json!({ "id": done.id })).await;
+    assert_eq!(state(&on_a_task), "TASK_STATE_COMPLETED", "the task is A's: {on_a_task:#}");
+    assert_eq!(on_a_task["history"][0]["messageId"], id.as_str());
+
+    let dead = format!("http://{}/a2a/echo", dead_address().await);
+    let unreachable = gateway.delegate(delegate(dead, "d-1", "anyone?", Duration::from_secs(10))).await;
+    assert_grpc_error(unreachable, Code::Unavailable, "UNAVAILABLE");
+
+    let slow = unique("test-resubscribe-message-id");
+    let started = Instant::now();
+    let late = gateway.delegate(delegate(tck, &slow, "take 4 s", Duration::from_secs(1))).await;
+    let waited = started.elapsed();
+    let status = late.as_ref().expect_err("the delegation times out").clone();
+    assert_grpc_error(late, Code::DeadlineExceeded, "DEADLINE_EXCEEDED");
+    assert!(waited < Duration::from_secs(4), "the 1 s deadline cut it short, not the 4 s task: {waited:?}");
+    let canceled = on_a.call("tck", "ListTasks", json!({ "status": "TASK_STATE_CANCELED" })).await;
+    let [task] = canceled["tasks"].as_array().map(Vec::as_slice).unwrap_or_default() else {
+        panic!("A's task was canceled: {canceled:#}");
+    };
+    assert_eq!(task["history"][0]["messageId"], slow.as_str());
+    let task_id = task["id"].as_str().unwrap_or_default();
+    assert!(status.message().contains(task_id), "the error names the remote task: {status:?}");
+
+    // A's agent would have completed it at 4 s; canceled is final.
+    tokio::time::sleep(Duration::from_secs(4).saturating_sub(started.elapsed()) + Duration::from_millis(500)).await;
+    let after = on_a.call("tck", "GetTask", json!({ "id": task_id })).await;
+    assert_eq!(state(&after), "TASK_STATE_CANCELED", "{after:#}");
+}
