@@ -1,5 +1,6 @@
 //! The `chorus` binary under test: built in release mode (or named by the
-//! caller) and run as `chorus serve taskstore|eventbus|hub` on a scratch database.
+//! caller) and run as `chorus serve taskstore|eventbus|hub` on a scratch database,
+//! or as `chorus dev` (the whole fabric, gateway included).
 
 use std::{
     path::{Path, PathBuf},
@@ -95,7 +96,7 @@ pub(crate) fn inherited_env() -> Vec<String> {
     names
 }
 
-/// A running `chorus serve SERVICE`.
+/// A running `chorus serve SERVICE` or `chorus dev`.
 #[derive(Debug)]
 pub(crate) struct Server {
     child: Child,
@@ -114,12 +115,30 @@ impl Server {
         database_url: &str,
         workdir: &Path,
     ) -> anyhow::Result<Self> {
+        let args = ["serve", service, "--listen", "127.0.0.1:0", "--database-url", database_url];
+        Self::spawn(binary, &args, workdir).await
+    }
+
+    /// Starts `chorus dev` (every service and the built-in agents in one
+    /// process) on `database_url`, or on SQLite in `workdir` when it is `None`.
+    pub(crate) async fn start_dev(binary: &Path, database_url: Option<&str>, workdir: &Path) -> anyhow::Result<Self> {
+        let data_dir = workdir.join("data");
+        let data_dir = data_dir.to_str().context("the temp dir's path is not UTF-8")?;
+        let mut args = vec!["dev", "--listen", "127.0.0.1:0", "--data-dir", data_dir];
+        if let Some(url) = database_url {
+            args.extend(["--database-url", url]);
+        }
+        Self::spawn(binary, &args, workdir).await
+    }
+
+    /// Runs `binary args` in `workdir` and waits for its announcement.
+    async fn spawn(binary: &Path, args: &[&str], workdir: &Path) -> anyhow::Result<Self> {
         let stderr_path = workdir.join("chorus.stderr.log");
         let stderr =
             std::fs::File::create(&stderr_path).with_context(|| format!("cannot create {}", stderr_path.display()))?;
         let mut command = Command::new(binary);
         command
-            .args(["serve", service, "--listen", "127.0.0.1:0", "--database-url", database_url])
+            .args(args)
             // No stray chorus.toml: the defaults plus any CHORUS_* variables.
             .current_dir(workdir)
             .env("RUST_LOG", "warn")
@@ -180,7 +199,7 @@ async fn read_endpoint(stdout: tokio::process::ChildStdout) -> anyhow::Result<St
 }
 
 /// The last lines of a log file, for error messages.
-fn tail(path: &Path) -> String {
+pub(crate) fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
