@@ -75,7 +75,7 @@ enum Command {
         #[arg(long)]
         agent: String,
         /// The gateway's base URL.
-        #[arg(long, default_value = "http://127.0.0.1:7800", env = "CHORUS_GATEWAY")]
+        #[arg(long, default_value = "http://127.0.0.1:7800", env = "CHORUS_GATEWAY_URL")]
         gateway: String,
         /// A file holding the gateway's bearer token (default: the
         /// `CHORUS_TOKEN` environment variable, if set).
