@@ -117,6 +117,14 @@ async fn the_typescript_sdk_runs_a_session_and_loads_it_again_through_chorus_acp
         ],
         "the chunks arrive in the order the agent said them: {results:#}"
     );
+    assert_eq!(
+        results["plans"],
+        json!([
+            ["Read notes.txt:high:in_progress", "Ask before publishing the review:medium:pending"],
+            ["Read notes.txt:high:completed", "Ask before publishing the review:medium:pending"],
+        ]),
+        "the agent's plan arrives as `plan` updates, kept current: {results:#}"
+    );
     assert!(
         results["review"].as_str().is_some_and(|review| review.contains("| notes.txt | 3 | 8 | L2 | 0 | 1 |")),
         "the review artifact arrived as the tool call's content: {results:#}"

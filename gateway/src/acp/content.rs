@@ -70,6 +70,10 @@ pub(crate) enum Update {
     User { message_id: Option<String>, content: Content },
     /// The agent's words (`agent_message_chunk`).
     Agent { message_id: Option<String>, content: Content },
+    /// The agent's thinking (`agent_thought_chunk`).
+    Thought { message_id: Option<String>, content: Content },
+    /// The agent's plan, replacing the one shown (`plan`).
+    Plan(Vec<super::plan::PlanEntry>),
     /// A new tool call (`tool_call`).
     ToolCall(ToolCall),
     /// A change to a tool call (`tool_call_update`); `None` leaves a field as it was.

@@ -11,6 +11,7 @@ use super::Ide;
 use super::ask;
 use super::content::{ToolCall, ToolKind, ToolStatus, Update, content_of};
 use super::error::Result;
+use super::plan;
 use super::session::SESSION_METADATA;
 use super::upstream::Upstream;
 
@@ -109,11 +110,18 @@ fn replay_message(ide: &dyn Ide, session_id: &str, message: &Message) -> Result<
         }
         return Ok(());
     }
+    if message.role != Role::User
+        && let Some(plan) = plan::plan_of(message)
+    {
+        return ide.update(session_id, Update::Plan(plan));
+    }
+    let thought = plan::is_thought(message);
     for part in &message.parts {
         let message_id = Some(message.message_id.clone());
         let content = content_of(part);
         let update = match message.role {
             Role::User => Update::User { message_id, content },
+            Role::Agent | Role::Unspecified if thought => Update::Thought { message_id, content },
             Role::Agent | Role::Unspecified => Update::Agent { message_id, content },
         };
         ide.update(session_id, update)?;

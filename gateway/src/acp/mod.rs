@@ -25,6 +25,7 @@ mod bridge;
 mod content;
 mod error;
 mod history;
+mod plan;
 mod session;
 mod turn;
 mod upstream;

@@ -3,7 +3,8 @@
 //! `session/update`s until the task settles.
 //!
 //! - agent status messages → `agent_message_chunk` (one ACP `messageId` per
-//!   A2A message); a direct A2A message reply ends the turn the same way;
+//!   A2A message), or `agent_thought_chunk` / `plan` as their metadata says
+//!   ([`super::plan`]); a direct A2A message reply ends the turn the same way;
 //! - artifacts → `tool_call` (`in_progress`), then `tool_call_update` with
 //!   the content so far, `completed` with the last chunk;
 //! - `input-required` → a question for the IDE ([`super::ask`]), whose answer
@@ -23,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::ask::{self, Answer};
 use super::content::{Content, ToolCall, ToolKind, ToolStatus, Update, content_of, part_of, text_of};
 use super::error::{AcpError, Result};
+use super::plan;
 use super::session::{SESSION_METADATA, SessionContext};
 use super::upstream::Upstream;
 use super::{Ide, StopReason};
@@ -236,10 +238,16 @@ impl Turn {
         if !self.shown.insert(message.message_id.clone()) {
             return Ok(());
         }
+        if let Some(plan) = plan::plan_of(message) {
+            // A plan's words only name it.
+            return self.ide.update(&self.session_id, Update::Plan(plan));
+        }
+        let thought = plan::is_thought(message);
         for part in &message.parts {
-            let content = content_of(part);
-            self.ide
-                .update(&self.session_id, Update::Agent { message_id: Some(message.message_id.clone()), content })?;
+            let (message_id, content) = (Some(message.message_id.clone()), content_of(part));
+            let update =
+                if thought { Update::Thought { message_id, content } } else { Update::Agent { message_id, content } };
+            self.ide.update(&self.session_id, update)?;
         }
         Ok(())
     }

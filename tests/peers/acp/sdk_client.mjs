@@ -108,6 +108,9 @@ await withAgent(["allow", "reject"], async (ctx, state) => {
   expect(state.reads.length === 1 && state.reads[0] === notes, "the agent read notes.txt through the IDE", state.reads);
   const said = state.updates.filter((u) => u.sessionUpdate === "agent_message_chunk").map(textOf);
   results.firstTurn = said;
+  results.plans = state.updates
+    .filter((u) => u.sessionUpdate === "plan")
+    .map((u) => u.entries.map((e) => `${e.content}:${e.priority}:${e.status}`));
   const review = state.updates.find((u) => u.sessionUpdate === "tool_call" && u.title === "review");
   expect(review !== undefined, "the review artifact became a tool call", state.updates);
   const done = state.updates.find(

@@ -2,9 +2,9 @@
 
 use agent_client_protocol::v1::schema::{
     BlobResourceContents, ContentBlock, ContentChunk, EmbeddedResource, EmbeddedResourceResource, ListSessionsResponse,
-    McpServer, MessageId, PermissionOption, PermissionOptionKind, ResourceLink, SessionInfo, SessionUpdate, StopReason,
-    TextResourceContents, ToolCall, ToolCallContent, ToolCallLocation, ToolCallStatus, ToolCallUpdate,
-    ToolCallUpdateFields, ToolKind,
+    McpServer, MessageId, PermissionOption, PermissionOptionKind, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus,
+    ResourceLink, SessionInfo, SessionUpdate, StopReason, TextResourceContents, ToolCall, ToolCallContent,
+    ToolCallLocation, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
 };
 use serde_json::Value;
 
@@ -13,6 +13,7 @@ use crate::acp::ask::OPTIONS;
 use crate::acp::content::{self, Body, Content, ToolStatus, Update};
 use crate::acp::error::AcpError;
 use crate::acp::history::SessionSummary;
+use crate::acp::plan::{PlanEntry as PlanStep, Priority, Progress};
 
 /// An error as the SDK sends it.
 pub(super) fn error(error: &AcpError) -> agent_client_protocol::Error {
@@ -101,6 +102,8 @@ pub(super) fn update_out(update: Update) -> SessionUpdate {
     match update {
         Update::User { message_id, content } => SessionUpdate::UserMessageChunk(chunk(message_id, content)),
         Update::Agent { message_id, content } => SessionUpdate::AgentMessageChunk(chunk(message_id, content)),
+        Update::Thought { message_id, content } => SessionUpdate::AgentThoughtChunk(chunk(message_id, content)),
+        Update::Plan(entries) => SessionUpdate::Plan(Plan::new(entries.into_iter().map(plan_entry).collect())),
         Update::ToolCall(call) => SessionUpdate::ToolCall(
             ToolCall::new(call.id, call.title)
                 .kind(kind_out(call.kind))
@@ -113,6 +116,20 @@ pub(super) fn update_out(update: Update) -> SessionUpdate {
             SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id, fields))
         }
     }
+}
+
+fn plan_entry(entry: PlanStep) -> PlanEntry {
+    let priority = match entry.priority {
+        Priority::High => PlanEntryPriority::High,
+        Priority::Medium => PlanEntryPriority::Medium,
+        Priority::Low => PlanEntryPriority::Low,
+    };
+    let status = match entry.status {
+        Progress::Pending => PlanEntryStatus::Pending,
+        Progress::InProgress => PlanEntryStatus::InProgress,
+        Progress::Completed => PlanEntryStatus::Completed,
+    };
+    PlanEntry::new(entry.content, priority, status)
 }
 
 /// The tool call a permission question is about.

@@ -2,8 +2,9 @@
 //! shows each way a worker talks to the person behind an IDE (through the
 //! gateway's ACP bridge, or any A2A client):
 //!
-//! 1. it reports progress as working status messages, one per step, `pace`
-//!    apart;
+//! 1. it shows its plan ([`PLAN`] in a status message's metadata: the files
+//!    to read, then the question) and keeps it current, and reports progress
+//!    as working status messages, one per step, `pace` apart;
 //! 2. a file the message only links to (a `file://` URL part, as an IDE's
 //!    resource link arrives) it asks for: the task goes `input-required`
 //!    with [`READ_TEXT_FILE`] `{"path": ...}` in the status message's
@@ -36,6 +37,8 @@ pub const CAPACITY: u32 = 8;
 /// Metadata key of a request for a file of the client's (the gateway's ACP
 /// bridge answers it with `fs/read_text_file`).
 pub const READ_TEXT_FILE: &str = "acp/readTextFile";
+/// Metadata key of the reviewer's plan (the ACP bridge shows it as a `plan`).
+pub const PLAN: &str = "acp/plan";
 /// The answer that lets the reviewer publish its review.
 pub const ALLOW: &str = "allow";
 /// The pause between two steps by default.
@@ -66,10 +69,11 @@ enum Source {
 /// The reviewer's handler.
 pub async fn handle(task: TaskContext, pace: Duration) -> Result<Reply, HandlerError> {
     let files = files_of(task.task().history.iter().rev().find(|m| m.role == i32::from(Role::User)));
-    let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
+    let names: Vec<String> = files.iter().map(|(name, _)| name.clone()).collect();
+    show_plan(&task, &names, 0).await?;
     step(&task, format!("Reviewing {}.", names.join(", ")), pace).await?;
     let mut reviews = Vec::new();
-    for (name, source) in files {
+    for (read, (name, source)) in files.into_iter().enumerate() {
         let text = match source {
             Source::Embedded(text) => text,
             Source::Linked(path) => {
@@ -88,6 +92,7 @@ pub async fn handle(task: TaskContext, pace: Duration) -> Result<Reply, HandlerE
             }
         };
         let found = review::review(&name, &text);
+        show_plan(&task, &names, read + 1).await?;
         step(&task, format!("Read {name}: {}.", review::count(found.lines, "line")), pace).await?;
         reviews.push(found);
     }
@@ -154,6 +159,44 @@ fn file_request(path: &str) -> Struct {
     let string = |text: &str| Value { kind: Some(ValueKind::StringValue(text.to_owned())) };
     let request = Struct { fields: [("path".to_owned(), string(path))].into() };
     Struct { fields: [(READ_TEXT_FILE.to_owned(), Value { kind: Some(ValueKind::StructValue(request)) })].into() }
+}
+
+/// Shows the plan (metadata [`PLAN`]): read each of `files`, the first
+/// `done` of them read, then ask before publishing.
+async fn show_plan(task: &TaskContext, files: &[String], done: usize) -> Result<(), HandlerError> {
+    let string = |text: &str| Value { kind: Some(ValueKind::StringValue(text.to_owned())) };
+    let entry = |content: &str, priority: &str, status: &str| {
+        let fields = [("content", content), ("priority", priority), ("status", status)]
+            .into_iter()
+            .map(|(key, text)| (key.to_owned(), string(text)))
+            .collect();
+        Value { kind: Some(ValueKind::StructValue(Struct { fields })) }
+    };
+    let mut entries: Vec<Value> = files
+        .iter()
+        .enumerate()
+        .map(|(index, file)| {
+            let status = match index.cmp(&done) {
+                std::cmp::Ordering::Less => "completed",
+                std::cmp::Ordering::Equal => "in_progress",
+                std::cmp::Ordering::Greater => "pending",
+            };
+            entry(&format!("Read {file}"), "high", status)
+        })
+        .collect();
+    entries.push(entry("Ask before publishing the review", "medium", "pending"));
+    let plan = Value { kind: Some(ValueKind::ListValue(prost_types::ListValue { values: entries })) };
+    let mut message = agent_message(task.task(), vec![text_part("Plan")]);
+    message.metadata = Some(Struct { fields: [(PLAN.to_owned(), plan)].into() });
+    let update = UpdateStatusRequest {
+        namespace: task.namespace().to_owned(),
+        task_id: task.id().to_owned(),
+        state: TaskState::Working.into(),
+        message: Some(message),
+        lease_id: task.lease_id().to_owned(),
+    };
+    task.client().update_status(update).await.map_err(WorkerError::from)?;
+    Ok(())
 }
 
 /// Reports a step, then pauses `pace` (or stops when the task is cancelled).
