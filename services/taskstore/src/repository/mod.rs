@@ -47,6 +47,12 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
 
     async fn renew_lease(&self, namespace: &str, task_id: &str, lease_id: &str, lease: Duration) -> Result<Renewal>;
 
+    /// Undoes a claim whose tasks never reached their worker (its stream
+    /// closed as they were claimed): the tasks of lease `lease_id` still
+    /// working under it become claimable again, as if never claimed.
+    /// Returns how many were released.
+    async fn release_claim(&self, namespace: &str, lease_id: &str) -> Result<u64>;
+
     async fn complete_task(
         &self,
         namespace: &str,

@@ -74,7 +74,11 @@ impl TaskStore {
             for claimed in outcome.claimed {
                 self.changed(&claimed.task);
                 tracing::debug!(task_id = %claimed.task.id, worker_id = %request.worker_id, "task claimed");
+                let lease_id = claimed.lease_id.clone();
                 if sender.send(Ok(claimed)).await.is_err() {
+                    // The worker went away as its tasks were claimed: they
+                    // go back to the queue rather than wait out the lease.
+                    self.release(&request.namespace, &request.agent_id, &lease_id).await;
                     return;
                 }
             }
@@ -217,6 +221,18 @@ impl TaskStore {
     /// events are `held_back` behind an older transaction, which signals
     /// nothing when it ends. Returns false when the stream should end: the
     /// client left or the service is shutting down.
+    /// Releases the claim `lease_id` (of `agent_id`'s tasks) that no worker
+    /// received, and wakes the agent's other workers.
+    async fn release(&self, namespace: &str, agent_id: &str, lease_id: &str) {
+        match self.repository.release_claim(namespace, lease_id).await {
+            Ok(released) => {
+                tracing::debug!(lease_id, released, "released a claim its worker did not receive");
+                self.wakeups.notify(&keys::claimable(namespace, agent_id));
+            }
+            Err(error) => tracing::warn!(lease_id, %error, "cannot release a claim; its lease will expire"),
+        }
+    }
+
     async fn pause<T>(&self, sender: &mpsc::Sender<T>, waiters: &mut [Waiter], held_back: bool) -> bool {
         let poll =
             if held_back { HELD_BACK_RETRY.min(self.config.poll_interval()) } else { self.config.poll_interval() };

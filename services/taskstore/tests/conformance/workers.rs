@@ -19,6 +19,7 @@ conformance!(
     an_expired_lease_requeues_while_retries_last,
     renewal_keeps_a_lease_and_reports_cancellation,
     a_worker_may_ask_for_a_retry,
+    a_claim_no_worker_received_is_released,
 );
 
 pub(crate) fn claim_request(
@@ -185,4 +186,24 @@ async fn a_worker_may_ask_for_a_retry(h: Harness) {
     let failed = h.store.fail_task("ns", &task.id, &second.lease_id, "upstream timeout", true).await.unwrap();
     assert_eq!(failed.status.state, TaskState::Failed);
     assert_eq!(failed.status.message.unwrap().joined_text(), "upstream timeout");
+}
+
+async fn a_claim_no_worker_received_is_released(h: Harness) {
+    let task = h.task("ns", "racer", "lost in transit").await;
+    let request = claim_request("racer", "gone", 1, Duration::from_secs(60), 0);
+    let outcome = h.repository.claim_tasks(&request).await.unwrap();
+    let [claimed] = outcome.claimed.as_slice() else { panic!("one claim: {:?}", outcome.claimed) };
+    assert_eq!(claimed.task.id, task.id);
+    assert_eq!(h.repository.release_claim("other-ns", &claimed.lease_id).await.unwrap(), 0, "namespaces stay apart");
+    assert_eq!(h.repository.release_claim("ns", &claimed.lease_id).await.unwrap(), 1);
+    let released = h.store.get_task("ns", &task.id, Some(0)).await.unwrap();
+    assert_eq!(released.status.state, TaskState::Submitted, "claimable again");
+    assert_eq!(released.attempt, 0, "the claim that never arrived does not count");
+    let old_lease = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, Vec::new()).await;
+    assert!(old_lease.is_err(), "the released lease writes nothing");
+    let mut claims = h.store.claim_stream(claim_request("racer", "next", 1, Duration::from_secs(60), 0));
+    let next = next_claim(&mut claims).await;
+    assert_eq!(next.task.id, task.id, "another worker gets it");
+    assert_eq!(next.task.attempt, 1);
+    assert_eq!(h.repository.release_claim("ns", &claimed.lease_id).await.unwrap(), 0, "only the claim's own tasks");
 }

@@ -54,6 +54,10 @@ impl TaskRepository for SqlTaskRepository {
         self.renew(namespace, task_id, lease_id, lease).await
     }
 
+    async fn release_claim(&self, namespace: &str, lease_id: &str) -> Result<u64> {
+        self.release(namespace, lease_id).await
+    }
+
     async fn complete_task(
         &self,
         namespace: &str,

@@ -39,6 +39,12 @@ const CLAIM_SQLITE: &str = concat!(
     task_columns!()
 );
 
+/// Back to claimable: a claim its worker never received. The claim's
+/// `working` event stays in the log; the next claim records another.
+const RELEASE: &str = "UPDATE taskstore_tasks SET state = 'submitted', status_message = NULL, status_timestamp = $3, \
+     worker_id = NULL, lease_id = NULL, lease_expires_at = NULL, attempt = attempt - 1 \
+     WHERE namespace = $1 AND lease_id = $2 AND state = 'working'";
+
 /// The worker's leased tasks (`leased` = 1), and one claimable task of its
 /// agent if there is any (`leased` = 0).
 const CLAIM_PRECHECK: &str = "SELECT id, 1 AS leased FROM taskstore_tasks WHERE namespace = $1 AND worker_id = $2 \
@@ -116,6 +122,17 @@ impl SqlTaskRepository {
         claimed.sort_by(|a, b| (a.task.created_at, &a.task.id).cmp(&(b.task.created_at, &b.task.id)));
         active.extend(claimed.iter().map(|claimed| claimed.task.id.clone()));
         Ok(ClaimOutcome { claimed, active })
+    }
+
+    pub(super) async fn release(&self, namespace: &str, lease_id: &str) -> Result<u64> {
+        let released = sqlx::query(RELEASE)
+            .bind(namespace)
+            .bind(lease_id)
+            .bind(now_micros())
+            .execute(self.db.pool())
+            .await?
+            .rows_affected();
+        Ok(released)
     }
 
     /// One statement leases the tasks and records their events; the tasks'
