@@ -24,7 +24,7 @@ pub(crate) enum Priority {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum Progress {
+pub(crate) enum EntryStatus {
     Pending,
     InProgress,
     Completed,
@@ -36,7 +36,7 @@ pub(crate) enum Progress {
 pub(crate) struct PlanEntry {
     pub(crate) content: String,
     pub(crate) priority: Priority,
-    pub(crate) status: Progress,
+    pub(crate) status: EntryStatus,
 }
 
 /// The plan `message` carries, if it carries one that reads as a plan
@@ -80,7 +80,7 @@ mod tests {
         ]}));
         let plan = plan_of(&planned).expect("a plan");
         assert_eq!(plan.len(), 2);
-        assert_eq!(plan[0].status, Progress::Completed);
+        assert_eq!(plan[0].status, EntryStatus::Completed);
         assert_eq!(plan[1].priority, Priority::Low);
         assert!(
             plan_of(&message(json!({"acp/plan": [{"content": "x", "priority": "urgent", "status": "pending"}]})))

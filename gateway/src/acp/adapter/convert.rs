@@ -13,7 +13,7 @@ use crate::acp::ask::OPTIONS;
 use crate::acp::content::{self, Body, Content, ToolStatus, Update};
 use crate::acp::error::AcpError;
 use crate::acp::history::SessionSummary;
-use crate::acp::plan::{PlanEntry as PlanStep, Priority, Progress};
+use crate::acp::plan::{EntryStatus, PlanEntry as PlanStep, Priority};
 
 /// An error as the SDK sends it.
 pub(super) fn error(error: &AcpError) -> agent_client_protocol::Error {
@@ -125,9 +125,9 @@ fn plan_entry(entry: PlanStep) -> PlanEntry {
         Priority::Low => PlanEntryPriority::Low,
     };
     let status = match entry.status {
-        Progress::Pending => PlanEntryStatus::Pending,
-        Progress::InProgress => PlanEntryStatus::InProgress,
-        Progress::Completed => PlanEntryStatus::Completed,
+        EntryStatus::Pending => PlanEntryStatus::Pending,
+        EntryStatus::InProgress => PlanEntryStatus::InProgress,
+        EntryStatus::Completed => PlanEntryStatus::Completed,
     };
     PlanEntry::new(entry.content, priority, status)
 }
