@@ -7,6 +7,7 @@ use chorus_gateway::GatewayConfig;
 use chorus_hub::HubConfig;
 use chorus_runtime::{server::ServerConfig, storage::StorageConfig, telemetry::TelemetryConfig};
 use chorus_taskstore::TaskStoreConfig;
+use chorus_workflow::WorkflowConfig;
 
 /// `chorus.toml`. Every key can also be set as `CHORUS_<SECTION>__<KEY>`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -21,6 +22,7 @@ pub(crate) struct ChorusConfig {
     pub(crate) eventbus: EventBusConfig,
     pub(crate) hub: HubConfig,
     pub(crate) gateway: GatewayConfig,
+    pub(crate) workflow: WorkflowConfig,
 }
 
 impl Default for ChorusConfig {
@@ -34,6 +36,7 @@ impl Default for ChorusConfig {
             eventbus: EventBusConfig::default(),
             hub: HubConfig::default(),
             gateway: GatewayConfig::default(),
+            workflow: WorkflowConfig::default(),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! `chorus`: run the whole fabric in one process (`chorus dev`), one service
-//! on PostgreSQL (`chorus serve taskstore|eventbus|hub`), a built-in agent,
+//! on PostgreSQL (`chorus serve taskstore|eventbus|hub|workflow`), a built-in agent,
 //! or the ACP bridge an IDE launches (`chorus acp`).
 
 mod config;
@@ -128,6 +128,7 @@ fn service_label(service: Service) -> &'static str {
         Service::Eventbus => "eventbus",
         Service::Hub => "hub",
         Service::Gateway => "gateway",
+        Service::Workflow => "workflow",
     }
 }
 

@@ -14,6 +14,7 @@ use chorus_runtime::{
     wakeup::Wakeups,
 };
 use chorus_taskstore::{TaskStore, grpc::TaskStoreGrpc, repository::sql::SqlTaskRepository};
+use chorus_workflow::{Workflows, error::WorkflowError, grpc::WorkflowGrpc, repository::sql::SqlDefinitionRepository};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -31,10 +32,13 @@ pub(crate) enum Service {
     Hub,
     /// The A2A gateway (JSON-RPC, HTTP+JSON and `lf.a2a.v1` gRPC).
     Gateway,
+    /// The workflow engine's definitions (`chorus.workflow.v1`).
+    Workflow,
 }
 
 /// The services `chorus dev` runs: every one that exists.
-pub(crate) const ALL_SERVICES: &[Service] = &[Service::Eventbus, Service::Hub, Service::Taskstore, Service::Gateway];
+pub(crate) const ALL_SERVICES: &[Service] =
+    &[Service::Eventbus, Service::Hub, Service::Taskstore, Service::Gateway, Service::Workflow];
 
 /// A bound, ready-to-serve stack.
 pub(crate) struct Stack {
@@ -64,7 +68,7 @@ impl Service {
     /// its in the task store).
     fn needs_storage(self) -> bool {
         match self {
-            Self::Taskstore | Self::Eventbus | Self::Hub => true,
+            Self::Taskstore | Self::Eventbus | Self::Hub | Self::Workflow => true,
             Self::Gateway => false,
         }
     }
@@ -86,6 +90,17 @@ async fn open_storage(config: &ChorusConfig, server: &mut ServerBuilder) -> anyh
 /// The database of a process whose services need one.
 fn opened(db: Option<&Db>) -> anyhow::Result<&Db> {
     db.context("the database was not opened")
+}
+
+/// A failed definitions load, with each problem on its own line.
+fn startup_error(error: WorkflowError) -> anyhow::Error {
+    match error {
+        WorkflowError::InvalidDefinition { file, problems } => {
+            let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+            anyhow::anyhow!("invalid workflow definitions in {file}:\n{}", lines.join("\n"))
+        }
+        other => anyhow::Error::new(other).context("cannot load workflow definitions"),
+    }
 }
 
 impl Stack {
@@ -162,6 +177,14 @@ impl Stack {
                     let hub = Hub::new(repository, wakeups, config.hub.clone(), shutdown.clone());
                     hub.spawn_reaper();
                     server.add_grpc_service(HubGrpc::new(hub).into_server(config.server.max_message_bytes));
+                }
+                Service::Workflow => {
+                    let db = opened(db.as_ref())?;
+                    db.migrate(&chorus_workflow::MIGRATIONS).await?;
+                    let repository = Arc::new(SqlDefinitionRepository::new(db.clone()));
+                    let workflows = Workflows::new(repository, config.workflow.clone());
+                    workflows.load_definitions_dir().await.map_err(startup_error)?;
+                    server.add_grpc_service(WorkflowGrpc::new(workflows).into_server(config.server.max_message_bytes));
                 }
             }
         }

@@ -1,0 +1,66 @@
+//! Stored definition versions.
+
+use serde_json::{Map, Value};
+
+/// A trigger as stored beside a version (what the contract lists).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EventTrigger {
+    pub event_type: String,
+    pub filter: Map<String, Value>,
+}
+
+/// One stored version of a workflow definition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Definition {
+    pub namespace: String,
+    pub name: String,
+    /// 1, 2, 3, ... per name.
+    pub version: u32,
+    pub description: String,
+    pub triggers: Vec<EventTrigger>,
+    /// The YAML text; empty in lists that did not ask for it.
+    pub source: String,
+    pub file: String,
+    /// Hex SHA-256 of `source`.
+    pub source_sha256: String,
+    pub created_by: String,
+    /// Microseconds since the Unix epoch.
+    pub created_at: i64,
+}
+
+/// A validated definition to store as the next version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewDefinition {
+    pub namespace: String,
+    pub name: String,
+    pub description: String,
+    pub triggers: Vec<EventTrigger>,
+    pub source: String,
+    pub file: String,
+    pub source_sha256: String,
+    pub created_by: String,
+}
+
+/// What a put did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Put {
+    pub definition: Definition,
+    /// The source matched the latest version: nothing was added.
+    pub unchanged: bool,
+}
+
+/// Where a list page starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PageToken {
+    /// Latest versions by name: after this name.
+    AfterName(String),
+    /// Versions of one name, newest first: below this version.
+    BelowVersion(u32),
+}
+
+/// One page of a list.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DefinitionPage {
+    pub definitions: Vec<Definition>,
+    pub next: Option<PageToken>,
+}

@@ -1,0 +1,14 @@
+//! Workflow definitions as the engine sees them, free of wire types.
+
+mod definition;
+mod problem;
+mod spec;
+
+pub use self::{
+    definition::{Definition, DefinitionPage, EventTrigger, NewDefinition, PageToken, Put},
+    problem::{Problem, Severity, has_errors, sort_problems},
+    spec::{
+        Action, Branch, Concurrency, Delegate, Gate, GateMode, Input, InputType, JoinMode, MessageStep, MessageTarget,
+        OnExhausted, Parallel, Persistence, Retry, Spawn, SpawnTarget, StatePolicy, Step, Trigger, Wait, WorkflowSpec,
+    },
+};

@@ -1,0 +1,7 @@
+//! The `chorus.workflow.v1` gRPC service: handlers convert and delegate.
+
+mod convert;
+mod handlers;
+
+pub use convert::problem_out;
+pub use handlers::WorkflowGrpc;

@@ -1,0 +1,63 @@
+//! YAML definition → [`WorkflowSpec`], or every problem found.
+//!
+//! Parsing reads the whole document and reports each problem with its file,
+//! line, column and field path; templates and conditions are then compiled
+//! with minijinja and their references checked against the steps before
+//! them. An invalid definition yields no spec.
+
+mod expr;
+mod reader;
+mod steps;
+mod top;
+
+use saphyr::{LoadableYamlNode, MarkedYaml};
+
+use self::reader::Reader;
+use crate::domain::{Problem, WorkflowSpec, has_errors, sort_problems};
+
+/// The outcome of parsing one source.
+#[derive(Debug, Clone)]
+pub struct Parsed {
+    /// Set when there is no error (warnings may remain).
+    pub spec: Option<WorkflowSpec>,
+    /// The YAML `name`, when it could be read.
+    pub name: Option<String>,
+    /// Errors first, then warnings, each in source order.
+    pub problems: Vec<Problem>,
+}
+
+/// Parses and validates a definition `source` read from `file`.
+pub fn parse(source: &str, file: &str) -> Parsed {
+    let mut reader = Reader::new(file);
+    let documents = match MarkedYaml::load_from_str(source) {
+        Ok(documents) => documents,
+        Err(error) => {
+            let marker = error.marker();
+            reader.problems.push(Problem {
+                severity: crate::domain::Severity::Error,
+                file: file.to_owned(),
+                line: u32::try_from(marker.line()).unwrap_or(u32::MAX),
+                column: u32::try_from(marker.col() + 1).unwrap_or(u32::MAX),
+                field: String::new(),
+                code: "yaml_syntax".into(),
+                message: format!("malformed YAML: {}", error.info()),
+            });
+            return Parsed { spec: None, name: None, problems: reader.problems };
+        }
+    };
+    let [document] = documents.as_slice() else {
+        let message = format!("expected exactly one YAML document, found {}", documents.len());
+        reader.error(None, "", "document_count", message);
+        return Parsed { spec: None, name: None, problems: reader.problems };
+    };
+    let (draft, walk) = top::definition(&mut reader, document);
+    expr::check(&mut reader, &walk.expressions, &walk.declared);
+    let mut problems = reader.problems;
+    sort_problems(&mut problems);
+    let name = draft.as_ref().map(|spec| spec.name.clone()).filter(|name| !name.is_empty());
+    let spec = draft.filter(|_| !has_errors(&problems));
+    Parsed { spec, name, problems }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,448 @@
+//! Steps: their kinds, fields, ids and what each may refer to.
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+
+use super::{
+    expr::{ExprKind, Expression, RESERVED_ROOTS},
+    reader::{Fields, Node, Reader, join},
+    top::Walk,
+};
+use crate::domain::{
+    Action, Branch, Delegate, Gate, GateMode, JoinMode, MessageStep, MessageTarget, OnExhausted, Parallel, Retry,
+    Spawn, SpawnTarget, Step, Wait,
+};
+
+const KINDS: &[&str] = &["spawn", "delegate", "message", "wait", "parallel", "gate"];
+const STEP_FIELDS: &[&str] =
+    &["id", "description", "condition", "spawn", "delegate", "message", "wait", "parallel", "gate"];
+
+/// The definition's `steps`.
+pub(crate) fn top_level(reader: &mut Reader, node: &Node<'_>, walk: &mut Walk) -> Vec<Step> {
+    list(reader, node, "steps", BTreeSet::new(), walk)
+}
+
+/// A list of steps run in order; each sees `visible` plus the steps before it.
+fn list(
+    reader: &mut Reader,
+    node: &Node<'_>,
+    field: &str,
+    mut visible: BTreeSet<String>,
+    walk: &mut Walk,
+) -> Vec<Step> {
+    let Some(items) = reader.sequence(node, field) else { return Vec::new() };
+    if items.is_empty() {
+        reader.error(Some(node), field, "empty_value", "expected at least one step");
+    }
+    let mut steps = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        let path = format!("{field}[{index}]");
+        let Some(step) = step(reader, item, &path, &visible, walk) else { continue };
+        visible.insert(step.id.clone());
+        if let Action::Parallel(parallel) = &step.action {
+            for branch in &parallel.branches {
+                collect_ids(&branch.steps, &mut visible);
+            }
+        }
+        steps.push(step);
+    }
+    steps
+}
+
+fn collect_ids(steps: &[Step], into: &mut BTreeSet<String>) {
+    for step in steps {
+        into.insert(step.id.clone());
+        if let Action::Parallel(parallel) = &step.action {
+            for branch in &parallel.branches {
+                collect_ids(&branch.steps, into);
+            }
+        }
+    }
+}
+
+fn step(reader: &mut Reader, node: &Node<'_>, path: &str, visible: &BTreeSet<String>, walk: &mut Walk) -> Option<Step> {
+    let fields = reader.mapping(node, path, &[])?;
+    let unknown: Vec<&str> = fields.keys().filter(|key| !STEP_FIELDS.contains(key)).collect();
+    let kinds: Vec<&str> = fields.keys().filter(|key| KINDS.contains(key)).collect();
+    for key in &unknown {
+        let (code, message) = match kinds.is_empty() {
+            true => ("unknown_step_kind", format!("unknown step kind `{key}`; expected one of: {}", KINDS.join(", "))),
+            false => ("unknown_field", format!("unknown field `{key}`; expected one of: {}", STEP_FIELDS.join(", "))),
+        };
+        let key_node = fields.key_node(key);
+        reader.error(key_node, &join(path, key), code, message);
+    }
+    let id = reader.required(&fields, path, "id", "the step's id").and_then(|id| step_id(reader, id, path, walk));
+    let condition = fields.get("condition").and_then(|cond| {
+        let field = join(path, "condition");
+        let text = reader.string(cond, &field)?;
+        walk.expressions.push(Expression::at(cond, &field, &text, ExprKind::Condition, visible));
+        Some(text)
+    });
+    if kinds.len() > 1 {
+        let message = format!("a step has one kind; found {}", kinds.join(" and "));
+        reader.error(Some(node), path, "multiple_step_kinds", message);
+        return None;
+    }
+    let action = match kinds.first() {
+        None if condition.is_some() => Some(Action::Condition),
+        None => {
+            if unknown.is_empty() {
+                let message =
+                    format!("missing the step's kind: expected one of {} (or only a condition)", KINDS.join(", "));
+                reader.error(Some(node), path, "missing_step_kind", message);
+            }
+            None
+        }
+        Some(kind) => {
+            let body = fields.get(kind)?;
+            let field = join(path, kind);
+            let mut scope = Scope { reader, walk, visible, field: &field };
+            scope.action(kind, body)
+        }
+    };
+    Some(Step { id: id?, condition, action: action? })
+}
+
+fn step_id(reader: &mut Reader, node: &Node<'_>, path: &str, walk: &mut Walk) -> Option<String> {
+    let field = join(path, "id");
+    let id = reader.string(node, &field)?;
+    let identifier = id.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !identifier {
+        let message = format!(
+            "expected letters, digits and `_`, starting with a letter (templates name steps by id), found `{id}`"
+        );
+        reader.error(Some(node), &field, "bad_step_id", message);
+        return None;
+    }
+    if RESERVED_ROOTS.contains(&id.as_str()) {
+        reader.error(
+            Some(node),
+            &field,
+            "reserved_step_id",
+            format!("`{id}` is a reserved name in templates; choose another id"),
+        );
+        return None;
+    }
+    if !walk.declared.insert(id.clone()) {
+        reader.error(
+            Some(node),
+            &field,
+            "duplicate_step_id",
+            format!("step id `{id}` is already used; step ids must be unique"),
+        );
+        return None;
+    }
+    Some(id)
+}
+
+/// Reading one step's body.
+struct Scope<'r, 'w, 'v, 'f> {
+    reader: &'r mut Reader,
+    walk: &'w mut Walk,
+    visible: &'v BTreeSet<String>,
+    field: &'f str,
+}
+
+impl Scope<'_, '_, '_, '_> {
+    fn action(&mut self, kind: &str, body: &Node<'_>) -> Option<Action> {
+        match kind {
+            "spawn" => self.spawn(body).map(Action::Spawn),
+            "delegate" => self.delegate(body).map(Action::Delegate),
+            "message" => self.message(body).map(Action::Message),
+            "wait" => self.wait(body).map(Action::Wait),
+            "parallel" => self.parallel(body).map(Action::Parallel),
+            _ => self.gate(body).map(Action::Gate),
+        }
+    }
+
+    fn path(&self, key: &str) -> String {
+        join(self.field, key)
+    }
+
+    fn string(&mut self, fields: &Fields<'_, '_>, key: &str) -> Option<String> {
+        let node = fields.get(key)?;
+        self.reader.string(node, &self.path(key))
+    }
+
+    fn template(&mut self, fields: &Fields<'_, '_>, key: &str, kind: ExprKind) -> Option<String> {
+        let node = fields.get(key)?;
+        let field = self.path(key);
+        let text = self.reader.string(node, &field)?;
+        self.walk.expressions.push(Expression::at(node, &field, &text, kind, self.visible));
+        Some(text)
+    }
+
+    /// A YAML value whose strings are templates.
+    fn templated_value(&mut self, fields: &Fields<'_, '_>, key: &str) -> Value {
+        let Some(node) = fields.get(key) else { return Value::Null };
+        let field = self.path(key);
+        let Some(value) = self.reader.value(node, &field) else { return Value::Null };
+        let mut strings = Vec::new();
+        strings_of(&value, &field, &mut strings);
+        for (path, text) in strings {
+            self.walk.expressions.push(Expression::at(node, &path, &text, ExprKind::Template, self.visible));
+        }
+        value
+    }
+
+    fn duration(&mut self, fields: &Fields<'_, '_>, key: &str) -> Option<std::time::Duration> {
+        let node = fields.get(key)?;
+        self.reader.duration(node, &self.path(key))
+    }
+
+    fn retry(&mut self, fields: &Fields<'_, '_>) -> Option<Retry> {
+        let node = fields.get("retry")?;
+        let field = self.path("retry");
+        let retry = self.reader.mapping(node, &field, &["max_attempts", "backoff", "max_backoff"])?;
+        let attempts = self.reader.required(&retry, &field, "max_attempts", "attempts in all, 1 to 100")?;
+        let max_attempts = self.reader.integer(attempts, &join(&field, "max_attempts"), 1, 100)?;
+        let backoff = retry.get("backoff").and_then(|n| self.reader.duration(n, &join(&field, "backoff")));
+        let max_backoff = retry.get("max_backoff").and_then(|n| self.reader.duration(n, &join(&field, "max_backoff")));
+        let backoff = backoff.unwrap_or(std::time::Duration::from_secs(1));
+        Some(Retry { max_attempts, backoff, max_backoff: max_backoff.unwrap_or(backoff * 60).max(backoff) })
+    }
+
+    fn exactly_one<'k>(&mut self, fields: &Fields<'_, '_>, choices: &[&'k str]) -> Option<&'k str> {
+        let found: Vec<&'k str> = choices.iter().copied().filter(|key| fields.has(key)).collect();
+        if found.len() == 1 {
+            return found.first().copied();
+        }
+        let message = format!("expected exactly one of `{}`, found {}", choices.join("`, `"), found.len());
+        let code = if found.is_empty() { "missing_field" } else { "conflicting_fields" };
+        self.reader.error(Some(fields.node), self.field, code, message);
+        None
+    }
+
+    fn spawn(&mut self, body: &Node<'_>) -> Option<Spawn> {
+        let fields = self.reader.mapping(body, self.field, &["agent", "role", "input", "timeout", "retry"])?;
+        let target = match self.exactly_one(&fields, &["agent", "role"]) {
+            Some("agent") => self.template(&fields, "agent", ExprKind::Template).map(SpawnTarget::Agent),
+            Some(_) => self.string(&fields, "role").map(SpawnTarget::Role),
+            None => None,
+        };
+        self.reader.required(
+            &fields,
+            self.field,
+            "input",
+            "the task's input (text or a mapping; strings are templates)",
+        );
+        let input = self.templated_value(&fields, "input");
+        let timeout = self.duration(&fields, "timeout");
+        let retry = self.retry(&fields);
+        Some(Spawn { target: target?, input, timeout, retry })
+    }
+
+    fn delegate(&mut self, body: &Node<'_>) -> Option<Delegate> {
+        let fields = self.reader.mapping(body, self.field, &["agent", "input", "timeout", "retry"])?;
+        let agent = self
+            .reader
+            .required(&fields, self.field, "agent", "the A2A agent (its id or card URL)")
+            .and(self.string(&fields, "agent"));
+        self.reader.required(&fields, self.field, "input", "the message to send (strings are templates)");
+        let input = self.templated_value(&fields, "input");
+        let timeout = self.duration(&fields, "timeout");
+        let retry = self.retry(&fields);
+        Some(Delegate { agent: agent?, input, timeout, retry })
+    }
+
+    fn message(&mut self, body: &Node<'_>) -> Option<MessageStep> {
+        let fields = self.reader.mapping(body, self.field, &["topic", "to", "webhook", "text", "type"])?;
+        let to = match self.exactly_one(&fields, &["topic", "to", "webhook"]) {
+            Some("topic") => self.string(&fields, "topic").map(MessageTarget::Topic),
+            Some("to") => self.template(&fields, "to", ExprKind::Template).map(MessageTarget::Agent),
+            Some(_) => self.webhook(&fields),
+            None => None,
+        };
+        self.reader.required(&fields, self.field, "text", "the message text (a template)");
+        let text = self.template(&fields, "text", ExprKind::Template);
+        let message_type = self.string(&fields, "type");
+        Some(MessageStep { to: to?, text: text?, message_type })
+    }
+
+    fn webhook(&mut self, fields: &Fields<'_, '_>) -> Option<MessageTarget> {
+        let url = self.string(fields, "webhook")?;
+        if !(url.starts_with("https://") || url.starts_with("http://")) {
+            let node = fields.get("webhook");
+            self.reader.error(
+                node,
+                &self.path("webhook"),
+                "bad_url",
+                format!("expected an http(s) URL, found `{url}`"),
+            );
+            return None;
+        }
+        Some(MessageTarget::Webhook(url))
+    }
+
+    fn wait(&mut self, body: &Node<'_>) -> Option<Wait> {
+        let fields = self.reader.mapping(body, self.field, &["duration", "signal", "timeout"])?;
+        match self.exactly_one(&fields, &["duration", "signal"])? {
+            "duration" => {
+                if let Some(node) = fields.get("timeout") {
+                    self.reader.error(
+                        Some(node),
+                        &self.path("timeout"),
+                        "unknown_field",
+                        "`timeout` applies to signal waits only",
+                    );
+                }
+                self.duration(&fields, "duration").map(Wait::Timer)
+            }
+            _ => {
+                let name = self.string(&fields, "signal")?;
+                Some(Wait::Signal { name, timeout: self.duration(&fields, "timeout") })
+            }
+        }
+    }
+
+    fn parallel(&mut self, body: &Node<'_>) -> Option<Parallel> {
+        let fields = self.reader.mapping(body, self.field, &["branches", "mode"])?;
+        let mode = match fields.get("mode") {
+            None => Some(JoinMode::FailFast),
+            Some(node) => self.reader.choice(
+                node,
+                &self.path("mode"),
+                &[("fail_fast", JoinMode::FailFast), ("all_settled", JoinMode::AllSettled)],
+            ),
+        };
+        let branches_field = self.path("branches");
+        let node =
+            self.reader.required(&fields, self.field, "branches", "a list of branches, each with a name and steps")?;
+        let items = self.reader.sequence(node, &branches_field)?;
+        if items.len() < 2 {
+            self.reader.error(Some(node), &branches_field, "too_few_branches", "expected at least two branches");
+        }
+        let mut names = BTreeSet::new();
+        let mut branches = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            let path = format!("{branches_field}[{index}]");
+            let Some(branch) = self.reader.mapping(item, &path, &["name", "steps"]) else { continue };
+            let name = self
+                .reader
+                .required(&branch, &path, "name", "the branch's name")
+                .and_then(|n| self.reader.string(n, &join(&path, "name")));
+            let steps_node = self.reader.required(&branch, &path, "steps", "the branch's steps");
+            // A branch sees what its parallel step sees, never a sibling branch.
+            let steps =
+                steps_node.map(|n| list(self.reader, n, &join(&path, "steps"), self.visible.clone(), self.walk));
+            let Some(name) = name else { continue };
+            if !names.insert(name.clone()) {
+                let node = branch.get("name");
+                self.reader.error(
+                    node,
+                    &join(&path, "name"),
+                    "duplicate_branch",
+                    format!("branch name `{name}` is already used in this parallel step"),
+                );
+            }
+            branches.push(Branch { name, steps: steps.unwrap_or_default() });
+        }
+        Some(Parallel { branches, mode: mode? })
+    }
+
+    fn gate(&mut self, body: &Node<'_>) -> Option<Gate> {
+        const FIELDS: &[&str] = &[
+            "mode",
+            "reviewers",
+            "approve_when",
+            "rerun_from",
+            "max_rejections",
+            "on_exhausted",
+            "escalate_to",
+            "expires_after",
+            "artifacts",
+        ];
+        let fields = self.reader.mapping(body, self.field, FIELDS)?;
+        let mode_node = self.reader.required(&fields, self.field, "mode", "AUTO or HITL")?;
+        let mode =
+            self.reader.choice(mode_node, &self.path("mode"), &[("AUTO", GateMode::Auto), ("HITL", GateMode::Hitl)])?;
+        let reviewers = self.string(&fields, "reviewers");
+        let approve_when = self.template(&fields, "approve_when", ExprKind::Condition);
+        match mode {
+            GateMode::Auto if approve_when.is_none() => {
+                self.reader.error(
+                    Some(body),
+                    &self.path("approve_when"),
+                    "missing_field",
+                    "an AUTO gate needs `approve_when`, the condition that approves",
+                );
+            }
+            GateMode::Hitl if reviewers.is_none() => {
+                self.reader.error(
+                    Some(body),
+                    &self.path("reviewers"),
+                    "missing_field",
+                    "a HITL gate needs `reviewers`, the role that decides",
+                );
+            }
+            GateMode::Auto | GateMode::Hitl => {}
+        }
+        let rerun_from = self.string(&fields, "rerun_from");
+        if let Some(target) = &rerun_from
+            && !self.visible.contains(target)
+        {
+            let node = fields.get("rerun_from");
+            self.reader.error(
+                node,
+                &self.path("rerun_from"),
+                "bad_reference",
+                format!("`{target}` is not a step before this gate; a rejection can only rerun an earlier step"),
+            );
+        }
+        let max_rejections = match fields.get("max_rejections") {
+            None => 3,
+            Some(node) => self.reader.integer(node, &self.path("max_rejections"), 0, 100)?,
+        };
+        let on_exhausted = match fields.get("on_exhausted") {
+            None => OnExhausted::Fail,
+            Some(node) => self.reader.choice(
+                node,
+                &self.path("on_exhausted"),
+                &[("escalate", OnExhausted::Escalate), ("fail", OnExhausted::Fail)],
+            )?,
+        };
+        let escalate_to = self.string(&fields, "escalate_to");
+        if on_exhausted == OnExhausted::Escalate && escalate_to.is_none() {
+            self.reader.error(
+                Some(body),
+                &self.path("escalate_to"),
+                "missing_field",
+                "`on_exhausted: escalate` needs `escalate_to`, the role that decides then",
+            );
+        }
+        let expires_after = self.duration(&fields, "expires_after");
+        let artifacts = self.templated_value(&fields, "artifacts");
+        Some(Gate {
+            mode,
+            reviewers,
+            approve_when,
+            rerun_from,
+            max_rejections,
+            on_exhausted,
+            escalate_to,
+            expires_after,
+            artifacts,
+        })
+    }
+}
+
+/// Every string in `value` that holds a template, with its path.
+fn strings_of(value: &Value, path: &str, out: &mut Vec<(String, String)>) {
+    match value {
+        Value::String(text) if text.contains("{{") || text.contains("{%") => out.push((path.to_owned(), text.clone())),
+        Value::Array(items) => {
+            for (index, item) in items.iter().enumerate() {
+                strings_of(item, &format!("{path}[{index}]"), out);
+            }
+        }
+        Value::Object(map) => {
+            for (key, item) in map {
+                strings_of(item, &join(path, key), out);
+            }
+        }
+        Value::String(_) | Value::Null | Value::Bool(_) | Value::Number(_) => {}
+    }
+}

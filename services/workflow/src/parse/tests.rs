@@ -1,0 +1,96 @@
+//! Parsing and validation: what a user sees for good and bad definitions.
+
+use super::parse;
+use crate::domain::{Action, JoinMode, Trigger};
+
+const PR_REVIEW: &str = include_str!("../../../../workflows/pr-review.yaml");
+
+fn codes(source: &str) -> Vec<(String, u32, String)> {
+    parse(source, "wf.yaml").problems.into_iter().map(|p| (p.code, p.line, p.field)).collect()
+}
+
+#[test]
+fn the_shipped_pr_review_example_is_valid() {
+    let parsed = parse(PR_REVIEW, "workflows/pr-review.yaml");
+    assert!(parsed.problems.is_empty(), "{:?}", parsed.problems);
+    let spec = parsed.spec.expect("valid");
+    assert_eq!(spec.name, "pr-review");
+    assert!(matches!(spec.trigger, Trigger::Event { ref event_type, .. } if event_type == "tool:called"));
+    assert_eq!(spec.steps.len(), 3);
+    assert!(spec.steps[1].condition.is_some());
+}
+
+#[test]
+fn malformed_yaml_names_file_line_and_column() {
+    let parsed = parse("name: x\nsteps: [\n  - id: a\n", "bad.yaml");
+    assert!(parsed.spec.is_none());
+    let problem = &parsed.problems[0];
+    assert_eq!((problem.file.as_str(), problem.code.as_str()), ("bad.yaml", "yaml_syntax"));
+    assert!(problem.line >= 2 && problem.column >= 1, "{problem}");
+}
+
+#[test]
+fn unknown_step_kind_and_missing_fields_are_all_reported() {
+    let source = "name: x\nsteps:\n  - id: a\n    deploy: {}\n  - id: b\n    spawn:\n      input: hi\n  - spawn:\n      role: r\n      input: hi\n";
+    let found = codes(source);
+    assert!(found.contains(&("unknown_step_kind".into(), 4, "steps[0].deploy".into())), "{found:?}");
+    assert!(found.contains(&("missing_field".into(), 7, "steps[1].spawn".into())), "{found:?}");
+    assert!(found.contains(&("missing_field".into(), 8, "steps[2].id".into())), "{found:?}");
+}
+
+#[test]
+fn template_syntax_errors_point_at_the_field() {
+    let source = "name: x\nsteps:\n  - id: a\n    message:\n      topic: t\n      text: \"{{ oops \"\n";
+    let parsed = parse(source, "wf.yaml");
+    assert!(parsed.spec.is_none());
+    let problem = parsed.problems.iter().find(|p| p.code == "bad_expression").expect("bad expression");
+    assert_eq!((problem.line, problem.field.as_str()), (6, "steps[0].message.text"));
+}
+
+#[test]
+fn forward_and_unknown_references_are_rejected() {
+    let source = "name: x\nsteps:\n  - id: a\n    spawn: {role: r, input: \"{{ b.output }}\"}\n  - id: b\n    condition: \"{{ nope.x }} > 1\"\n    spawn: {role: r, input: \"{{ a.output }}\"}\n";
+    let found = codes(source);
+    assert!(found.contains(&("forward_reference".into(), 4, "steps[0].spawn.input".into())), "{found:?}");
+    assert!(found.contains(&("unknown_reference".into(), 6, "steps[1].condition".into())), "{found:?}");
+}
+
+#[test]
+fn duplicate_ids_are_rejected_even_inside_branches() {
+    let source = "name: x\nsteps:\n  - id: a\n    wait: {duration: 1s}\n  - id: p\n    parallel:\n      branches:\n        - name: one\n          steps: [{id: a, wait: {duration: 1s}}]\n        - name: two\n          steps: [{id: c, wait: {signal: go}}]\n";
+    let found = codes(source);
+    assert!(
+        found.contains(&("duplicate_step_id".into(), 9, "steps[1].parallel.branches[0].steps[0].id".into())),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn sibling_branches_cannot_see_each_other_but_later_steps_see_both() {
+    let source = "name: x\nsteps:\n  - id: p\n    parallel:\n      mode: all_settled\n      branches:\n        - name: one\n          steps: [{id: b1, wait: {duration: 1s}}]\n        - name: two\n          steps: [{id: b2, spawn: {role: r, input: \"{{ b1.output }}\"}}]\n  - id: after\n    spawn: {role: r, input: \"{{ b1.output }} {{ b2.output }}\"}\n";
+    let parsed = parse(source, "wf.yaml");
+    let codes: Vec<&str> = parsed.problems.iter().map(|p| p.code.as_str()).collect();
+    assert_eq!(codes, ["forward_reference"], "{:?}", parsed.problems);
+    let fixed = source.replace("{{ b1.output }}\"}}]", "hi\"}}]");
+    let spec = parse(&fixed, "wf.yaml").spec.expect("valid");
+    let Action::Parallel(parallel) = &spec.steps[0].action else { panic!("not parallel") };
+    assert_eq!(parallel.mode, JoinMode::AllSettled);
+}
+
+#[test]
+fn gates_cron_and_inputs_are_checked() {
+    let source = "name: x\ntrigger: {cron: \"not a cron\"}\ninputs:\n  repo: {type: text}\nsteps:\n  - id: build\n    spawn: {role: r, input: go}\n  - id: release\n    gate: {mode: HITL, on_exhausted: escalate, rerun_from: later}\n";
+    let found = codes(source);
+    for expected in ["bad_cron", "bad_value", "missing_field", "bad_reference"] {
+        assert!(found.iter().any(|(code, ..)| code == expected), "{expected} not in {found:?}");
+    }
+}
+
+#[test]
+fn a_valid_gate_and_warnings_do_not_block() {
+    let source = "name: x\ntrigger: manual\nsteps:\n  - id: build\n    spawn: {agent: coder, input: {task: \"{{ inputs.task }}\"}}\n  - id: release\n    gate:\n      mode: HITL\n      reviewers: release-managers\n      rerun_from: build\n      max_rejections: 2\n      on_exhausted: escalate\n      escalate_to: cto\n      expires_after: 2d\nstate: {persistence: sqlite, retention: 7d}\nconcurrency: {max: 2, key: \"{{ inputs.repo }}\"}\n";
+    let parsed = parse(source, "wf.yaml");
+    assert!(parsed.spec.is_some(), "{:?}", parsed.problems);
+    assert_eq!(parsed.problems.len(), 1);
+    assert_eq!(parsed.problems[0].code, "persistence_backend");
+}

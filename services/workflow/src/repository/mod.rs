@@ -1,0 +1,32 @@
+//! The storage contract for definitions.
+
+pub mod sql;
+
+use async_trait::async_trait;
+
+use crate::{
+    domain::{Definition, DefinitionPage, NewDefinition, PageToken, Put},
+    error::Result,
+};
+
+/// Where definition versions are kept. Every call is scoped to a namespace.
+#[async_trait]
+pub trait DefinitionRepository: Send + Sync + std::fmt::Debug {
+    /// Stores `definition` as the next version of its name, unless its
+    /// source hash equals the latest version's (then returns that one, unchanged).
+    async fn put(&self, definition: NewDefinition, now: i64) -> Result<Put>;
+
+    /// One version (`None`: the latest), with its source.
+    async fn get(&self, namespace: &str, name: &str, version: Option<u32>) -> Result<Option<Definition>>;
+
+    /// With `name`: its versions, newest first; else the latest version of
+    /// each name, by name. At most `limit`, after `after`.
+    async fn list(
+        &self,
+        namespace: &str,
+        name: Option<&str>,
+        include_source: bool,
+        after: Option<PageToken>,
+        limit: u32,
+    ) -> Result<DefinitionPage>;
+}

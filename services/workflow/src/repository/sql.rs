@@ -1,0 +1,199 @@
+//! The SQL definition repository: one implementation for PostgreSQL and SQLite.
+
+use async_trait::async_trait;
+use chorus_runtime::storage::{Db, DbErrorKind, MigrationFile, ServiceMigrations, classify};
+use sqlx::{AssertSqlSafe, Row as _, any::AnyRow};
+
+use super::DefinitionRepository;
+use crate::{
+    domain::{Definition, DefinitionPage, NewDefinition, PageToken, Put},
+    error::{Result, WorkflowError},
+};
+
+/// The workflow service's embedded migrations.
+pub const MIGRATIONS: ServiceMigrations = ServiceMigrations {
+    service: "workflow",
+    postgres: &[MigrationFile {
+        version: 1,
+        description: "workflow definitions",
+        sql: include_str!("../../migrations/postgres/0001_workflow.sql"),
+    }],
+    sqlite: &[MigrationFile {
+        version: 1,
+        description: "workflow definitions",
+        sql: include_str!("../../migrations/sqlite/0001_workflow.sql"),
+    }],
+};
+
+const COLUMNS: &str =
+    "namespace, name, version, description, triggers, source, file, source_sha256, created_by, created_at";
+
+/// Definition storage on a [`Db`].
+#[derive(Debug, Clone)]
+pub struct SqlDefinitionRepository {
+    db: Db,
+}
+
+impl SqlDefinitionRepository {
+    pub fn new(db: Db) -> Self {
+        Self { db }
+    }
+}
+
+fn decode(row: &AnyRow, include_source: bool) -> Result<Definition> {
+    let version: i64 = row.try_get("version")?;
+    let triggers: String = row.try_get("triggers")?;
+    Ok(Definition {
+        namespace: row.try_get("namespace")?,
+        name: row.try_get("name")?,
+        version: u32::try_from(version).map_err(|_| WorkflowError::Corrupt(format!("version {version}")))?,
+        description: row.try_get("description")?,
+        triggers: serde_json::from_str(&triggers).map_err(|error| WorkflowError::Corrupt(error.to_string()))?,
+        source: if include_source { row.try_get("source")? } else { String::new() },
+        file: row.try_get("file")?,
+        source_sha256: row.try_get("source_sha256")?,
+        created_by: row.try_get("created_by")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+#[async_trait]
+impl DefinitionRepository for SqlDefinitionRepository {
+    async fn put(&self, definition: NewDefinition, now: i64) -> Result<Put> {
+        let mut tx = self.db.pool().begin().await?;
+        let latest = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {COLUMNS} FROM workflow_definitions WHERE namespace = $1 AND name = $2 ORDER BY version DESC LIMIT 1"
+        )))
+        .bind(&definition.namespace)
+        .bind(&definition.name)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let latest = latest.as_ref().map(|row| decode(row, true)).transpose()?;
+        if let Some(latest) = latest.as_ref().filter(|latest| latest.source_sha256 == definition.source_sha256) {
+            tx.commit().await?;
+            return Ok(Put { definition: latest.clone(), unchanged: true });
+        }
+        let version = latest.map_or(1, |latest| latest.version + 1);
+        let triggers =
+            serde_json::to_string(&definition.triggers).map_err(|error| WorkflowError::Corrupt(error.to_string()))?;
+        let inserted = sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO workflow_definitions ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+        )))
+        .bind(&definition.namespace)
+        .bind(&definition.name)
+        .bind(i64::from(version))
+        .bind(&definition.description)
+        .bind(&triggers)
+        .bind(&definition.source)
+        .bind(&definition.file)
+        .bind(&definition.source_sha256)
+        .bind(&definition.created_by)
+        .bind(now)
+        .execute(&mut *tx)
+        .await;
+        if let Err(error) = inserted {
+            // Two puts of one name raced for the same version.
+            return Err(match classify(&error) {
+                DbErrorKind::UniqueViolation => WorkflowError::Conflict(definition.name),
+                DbErrorKind::Unavailable | DbErrorKind::ForeignKeyViolation | DbErrorKind::Other => error.into(),
+            });
+        }
+        tx.commit().await?;
+        let NewDefinition { namespace, name, description, triggers, source, file, source_sha256, created_by } =
+            definition;
+        let definition = Definition {
+            namespace,
+            name,
+            version,
+            description,
+            triggers,
+            source,
+            file,
+            source_sha256,
+            created_by,
+            created_at: now,
+        };
+        Ok(Put { definition, unchanged: false })
+    }
+
+    async fn get(&self, namespace: &str, name: &str, version: Option<u32>) -> Result<Option<Definition>> {
+        let row = match version {
+            Some(version) => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {COLUMNS} FROM workflow_definitions WHERE namespace = $1 AND name = $2 AND version = $3"
+                )))
+                .bind(namespace)
+                .bind(name)
+                .bind(i64::from(version))
+                .fetch_optional(self.db.pool())
+                .await?
+            }
+            None => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {COLUMNS} FROM workflow_definitions WHERE namespace = $1 AND name = $2 \
+                     ORDER BY version DESC LIMIT 1"
+                )))
+                .bind(namespace)
+                .bind(name)
+                .fetch_optional(self.db.pool())
+                .await?
+            }
+        };
+        row.as_ref().map(|row| decode(row, true)).transpose()
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        name: Option<&str>,
+        include_source: bool,
+        after: Option<PageToken>,
+        limit: u32,
+    ) -> Result<DefinitionPage> {
+        let fetch = i64::from(limit) + 1;
+        let rows = match name {
+            Some(name) => {
+                let below = match after {
+                    Some(PageToken::BelowVersion(version)) => i64::from(version),
+                    Some(PageToken::AfterName(_)) | None => i64::MAX,
+                };
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {COLUMNS} FROM workflow_definitions WHERE namespace = $1 AND name = $2 AND version < $3 \
+                     ORDER BY version DESC LIMIT $4"
+                )))
+                .bind(namespace)
+                .bind(name)
+                .bind(below)
+                .bind(fetch)
+                .fetch_all(self.db.pool())
+                .await?
+            }
+            None => {
+                let after_name = match after {
+                    Some(PageToken::AfterName(name)) => name,
+                    Some(PageToken::BelowVersion(_)) | None => String::new(),
+                };
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT {COLUMNS} FROM workflow_definitions d WHERE namespace = $1 AND name > $2 \
+                     AND version = (SELECT MAX(version) FROM workflow_definitions l \
+                                    WHERE l.namespace = d.namespace AND l.name = d.name) \
+                     ORDER BY name LIMIT $3"
+                )))
+                .bind(namespace)
+                .bind(after_name)
+                .bind(fetch)
+                .fetch_all(self.db.pool())
+                .await?
+            }
+        };
+        let mut definitions = rows.iter().map(|row| decode(row, include_source)).collect::<Result<Vec<_>>>()?;
+        let more = definitions.len() > usize::try_from(limit).unwrap_or(usize::MAX);
+        definitions.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        let next = match (more, definitions.last(), name) {
+            (true, Some(last), Some(_)) => Some(PageToken::BelowVersion(last.version)),
+            (true, Some(last), None) => Some(PageToken::AfterName(last.name.clone())),
+            _ => None,
+        };
+        Ok(DefinitionPage { definitions, next })
+    }
+}

@@ -1,0 +1,144 @@
+//! The workflow service: validates definitions and keeps their versions.
+
+use std::{path::Path, sync::Arc};
+
+use chorus_runtime::time::now_micros;
+use sha2::{Digest as _, Sha256};
+
+use crate::{
+    config::WorkflowConfig,
+    domain::{Definition, DefinitionPage, EventTrigger, NewDefinition, PageToken, Problem, Put, Severity, Trigger},
+    error::{Result, WorkflowError},
+    parse::{Parsed, parse},
+    repository::DefinitionRepository,
+};
+
+/// The workflow service. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Workflows {
+    repository: Arc<dyn DefinitionRepository>,
+    config: Arc<WorkflowConfig>,
+}
+
+/// A stored put, with the warnings the definition raised.
+#[derive(Debug, Clone)]
+pub struct PutOutcome {
+    pub put: Put,
+    pub warnings: Vec<Problem>,
+}
+
+impl Workflows {
+    pub fn new(repository: Arc<dyn DefinitionRepository>, config: WorkflowConfig) -> Self {
+        Self { repository, config: Arc::new(config) }
+    }
+
+    pub fn config(&self) -> &WorkflowConfig {
+        &self.config
+    }
+
+    /// Parses and checks `source`; stores nothing.
+    pub fn validate(&self, source: &str, file: &str) -> Parsed {
+        parse(source, file)
+    }
+
+    /// Stores `source` as the next version of the workflow it names, or
+    /// rejects it whole with every problem found.
+    pub async fn put(&self, namespace: &str, source: &str, file: &str, created_by: &str) -> Result<PutOutcome> {
+        let parsed = parse(source, file);
+        let Some(spec) = parsed.spec else {
+            return Err(WorkflowError::InvalidDefinition { file: file.to_owned(), problems: parsed.problems });
+        };
+        let triggers = match spec.trigger {
+            Trigger::Event { event_type, filter, .. } => vec![EventTrigger { event_type, filter }],
+            Trigger::Manual | Trigger::Cron { .. } => Vec::new(),
+        };
+        let definition = NewDefinition {
+            namespace: namespace.to_owned(),
+            name: spec.name,
+            description: spec.description,
+            triggers,
+            source: source.to_owned(),
+            file: file.to_owned(),
+            source_sha256: hex_sha256(source),
+            created_by: created_by.to_owned(),
+        };
+        let put = self.repository.put(definition, now_micros()).await?;
+        let warnings = parsed.problems.into_iter().filter(|p| p.severity == Severity::Warning).collect();
+        Ok(PutOutcome { put, warnings })
+    }
+
+    /// One version (`None`: the latest).
+    pub async fn get(&self, namespace: &str, name: &str, version: Option<u32>) -> Result<Definition> {
+        match self.repository.get(namespace, name, version).await? {
+            Some(definition) => Ok(definition),
+            None => Err(match version {
+                Some(version) => WorkflowError::VersionNotFound { name: name.to_owned(), version },
+                None => WorkflowError::NotFound(name.to_owned()),
+            }),
+        }
+    }
+
+    pub async fn list(
+        &self,
+        namespace: &str,
+        name: Option<&str>,
+        include_source: bool,
+        after: Option<PageToken>,
+        limit: u32,
+    ) -> Result<DefinitionPage> {
+        self.repository.list(namespace, name, include_source, after, limit).await
+    }
+
+    /// Puts every `*.yaml` / `*.yml` file of the configured folder into the
+    /// configured namespace, in name order. Any invalid file fails the whole
+    /// load with every problem of every file; a missing folder loads nothing.
+    pub async fn load_definitions_dir(&self) -> Result<Vec<PutOutcome>> {
+        let dir = Path::new(&self.config.definitions_dir);
+        if !dir.is_dir() {
+            tracing::info!(dir = %dir.display(), "no workflow definitions folder");
+            return Ok(Vec::new());
+        }
+        let sources = read_folder(dir)?;
+        let mut problems = Vec::new();
+        for (file, source) in &sources {
+            problems.extend(parse(source, file).problems.into_iter().filter(|p| p.severity == Severity::Error));
+        }
+        if !problems.is_empty() {
+            return Err(WorkflowError::InvalidDefinition { file: dir.display().to_string(), problems });
+        }
+        let mut outcomes = Vec::with_capacity(sources.len());
+        for (file, source) in &sources {
+            let outcome = self.put(&self.config.namespace, source, file, "chorus").await?;
+            let definition = &outcome.put.definition;
+            tracing::info!(file, workflow = %definition.name, version = definition.version, unchanged = outcome.put.unchanged, "workflow definition loaded");
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
+    }
+}
+
+fn read_folder(dir: &Path) -> Result<Vec<(String, String)>> {
+    let folder_error = |source| WorkflowError::Folder { path: dir.display().to_string(), source };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(folder_error)? {
+        let path = entry.map_err(folder_error)?.path();
+        let yaml = path.extension().is_some_and(|ext| ext == "yaml" || ext == "yml");
+        if yaml && path.is_file() {
+            files.push(path);
+        }
+    }
+    files.sort();
+    files
+        .into_iter()
+        .map(|path| {
+            let source = std::fs::read_to_string(&path)
+                .map_err(|source| WorkflowError::Folder { path: path.display().to_string(), source })?;
+            Ok((path.display().to_string(), source))
+        })
+        .collect()
+}
+
+/// Hex SHA-256 of `source`.
+pub fn hex_sha256(source: &str) -> String {
+    Sha256::digest(source.as_bytes()).iter().map(|byte| format!("{byte:02x}")).collect()
+}

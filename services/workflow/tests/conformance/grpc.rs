@@ -1,0 +1,109 @@
+//! The `chorus.workflow.v1` handlers as a client sees them: codes, the
+//! ValidationProblems detail, paging tokens, and runs not built yet.
+
+use chorus_proto::workflow::{self as pb, validation_problem::Severity, workflow_server::Workflow as _};
+use chorus_workflow::grpc::WorkflowGrpc;
+use prost::Message as _;
+use tonic::{Code, Request};
+
+use crate::harness::{Harness, NS, conformance, definition};
+
+const PROBLEMS_TYPE_URL: &str = "type.googleapis.com/chorus.workflow.v1.ValidationProblems";
+
+conformance!(
+    an_invalid_put_is_invalid_argument_with_every_problem,
+    put_get_and_list_round_trip,
+    validate_answers_problems_in_the_response,
+    run_rpcs_say_they_are_not_built,
+);
+
+fn put(source: &str, file: &str) -> Request<pb::PutDefinitionRequest> {
+    Request::new(pb::PutDefinitionRequest {
+        namespace: NS.into(),
+        source: source.into(),
+        file: file.into(),
+        created_by: "ana".into(),
+    })
+}
+
+async fn an_invalid_put_is_invalid_argument_with_every_problem(h: Harness) {
+    let grpc = WorkflowGrpc::new(h.workflows.clone());
+    let source = "name: x\nsteps:\n  - id: a\n    spawn: {agent: coder}\n  - id: a\n    teleport: {}\n";
+    let status = grpc.put_definition(put(source, "x.yaml")).await.expect_err("invalid");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let details = tonic_types::Status::decode(status.details()).expect("a google.rpc.Status");
+    let [detail] = details.details.as_slice() else { panic!("one detail expected: {details:?}") };
+    assert_eq!(detail.type_url, PROBLEMS_TYPE_URL);
+    let problems = pb::ValidationProblems::decode(detail.value.as_slice()).expect("ValidationProblems").problems;
+    let seen: Vec<(&str, u32, &str)> = problems.iter().map(|p| (p.code.as_str(), p.line, p.field.as_str())).collect();
+    assert_eq!(
+        seen,
+        [
+            ("missing_field", 4, "steps[0].spawn.input"),
+            ("duplicate_step_id", 5, "steps[1].id"),
+            ("unknown_step_kind", 6, "steps[1].teleport"),
+        ]
+    );
+    assert!(problems.iter().all(|p| p.file == "x.yaml" && p.severity == Severity::Error as i32));
+    assert_eq!(h.stored_rows().await, 0);
+}
+
+async fn put_get_and_list_round_trip(h: Harness) {
+    let grpc = WorkflowGrpc::new(h.workflows.clone());
+    for text in ["one", "two"] {
+        grpc.put_definition(put(&definition("deploy", text), "deploy.yaml")).await.expect("put");
+    }
+    let again = grpc.put_definition(put(&definition("deploy", "two"), "deploy.yaml")).await.expect("again");
+    let again = again.into_inner();
+    assert!(again.unchanged);
+    assert_eq!(again.definition.expect("definition").version, 2);
+    let get = |version| Request::new(pb::GetDefinitionRequest { namespace: NS.into(), name: "deploy".into(), version });
+    let first = grpc.get_definition(get(1)).await.expect("v1").into_inner();
+    assert!(first.source.contains("one"));
+    let status = grpc.get_definition(get(7)).await.expect_err("v7");
+    assert_eq!(status.code(), Code::NotFound);
+    let list = |page_token: String| {
+        Request::new(pb::ListDefinitionsRequest {
+            namespace: NS.into(),
+            name: "deploy".into(),
+            page_size: 1,
+            page_token,
+            ..Default::default()
+        })
+    };
+    let page = grpc.list_definitions(list(String::new())).await.expect("page 1").into_inner();
+    assert_eq!(page.definitions[0].version, 2);
+    assert!(page.definitions[0].source.is_empty());
+    let next = grpc.list_definitions(list(page.next_page_token)).await.expect("page 2").into_inner();
+    assert_eq!(next.definitions[0].version, 1);
+    assert!(next.next_page_token.is_empty());
+    let status = grpc.list_definitions(list("garbage!".into())).await.expect_err("bad token");
+    assert_eq!(status.code(), Code::InvalidArgument);
+}
+
+async fn validate_answers_problems_in_the_response(h: Harness) {
+    let grpc = WorkflowGrpc::new(h.workflows.clone());
+    let request = |source: &str| {
+        Request::new(pb::ValidateDefinitionRequest {
+            namespace: NS.into(),
+            source: source.into(),
+            file: "v.yaml".into(),
+        })
+    };
+    let answer = grpc.validate_definition(request(&definition("v", "{{ nope.x }}"))).await.expect("validate");
+    let answer = answer.into_inner();
+    assert!(!answer.valid);
+    assert_eq!(answer.name, "v");
+    assert_eq!(answer.problems[0].code, "unknown_reference");
+    assert_eq!(answer.problems[0].field, "steps[0].message.text");
+    let empty = grpc.validate_definition(request("")).await.expect_err("empty source");
+    assert_eq!(empty.code(), Code::InvalidArgument);
+    assert_eq!(h.stored_rows().await, 0);
+}
+
+async fn run_rpcs_say_they_are_not_built(h: Harness) {
+    let grpc = WorkflowGrpc::new(h.workflows.clone());
+    let status = grpc.start_run(Request::new(pb::StartRunRequest::default())).await.expect_err("not built");
+    assert_eq!(status.code(), Code::Unimplemented);
+    assert!(status.message().contains("not built yet"), "{status:?}");
+}

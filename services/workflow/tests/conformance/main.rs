@@ -1,0 +1,7 @@
+//! The workflow definitions conformance suite: every test runs against
+//! SQLite and, when `CHORUS_TEST_POSTGRES_URL` is set, against PostgreSQL.
+
+mod definitions;
+mod grpc;
+mod harness;
+mod loading;
