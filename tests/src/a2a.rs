@@ -371,3 +371,26 @@ pub async fn dead_address() -> SocketAddr {
     let listener = listener.unwrap_or_else(|error| panic!("cannot bind: {error}"));
     listener.local_addr().unwrap_or_else(|error| panic!("address: {error}"))
 }
+
+/// A `chorus.toml` catalog of the worker `echo` (the default agent) and
+/// `id` (named `name`), a `remote` agent proxying the A2A agent at `url`.
+pub fn echo_and_remote_catalog(id: &str, name: &str, url: &str) -> String {
+    format!(
+        r#"[gateway]
+default_agent = "echo"
+
+[[gateway.agents]]
+id = "echo"
+name = "Echo"
+description = "Echoes what it is told"
+kind = "worker"
+
+[[gateway.agents]]
+id = "{id}"
+name = "{name}"
+description = "An external A2A agent, proxied"
+kind = "remote"
+url = "{url}"
+"#
+    )
+}

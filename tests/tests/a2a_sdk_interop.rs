@@ -126,28 +126,6 @@ async fn start_python_agent(python: &Path, workdir: &Path) -> (ChildProcess, Str
     (agent, url)
 }
 
-/// A catalog of the worker `echo` (the default agent) and the remote `py`.
-fn remote_catalog(agent_url: &str) -> String {
-    format!(
-        r#"[gateway]
-default_agent = "echo"
-
-[[gateway.agents]]
-id = "echo"
-name = "Echo"
-description = "Echoes what it is sent."
-kind = "worker"
-
-[[gateway.agents]]
-id = "py"
-name = "Py"
-description = "The a2a-sdk echo agent, proxied."
-kind = "remote"
-url = "{agent_url}"
-"#
-    )
-}
-
 fn http() -> reqwest::Client {
     // reqwest is built without a TLS provider; building a client wants one.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -186,7 +164,11 @@ impl Proxy {
         let sandbox = Sandbox::new();
         let (agent, agent_url) = start_python_agent(python, sandbox.path()).await;
         // `chorus dev` reads ./chorus.toml in its working directory, the sandbox.
-        std::fs::write(sandbox.path().join("chorus.toml"), remote_catalog(&agent_url)).expect("write chorus.toml");
+        std::fs::write(
+            sandbox.path().join("chorus.toml"),
+            chorus_tests::a2a::echo_and_remote_catalog("py", "Py", &agent_url),
+        )
+        .expect("write chorus.toml");
         let server = sandbox.dev().start().await;
         Self { server, agent_url, http: http(), _agent: agent, _sandbox: sandbox }
     }

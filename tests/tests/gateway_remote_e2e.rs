@@ -11,34 +11,13 @@ use chorus_proto::{
 };
 use chorus_tests::{
     Sandbox, Server,
-    a2a::{A2a, assert_grpc_error, dead_address, message, state, text, unique, write_chorus_toml},
+    a2a::{
+        A2a, assert_grpc_error, dead_address, echo_and_remote_catalog, message, state, text, unique, write_chorus_toml,
+    },
     tasks::{state as task_state, status_text, text_message},
 };
 use serde_json::json;
 use tonic::{Code, transport::Channel};
-
-/// B's catalog: the echo worker (the default) and `far`, A's echo agent.
-fn catalog(a_url: &str) -> String {
-    format!(
-        r#"
-[gateway]
-default_agent = "echo"
-
-[[gateway.agents]]
-id = "echo"
-name = "Echo"
-description = "Echoes what it is told"
-kind = "worker"
-
-[[gateway.agents]]
-id = "far"
-name = "Far echo"
-description = "The echo agent of another chorus"
-kind = "remote"
-url = "{a_url}/a2a/echo"
-"#
-    )
-}
 
 fn delegate(agent_url: String, message_id: &str, text: &str, timeout: Duration) -> DelegateRequest {
     let mut message = text_message(Role::User, text);
@@ -63,7 +42,7 @@ async fn two_choruses() -> (Sandbox, Server, Sandbox, Server) {
     let sandbox_a = Sandbox::new();
     let a = sandbox_a.dev().name("chorus A").start().await;
     let sandbox_b = Sandbox::new();
-    write_chorus_toml(sandbox_b.path(), &catalog(a.url()));
+    write_chorus_toml(sandbox_b.path(), &echo_and_remote_catalog("far", "Far echo", &format!("{}/a2a/echo", a.url())));
     let b = sandbox_b.dev().no_agents().name("chorus B").start().await;
     (sandbox_a, a, sandbox_b, b)
 }
