@@ -16,7 +16,7 @@ use futures_util::{Stream, StreamExt as _};
 use serde_json::Value;
 
 use crate::{
-    auth::{Principal, Scope},
+    auth::Principal,
     catalog::CardEntry,
     error::{GatewayError, Result},
     jsonrpc, rest,
@@ -108,11 +108,9 @@ pub(crate) fn parse_version(requested: &str) -> Result<Version> {
     }
 }
 
-/// The caller and the scope of a request naming `tenant`.
-pub(crate) fn authorize(gateway: &Gateway, headers: &HeaderMap, tenant: &str) -> Result<Scope> {
-    let principal: Principal =
-        gateway.auth().authenticate(|name| headers.get(name).and_then(|value| value.to_str().ok()))?;
-    gateway.auth().scope(&principal, tenant)
+/// The caller the request's headers identify.
+pub(crate) fn authenticate(gateway: &Gateway, headers: &HeaderMap) -> Result<Principal> {
+    gateway.auth().authenticate(|name| headers.get(name).and_then(|value| value.to_str().ok()))
 }
 
 /// The body, refused past the configured limit.

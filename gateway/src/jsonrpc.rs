@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::{
+    auth::Principal,
     compat,
     error::{GatewayError, Result},
     http::{self, Version},
@@ -20,6 +21,7 @@ use crate::{
 /// A parsed call: its id, what it asks, in which version.
 struct Call {
     id: Value,
+    principal: Principal,
     method: &'static str,
     params: Value,
     version: Version,
@@ -52,7 +54,7 @@ pub(crate) async fn handle(
         Err((id, error)) => return error_response(&id, &error),
     };
     let id = call.id.clone();
-    match dispatch(&gateway, &agent, &headers, call).await {
+    match dispatch(&gateway, &agent, call).await {
         Ok(Reply::Value(result)) => axum::Json(json!({ "jsonrpc": "2.0", "id": id, "result": result })).into_response(),
         Ok(Reply::Stream(response)) => response,
         Err(error) => error_response(&id, &error),
@@ -71,7 +73,7 @@ async fn parse(
     body: Body,
 ) -> std::result::Result<Call, (Value, GatewayError)> {
     let fail = |error| (Value::Null, error);
-    gateway.auth().authenticate(|name| headers.get(name).and_then(|value| value.to_str().ok())).map_err(fail)?;
+    let principal = http::authenticate(gateway, headers).map_err(fail)?;
     let body = http::read_body(gateway, body).await.map_err(fail)?;
     if !http::is_json(headers) {
         return Err(fail(GatewayError::ContentTypeNotSupported("a JSON-RPC request is application/json".to_owned())));
@@ -111,7 +113,7 @@ async fn parse(
         }
         (None, Version::V1) => return Err((id, GatewayError::MethodNotFound(method))),
     };
-    Ok(Call { id, method, params, version })
+    Ok(Call { id, principal, method, params, version })
 }
 
 fn params<T: DeserializeOwned>(params: Value) -> Result<T> {
@@ -126,8 +128,8 @@ fn to_value(value: impl serde::Serialize) -> Value {
     serde_json::to_value(value).expect("A2A types serialize")
 }
 
-async fn dispatch(gateway: &Gateway, agent: &str, headers: &HeaderMap, call: Call) -> Result<Reply> {
-    let scope = http::authorize(gateway, headers, tenant(&call.params))?;
+async fn dispatch(gateway: &Gateway, agent: &str, call: Call) -> Result<Reply> {
+    let scope = gateway.auth().scope(&call.principal, tenant(&call.params))?;
     let agent = gateway.agent(Some(agent), &scope)?;
     let version = call.version;
     let method = call.method;

@@ -63,12 +63,12 @@ async fn serve(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response> {
-    gateway.auth().authenticate(|name| headers.get(name).and_then(|value| value.to_str().ok()))?;
+    let principal = http::authenticate(gateway, headers)?;
     if http::version(headers, uri.query())? == Version::V03 && headers.contains_key("a2a-version") {
         return Err(GatewayError::VersionNotSupported("0.3".to_owned()));
     }
     let (tenant, operation) = route(method, path)?;
-    let scope = http::authorize(gateway, headers, &tenant)?;
+    let scope = gateway.auth().scope(&principal, &tenant)?;
     let agent = gateway.agent(Some(agent), &scope)?;
     let query = query(uri.query());
     let body = http::read_body(gateway, body).await?;
