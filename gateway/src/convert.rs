@@ -37,14 +37,15 @@ pub(crate) fn state_out(state: i32) -> TaskState {
     }
 }
 
-/// Whether a task in `state` will change no more.
-pub(crate) fn is_terminal(state: &TaskState) -> bool {
-    matches!(state, TaskState::Completed | TaskState::Failed | TaskState::Canceled | TaskState::Rejected)
-}
-
 /// Whether a task in `state` waits for its caller (a stream ends there).
 pub(crate) fn is_interrupted(state: &TaskState) -> bool {
     matches!(state, TaskState::InputRequired | TaskState::AuthRequired)
+}
+
+/// Whether a task in `state` is done for now: terminal, or waiting for its
+/// caller.
+pub(crate) fn is_settled(state: &TaskState) -> bool {
+    state.is_terminal() || is_interrupted(state)
 }
 
 fn metadata_in(metadata: Option<&std::collections::HashMap<String, serde_json::Value>>) -> Option<prost_types::Struct> {

@@ -12,7 +12,7 @@ use crate::{
     auth::Scope,
     error::{GatewayError, Result},
     http::{Version, parse_version},
-    service::{EventStream, Gateway},
+    service::{self, EventStream, Gateway},
 };
 
 /// `lf.a2a.v1.A2AService` over a [`Gateway`].
@@ -52,15 +52,6 @@ fn stream(events: EventStream) -> Response<GrpcStream> {
     Response::new(Box::pin(events))
 }
 
-fn history_length(value: Option<i32>) -> Result<Option<u32>> {
-    value
-        .map(|length| {
-            u32::try_from(length)
-                .map_err(|_| GatewayError::InvalidParams("history_length must not be negative".to_owned()))
-        })
-        .transpose()
-}
-
 #[tonic::async_trait]
 impl pb::a2a_service_server::A2aService for A2aGrpc {
     async fn send_message(
@@ -89,7 +80,7 @@ impl pb::a2a_service_server::A2aService for A2aGrpc {
     async fn get_task(&self, request: Request<pb::GetTaskRequest>) -> Result<Response<pb::Task>, Status> {
         let scope = self.scope(request.metadata(), &request.get_ref().tenant)?;
         let request = request.into_inner();
-        let task = self.gateway.get_task(&scope, &request.id, history_length(request.history_length)?).await?;
+        let task = self.gateway.get_task(&scope, &request.id, service::history_length(request.history_length)?).await?;
         Ok(Response::new(pbc::to_proto_task(&task)))
     }
 

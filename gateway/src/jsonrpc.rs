@@ -15,7 +15,8 @@ use crate::{
     compat,
     error::{GatewayError, Result},
     http::{self, Version},
-    service::Gateway,
+    protojson::to_value,
+    service::{self, Gateway},
 };
 
 /// A parsed call: its id, what it asks, in which version.
@@ -124,10 +125,6 @@ fn tenant(params: &Value) -> &str {
     params.get("tenant").and_then(Value::as_str).unwrap_or_default()
 }
 
-fn to_value(value: impl serde::Serialize) -> Value {
-    serde_json::to_value(value).expect("A2A types serialize")
-}
-
 async fn dispatch(gateway: &Gateway, agent: &str, call: Call) -> Result<Reply> {
     let scope = gateway.auth().scope(&call.principal, tenant(&call.params))?;
     let agent = gateway.agent(Some(agent), &scope)?;
@@ -150,13 +147,7 @@ async fn dispatch(gateway: &Gateway, agent: &str, call: Call) -> Result<Reply> {
         }
         "GetTask" => {
             let request: a2a::GetTaskRequest = params(call.params)?;
-            let history_length = request
-                .history_length
-                .map(|length| {
-                    u32::try_from(length)
-                        .map_err(|_| GatewayError::InvalidParams("historyLength must not be negative".to_owned()))
-                })
-                .transpose()?;
+            let history_length = service::history_length(request.history_length)?;
             to_value(gateway.get_task(&scope, &request.id, history_length).await?)
         }
         "ListTasks" => to_value(gateway.list_tasks(&scope, params(call.params)?).await?),

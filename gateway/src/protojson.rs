@@ -22,6 +22,11 @@ pub(crate) fn parse<T: DeserializeOwned>(mut value: Value, what: &str) -> Result
     })
 }
 
+/// An answer as JSON (A2A types always serialize).
+pub(crate) fn to_value(value: impl serde::Serialize) -> Value {
+    serde_json::to_value(value).expect("A2A types serialize")
+}
+
 /// Renames every `snake_case` key of `value` to `lowerCamelCase`, outside
 /// free-form fields.
 pub(crate) fn accept_proto_names(value: &mut Value) {

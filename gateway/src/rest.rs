@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use crate::{
     error::{GatewayError, Result},
     http::{self, Version},
+    protojson::to_value,
     service::Gateway,
 };
 
@@ -220,10 +221,6 @@ fn list_request(query: &HashMap<String, String>) -> Result<a2a::ListTasksRequest
 
 fn from_json<T: DeserializeOwned>(value: Value) -> Result<T> {
     crate::protojson::parse(value, "request")
-}
-
-fn to_value(value: impl serde::Serialize) -> Value {
-    serde_json::to_value(value).expect("A2A types serialize")
 }
 
 fn stream(gateway: &Gateway, events: crate::service::EventStream) -> Response {

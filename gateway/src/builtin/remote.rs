@@ -101,8 +101,8 @@ async fn cancel_when_canceled(turn: Turn, canceled: CancellationToken) {
     let mut events = events.into_inner();
     while let Some(Ok(event)) = events.next().await {
         let ended = match convert::event_out(event) {
-            Some(StreamResponse::Task(task)) => convert::is_terminal(&task.status.state),
-            Some(StreamResponse::StatusUpdate(update)) => convert::is_terminal(&update.status.state),
+            Some(StreamResponse::Task(task)) => task.status.state.is_terminal(),
+            Some(StreamResponse::StatusUpdate(update)) => update.status.state.is_terminal(),
             Some(StreamResponse::Message(_) | StreamResponse::ArtifactUpdate(_)) | None => false,
         };
         if ended {

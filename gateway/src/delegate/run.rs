@@ -14,6 +14,7 @@ use tracing::{debug, warn};
 
 use super::wire;
 use super::{A2aClient, Credentials, DelegateError, DelegateOutcome, DelegateTarget, Endpoint, pick_interface};
+use crate::convert::is_settled;
 
 /// How long the cancel request of a timed-out delegation may take.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -179,11 +180,6 @@ impl A2aClient {
             Err(_) => warn!(task_id, "the remote A2A agent did not answer the cancel request in time"),
         }
     }
-}
-
-/// Terminal, or interrupted until the user or an authorization acts.
-fn is_settled(state: &TaskState) -> bool {
-    state.is_terminal() || matches!(state, TaskState::InputRequired | TaskState::AuthRequired)
 }
 
 /// Folds a stream event into the task as last seen.

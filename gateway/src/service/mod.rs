@@ -18,7 +18,7 @@ use crate::{
     builtin::Runner,
     catalog::Catalog,
     config::{AgentConfig, AgentKind, GatewayConfig},
-    convert::{self, is_interrupted, is_terminal},
+    convert::{self, is_interrupted, is_settled},
     delegation::DelegateGrpc,
     error::{GatewayError, Result},
     notify::{Follow, PushDispatcher},
@@ -166,7 +166,7 @@ impl Gateway {
     /// `SubscribeToTask`: the task as it is, then its changes.
     pub(crate) async fn subscribe(&self, scope: &Scope, task_id: &str) -> Result<EventStream> {
         let task = self.get_task(scope, task_id, Some(0)).await?;
-        if is_terminal(&task.status.state) {
+        if task.status.state.is_terminal() {
             return Err(GatewayError::UnsupportedOperation(format!(
                 "task {task_id} is {:?} and will not change; read it with GetTask",
                 task.status.state
@@ -286,7 +286,7 @@ impl Gateway {
             )));
         }
         let state = convert::state_out(task.status.as_ref().map_or(0, |status| status.state));
-        if is_terminal(&state) {
+        if state.is_terminal() {
             return Err(GatewayError::UnsupportedOperation(format!(
                 "task {task_id} is {state:?} and accepts no more messages"
             )));
@@ -399,18 +399,14 @@ fn until_settled(events: impl Stream<Item = Result<StreamResponse>> + Send + 'st
         let event = events.next().await?;
         let settled = match &event {
             Ok(StreamResponse::Task(task)) => {
-                is_terminal(&task.status.state) || (waiting == Waiting::Ends && is_interrupted(&task.status.state))
+                task.status.state.is_terminal() || (waiting == Waiting::Ends && is_interrupted(&task.status.state))
             }
-            Ok(StreamResponse::StatusUpdate(update)) => settles(&update.status.state),
+            Ok(StreamResponse::StatusUpdate(update)) => is_settled(&update.status.state),
             Ok(StreamResponse::Message(_) | StreamResponse::ArtifactUpdate(_)) => false,
             Err(_) => true,
         };
         Some((event, (events, settled)))
     }))
-}
-
-fn settles(state: &a2a::TaskState) -> bool {
-    is_terminal(state) || is_interrupted(state)
 }
 
 fn default_configuration() -> a2a::SendMessageConfiguration {
@@ -423,7 +419,7 @@ fn default_configuration() -> a2a::SendMessageConfiguration {
 }
 
 /// `historyLength`: unset is the whole history; negative is an error.
-fn history_length(value: Option<i32>) -> Result<Option<u32>> {
+pub(crate) fn history_length(value: Option<i32>) -> Result<Option<u32>> {
     value
         .map(|length| {
             u32::try_from(length)
