@@ -14,7 +14,14 @@ use chorus_runtime::{
     wakeup::Wakeups,
 };
 use chorus_taskstore::{TaskStore, grpc::TaskStoreGrpc, repository::sql::SqlTaskRepository};
-use chorus_workflow::{Workflows, error::WorkflowError, grpc::WorkflowGrpc, repository::sql::SqlDefinitionRepository};
+use chorus_workflow::{
+    Workflows,
+    effects::{ClientEffects, Endpoints},
+    engine::TriggerSource,
+    error::WorkflowError,
+    grpc::WorkflowGrpc,
+    repository::{sql::SqlDefinitionRepository, sql_runs::SqlRunRepository},
+};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -32,7 +39,7 @@ pub(crate) enum Service {
     Hub,
     /// The A2A gateway (JSON-RPC, HTTP+JSON and `lf.a2a.v1` gRPC).
     Gateway,
-    /// The workflow engine's definitions (`chorus.workflow.v1`).
+    /// The workflow engine: definitions, runs and the engine that drives them (`chorus.workflow.v1`).
     Workflow,
 }
 
@@ -181,9 +188,38 @@ impl Stack {
                 Service::Workflow => {
                     let db = opened(db.as_ref())?;
                     db.migrate(&chorus_workflow::MIGRATIONS).await?;
-                    let repository = Arc::new(SqlDefinitionRepository::new(db.clone()));
-                    let workflows = Workflows::new(repository, config.workflow.clone());
+                    let wakeups = Wakeups::new();
+                    db.bridge_wakeups("chorus_workflow", &wakeups, shutdown.clone());
+                    let workflow = &config.workflow;
+                    let own = format!("http://{address}");
+                    let channel = |url: &Option<String>, key: &str| -> anyhow::Result<Channel> {
+                        let url = url.clone().unwrap_or_else(|| own.clone());
+                        Ok(Channel::from_shared(url.clone())
+                            .with_context(|| format!("workflow.{key} {url:?} is not a URL"))?
+                            .connect_lazy())
+                    };
+                    let eventbus = channel(&workflow.eventbus_url, "eventbus_url")?;
+                    let endpoints = Endpoints {
+                        taskstore: channel(&workflow.taskstore_url, "taskstore_url")?,
+                        hub: channel(&workflow.hub_url, "hub_url")?,
+                        eventbus: eventbus.clone(),
+                        gateway: channel(&workflow.gateway_url, "gateway_url")?,
+                        gateway_url: workflow.gateway_url.clone().unwrap_or_else(|| own.clone()),
+                        allow_private_webhooks: workflow.allow_private_webhooks,
+                        webhook_timeout: std::time::Duration::from_millis(workflow.webhook_timeout_ms),
+                    };
+                    let effects =
+                        ClientEffects::new(endpoints).map_err(|error| anyhow::anyhow!("workflow: {error}"))?;
+                    let workflows = Workflows::new(
+                        Arc::new(SqlDefinitionRepository::new(db.clone())),
+                        Arc::new(SqlRunRepository::new(db.clone())),
+                        Arc::new(effects),
+                        wakeups,
+                        workflow.clone(),
+                    );
                     workflows.load_definitions_dir().await.map_err(startup_error)?;
+                    let triggers = TriggerSource { bus: EventBusClient::new(eventbus) };
+                    chorus_workflow::engine::spawn(workflows.clone(), Some(triggers), shutdown.clone());
                     server.add_grpc_service(WorkflowGrpc::new(workflows).into_server(config.server.max_message_bytes));
                 }
             }

@@ -4,6 +4,7 @@
 //! [`chorus::taskstore::v1`]); the short aliases below are what callers use.
 
 pub mod codec;
+pub mod json;
 
 /// Generated code, one module per proto package.
 #[allow(missing_debug_implementations, unreachable_pub, clippy::all, clippy::clone_on_ref_ptr, rust_2018_idioms)]

@@ -1,5 +1,7 @@
 //! Workflow settings (`[workflow]` in `chorus.toml`).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -10,10 +12,53 @@ pub struct WorkflowConfig {
     pub definitions_dir: String,
     /// The namespace the folder is loaded into.
     pub namespace: String,
+    /// What templates see as `config` (`{{ config.notify }}`).
+    pub vars: BTreeMap<String, serde_json::Value>,
+    /// How long an engine's claim on a run lasts without renewal; another
+    /// engine resumes a run this long after its engine died.
+    pub lease_ms: u64,
+    /// How often an engine looks for due runs without a wake-up.
+    pub poll_ms: u64,
+    /// The most runs one engine drives at once.
+    pub max_active_runs: u32,
+    /// This engine's name in run claims (default: host, process and a random suffix).
+    pub engine_id: Option<String>,
+    /// The services steps call; unset: this process's own address.
+    pub taskstore_url: Option<String>,
+    pub hub_url: Option<String>,
+    pub eventbus_url: Option<String>,
+    pub gateway_url: Option<String>,
+    /// Webhook steps may call loopback and private addresses.
+    pub allow_private_webhooks: bool,
+    pub webhook_timeout_ms: u64,
 }
 
 impl Default for WorkflowConfig {
     fn default() -> Self {
-        Self { definitions_dir: "workflows".to_owned(), namespace: "default".to_owned() }
+        Self {
+            definitions_dir: "workflows".to_owned(),
+            namespace: "default".to_owned(),
+            vars: BTreeMap::new(),
+            lease_ms: 2_000,
+            poll_ms: 200,
+            max_active_runs: 512,
+            engine_id: None,
+            taskstore_url: None,
+            hub_url: None,
+            eventbus_url: None,
+            gateway_url: None,
+            allow_private_webhooks: false,
+            webhook_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl WorkflowConfig {
+    pub fn lease(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.lease_ms.max(100))
+    }
+
+    pub fn poll(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.poll_ms.clamp(10, 60_000))
     }
 }

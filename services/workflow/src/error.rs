@@ -18,6 +18,12 @@ pub enum WorkflowError {
     VersionNotFound { name: String, version: u32 },
     #[error("workflow {0} is not defined")]
     NotFound(String),
+    #[error("run {0} not found")]
+    RunNotFound(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("this engine no longer holds run {0}")]
+    LeaseLost(String),
     #[error("workflow {0} was changed concurrently; retry")]
     Conflict(String),
     #[error("cannot read {path}: {source}")]
@@ -42,8 +48,9 @@ impl ServiceError for WorkflowError {
     fn error_code(&self) -> ErrorCode {
         match self {
             Self::InvalidArgument(_) | Self::InvalidDefinition { .. } => ErrorCode::InvalidArgument,
-            Self::VersionNotFound { .. } | Self::NotFound(_) => ErrorCode::NotFound,
-            Self::Conflict(_) => ErrorCode::Aborted,
+            Self::VersionNotFound { .. } | Self::NotFound(_) | Self::RunNotFound(_) => ErrorCode::NotFound,
+            Self::FailedPrecondition(_) => ErrorCode::FailedPrecondition,
+            Self::Conflict(_) | Self::LeaseLost(_) => ErrorCode::Aborted,
             Self::Unavailable(_) => ErrorCode::Unavailable,
             Self::Folder { .. } | Self::Storage(_) | Self::Corrupt(_) => ErrorCode::Internal,
         }

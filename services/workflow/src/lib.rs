@@ -1,14 +1,18 @@
-//! The chorus workflow engine, first slice: versioned YAML workflow
-//! definitions (runs are not built yet).
+//! The chorus workflow engine: versioned YAML definitions and their durable
+//! runs.
 //!
-//! - [`domain`]: definitions and validation problems, free of wire types;
+//! - [`domain`]: definitions, runs and their records, free of wire types;
 //! - [`parse`]: YAML → a checked definition, or every problem with its place;
-//! - [`repository`]: the storage contract and its SQL implementation;
-//! - [`service`]: put, validate, get, list and loading a folder;
+//! - [`repository`]: the storage contracts and their SQL implementations;
+//! - [`service`]: definitions and the runs API;
+//! - [`engine`]: the rules of a run, and the loops that drive runs;
+//! - [`effects`]: steps' side effects over the other services;
 //! - [`grpc`]: the `chorus.workflow.v1` handlers, which convert and delegate.
 
 pub mod config;
 pub mod domain;
+pub mod effects;
+pub mod engine;
 pub mod error;
 pub mod grpc;
 pub mod parse;

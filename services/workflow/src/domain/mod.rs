@@ -2,11 +2,16 @@
 
 mod definition;
 mod problem;
+mod run;
 mod spec;
 
 pub use self::{
     definition::{Definition, DefinitionPage, EventTrigger, NewDefinition, PageToken, Put},
     problem::{Problem, Severity, has_errors, sort_problems},
+    run::{
+        Decision, GateDecision, NewRun, OriginKind, Outcome, Run, RunBody, RunChange, RunCursor, RunEvent, RunFilter,
+        RunOrigin, RunPage, RunState, Signal, StepKind, StepRecord, StepState,
+    },
     spec::{
         Action, Branch, Concurrency, Delegate, Gate, GateMode, Input, InputType, JoinMode, MessageStep, MessageTarget,
         OnExhausted, Parallel, Persistence, Retry, Spawn, SpawnTarget, StatePolicy, Step, Trigger, Wait, WorkflowSpec,

@@ -1,10 +1,9 @@
 //! Domain ↔ wire conversions.
 
 use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
+use chorus_proto::json::struct_from_json;
 use chorus_proto::workflow as pb;
 use chorus_runtime::{time::timestamp, validate::FieldViolation};
-use prost_types::{ListValue, Struct, value::Kind};
-use serde_json::{Map, Value};
 
 use crate::domain::{Definition, PageToken, Problem, Severity};
 
@@ -33,7 +32,10 @@ pub(super) fn definition_out(definition: Definition) -> pb::Definition {
         triggers: definition
             .triggers
             .into_iter()
-            .map(|trigger| pb::Trigger { event_type: trigger.event_type, filter: Some(struct_of(trigger.filter)) })
+            .map(|trigger| pb::Trigger {
+                event_type: trigger.event_type,
+                filter: Some(struct_from_json(trigger.filter)),
+            })
             .collect(),
         source: definition.source,
         file: definition.file,
@@ -41,22 +43,6 @@ pub(super) fn definition_out(definition: Definition) -> pb::Definition {
         created_by: definition.created_by,
         created_at: Some(timestamp(definition.created_at)),
     }
-}
-
-fn struct_of(map: Map<String, Value>) -> Struct {
-    Struct { fields: map.into_iter().map(|(key, value)| (key, value_of(value))).collect() }
-}
-
-fn value_of(value: Value) -> prost_types::Value {
-    let kind = match value {
-        Value::Null => Kind::NullValue(0),
-        Value::Bool(value) => Kind::BoolValue(value),
-        Value::Number(number) => Kind::NumberValue(number.as_f64().unwrap_or_default()),
-        Value::String(text) => Kind::StringValue(text),
-        Value::Array(items) => Kind::ListValue(ListValue { values: items.into_iter().map(value_of).collect() }),
-        Value::Object(map) => Kind::StructValue(struct_of(map)),
-    };
-    prost_types::Value { kind: Some(kind) }
 }
 
 pub(super) fn token_out(token: PageToken) -> String {

@@ -3,13 +3,22 @@
 
 use chorus_proto::workflow::{self as pb, workflow_server::WorkflowServer};
 use chorus_runtime::{
-    grpc::namespace,
+    grpc::{namespace, stream_of},
+    time::timestamp_micros,
     validate::{self, FieldViolation},
 };
 use tonic::{Request, Response, Status};
 
-use super::convert::{definition_out, problem_out, token_in, token_out};
-use crate::{domain::has_errors, service::Workflows};
+use super::{
+    convert::{definition_out, problem_out, token_in, token_out},
+    run_convert::{
+        cursor_in, decision_in, event_out, object_in, origin_in, run_out, run_token_in, run_token_out, state_in,
+    },
+};
+use crate::{
+    domain::{Decision, RunFilter, has_errors},
+    service::{GateCall, SignalCall, StartCall, Workflows},
+};
 
 const DEFAULT_PAGE: u32 = 50;
 const MAX_PAGE: u32 = 100;
@@ -31,11 +40,6 @@ impl WorkflowGrpc {
     pub fn into_server(self, max_message_bytes: usize) -> WorkflowServer<Self> {
         WorkflowServer::new(self).max_decoding_message_size(max_message_bytes)
     }
-}
-
-/// Runs are the next slice of the engine; their RPCs say so plainly.
-fn runs_not_built() -> Status {
-    Status::unimplemented("workflow runs are not built yet: only definitions are served")
 }
 
 fn source(value: &str) -> Result<&str, FieldViolation> {
@@ -119,42 +123,104 @@ impl pb::workflow_server::Workflow for WorkflowGrpc {
         }))
     }
 
-    async fn start_run(&self, _request: Request<pb::StartRunRequest>) -> Result<Response<pb::Run>, Status> {
-        Err(runs_not_built())
+    async fn start_run(&self, request: Request<pb::StartRunRequest>) -> Result<Response<pb::Run>, Status> {
+        let request = request.into_inner();
+        let call = StartCall {
+            namespace: namespace(&request.namespace)?,
+            workflow: validate::id("workflow", &request.workflow)?,
+            version: (request.version != 0).then_some(request.version),
+            input: object_in("input", request.input)?,
+            idempotency_key: validate::optional_id("idempotency_key", &request.idempotency_key)?,
+            origin: origin_in(request.origin),
+            trigger: serde_json::Value::Null,
+        };
+        let run = self.workflows.start_run(call).await?;
+        Ok(Response::new(run_out(run)))
     }
 
-    async fn get_run(&self, _request: Request<pb::GetRunRequest>) -> Result<Response<pb::Run>, Status> {
-        Err(runs_not_built())
+    async fn get_run(&self, request: Request<pb::GetRunRequest>) -> Result<Response<pb::Run>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        let run = self.workflows.get_run(&namespace, &validate::id("run_id", &request.run_id)?).await?;
+        Ok(Response::new(run_out(run)))
     }
 
-    async fn list_runs(
-        &self,
-        _request: Request<pb::ListRunsRequest>,
-    ) -> Result<Response<pb::ListRunsResponse>, Status> {
-        Err(runs_not_built())
+    async fn list_runs(&self, request: Request<pb::ListRunsRequest>) -> Result<Response<pb::ListRunsResponse>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        let filter = RunFilter {
+            workflow: validate::optional_id("workflow", &request.workflow)?,
+            version: (request.version != 0).then_some(request.version),
+            states: request.states.iter().map(|state| state_in("states", *state)).collect::<Result<_, _>>()?,
+            created_after: timestamp_micros("created_after", request.created_after)?,
+            include_steps: request.include_steps,
+        };
+        let limit = page_size(request.page_size)?;
+        let after = run_token_in(&request.page_token)?;
+        let page = self.workflows.list_runs(&namespace, &filter, after, limit).await?;
+        Ok(Response::new(pb::ListRunsResponse {
+            runs: page.runs.into_iter().map(run_out).collect(),
+            next_page_token: page.next.map(run_token_out).unwrap_or_default(),
+        }))
     }
 
-    async fn cancel_run(&self, _request: Request<pb::CancelRunRequest>) -> Result<Response<pb::Run>, Status> {
-        Err(runs_not_built())
+    async fn cancel_run(&self, request: Request<pb::CancelRunRequest>) -> Result<Response<pb::Run>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        let run_id = validate::id("run_id", &request.run_id)?;
+        let run = self.workflows.cancel_run(&namespace, &run_id, &request.reason, &request.canceled_by).await?;
+        Ok(Response::new(run_out(run)))
     }
 
     async fn signal_run(
         &self,
-        _request: Request<pb::SignalRunRequest>,
+        request: Request<pb::SignalRunRequest>,
     ) -> Result<Response<pb::SignalRunResponse>, Status> {
-        Err(runs_not_built())
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        let run_id = validate::id("run_id", &request.run_id)?;
+        let signal_id = match validate::optional_id("signal_id", &request.signal_id)? {
+            Some(id) => id,
+            None => uuid::Uuid::now_v7().to_string(),
+        };
+        let call = SignalCall {
+            name: validate::id("name", &request.name)?,
+            payload: object_in("payload", request.payload)?,
+            signal_id: signal_id.clone(),
+            sent_by: request.sent_by,
+        };
+        let duplicate = self.workflows.signal_run(&namespace, &run_id, call).await?;
+        Ok(Response::new(pb::SignalRunResponse { signal_id, duplicate }))
     }
 
-    async fn decide_gate(&self, _request: Request<pb::DecideGateRequest>) -> Result<Response<pb::Run>, Status> {
-        Err(runs_not_built())
+    async fn decide_gate(&self, request: Request<pb::DecideGateRequest>) -> Result<Response<pb::Run>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        let run_id = validate::id("run_id", &request.run_id)?;
+        let decision = decision_in(request.decision)?;
+        if decision == Decision::Reject && request.reason.trim().is_empty() {
+            return Err(FieldViolation::new("reason", "is required to reject: it is the feedback").into());
+        }
+        let call = GateCall {
+            step_id: validate::id("step_id", &request.step_id)?,
+            decision,
+            decided_by: validate::id("decided_by", &request.decided_by)?,
+            reason: request.reason,
+            data: object_in("data", request.data)?,
+            iteration: request.iteration,
+        };
+        let (run, _) = self.workflows.decide_gate(&namespace, &run_id, call).await?;
+        Ok(Response::new(run_out(run)))
     }
 
     type WatchRunStream = chorus_runtime::grpc::ResponseStream<pb::RunEvent>;
 
-    async fn watch_run(
-        &self,
-        _request: Request<pb::WatchRunRequest>,
-    ) -> Result<Response<Self::WatchRunStream>, Status> {
-        Err(runs_not_built())
+    async fn watch_run(&self, request: Request<pb::WatchRunRequest>) -> Result<Response<Self::WatchRunStream>, Status> {
+        let request = request.into_inner();
+        let namespace = namespace(&request.namespace)?;
+        let run_id = validate::id("run_id", &request.run_id)?;
+        let after = cursor_in(&request.after_cursor)?;
+        let events = self.workflows.watch_run(&namespace, &run_id, after).await?;
+        Ok(Response::new(stream_of(events, event_out)))
     }
 }

@@ -2,6 +2,7 @@
 
 mod convert;
 mod handlers;
+mod run_convert;
 
 pub use convert::problem_out;
 pub use handlers::WorkflowGrpc;

@@ -12,6 +12,7 @@ mod top;
 
 use saphyr::{LoadableYamlNode, MarkedYaml};
 
+pub(crate) use self::expr::condition_source;
 use self::reader::Reader;
 use crate::domain::{Problem, WorkflowSpec, has_errors, sort_problems};
 

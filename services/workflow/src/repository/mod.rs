@@ -1,9 +1,12 @@
-//! The storage contract for definitions.
+//! The storage contracts: definitions and runs.
 
+pub mod runs;
 pub mod sql;
+pub mod sql_runs;
 
 use async_trait::async_trait;
 
+pub use self::runs::{Claim, Fence, RunRepository, Transition};
 use crate::{
     domain::{Definition, DefinitionPage, NewDefinition, PageToken, Put},
     error::Result,
@@ -29,4 +32,8 @@ pub trait DefinitionRepository: Send + Sync + std::fmt::Debug {
         after: Option<PageToken>,
         limit: u32,
     ) -> Result<DefinitionPage>;
+
+    /// The latest version of every workflow in every namespace, with its
+    /// source (what the trigger scheduler reads).
+    async fn latest_everywhere(&self) -> Result<Vec<Definition>>;
 }

@@ -13,16 +13,30 @@ use crate::{
 /// The workflow service's embedded migrations.
 pub const MIGRATIONS: ServiceMigrations = ServiceMigrations {
     service: "workflow",
-    postgres: &[MigrationFile {
-        version: 1,
-        description: "workflow definitions",
-        sql: include_str!("../../migrations/postgres/0001_workflow.sql"),
-    }],
-    sqlite: &[MigrationFile {
-        version: 1,
-        description: "workflow definitions",
-        sql: include_str!("../../migrations/sqlite/0001_workflow.sql"),
-    }],
+    postgres: &[
+        MigrationFile {
+            version: 1,
+            description: "workflow definitions",
+            sql: include_str!("../../migrations/postgres/0001_workflow.sql"),
+        },
+        MigrationFile {
+            version: 2,
+            description: "workflow runs",
+            sql: include_str!("../../migrations/postgres/0002_runs.sql"),
+        },
+    ],
+    sqlite: &[
+        MigrationFile {
+            version: 1,
+            description: "workflow definitions",
+            sql: include_str!("../../migrations/sqlite/0001_workflow.sql"),
+        },
+        MigrationFile {
+            version: 2,
+            description: "workflow runs",
+            sql: include_str!("../../migrations/sqlite/0002_runs.sql"),
+        },
+    ],
 };
 
 const COLUMNS: &str =
@@ -195,5 +209,15 @@ impl DefinitionRepository for SqlDefinitionRepository {
             _ => None,
         };
         Ok(DefinitionPage { definitions, next })
+    }
+
+    async fn latest_everywhere(&self) -> Result<Vec<Definition>> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {COLUMNS} FROM workflow_definitions d WHERE version = (SELECT MAX(version) \
+             FROM workflow_definitions l WHERE l.namespace = d.namespace AND l.name = d.name) ORDER BY namespace, name"
+        )))
+        .fetch_all(self.db.pool())
+        .await?;
+        rows.iter().map(|row| decode(row, true)).collect()
     }
 }

@@ -1,5 +1,5 @@
 //! The `chorus.workflow.v1` handlers as a client sees them: codes, the
-//! ValidationProblems detail, paging tokens, and runs not built yet.
+//! ValidationProblems detail, paging tokens, and the runs API's bad input.
 
 use chorus_proto::workflow::{self as pb, validation_problem::Severity, workflow_server::Workflow as _};
 use chorus_workflow::grpc::WorkflowGrpc;
@@ -14,7 +14,7 @@ conformance!(
     an_invalid_put_is_invalid_argument_with_every_problem,
     put_get_and_list_round_trip,
     validate_answers_problems_in_the_response,
-    run_rpcs_say_they_are_not_built,
+    run_rpcs_answer_bad_input_with_the_field_and_unknown_runs_with_not_found,
 );
 
 fn put(source: &str, file: &str) -> Request<pb::PutDefinitionRequest> {
@@ -101,9 +101,34 @@ async fn validate_answers_problems_in_the_response(h: Harness) {
     assert_eq!(h.stored_rows().await, 0);
 }
 
-async fn run_rpcs_say_they_are_not_built(h: Harness) {
+async fn run_rpcs_answer_bad_input_with_the_field_and_unknown_runs_with_not_found(h: Harness) {
     let grpc = WorkflowGrpc::new(h.workflows.clone());
-    let status = grpc.start_run(Request::new(pb::StartRunRequest::default())).await.expect_err("not built");
-    assert_eq!(status.code(), Code::Unimplemented);
-    assert!(status.message().contains("not built yet"), "{status:?}");
+    let field = |status: &tonic::Status| {
+        let details = tonic_types::Status::decode(status.details()).expect("a google.rpc.Status");
+        format!("{details:?}")
+    };
+    let status = grpc.start_run(Request::new(pb::StartRunRequest::default())).await.expect_err("no namespace");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    let start = pb::StartRunRequest { namespace: NS.into(), workflow: "nope".into(), ..Default::default() };
+    let status = grpc.start_run(Request::new(start)).await.expect_err("unknown workflow");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    let get = pb::GetRunRequest { namespace: NS.into(), run_id: "no-such-run".into() };
+    assert_eq!(grpc.get_run(Request::new(get)).await.expect_err("unknown run").code(), Code::NotFound);
+    let decide = pb::DecideGateRequest {
+        namespace: NS.into(),
+        run_id: "r".into(),
+        step_id: "g".into(),
+        decision: pb::Decision::Reject.into(),
+        decided_by: "ana".into(),
+        ..Default::default()
+    };
+    let status = grpc.decide_gate(Request::new(decide)).await.expect_err("a rejection needs a reason");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(field(&status).contains("reason"), "{status:?}");
+    let list = pb::ListRunsRequest { namespace: NS.into(), page_token: "garbage".into(), ..Default::default() };
+    let status = grpc.list_runs(Request::new(list)).await.expect_err("bad token");
+    assert!(field(&status).contains("page_token"), "{status:?}");
+    let watch = pb::WatchRunRequest { namespace: NS.into(), run_id: "r".into(), after_cursor: "x".into() };
+    let status = grpc.watch_run(Request::new(watch)).await.err().expect("bad cursor");
+    assert_eq!(status.code(), Code::InvalidArgument);
 }

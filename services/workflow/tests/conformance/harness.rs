@@ -1,29 +1,120 @@
-//! Boots the workflow service on a fresh database: SQLite always, PostgreSQL
-//! when `CHORUS_TEST_POSTGRES_URL` is set (then a failure to connect fails the test).
+//! Boots the workflow service and engine on a fresh database — SQLite always,
+//! PostgreSQL when `CHORUS_TEST_POSTGRES_URL` is set (then a failure to
+//! connect fails the test) — beside a real task store, hub and event bus on a
+//! loopback port, with a worker agent that answers spawned tasks.
 
-use std::sync::Arc;
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
-use chorus_runtime::testing::TestDatabase;
-use chorus_workflow::{WorkflowConfig, Workflows, repository::sql::SqlDefinitionRepository};
+use chorus_eventbus::{EventBus, EventBusConfig, grpc::EventBusGrpc, repository::sql::SqlEventRepository};
+use chorus_hub::{Hub, HubConfig, grpc::HubGrpc, repository::sql::SqlHubRepository};
+use chorus_proto::taskstore::{Part, part::Content};
+use chorus_runtime::{
+    server::{ServerBuilder, ServerConfig},
+    testing::TestDatabase,
+    wakeup::Wakeups,
+};
+use chorus_taskstore::{TaskStore, TaskStoreConfig, grpc::TaskStoreGrpc, repository::sql::SqlTaskRepository};
+use chorus_worker::{HandlerError, Reply, TaskContext, Worker, text_part};
+use chorus_workflow::{
+    WorkflowConfig, Workflows,
+    domain::{Run, RunState},
+    effects::{ClientEffects, Endpoints},
+    repository::{sql::SqlDefinitionRepository, sql_runs::SqlRunRepository},
+    service::StartCall,
+};
+use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
 
 pub(crate) const NS: &str = "team-a";
+/// The agent the test worker works for.
+pub(crate) const AGENT: &str = "coder";
 
 pub(crate) struct Harness {
     pub(crate) workflows: Workflows,
     pub(crate) db: chorus_runtime::storage::Db,
+    pub(crate) address: SocketAddr,
+    shutdown: CancellationToken,
     _database: TestDatabase,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Fast claims and polls, so crash-free tests never wait long.
+pub(crate) fn test_config() -> WorkflowConfig {
+    WorkflowConfig { lease_ms: 1_000, poll_ms: 50, allow_private_webhooks: true, ..WorkflowConfig::default() }
 }
 
 impl Harness {
     pub(crate) async fn start(database: TestDatabase) -> Self {
-        let db = database.open(&[&chorus_workflow::MIGRATIONS]).await;
-        let workflows = Workflows::new(Arc::new(SqlDefinitionRepository::new(db.clone())), WorkflowConfig::default());
-        Self { workflows, db, _database: database }
+        let migrations = [
+            &chorus_taskstore::MIGRATIONS,
+            &chorus_hub::MIGRATIONS,
+            &chorus_eventbus::MIGRATIONS,
+            &chorus_workflow::MIGRATIONS,
+        ];
+        let db = database.open(&migrations).await;
+        let shutdown = CancellationToken::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let mut server = ServerBuilder::new(ServerConfig::default());
+        let limit = 4 << 20;
+        let store = TaskStore::new(
+            Arc::new(SqlTaskRepository::new(db.clone())),
+            Wakeups::new(),
+            TaskStoreConfig::default(),
+            shutdown.clone(),
+        );
+        store.spawn_reaper();
+        server.add_grpc_service(TaskStoreGrpc::new(store).into_server(limit));
+        let hub = Hub::new(
+            Arc::new(SqlHubRepository::new(db.clone())),
+            Wakeups::new(),
+            HubConfig::default(),
+            shutdown.clone(),
+        );
+        server.add_grpc_service(HubGrpc::new(hub).into_server(limit));
+        let bus = EventBus::new(
+            Arc::new(SqlEventRepository::new(db.clone())),
+            Wakeups::new(),
+            EventBusConfig::default(),
+            shutdown.clone(),
+        );
+        server.add_grpc_service(EventBusGrpc::new(bus).into_server(limit));
+        tokio::spawn(server.serve(listener, shutdown.clone()));
+        let harness =
+            Self { workflows: build(&db, address, test_config()), db, address, shutdown, _database: database };
+        chorus_workflow::engine::spawn(harness.workflows.clone(), None, harness.shutdown.clone());
+        harness.start_worker(AGENT).await;
+        harness
     }
 
-    /// The same database with another configuration.
+    /// Another service (and engine) on the same database with `config`.
     pub(crate) fn with_config(&self, config: WorkflowConfig) -> Workflows {
-        Workflows::new(Arc::new(SqlDefinitionRepository::new(self.db.clone())), config)
+        build(&self.db, self.address, config)
+    }
+
+    /// The same database, another engine (a second replica).
+    pub(crate) fn spawn_engine(&self, config: WorkflowConfig) -> (Workflows, CancellationToken) {
+        let workflows = self.with_config(config);
+        let stop = self.shutdown.child_token();
+        chorus_workflow::engine::spawn(workflows.clone(), None, stop.clone());
+        (workflows, stop)
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    /// A worker for `agent` that answers by the task's text (see [`answer`]).
+    pub(crate) async fn start_worker(&self, agent: &str) {
+        let client = chorus_worker::connect(&self.url()).await.expect("worker connects");
+        let worker = Worker::new(client, agent).namespace(NS).capacity(16);
+        tokio::spawn(worker.run(answer, self.shutdown.clone()));
     }
 
     /// Rows in `workflow_definitions`, every namespace.
@@ -33,6 +124,99 @@ impl Harness {
             .await
             .expect("count")
     }
+
+    /// Puts a definition into [`NS`].
+    pub(crate) async fn put(&self, source: &str) {
+        self.workflows.put(NS, source, "test.yaml", "test").await.expect("a valid definition");
+    }
+
+    /// Starts a run of `workflow` with `input`.
+    pub(crate) async fn run(&self, workflow: &str, input: Value) -> Run {
+        let call = StartCall {
+            namespace: NS.into(),
+            workflow: workflow.into(),
+            input: input.as_object().cloned().unwrap_or_default(),
+            ..StartCall::default()
+        };
+        self.workflows.start_run(call).await.expect("the run starts")
+    }
+
+    /// Waits until `done` holds for the run (at most 20 s).
+    pub(crate) async fn until(&self, run_id: &str, what: &str, done: impl Fn(&Run) -> bool) -> Run {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let run = self.workflows.get_run(NS, run_id).await.expect("the run exists");
+            if done(&run) {
+                return run;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}: {run:#?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until the run is finished.
+    pub(crate) async fn finished(&self, run_id: &str) -> Run {
+        self.until(run_id, "the run to finish", |run| run.state.is_finished()).await
+    }
+
+    /// Waits until the run waits (on a gate, a signal or a timer).
+    pub(crate) async fn waiting(&self, run_id: &str) -> Run {
+        self.until(run_id, "the run to wait", |run| run.state == RunState::Waiting).await
+    }
+}
+
+fn build(db: &chorus_runtime::storage::Db, address: SocketAddr, config: WorkflowConfig) -> Workflows {
+    let channel = Channel::from_shared(format!("http://{address}")).expect("url").connect_lazy();
+    let endpoints = Endpoints {
+        taskstore: channel.clone(),
+        hub: channel.clone(),
+        eventbus: channel.clone(),
+        gateway: channel,
+        gateway_url: format!("http://{address}"),
+        allow_private_webhooks: config.allow_private_webhooks,
+        webhook_timeout: Duration::from_secs(5),
+    };
+    let effects = ClientEffects::new(endpoints).expect("effects");
+    Workflows::new(
+        Arc::new(SqlDefinitionRepository::new(db.clone())),
+        Arc::new(SqlRunRepository::new(db.clone())),
+        Arc::new(effects),
+        Wakeups::new(),
+        config,
+    )
+}
+
+/// The test worker: `fail` in the text fails the task; `slow` keeps it
+/// working until canceled; `flaky` fails the first attempt of its step;
+/// anything else completes with a summary, a confidence (0.5 when the text
+/// starts with `unsure`) and whether the message carried gate feedback.
+async fn answer(task: TaskContext) -> Result<Reply, HandlerError> {
+    let text = task.text();
+    let message = task.task().history.first().cloned().unwrap_or_default();
+    let metadata = message.metadata.as_ref().map(chorus_proto::json::struct_to_json).unwrap_or_default();
+    let feedback = message.parts.iter().find_map(|part| match &part.content {
+        Some(Content::Data(data)) => chorus_proto::json::value_to_json(data).get("feedback").cloned(),
+        _ => None,
+    });
+    if text.contains("fail") {
+        return Err(HandlerError::fatal("asked to fail"));
+    }
+    if text.contains("flaky") && metadata.get("attempt") == Some(&json!(1.0)) {
+        return Err(HandlerError::fatal("flaky first attempt"));
+    }
+    if text.contains("slow") {
+        task.cancelled().await;
+        return Err(HandlerError::fatal("canceled"));
+    }
+    let mut data = Map::new();
+    data.insert("summary".into(), json!(format!("did: {text}")));
+    data.insert("confidence".into(), json!(if text.starts_with("unsure") { 0.5 } else { 0.95 }));
+    data.insert("feedback".into(), feedback.unwrap_or(Value::Null));
+    let data = Part {
+        content: Some(Content::Data(chorus_proto::json::value_from_json(Value::Object(data)))),
+        ..Part::default()
+    };
+    Ok(Reply::new().with_part(text_part(format!("did: {text}"))).with_part(data))
 }
 
 /// A small valid definition named `name` whose one message says `text`.

@@ -15,7 +15,11 @@ fn folder(files: &[(&str, String)]) -> tempfile::TempDir {
 }
 
 fn config(dir: &tempfile::TempDir) -> WorkflowConfig {
-    WorkflowConfig { definitions_dir: dir.path().display().to_string(), namespace: "default".into() }
+    WorkflowConfig {
+        definitions_dir: dir.path().display().to_string(),
+        namespace: "default".into(),
+        ..WorkflowConfig::default()
+    }
 }
 
 async fn a_folder_loads_into_its_namespace_idempotently(h: Harness) {

@@ -5,3 +5,4 @@ mod definitions;
 mod grpc;
 mod harness;
 mod loading;
+mod runs;

@@ -1,24 +1,51 @@
-//! The workflow service: validates definitions and keeps their versions.
+//! The workflow service: definitions and their versions ([`Workflows::put`]
+//! and friends), and runs ([`runs`]).
 
-use std::{path::Path, sync::Arc};
+mod runs;
+
+use std::{
+    collections::HashMap,
+    path::Path,
+    sync::{Arc, Mutex},
+};
 
 use chorus_runtime::time::now_micros;
 use sha2::{Digest as _, Sha256};
 
+use chorus_runtime::wakeup::Wakeups;
+
+pub use self::runs::{GateCall, SignalCall, StartCall};
 use crate::{
     config::WorkflowConfig,
-    domain::{Definition, DefinitionPage, EventTrigger, NewDefinition, PageToken, Problem, Put, Severity, Trigger},
+    domain::{
+        Definition, DefinitionPage, EventTrigger, NewDefinition, PageToken, Problem, Put, Severity, Trigger,
+        WorkflowSpec,
+    },
+    effects::Effects,
     error::{Result, WorkflowError},
     parse::{Parsed, parse},
-    repository::DefinitionRepository,
+    repository::{DefinitionRepository, RunRepository},
 };
+
+/// The wake-up key engines wait on for runs that became due.
+pub(crate) const ENGINE_KEY: &str = "engine";
 
 /// The workflow service. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Workflows {
     repository: Arc<dyn DefinitionRepository>,
+    pub(crate) runs: Arc<dyn RunRepository>,
+    pub(crate) effects: Arc<dyn Effects>,
+    pub(crate) wakeups: Wakeups,
     config: Arc<WorkflowConfig>,
+    /// `config.vars` as templates see them.
+    pub(crate) vars: Arc<serde_json::Value>,
+    /// Parsed definition versions: a stored version never changes.
+    specs: Arc<Mutex<SpecCache>>,
 }
+
+/// Parsed specs by (namespace, name, version).
+type SpecCache = HashMap<(String, String, u32), Arc<WorkflowSpec>>;
 
 /// A stored put, with the warnings the definition raised.
 #[derive(Debug, Clone)]
@@ -28,8 +55,51 @@ pub struct PutOutcome {
 }
 
 impl Workflows {
-    pub fn new(repository: Arc<dyn DefinitionRepository>, config: WorkflowConfig) -> Self {
-        Self { repository, config: Arc::new(config) }
+    pub fn new(
+        repository: Arc<dyn DefinitionRepository>,
+        runs: Arc<dyn RunRepository>,
+        effects: Arc<dyn Effects>,
+        wakeups: Wakeups,
+        config: WorkflowConfig,
+    ) -> Self {
+        let vars = serde_json::to_value(&config.vars).unwrap_or_default();
+        Self {
+            repository,
+            runs,
+            effects,
+            wakeups,
+            config: Arc::new(config),
+            vars: Arc::new(vars),
+            specs: Arc::default(),
+        }
+    }
+
+    /// The parsed spec of a stored version.
+    pub(crate) async fn spec(&self, namespace: &str, name: &str, version: u32) -> Result<Arc<WorkflowSpec>> {
+        let key = (namespace.to_owned(), name.to_owned(), version);
+        if let Some(spec) = self.specs.lock().expect("spec cache poisoned").get(&key) {
+            return Ok(Arc::clone(spec));
+        }
+        let definition = self.get(namespace, name, Some(version)).await?;
+        let spec = Arc::new(self.spec_of(&definition)?);
+        self.specs.lock().expect("spec cache poisoned").insert(key, Arc::clone(&spec));
+        Ok(spec)
+    }
+
+    /// Parses a stored definition, which was valid when it was stored.
+    pub(crate) fn spec_of(&self, definition: &Definition) -> Result<WorkflowSpec> {
+        let parsed = parse(&definition.source, &definition.file);
+        parsed.spec.ok_or_else(|| {
+            WorkflowError::Corrupt(format!(
+                "stored workflow {} v{} no longer parses",
+                definition.name, definition.version
+            ))
+        })
+    }
+
+    /// The latest version of every workflow in every namespace.
+    pub(crate) async fn latest_everywhere(&self) -> Result<Vec<Definition>> {
+        self.repository.latest_everywhere().await
     }
 
     pub fn config(&self) -> &WorkflowConfig {

@@ -1,0 +1,320 @@
+//! [`Effects`] over the other services' gRPC clients and an egress-guarded
+//! HTTP client for webhooks.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chorus_proto::{
+    eventbus::{self as bus, event_bus_client::EventBusClient},
+    gateway::{self as gw, gateway_client::GatewayClient},
+    hub::{self, hub_client::HubClient},
+    json::struct_from_json,
+    taskstore::{self as ts, task_event::Kind as EventKind, task_store_client::TaskStoreClient},
+};
+use serde_json::{Value, json};
+use tonic::{Code, Status, transport::Channel};
+
+use super::{
+    Destination, EffectError, Effects, Origin, TaskOutcome,
+    task::{is_terminal, message_parts, outcome},
+};
+
+/// Where the services the engine calls are.
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    pub taskstore: Channel,
+    pub hub: Channel,
+    pub eventbus: Channel,
+    pub gateway: Channel,
+    /// The gateway's base URL: an agent id `x` is `{gateway_url}/a2a/x`.
+    pub gateway_url: String,
+    /// Webhook steps may call loopback and private addresses.
+    pub allow_private_webhooks: bool,
+    pub webhook_timeout: Duration,
+}
+
+/// The engine's side effects over gRPC and HTTP.
+#[derive(Debug, Clone)]
+pub struct ClientEffects {
+    tasks: TaskStoreClient<Channel>,
+    hub: HubClient<Channel>,
+    bus: EventBusClient<Channel>,
+    gateway: GatewayClient<Channel>,
+    gateway_url: String,
+    allow_private_webhooks: bool,
+    webhook_timeout: Duration,
+}
+
+impl ClientEffects {
+    pub fn new(endpoints: Endpoints) -> Result<Self, EffectError> {
+        Ok(Self {
+            tasks: TaskStoreClient::new(endpoints.taskstore),
+            hub: HubClient::new(endpoints.hub),
+            bus: EventBusClient::new(endpoints.eventbus),
+            gateway: GatewayClient::new(endpoints.gateway),
+            gateway_url: endpoints.gateway_url.trim_end_matches('/').to_owned(),
+            allow_private_webhooks: endpoints.allow_private_webhooks,
+            webhook_timeout: endpoints.webhook_timeout,
+        })
+    }
+}
+
+/// A failed call: transient when retrying later may help.
+fn status_error(what: &str, status: &Status) -> EffectError {
+    let message = format!("{what}: {}", status.message());
+    match status.code() {
+        Code::Unavailable | Code::DeadlineExceeded | Code::ResourceExhausted | Code::Aborted | Code::Unknown => {
+            EffectError::Transient(message)
+        }
+        _ => EffectError::Failed(message),
+    }
+}
+
+fn metadata(origin: &Origin) -> prost_types::Struct {
+    let fields = json!({
+        "workflow": origin.workflow,
+        "run_id": origin.run_id,
+        "step_id": origin.step_id,
+        "iteration": origin.iteration,
+        "attempt": origin.attempt,
+    });
+    struct_from_json(fields.as_object().cloned().unwrap_or_default())
+}
+
+fn message(origin: &Origin, input: &Value) -> ts::Message {
+    ts::Message {
+        message_id: origin.key.clone(),
+        context_id: origin.run_id.clone(),
+        role: ts::Role::User.into(),
+        parts: message_parts(input),
+        metadata: Some(metadata(origin)),
+        ..ts::Message::default()
+    }
+}
+
+#[async_trait]
+impl Effects for ClientEffects {
+    async fn spawn(&self, origin: &Origin, agent: &str, input: &Value) -> Result<String, EffectError> {
+        let request = ts::CreateTaskRequest {
+            namespace: origin.namespace.clone(),
+            agent_id: agent.to_owned(),
+            message: Some(message(origin, input)),
+            context_id: origin.run_id.clone(),
+            metadata: Some(metadata(origin)),
+            idempotency_key: origin.key.clone(),
+            ..ts::CreateTaskRequest::default()
+        };
+        let task = self.tasks.clone().create_task(request).await.map_err(|s| status_error("create task", &s))?;
+        Ok(task.into_inner().id)
+    }
+
+    async fn await_task(&self, namespace: &str, task_id: &str) -> Result<TaskOutcome, EffectError> {
+        let request = ts::WatchTaskRequest {
+            namespace: namespace.to_owned(),
+            task_id: task_id.to_owned(),
+            snapshot: true,
+            ..ts::WatchTaskRequest::default()
+        };
+        let mut tasks = self.tasks.clone();
+        let mut stream = tasks.watch_task(request).await.map_err(|s| status_error("watch task", &s))?.into_inner();
+        loop {
+            let event = stream.message().await.map_err(|s| status_error("watch task", &s))?;
+            let Some(event) = event else {
+                return Err(EffectError::Transient(format!("the watch of task {task_id} ended early")));
+            };
+            let state = match event.kind() {
+                EventKind::Snapshot => event.task.as_ref().and_then(|t| t.status.as_ref()).map(|s| s.state()),
+                EventKind::StatusChanged => event.status.as_ref().map(|s| s.state()),
+                _ => None,
+            };
+            if state.is_some_and(is_terminal) {
+                break;
+            }
+        }
+        let request =
+            ts::GetTaskRequest { namespace: namespace.to_owned(), id: task_id.to_owned(), history_length: Some(0) };
+        let task = tasks.get_task(request).await.map_err(|s| status_error("get task", &s))?.into_inner();
+        Ok(outcome(&task))
+    }
+
+    async fn cancel_task(&self, namespace: &str, task_id: &str) -> Result<(), EffectError> {
+        let request = ts::CancelTaskRequest {
+            namespace: namespace.to_owned(),
+            id: task_id.to_owned(),
+            reason: "its workflow step was canceled".into(),
+        };
+        match self.tasks.clone().cancel_task(request).await {
+            Ok(_) => Ok(()),
+            // Already finished, or gone: nothing to cancel.
+            Err(status) if matches!(status.code(), Code::FailedPrecondition | Code::NotFound) => Ok(()),
+            Err(status) => Err(status_error("cancel task", &status)),
+        }
+    }
+
+    async fn delegate(&self, origin: &Origin, agent: &str, input: &Value) -> Result<TaskOutcome, EffectError> {
+        let agent_url = match agent.starts_with("http://") || agent.starts_with("https://") {
+            true => agent.to_owned(),
+            false => format!("{}/a2a/{agent}", self.gateway_url),
+        };
+        let mut sent = message(origin, input);
+        sent.context_id.clear();
+        let request = gw::DelegateRequest { agent_url, message: Some(sent), ..gw::DelegateRequest::default() };
+        let response = self.gateway.clone().delegate(request).await.map_err(|s| status_error("delegate", &s))?;
+        Ok(match response.into_inner().result {
+            Some(gw::delegate_response::Result::Task(task)) => outcome(&task),
+            Some(gw::delegate_response::Result::Message(answer)) => {
+                let task = ts::Task {
+                    status: Some(ts::TaskStatus {
+                        state: ts::TaskState::Completed.into(),
+                        message: Some(answer),
+                        timestamp: None,
+                    }),
+                    ..ts::Task::default()
+                };
+                outcome(&task)
+            }
+            None => TaskOutcome::Failed("the agent answered nothing".into()),
+        })
+    }
+
+    async fn message(
+        &self,
+        origin: &Origin,
+        to: &Destination,
+        text: &str,
+        message_type: &str,
+    ) -> Result<Value, EffectError> {
+        let sender = format!("workflow:{}", origin.workflow);
+        let body =
+            json!({ "text": text, "run_id": origin.run_id, "workflow": origin.workflow, "step_id": origin.step_id });
+        let content = hub::Content {
+            r#type: message_type.to_owned(),
+            payload: body.to_string().into_bytes(),
+            content_type: "application/json".into(),
+        };
+        let sent = match to {
+            Destination::Topic(topic) => {
+                let request = hub::PublishRequest {
+                    namespace: origin.namespace.clone(),
+                    topic: topic.clone(),
+                    sender,
+                    content: Some(content),
+                    idempotency_key: origin.key.clone(),
+                    ..hub::PublishRequest::default()
+                };
+                self.hub.clone().publish(request).await.map_err(|s| status_error("hub publish", &s))?
+            }
+            Destination::Agent(agent) => {
+                let request = hub::SendDirectRequest {
+                    namespace: origin.namespace.clone(),
+                    sender,
+                    recipient: agent.clone(),
+                    content: Some(content),
+                    idempotency_key: origin.key.clone(),
+                    ..hub::SendDirectRequest::default()
+                };
+                self.hub.clone().send_direct(request).await.map_err(|s| status_error("hub send", &s))?
+            }
+            Destination::Webhook(url) => return self.webhook(origin, url, &body, message_type).await,
+        };
+        let sent = sent.into_inner();
+        Ok(json!({ "message_id": sent.message_id, "recipients": sent.recipients }))
+    }
+
+    async fn publish(&self, origin: &Origin, event_type: &str, payload: &Value) -> Result<u64, EffectError> {
+        let request = bus::PublishRequest {
+            namespace: origin.namespace.clone(),
+            event: Some(bus::NewEvent {
+                r#type: event_type.to_owned(),
+                source: "workflow".into(),
+                subject: origin.run_id.clone(),
+                payload: payload.to_string().into_bytes(),
+                content_type: "application/json".into(),
+                idempotency_key: origin.key.clone(),
+                ..bus::NewEvent::default()
+            }),
+        };
+        let published = self.bus.clone().publish(request).await.map_err(|s| status_error("publish event", &s))?;
+        Ok(published.into_inner().sequence)
+    }
+}
+
+impl ClientEffects {
+    /// POSTs the message as JSON with an `Idempotency-Key` header, to the
+    /// addresses its host resolved to when they were vetted (no redirects).
+    async fn webhook(
+        &self,
+        origin: &Origin,
+        url: &str,
+        body: &Value,
+        message_type: &str,
+    ) -> Result<Value, EffectError> {
+        let failed = |why: String| EffectError::Failed(format!("webhook {url}: {why}"));
+        let parsed = reqwest::Url::parse(url).map_err(|e| failed(e.to_string()))?;
+        let host = parsed.host_str().ok_or_else(|| failed("no host".into()))?.to_owned();
+        let port = parsed.port_or_known_default().ok_or_else(|| failed("no port".into()))?;
+        let bare = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+        let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host((bare.as_str(), port))
+            .await
+            .map_err(|e| EffectError::Transient(format!("webhook {url}: cannot resolve {host}: {e}")))?
+            .collect();
+        if !self.allow_private_webhooks
+            && let Some(addr) = addrs.iter().find(|addr| !is_public(addr.ip()))
+        {
+            return Err(failed(format!(
+                "{host} resolves to {}, which is not a public address; set workflow.allow_private_webhooks to allow it",
+                addr.ip()
+            )));
+        }
+        let client = reqwest::Client::builder()
+            .timeout(self.webhook_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .resolve_to_addrs(&bare, &addrs)
+            .build()
+            .map_err(|e| failed(e.to_string()))?;
+        let mut body = body.clone();
+        body["type"] = json!(message_type);
+        let response = client
+            .post(parsed)
+            .header("Idempotency-Key", &origin.key)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|error| EffectError::Transient(format!("webhook {url}: {error}")))?;
+        let status = response.status();
+        if status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408 {
+            return Err(EffectError::Transient(format!("webhook {url} answered {status}")));
+        }
+        if !status.is_success() {
+            return Err(failed(format!("answered {status}")));
+        }
+        Ok(json!({ "status": status.as_u16() }))
+    }
+}
+
+/// Whether `ip` is a public unicast address.
+fn is_public(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            !(v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_multicast()
+                || v4.is_broadcast()
+                || v4.octets()[0] == 0
+                || (v4.octets()[0] == 100 && (v4.octets()[1] & 0xc0) == 64))
+        }
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => is_public(std::net::IpAddr::V4(v4)),
+            None => {
+                !(v6.is_loopback()
+                    || v6.is_unspecified()
+                    || v6.is_multicast()
+                    || v6.is_unique_local()
+                    || v6.is_unicast_link_local())
+            }
+        },
+    }
+}

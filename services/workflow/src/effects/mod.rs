@@ -1,0 +1,84 @@
+//! Side effects of steps, behind one trait: tasks in the task store, hub
+//! messages, outbound webhooks, A2A delegation through the gateway and
+//! bus events. Every effect carries an idempotency key derived from (run,
+//! step, iteration, attempt), so issuing it again after a crash finds the
+//! first one instead of making a second.
+
+mod clients;
+mod task;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+pub use self::clients::{ClientEffects, Endpoints};
+
+/// Why an effect did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EffectError {
+    /// Worth trying again later (a service unavailable, a timeout).
+    #[error("{0}")]
+    Transient(String),
+    /// The step's attempt fails with this error.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Who ran an effect: the run and its step record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Origin {
+    pub namespace: String,
+    pub workflow: String,
+    pub run_id: String,
+    pub step_id: String,
+    pub iteration: u32,
+    pub attempt: u32,
+    /// The idempotency key of the effect.
+    pub key: String,
+}
+
+/// How a spawned task ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskOutcome {
+    /// Completed: the step's output.
+    Completed(Value),
+    /// Failed, rejected or canceled: why.
+    Failed(String),
+}
+
+/// Where a message goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    Topic(String),
+    Agent(String),
+    Webhook(String),
+}
+
+/// The side effects the engine issues.
+#[async_trait]
+pub trait Effects: Send + Sync + std::fmt::Debug {
+    /// Creates the task of a spawn step for `agent` (or finds the one made
+    /// with the same key); its id. `input` is the record's rendered input.
+    async fn spawn(&self, origin: &Origin, agent: &str, input: &Value) -> Result<String, EffectError>;
+
+    /// Waits until the task ends.
+    async fn await_task(&self, namespace: &str, task_id: &str) -> Result<TaskOutcome, EffectError>;
+
+    /// Cancels a task; a task already finished is left as it is.
+    async fn cancel_task(&self, namespace: &str, task_id: &str) -> Result<(), EffectError>;
+
+    /// Sends a message to an external A2A agent and waits for its answer:
+    /// the step's output.
+    async fn delegate(&self, origin: &Origin, agent: &str, input: &Value) -> Result<TaskOutcome, EffectError>;
+
+    /// Sends a hub message or calls a webhook; what to record as output.
+    async fn message(
+        &self,
+        origin: &Origin,
+        to: &Destination,
+        text: &str,
+        message_type: &str,
+    ) -> Result<Value, EffectError>;
+
+    /// Publishes an event on the bus; its sequence.
+    async fn publish(&self, origin: &Origin, event_type: &str, payload: &Value) -> Result<u64, EffectError>;
+}

@@ -1,0 +1,72 @@
+//! A task as a step's output: the data its agent returned, and its text.
+
+use chorus_proto::json::{value_from_json, value_to_json};
+use chorus_proto::taskstore::{self as pb, TaskState, part::Content};
+use serde_json::{Map, Value};
+
+use super::TaskOutcome;
+
+/// Whether a task's state is final.
+pub(super) fn is_terminal(state: TaskState) -> bool {
+    matches!(state, TaskState::Completed | TaskState::Failed | TaskState::Canceled | TaskState::Rejected)
+}
+
+/// A finished task as an outcome: completed → its output; else why not.
+pub(super) fn outcome(task: &pb::Task) -> TaskOutcome {
+    let status = task.status.as_ref();
+    let state = status.map_or(TaskState::Unspecified, |s| s.state());
+    let status_parts = status.and_then(|s| s.message.as_ref()).map(|m| m.parts.as_slice()).unwrap_or_default();
+    if state != TaskState::Completed {
+        let why = text_of(status_parts.iter());
+        let state = state.as_str_name().trim_start_matches("TASK_STATE_").to_lowercase();
+        let message = if why.is_empty() {
+            format!("task {} ended {state}", task.id)
+        } else {
+            format!("task {} ended {state}: {why}", task.id)
+        };
+        return TaskOutcome::Failed(message);
+    }
+    let artifact_parts: Vec<&pb::Part> = task.artifacts.iter().flat_map(|a| a.parts.iter()).collect();
+    let parts: Vec<&pb::Part> = if artifact_parts.is_empty() { status_parts.iter().collect() } else { artifact_parts };
+    let mut output = Map::new();
+    for part in &parts {
+        if let Some(Content::Data(value)) = &part.content
+            && let Value::Object(fields) = value_to_json(value)
+        {
+            output.extend(fields);
+        }
+    }
+    let text = text_of(parts.iter().copied());
+    output.entry("text").or_insert(Value::String(text));
+    output.entry("task_id").or_insert(Value::String(task.id.clone()));
+    TaskOutcome::Completed(Value::Object(output))
+}
+
+fn text_of<'p>(parts: impl Iterator<Item = &'p pb::Part>) -> String {
+    let texts: Vec<&str> = parts
+        .filter_map(|part| match &part.content {
+            Some(Content::Text(text)) => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    texts.join("\n")
+}
+
+/// The parts of a spawn's message: its input as text (a string) or data,
+/// and on a rerun the gate's feedback and the previous attempt as data.
+pub(super) fn message_parts(input: &Value) -> Vec<pb::Part> {
+    let mut parts = vec![part_of(&input["input"])];
+    if !input["feedback"].is_null() {
+        let rerun = serde_json::json!({ "feedback": input["feedback"], "previous_attempt": input["previous_attempt"] });
+        parts.push(part_of(&rerun));
+    }
+    parts
+}
+
+fn part_of(value: &Value) -> pb::Part {
+    let content = match value {
+        Value::String(text) => Content::Text(text.clone()),
+        other => Content::Data(value_from_json(other.clone())),
+    };
+    pb::Part { content: Some(content), ..pb::Part::default() }
+}

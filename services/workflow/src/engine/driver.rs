@@ -1,0 +1,296 @@
+//! Driving one claimed run: issue its side effects, await them, record each
+//! result (and what follows from it) in one transaction, until the run needs
+//! no engine — it finished, or every active step waits on a timer, a signal
+//! or a gate — and is released.
+
+use std::{collections::HashSet, time::Duration};
+
+use futures_util::{FutureExt as _, StreamExt as _, future::BoxFuture, stream::FuturesUnordered};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::plan::find;
+use crate::{
+    domain::{Action, Run, StepKind, StepRecord, StepState, WorkflowSpec},
+    effects::{Destination, EffectError, Effects, Origin, TaskOutcome},
+    error::WorkflowError,
+    repository::Fence,
+    service::Workflows,
+};
+
+/// What a finished effect reports.
+#[derive(Debug)]
+enum Done {
+    /// A spawn's task exists: its id.
+    Issued(String),
+    /// An attempt ended: its output, or why it failed.
+    Attempt(Result<Value, String>),
+    /// A gate's `gate.required` event is on the bus.
+    Announced(u64),
+    /// A canceled step's task was canceled.
+    Canceled,
+}
+
+/// How often a driver re-reads its run without a wake-up.
+const REFRESH: Duration = Duration::from_secs(5);
+
+/// Drives a claimed run until it is released, lost or the engine stops.
+/// `fences` carries newer claims of the same run by this engine; `stop`
+/// decides, atomically with such claims, whether the driver may end.
+pub(crate) async fn drive(
+    workflows: Workflows,
+    namespace: String,
+    run_id: String,
+    mut fences: watch::Receiver<Fence>,
+    stop: impl Fn(&mut watch::Receiver<Fence>) -> bool,
+    shutdown: CancellationToken,
+) {
+    let spec = match workflows.get_run(&namespace, &run_id).await {
+        Ok(run) => match workflows.spec_of_run(&run).await {
+            Ok(spec) => spec,
+            Err(error) => return tracing::error!(%run_id, %error, "cannot read the run's definition"),
+        },
+        Err(error) => return tracing::warn!(%run_id, %error, "claimed run is gone"),
+    };
+    let mut inflight: FuturesUnordered<BoxFuture<'static, ((u32, bool), Done)>> = FuturesUnordered::new();
+    // Effects in flight, by record and whether they cancel its task.
+    let mut busy: HashSet<(u32, bool)> = HashSet::new();
+    let mut refresh = true;
+    let mut done: Option<(u32, Done)> = None;
+    loop {
+        let fence = fences.borrow_and_update().clone();
+        let mut waiter = workflows.wakeups.waiter(&run_id);
+        if refresh || done.is_some() {
+            refresh = false;
+            let result = done.take();
+            let outcome = workflows
+                .transition(&namespace, &run_id, &spec, Some(&fence), |planner, run| {
+                    if let Some((seq, done)) = &result {
+                        apply(planner, run, *seq, done);
+                    }
+                    Ok(())
+                })
+                .await;
+            let run = match outcome {
+                Ok(run) => run,
+                Err(WorkflowError::LeaseLost(_) | WorkflowError::RunNotFound(_)) if stop(&mut fences) => return,
+                Err(WorkflowError::LeaseLost(_) | WorkflowError::RunNotFound(_)) => continue,
+                Err(error) => {
+                    tracing::warn!(%run_id, %error, "cannot record the run's progress; retrying");
+                    done = result;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            if !super::schedule::needs_driver(&run) {
+                if stop(&mut fences) {
+                    return;
+                }
+                refresh = true;
+                continue;
+            }
+            for record in &run.body.steps {
+                let key = (record.seq, record.cancel_pending);
+                if !busy.contains(&key)
+                    && let Some(effect) = effect(&workflows, &spec, &run, record)
+                {
+                    busy.insert(key);
+                    inflight.push(effect.map(move |(_, done)| (key, done)).boxed());
+                }
+            }
+        }
+        tokio::select! {
+            Some((key, finished)) = inflight.next() => {
+                busy.remove(&key);
+                done = Some((key.0, finished));
+            }
+            () = waiter.wait(REFRESH) => refresh = true,
+            changed = fences.changed() => refresh = changed.is_ok(),
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Records a finished effect on its step record, if the record still waits for it.
+fn apply(planner: &super::plan::Planner<'_>, run: &mut Run, seq: u32, done: &Done) {
+    let Some(index) = run.body.steps.iter().position(|record| record.seq == seq) else { return };
+    let record = &mut run.body.steps[index];
+    match done {
+        Done::Issued(task_id) if record.state == StepState::Running && record.external_id.is_none() => {
+            record.external_id = Some(task_id.clone());
+        }
+        Done::Attempt(result) if record.state == StepState::Running => {
+            planner.attempt_ended(run, index, result.clone());
+        }
+        Done::Announced(sequence) if record.state == StepState::Waiting => {
+            record.external_id = Some(format!("event:{sequence}"));
+        }
+        Done::Canceled => record.cancel_pending = false,
+        Done::Issued(_) | Done::Attempt(_) | Done::Announced(_) => {}
+    }
+}
+
+/// The effect a record needs now, if any.
+fn effect(
+    workflows: &Workflows,
+    spec: &WorkflowSpec,
+    run: &Run,
+    record: &StepRecord,
+) -> Option<BoxFuture<'static, (u32, Done)>> {
+    let effects = std::sync::Arc::clone(&workflows.effects);
+    let origin = Origin {
+        namespace: run.namespace.clone(),
+        workflow: run.workflow.clone(),
+        run_id: run.id.clone(),
+        step_id: record.step_id.clone(),
+        iteration: record.iteration,
+        attempt: record.attempt,
+        key: record.effect_key(&run.id),
+    };
+    let seq = record.seq;
+    let input = record.input.clone();
+    if record.cancel_pending {
+        let task_id = record.external_id.clone()?;
+        let future = async move {
+            retrying(|| effects.cancel_task(&origin.namespace, &task_id)).await.ok();
+            (seq, Done::Canceled)
+        };
+        return Some(future.boxed());
+    }
+    let step = find(&spec.steps, &record.step_id, None)?.step;
+    match (record.kind, record.state, &step.action) {
+        (StepKind::Spawn, StepState::Running, Action::Spawn(spawn)) => match record.external_id.clone() {
+            None => {
+                let agent = input["agent"].as_str().or(input["role"].as_str()).unwrap_or_default().to_owned();
+                let future = async move {
+                    let issued = retrying(|| effects.spawn(&origin, &agent, &input)).await;
+                    (seq, issued.map_or_else(|error| Done::Attempt(Err(error)), Done::Issued))
+                };
+                Some(future.boxed())
+            }
+            Some(task_id) => {
+                let started = record.started_at.unwrap_or(record.created_at);
+                let deadline = spawn.timeout.map(|timeout| (timeout, started + chorus_runtime::time::micros(timeout)));
+                Some(await_task(effects, origin.namespace, task_id, deadline).map(move |done| (seq, done)).boxed())
+            }
+        },
+        (StepKind::Delegate, StepState::Running, Action::Delegate(delegate)) => {
+            let agent = delegate.agent.clone();
+            let timeout = delegate.timeout;
+            let future = async move {
+                let call = retrying(|| effects.delegate(&origin, &agent, &input));
+                let outcome = match timeout {
+                    Some(limit) => tokio::time::timeout(limit, call)
+                        .await
+                        .unwrap_or_else(|_| Err(format!("no answer within {}", humanize(limit)))),
+                    None => call.await,
+                };
+                (seq, Done::Attempt(outcome.and_then(task_result)))
+            };
+            Some(future.boxed())
+        }
+        (StepKind::Message, StepState::Running, _) => {
+            let to = match (&input["to"]["topic"], &input["to"]["agent"], &input["to"]["webhook"]) {
+                (Value::String(topic), _, _) => Destination::Topic(topic.clone()),
+                (_, Value::String(agent), _) => Destination::Agent(agent.clone()),
+                (_, _, Value::String(url)) => Destination::Webhook(url.clone()),
+                _ => return None,
+            };
+            let text = input["text"].as_str().unwrap_or_default().to_owned();
+            let kind = input["type"].as_str().unwrap_or("workflow.message").to_owned();
+            let future = async move {
+                let sent = retrying(|| effects.message(&origin, &to, &text, &kind)).await;
+                (seq, Done::Attempt(sent))
+            };
+            Some(future.boxed())
+        }
+        (StepKind::Gate, StepState::Waiting, _) if record.external_id.is_none() => {
+            let payload = json!({
+                "run_id": run.id,
+                "workflow": run.workflow,
+                "version": run.version,
+                "step_id": record.step_id,
+                "iteration": record.iteration,
+                "reviewers": input["reviewers"],
+                "escalated": input["escalated"],
+                "artifacts": input["artifacts"],
+                "expires_at": input["expires_at"],
+            });
+            let future = async move {
+                match retrying(|| effects.publish(&origin, "gate.required", &payload)).await {
+                    Ok(sequence) => (seq, Done::Announced(sequence)),
+                    // The bus refused the event; the gate still waits and can be decided.
+                    Err(error) => {
+                        tracing::warn!(run_id = %origin.run_id, step_id = %origin.step_id, %error, "gate.required not published");
+                        (seq, Done::Announced(0))
+                    }
+                }
+            };
+            Some(future.boxed())
+        }
+        _ => None,
+    }
+}
+
+/// Waits for a task to end, canceling it when the step's timeout passes first.
+async fn await_task(
+    effects: std::sync::Arc<dyn Effects>,
+    namespace: String,
+    task_id: String,
+    deadline: Option<(Duration, i64)>,
+) -> Done {
+    let wait = retrying(|| effects.await_task(&namespace, &task_id));
+    let outcome = match deadline {
+        None => wait.await,
+        Some((limit, at)) => {
+            let left = u64::try_from(at - chorus_runtime::time::now_micros()).unwrap_or_default();
+            match tokio::time::timeout(Duration::from_micros(left), wait).await {
+                Ok(outcome) => outcome,
+                Err(_) => {
+                    retrying(|| effects.cancel_task(&namespace, &task_id)).await.ok();
+                    Err(format!("task {task_id} did not finish within {}", humanize(limit)))
+                }
+            }
+        }
+    };
+    Done::Attempt(outcome.and_then(task_result))
+}
+
+fn task_result(outcome: TaskOutcome) -> Result<Value, String> {
+    match outcome {
+        TaskOutcome::Completed(output) => Ok(output),
+        TaskOutcome::Failed(error) => Err(error),
+    }
+}
+
+/// Runs `call` until it succeeds or fails for good; transient failures are
+/// retried with a growing pause (the step stays running meanwhile).
+async fn retrying<T, F, Fut>(mut call: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, EffectError>>,
+{
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match call().await {
+            Ok(value) => return Ok(value),
+            Err(EffectError::Failed(error)) => return Err(error),
+            Err(EffectError::Transient(error)) => {
+                tracing::debug!(%error, "side effect failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+fn humanize(duration: Duration) -> String {
+    let seconds = duration.as_secs();
+    match seconds {
+        0 => format!("{}ms", duration.as_millis()),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}

@@ -1,0 +1,116 @@
+//! The engine: claims runs that are due, drives each until it needs no
+//! engine, renews its claims, and purges runs past their retention. Several
+//! engines share one database; a run's claim lapses `lease_ms` after its
+//! engine stops renewing it, and another engine resumes it.
+
+mod driver;
+pub(crate) mod plan;
+pub(crate) mod render;
+pub(crate) mod schedule;
+mod triggers;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use chorus_runtime::time::{micros, now_micros};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub use self::triggers::TriggerSource;
+use crate::{
+    repository::{Claim, Fence},
+    service::{ENGINE_KEY, Workflows},
+};
+
+/// How often finished runs past their retention are deleted.
+const PURGE_EVERY: Duration = Duration::from_secs(60);
+
+/// The drivers of one engine, by run id: each takes newer claims of its run.
+type Drivers = Arc<Mutex<HashMap<String, watch::Sender<Fence>>>>;
+
+/// Starts the engine's loops; they end with `shutdown`.
+pub fn spawn(workflows: Workflows, triggers: Option<TriggerSource>, shutdown: CancellationToken) {
+    let owner = workflows.config().engine_id.clone().unwrap_or_else(|| {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "chorus".into());
+        format!("{host}-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8])
+    });
+    tracing::info!(engine = %owner, "workflow engine started");
+    let drivers = Drivers::default();
+    tokio::spawn(claim_loop(workflows.clone(), owner.clone(), Arc::clone(&drivers), shutdown.clone()));
+    tokio::spawn(renew_loop(workflows.clone(), owner, shutdown.clone()));
+    if let Some(source) = triggers {
+        triggers::spawn(workflows, source, shutdown);
+    }
+}
+
+async fn claim_loop(workflows: Workflows, owner: String, drivers: Drivers, shutdown: CancellationToken) {
+    let config = workflows.config().clone();
+    while !shutdown.is_cancelled() {
+        let mut waiter = workflows.wakeups.waiter(ENGINE_KEY);
+        let active = drivers.lock().expect("drivers lock poisoned").len();
+        let free = config.max_active_runs.saturating_sub(u32::try_from(active).unwrap_or(u32::MAX));
+        if free > 0 {
+            let now = now_micros();
+            match workflows.runs.claim_due(&owner, now, now + micros(config.lease()), free).await {
+                Ok(claims) => {
+                    for claim in claims {
+                        start_driver(&workflows, &drivers, claim, &shutdown);
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "cannot claim due runs"),
+            }
+        }
+        tokio::select! {
+            () = waiter.wait(config.poll()) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
+fn start_driver(workflows: &Workflows, drivers: &Drivers, claim: Claim, shutdown: &CancellationToken) {
+    let mut map = drivers.lock().expect("drivers lock poisoned");
+    if let Some(sender) = map.get(&claim.run_id) {
+        // This engine's driver of the run outlived its claim: it takes the new one.
+        let _ = sender.send(claim.fence);
+        return;
+    }
+    let (sender, receiver) = watch::channel(claim.fence);
+    map.insert(claim.run_id.clone(), sender);
+    let registry = Arc::clone(drivers);
+    let run_id = claim.run_id.clone();
+    let stop = move |fences: &mut watch::Receiver<Fence>| {
+        let mut map = registry.lock().expect("drivers lock poisoned");
+        if fences.has_changed().unwrap_or(false) {
+            return false;
+        }
+        map.remove(&run_id);
+        true
+    };
+    let driven = driver::drive(workflows.clone(), claim.namespace, claim.run_id, receiver, stop, shutdown.clone());
+    tokio::spawn(driven);
+}
+
+async fn renew_loop(workflows: Workflows, owner: String, shutdown: CancellationToken) {
+    let lease = workflows.config().lease();
+    let mut last_purge = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(lease / 3) => {}
+            () = shutdown.cancelled() => return,
+        }
+        if let Err(error) = workflows.runs.renew(&owner, now_micros() + micros(lease)).await {
+            tracing::warn!(%error, "cannot renew run claims");
+        }
+        if last_purge.elapsed() >= PURGE_EVERY {
+            last_purge = tokio::time::Instant::now();
+            match workflows.runs.purge(now_micros()).await {
+                Ok(0) => {}
+                Ok(purged) => tracing::info!(purged, "finished runs past their retention deleted"),
+                Err(error) => tracing::warn!(%error, "cannot purge finished runs"),
+            }
+        }
+    }
+}

@@ -1,0 +1,633 @@
+//! The engine's rules, free of I/O: from a run's records as committed to the
+//! records that follow. Every change to a run — a step's result, a signal, a
+//! gate decision, a timer, a cancel — is applied by a caller and then
+//! [`Planner::advance`] moves the run as far as it can go without a side
+//! effect; the repository commits the result in the same transaction.
+
+use serde_json::{Map, Value, json};
+
+use super::render::Scope;
+use crate::domain::{
+    Action, Decision, GateDecision, GateMode, JoinMode, MessageTarget, OnExhausted, Outcome, Run, RunState,
+    SpawnTarget, Step, StepKind, StepRecord, StepState, Wait, WorkflowSpec,
+};
+
+/// The rules for one run of one definition version, at one instant.
+#[derive(Debug)]
+pub(crate) struct Planner<'a> {
+    pub(crate) spec: &'a WorkflowSpec,
+    pub(crate) config: &'a Value,
+    pub(crate) now: i64,
+}
+
+/// How a sequence of steps stands.
+#[derive(Debug, Clone, PartialEq)]
+enum Flow {
+    Done,
+    Failed(String),
+    Active,
+}
+
+/// A gate decision to apply.
+#[derive(Debug, Clone)]
+pub(crate) struct Verdict {
+    pub(crate) decision: Decision,
+    pub(crate) decided_by: String,
+    pub(crate) reason: String,
+    pub(crate) data: Map<String, Value>,
+    pub(crate) automatic: bool,
+}
+
+pub(crate) fn kind_of(action: &Action) -> StepKind {
+    match action {
+        Action::Spawn(_) => StepKind::Spawn,
+        Action::Delegate(_) => StepKind::Delegate,
+        Action::Message(_) => StepKind::Message,
+        Action::Condition => StepKind::Condition,
+        Action::Wait(_) => StepKind::Wait,
+        Action::Parallel(_) => StepKind::Parallel,
+        Action::Gate(_) => StepKind::Gate,
+    }
+}
+
+/// The step with `id` anywhere in `steps`, with the sequence that holds it
+/// and the parallel step around that sequence.
+pub(crate) fn find<'s>(steps: &'s [Step], id: &str, parent: Option<&'s str>) -> Option<Located<'s>> {
+    for step in steps {
+        if step.id == id {
+            return Some(Located { step, sequence: steps, parent });
+        }
+        if let Action::Parallel(parallel) = &step.action {
+            for branch in &parallel.branches {
+                if let Some(found) = find(&branch.steps, id, Some(&step.id)) {
+                    return Some(found);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// A step and where it sits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Located<'s> {
+    pub(crate) step: &'s Step,
+    pub(crate) sequence: &'s [Step],
+    pub(crate) parent: Option<&'s str>,
+}
+
+/// Whether `id` is `step` or inside it.
+fn contains(step: &Step, id: &str) -> bool {
+    step.id == id
+        || match &step.action {
+            Action::Parallel(parallel) => {
+                parallel.branches.iter().any(|branch| branch.steps.iter().any(|inner| contains(inner, id)))
+            }
+            _ => false,
+        }
+}
+
+fn finish(record: &mut StepRecord, state: StepState, now: i64) {
+    record.state = state;
+    record.finished_at = Some(now);
+    record.wake_at = None;
+    record.waiting_for_signal = None;
+}
+
+/// Ends an active record as canceled, remembering a task to cancel.
+pub(crate) fn cancel_record(record: &mut StepRecord, now: i64) {
+    record.cancel_pending =
+        record.external_id.is_some() && record.kind == StepKind::Spawn && record.state == StepState::Running;
+    finish(record, StepState::Canceled, now);
+}
+
+impl Planner<'_> {
+    /// Moves the run as far as it goes without a side effect. `slot_free`:
+    /// a pending run may start (its concurrency limit has room).
+    pub(crate) fn advance(&self, run: &mut Run, slot_free: bool) {
+        if run.state.is_finished() {
+            return;
+        }
+        if run.state == RunState::Pending {
+            if !slot_free {
+                return;
+            }
+            run.state = RunState::Running;
+        }
+        if run.body.expires_at.is_some_and(|at| at <= self.now) {
+            self.end(run, RunState::Failed, "the run exceeded its time to live (state.ttl)".into());
+            return;
+        }
+        self.fire_due(run);
+        self.consume_signals(run);
+        match self.walk(run, &self.spec.steps, 0, None) {
+            Flow::Done => self.complete(run),
+            Flow::Failed(error) => self.end(run, RunState::Failed, error),
+            Flow::Active => {
+                let working = run.body.steps.iter().any(|r| matches!(r.state, StepState::Running | StepState::Pending));
+                run.state = if working { RunState::Running } else { RunState::Waiting };
+            }
+        }
+    }
+
+    /// Cancels the run: its active steps end canceled.
+    pub(crate) fn cancel(&self, run: &mut Run, reason: String) {
+        run.body.cancel_reason = Some(reason);
+        self.end(run, RunState::Canceled, String::new());
+    }
+
+    fn end(&self, run: &mut Run, state: RunState, error: String) {
+        for record in run.body.steps.iter_mut().filter(|r| !r.state.is_finished()) {
+            cancel_record(record, self.now);
+        }
+        if state == RunState::Failed {
+            run.body.error = Some(error);
+        }
+        run.state = state;
+        run.finished_at = Some(self.now);
+    }
+
+    fn complete(&self, run: &mut Run) {
+        let mut output = Map::new();
+        for record in run.body.steps.iter().filter(|r| r.state == StepState::Completed) {
+            output.insert(record.step_id.clone(), record.output.clone().unwrap_or(Value::Null));
+        }
+        run.body.output = Some(Value::Object(output));
+        run.state = RunState::Completed;
+        run.finished_at = Some(self.now);
+    }
+
+    /// Timers that are due: waits, signal timeouts, gate deadlines, retry backoffs.
+    fn fire_due(&self, run: &mut Run) {
+        let now = self.now;
+        let mut expired = Vec::new();
+        for record in run.body.steps.iter_mut() {
+            if record.state != StepState::Waiting || record.wake_at.is_none_or(|at| at > now) {
+                continue;
+            }
+            match record.kind {
+                StepKind::Wait if record.waiting_for_signal.is_some() => {
+                    let name = record.waiting_for_signal.clone();
+                    record.output = Some(json!({ "timed_out": true, "name": name }));
+                    finish(record, StepState::Completed, now);
+                }
+                StepKind::Wait => {
+                    record.output = Some(json!({ "fired_at": now }));
+                    finish(record, StepState::Completed, now);
+                }
+                StepKind::Gate => {
+                    record.error = Some("the gate expired before anyone decided".into());
+                    finish(record, StepState::Failed, now);
+                    expired.push((record.step_id.clone(), record.iteration));
+                }
+                StepKind::Spawn | StepKind::Delegate => {
+                    // A retry's backoff is over: the attempt starts.
+                    record.state = StepState::Running;
+                    record.wake_at = None;
+                    record.started_at = Some(now);
+                }
+                StepKind::Message | StepKind::Condition | StepKind::Parallel => record.wake_at = None,
+            }
+        }
+        for (step_id, iteration) in expired {
+            run.body.gate_decisions.push(GateDecision {
+                step_id,
+                iteration,
+                decision: Decision::Reject,
+                outcome: Outcome::Expired,
+                decided_by: "chorus".into(),
+                reason: "expired".into(),
+                data: Map::new(),
+                automatic: true,
+                decided_at: now,
+            });
+        }
+    }
+
+    /// Waits whose signal has arrived take it, oldest signal first.
+    fn consume_signals(&self, run: &mut Run) {
+        let body = &mut run.body;
+        for record in body.steps.iter_mut().filter(|r| r.state == StepState::Waiting) {
+            let Some(name) = record.waiting_for_signal.clone() else { continue };
+            let Some(signal) = body.signals.iter_mut().find(|s| s.name == name && s.consumed_by_step_id.is_none())
+            else {
+                continue;
+            };
+            signal.consumed_by_step_id = Some(record.step_id.clone());
+            record.output = Some(json!({
+                "name": signal.name,
+                "signal_id": signal.id,
+                "payload": signal.payload,
+                "sent_by": signal.sent_by,
+            }));
+            finish(record, StepState::Completed, self.now);
+        }
+    }
+
+    /// The latest record of `step_id` created after `after`.
+    fn latest_after(run: &Run, step_id: &str, after: u32) -> Option<usize> {
+        run.body.steps.iter().rposition(|r| r.step_id == step_id && r.seq > after)
+    }
+
+    fn walk(&self, run: &mut Run, steps: &[Step], mut after: u32, parent: Option<&str>) -> Flow {
+        for step in steps {
+            loop {
+                let Some(index) = Self::latest_after(run, &step.id, after) else {
+                    self.start(run, step, parent);
+                    continue;
+                };
+                let record = &run.body.steps[index];
+                match record.state {
+                    StepState::Completed | StepState::Skipped => {
+                        after = record.seq;
+                        break;
+                    }
+                    StepState::Failed | StepState::Canceled => {
+                        let what = if record.state == StepState::Failed { "failed" } else { "was canceled" };
+                        let error = record.error.clone().unwrap_or_default();
+                        return Flow::Failed(format!("step `{}` {what}: {error}", step.id));
+                    }
+                    StepState::Pending | StepState::Running | StepState::Waiting => {
+                        if let Action::Parallel(parallel) = &step.action
+                            && self.settle_parallel(run, index, step, parallel)
+                        {
+                            continue;
+                        }
+                        return Flow::Active;
+                    }
+                }
+            }
+        }
+        Flow::Done
+    }
+
+    /// Drives the branches of an active parallel record; true when it settled.
+    fn settle_parallel(&self, run: &mut Run, index: usize, step: &Step, parallel: &crate::domain::Parallel) -> bool {
+        let seq = run.body.steps[index].seq;
+        let mut failed = Vec::new();
+        let mut outcome = Map::new();
+        let mut active = false;
+        for branch in &parallel.branches {
+            let flow = self.walk(run, &branch.steps, seq, Some(&step.id));
+            let state = match flow {
+                Flow::Done => "completed",
+                Flow::Active => {
+                    active = true;
+                    "active"
+                }
+                Flow::Failed(error) => {
+                    failed.push(format!("branch `{}`: {error}", branch.name));
+                    "failed"
+                }
+            };
+            outcome.insert(branch.name.clone(), json!(state));
+        }
+        let fail_fast = parallel.mode == JoinMode::FailFast && !failed.is_empty();
+        if active && !fail_fast {
+            return false;
+        }
+        if fail_fast {
+            for record in run.body.steps.iter_mut().filter(|r| r.seq > seq && !r.state.is_finished()) {
+                if contains(step, &record.step_id) {
+                    cancel_record(record, self.now);
+                }
+            }
+        }
+        for state in outcome.values_mut().filter(|state| *state == "active") {
+            *state = json!("canceled");
+        }
+        let record = &mut run.body.steps[index];
+        record.output = Some(Value::Object(outcome));
+        if failed.is_empty() {
+            finish(record, StepState::Completed, self.now);
+        } else {
+            record.error = Some(failed.join("; "));
+            finish(record, StepState::Failed, self.now);
+        }
+        true
+    }
+
+    /// Creates the next record of `step` and does what needs no side effect.
+    pub(crate) fn start(&self, run: &mut Run, step: &Step, parent: Option<&str>) {
+        let iteration =
+            run.body.steps.iter().filter(|r| r.step_id == step.id).map(|r| r.iteration).max().unwrap_or(0) + 1;
+        let scope = Scope::of(run, self.config, &step.id, iteration);
+        let mut record = StepRecord {
+            seq: u32::try_from(run.body.steps.len() + 1).unwrap_or(u32::MAX),
+            step_id: step.id.clone(),
+            kind: kind_of(&step.action),
+            state: StepState::Running,
+            parent_step_id: parent.map(str::to_owned),
+            iteration,
+            attempt: 1,
+            input: Value::Null,
+            output: None,
+            error: None,
+            skip_reason: None,
+            external_id: None,
+            waiting_for_signal: None,
+            wake_at: None,
+            cancel_pending: false,
+            created_at: self.now,
+            started_at: Some(self.now),
+            finished_at: None,
+        };
+        if let Some(condition) = &step.condition {
+            match scope.condition(condition) {
+                Ok(true) if step.action == Action::Condition => {
+                    record.output = Some(json!({ "passed": true }));
+                    finish(&mut record, StepState::Completed, self.now);
+                }
+                Ok(true) => {}
+                Ok(false) => {
+                    record.skip_reason = Some(format!("condition `{condition}` was false"));
+                    finish(&mut record, StepState::Skipped, self.now);
+                }
+                Err(error) => {
+                    record.error = Some(error.to_string());
+                    finish(&mut record, StepState::Failed, self.now);
+                }
+            }
+        }
+        if record.state == StepState::Running
+            && let Err(error) = self.begin(run, step, &scope, &mut record)
+        {
+            record.error = Some(error);
+            finish(&mut record, StepState::Failed, self.now);
+        }
+        let gate = (record.kind == StepKind::Gate && record.state == StepState::Completed).then_some(record.seq);
+        run.body.steps.push(record);
+        if let (Some(seq), Action::Gate(gate)) = (gate, &step.action)
+            && gate.mode == GateMode::Auto
+        {
+            self.decide_auto(run, seq, step);
+        }
+    }
+
+    /// Fills in a running record by kind: its rendered input and its state.
+    fn begin(&self, run: &mut Run, step: &Step, scope: &Scope, record: &mut StepRecord) -> Result<(), String> {
+        let render_error = |error: super::render::RenderError| error.to_string();
+        match &step.action {
+            Action::Condition => {}
+            Action::Spawn(spawn) => {
+                let mut input = json!({ "input": scope.render_value(&spawn.input).map_err(render_error)? });
+                match &spawn.target {
+                    SpawnTarget::Agent(agent) => input["agent"] = json!(scope.render(agent).map_err(render_error)?),
+                    SpawnTarget::Role(role) => input["role"] = json!(role),
+                }
+                if let Some((feedback, previous)) = scope.rerun_fields() {
+                    input["feedback"] = feedback;
+                    input["previous_attempt"] = previous;
+                }
+                record.input = input;
+            }
+            Action::Delegate(delegate) => {
+                let mut input = json!({
+                    "agent": delegate.agent,
+                    "input": scope.render_value(&delegate.input).map_err(render_error)?,
+                });
+                if let Some((feedback, previous)) = scope.rerun_fields() {
+                    input["feedback"] = feedback;
+                    input["previous_attempt"] = previous;
+                }
+                record.input = input;
+            }
+            Action::Message(message) => {
+                let to = match &message.to {
+                    MessageTarget::Topic(topic) => json!({ "topic": topic }),
+                    MessageTarget::Agent(agent) => json!({ "agent": scope.render(agent).map_err(render_error)? }),
+                    MessageTarget::Webhook(url) => json!({ "webhook": url }),
+                };
+                let text = scope.render(&message.text).map_err(render_error)?;
+                record.input = json!({ "to": to, "text": text, "type": message.message_type });
+            }
+            Action::Wait(Wait::Timer(duration)) => {
+                record.input = json!({ "duration_ms": duration.as_millis() });
+                record.state = StepState::Waiting;
+                record.wake_at = Some(self.now + chorus_runtime::time::micros(*duration));
+            }
+            Action::Wait(Wait::Signal { name, timeout }) => {
+                record.input = json!({ "signal": name, "timeout_ms": timeout.map(|t| t.as_millis()) });
+                record.state = StepState::Waiting;
+                record.waiting_for_signal = Some(name.clone());
+                record.wake_at = timeout.map(|t| self.now + chorus_runtime::time::micros(t));
+                self.take_early_signal(run, record);
+            }
+            Action::Parallel(parallel) => {
+                let branches: Vec<&str> = parallel.branches.iter().map(|b| b.name.as_str()).collect();
+                let mode = if parallel.mode == JoinMode::FailFast { "fail_fast" } else { "all_settled" };
+                record.input = json!({ "branches": branches, "mode": mode });
+            }
+            Action::Gate(gate) => {
+                let artifacts = scope.render_value(&gate.artifacts).map_err(render_error)?;
+                let mode = if gate.mode == GateMode::Auto { "AUTO" } else { "HITL" };
+                record.input = json!({ "mode": mode, "reviewers": gate.reviewers, "artifacts": artifacts });
+                match gate.mode {
+                    GateMode::Auto => {
+                        let approve = gate.approve_when.as_deref().unwrap_or("false");
+                        let approved = scope.condition(approve).map_err(|e| e.to_string())?;
+                        record.output = Some(json!({ "approved": approved }));
+                        finish(record, StepState::Completed, self.now);
+                    }
+                    GateMode::Hitl => self.park_gate(record, gate, gate.reviewers.clone(), false),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn park_gate(
+        &self,
+        record: &mut StepRecord,
+        gate: &crate::domain::Gate,
+        reviewers: Option<String>,
+        escalated: bool,
+    ) {
+        record.state = StepState::Waiting;
+        record.input["reviewers"] = json!(reviewers);
+        record.input["escalated"] = json!(escalated);
+        record.wake_at = gate.expires_after.map(|after| self.now + chorus_runtime::time::micros(after));
+        if let Some(at) = record.wake_at {
+            record.input["expires_at"] = json!(at);
+        }
+    }
+
+    /// A signal that arrived before the wait did is not lost.
+    fn take_early_signal(&self, run: &mut Run, record: &mut StepRecord) {
+        let name = record.waiting_for_signal.clone().unwrap_or_default();
+        let Some(signal) = run.body.signals.iter_mut().find(|s| s.name == name && s.consumed_by_step_id.is_none())
+        else {
+            return;
+        };
+        signal.consumed_by_step_id = Some(record.step_id.clone());
+        record.output = Some(json!({
+            "name": signal.name,
+            "signal_id": signal.id,
+            "payload": signal.payload,
+            "sent_by": signal.sent_by,
+        }));
+        finish(record, StepState::Completed, self.now);
+    }
+
+    /// An AUTO gate was evaluated: its output says whether it approved.
+    fn decide_auto(&self, run: &mut Run, seq: u32, step: &Step) {
+        let index = usize::try_from(seq - 1).unwrap_or_default();
+        let approved = run.body.steps[index].output.as_ref().and_then(|o| o["approved"].as_bool()).unwrap_or(false);
+        let Action::Gate(gate) = &step.action else { return };
+        run.body.steps[index].state = StepState::Waiting;
+        let reason = match approved {
+            true => "approve_when held".to_owned(),
+            false => format!("approve_when `{}` was false", gate.approve_when.as_deref().unwrap_or_default()),
+        };
+        let decision = if approved { Decision::Approve } else { Decision::Reject };
+        let verdict = Verdict { decision, decided_by: "auto".into(), reason, data: Map::new(), automatic: true };
+        self.decide(run, index, &verdict);
+    }
+
+    /// Applies a decision to the waiting gate record at `index`.
+    pub(crate) fn decide(&self, run: &mut Run, index: usize, verdict: &Verdict) -> Outcome {
+        let record = &run.body.steps[index];
+        let step_id = record.step_id.clone();
+        let iteration = record.iteration;
+        let escalated = record.input["escalated"].as_bool().unwrap_or(false);
+        let located = find(&self.spec.steps, &step_id, None);
+        let (gate, sequence, parent) = match located {
+            Some(Located { step: Step { action: Action::Gate(gate), .. }, sequence, parent }) => {
+                (gate, sequence, parent)
+            }
+            _ => return Outcome::Failed,
+        };
+        let rejections = run
+            .body
+            .gate_decisions
+            .iter()
+            .filter(|d| d.step_id == step_id && d.decision == Decision::Reject && d.outcome != Outcome::Expired)
+            .count()
+            + 1;
+        let summary = json!({
+            "decision": verdict.decision,
+            "decided_by": verdict.decided_by,
+            "reason": verdict.reason,
+            "data": verdict.data,
+        });
+        let outcome = match verdict.decision {
+            Decision::Approve => Outcome::Continued,
+            Decision::Reject if escalated => Outcome::Failed,
+            Decision::Reject if u32::try_from(rejections).unwrap_or(u32::MAX) > gate.max_rejections => {
+                match gate.on_exhausted {
+                    OnExhausted::Escalate => Outcome::Escalated,
+                    OnExhausted::Fail => Outcome::Failed,
+                }
+            }
+            Decision::Reject => Outcome::Rerun,
+        };
+        let record = &mut run.body.steps[index];
+        record.output = Some(summary);
+        if outcome == Outcome::Failed {
+            record.error = Some(format!(
+                "rejected by {}{}: {}",
+                verdict.decided_by,
+                if escalated { " after escalation" } else { "" },
+                verdict.reason
+            ));
+            finish(record, StepState::Failed, self.now);
+        } else {
+            finish(record, StepState::Completed, self.now);
+        }
+        run.body.gate_decisions.push(GateDecision {
+            step_id: step_id.clone(),
+            iteration,
+            decision: verdict.decision,
+            outcome,
+            decided_by: verdict.decided_by.clone(),
+            reason: verdict.reason.clone(),
+            data: verdict.data.clone(),
+            automatic: verdict.automatic,
+            decided_at: self.now,
+        });
+        match outcome {
+            Outcome::Rerun => self.rerun(run, gate, &step_id, sequence, parent),
+            Outcome::Escalated => self.reopen_gate(run, &step_id, parent, gate, gate.escalate_to.clone(), true),
+            Outcome::Continued | Outcome::Failed | Outcome::Expired => {}
+        }
+        outcome
+    }
+
+    /// Starts the phase before a rejected gate again (a new iteration).
+    fn rerun(&self, run: &mut Run, gate: &crate::domain::Gate, gate_id: &str, sequence: &[Step], parent: Option<&str>) {
+        let position = sequence.iter().position(|s| s.id == gate_id).unwrap_or_default();
+        let first = match &gate.rerun_from {
+            Some(target) => sequence[..position].iter().find(|s| contains(s, target)),
+            None => position.checked_sub(1).map(|p| &sequence[p]),
+        };
+        match first {
+            Some(step) => self.start(run, step, parent),
+            None => {
+                let reviewers = gate.reviewers.clone();
+                self.reopen_gate(run, gate_id, parent, gate, reviewers, false);
+            }
+        }
+    }
+
+    /// A new waiting record of a gate, for `reviewers`.
+    fn reopen_gate(
+        &self,
+        run: &mut Run,
+        gate_id: &str,
+        parent: Option<&str>,
+        gate: &crate::domain::Gate,
+        reviewers: Option<String>,
+        escalated: bool,
+    ) {
+        let Some(previous) = run.body.steps.iter().rev().find(|r| r.step_id == gate_id) else { return };
+        let mut record = previous.clone();
+        record.seq = u32::try_from(run.body.steps.len() + 1).unwrap_or(u32::MAX);
+        record.iteration += 1;
+        record.output = None;
+        record.error = None;
+        record.external_id = None;
+        record.parent_step_id = parent.map(str::to_owned);
+        record.created_at = self.now;
+        record.started_at = Some(self.now);
+        record.finished_at = None;
+        record.input["mode"] = json!("HITL");
+        self.park_gate(&mut record, gate, reviewers, escalated);
+        run.body.steps.push(record);
+    }
+
+    /// Records the end of an attempt of a spawn or delegate: its output, or
+    /// its error and, while attempts remain, the next attempt after a backoff.
+    pub(crate) fn attempt_ended(&self, run: &mut Run, index: usize, result: Result<Value, String>) {
+        let record = &mut run.body.steps[index];
+        match result {
+            Ok(output) => {
+                record.output = Some(output);
+                finish(record, StepState::Completed, self.now);
+            }
+            Err(error) => {
+                record.error = Some(error);
+                finish(record, StepState::Failed, self.now);
+                let retry = match find(&self.spec.steps, &record.step_id, None).map(|l| &l.step.action) {
+                    Some(Action::Spawn(spawn)) => spawn.retry,
+                    Some(Action::Delegate(delegate)) => delegate.retry,
+                    _ => None,
+                };
+                let Some(retry) = retry.filter(|retry| record.attempt < retry.max_attempts) else { return };
+                let exponent = record.attempt.saturating_sub(1).min(30);
+                let backoff = retry.backoff.saturating_mul(1 << exponent).min(retry.max_backoff);
+                let mut next = record.clone();
+                next.seq = u32::try_from(run.body.steps.len() + 1).unwrap_or(u32::MAX);
+                next.attempt += 1;
+                next.state = StepState::Waiting;
+                next.output = None;
+                next.error = None;
+                next.external_id = None;
+                next.created_at = self.now;
+                next.started_at = None;
+                next.finished_at = None;
+                next.wake_at = Some(self.now + chorus_runtime::time::micros(backoff));
+                run.body.steps.push(next);
+            }
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! Templates and conditions at run time: the same minijinja language the
+//! definition was checked with, over `inputs`, `trigger`, `config`, `run`,
+//! earlier steps, and on a rerun `feedback` and `previous`.
+
+use minijinja::{Environment, UndefinedBehavior};
+use serde_json::{Map, Value};
+
+use crate::{
+    domain::{Decision, Run, StepState},
+    parse::condition_source,
+};
+
+/// What templates of one step see.
+#[derive(Debug, Clone)]
+pub(crate) struct Scope {
+    context: minijinja::Value,
+}
+
+/// A template or condition that could not be evaluated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct RenderError(String);
+
+fn environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    // A missing field renders empty and tests false, as in the seed's examples;
+    // calling or iterating something missing is still an error.
+    env.set_undefined_behavior(UndefinedBehavior::Lenient);
+    env
+}
+
+impl Scope {
+    /// The scope of a record of `step_id` in `iteration`.
+    pub(crate) fn of(run: &Run, config: &Value, step_id: &str, iteration: u32) -> Self {
+        let body = &run.body;
+        let mut context = Map::new();
+        context.insert("inputs".into(), Value::Object(body.input.clone()));
+        context.insert("trigger".into(), body.trigger.clone());
+        context.insert("config".into(), config.clone());
+        context.insert(
+            "run".into(),
+            serde_json::json!({ "id": run.id, "workflow": run.workflow, "version": run.version }),
+        );
+        for record in &body.steps {
+            if !record.state.is_finished() || record.state == StepState::Canceled {
+                continue;
+            }
+            let state = serde_json::to_value(record.state).unwrap_or(Value::Null);
+            let seen = serde_json::json!({
+                "output": record.output.clone().unwrap_or(Value::Null),
+                "state": state,
+                "error": record.error,
+                "iteration": record.iteration,
+                "attempt": record.attempt,
+            });
+            // Records are in seq order: the latest of a step wins.
+            context.insert(record.step_id.clone(), seen);
+        }
+        if iteration > 1 {
+            if let Some(rejection) = body.gate_decisions.iter().rev().find(|d| d.decision == Decision::Reject) {
+                context.insert("feedback".into(), feedback(rejection));
+            }
+            let previous = body
+                .steps
+                .iter()
+                .rev()
+                .find(|record| record.step_id == step_id && record.iteration < iteration)
+                .and_then(|record| record.output.clone());
+            context.insert("previous".into(), previous.unwrap_or(Value::Null));
+        }
+        Self { context: minijinja::Value::from(minijinja::value::Serde(Value::Object(context))) }
+    }
+
+    /// A scope of plain data (`{"event": ...}` for trigger conditions).
+    pub(crate) fn from_json(context: Value) -> Self {
+        Self { context: minijinja::Value::from(minijinja::value::Serde(context)) }
+    }
+
+    /// `feedback` and `previous` as a rerun step's input carries them.
+    pub(crate) fn rerun_fields(&self) -> Option<(Value, Value)> {
+        let feedback = self.context.get_attr("feedback").ok().filter(|v| !v.is_undefined())?;
+        let previous = self.context.get_attr("previous").ok().unwrap_or_default();
+        Some((to_json(&feedback), to_json(&previous)))
+    }
+
+    /// Renders a template string.
+    pub(crate) fn render(&self, template: &str) -> Result<String, RenderError> {
+        environment()
+            .render_str(template, &self.context)
+            .map_err(|error| RenderError(format!("template `{template}`: {}", describe(&error))))
+    }
+
+    /// Renders every string in `value`; a string that is exactly one
+    /// placeholder keeps the type of what it names (`"{{ review.output }}"`
+    /// is that object, not its text).
+    pub(crate) fn render_value(&self, value: &Value) -> Result<Value, RenderError> {
+        Ok(match value {
+            Value::String(text) => match whole_placeholder(text) {
+                Some(expression) => self.evaluate(expression, text)?,
+                None if text.contains("{{") || text.contains("{%") => Value::String(self.render(text)?),
+                None => value.clone(),
+            },
+            Value::Array(items) => {
+                Value::Array(items.iter().map(|item| self.render_value(item)).collect::<Result<_, _>>()?)
+            }
+            Value::Object(map) => Value::Object(
+                map.iter().map(|(key, item)| Ok((key.clone(), self.render_value(item)?))).collect::<Result<_, _>>()?,
+            ),
+            Value::Null | Value::Bool(_) | Value::Number(_) => value.clone(),
+        })
+    }
+
+    fn evaluate(&self, expression: &str, text: &str) -> Result<Value, RenderError> {
+        let env = environment();
+        let compiled = env
+            .compile_expression(expression)
+            .map_err(|error| RenderError(format!("template `{text}`: {}", describe(&error))))?;
+        let value = compiled
+            .eval(&self.context)
+            .map_err(|error| RenderError(format!("template `{text}`: {}", describe(&error))))?;
+        Ok(if value.is_undefined() { Value::Null } else { to_json(&value) })
+    }
+
+    /// Evaluates a condition (`{{ a.output.x }} < 0.8`, or a bare expression).
+    pub(crate) fn condition(&self, text: &str) -> Result<bool, RenderError> {
+        let env = environment();
+        let source = condition_source(text);
+        let compiled = env
+            .compile_expression(&source)
+            .map_err(|error| RenderError(format!("condition `{text}`: {}", describe(&error))))?;
+        let value = compiled
+            .eval(&self.context)
+            .map_err(|error| RenderError(format!("condition `{text}`: {}", describe(&error))))?;
+        Ok(value.is_true())
+    }
+}
+
+/// A rejection as rerun steps see it.
+fn feedback(rejection: &crate::domain::GateDecision) -> Value {
+    serde_json::json!({
+        "gate": rejection.step_id,
+        "reason": rejection.reason,
+        "decided_by": rejection.decided_by,
+        "data": rejection.data,
+    })
+}
+
+fn whole_placeholder(text: &str) -> Option<&str> {
+    let inner = text.trim().strip_prefix("{{")?.strip_suffix("}}")?;
+    (!inner.contains("{{") && !inner.contains("}}")).then_some(inner.trim())
+}
+
+fn to_json(value: &minijinja::Value) -> Value {
+    serde_json::to_value(value).unwrap_or(Value::Null)
+}
+
+fn describe(error: &minijinja::Error) -> String {
+    error.detail().map_or_else(|| error.kind().to_string(), str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Run, RunBody, RunState};
+
+    fn run(input: Value) -> Run {
+        Run {
+            namespace: "default".into(),
+            id: "r1".into(),
+            workflow: "w".into(),
+            version: 1,
+            state: RunState::Running,
+            idempotency_key: None,
+            concurrency_key: None,
+            body: RunBody { input: input.as_object().cloned().unwrap_or_default(), ..RunBody::default() },
+            created_at: 0,
+            updated_at: 0,
+            finished_at: None,
+        }
+    }
+
+    #[test]
+    fn templates_conditions_and_whole_placeholders() {
+        let scope = Scope::of(&run(serde_json::json!({"n": 3, "who": "ann"})), &serde_json::json!({"x": 1}), "s", 1);
+        assert_eq!(scope.render("hi {{ inputs.who }}").unwrap(), "hi ann");
+        assert!(scope.condition("{{ inputs.n }} > 2").unwrap());
+        assert!(!scope.condition("inputs.n < 2").unwrap());
+        assert!(!scope.condition("{{ missing.output.x }}").unwrap(), "missing names test false");
+        let value = scope.render_value(&serde_json::json!({"all": "{{ inputs }}", "n": "{{ inputs.n }}"})).unwrap();
+        assert_eq!(value, serde_json::json!({"all": {"n": 3, "who": "ann"}, "n": 3}));
+        assert!(scope.condition("{{ inputs.n }} <").is_err());
+    }
+}

@@ -1,0 +1,82 @@
+//! The storage contract for runs.
+
+use async_trait::async_trait;
+
+use crate::{
+    domain::{NewRun, Run, RunCursor, RunEvent, RunFilter, RunPage},
+    error::Result,
+};
+
+/// An engine's claim on a run: only writes under the current claim land.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub owner: String,
+    pub token: i64,
+}
+
+/// A run an engine claimed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub namespace: String,
+    pub run_id: String,
+    pub fence: Fence,
+}
+
+/// What a transition's change decided about the run's scheduling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition {
+    /// When an engine must look at the run next.
+    pub due_at: Option<i64>,
+    /// The claiming engine lets the run go.
+    pub release: bool,
+}
+
+/// A change applied to a run read under its lock. `slot_free` says whether a
+/// pending run may start under its concurrency limit.
+pub type Change<'a> = dyn FnMut(&mut Run, bool) -> Result<Transition> + Send + 'a;
+
+/// Where runs are kept. Every change of a run is serialized by the run's
+/// lock and recorded as events in the same transaction.
+#[async_trait]
+pub trait RunRepository: Send + Sync + std::fmt::Debug {
+    /// Creates a run (pending, due now), or returns the one created first
+    /// with the same idempotency key; the flag says whether it was created.
+    async fn create(&self, run: NewRun, now: i64) -> Result<(Run, bool)>;
+
+    /// A run in a namespace, with everything recorded about it.
+    async fn get(&self, namespace: &str, run_id: &str) -> Result<Option<Run>>;
+
+    /// Newest first, after `after`, at most `limit`.
+    async fn list(&self, namespace: &str, filter: &RunFilter, after: Option<RunCursor>, limit: u32) -> Result<RunPage>;
+
+    /// Reads the run under its lock, applies `change`, and writes the run and
+    /// its events in one transaction. With a `fence`, fails with
+    /// `LeaseLost` unless the claim is still the run's. `NotFound` outside
+    /// `namespace`.
+    async fn transition(
+        &self,
+        namespace: &str,
+        run_id: &str,
+        fence: Option<&Fence>,
+        now: i64,
+        change: &mut Change<'_>,
+    ) -> Result<Run>;
+
+    /// Claims up to `limit` runs that are due and not claimed by a live
+    /// engine, until `lease_until`.
+    async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: u32) -> Result<Vec<Claim>>;
+
+    /// Extends every claim `owner` holds; the number of runs still held.
+    async fn renew(&self, owner: &str, lease_until: i64) -> Result<u64>;
+
+    /// A run's events after `after`, at most `limit`.
+    async fn events(&self, run_id: &str, after: i64, limit: u32) -> Result<Vec<RunEvent>>;
+
+    /// Deletes finished runs whose retention ended; how many.
+    async fn purge(&self, now: i64) -> Result<u64>;
+
+    /// How far a namespace's triggers read the event bus.
+    async fn trigger_cursor(&self, namespace: &str) -> Result<Option<u64>>;
+
+    async fn set_trigger_cursor(&self, namespace: &str, after_sequence: u64) -> Result<()>;
+}

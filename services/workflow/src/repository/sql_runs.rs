@@ -1,0 +1,425 @@
+//! The SQL run repository: one implementation for PostgreSQL and SQLite.
+//!
+//! A run is one row whose `body` holds its step records, decisions and
+//! signals; every change reads it under the row's lock (`FOR UPDATE` on
+//! PostgreSQL; SQLite's single writer serializes), applies the engine's rules
+//! and writes it back with its events in the same transaction.
+
+use async_trait::async_trait;
+use chorus_runtime::storage::{Backend, Db, placeholders};
+use sqlx::{AssertSqlSafe, Row as _, any::AnyRow};
+
+use super::runs::{Change, Claim, Fence, RunRepository};
+use crate::{
+    domain::{NewRun, Run, RunBody, RunChange, RunCursor, RunEvent, RunFilter, RunPage, RunState},
+    engine::schedule::changes,
+    error::{Result, WorkflowError},
+};
+
+const COLUMNS: &str = "id, namespace, workflow, version, state, idempotency_key, concurrency_key, concurrency_limit, \
+                       body, created_at, updated_at, finished_at, retention, lease_owner, lease_token";
+
+/// Run storage on a [`Db`].
+#[derive(Debug, Clone)]
+pub struct SqlRunRepository {
+    db: Db,
+}
+
+impl SqlRunRepository {
+    pub fn new(db: Db) -> Self {
+        Self { db }
+    }
+}
+
+/// A run row with what only the repository needs.
+struct Stored {
+    run: Run,
+    concurrency_limit: Option<i64>,
+    retention: Option<i64>,
+    lease: Option<Fence>,
+}
+
+fn corrupt(error: impl std::fmt::Display) -> WorkflowError {
+    WorkflowError::Corrupt(error.to_string())
+}
+
+fn decode(row: &AnyRow) -> Result<Stored> {
+    let state: String = row.try_get("state")?;
+    let body: String = row.try_get("body")?;
+    let version: i64 = row.try_get("version")?;
+    let owner: Option<String> = row.try_get("lease_owner")?;
+    let token: i64 = row.try_get("lease_token")?;
+    let run = Run {
+        namespace: row.try_get("namespace")?,
+        id: row.try_get("id")?,
+        workflow: row.try_get("workflow")?,
+        version: u32::try_from(version).map_err(corrupt)?,
+        state: RunState::parse(&state).ok_or_else(|| corrupt(format!("run state {state}")))?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        concurrency_key: row.try_get("concurrency_key")?,
+        body: serde_json::from_str(&body).map_err(corrupt)?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        finished_at: row.try_get("finished_at")?,
+    };
+    Ok(Stored {
+        run,
+        concurrency_limit: row.try_get("concurrency_limit")?,
+        retention: row.try_get("retention")?,
+        lease: owner.map(|owner| Fence { owner, token }),
+    })
+}
+
+fn encode_body(body: &RunBody) -> Result<String> {
+    serde_json::to_string(body).map_err(corrupt)
+}
+
+type Tx = sqlx::Transaction<'static, sqlx::Any>;
+
+impl SqlRunRepository {
+    async fn insert_events(&self, tx: &mut Tx, run: &Run, events: &[RunChange], now: i64) -> Result<()> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<String> =
+            (0..events.len()).map(|index| format!("($1, {}, $2)", placeholders(index + 3, 1))).collect();
+        let sql = format!("INSERT INTO workflow_run_events (run_id, body, created_at) VALUES {}", rows.join(", "));
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(&run.id).bind(now);
+        for change in events {
+            let body = serde_json::json!({ "state": run.state, "change": change });
+            query = query.bind(body.to_string());
+        }
+        query.execute(&mut **tx).await?;
+        Ok(())
+    }
+
+    /// Serializes the runs of one concurrency group (PostgreSQL; SQLite's
+    /// single writer already does).
+    async fn lock_group(&self, tx: &mut Tx, run: &Run) -> Result<()> {
+        if self.db.backend() == Backend::Postgres {
+            let key = format!("{}/{}/{}", run.namespace, run.workflow, run.concurrency_key.as_deref().unwrap_or(""));
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))::text AS locked")
+                .bind(key)
+                .fetch_one(&mut **tx)
+                .await?;
+        }
+        Ok(())
+    }
+
+    fn same_key(&self) -> &'static str {
+        match self.db.backend() {
+            Backend::Postgres => "concurrency_key IS NOT DISTINCT FROM $3",
+            Backend::Sqlite => "concurrency_key IS $3",
+        }
+    }
+
+    async fn slot_free(&self, tx: &mut Tx, run: &Run, limit: i64) -> Result<bool> {
+        let sql = format!(
+            "SELECT COUNT(*) AS active FROM workflow_runs WHERE namespace = $1 AND workflow = $2 AND {} \
+             AND state IN ('running', 'waiting')",
+            self.same_key()
+        );
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(&run.namespace)
+            .bind(&run.workflow)
+            .bind(run.concurrency_key.as_deref())
+            .fetch_one(&mut **tx)
+            .await?;
+        let active: i64 = row.try_get("active")?;
+        Ok(active < limit)
+    }
+
+    /// A finished run frees its slot: the oldest pending run of its group is due.
+    async fn wake_next(&self, tx: &mut Tx, run: &Run, now: i64) -> Result<()> {
+        let sql = format!(
+            "UPDATE workflow_runs SET due_at = $4 WHERE id = (SELECT id FROM workflow_runs \
+             WHERE namespace = $1 AND workflow = $2 AND {} AND state = 'pending' ORDER BY created_at, id LIMIT 1)",
+            self.same_key()
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(&run.namespace)
+            .bind(&run.workflow)
+            .bind(run.concurrency_key.as_deref())
+            .bind(now)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl RunRepository for SqlRunRepository {
+    async fn create(&self, new: NewRun, now: i64) -> Result<(Run, bool)> {
+        let run = Run {
+            namespace: new.namespace,
+            id: new.id,
+            workflow: new.workflow,
+            version: new.version,
+            state: RunState::Pending,
+            idempotency_key: new.idempotency_key,
+            concurrency_key: new.concurrency_key,
+            body: new.body,
+            created_at: now,
+            updated_at: now,
+            finished_at: None,
+        };
+        let mut tx = self.db.pool().begin().await?;
+        let inserted = sqlx::query(
+            "INSERT INTO workflow_runs (id, namespace, workflow, version, state, idempotency_key, concurrency_key, \
+             concurrency_limit, body, created_at, updated_at, due_at, retention) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $10, $11) \
+             ON CONFLICT (namespace, idempotency_key) DO NOTHING",
+        )
+        .bind(&run.id)
+        .bind(&run.namespace)
+        .bind(&run.workflow)
+        .bind(i64::from(run.version))
+        .bind(run.state.as_str())
+        .bind(run.idempotency_key.as_deref())
+        .bind(run.concurrency_key.as_deref())
+        .bind(new.concurrency_limit.map(i64::from))
+        .bind(encode_body(&run.body)?)
+        .bind(now)
+        .bind(new.retention_micros)
+        .execute(&mut *tx)
+        .await?;
+        if inserted.rows_affected() == 0 {
+            tx.rollback().await?;
+            let key = run.idempotency_key.as_deref().unwrap_or_default();
+            let sql = format!("SELECT {COLUMNS} FROM workflow_runs WHERE namespace = $1 AND idempotency_key = $2");
+            let row = sqlx::query(AssertSqlSafe(sql)).bind(&run.namespace).bind(key).fetch_one(self.db.pool()).await?;
+            return Ok((decode(&row)?.run, false));
+        }
+        self.insert_events(&mut tx, &run, &[RunChange::RunStateChanged], now).await?;
+        tx.commit().await?;
+        Ok((run, true))
+    }
+
+    async fn get(&self, namespace: &str, run_id: &str) -> Result<Option<Run>> {
+        let sql = format!("SELECT {COLUMNS} FROM workflow_runs WHERE namespace = $1 AND id = $2");
+        let row = sqlx::query(AssertSqlSafe(sql)).bind(namespace).bind(run_id).fetch_optional(self.db.pool()).await?;
+        row.map(|row| decode(&row).map(|stored| stored.run)).transpose()
+    }
+
+    async fn list(&self, namespace: &str, filter: &RunFilter, after: Option<RunCursor>, limit: u32) -> Result<RunPage> {
+        let mut sql = format!("SELECT {COLUMNS} FROM workflow_runs WHERE namespace = $1");
+        let mut next = 2;
+        let mut clause = |sql: &mut String, text: &str, count: usize| {
+            sql.push_str(&text.replace('?', &placeholders(next, count)));
+            next += count;
+        };
+        if filter.workflow.is_some() {
+            clause(&mut sql, " AND workflow = ?", 1);
+        }
+        if filter.version.is_some() {
+            clause(&mut sql, " AND version = ?", 1);
+        }
+        if !filter.states.is_empty() {
+            clause(&mut sql, " AND state IN (?)", filter.states.len());
+        }
+        if filter.created_after.is_some() {
+            clause(&mut sql, " AND created_at >= ?", 1);
+        }
+        if after.is_some() {
+            let (first, second) = (next, next + 1);
+            sql.push_str(&format!(" AND (created_at < ${first} OR (created_at = ${first} AND id < ${second}))"));
+            next += 2;
+        }
+        sql.push_str(&format!(" ORDER BY created_at DESC, id DESC LIMIT ${next}"));
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(namespace);
+        if let Some(workflow) = &filter.workflow {
+            query = query.bind(workflow.clone());
+        }
+        if let Some(version) = filter.version {
+            query = query.bind(i64::from(version));
+        }
+        for state in &filter.states {
+            query = query.bind(state.as_str());
+        }
+        if let Some(created_after) = filter.created_after {
+            query = query.bind(created_after);
+        }
+        if let Some(cursor) = &after {
+            query = query.bind(cursor.created_at).bind(cursor.id.clone());
+        }
+        let rows = query.bind(i64::from(limit) + 1).fetch_all(self.db.pool()).await?;
+        let mut runs = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let mut run = decode(row)?.run;
+            if !filter.include_steps {
+                run.body.steps.clear();
+                run.body.gate_decisions.clear();
+                run.body.signals.clear();
+            }
+            runs.push(run);
+        }
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let more = runs.len() > limit;
+        runs.truncate(limit);
+        let next =
+            runs.last().filter(|_| more).map(|last| RunCursor { created_at: last.created_at, id: last.id.clone() });
+        Ok(RunPage { runs, next })
+    }
+
+    async fn transition(
+        &self,
+        namespace: &str,
+        run_id: &str,
+        fence: Option<&Fence>,
+        now: i64,
+        change: &mut Change<'_>,
+    ) -> Result<Run> {
+        let mut tx = self.db.pool().begin().await?;
+        let sql = format!("SELECT {COLUMNS} FROM workflow_runs WHERE id = $1{}", self.db.on_postgres(" FOR UPDATE"));
+        let row = sqlx::query(AssertSqlSafe(sql)).bind(run_id).fetch_optional(&mut *tx).await?;
+        let stored = match row {
+            Some(row) => decode(&row)?,
+            None => return Err(WorkflowError::RunNotFound(run_id.to_owned())),
+        };
+        if stored.run.namespace != namespace {
+            return Err(WorkflowError::RunNotFound(run_id.to_owned()));
+        }
+        if fence.is_some() && stored.lease.as_ref() != fence {
+            return Err(WorkflowError::LeaseLost(run_id.to_owned()));
+        }
+        let before = stored.run;
+        let mut run = before.clone();
+        let slot_free = match stored.concurrency_limit {
+            Some(limit) => {
+                self.lock_group(&mut tx, &run).await?;
+                run.state != RunState::Pending || self.slot_free(&mut tx, &run, limit).await?
+            }
+            None => true,
+        };
+        let transition = change(&mut run, slot_free)?;
+        let events = changes(&before, &run);
+        if !events.is_empty() {
+            run.updated_at = now;
+        }
+        let purge_at = stored.retention.filter(|_| run.state.is_finished()).map(|retention| now + retention);
+        let lease = if transition.release { ", lease_owner = NULL, lease_until = NULL" } else { "" };
+        let sql = format!(
+            "UPDATE workflow_runs SET state = $2, body = $3, updated_at = $4, finished_at = $5, due_at = $6, \
+             purge_at = $7{lease} WHERE id = $1"
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(&run.id)
+            .bind(run.state.as_str())
+            .bind(encode_body(&run.body)?)
+            .bind(run.updated_at)
+            .bind(run.finished_at)
+            .bind(transition.due_at)
+            .bind(purge_at)
+            .execute(&mut *tx)
+            .await?;
+        self.insert_events(&mut tx, &run, &events, now).await?;
+        if stored.concurrency_limit.is_some() && run.state.is_finished() && !before.state.is_finished() {
+            self.wake_next(&mut tx, &run, now).await?;
+        }
+        tx.commit().await?;
+        Ok(run)
+    }
+
+    async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: u32) -> Result<Vec<Claim>> {
+        let sql = format!(
+            "UPDATE workflow_runs SET lease_owner = $1, lease_token = lease_token + 1, lease_until = $2 \
+             WHERE id IN (SELECT id FROM workflow_runs WHERE due_at <= $3 \
+                          AND (lease_until IS NULL OR lease_until < $3) ORDER BY due_at LIMIT $4{}) \
+             RETURNING namespace, id, lease_token",
+            self.db.on_postgres(" FOR UPDATE SKIP LOCKED")
+        );
+        let mut tx = self.db.begin_relaxed().await?;
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(owner)
+            .bind(lease_until)
+            .bind(now)
+            .bind(i64::from(limit))
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Claim {
+                    namespace: row.try_get("namespace")?,
+                    run_id: row.try_get("id")?,
+                    fence: Fence { owner: owner.to_owned(), token: row.try_get("lease_token")? },
+                })
+            })
+            .collect()
+    }
+
+    async fn renew(&self, owner: &str, lease_until: i64) -> Result<u64> {
+        let mut tx = self.db.begin_relaxed().await?;
+        let renewed = sqlx::query("UPDATE workflow_runs SET lease_until = $2 WHERE lease_owner = $1")
+            .bind(owner)
+            .bind(lease_until)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(renewed.rows_affected())
+    }
+
+    async fn events(&self, run_id: &str, after: i64, limit: u32) -> Result<Vec<RunEvent>> {
+        let rows = sqlx::query(
+            "SELECT id, body, created_at FROM workflow_run_events WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+        )
+        .bind(run_id)
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(self.db.pool())
+        .await?;
+        rows.iter()
+            .map(|row| {
+                #[derive(serde::Deserialize)]
+                struct Body {
+                    state: RunState,
+                    change: RunChange,
+                }
+                let body: String = row.try_get("body")?;
+                let body: Body = serde_json::from_str(&body).map_err(corrupt)?;
+                Ok(RunEvent {
+                    cursor: row.try_get("id")?,
+                    run_id: run_id.to_owned(),
+                    state: body.state,
+                    change: body.change,
+                    time: row.try_get("created_at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn purge(&self, now: i64) -> Result<u64> {
+        let mut tx = self.db.pool().begin().await?;
+        sqlx::query(
+            "DELETE FROM workflow_run_events WHERE run_id IN (SELECT id FROM workflow_runs WHERE purge_at <= $1)",
+        )
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        let deleted = sqlx::query("DELETE FROM workflow_runs WHERE purge_at <= $1").bind(now).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(deleted.rows_affected())
+    }
+
+    async fn trigger_cursor(&self, namespace: &str) -> Result<Option<u64>> {
+        let row = sqlx::query("SELECT after_sequence FROM workflow_trigger_cursors WHERE namespace = $1")
+            .bind(namespace)
+            .fetch_optional(self.db.pool())
+            .await?;
+        row.map(|row| row.try_get::<i64, _>("after_sequence").map(|s| u64::try_from(s).unwrap_or_default()))
+            .transpose()
+            .map_err(Into::into)
+    }
+
+    async fn set_trigger_cursor(&self, namespace: &str, after_sequence: u64) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO workflow_trigger_cursors (namespace, after_sequence) VALUES ($1, $2) \
+             ON CONFLICT (namespace) DO UPDATE SET after_sequence = excluded.after_sequence",
+        )
+        .bind(namespace)
+        .bind(i64::try_from(after_sequence).unwrap_or(i64::MAX))
+        .execute(self.db.pool())
+        .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,329 @@
+//! Runs: start, read, list, cancel, signal, decide gates, watch. Every change
+//! goes through [`Workflows::transition`], which applies it and the engine's
+//! rules under the run's lock and commits both at once.
+
+use std::{sync::Arc, time::Duration};
+
+use chorus_runtime::{time::now_micros, validate::FieldViolation};
+use futures_util::Stream;
+use serde_json::{Map, Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::{ENGINE_KEY, Workflows};
+use crate::{
+    domain::{
+        Decision, NewRun, Outcome, Run, RunBody, RunChange, RunCursor, RunEvent, RunFilter, RunOrigin, RunPage, Signal,
+        StepKind, StepState, WorkflowSpec,
+    },
+    engine::{
+        plan::{Planner, Verdict},
+        render::Scope,
+        schedule::{due_at, needs_driver},
+    },
+    error::{Result, WorkflowError},
+    repository::{Fence, Transition},
+};
+
+/// A run to start.
+#[derive(Debug, Clone, Default)]
+pub struct StartCall {
+    pub namespace: String,
+    pub workflow: String,
+    /// `None`: the latest version.
+    pub version: Option<u32>,
+    pub input: Map<String, Value>,
+    pub idempotency_key: Option<String>,
+    pub origin: RunOrigin,
+    /// The event payload or A2A message that started it.
+    pub trigger: Value,
+}
+
+/// A signal to send.
+#[derive(Debug, Clone)]
+pub struct SignalCall {
+    pub name: String,
+    pub payload: Map<String, Value>,
+    pub signal_id: String,
+    pub sent_by: String,
+}
+
+/// A gate decision to make.
+#[derive(Debug, Clone)]
+pub struct GateCall {
+    pub step_id: String,
+    pub decision: Decision,
+    pub decided_by: String,
+    pub reason: String,
+    pub data: Map<String, Value>,
+    pub iteration: Option<u32>,
+}
+
+const WATCH_BATCH: u32 = 256;
+const WATCH_POLL: Duration = Duration::from_secs(1);
+
+impl Workflows {
+    /// Applies `apply` and then the engine's rules to a run, atomically.
+    /// With a `fence`, only while the claim holds, and the run is released
+    /// when no engine needs to hold it any more.
+    pub(crate) async fn transition(
+        &self,
+        namespace: &str,
+        run_id: &str,
+        spec: &WorkflowSpec,
+        fence: Option<&Fence>,
+        mut apply: impl FnMut(&Planner<'_>, &mut Run) -> Result<()> + Send,
+    ) -> Result<Run> {
+        let now = now_micros();
+        let planner = Planner { spec, config: &self.vars, now };
+        let mut change = |run: &mut Run, slot_free: bool| {
+            apply(&planner, run)?;
+            planner.advance(run, slot_free);
+            Ok(Transition { due_at: due_at(run, now), release: fence.is_some() && !needs_driver(run) })
+        };
+        let run = self.runs.transition(namespace, run_id, fence, now, &mut change).await?;
+        self.wakeups.notify(&run.id);
+        if due_at(&run, now).is_some_and(|at| at <= now) && fence.is_none() {
+            self.wakeups.notify(ENGINE_KEY);
+        }
+        Ok(run)
+    }
+
+    /// The spec of the version a run is on.
+    pub(crate) async fn spec_of_run(&self, run: &Run) -> Result<Arc<WorkflowSpec>> {
+        self.spec(&run.namespace, &run.workflow, run.version).await
+    }
+
+    async fn existing(&self, namespace: &str, run_id: &str) -> Result<(Run, Arc<WorkflowSpec>)> {
+        let run = self.get_run(namespace, run_id).await?;
+        let spec = self.spec_of_run(&run).await?;
+        Ok((run, spec))
+    }
+
+    /// Starts a run, or returns the one started first with the same key.
+    pub async fn start_run(&self, call: StartCall) -> Result<Run> {
+        let definition = self.get(&call.namespace, &call.workflow, call.version).await?;
+        let spec = self.spec(&call.namespace, &definition.name, definition.version).await?;
+        let input = checked_input(&spec, call.input)?;
+        let now = now_micros();
+        let id = uuid::Uuid::now_v7().to_string();
+        let mut body = RunBody { input, trigger: call.trigger, origin: call.origin, ..RunBody::default() };
+        body.expires_at = spec.state.ttl.map(|ttl| now + chorus_runtime::time::micros(ttl));
+        let probe = Run {
+            namespace: call.namespace.clone(),
+            id: id.clone(),
+            workflow: definition.name.clone(),
+            version: definition.version,
+            state: crate::domain::RunState::Pending,
+            idempotency_key: None,
+            concurrency_key: None,
+            body: body.clone(),
+            created_at: now,
+            updated_at: now,
+            finished_at: None,
+        };
+        let concurrency_key = match spec.concurrency.as_ref().and_then(|c| c.key.as_deref()) {
+            Some(key) => Some(Scope::of(&probe, &self.vars, "", 1).render(key).map_err(|error| {
+                WorkflowError::InvalidArgument(FieldViolation::new("input", format!("concurrency.key: {error}")))
+            })?),
+            None => None,
+        };
+        let new = NewRun {
+            namespace: call.namespace.clone(),
+            id,
+            workflow: definition.name,
+            version: definition.version,
+            idempotency_key: call.idempotency_key,
+            concurrency_key,
+            concurrency_limit: spec.concurrency.as_ref().map(|c| c.max),
+            body,
+            retention_micros: spec.state.retention.map(chorus_runtime::time::micros),
+        };
+        let (run, created) = self.runs.create(new, now).await?;
+        if !created {
+            return Ok(run);
+        }
+        tracing::info!(run_id = %run.id, workflow = %run.workflow, version = run.version, "run started");
+        self.transition(&run.namespace, &run.id, &spec, None, |_, _| Ok(())).await
+    }
+
+    pub async fn get_run(&self, namespace: &str, run_id: &str) -> Result<Run> {
+        self.runs.get(namespace, run_id).await?.ok_or_else(|| WorkflowError::RunNotFound(run_id.to_owned()))
+    }
+
+    pub async fn list_runs(
+        &self,
+        namespace: &str,
+        filter: &RunFilter,
+        after: Option<RunCursor>,
+        limit: u32,
+    ) -> Result<RunPage> {
+        self.runs.list(namespace, filter, after, limit).await
+    }
+
+    /// Cancels an unfinished run and the tasks its steps spawned.
+    pub async fn cancel_run(&self, namespace: &str, run_id: &str, reason: &str, canceled_by: &str) -> Result<Run> {
+        let (_, spec) = self.existing(namespace, run_id).await?;
+        let reason = match (reason.is_empty(), canceled_by.is_empty()) {
+            (true, true) => "canceled".to_owned(),
+            (true, false) => format!("canceled by {canceled_by}"),
+            (false, true) => reason.to_owned(),
+            (false, false) => format!("{reason} (canceled by {canceled_by})"),
+        };
+        self.transition(namespace, run_id, &spec, None, |planner, run| {
+            if run.state.is_finished() {
+                return Err(finished(run));
+            }
+            planner.cancel(run, reason.clone());
+            Ok(())
+        })
+        .await
+    }
+
+    /// Sends a signal; `true` when its id had been received already.
+    pub async fn signal_run(&self, namespace: &str, run_id: &str, call: SignalCall) -> Result<bool> {
+        let (_, spec) = self.existing(namespace, run_id).await?;
+        let mut duplicate = false;
+        self.transition(namespace, run_id, &spec, None, |planner, run| {
+            duplicate = run.body.signals.iter().any(|s| s.id == call.signal_id);
+            if duplicate {
+                return Ok(());
+            }
+            if run.state.is_finished() {
+                return Err(finished(run));
+            }
+            run.body.signals.push(Signal {
+                id: call.signal_id.clone(),
+                name: call.name.clone(),
+                payload: call.payload.clone(),
+                sent_by: call.sent_by.clone(),
+                received_at: planner.now,
+                consumed_by_step_id: None,
+            });
+            Ok(())
+        })
+        .await?;
+        Ok(duplicate)
+    }
+
+    /// Approves or rejects a waiting gate; the outcome is in the run's decisions.
+    pub async fn decide_gate(&self, namespace: &str, run_id: &str, call: GateCall) -> Result<(Run, Outcome)> {
+        let (_, spec) = self.existing(namespace, run_id).await?;
+        let mut outcome = Outcome::Continued;
+        let run = self
+            .transition(namespace, run_id, &spec, None, |planner, run| {
+                let index = waiting_gate(run, &call)?;
+                let verdict = Verdict {
+                    decision: call.decision,
+                    decided_by: call.decided_by.clone(),
+                    reason: call.reason.clone(),
+                    data: call.data.clone(),
+                    automatic: false,
+                };
+                outcome = planner.decide(run, index, &verdict);
+                Ok(())
+            })
+            .await?;
+        tracing::info!(run_id, step_id = %call.step_id, decided_by = %call.decided_by, ?outcome, "gate decided");
+        Ok((run, outcome))
+    }
+
+    /// A run's events after `after` (0: from the first), then each as it is
+    /// committed, until the event that finishes the run.
+    pub async fn watch_run(
+        &self,
+        namespace: &str,
+        run_id: &str,
+        after: i64,
+    ) -> Result<impl Stream<Item = Result<RunEvent>> + use<>> {
+        self.get_run(namespace, run_id).await?;
+        let (sender, receiver) = mpsc::channel(64);
+        let workflows = self.clone();
+        let run_id = run_id.to_owned();
+        tokio::spawn(async move {
+            let mut cursor = after;
+            loop {
+                let mut waiter = workflows.wakeups.waiter(&run_id);
+                let events = workflows.runs.events(&run_id, cursor, WATCH_BATCH).await;
+                let ended = events.as_ref().is_ok_and(|events| {
+                    events.iter().any(|e| e.change == RunChange::RunStateChanged && e.state.is_finished())
+                });
+                if let Ok(events) = &events {
+                    cursor = events.last().map_or(cursor, |e| e.cursor);
+                }
+                let full = events.as_ref().is_ok_and(|events| events.len() == WATCH_BATCH as usize);
+                if !chorus_runtime::feed::forward(events, &sender).await || ended {
+                    return;
+                }
+                if full {
+                    continue;
+                }
+                tokio::select! {
+                    () = waiter.wait(WATCH_POLL) => {}
+                    () = sender.closed() => return,
+                }
+            }
+        });
+        Ok(ReceiverStream::new(receiver))
+    }
+}
+
+fn finished(run: &Run) -> WorkflowError {
+    WorkflowError::FailedPrecondition(format!("run {} is already {}", run.id, run.state.as_str()))
+}
+
+/// The index of the waiting record of the gate `call` names.
+fn waiting_gate(run: &Run, call: &GateCall) -> Result<usize> {
+    let Some(index) = run.body.steps.iter().rposition(|r| r.step_id == call.step_id) else {
+        return Err(WorkflowError::FailedPrecondition(format!("step {} has not run in run {}", call.step_id, run.id)));
+    };
+    let record = &run.body.steps[index];
+    if record.kind != StepKind::Gate {
+        return Err(WorkflowError::InvalidArgument(FieldViolation::new(
+            "step_id",
+            format!("`{}` is not a gate", call.step_id),
+        )));
+    }
+    if record.state != StepState::Waiting {
+        let state = serde_json::to_value(record.state).unwrap_or_default();
+        return Err(WorkflowError::FailedPrecondition(format!(
+            "gate {} is not waiting for a decision (it is {})",
+            call.step_id,
+            state.as_str().unwrap_or_default()
+        )));
+    }
+    if let Some(iteration) = call.iteration.filter(|i| *i != record.iteration) {
+        return Err(WorkflowError::FailedPrecondition(format!(
+            "gate {} waits in iteration {}, not {iteration}",
+            call.step_id, record.iteration
+        )));
+    }
+    Ok(index)
+}
+
+/// The run's input as declared: defaults filled in, types checked, every
+/// required input present, nothing undeclared.
+fn checked_input(spec: &WorkflowSpec, mut input: Map<String, Value>) -> Result<Map<String, Value>> {
+    let invalid = |name: &str, reason: String| {
+        WorkflowError::InvalidArgument(FieldViolation::new(format!("input.{name}"), reason))
+    };
+    if let Some(unknown) = input.keys().find(|key| !spec.inputs.iter().any(|i| &i.name == *key)) {
+        let declared: Vec<&str> = spec.inputs.iter().map(|i| i.name.as_str()).collect();
+        return Err(invalid(unknown, format!("is not an input of {}; declared: {}", spec.name, declared.join(", "))));
+    }
+    for declared in &spec.inputs {
+        match input.get(&declared.name) {
+            Some(value) if !declared.kind.admits(value) => {
+                return Err(invalid(&declared.name, format!("must be of type {:?}", declared.kind).to_lowercase()));
+            }
+            Some(_) => {}
+            None if declared.required => return Err(invalid(&declared.name, "is required".into())),
+            None => {
+                if let Some(default) = &declared.default {
+                    input.insert(declared.name.clone(), default.clone());
+                }
+            }
+        }
+    }
+    Ok(input)
+}

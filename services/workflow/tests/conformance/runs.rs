@@ -1,0 +1,377 @@
+//! Runs on real services: every step kind, conditions, parallel joins, gates,
+//! signals, timers, retries, cancellation, versioning, concurrency limits and
+//! namespace isolation.
+
+use chorus_workflow::{
+    domain::{Decision, Outcome, RunState, StepState},
+    error::WorkflowError,
+    service::{GateCall, SignalCall, StartCall},
+};
+use serde_json::{Map, json};
+
+use crate::harness::{Harness, NS, conformance};
+
+conformance!(
+    spawned_steps_pass_outputs_on_and_a_false_condition_skips,
+    parallel_fail_fast_cancels_and_all_settled_waits,
+    a_rejected_gate_reruns_its_phase_with_feedback_then_approves,
+    rejections_past_the_limit_escalate_then_fail,
+    an_unanswered_gate_expires,
+    a_signal_sent_early_is_kept_and_one_sent_late_wakes_the_wait,
+    timers_fire_and_failed_attempts_retry,
+    canceling_a_run_cancels_its_task,
+    a_run_stays_on_its_version,
+    concurrency_limits_queue_runs,
+    starts_are_idempotent_and_inputs_checked,
+    decisions_on_gates_not_waiting_change_nothing,
+    runs_never_cross_namespaces,
+    two_engines_share_runs_without_running_a_step_twice,
+);
+
+async fn spawned_steps_pass_outputs_on_and_a_false_condition_skips(h: Harness) {
+    h.put(
+        "name: review\ninputs:\n  pr: {type: string, required: true}\nsteps:\n\
+         - id: first\n  spawn: {agent: coder, input: \"unsure: review {{ inputs.pr }}\"}\n\
+         - id: second\n  condition: \"{{ first.output.confidence }} < 0.8\"\n  spawn: {agent: coder, input: \"again - {{ first.output.summary }}\"}\n\
+         - id: third\n  condition: \"{{ second.output.confidence }} < 0.8\"\n  spawn: {agent: coder, input: never}\n\
+         - id: gate_ok\n  condition: \"{{ inputs.pr }} == 'pr-7'\"\n",
+    )
+    .await;
+    let run = h.run("review", json!({"pr": "pr-7"})).await;
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Completed, "{run:#?}");
+    let states: Vec<(&str, StepState)> = run.body.steps.iter().map(|s| (s.step_id.as_str(), s.state)).collect();
+    assert_eq!(
+        states,
+        [
+            ("first", StepState::Completed),
+            ("second", StepState::Completed),
+            ("third", StepState::Skipped),
+            ("gate_ok", StepState::Completed)
+        ]
+    );
+    let second = &run.body.steps[1];
+    assert_eq!(second.input["input"], json!("again - did: unsure: review pr-7"));
+    assert!(second.external_id.is_some(), "the task id is recorded");
+    assert!(run.body.steps[2].skip_reason.as_deref().unwrap_or_default().contains("was false"));
+    let output = run.body.output.expect("output");
+    assert_eq!(output["first"]["confidence"], json!(0.5));
+}
+
+async fn parallel_fail_fast_cancels_and_all_settled_waits(h: Harness) {
+    let source = |name: &str, mode: &str| {
+        let steps = r#"steps:
+- id: fan
+  parallel:
+    mode: MODE
+    branches:
+    - name: bad
+      steps:
+      - id: boom
+        spawn: {agent: coder, input: please fail}
+    - name: good
+      steps:
+      - id: hold
+        wait: {signal: go}
+      - id: after
+        spawn: {agent: coder, input: ok}
+"#;
+        format!("name: {name}\n{}", steps.replace("MODE", mode))
+    };
+    h.put(&source("fast", "fail_fast")).await;
+    h.put(&source("settled", "all_settled")).await;
+    let fast = h.run("fast", json!({})).await;
+    let fast = h.finished(&fast.id).await;
+    assert_eq!(fast.state, RunState::Failed);
+    let hold = fast.body.steps.iter().find(|s| s.step_id == "hold").expect("hold ran");
+    assert_eq!(hold.state, StepState::Canceled, "fail-fast cancels the other branch");
+    assert!(fast.body.error.as_deref().unwrap_or_default().contains("branch `bad`"), "{:?}", fast.body.error);
+
+    let settled = h.run("settled", json!({})).await;
+    h.until(&settled.id, "the bad branch to fail", |run| {
+        run.body.steps.iter().any(|s| s.step_id == "boom" && s.state == StepState::Failed)
+    })
+    .await;
+    let still = h.workflows.get_run(NS, &settled.id).await.expect("run");
+    assert!(!still.state.is_finished(), "all-settled waits for the other branch");
+    signal(&h, &settled.id, "go", "s1").await;
+    let settled = h.finished(&settled.id).await;
+    assert_eq!(settled.state, RunState::Failed);
+    let after = settled.body.steps.iter().find(|s| s.step_id == "after").expect("after ran");
+    assert_eq!(after.state, StepState::Completed, "the good branch ran to its end");
+}
+
+const GATED: &str = "name: gated\nsteps:\n\
+    - id: design\n  spawn: {agent: coder, input: \"design it\"}\n\
+    - id: signoff\n  gate:\n    mode: HITL\n    reviewers: architects\n    max_rejections: 1\n    on_exhausted: escalate\n    escalate_to: cto\n    artifacts: {summary: \"{{ design.output.summary }}\"}\n\
+    - id: build\n  spawn: {agent: coder, input: \"build {{ signoff.output.decision }}\"}\n";
+
+fn gate(step: &str, decision: Decision, by: &str, reason: &str) -> GateCall {
+    GateCall {
+        step_id: step.into(),
+        decision,
+        decided_by: by.into(),
+        reason: reason.into(),
+        data: Map::new(),
+        iteration: None,
+    }
+}
+
+async fn a_rejected_gate_reruns_its_phase_with_feedback_then_approves(h: Harness) {
+    h.put(GATED).await;
+    let run = h.run("gated", json!({})).await;
+    let run = h.waiting(&run.id).await;
+    let waiting = run.body.steps.last().expect("gate record");
+    assert_eq!((waiting.step_id.as_str(), waiting.state), ("signoff", StepState::Waiting));
+    assert_eq!(waiting.input["artifacts"]["summary"], json!("did: design it"));
+    let (_, outcome) = h
+        .workflows
+        .decide_gate(NS, &run.id, gate("signoff", Decision::Reject, "ana", "add tests"))
+        .await
+        .expect("reject");
+    assert_eq!(outcome, Outcome::Rerun);
+    let run = h
+        .until(&run.id, "the gate's second round", |run| {
+            run.state == RunState::Waiting && run.body.steps.iter().filter(|s| s.step_id == "signoff").count() == 2
+        })
+        .await;
+    let rerun = run.body.steps.iter().rfind(|s| s.step_id == "design").expect("design again");
+    assert_eq!(rerun.iteration, 2);
+    assert_eq!(rerun.input["feedback"]["reason"], json!("add tests"));
+    assert_eq!(rerun.output.as_ref().expect("output")["feedback"]["reason"], json!("add tests"), "the agent saw it");
+    h.workflows.decide_gate(NS, &run.id, gate("signoff", Decision::Approve, "ben", "fine")).await.expect("approve");
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Completed, "{run:#?}");
+    let decisions: Vec<(&str, Outcome, u32)> =
+        run.body.gate_decisions.iter().map(|d| (d.decided_by.as_str(), d.outcome, d.iteration)).collect();
+    assert_eq!(decisions, [("ana", Outcome::Rerun, 1), ("ben", Outcome::Continued, 2)]);
+}
+
+async fn rejections_past_the_limit_escalate_then_fail(h: Harness) {
+    h.put(GATED).await;
+    let run = h.run("gated", json!({})).await;
+    h.waiting(&run.id).await;
+    h.workflows.decide_gate(NS, &run.id, gate("signoff", Decision::Reject, "ana", "no")).await.expect("first");
+    h.until(&run.id, "round two", |r| {
+        r.body.steps.iter().filter(|s| s.step_id == "signoff").count() == 2 && r.state == RunState::Waiting
+    })
+    .await;
+    let (run, outcome) = h
+        .workflows
+        .decide_gate(NS, &run.id, gate("signoff", Decision::Reject, "ana", "still no"))
+        .await
+        .expect("second");
+    assert_eq!(outcome, Outcome::Escalated);
+    let escalated = run.body.steps.last().expect("escalated gate");
+    assert_eq!(escalated.input["reviewers"], json!("cto"));
+    assert_eq!(escalated.state, StepState::Waiting);
+    let (run, outcome) =
+        h.workflows.decide_gate(NS, &run.id, gate("signoff", Decision::Reject, "cto", "stop")).await.expect("third");
+    assert_eq!(outcome, Outcome::Failed);
+    assert_eq!(run.state, RunState::Failed);
+    assert_eq!(run.body.gate_decisions.len(), 3, "who decided and why is kept");
+}
+
+async fn an_unanswered_gate_expires(h: Harness) {
+    h.put("name: expiring\nsteps:\n- id: ok\n  gate: {mode: HITL, reviewers: ops, expires_after: 200ms}\n").await;
+    let run = h.run("expiring", json!({})).await;
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Failed);
+    assert_eq!(run.body.gate_decisions[0].outcome, Outcome::Expired);
+}
+
+async fn signal(h: &Harness, run_id: &str, name: &str, id: &str) -> bool {
+    let call = SignalCall {
+        name: name.into(),
+        payload: json!({"by": "ops"}).as_object().cloned().unwrap_or_default(),
+        signal_id: id.into(),
+        sent_by: "ops".into(),
+    };
+    h.workflows.signal_run(NS, run_id, call).await.expect("signal")
+}
+
+async fn a_signal_sent_early_is_kept_and_one_sent_late_wakes_the_wait(h: Harness) {
+    h.put(
+        "name: signals\nsteps:\n- id: pause\n  wait: {signal: resume}\n\
+         - id: nap\n  wait: {duration: 300ms}\n- id: second\n  wait: {signal: ship}\n",
+    )
+    .await;
+    let run = h.run("signals", json!({})).await;
+    h.waiting(&run.id).await;
+    assert!(!signal(&h, &run.id, "ship", "early").await, "the early signal is new");
+    assert!(signal(&h, &run.id, "ship", "early").await, "the same id again is a duplicate");
+    signal(&h, &run.id, "resume", "late").await;
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Completed, "{run:#?}");
+    let consumed: Vec<(&str, Option<&str>)> =
+        run.body.signals.iter().map(|s| (s.id.as_str(), s.consumed_by_step_id.as_deref())).collect();
+    assert_eq!(consumed, [("early", Some("second")), ("late", Some("pause"))]);
+    assert_eq!(run.body.steps[0].output.as_ref().expect("output")["payload"]["by"], json!("ops"));
+}
+
+async fn timers_fire_and_failed_attempts_retry(h: Harness) {
+    h.put(
+        "name: retrying\nsteps:\n- id: nap\n  wait: {duration: 100ms}\n\
+         - id: work\n  spawn: {agent: coder, input: flaky job, retry: {max_attempts: 3, backoff: 50ms}}\n\
+         - id: doomed\n  spawn: {agent: coder, input: fail, retry: {max_attempts: 2, backoff: 10ms}}\n",
+    )
+    .await;
+    let run = h.run("retrying", json!({})).await;
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Failed);
+    let attempts: Vec<(&str, u32, StepState)> =
+        run.body.steps.iter().map(|s| (s.step_id.as_str(), s.attempt, s.state)).collect();
+    assert_eq!(
+        attempts,
+        [
+            ("nap", 1, StepState::Completed),
+            ("work", 1, StepState::Failed),
+            ("work", 2, StepState::Completed),
+            ("doomed", 1, StepState::Failed),
+            ("doomed", 2, StepState::Failed),
+        ]
+    );
+    assert_ne!(run.body.steps[1].external_id, run.body.steps[2].external_id, "each attempt is its own task");
+}
+
+async fn canceling_a_run_cancels_its_task(h: Harness) {
+    h.put("name: long\nsteps:\n- id: work\n  spawn: {agent: coder, input: slow}\n").await;
+    let run = h.run("long", json!({})).await;
+    let run =
+        h.until(&run.id, "the task to exist", |r| r.body.steps.first().is_some_and(|s| s.external_id.is_some())).await;
+    let task_id = run.body.steps[0].external_id.clone().expect("task");
+    let canceled = h.workflows.cancel_run(NS, &run.id, "not needed", "ana").await.expect("cancel");
+    assert_eq!(canceled.state, RunState::Canceled);
+    assert_eq!(canceled.body.steps[0].state, StepState::Canceled);
+    let mut tasks =
+        chorus_proto::taskstore::task_store_client::TaskStoreClient::connect(h.url()).await.expect("client");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let request = chorus_proto::taskstore::GetTaskRequest {
+            namespace: NS.into(),
+            id: task_id.clone(),
+            history_length: Some(0),
+        };
+        let task = tasks.get_task(request).await.expect("task").into_inner();
+        if task.status.expect("status").state() == chorus_proto::taskstore::TaskState::Canceled {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the task was not canceled");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let again = h.workflows.cancel_run(NS, &run.id, "", "").await.expect_err("finished");
+    assert!(matches!(again, WorkflowError::FailedPrecondition(_)), "{again:?}");
+}
+
+async fn a_run_stays_on_its_version(h: Harness) {
+    h.put("name: versioned\nsteps:\n- id: hold\n  wait: {signal: go}\n- id: v1\n  condition: \"true\"\n").await;
+    let run = h.run("versioned", json!({})).await;
+    h.waiting(&run.id).await;
+    h.put("name: versioned\nsteps:\n- id: hold\n  wait: {signal: go}\n- id: v2\n  condition: \"true\"\n").await;
+    signal(&h, &run.id, "go", "g").await;
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.version, 1);
+    assert_eq!(run.body.steps.last().expect("last").step_id, "v1");
+    let newer = h.run("versioned", json!({})).await;
+    assert_eq!(newer.version, 2);
+}
+
+async fn concurrency_limits_queue_runs(h: Harness) {
+    h.put(
+        "name: limited\ninputs:\n  team: {type: string}\nconcurrency: {max: 1, key: \"{{ inputs.team }}\"}\n\
+         steps:\n- id: hold\n  wait: {signal: go}\n",
+    )
+    .await;
+    let first = h.run("limited", json!({"team": "a"})).await;
+    let second = h.run("limited", json!({"team": "a"})).await;
+    let other = h.run("limited", json!({"team": "b"})).await;
+    h.waiting(&first.id).await;
+    h.waiting(&other.id).await;
+    let queued = h.workflows.get_run(NS, &second.id).await.expect("run");
+    assert_eq!(queued.state, RunState::Pending, "the second run of team a waits for a slot");
+    signal(&h, &first.id, "go", "1").await;
+    h.finished(&first.id).await;
+    h.waiting(&second.id).await;
+}
+
+async fn starts_are_idempotent_and_inputs_checked(h: Harness) {
+    h.put("name: keyed\ninputs:\n  n: {type: integer, required: true}\nsteps:\n- id: hold\n  wait: {signal: go}\n")
+        .await;
+    let call = |input: serde_json::Value| StartCall {
+        namespace: NS.into(),
+        workflow: "keyed".into(),
+        input: input.as_object().cloned().unwrap_or_default(),
+        idempotency_key: Some("k1".into()),
+        ..StartCall::default()
+    };
+    let first = h.workflows.start_run(call(json!({"n": 1}))).await.expect("start");
+    let again = h.workflows.start_run(call(json!({"n": 1}))).await.expect("start again");
+    assert_eq!(first.id, again.id);
+    for bad in [json!({}), json!({"n": "one"}), json!({"n": 1, "x": 2})] {
+        let mut call = call(bad);
+        call.idempotency_key = None;
+        let error = h.workflows.start_run(call).await.expect_err("bad input");
+        assert!(matches!(error, WorkflowError::InvalidArgument(_)), "{error:?}");
+    }
+    let missing = StartCall { namespace: NS.into(), workflow: "nope".into(), ..StartCall::default() };
+    assert!(matches!(h.workflows.start_run(missing).await, Err(WorkflowError::NotFound(_))));
+    let page = h.workflows.list_runs(NS, &Default::default(), None, 50).await.expect("list");
+    assert_eq!(page.runs.len(), 1, "nothing was created by the bad starts");
+}
+
+async fn decisions_on_gates_not_waiting_change_nothing(h: Harness) {
+    h.put(GATED).await;
+    let run = h.run("gated", json!({})).await;
+    let error = h.workflows.decide_gate(NS, &run.id, gate("signoff", Decision::Approve, "ana", "")).await;
+    let run =
+        h.until(&run.id, "the gate announced", |r| r.body.steps.get(1).is_some_and(|s| s.external_id.is_some())).await;
+    assert!(matches!(error, Err(WorkflowError::FailedPrecondition(_))), "{error:?}");
+    let mut stale = gate("signoff", Decision::Approve, "ana", "");
+    stale.iteration = Some(7);
+    let error = h.workflows.decide_gate(NS, &run.id, stale).await.expect_err("stale iteration");
+    assert!(matches!(error, WorkflowError::FailedPrecondition(_)), "{error:?}");
+    let error = h
+        .workflows
+        .decide_gate(NS, &run.id, gate("design", Decision::Approve, "ana", ""))
+        .await
+        .expect_err("not a gate");
+    assert!(matches!(error, WorkflowError::InvalidArgument(_)), "{error:?}");
+    let after = h.workflows.get_run(NS, &run.id).await.expect("run");
+    assert_eq!(after.body.gate_decisions.len(), 0);
+    assert_eq!(after.body.steps, run.body.steps);
+}
+
+async fn runs_never_cross_namespaces(h: Harness) {
+    h.put(GATED).await;
+    let run = h.run("gated", json!({})).await;
+    let other = "team-b";
+    assert!(matches!(h.workflows.get_run(other, &run.id).await, Err(WorkflowError::RunNotFound(_))));
+    assert!(matches!(h.workflows.cancel_run(other, &run.id, "", "").await, Err(WorkflowError::RunNotFound(_))));
+    let call = SignalCall { name: "x".into(), payload: Map::new(), signal_id: "s".into(), sent_by: String::new() };
+    assert!(matches!(h.workflows.signal_run(other, &run.id, call).await, Err(WorkflowError::RunNotFound(_))));
+    let page = h.workflows.list_runs(other, &Default::default(), None, 50).await.expect("list");
+    assert!(page.runs.is_empty());
+    let start = StartCall { namespace: other.into(), workflow: "gated".into(), ..StartCall::default() };
+    assert!(matches!(h.workflows.start_run(start).await, Err(WorkflowError::NotFound(_))));
+}
+
+async fn two_engines_share_runs_without_running_a_step_twice(h: Harness) {
+    let (_second, _stop) = h.spawn_engine(crate::harness::test_config());
+    h.put(
+        "name: shared\nsteps:\n- id: a\n  spawn: {agent: coder, input: one}\n\
+         - id: b\n  spawn: {agent: coder, input: two}\n- id: c\n  wait: {duration: 10ms}\n",
+    )
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..12 {
+        ids.push(h.run("shared", json!({})).await.id);
+    }
+    for id in &ids {
+        let run = h.finished(id).await;
+        assert_eq!(run.state, RunState::Completed, "{run:#?}");
+        assert_eq!(run.body.steps.len(), 3, "each step recorded once: {run:#?}");
+    }
+    let tasks: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM taskstore_tasks").fetch_one(h.db.pool()).await.expect("count");
+    assert_eq!(tasks, 24, "one task per spawn step");
+}
