@@ -4,6 +4,7 @@
 //! engine stops renewing it, and another engine resumes it.
 
 mod driver;
+mod gates;
 pub(crate) mod plan;
 pub(crate) mod render;
 pub(crate) mod schedule;

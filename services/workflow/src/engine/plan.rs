@@ -8,8 +8,8 @@ use serde_json::{Map, Value, json};
 
 use super::render::Scope;
 use crate::domain::{
-    Action, Decision, GateDecision, GateMode, JoinMode, MessageTarget, OnExhausted, Outcome, Run, RunState,
-    SpawnTarget, Step, StepKind, StepRecord, StepState, Wait, WorkflowSpec,
+    Action, Decision, GateDecision, GateMode, JoinMode, MessageTarget, Outcome, Run, RunState, SpawnTarget, Step,
+    StepKind, StepRecord, StepState, Wait, WorkflowSpec,
 };
 
 /// The rules for one run of one definition version, at one instant.
@@ -77,7 +77,7 @@ pub(crate) struct Located<'s> {
 }
 
 /// Whether `id` is `step` or inside it.
-fn contains(step: &Step, id: &str) -> bool {
+pub(super) fn contains(step: &Step, id: &str) -> bool {
     step.id == id
         || match &step.action {
             Action::Parallel(parallel) => {
@@ -87,7 +87,7 @@ fn contains(step: &Step, id: &str) -> bool {
         }
 }
 
-fn finish(record: &mut StepRecord, state: StepState, now: i64) {
+pub(super) fn finish(record: &mut StepRecord, state: StepState, now: i64) {
     record.state = state;
     record.finished_at = Some(now);
     record.wake_at = None;
@@ -436,22 +436,6 @@ impl Planner<'_> {
         Ok(())
     }
 
-    fn park_gate(
-        &self,
-        record: &mut StepRecord,
-        gate: &crate::domain::Gate,
-        reviewers: Option<String>,
-        escalated: bool,
-    ) {
-        record.state = StepState::Waiting;
-        record.input["reviewers"] = json!(reviewers);
-        record.input["escalated"] = json!(escalated);
-        record.wake_at = gate.expires_after.map(|after| self.now + chorus_runtime::time::micros(after));
-        if let Some(at) = record.wake_at {
-            record.input["expires_at"] = json!(at);
-        }
-    }
-
     /// A signal that arrived before the wait did is not lost.
     fn take_early_signal(&self, run: &mut Run, record: &mut StepRecord) {
         let name = record.waiting_for_signal.clone().unwrap_or_default();
@@ -467,132 +451,6 @@ impl Planner<'_> {
             "sent_by": signal.sent_by,
         }));
         finish(record, StepState::Completed, self.now);
-    }
-
-    /// An AUTO gate was evaluated: its output says whether it approved.
-    fn decide_auto(&self, run: &mut Run, seq: u32, step: &Step) {
-        let index = usize::try_from(seq - 1).unwrap_or_default();
-        let approved = run.body.steps[index].output.as_ref().and_then(|o| o["approved"].as_bool()).unwrap_or(false);
-        let Action::Gate(gate) = &step.action else { return };
-        run.body.steps[index].state = StepState::Waiting;
-        let reason = match approved {
-            true => "approve_when held".to_owned(),
-            false => format!("approve_when `{}` was false", gate.approve_when.as_deref().unwrap_or_default()),
-        };
-        let decision = if approved { Decision::Approve } else { Decision::Reject };
-        let verdict = Verdict { decision, decided_by: "auto".into(), reason, data: Map::new(), automatic: true };
-        self.decide(run, index, &verdict);
-    }
-
-    /// Applies a decision to the waiting gate record at `index`.
-    pub(crate) fn decide(&self, run: &mut Run, index: usize, verdict: &Verdict) -> Outcome {
-        let record = &run.body.steps[index];
-        let step_id = record.step_id.clone();
-        let iteration = record.iteration;
-        let escalated = record.input["escalated"].as_bool().unwrap_or(false);
-        let located = find(&self.spec.steps, &step_id, None);
-        let (gate, sequence, parent) = match located {
-            Some(Located { step: Step { action: Action::Gate(gate), .. }, sequence, parent }) => {
-                (gate, sequence, parent)
-            }
-            _ => return Outcome::Failed,
-        };
-        let rejections = run
-            .body
-            .gate_decisions
-            .iter()
-            .filter(|d| d.step_id == step_id && d.decision == Decision::Reject && d.outcome != Outcome::Expired)
-            .count()
-            + 1;
-        let summary = json!({
-            "decision": verdict.decision,
-            "decided_by": verdict.decided_by,
-            "reason": verdict.reason,
-            "data": verdict.data,
-        });
-        let outcome = match verdict.decision {
-            Decision::Approve => Outcome::Continued,
-            Decision::Reject if escalated => Outcome::Failed,
-            Decision::Reject if u32::try_from(rejections).unwrap_or(u32::MAX) > gate.max_rejections => {
-                match gate.on_exhausted {
-                    OnExhausted::Escalate => Outcome::Escalated,
-                    OnExhausted::Fail => Outcome::Failed,
-                }
-            }
-            Decision::Reject => Outcome::Rerun,
-        };
-        let record = &mut run.body.steps[index];
-        record.output = Some(summary);
-        if outcome == Outcome::Failed {
-            record.error = Some(format!(
-                "rejected by {}{}: {}",
-                verdict.decided_by,
-                if escalated { " after escalation" } else { "" },
-                verdict.reason
-            ));
-            finish(record, StepState::Failed, self.now);
-        } else {
-            finish(record, StepState::Completed, self.now);
-        }
-        run.body.gate_decisions.push(GateDecision {
-            step_id: step_id.clone(),
-            iteration,
-            decision: verdict.decision,
-            outcome,
-            decided_by: verdict.decided_by.clone(),
-            reason: verdict.reason.clone(),
-            data: verdict.data.clone(),
-            automatic: verdict.automatic,
-            decided_at: self.now,
-        });
-        match outcome {
-            Outcome::Rerun => self.rerun(run, gate, &step_id, sequence, parent),
-            Outcome::Escalated => self.reopen_gate(run, &step_id, parent, gate, gate.escalate_to.clone(), true),
-            Outcome::Continued | Outcome::Failed | Outcome::Expired => {}
-        }
-        outcome
-    }
-
-    /// Starts the phase before a rejected gate again (a new iteration).
-    fn rerun(&self, run: &mut Run, gate: &crate::domain::Gate, gate_id: &str, sequence: &[Step], parent: Option<&str>) {
-        let position = sequence.iter().position(|s| s.id == gate_id).unwrap_or_default();
-        let first = match &gate.rerun_from {
-            Some(target) => sequence[..position].iter().find(|s| contains(s, target)),
-            None => position.checked_sub(1).map(|p| &sequence[p]),
-        };
-        match first {
-            Some(step) => self.start(run, step, parent),
-            None => {
-                let reviewers = gate.reviewers.clone();
-                self.reopen_gate(run, gate_id, parent, gate, reviewers, false);
-            }
-        }
-    }
-
-    /// A new waiting record of a gate, for `reviewers`.
-    fn reopen_gate(
-        &self,
-        run: &mut Run,
-        gate_id: &str,
-        parent: Option<&str>,
-        gate: &crate::domain::Gate,
-        reviewers: Option<String>,
-        escalated: bool,
-    ) {
-        let Some(previous) = run.body.steps.iter().rev().find(|r| r.step_id == gate_id) else { return };
-        let mut record = previous.clone();
-        record.seq = u32::try_from(run.body.steps.len() + 1).unwrap_or(u32::MAX);
-        record.iteration += 1;
-        record.output = None;
-        record.error = None;
-        record.external_id = None;
-        record.parent_step_id = parent.map(str::to_owned);
-        record.created_at = self.now;
-        record.started_at = Some(self.now);
-        record.finished_at = None;
-        record.input["mode"] = json!("HITL");
-        self.park_gate(&mut record, gate, reviewers, escalated);
-        run.body.steps.push(record);
     }
 
     /// Records the end of an attempt of a spawn or delegate: its output, or

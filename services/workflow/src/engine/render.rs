@@ -23,9 +23,9 @@ pub(crate) struct RenderError(String);
 
 fn environment() -> Environment<'static> {
     let mut env = Environment::new();
-    // A missing field renders empty and tests false, as in the seed's examples;
-    // calling or iterating something missing is still an error.
-    env.set_undefined_behavior(UndefinedBehavior::Lenient);
+    // A missing field — of a skipped step, an absent input — renders empty
+    // and tests false, as in the seed's examples, however deep the path.
+    env.set_undefined_behavior(UndefinedBehavior::Chainable);
     env
 }
 
@@ -186,6 +186,7 @@ mod tests {
         assert!(scope.condition("{{ inputs.n }} > 2").unwrap());
         assert!(!scope.condition("inputs.n < 2").unwrap());
         assert!(!scope.condition("{{ missing.output.x }}").unwrap(), "missing names test false");
+        assert_eq!(scope.render("[{{ inputs.none.deeper }}]").unwrap(), "[]");
         let value = scope.render_value(&serde_json::json!({"all": "{{ inputs }}", "n": "{{ inputs.n }}"})).unwrap();
         assert_eq!(value, serde_json::json!({"all": {"n": 3, "who": "ann"}, "n": 3}));
         assert!(scope.condition("{{ inputs.n }} <").is_err());
