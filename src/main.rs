@@ -91,6 +91,10 @@ enum Agent {
     /// Reviews the files a message refers to, asking for them and for
     /// approval on the way.
     Reviewer,
+    /// The phase agents of the example workflows: one worker per role
+    /// (discovery, design, development, test, security, validator,
+    /// deployment, builder, tester, deployer).
+    Phases,
 }
 
 #[tokio::main]
@@ -113,6 +117,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve { service, .. } => format!("chorus-{}", service_label(*service)),
         Command::Agent { agent: Agent::Echo, .. } => "chorus-agent-echo".to_owned(),
         Command::Agent { agent: Agent::Reviewer, .. } => "chorus-agent-reviewer".to_owned(),
+        Command::Agent { agent: Agent::Phases, .. } => "chorus-agent-phases".to_owned(),
         Command::Acp { .. } => "chorus-acp".to_owned(),
     };
     let telemetry = chorus_runtime::telemetry::init(&service_name, &config.telemetry)?;
@@ -162,6 +167,12 @@ async fn run(command: Command, config: &ChorusConfig, shutdown: CancellationToke
             chorus_worker::reviewer::run(client, &namespace, pace, shutdown).await?;
             Ok(())
         }
+        Command::Agent { agent: Agent::Phases, server, namespace, .. } => {
+            let client = chorus_worker::connect(&server).await?;
+            tracing::info!(%server, %namespace, "phase agents working");
+            chorus_worker::phases::run(client, &namespace, shutdown).await?;
+            Ok(())
+        }
         Command::Acp { agent, gateway, token_file } => {
             let options = chorus_gateway::acp::StdioOptions { gateway, agent, token_file };
             tokio::select! {
@@ -178,8 +189,8 @@ fn announce(address: std::net::SocketAddr) {
 }
 
 /// The built-in agents of `chorus dev`, working over loopback like any
-/// worker: `echo`, and `reviewer` (which the catalog lists only when
-/// configured to).
+/// worker: `echo`, `reviewer` (which the catalog lists only when configured
+/// to), and the phase agents of the example workflows.
 fn start_demo_agents(address: std::net::SocketAddr, shutdown: CancellationToken) {
     tokio::spawn(async move {
         let url = format!("http://{address}");
@@ -192,11 +203,12 @@ fn start_demo_agents(address: std::net::SocketAddr, shutdown: CancellationToken)
         };
         let namespace = chorus_worker::DEFAULT_NAMESPACE;
         let pace = chorus_worker::reviewer::DEFAULT_PACE;
-        let (echo, reviewer) = tokio::join!(
+        let (echo, reviewer, phases) = tokio::join!(
             chorus_worker::echo::run(client.clone(), namespace, shutdown.clone()),
-            chorus_worker::reviewer::run(client, namespace, pace, shutdown),
+            chorus_worker::reviewer::run(client.clone(), namespace, pace, shutdown.clone()),
+            chorus_worker::phases::run(client, namespace, shutdown),
         );
-        for (agent, outcome) in [("echo", echo), ("reviewer", reviewer)] {
+        for (agent, outcome) in [("echo", echo), ("reviewer", reviewer), ("phases", phases)] {
             if let Err(error) = outcome {
                 tracing::error!(%error, agent, "a built-in agent stopped");
             }

@@ -75,7 +75,12 @@ impl Sandbox {
 
     /// `chorus serve taskstore --listen 127.0.0.1:0 --database-url <database_url>`.
     pub fn serve_taskstore(&self, database_url: &str) -> ServerBuilder {
-        ServerBuilder::serve_taskstore(database_url, self.path())
+        self.serve("taskstore", database_url)
+    }
+
+    /// `chorus serve <service> --listen 127.0.0.1:0 --database-url <database_url>`.
+    pub fn serve(&self, service: &str, database_url: &str) -> ServerBuilder {
+        ServerBuilder::serve(service, database_url, self.path())
     }
 
     /// A `test-worker` (at `bin`) for the server at `server_url`; see [`test_worker!`].
@@ -109,7 +114,12 @@ impl Sandbox {
 
     /// `chorus agent echo --server <server_url> --namespace <namespace>`.
     pub fn echo_agent(&self, server_url: &str, namespace: &str) -> WorkerProcess {
-        WorkerProcess::echo_agent(server_url, namespace, self.path())
+        self.builtin_agent("echo", server_url, namespace)
+    }
+
+    /// `chorus agent <agent> --server <server_url> --namespace <namespace>`.
+    pub fn builtin_agent(&self, agent: &str, server_url: &str, namespace: &str) -> WorkerProcess {
+        WorkerProcess::builtin_agent(agent, server_url, namespace, self.path())
     }
 }
 

@@ -1,6 +1,6 @@
-//! A `chorus` server process (`chorus dev` or `chorus serve taskstore`):
+//! A `chorus` server process (`chorus dev` or `chorus serve <service>`):
 //! started from `CHORUS_BIN`, found by the address it announces, ready once
-//! gRPC health reports the task store SERVING.
+//! gRPC health reports its service SERVING (the task store for `chorus dev`).
 
 use std::{
     ffi::OsString,
@@ -53,6 +53,8 @@ pub struct ServerBuilder {
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
     workdir: PathBuf,
+    /// The gRPC service whose health says the server is ready.
+    ready_service: String,
 }
 
 impl ServerBuilder {
@@ -61,14 +63,27 @@ impl ServerBuilder {
         let args = ["dev", "--listen", "127.0.0.1:0", "--data-dir"].map(OsString::from);
         let mut args = args.to_vec();
         args.push(data_dir.into());
-        Self { name: "chorus dev".to_owned(), args, env: Vec::new(), workdir: workdir.to_owned() }
+        let ready_service = TASK_STORE_SERVICE.to_owned();
+        Self { name: "chorus dev".to_owned(), args, env: Vec::new(), workdir: workdir.to_owned(), ready_service }
     }
 
-    /// `chorus serve taskstore` on `database_url`, run in `workdir`.
-    pub(crate) fn serve_taskstore(database_url: &str, workdir: &Path) -> Self {
-        let args = ["serve", "taskstore", "--listen", "127.0.0.1:0", "--database-url", database_url];
-        let args = args.map(OsString::from).to_vec();
-        Self { name: "chorus serve taskstore".to_owned(), args, env: Vec::new(), workdir: workdir.to_owned() }
+    /// `chorus serve <service>` on `database_url`, run in `workdir`.
+    pub(crate) fn serve(service: &str, database_url: &str, workdir: &Path) -> Self {
+        let args = ["serve", service, "--listen", "127.0.0.1:0", "--database-url", database_url];
+        let ready_service = match service {
+            "taskstore" => TASK_STORE_SERVICE,
+            "eventbus" => "chorus.eventbus.v1.EventBus",
+            "hub" => "chorus.hub.v1.Hub",
+            "workflow" => "chorus.workflow.v1.Workflow",
+            _ => "",
+        };
+        Self {
+            name: format!("chorus serve {service}"),
+            args: args.map(OsString::from).to_vec(),
+            env: Vec::new(),
+            workdir: workdir.to_owned(),
+            ready_service: ready_service.to_owned(),
+        }
     }
 
     /// Without the built-in agents (`chorus dev --no-agents`).
@@ -104,7 +119,7 @@ impl ServerBuilder {
         let Some(address) = address else {
             process.fail(&format!("announced `{line}`, which has no http://IP:PORT")).await
         };
-        let mut server = Server { process, url, address };
+        let mut server = Server { process, url, address, ready_service: self.ready_service };
         server.wait_until_serving().await;
         server
     }
@@ -116,6 +131,7 @@ pub struct Server {
     process: ChildProcess,
     url: String,
     address: SocketAddr,
+    ready_service: String,
 }
 
 impl Server {
@@ -151,12 +167,12 @@ impl Server {
         HubClient::new(self.channel().await)
     }
 
-    /// What gRPC health says of the task store now.
+    /// What gRPC health says of the server's service now.
     pub async fn health(&self) -> Result<ServingStatus, String> {
-        health_status(&self.url).await
+        health_status(&self.url, &self.ready_service).await
     }
 
-    /// Asserts the server still answers health with the task store SERVING.
+    /// Asserts the server still answers health with its service SERVING.
     pub async fn assert_serving(&self) {
         let status = self.health().await;
         assert_eq!(status, Ok(ServingStatus::Serving), "{} should still serve", self.process.name());
@@ -177,11 +193,11 @@ impl Server {
         self.process.kill().await
     }
 
-    /// Polls gRPC health until the task store is SERVING.
+    /// Polls gRPC health until the server's service is SERVING.
     async fn wait_until_serving(&mut self) {
         let deadline = Instant::now() + DEADLINE;
         loop {
-            let status = health_status(&self.url).await;
+            let status = self.health().await;
             if status == Ok(ServingStatus::Serving) {
                 return;
             }
@@ -202,11 +218,11 @@ fn endpoint(url: &str) -> Endpoint {
     endpoint.connect_timeout(Duration::from_secs(5))
 }
 
-/// One health check of the task store over a fresh connection.
-async fn health_status(url: &str) -> Result<ServingStatus, String> {
+/// One health check of `service` over a fresh connection.
+async fn health_status(url: &str, service: &str) -> Result<ServingStatus, String> {
     let check = async {
         let channel = endpoint(url).connect().await.map_err(|error| format!("connect: {error}"))?;
-        let request = HealthCheckRequest { service: TASK_STORE_SERVICE.to_owned() };
+        let request = HealthCheckRequest { service: service.to_owned() };
         let response = HealthClient::new(channel).check(request).await.map_err(|status| status.to_string())?;
         Ok(response.into_inner().status())
     };

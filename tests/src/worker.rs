@@ -104,11 +104,12 @@ pub struct WorkerProcess {
 }
 
 impl WorkerProcess {
-    /// `chorus agent echo` working for `server_url` in `namespace`.
-    pub fn echo_agent(server_url: &str, namespace: &str, workdir: &Path) -> Self {
+    /// `chorus agent <agent>` (a built-in agent: `echo`, `phases`, ...)
+    /// working for `server_url` in `namespace`.
+    pub fn builtin_agent(agent: &str, server_url: &str, namespace: &str, workdir: &Path) -> Self {
         let mut command = crate::process::command(chorus_bin(), workdir);
-        command.args(["agent", "echo", "--server", server_url, "--namespace", namespace]);
-        let process = ChildProcess::spawn("chorus agent echo", command);
+        command.args(["agent", agent, "--server", server_url, "--namespace", namespace]);
+        let process = ChildProcess::spawn(format!("chorus agent {agent}"), command);
         Self { process, worker_id: String::new() }
     }
 

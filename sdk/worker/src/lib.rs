@@ -35,6 +35,7 @@ mod backoff;
 mod context;
 pub mod echo;
 mod error;
+pub mod phases;
 mod reply;
 pub mod reviewer;
 mod task;
