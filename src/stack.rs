@@ -99,6 +99,16 @@ fn opened(db: Option<&Db>) -> anyhow::Result<&Db> {
     db.context("the database was not opened")
 }
 
+/// This machine's name, for names that must be unique among live processes.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "chorus".to_owned())
+}
+
 /// A failed definitions load, with each problem on its own line.
 fn startup_error(error: WorkflowError) -> anyhow::Error {
     match error {
@@ -190,7 +200,9 @@ impl Stack {
                     db.migrate(&chorus_workflow::MIGRATIONS).await?;
                     let wakeups = Wakeups::new();
                     db.bridge_wakeups("chorus_workflow", &wakeups, shutdown.clone());
-                    let workflow = &config.workflow;
+                    let mut workflow = config.workflow.clone();
+                    workflow.engine_id.get_or_insert_with(|| format!("{}/{address}", host_name()));
+                    let workflow = &workflow;
                     let own = format!("http://{address}");
                     let channel = |url: &Option<String>, key: &str| -> anyhow::Result<Channel> {
                         let url = url.clone().unwrap_or_else(|| own.clone());

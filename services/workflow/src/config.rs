@@ -21,7 +21,10 @@ pub struct WorkflowConfig {
     pub poll_ms: u64,
     /// The most runs one engine drives at once.
     pub max_active_runs: u32,
-    /// This engine's name in run claims (default: host, process and a random suffix).
+    /// This engine's name in run claims; an engine restarted under the same
+    /// name resumes its runs at once instead of after their claims lapse.
+    /// Default for `chorus dev` / `serve`: the host name and listen address
+    /// (unique among live processes, stable across restarts on a fixed port).
     pub engine_id: Option<String>,
     /// The services steps call; unset: this process's own address.
     pub taskstore_url: Option<String>,

@@ -49,6 +49,18 @@ pub fn spawn(workflows: Workflows, triggers: Option<TriggerSource>, shutdown: Ca
 
 async fn claim_loop(workflows: Workflows, owner: String, drivers: Drivers, shutdown: CancellationToken) {
     let config = workflows.config().clone();
+    match workflows.runs.adopt(&owner, now_micros() + micros(config.lease())).await {
+        Ok(claims) if !claims.is_empty() => {
+            tracing::info!(runs = claims.len(), "resuming the runs this engine held before it restarted");
+            for claim in claims {
+                start_driver(&workflows, &drivers, claim, &shutdown);
+            }
+        }
+        Ok(_) => {}
+        Err(error) => {
+            tracing::warn!(%error, "cannot take back this engine's runs; they resume when their claims lapse")
+        }
+    }
     while !shutdown.is_cancelled() {
         let mut waiter = workflows.wakeups.waiter(ENGINE_KEY);
         let active = drivers.lock().expect("drivers lock poisoned").len();

@@ -66,6 +66,10 @@ pub trait RunRepository: Send + Sync + std::fmt::Debug {
     /// engine, until `lease_until`.
     async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: u32) -> Result<Vec<Claim>>;
 
+    /// Takes back, under new claims, the runs `owner` held before it
+    /// restarted (an engine's id is stable across restarts when configured).
+    async fn adopt(&self, owner: &str, lease_until: i64) -> Result<Vec<Claim>>;
+
     /// Extends every claim `owner` holds; the number of runs still held.
     async fn renew(&self, owner: &str, lease_until: i64) -> Result<u64>;
 

@@ -77,6 +77,27 @@ fn encode_body(body: &RunBody) -> Result<String> {
 type Tx = sqlx::Transaction<'static, sqlx::Any>;
 
 impl SqlRunRepository {
+    /// Runs a claiming statement (a lease lost in a crash only means the run
+    /// is claimed again, so the commit does not wait for the disk).
+    async fn claims<'q>(
+        &self,
+        owner: &str,
+        query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    ) -> Result<Vec<Claim>> {
+        let mut tx = self.db.begin_relaxed().await?;
+        let rows = query.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Claim {
+                    namespace: row.try_get("namespace")?,
+                    run_id: row.try_get("id")?,
+                    fence: Fence { owner: owner.to_owned(), token: row.try_get("lease_token")? },
+                })
+            })
+            .collect()
+    }
+
     async fn insert_events(&self, tx: &mut Tx, run: &Run, events: &[RunChange], now: i64) -> Result<()> {
         if events.is_empty() {
             return Ok(());
@@ -328,24 +349,18 @@ impl RunRepository for SqlRunRepository {
              RETURNING namespace, id, lease_token",
             self.db.on_postgres(" FOR UPDATE SKIP LOCKED")
         );
-        let mut tx = self.db.begin_relaxed().await?;
-        let rows = sqlx::query(AssertSqlSafe(sql))
-            .bind(owner)
-            .bind(lease_until)
-            .bind(now)
-            .bind(i64::from(limit))
-            .fetch_all(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        rows.iter()
-            .map(|row| {
-                Ok(Claim {
-                    namespace: row.try_get("namespace")?,
-                    run_id: row.try_get("id")?,
-                    fence: Fence { owner: owner.to_owned(), token: row.try_get("lease_token")? },
-                })
-            })
-            .collect()
+        let query = sqlx::query(AssertSqlSafe(sql)).bind(owner).bind(lease_until).bind(now).bind(i64::from(limit));
+        self.claims(owner, query).await
+    }
+
+    async fn adopt(&self, owner: &str, lease_until: i64) -> Result<Vec<Claim>> {
+        let query = sqlx::query(
+            "UPDATE workflow_runs SET lease_token = lease_token + 1, lease_until = $2 WHERE lease_owner = $1 \
+             RETURNING namespace, id, lease_token",
+        )
+        .bind(owner)
+        .bind(lease_until);
+        self.claims(owner, query).await
     }
 
     async fn renew(&self, owner: &str, lease_until: i64) -> Result<u64> {

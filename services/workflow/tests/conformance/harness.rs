@@ -50,7 +50,16 @@ pub(crate) fn test_config() -> WorkflowConfig {
 }
 
 impl Harness {
+    /// The services, a worker and an engine.
     pub(crate) async fn start(database: TestDatabase) -> Self {
+        let harness = Self::bare(database).await;
+        chorus_workflow::engine::spawn(harness.workflows.clone(), None, harness.shutdown.clone());
+        harness
+    }
+
+    /// The services and a worker, and no engine: runs start but nothing
+    /// drives them until a test spawns an engine.
+    pub(crate) async fn bare(database: TestDatabase) -> Self {
         let migrations = [
             &chorus_taskstore::MIGRATIONS,
             &chorus_hub::MIGRATIONS,
@@ -88,7 +97,6 @@ impl Harness {
         tokio::spawn(server.serve(listener, shutdown.clone()));
         let harness =
             Self { workflows: build(&db, address, test_config()), db, address, shutdown, _database: database };
-        chorus_workflow::engine::spawn(harness.workflows.clone(), None, harness.shutdown.clone());
         harness.start_worker(AGENT).await;
         harness
     }

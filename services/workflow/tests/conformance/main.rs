@@ -2,6 +2,7 @@
 //! SQLite and, when `CHORUS_TEST_POSTGRES_URL` is set, against PostgreSQL.
 
 mod definitions;
+mod engines;
 mod grpc;
 mod harness;
 mod loading;

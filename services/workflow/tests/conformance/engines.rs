@@ -1,0 +1,74 @@
+//! Engines coming and going: a spawn issued by an engine that died before
+//! recording it is found again, not made twice; an engine restarted under
+//! its name resumes its runs at once. Each test drives its own engines.
+
+use std::time::Duration;
+
+use chorus_proto::taskstore::{
+    CreateTaskRequest, Message, Part, Role, part::Content, task_store_client::TaskStoreClient,
+};
+use chorus_workflow::{WorkflowConfig, domain::RunState};
+use serde_json::json;
+
+use crate::harness::{AGENT, Harness, NS, test_config};
+
+chorus_runtime::backend_suite!(crate::harness::Harness::bare;
+    a_spawn_issued_before_a_crash_is_found_not_made_twice,
+    an_engine_restarted_under_its_name_resumes_its_runs_at_once,
+);
+
+async fn task_count(h: &Harness) -> i64 {
+    sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM taskstore_tasks").fetch_one(h.db.pool()).await.expect("count")
+}
+
+async fn a_spawn_issued_before_a_crash_is_found_not_made_twice(h: Harness) {
+    h.put("name: once\nsteps:\n- id: work\n  spawn: {agent: coder, input: do it}\n").await;
+    let run = h.run("once", json!({})).await;
+    let record = run.body.steps.first().expect("the spawn's record").clone();
+    assert!(record.external_id.is_none(), "no engine has issued it yet");
+    // What a crashed engine left behind: the task exists, the record does not know it.
+    let key = record.effect_key(&run.id);
+    let message = Message {
+        message_id: key.clone(),
+        role: Role::User.into(),
+        parts: vec![Part { content: Some(Content::Text("do it".into())), ..Part::default() }],
+        ..Message::default()
+    };
+    let request = CreateTaskRequest {
+        namespace: NS.into(),
+        agent_id: AGENT.into(),
+        message: Some(message),
+        idempotency_key: key,
+        ..CreateTaskRequest::default()
+    };
+    let mut tasks = TaskStoreClient::connect(h.url()).await.expect("client");
+    let issued = tasks.create_task(request).await.expect("create").into_inner();
+    let (_engine, _stop) = h.spawn_engine(test_config());
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Completed, "{run:#?}");
+    assert_eq!(run.body.steps[0].external_id.as_deref(), Some(issued.id.as_str()), "the engine adopted the task");
+    assert_eq!(task_count(&h).await, 1, "the spawn was not made twice");
+}
+
+async fn an_engine_restarted_under_its_name_resumes_its_runs_at_once(h: Harness) {
+    // Nobody works for `later` yet: the engine holds the run while it awaits the task.
+    h.put("name: slowish\nsteps:\n- id: a\n  spawn: {agent: later, input: go}\n").await;
+    // Claims that would take a minute to lapse: only adoption can resume the run in time.
+    let config = WorkflowConfig { engine_id: Some("engine-a".into()), lease_ms: 60_000, ..test_config() };
+    let (_first, stop) = h.spawn_engine(config.clone());
+    let run = h.run("slowish", json!({})).await;
+    h.until(&run.id, "the task to exist", |r| r.body.steps.first().is_some_and(|s| s.external_id.is_some())).await;
+    stop.cancel();
+    let held: Option<String> = sqlx::query_scalar("SELECT lease_owner FROM workflow_runs WHERE id = $1")
+        .bind(&run.id)
+        .fetch_one(h.db.pool())
+        .await
+        .expect("owner");
+    assert_eq!(held.as_deref(), Some("engine-a"), "the stopped engine still holds the run");
+    h.start_worker("later").await;
+    let started = tokio::time::Instant::now();
+    let (_second, _stop) = h.spawn_engine(config);
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Completed, "{run:#?}");
+    assert!(started.elapsed() < Duration::from_secs(10), "resumed at once, not when the claim lapsed");
+}
