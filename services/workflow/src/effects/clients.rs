@@ -46,7 +46,10 @@ pub struct ClientEffects {
 }
 
 impl ClientEffects {
+    /// Effects over `endpoints`. Installs ring as the process's rustls
+    /// provider (what reqwest's HTTPS needs), unless one is installed already.
     pub fn new(endpoints: Endpoints) -> Result<Self, EffectError> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
         Ok(Self {
             tasks: TaskStoreClient::new(endpoints.taskstore),
             hub: HubClient::new(endpoints.hub),

@@ -31,11 +31,13 @@ pub struct TriggerSource {
 const TICK: Duration = Duration::from_secs(1);
 const RETRY: Duration = Duration::from_secs(1);
 
-/// A workflow's latest version with an event trigger.
+/// A workflow's latest version with an event trigger. It takes the events
+/// published since that version was put.
 #[derive(Debug, Clone)]
 struct Listener {
     workflow: String,
     spec: Arc<WorkflowSpec>,
+    since: i64,
 }
 
 pub(super) fn spawn(workflows: Workflows, source: TriggerSource, shutdown: CancellationToken) {
@@ -75,10 +77,11 @@ async fn index(workflows: &Workflows) -> crate::error::Result<Index> {
         let spec = workflows.spec(&definition.namespace, &definition.name, definition.version).await?;
         match &spec.trigger {
             Trigger::Cron { schedule } => crons.push((definition.namespace, definition.name, schedule.clone())),
-            Trigger::Event { .. } => listeners
-                .entry(definition.namespace)
-                .or_default()
-                .push(Listener { workflow: definition.name, spec: Arc::clone(&spec) }),
+            Trigger::Event { .. } => listeners.entry(definition.namespace).or_default().push(Listener {
+                workflow: definition.name,
+                spec: Arc::clone(&spec),
+                since: definition.created_at,
+            }),
             Trigger::Manual => {}
         }
     }
@@ -131,8 +134,7 @@ fn refresh_readers(
         keep
     });
     for (namespace, listeners) in listeners {
-        let mut signature: Vec<String> =
-            listeners.iter().map(|l| format!("{}@{}", l.workflow, l.spec.steps.len())).collect();
+        let mut signature: Vec<String> = listeners.iter().map(|l| format!("{}@{}", l.workflow, l.since)).collect();
         signature.extend(listeners.iter().map(|l| format!("{:?}", l.spec.trigger)));
         signature.sort();
         if readers.get(&namespace).is_some_and(|(current, reader)| *current == signature && !reader.is_finished()) {
@@ -175,9 +177,11 @@ async fn read_events(
                 continue;
             }
         };
+        // Without a cursor, from the log's start: each trigger skips what was
+        // published before its version was put.
         let request = bus::StreamEventsRequest {
             namespace: namespace.clone(),
-            after_sequence: after,
+            after_sequence: Some(after.unwrap_or(0)),
             event_types: types.iter().cloned().collect(),
         };
         match bus.stream_events(request).await {
@@ -198,8 +202,10 @@ async fn read_events(
 
 async fn on_event(workflows: &Workflows, namespace: &str, listeners: &[Listener], event: &bus::Event) {
     let payload: Value = serde_json::from_slice(&event.payload).unwrap_or(Value::Null);
+    let published = chorus_runtime::time::timestamp_micros("published_at", event.published_at).ok().flatten();
     for listener in listeners {
-        if !matches(&listener.spec.trigger, &event.r#type, &payload) {
+        let after_put = published.is_some_and(|at| at >= listener.since);
+        if !after_put || !matches(&listener.spec.trigger, &event.r#type, &payload) {
             continue;
         }
         let call = StartCall {

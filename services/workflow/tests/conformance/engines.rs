@@ -15,6 +15,7 @@ use crate::harness::{AGENT, Harness, NS, test_config};
 chorus_runtime::backend_suite!(crate::harness::Harness::bare;
     a_spawn_issued_before_a_crash_is_found_not_made_twice,
     an_engine_restarted_under_its_name_resumes_its_runs_at_once,
+    webhooks_to_private_addresses_are_refused_unless_allowed,
 );
 
 async fn task_count(h: &Harness) -> i64 {
@@ -71,4 +72,16 @@ async fn an_engine_restarted_under_its_name_resumes_its_runs_at_once(h: Harness)
     let run = h.finished(&run.id).await;
     assert_eq!(run.state, RunState::Completed, "{run:#?}");
     assert!(started.elapsed() < Duration::from_secs(10), "resumed at once, not when the claim lapsed");
+}
+
+async fn webhooks_to_private_addresses_are_refused_unless_allowed(h: Harness) {
+    let (url, seen) = crate::steps::receiver().await;
+    let (_engine, _stop) = h.spawn_engine(WorkflowConfig { allow_private_webhooks: false, ..test_config() });
+    h.put(&format!("name: hook\nsteps:\n- id: call\n  message: {{webhook: \"{url}\", text: hi}}\n")).await;
+    let run = h.run("hook", json!({})).await;
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Failed);
+    let error = run.body.steps[0].error.clone().unwrap_or_default();
+    assert!(error.contains("not a public address") && error.contains("allow_private_webhooks"), "{error}");
+    assert!(seen.lock().expect("seen").is_empty(), "nothing was sent");
 }

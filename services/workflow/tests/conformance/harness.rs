@@ -19,6 +19,7 @@ use chorus_workflow::{
     WorkflowConfig, Workflows,
     domain::{Run, RunState},
     effects::{ClientEffects, Endpoints},
+    engine::TriggerSource,
     repository::{sql::SqlDefinitionRepository, sql_runs::SqlRunRepository},
     service::StartCall,
 };
@@ -53,7 +54,7 @@ impl Harness {
     /// The services, a worker and an engine.
     pub(crate) async fn start(database: TestDatabase) -> Self {
         let harness = Self::bare(database).await;
-        chorus_workflow::engine::spawn(harness.workflows.clone(), None, harness.shutdown.clone());
+        chorus_workflow::engine::spawn(harness.workflows.clone(), Some(harness.triggers()), harness.shutdown.clone());
         harness
     }
 
@@ -110,8 +111,14 @@ impl Harness {
     pub(crate) fn spawn_engine(&self, config: WorkflowConfig) -> (Workflows, CancellationToken) {
         let workflows = self.with_config(config);
         let stop = self.shutdown.child_token();
-        chorus_workflow::engine::spawn(workflows.clone(), None, stop.clone());
+        chorus_workflow::engine::spawn(workflows.clone(), Some(self.triggers()), stop.clone());
         (workflows, stop)
+    }
+
+    /// Event triggers read the harness's bus.
+    fn triggers(&self) -> TriggerSource {
+        let channel = Channel::from_shared(self.url()).expect("url").connect_lazy();
+        TriggerSource { bus: chorus_proto::eventbus::event_bus_client::EventBusClient::new(channel) }
     }
 
     pub(crate) fn url(&self) -> String {

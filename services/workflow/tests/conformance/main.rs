@@ -7,3 +7,4 @@ mod grpc;
 mod harness;
 mod loading;
 mod runs;
+mod steps;

@@ -1,0 +1,179 @@
+//! Steps that talk to the world, and what starts and follows runs: hub
+//! messages and webhooks (with their idempotency keys, and the address
+//! guard), watches that resume from a cursor, event and cron triggers.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use axum::{Router, http::HeaderMap, routing::post};
+use chorus_proto::{
+    eventbus::{NewEvent, PublishRequest, event_bus_client::EventBusClient},
+    hub::{ReceiveRequest, RegisterAgentRequest, SubscribeRequest, hub_client::HubClient},
+};
+use chorus_workflow::domain::{OriginKind, RunChange, RunFilter, RunState};
+use futures_util::StreamExt as _;
+use serde_json::{Value, json};
+
+use crate::harness::{Harness, NS, conformance, test_config};
+
+conformance!(
+    messages_reach_hub_topics_and_webhooks_once_with_their_keys,
+    a_watch_sees_every_change_and_resumes_after_a_cursor,
+    matching_events_start_one_run_each,
+    cron_schedules_start_runs,
+);
+
+/// A webhook receiver on loopback: what it was sent, with the idempotency keys.
+pub(crate) async fn receiver() -> (String, Arc<Mutex<Vec<(String, Value)>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let store = Arc::clone(&seen);
+    let app = Router::new().route(
+        "/hook",
+        post(move |headers: HeaderMap, body: axum::Json<Value>| {
+            let store = Arc::clone(&store);
+            async move {
+                let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+                store.lock().expect("seen").push((key, body.0));
+                "ok"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("address"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+async fn messages_reach_hub_topics_and_webhooks_once_with_their_keys(h: Harness) {
+    let mut hub = HubClient::connect(h.url()).await.expect("hub");
+    let register = RegisterAgentRequest {
+        namespace: NS.into(),
+        agent_id: "watcher".into(),
+        agent_type: "observer".into(),
+        ..Default::default()
+    };
+    hub.register_agent(register).await.expect("register");
+    let subscribe = SubscribeRequest { namespace: NS.into(), agent_id: "watcher".into(), topic: "news".into() };
+    hub.subscribe(subscribe).await.expect("subscribe");
+    let (url, seen) = receiver().await;
+    h.put(&format!(
+        "name: tell\ninputs:\n  who: {{type: string}}\nsteps:\n\
+         - id: post\n  message: {{topic: news, text: \"hello {{{{ inputs.who }}}}\", type: greeting}}\n\
+         - id: hook\n  message: {{webhook: \"{url}\", text: \"posted {{{{ post.output.message_id }}}}\"}}\n\
+         - id: direct\n  message: {{to: watcher, text: direct}}\n"
+    ))
+    .await;
+    let run = h.run("tell", json!({"who": "ann"})).await;
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Completed, "{run:#?}");
+    let receive = ReceiveRequest {
+        namespace: NS.into(),
+        agent_id: "watcher".into(),
+        timeout: Some(prost_types::Duration { seconds: 2, nanos: 0 }),
+        ..Default::default()
+    };
+    let received = hub.receive(receive).await.expect("receive").into_inner().messages;
+    let texts: Vec<String> = received
+        .iter()
+        .map(|m| {
+            let content = m.content.as_ref().expect("content");
+            serde_json::from_slice::<Value>(&content.payload).expect("json")["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(texts, ["hello ann", "direct"], "{received:#?}");
+    let seen = seen.lock().expect("seen").clone();
+    let [(key, body)] = seen.as_slice() else { panic!("one webhook call expected: {seen:?}") };
+    assert_eq!(key, &format!("workflow:{}:hook:1:1", run.id));
+    let message_id = run.body.steps[0].output.as_ref().expect("output")["message_id"].as_str().expect("id").to_owned();
+    assert_eq!(body["text"], json!(format!("posted {message_id}")));
+    assert_eq!(body["run_id"], json!(run.id));
+}
+
+async fn a_watch_sees_every_change_and_resumes_after_a_cursor(h: Harness) {
+    h.put("name: watched\nsteps:\n- id: hold\n  wait: {signal: go}\n- id: work\n  spawn: {agent: coder, input: x}\n")
+        .await;
+    let run = h.run("watched", json!({})).await;
+    let watch = h.workflows.watch_run(NS, &run.id, 0).await.expect("watch");
+    let waiter = tokio::spawn(async move { watch.collect::<Vec<_>>().await });
+    h.waiting(&run.id).await;
+    let call = chorus_workflow::service::SignalCall {
+        name: "go".into(),
+        payload: Default::default(),
+        signal_id: "s".into(),
+        sent_by: "t".into(),
+    };
+    h.workflows.signal_run(NS, &run.id, call).await.expect("signal");
+    let events: Vec<_> = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the watch ends with the run")
+        .expect("join")
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("no error");
+    let last = events.last().expect("events");
+    assert_eq!((&last.change, last.state), (&RunChange::RunStateChanged, RunState::Completed));
+    assert!(events.iter().any(|e| matches!(e.change, RunChange::SignalReceived { .. })));
+    let cursors: Vec<i64> = events.iter().map(|e| e.cursor).collect();
+    assert!(cursors.windows(2).all(|w| w[0] < w[1]), "in commit order: {cursors:?}");
+    let middle = events[events.len() / 2].cursor;
+    let rest = h.workflows.watch_run(NS, &run.id, middle).await.expect("resume").collect::<Vec<_>>().await;
+    let rest: Vec<i64> = rest.into_iter().map(|e| e.expect("event").cursor).collect();
+    assert_eq!(rest, cursors.iter().copied().filter(|c| *c > middle).collect::<Vec<_>>());
+}
+
+async fn matching_events_start_one_run_each(h: Harness) {
+    h.put(
+        "name: on-merge\ntrigger:\n  event: pr.merged\n  filter: {repo: chorus}\n  condition: \"event.size > 1\"\n\
+         steps:\n- id: note\n  condition: \"{{ trigger.repo }} == 'chorus'\"\n",
+    )
+    .await;
+    // Another engine reads the same events: still one run per event.
+    let (_engine, _stop) = h.spawn_engine(test_config());
+    let mut bus = EventBusClient::connect(h.url()).await.expect("bus");
+    for (repo, size) in [("chorus", 3), ("other", 3), ("chorus", 1), ("chorus", 5)] {
+        let event = NewEvent {
+            r#type: "pr.merged".into(),
+            source: "git".into(),
+            payload: json!({"repo": repo, "size": size}).to_string().into_bytes(),
+            ..Default::default()
+        };
+        bus.publish(PublishRequest { namespace: NS.into(), event: Some(event) }).await.expect("publish");
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let runs = loop {
+        let page = h.workflows.list_runs(NS, &RunFilter::default(), None, 50).await.expect("list");
+        let done = page.runs.iter().filter(|r| r.state == RunState::Completed).count();
+        if done >= 2 {
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            break h.workflows.list_runs(NS, &RunFilter::default(), None, 50).await.expect("list").runs;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the events started no runs: {page:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(runs.len(), 2, "the first and last events match, once each: {runs:#?}");
+    let mut sequences: Vec<u64> = runs.iter().filter_map(|r| r.body.origin.event_sequence).collect();
+    sequences.sort_unstable();
+    assert_eq!(sequences, [1, 4]);
+    assert!(runs.iter().all(|r| r.body.origin.kind == OriginKind::Event));
+}
+
+async fn cron_schedules_start_runs(h: Harness) {
+    h.put("name: ticking\ntrigger: {cron: \"* * * * * *\"}\nsteps:\n- id: tick\n  condition: \"true\"\n").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = h.workflows.list_runs(NS, &RunFilter::default(), None, 50).await.expect("list");
+        if page.runs.len() >= 2 {
+            assert!(page.runs.iter().all(|r| r.body.origin.kind == OriginKind::Cron));
+            let keys: std::collections::BTreeSet<_> = page.runs.iter().map(|r| r.idempotency_key.clone()).collect();
+            assert_eq!(keys.len(), page.runs.len(), "one run per scheduled second");
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no scheduled runs started");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
