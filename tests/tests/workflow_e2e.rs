@@ -1,0 +1,156 @@
+//! The workflow engine in `chorus dev`: the shipped example workflows load,
+//! the seed-001 pipeline runs through its gates with the built-in phase
+//! agents, a `delegate` step reaches an A2A agent through the gateway, a
+//! watch follows a run to its end, and bad input changes nothing.
+
+use std::time::Duration;
+
+use chorus_proto::workflow::{
+    self as pb, DecideGateRequest, GetRunRequest, ListDefinitionsRequest, PutDefinitionRequest, RunState,
+    StartRunRequest, StepKind, StepState, WatchRunRequest, workflow_client::WorkflowClient,
+};
+use chorus_tests::Sandbox;
+use tokio::time::Instant;
+use tonic::{Code, transport::Channel};
+
+const NS: &str = "default";
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn text(value: &str) -> prost_types::Value {
+    prost_types::Value { kind: Some(prost_types::value::Kind::StringValue(value.into())) }
+}
+
+async fn start(client: &mut WorkflowClient<Channel>, workflow: &str, input: &[(&str, &str)]) -> pb::Run {
+    let mut fields = prost_types::Struct::default();
+    for (key, value) in input {
+        fields.fields.insert((*key).into(), text(value));
+    }
+    let request =
+        StartRunRequest { namespace: NS.into(), workflow: workflow.into(), input: Some(fields), ..Default::default() };
+    client.start_run(request).await.expect("start").into_inner()
+}
+
+async fn get(client: &mut WorkflowClient<Channel>, run_id: &str) -> pb::Run {
+    let request = GetRunRequest { namespace: NS.into(), run_id: run_id.into() };
+    client.get_run(request).await.expect("get").into_inner()
+}
+
+/// Approves each gate as it waits, until the run ends.
+async fn approve_until_done(client: &mut WorkflowClient<Channel>, run_id: &str) -> pb::Run {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let run = get(client, run_id).await;
+        if matches!(run.state(), RunState::Completed | RunState::Failed | RunState::Canceled) {
+            return run;
+        }
+        for step in run.steps.iter().filter(|s| s.kind() == StepKind::Gate && s.state() == StepState::Waiting) {
+            let request = DecideGateRequest {
+                namespace: NS.into(),
+                run_id: run_id.into(),
+                step_id: step.step_id.clone(),
+                decision: pb::Decision::Approve.into(),
+                decided_by: "e2e".into(),
+                iteration: Some(step.iteration),
+                ..Default::default()
+            };
+            client.decide_gate(request).await.expect("approve");
+        }
+        assert!(Instant::now() < deadline, "the run did not finish: {run:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chorus_dev_runs_the_example_workflows_and_delegates_through_the_gateway() {
+    let sandbox = Sandbox::new();
+    std::fs::create_dir(sandbox.path().join("workflows")).expect("dir");
+    for (file, source) in [
+        ("software-delivery.yaml", include_str!("../../workflows/software-delivery.yaml")),
+        ("deployment.yaml", include_str!("../../workflows/deployment.yaml")),
+        ("pr-review.yaml", include_str!("../../workflows/pr-review.yaml")),
+    ] {
+        std::fs::write(sandbox.path().join("workflows").join(file), source).expect("write");
+    }
+    let server = sandbox.dev().start().await;
+    let mut client = WorkflowClient::new(server.channel().await);
+
+    let listed = client
+        .list_definitions(ListDefinitionsRequest { namespace: NS.into(), ..Default::default() })
+        .await
+        .expect("list")
+        .into_inner();
+    let names: Vec<&str> = listed.definitions.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["deployment", "pr-review", "software-delivery"]);
+
+    let run = start(&mut client, "software-delivery", &[("epic", "search")]).await;
+    let run = approve_until_done(&mut client, &run.id).await;
+    assert_eq!(run.state(), RunState::Completed, "{run:#?}");
+    let automatic = run.gate_decisions.iter().filter(|d| d.automatic).count();
+    assert_eq!((run.gate_decisions.len(), automatic), (7, 2), "five HITL and two AUTO transitions");
+    let output = run.output.expect("output");
+    assert!(output.fields.contains_key("deployment"), "{output:?}");
+
+    let delegate = "name: ask-echo\nsteps:\n- id: ask\n  delegate: {agent: echo, input: \"hello from a workflow\"}\n";
+    let put = PutDefinitionRequest { namespace: NS.into(), source: delegate.into(), ..Default::default() };
+    client.put_definition(put).await.expect("put");
+    let run = start(&mut client, "ask-echo", &[]).await;
+    let request = WatchRunRequest { namespace: NS.into(), run_id: run.id.clone(), ..Default::default() };
+    let mut watch = client.watch_run(request).await.expect("watch").into_inner();
+    let mut last = None;
+    while let Some(event) = tokio::time::timeout(DEADLINE, watch.message()).await.expect("in time").expect("event") {
+        last = Some(event);
+    }
+    let last = last.expect("events");
+    assert_eq!(last.state(), RunState::Completed, "the watch ends with the run");
+    let run = get(&mut client, &run.id).await;
+    let answer = run.steps[0].output.as_ref().expect("output");
+    let said = answer.fields.get("text").and_then(|v| match &v.kind {
+        Some(prost_types::value::Kind::StringValue(text)) => Some(text.as_str()),
+        _ => None,
+    });
+    assert_eq!(said, Some("hello from a workflow"), "{run:#?}");
+    assert_eq!(run.steps[0].kind(), StepKind::Delegate);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_definitions_and_decisions_change_nothing() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().no_agents().start().await;
+    let mut client = WorkflowClient::new(server.channel().await);
+    for source in [
+        "name: x\nsteps: [\n",
+        "name: x\nsteps:\n- id: a\n  teleport: {to: mars}\n",
+        "name: x\nsteps:\n- id: a\n  message: {topic: t, text: \"{{ b.output }}\"}\n- id: b\n  condition: \"true\"\n",
+        "name: x\nsteps:\n- id: a\n  message: {topic: t, text: \"{{ unclosed \"}\n",
+        "name: x\nsteps:\n- id: p\n  parallel:\n    branches:\n    - name: one\n      steps:\n      - id: a\n        condition: \"true\"\n    - name: two\n      steps:\n      - id: b\n        message: {topic: t, text: \"{{ a.output }}\"}\n",
+    ] {
+        let put = PutDefinitionRequest { namespace: NS.into(), source: source.into(), ..Default::default() };
+        let status = client.put_definition(put).await.expect_err(source);
+        assert_eq!(status.code(), Code::InvalidArgument, "{source}: {status:?}");
+    }
+    let listed = client
+        .list_definitions(ListDefinitionsRequest { namespace: NS.into(), ..Default::default() })
+        .await
+        .expect("list")
+        .into_inner();
+    assert!(listed.definitions.iter().all(|d| d.name != "x"), "nothing stored");
+
+    let gated =
+        "name: gated\nsteps:\n- id: hold\n  wait: {signal: go}\n- id: ok\n  gate: {mode: HITL, reviewers: ops}\n";
+    let put = PutDefinitionRequest { namespace: NS.into(), source: gated.into(), ..Default::default() };
+    client.put_definition(put).await.expect("put");
+    let run = start(&mut client, "gated", &[]).await;
+    let decide = DecideGateRequest {
+        namespace: NS.into(),
+        run_id: run.id.clone(),
+        step_id: "ok".into(),
+        decision: pb::Decision::Approve.into(),
+        decided_by: "e2e".into(),
+        ..Default::default()
+    };
+    let status = client.decide_gate(decide).await.expect_err("the gate is not waiting");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    let after = get(&mut client, &run.id).await;
+    assert!(after.gate_decisions.is_empty());
+    assert_eq!(after.steps.len(), 1, "only the wait has a record");
+}
