@@ -7,6 +7,7 @@
 //! - [`error`]: the closed error-code enum mapped once to gRPC and HTTP;
 //! - [`feed`]: sending what a stream's task read to its receiver;
 //! - [`grpc`]: the namespace check and response streams every handler uses;
+//! - [`glob`]: event-type patterns (`task.*`);
 //! - [`validate`]: proto input checks that name the offending field;
 //! - [`wakeup`]: commit signals between writers and waiting readers;
 //! - [`time`]: stored times (microseconds) and protobuf timestamps;
@@ -16,6 +17,7 @@
 pub mod config;
 pub mod error;
 pub mod feed;
+pub mod glob;
 pub mod grpc;
 pub mod server;
 pub mod signal;

@@ -65,22 +65,7 @@ impl Pattern {
     }
 
     pub fn matches(&self, event_type: &str) -> bool {
-        let mut parts = self.0.split('*');
-        let first = parts.next().unwrap_or_default();
-        let Some(mut rest) = event_type.strip_prefix(first) else {
-            return false;
-        };
-        let parts: Vec<&str> = parts.collect();
-        let Some((last, middle)) = parts.split_last() else {
-            return rest.is_empty();
-        };
-        for part in middle {
-            match rest.find(part) {
-                Some(at) => rest = &rest[at + part.len()..],
-                None => return false,
-            }
-        }
-        rest.len() >= last.len() && rest.ends_with(last)
+        chorus_runtime::glob::matches(&self.0, event_type)
     }
 
     /// The pattern as a SQL `LIKE … ESCAPE '\'` operand.

@@ -234,13 +234,11 @@ async fn on_event(workflows: &Workflows, namespace: &str, listeners: &[Listener]
 }
 
 /// Whether an event of `event_type` with `payload` starts a run of `trigger`.
-pub(crate) fn matches(trigger: &Trigger, event_type: &str, payload: &Value) -> bool {
+fn matches(trigger: &Trigger, event_type: &str, payload: &Value) -> bool {
     let Trigger::Event { event_type: wanted, filter, condition } = trigger else { return false };
-    let type_matches = match wanted.strip_suffix('*') {
-        Some(prefix) => event_type.starts_with(prefix),
-        None => wanted == event_type,
-    };
-    if !type_matches || !filter.iter().all(|(key, value)| payload.get(key) == Some(value)) {
+    if !chorus_runtime::glob::matches(wanted, event_type)
+        || !filter.iter().all(|(key, value)| payload.get(key) == Some(value))
+    {
         return false;
     }
     match condition {
@@ -248,5 +246,31 @@ pub(crate) fn matches(trigger: &Trigger, event_type: &str, payload: &Value) -> b
         Some(condition) => {
             Scope::from_json(serde_json::json!({ "event": payload })).condition(condition).unwrap_or(false)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn trigger(event_type: &str, filter: Value, condition: Option<&str>) -> Trigger {
+        Trigger::Event {
+            event_type: event_type.into(),
+            filter: filter.as_object().cloned().unwrap_or_default(),
+            condition: condition.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn types_filters_and_conditions_decide() {
+        let any_failure = trigger("*.failed", json!({"team": "a"}), Some("event.attempts > 2"));
+        assert!(matches(&any_failure, "task.failed", &json!({"team": "a", "attempts": 3})));
+        assert!(!matches(&any_failure, "task.failed", &json!({"team": "b", "attempts": 3})), "filter");
+        assert!(!matches(&any_failure, "task.failed", &json!({"team": "a", "attempts": 1})), "condition");
+        assert!(!matches(&any_failure, "task.completed", &json!({"team": "a", "attempts": 3})), "type");
+        assert!(matches(&trigger("tool:called", json!({}), None), "tool:called", &Value::Null));
+        assert!(!matches(&Trigger::Manual, "tool:called", &Value::Null));
     }
 }
