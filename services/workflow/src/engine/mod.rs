@@ -102,8 +102,9 @@ fn start_driver(workflows: &Workflows, drivers: &Drivers, claim: Claim, shutdown
         map.remove(&run_id);
         true
     };
+    let span = tracing::info_span!("workflow_run", run_id = %claim.run_id, namespace = %claim.namespace);
     let driven = driver::drive(workflows.clone(), claim.namespace, claim.run_id, receiver, stop, shutdown.clone());
-    tokio::spawn(driven);
+    tokio::spawn(tracing::Instrument::instrument(driven, span));
 }
 
 async fn renew_loop(workflows: Workflows, owner: String, shutdown: CancellationToken) {

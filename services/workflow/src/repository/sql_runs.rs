@@ -17,7 +17,7 @@ use crate::{
 };
 
 const COLUMNS: &str = "id, namespace, workflow, version, state, idempotency_key, concurrency_key, concurrency_limit, \
-                       body, created_at, updated_at, finished_at, retention, lease_owner, lease_token";
+                       body, created_at, updated_at, finished_at, retention, due_at, lease_owner, lease_token";
 
 /// Run storage on a [`Db`].
 #[derive(Debug, Clone)]
@@ -36,6 +36,7 @@ struct Stored {
     run: Run,
     concurrency_limit: Option<i64>,
     retention: Option<i64>,
+    due_at: Option<i64>,
     lease: Option<Fence>,
 }
 
@@ -66,6 +67,7 @@ fn decode(row: &AnyRow) -> Result<Stored> {
         run,
         concurrency_limit: row.try_get("concurrency_limit")?,
         retention: row.try_get("retention")?,
+        due_at: row.try_get("due_at")?,
         lease: owner.map(|owner| Fence { owner, token }),
     })
 }
@@ -313,6 +315,11 @@ impl RunRepository for SqlRunRepository {
             None => true,
         };
         let transition = change(&mut run, slot_free)?;
+        if run == before && transition.due_at == stored.due_at && !transition.release {
+            // Nothing changed: nothing to write, no commit to wait for.
+            tx.rollback().await?;
+            return Ok(run);
+        }
         let events = changes(&before, &run);
         if !events.is_empty() {
             run.updated_at = now;
