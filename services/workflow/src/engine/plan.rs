@@ -208,20 +208,25 @@ impl Planner<'_> {
     fn consume_signals(&self, run: &mut Run) {
         let body = &mut run.body;
         for record in body.steps.iter_mut().filter(|r| r.state == StepState::Waiting) {
-            let Some(name) = record.waiting_for_signal.clone() else { continue };
-            let Some(signal) = body.signals.iter_mut().find(|s| s.name == name && s.consumed_by_step_id.is_none())
-            else {
-                continue;
-            };
-            signal.consumed_by_step_id = Some(record.step_id.clone());
-            record.output = Some(json!({
-                "name": signal.name,
-                "signal_id": signal.id,
-                "payload": signal.payload,
-                "sent_by": signal.sent_by,
-            }));
-            finish(record, StepState::Completed, self.now);
+            self.take_signal(&mut body.signals, record);
         }
+    }
+
+    /// A signal wait takes the oldest signal of its name not yet taken, if
+    /// any — one that arrived before the wait did included.
+    fn take_signal(&self, signals: &mut [crate::domain::Signal], record: &mut StepRecord) {
+        let Some(name) = record.waiting_for_signal.as_deref() else { return };
+        let Some(signal) = signals.iter_mut().find(|s| s.name == name && s.consumed_by_step_id.is_none()) else {
+            return;
+        };
+        signal.consumed_by_step_id = Some(record.step_id.clone());
+        record.output = Some(json!({
+            "name": signal.name,
+            "signal_id": signal.id,
+            "payload": signal.payload,
+            "sent_by": signal.sent_by,
+        }));
+        finish(record, StepState::Completed, self.now);
     }
 
     /// The latest record of `step_id` created after `after`.
@@ -411,7 +416,7 @@ impl Planner<'_> {
                 record.state = StepState::Waiting;
                 record.waiting_for_signal = Some(name.clone());
                 record.wake_at = timeout.map(|t| self.now + chorus_runtime::time::micros(t));
-                self.take_early_signal(run, record);
+                self.take_signal(&mut run.body.signals, record);
             }
             Action::Parallel(parallel) => {
                 let branches: Vec<&str> = parallel.branches.iter().map(|b| b.name.as_str()).collect();
@@ -434,23 +439,6 @@ impl Planner<'_> {
             }
         }
         Ok(())
-    }
-
-    /// A signal that arrived before the wait did is not lost.
-    fn take_early_signal(&self, run: &mut Run, record: &mut StepRecord) {
-        let name = record.waiting_for_signal.clone().unwrap_or_default();
-        let Some(signal) = run.body.signals.iter_mut().find(|s| s.name == name && s.consumed_by_step_id.is_none())
-        else {
-            return;
-        };
-        signal.consumed_by_step_id = Some(record.step_id.clone());
-        record.output = Some(json!({
-            "name": signal.name,
-            "signal_id": signal.id,
-            "payload": signal.payload,
-            "sent_by": signal.sent_by,
-        }));
-        finish(record, StepState::Completed, self.now);
     }
 
     /// Records the end of an attempt of a spawn or delegate: its output, or
