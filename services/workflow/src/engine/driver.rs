@@ -58,6 +58,8 @@ pub(crate) async fn drive(
     let mut busy: HashSet<(u32, bool)> = HashSet::new();
     let mut refresh = true;
     let mut done: Option<(u32, Done)> = None;
+    // The run's next timer (a wait, a retry's backoff, a deadline) while held.
+    let mut next_timer: Option<tokio::time::Instant> = None;
     loop {
         let fence = fences.borrow_and_update().clone();
         let mut waiter = workflows.wakeups.waiter(&run_id);
@@ -90,6 +92,10 @@ pub(crate) async fn drive(
                 refresh = true;
                 continue;
             }
+            next_timer = super::schedule::next_timer(&run).map(|at| {
+                let left = u64::try_from(at - chorus_runtime::time::now_micros()).unwrap_or_default();
+                tokio::time::Instant::now() + Duration::from_micros(left)
+            });
             for record in &run.body.steps {
                 let key = (record.seq, record.cancel_pending);
                 if !busy.contains(&key)
@@ -106,6 +112,10 @@ pub(crate) async fn drive(
                 done = Some((key.0, finished));
             }
             () = waiter.wait(REFRESH) => refresh = true,
+            () = tokio::time::sleep_until(next_timer.unwrap_or_else(tokio::time::Instant::now)), if next_timer.is_some() => {
+                next_timer = None;
+                refresh = true;
+            }
             changed = fences.changed() => refresh = changed.is_ok(),
             () = shutdown.cancelled() => return,
         }

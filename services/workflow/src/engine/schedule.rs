@@ -29,6 +29,12 @@ pub(crate) fn due_at(run: &Run, now: i64) -> Option<i64> {
     if run.state.is_finished() {
         return None;
     }
+    next_timer(run)
+}
+
+/// The run's earliest timer: a wait, a retry's backoff, a gate's expiry, or
+/// its time-to-live.
+pub(crate) fn next_timer(run: &Run) -> Option<i64> {
     let timers = run.body.steps.iter().filter(|r| r.state == StepState::Waiting).filter_map(|r| r.wake_at);
     let deadline = run.body.expires_at.filter(|_| run.state != crate::domain::RunState::Pending);
     timers.chain(deadline).min()

@@ -26,6 +26,7 @@ conformance!(
     decisions_on_gates_not_waiting_change_nothing,
     runs_never_cross_namespaces,
     two_engines_share_runs_without_running_a_step_twice,
+    a_timer_fires_on_time_while_another_branch_holds_the_engine,
 );
 
 async fn spawned_steps_pass_outputs_on_and_a_false_condition_skips(h: Harness) {
@@ -374,4 +375,34 @@ async fn two_engines_share_runs_without_running_a_step_twice(h: Harness) {
     let tasks: i64 =
         sqlx::query_scalar("SELECT COUNT(*) FROM taskstore_tasks").fetch_one(h.db.pool()).await.expect("count");
     assert_eq!(tasks, 24, "one task per spawn step");
+}
+
+async fn a_timer_fires_on_time_while_another_branch_holds_the_engine(h: Harness) {
+    let source = r#"name: mixed
+steps:
+- id: fan
+  parallel:
+    mode: all_settled
+    branches:
+    - name: slow
+      steps:
+      - id: work
+        spawn: {agent: nobody-yet, input: x}
+    - name: timed
+      steps:
+      - id: nap
+        wait: {duration: 300ms}
+      - id: after_nap
+        condition: "true"
+"#;
+    h.put(source).await;
+    let started = tokio::time::Instant::now();
+    let run = h.run("mixed", json!({})).await;
+    h.until(&run.id, "the timed branch to finish", |r| {
+        r.body.steps.iter().any(|s| s.step_id == "after_nap" && s.state == StepState::Completed)
+    })
+    .await;
+    assert!(started.elapsed() < std::time::Duration::from_secs(3), "the timer waited for a refresh");
+    let run = h.workflows.get_run(NS, &run.id).await.expect("run");
+    assert_eq!(run.state, RunState::Running, "the spawn still waits for a worker");
 }
