@@ -2,10 +2,11 @@
 //! on PostgreSQL (`chorus serve taskstore|eventbus|hub|workflow`), a built-in agent,
 //! or the ACP bridge an IDE launches (`chorus acp`).
 
+mod cli;
 mod config;
 mod stack;
 
-use std::path::PathBuf;
+use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -67,6 +68,27 @@ enum Command {
         #[arg(long, default_value_t = 100)]
         pace_ms: u64,
     },
+    /// Workflow definitions: validate, apply, list.
+    Workflow {
+        #[command(subcommand)]
+        command: cli::WorkflowCommand,
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// Workflow runs: start, get, list, watch, cancel, signal.
+    Run {
+        #[command(subcommand)]
+        command: cli::RunCommand,
+        #[command(flatten)]
+        target: cli::Target,
+    },
+    /// Gates waiting for a decision: list, approve, reject.
+    Gate {
+        #[command(subcommand)]
+        command: cli::GateCommand,
+        #[command(flatten)]
+        target: cli::Target,
+    },
     /// An Agent Client Protocol (v1) agent on stdin/stdout, for an IDE to
     /// launch: it talks to `--agent` through the gateway's A2A API. Nothing
     /// but ACP is written to stdout; logs go to stderr.
@@ -98,7 +120,7 @@ enum Agent {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     let flags = match &cli.command {
         Command::Dev { listen, data_dir, database_url, .. } => Flags {
@@ -109,7 +131,11 @@ async fn main() -> anyhow::Result<()> {
             listen: listen.clone(),
             storage: StorageFlags { database_url: database_url.clone(), data_dir: None },
         },
-        Command::Agent { .. } | Command::Acp { .. } => Flags::default(),
+        Command::Agent { .. }
+        | Command::Acp { .. }
+        | Command::Workflow { .. }
+        | Command::Run { .. }
+        | Command::Gate { .. } => Flags::default(),
     };
     let config: ChorusConfig = chorus_runtime::config::load(cli.config.as_deref(), &flags)?;
     let service_name = match &cli.command {
@@ -119,6 +145,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Agent { agent: Agent::Reviewer, .. } => "chorus-agent-reviewer".to_owned(),
         Command::Agent { agent: Agent::Phases, .. } => "chorus-agent-phases".to_owned(),
         Command::Acp { .. } => "chorus-acp".to_owned(),
+        Command::Workflow { .. } | Command::Run { .. } | Command::Gate { .. } => "chorus-cli".to_owned(),
     };
     let telemetry = chorus_runtime::telemetry::init(&service_name, &config.telemetry)?;
     let shutdown = chorus_runtime::signal::shutdown_on_signal();
@@ -137,8 +164,12 @@ fn service_label(service: Service) -> &'static str {
     }
 }
 
-async fn run(command: Command, config: &ChorusConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+async fn run(command: Command, config: &ChorusConfig, shutdown: CancellationToken) -> anyhow::Result<ExitCode> {
+    let done = |()| ExitCode::SUCCESS;
     match command {
+        Command::Workflow { command, target } => Ok(cli::workflow(&target, command).await),
+        Command::Run { command, target } => Ok(cli::run(&target, command).await),
+        Command::Gate { command, target } => Ok(cli::gate(&target, command).await),
         Command::Dev { no_agents, .. } => {
             let stack = Stack::build(config, ALL_SERVICES, &shutdown).await?;
             let address = stack.address;
@@ -147,37 +178,37 @@ async fn run(command: Command, config: &ChorusConfig, shutdown: CancellationToke
                 start_demo_agents(address, shutdown.clone());
             }
             announce(address);
-            serving.await.context("server task failed")?
+            serving.await.context("server task failed")?.map(done)
         }
         Command::Serve { service, .. } => {
             let stack = Stack::build(config, &[service], &shutdown).await?;
             announce(stack.address);
-            stack.serve(shutdown).await
+            stack.serve(shutdown).await.map(done)
         }
         Command::Agent { agent: Agent::Echo, server, namespace, .. } => {
             let client = chorus_worker::connect(&server).await?;
             tracing::info!(%server, %namespace, "echo agent working");
             chorus_worker::echo::run(client, &namespace, shutdown).await?;
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::Agent { agent: Agent::Reviewer, server, namespace, pace_ms } => {
             let client = chorus_worker::connect(&server).await?;
             tracing::info!(%server, %namespace, "reviewer agent working");
             let pace = std::time::Duration::from_millis(pace_ms);
             chorus_worker::reviewer::run(client, &namespace, pace, shutdown).await?;
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::Agent { agent: Agent::Phases, server, namespace, .. } => {
             let client = chorus_worker::connect(&server).await?;
             tracing::info!(%server, %namespace, "phase agents working");
             chorus_worker::phases::run(client, &namespace, shutdown).await?;
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::Acp { agent, gateway, token_file } => {
             let options = chorus_gateway::acp::StdioOptions { gateway, agent, token_file };
             tokio::select! {
-                served = chorus_gateway::acp::serve_stdio(options) => served.map_err(anyhow::Error::msg),
-                () = shutdown.cancelled() => Ok(()),
+                served = chorus_gateway::acp::serve_stdio(options) => served.map(done).map_err(anyhow::Error::msg),
+                () = shutdown.cancelled() => Ok(ExitCode::SUCCESS),
             }
         }
     }

@@ -1,0 +1,138 @@
+//! `chorus workflow validate|apply|list`.
+
+use std::path::{Path, PathBuf};
+
+use chorus_proto::workflow::{
+    ListDefinitionsRequest, PutDefinitionRequest, ValidateDefinitionRequest, ValidationProblem, ValidationProblems,
+    validation_problem::Severity, workflow_client::WorkflowClient,
+};
+use prost::Message as _;
+use tonic::{Code, transport::Channel};
+
+use super::{Failure, Outcome, Target, view};
+
+type Client = WorkflowClient<Channel>;
+
+fn read(path: &Path) -> Result<String, Failure> {
+    std::fs::read_to_string(path).map_err(|error| Failure::Call(format!("cannot read {}: {error}", path.display())))
+}
+
+/// `file:line:column: error in `field` [code]: message`, as compilers print.
+fn problem_line(problem: &ValidationProblem) -> String {
+    let severity = if problem.severity() == Severity::Warning { "warning" } else { "error" };
+    let field = if problem.field.is_empty() { String::new() } else { format!(" in `{}`", problem.field) };
+    format!(
+        "{}:{}:{}: {severity}{field} [{}]: {}",
+        problem.file, problem.line, problem.column, problem.code, problem.message
+    )
+}
+
+pub(super) async fn validate(client: &mut Client, target: &Target, files: &[PathBuf]) -> Outcome {
+    let mut valid = true;
+    for file in files {
+        let request = ValidateDefinitionRequest {
+            namespace: target.namespace.clone(),
+            source: read(file)?,
+            file: file.display().to_string(),
+        };
+        let answer = client.validate_definition(request).await?.into_inner();
+        for problem in &answer.problems {
+            println!("{}", problem_line(problem));
+        }
+        if answer.valid {
+            println!("{}: ok ({})", file.display(), answer.name);
+        }
+        valid &= answer.valid;
+    }
+    if valid { Ok(()) } else { Err(Failure::No) }
+}
+
+/// The files a path names: itself, or a folder's *.yaml and *.yml files.
+fn definition_files(path: &Path) -> Result<Vec<PathBuf>, Failure> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_owned()]);
+    }
+    let entries = std::fs::read_dir(path).map_err(|e| Failure::Call(format!("cannot read {}: {e}", path.display())))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|file| file.extension().is_some_and(|ext| ext == "yaml" || ext == "yml"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+pub(super) async fn apply(client: &mut Client, target: &Target, paths: &[PathBuf]) -> Outcome {
+    let mut applied = true;
+    for path in paths {
+        for file in definition_files(path)? {
+            let request = PutDefinitionRequest {
+                namespace: target.namespace.clone(),
+                source: read(&file)?,
+                file: file.display().to_string(),
+                created_by: view::user(),
+            };
+            match client.put_definition(request).await {
+                Ok(answer) => {
+                    let answer = answer.into_inner();
+                    let definition = answer.definition.unwrap_or_default();
+                    let unchanged = if answer.unchanged { " (unchanged)" } else { "" };
+                    println!("{} v{}{unchanged}", definition.name, definition.version);
+                    for warning in &answer.warnings {
+                        println!("{}", problem_line(warning));
+                    }
+                }
+                Err(status) if status.code() == Code::InvalidArgument && !status.details().is_empty() => {
+                    applied = false;
+                    for problem in problems(&status) {
+                        println!("{}", problem_line(&problem));
+                    }
+                }
+                Err(status) => return Err(status.into()),
+            }
+        }
+    }
+    if applied { Ok(()) } else { Err(Failure::No) }
+}
+
+/// The ValidationProblems detail of a refused put.
+fn problems(status: &tonic::Status) -> Vec<ValidationProblem> {
+    let Ok(details) = tonic_types::Status::decode(status.details()) else { return Vec::new() };
+    details
+        .details
+        .iter()
+        .filter(|any| any.type_url.ends_with("chorus.workflow.v1.ValidationProblems"))
+        .filter_map(|any| ValidationProblems::decode(any.value.as_slice()).ok())
+        .flat_map(|detail| detail.problems)
+        .collect()
+}
+
+pub(super) async fn list(client: &mut Client, target: &Target, name: Option<String>) -> Outcome {
+    let mut rows = vec![vec!["NAME".to_owned(), "VERSION".into(), "TRIGGERS".into(), "FILE".into(), "CREATED".into()]];
+    let mut page_token = String::new();
+    loop {
+        let request = ListDefinitionsRequest {
+            namespace: target.namespace.clone(),
+            name: name.clone().unwrap_or_default(),
+            page_size: 100,
+            page_token: page_token.clone(),
+            ..ListDefinitionsRequest::default()
+        };
+        let page = client.list_definitions(request).await?.into_inner();
+        for definition in page.definitions {
+            let triggers: Vec<String> = definition.triggers.iter().map(|t| t.event_type.clone()).collect();
+            rows.push(vec![
+                definition.name,
+                definition.version.to_string(),
+                if triggers.is_empty() { "-".into() } else { triggers.join(",") },
+                definition.file,
+                view::time(definition.created_at.as_ref()),
+            ]);
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    print!("{}", view::table(&rows));
+    Ok(())
+}

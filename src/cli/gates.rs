@@ -1,0 +1,90 @@
+//! `chorus gate list|approve|reject`.
+
+use chorus_proto::workflow::{
+    self as pb, DecideGateRequest, ListRunsRequest, StepKind, StepState, workflow_client::WorkflowClient,
+};
+use tonic::transport::Channel;
+
+use super::{Failure, Outcome, Target, view};
+
+type Client = WorkflowClient<Channel>;
+
+/// A decision from the command line.
+#[derive(Debug)]
+pub(super) enum Verdict {
+    Approve(String),
+    Reject(String),
+}
+
+pub(super) async fn list(client: &mut Client, target: &Target, workflow: Option<String>) -> Outcome {
+    let mut rows = vec![["RUN", "WORKFLOW", "GATE", "ITER", "REVIEWERS", "EXPIRES"].map(str::to_owned).to_vec()];
+    let mut page_token = String::new();
+    loop {
+        let request = ListRunsRequest {
+            namespace: target.namespace.clone(),
+            workflow: workflow.clone().unwrap_or_default(),
+            states: vec![pb::RunState::Waiting.into(), pb::RunState::Running.into()],
+            include_steps: true,
+            page_size: 100,
+            page_token: page_token.clone(),
+            ..ListRunsRequest::default()
+        };
+        let page = client.list_runs(request).await?.into_inner();
+        for run in &page.runs {
+            for step in run.steps.iter().filter(|s| s.kind() == StepKind::Gate && s.state() == StepState::Waiting) {
+                let input = step.input.as_ref().map(chorus_proto::json::struct_to_json).unwrap_or_default();
+                let reviewers = input.get("reviewers").and_then(|r| r.as_str()).unwrap_or("-").to_owned();
+                rows.push(vec![
+                    run.id.clone(),
+                    run.workflow.clone(),
+                    step.step_id.clone(),
+                    step.iteration.to_string(),
+                    reviewers,
+                    step.wake_at.as_ref().map_or_else(|| "-".to_owned(), |at| view::time(Some(at))),
+                ]);
+            }
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    print!("{}", view::table(&rows));
+    Ok(())
+}
+
+pub(super) async fn decide(
+    client: &mut Client,
+    target: &Target,
+    run_id: &str,
+    step: &str,
+    verdict: Verdict,
+    by: Option<String>,
+) -> Outcome {
+    let (decision, reason) = match verdict {
+        Verdict::Approve(reason) => (pb::Decision::Approve, reason),
+        Verdict::Reject(feedback) if feedback.trim().is_empty() => {
+            return Err(Failure::Call("--feedback must say what to change".into()));
+        }
+        Verdict::Reject(feedback) => (pb::Decision::Reject, feedback),
+    };
+    let request = DecideGateRequest {
+        namespace: target.namespace.clone(),
+        run_id: run_id.to_owned(),
+        step_id: step.to_owned(),
+        decision: decision.into(),
+        decided_by: by.unwrap_or_else(view::user),
+        reason,
+        ..DecideGateRequest::default()
+    };
+    let run = client.decide_gate(request).await?.into_inner();
+    let decided = run.gate_decisions.iter().rev().find(|d| d.step_id == step);
+    match decided {
+        Some(decision) => {
+            let outcome = decision.outcome().as_str_name().trim_start_matches("OUTCOME_").to_lowercase();
+            println!("{} {step}#{}: {outcome}; run {}", run.id, decision.iteration, view::run_state(run.state()));
+        }
+        None => println!("{} {step}: decided; run {}", run.id, view::run_state(run.state())),
+    }
+    Ok(())
+}

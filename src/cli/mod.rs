@@ -1,0 +1,204 @@
+//! The workflow CLI: `chorus workflow|run|gate …`, a client of the workflow
+//! service's gRPC API. Output is for people; exit codes are for scripts:
+//! 0 done, 1 the answer was "no" (invalid definitions, a run that did not
+//! complete), 2 the call failed.
+
+mod definitions;
+mod gates;
+mod runs;
+mod view;
+
+use std::process::ExitCode;
+
+use chorus_proto::workflow::workflow_client::WorkflowClient;
+use clap::{Args, Subcommand};
+use tonic::transport::Channel;
+use tonic_types::StatusExt as _;
+
+/// Where the workflow service is, and in which namespace to work.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct Target {
+    /// The workflow service (or `chorus dev`).
+    #[arg(long, global = true, default_value = "http://127.0.0.1:7800", env = "CHORUS_SERVER")]
+    server: String,
+    #[arg(long, global = true, default_value = "default")]
+    namespace: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum WorkflowCommand {
+    /// Checks definition files without storing them.
+    Validate {
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
+    },
+    /// Stores definition files (or every *.yaml/*.yml of a folder) as new versions.
+    Apply {
+        #[arg(required = true)]
+        paths: Vec<std::path::PathBuf>,
+    },
+    /// The latest version of every workflow, or every version of one.
+    List {
+        #[arg(long)]
+        name: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum RunCommand {
+    /// Starts a run and prints its id.
+    Start(runs::StartArgs),
+    /// A run with its steps, gate decisions and signals.
+    Get {
+        run_id: String,
+        /// The run as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Runs, newest first.
+    List {
+        #[arg(long)]
+        workflow: Option<String>,
+        /// pending, running, waiting, completed, failed or canceled (repeatable).
+        #[arg(long = "state")]
+        states: Vec<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Follows a run live until it ends; exit code 0 when it completed.
+    Watch { run_id: String },
+    /// Cancels a run and the tasks its steps spawned.
+    Cancel {
+        run_id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Sends a named signal to a run.
+    Signal {
+        run_id: String,
+        name: String,
+        /// A JSON object.
+        #[arg(long)]
+        payload: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum GateCommand {
+    /// Gates waiting for a decision.
+    List {
+        #[arg(long)]
+        workflow: Option<String>,
+    },
+    /// Approves a waiting gate: the run goes on.
+    Approve {
+        run_id: String,
+        step: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Who decides (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Rejects a waiting gate: the phase before it runs again with the feedback.
+    Reject {
+        run_id: String,
+        step: String,
+        #[arg(long)]
+        feedback: String,
+        #[arg(long)]
+        by: Option<String>,
+    },
+}
+
+/// What a verb does when it fails.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The call failed: exit 2.
+    Call(String),
+    /// The answer was "no": exit 1 (what to say was printed already).
+    No,
+}
+
+impl From<tonic::Status> for Failure {
+    fn from(status: tonic::Status) -> Self {
+        let message = status.message();
+        let fields: Vec<String> = status
+            .get_details_bad_request()
+            .map(|bad| bad.field_violations)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|violation| !message.contains(&violation.field))
+            .map(|violation| format!(" ({}: {})", violation.field, violation.description))
+            .collect();
+        Self::Call(format!("{message}{}", fields.concat()))
+    }
+}
+
+type Outcome = Result<(), Failure>;
+
+async fn connect(target: &Target) -> Result<WorkflowClient<Channel>, Failure> {
+    let endpoint = Channel::from_shared(target.server.clone())
+        .map_err(|error| Failure::Call(format!("--server {}: {error}", target.server)))?;
+    let channel =
+        endpoint.connect().await.map_err(|error| Failure::Call(format!("cannot reach {}: {error}", target.server)))?;
+    Ok(WorkflowClient::new(channel))
+}
+
+fn exit(outcome: Outcome) -> ExitCode {
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::No) => ExitCode::from(1),
+        Err(Failure::Call(message)) => {
+            eprintln!("error: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+pub(crate) async fn workflow(target: &Target, command: WorkflowCommand) -> ExitCode {
+    let outcome = async {
+        let mut client = connect(target).await?;
+        match command {
+            WorkflowCommand::Validate { files } => definitions::validate(&mut client, target, &files).await,
+            WorkflowCommand::Apply { paths } => definitions::apply(&mut client, target, &paths).await,
+            WorkflowCommand::List { name } => definitions::list(&mut client, target, name).await,
+        }
+    };
+    exit(outcome.await)
+}
+
+pub(crate) async fn run(target: &Target, command: RunCommand) -> ExitCode {
+    let outcome = async {
+        let mut client = connect(target).await?;
+        match command {
+            RunCommand::Start(args) => runs::start(&mut client, target, args).await,
+            RunCommand::Get { run_id, json } => runs::get(&mut client, target, &run_id, json).await,
+            RunCommand::List { workflow, states, limit } => {
+                runs::list(&mut client, target, workflow, &states, limit).await
+            }
+            RunCommand::Watch { run_id } => runs::watch(&mut client, target, &run_id).await,
+            RunCommand::Cancel { run_id, reason } => runs::cancel(&mut client, target, &run_id, reason).await,
+            RunCommand::Signal { run_id, name, payload } => {
+                runs::signal(&mut client, target, &run_id, name, payload.as_deref()).await
+            }
+        }
+    };
+    exit(outcome.await)
+}
+
+pub(crate) async fn gate(target: &Target, command: GateCommand) -> ExitCode {
+    let outcome = async {
+        let mut client = connect(target).await?;
+        match command {
+            GateCommand::List { workflow } => gates::list(&mut client, target, workflow).await,
+            GateCommand::Approve { run_id, step, reason, by } => {
+                gates::decide(&mut client, target, &run_id, &step, gates::Verdict::Approve(reason), by).await
+            }
+            GateCommand::Reject { run_id, step, feedback, by } => {
+                gates::decide(&mut client, target, &run_id, &step, gates::Verdict::Reject(feedback), by).await
+            }
+        }
+    };
+    exit(outcome.await)
+}

@@ -1,0 +1,231 @@
+//! `chorus run start|get|list|watch|cancel|signal`.
+
+use chorus_proto::workflow::{
+    self as pb, CancelRunRequest, GetRunRequest, ListRunsRequest, SignalRunRequest, StartRunRequest, WatchRunRequest,
+    workflow_client::WorkflowClient,
+};
+use clap::Args;
+use serde_json::{Map, Value};
+use tonic::transport::Channel;
+
+use super::{Failure, Outcome, Target, view};
+
+type Client = WorkflowClient<Channel>;
+
+#[derive(Debug, Args)]
+pub(crate) struct StartArgs {
+    workflow: String,
+    /// 0: the latest.
+    #[arg(long, default_value_t = 0)]
+    version: u32,
+    /// `key=value`, repeatable; a value that parses as JSON is taken as JSON.
+    #[arg(long = "input")]
+    inputs: Vec<String>,
+    /// The whole input as a JSON object (`--input` entries are added to it).
+    #[arg(long)]
+    input_json: Option<String>,
+    #[arg(long, default_value = "")]
+    idempotency_key: String,
+    /// Follow the run until it ends.
+    #[arg(long)]
+    watch: bool,
+}
+
+fn object(what: &str, text: &str) -> Result<Map<String, Value>, Failure> {
+    match serde_json::from_str(text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(Failure::Call(format!("{what} must be a JSON object"))),
+        Err(error) => Err(Failure::Call(format!("{what} is not JSON: {error}"))),
+    }
+}
+
+fn input(args: &StartArgs) -> Result<Map<String, Value>, Failure> {
+    let mut input = match &args.input_json {
+        Some(text) => object("--input-json", text)?,
+        None => Map::new(),
+    };
+    for entry in &args.inputs {
+        let Some((key, value)) = entry.split_once('=') else {
+            return Err(Failure::Call(format!("--input {entry}: expected key=value")));
+        };
+        let value = serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_owned()));
+        input.insert(key.to_owned(), value);
+    }
+    Ok(input)
+}
+
+pub(super) async fn start(client: &mut Client, target: &Target, args: StartArgs) -> Outcome {
+    let request = StartRunRequest {
+        namespace: target.namespace.clone(),
+        workflow: args.workflow.clone(),
+        version: args.version,
+        input: Some(chorus_proto::json::struct_from_json(input(&args)?)),
+        idempotency_key: args.idempotency_key.clone(),
+        origin: Some(pb::RunOrigin {
+            kind: pb::run_origin::Kind::Api.into(),
+            started_by: view::user(),
+            ..pb::RunOrigin::default()
+        }),
+    };
+    let run = client.start_run(request).await?.into_inner();
+    println!("{}", run.id);
+    if args.watch { watch(client, target, &run.id).await } else { Ok(()) }
+}
+
+pub(super) async fn get(client: &mut Client, target: &Target, run_id: &str, json: bool) -> Outcome {
+    let request = GetRunRequest { namespace: target.namespace.clone(), run_id: run_id.to_owned() };
+    let run = client.get_run(request).await?.into_inner();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&run_json(&run)).unwrap_or_default());
+    } else {
+        print!("{}", view::run(&run));
+    }
+    Ok(())
+}
+
+/// A run as JSON: its fields in the proto's names.
+fn run_json(run: &pb::Run) -> Value {
+    let steps: Vec<Value> = run
+        .steps
+        .iter()
+        .map(|step| {
+            serde_json::json!({
+                "seq": step.seq,
+                "step_id": step.step_id,
+                "kind": step.kind().as_str_name(),
+                "state": step.state().as_str_name(),
+                "parent_step_id": step.parent_step_id,
+                "iteration": step.iteration,
+                "attempt": step.attempt,
+                "input": struct_json(step.input.as_ref()),
+                "output": struct_json(step.output.as_ref()),
+                "error": step.error,
+                "skip_reason": step.skip_reason,
+                "external_id": step.external_id,
+            })
+        })
+        .collect();
+    let decisions: Vec<Value> = run
+        .gate_decisions
+        .iter()
+        .map(|d| {
+            serde_json::json!({
+                "step_id": d.step_id, "iteration": d.iteration, "decision": d.decision().as_str_name(),
+                "outcome": d.outcome().as_str_name(), "decided_by": d.decided_by, "reason": d.reason,
+                "automatic": d.automatic,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "id": run.id,
+        "workflow": run.workflow,
+        "version": run.version,
+        "state": run.state().as_str_name(),
+        "input": struct_json(run.input.as_ref()),
+        "output": struct_json(run.output.as_ref()),
+        "error": run.error,
+        "steps": steps,
+        "gate_decisions": decisions,
+    })
+}
+
+fn struct_json(value: Option<&prost_types::Struct>) -> Value {
+    value.map_or(Value::Null, |value| Value::Object(chorus_proto::json::struct_to_json(value)))
+}
+
+pub(super) async fn list(
+    client: &mut Client,
+    target: &Target,
+    workflow: Option<String>,
+    states: &[String],
+    limit: usize,
+) -> Outcome {
+    let states = states
+        .iter()
+        .map(|state| {
+            pb::RunState::from_str_name(&format!("RUN_STATE_{}", state.to_uppercase())).map(i32::from).ok_or_else(
+                || {
+                    Failure::Call(format!(
+                        "--state {state}: expected pending, running, waiting, completed, failed or canceled"
+                    ))
+                },
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut rows = vec![["RUN", "WORKFLOW", "VERSION", "STATE", "CREATED"].map(str::to_owned).to_vec()];
+    let mut page_token = String::new();
+    while rows.len() <= limit {
+        let request = ListRunsRequest {
+            namespace: target.namespace.clone(),
+            workflow: workflow.clone().unwrap_or_default(),
+            states: states.clone(),
+            page_size: u32::try_from(limit.min(100)).unwrap_or(100),
+            page_token: page_token.clone(),
+            ..ListRunsRequest::default()
+        };
+        let page = client.list_runs(request).await?.into_inner();
+        for run in page.runs.iter().take(limit + 1 - rows.len()) {
+            rows.push(vec![
+                run.id.clone(),
+                run.workflow.clone(),
+                run.version.to_string(),
+                view::run_state(run.state()),
+                view::time(run.created_at.as_ref()),
+            ]);
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    print!("{}", view::table(&rows));
+    Ok(())
+}
+
+pub(super) async fn watch(client: &mut Client, target: &Target, run_id: &str) -> Outcome {
+    let request = WatchRunRequest {
+        namespace: target.namespace.clone(),
+        run_id: run_id.to_owned(),
+        ..WatchRunRequest::default()
+    };
+    let mut events = client.watch_run(request).await?.into_inner();
+    let mut last = pb::RunState::Unspecified;
+    while let Some(event) = events.message().await? {
+        println!("{}", view::event(&event));
+        last = event.state();
+    }
+    if last == pb::RunState::Completed { Ok(()) } else { Err(Failure::No) }
+}
+
+pub(super) async fn cancel(client: &mut Client, target: &Target, run_id: &str, reason: String) -> Outcome {
+    let request = CancelRunRequest {
+        namespace: target.namespace.clone(),
+        run_id: run_id.to_owned(),
+        reason,
+        canceled_by: view::user(),
+    };
+    let run = client.cancel_run(request).await?.into_inner();
+    println!("{} {}", run.id, view::run_state(run.state()));
+    Ok(())
+}
+
+pub(super) async fn signal(
+    client: &mut Client,
+    target: &Target,
+    run_id: &str,
+    name: String,
+    payload: Option<&str>,
+) -> Outcome {
+    let payload = payload.map(|text| object("--payload", text)).transpose()?.unwrap_or_default();
+    let request = SignalRunRequest {
+        namespace: target.namespace.clone(),
+        run_id: run_id.to_owned(),
+        name,
+        payload: Some(chorus_proto::json::struct_from_json(payload)),
+        sent_by: view::user(),
+        ..SignalRunRequest::default()
+    };
+    let sent = client.signal_run(request).await?.into_inner();
+    println!("{}{}", sent.signal_id, if sent.duplicate { " (duplicate)" } else { "" });
+    Ok(())
+}

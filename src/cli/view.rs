@@ -1,0 +1,164 @@
+//! How runs, steps and events read on a terminal.
+
+use chorus_proto::workflow::{self as pb, RunEvent, StepRecord, run_event::Kind};
+use prost_types::{Struct, Timestamp};
+
+/// Who decides or applies: `$USER`, else `cli`.
+pub(super) fn user() -> String {
+    std::env::var("USER").ok().filter(|user| !user.is_empty()).unwrap_or_else(|| "cli".to_owned())
+}
+
+/// A timestamp as `2026-11-24T14:03:29Z`.
+pub(super) fn time(at: Option<&Timestamp>) -> String {
+    let Some(at) = at else { return "-".to_owned() };
+    let nanos = u32::try_from(at.nanos).unwrap_or_default();
+    chrono::DateTime::from_timestamp(at.seconds, nanos)
+        .map_or_else(|| "-".to_owned(), |time| time.format("%Y-%m-%dT%H:%M:%SZ").to_string())
+}
+
+/// Rows as left-aligned columns.
+pub(super) fn table(rows: &[Vec<String>]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or_default();
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| rows.iter().filter_map(|row| row.get(c)).map(|cell| cell.chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let cells: Vec<String> =
+            row.iter().enumerate().map(|(c, cell)| format!("{cell:<width$}", width = widths[c])).collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `completed`, `waiting`, ... from a wire enum's name.
+fn lower(name: &str, prefix: &str) -> String {
+    name.trim_start_matches(prefix).to_lowercase()
+}
+
+pub(super) fn run_state(state: pb::RunState) -> String {
+    lower(state.as_str_name(), "RUN_STATE_")
+}
+
+pub(super) fn step_state(state: pb::StepState) -> String {
+    lower(state.as_str_name(), "STEP_STATE_")
+}
+
+fn kind(step: &StepRecord) -> String {
+    lower(step.kind().as_str_name(), "STEP_KIND_")
+}
+
+/// A struct as compact JSON.
+pub(super) fn json(value: Option<&Struct>) -> String {
+    value.map_or_else(String::new, |value| {
+        serde_json::Value::Object(chorus_proto::json::struct_to_json(value)).to_string()
+    })
+}
+
+fn field(value: Option<&Struct>, key: &str) -> String {
+    value
+        .and_then(|value| value.fields.get(key))
+        .map(chorus_proto::json::value_to_json)
+        .map(|value| match value {
+            serde_json::Value::String(text) => text,
+            other => other.to_string(),
+        })
+        .unwrap_or_default()
+}
+
+/// What a step is doing or did, in a few words.
+pub(super) fn step_detail(step: &StepRecord) -> String {
+    match step.state() {
+        pb::StepState::Failed => step.error.clone(),
+        pb::StepState::Skipped => step.skip_reason.clone(),
+        pb::StepState::Waiting if !step.waiting_for_signal.is_empty() => {
+            format!("signal `{}`", step.waiting_for_signal)
+        }
+        pb::StepState::Waiting if step.kind() == pb::StepKind::Gate => {
+            format!("decision by {}", field(step.input.as_ref(), "reviewers"))
+        }
+        pb::StepState::Waiting => format!("until {}", time(step.wake_at.as_ref())),
+        _ if !step.external_id.is_empty() => step.external_id.clone(),
+        _ => String::new(),
+    }
+}
+
+/// A run as `chorus run get` prints it.
+pub(super) fn run(run: &pb::Run) -> String {
+    let mut out = format!(
+        "run {}  {} v{}  {}\ncreated {}  updated {}\n",
+        run.id,
+        run.workflow,
+        run.version,
+        run_state(run.state()),
+        time(run.created_at.as_ref()),
+        time(run.updated_at.as_ref())
+    );
+    for (what, text) in [("input", json(run.input.as_ref())), ("output", json(run.output.as_ref()))] {
+        if !text.is_empty() && text != "{}" {
+            out.push_str(&format!("{what}: {text}\n"));
+        }
+    }
+    for (what, text) in [("error", &run.error), ("canceled", &run.cancel_reason)] {
+        if !text.is_empty() {
+            out.push_str(&format!("{what}: {text}\n"));
+        }
+    }
+    let mut rows = vec![["SEQ", "STEP", "KIND", "ITER", "TRY", "STATE", ""].map(str::to_owned).to_vec()];
+    for step in &run.steps {
+        let name = if step.parent_step_id.is_empty() { step.step_id.clone() } else { format!("  {}", step.step_id) };
+        rows.push(vec![
+            step.seq.to_string(),
+            name,
+            kind(step),
+            step.iteration.to_string(),
+            step.attempt.to_string(),
+            step_state(step.state()),
+            step_detail(step),
+        ]);
+    }
+    out.push_str(&table(&rows));
+    for decision in &run.gate_decisions {
+        out.push_str(&format!("gate {}#{}: {}\n", decision.step_id, decision.iteration, decision_line(decision)));
+    }
+    for signal in &run.signals {
+        let taken = if signal.consumed_by_step_id.is_empty() {
+            "kept".to_owned()
+        } else {
+            format!("taken by {}", signal.consumed_by_step_id)
+        };
+        out.push_str(&format!("signal {} ({}) from {}: {taken}\n", signal.name, signal.id, signal.sent_by));
+    }
+    out
+}
+
+fn decision_line(decision: &pb::GateDecision) -> String {
+    let verdict = lower(decision.decision().as_str_name(), "DECISION_");
+    let outcome = lower(decision.outcome().as_str_name(), "OUTCOME_");
+    let reason = if decision.reason.is_empty() { String::new() } else { format!(": {}", decision.reason) };
+    format!("{verdict} by {} → {outcome}{reason}", decision.decided_by)
+}
+
+/// One line per event of a watch.
+pub(super) fn event(event: &RunEvent) -> String {
+    let at = time(event.time.as_ref());
+    match event.kind() {
+        Kind::RunStateChanged => format!("{at}  run {}", run_state(event.state())),
+        Kind::StepUpdated => {
+            let step = event.step.clone().unwrap_or_default();
+            let detail = step_detail(&step);
+            let detail = if detail.is_empty() { String::new() } else { format!("  {detail}") };
+            format!("{at}  {} #{}.{} {}{detail}", step.step_id, step.iteration, step.attempt, step_state(step.state()))
+        }
+        Kind::GateDecided => {
+            let decision = event.gate_decision.clone().unwrap_or_default();
+            format!("{at}  gate {}#{}: {}", decision.step_id, decision.iteration, decision_line(&decision))
+        }
+        Kind::SignalReceived => {
+            let signal = event.signal.clone().unwrap_or_default();
+            format!("{at}  signal {} from {}", signal.name, signal.sent_by)
+        }
+        Kind::Unspecified => format!("{at}  (unknown change)"),
+    }
+}

@@ -1,0 +1,99 @@
+//! The workflow CLI against a real `chorus dev`: validate, apply, start,
+//! list and decide gates, watch a run to its end, and the exit codes and
+//! messages a person sees when something is wrong.
+
+use std::{path::Path, process::Output};
+
+use chorus_tests::{Sandbox, server::chorus_bin};
+
+const GATED: &str = "name: gated\nsteps:\n- id: nap\n  wait: {duration: 50ms}\n\
+                     - id: signoff\n  gate: {mode: HITL, reviewers: ops}\n- id: done\n  condition: \"true\"\n";
+
+async fn chorus(server: &str, dir: &Path, args: &[&str]) -> Output {
+    tokio::process::Command::new(chorus_bin())
+        .args(args)
+        .env("CHORUS_SERVER", server)
+        .env("USER", "ana")
+        .current_dir(dir)
+        .output()
+        .await
+        .expect("run the CLI")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_applies_starts_decides_and_watches_a_workflow() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().no_agents().start().await;
+    let (url, dir) = (server.url().to_owned(), sandbox.path());
+    std::fs::write(dir.join("gated.yaml"), GATED).expect("write");
+    std::fs::write(dir.join("bad.yaml"), "name: bad\nsteps:\n- id: a\n  spawn: {agent: x}\n").expect("write");
+
+    let bad = chorus(&url, dir, &["workflow", "validate", "bad.yaml"]).await;
+    assert_eq!(bad.status.code(), Some(1), "{}", stderr(&bad));
+    assert!(
+        stdout(&bad).contains("bad.yaml:4:10: error in `steps[0].spawn.input` [missing_field]"),
+        "{}",
+        stdout(&bad)
+    );
+    let applied = chorus(&url, dir, &["workflow", "apply", "gated.yaml"]).await;
+    assert_eq!(stdout(&applied).trim(), "gated v1", "{}", stderr(&applied));
+    let again = chorus(&url, dir, &["workflow", "apply", "gated.yaml"]).await;
+    assert_eq!(stdout(&again).trim(), "gated v1 (unchanged)");
+    let listed = stdout(&chorus(&url, dir, &["workflow", "list"]).await);
+    assert!(listed.lines().any(|line| line.starts_with("gated") && line.contains(" 1 ")), "{listed}");
+
+    let started = chorus(&url, dir, &["run", "start", "gated"]).await;
+    let run_id = stdout(&started).trim().to_owned();
+    assert!(!run_id.is_empty(), "{}", stderr(&started));
+    let gates = loop {
+        let gates = stdout(&chorus(&url, dir, &["gate", "list"]).await);
+        if gates.contains("signoff") {
+            break gates;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(
+        gates.lines().any(|line| line.contains(&run_id) && line.contains("signoff") && line.contains("ops")),
+        "{gates}"
+    );
+
+    let rejected = chorus(&url, dir, &["gate", "reject", &run_id, "signoff", "--feedback", "needs numbers"]).await;
+    assert!(stdout(&rejected).contains("signoff#1: rerun"), "{}{}", stdout(&rejected), stderr(&rejected));
+    let watch = tokio::spawn({
+        let (url, dir) = (url.clone(), dir.to_owned());
+        let run_id = run_id.clone();
+        async move { chorus(&url, &dir, &["run", "watch", &run_id]).await }
+    });
+    loop {
+        let approved = chorus(&url, dir, &["gate", "approve", &run_id, "signoff"]).await;
+        if approved.status.success() {
+            assert!(stdout(&approved).contains("signoff#2: continued"), "{}", stdout(&approved));
+            break;
+        }
+        assert!(stderr(&approved).contains("not waiting"), "{}", stderr(&approved));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let watched = watch.await.expect("watch");
+    assert_eq!(watched.status.code(), Some(0), "{}", stderr(&watched));
+    let lines = stdout(&watched);
+    assert!(lines.contains("gate signoff#1: reject by ana → rerun: needs numbers"), "{lines}");
+    assert!(lines.contains("gate signoff#2: approve by ana → continued"), "{lines}");
+    assert!(lines.trim_end().ends_with("run completed"), "{lines}");
+
+    let shown = stdout(&chorus(&url, dir, &["run", "get", &run_id]).await);
+    assert!(shown.contains("completed") && shown.contains("nap") && shown.contains("done"), "{shown}");
+    let canceled = chorus(&url, dir, &["run", "cancel", &run_id]).await;
+    assert_eq!(canceled.status.code(), Some(2));
+    assert!(stderr(&canceled).contains("already completed"), "{}", stderr(&canceled));
+    let missing = chorus(&url, dir, &["run", "start", "gated", "--input", "x=1"]).await;
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(stderr(&missing).contains("input.x"), "{}", stderr(&missing));
+}
