@@ -42,7 +42,8 @@ fmt:
 ## round trips (PostgreSQL, SQLite; JetStream and Redis Streams on 127.0.0.1:6379 beside them),
 ## against the raw commit rate; A2A gateway SendMessage at 1/16/64 clients (SQLite, PostgreSQL)
 ## against the a2a-sdk 1.3.0 server of ../shared/peers (a venv in target/bench/peers-venv, made
-## once with python3 and pip) and chorus's RSS with 1,000 open SSE streams (needs ulimit -n ≥ 1256)
+## once with python3 and pip) and chorus's RSS with 1,000 open SSE streams (needs ulimit -n ≥ 1256);
+## workflow steps/s (10 webhook steps, 64 runs in flight, PostgreSQL), commits per step, resume after SIGKILL
 bench:
 	$(CARGO) run --release -p chorus-bench
 

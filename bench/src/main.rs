@@ -12,7 +12,10 @@
 //! - `gateway`: blocking A2A SendMessage calls through the gateway
 //!   (`chorus dev`) on SQLite and PostgreSQL against the a2a-sdk reference
 //!   server (Python, in memory and on PostgreSQL), and the RSS of 1,000
-//!   open SSE streams.
+//!   open SSE streams;
+//! - `acp`: first-chunk latency through `chorus acp` beside direct A2A streaming;
+//! - `workflow`: durable steps/s of a 10-step workflow at 64 runs in flight,
+//!   commits per step, step overhead, and resume after SIGKILL.
 //!
 //! The chorus binary is built here with `cargo build --release --bin chorus`
 //! (a debug binary would measure the wrong thing), unless `--chorus-bin` /
@@ -39,6 +42,7 @@ mod report;
 mod scenario;
 mod server;
 mod stats;
+mod workflow;
 
 use std::{path::Path, time::Duration};
 
@@ -72,7 +76,7 @@ async fn main() -> anyhow::Result<()> {
             on_signal.cancel();
         }
     });
-    let Reports { taskstore, bus, hub, gateway, acp } = run(&options, &interrupt).await?;
+    let Reports { taskstore, bus, hub, gateway, acp, workflow } = run(&options, &interrupt).await?;
     if let Some(report) = taskstore {
         let path = options.output.clone().unwrap_or_else(|| report::default_json_path("taskstore.json"));
         report.write_json(&path)?;
@@ -94,14 +98,23 @@ async fn main() -> anyhow::Result<()> {
         print!("{}", report.table(&path));
     }
     if let Some(report) = acp {
-        let path = report::default_json_path("acp.json");
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(&path, serde_json::to_vec_pretty(&report)?)?;
-        print!("{report}");
-        println!("JSON summary: {}", path.display());
+        print_summary("acp.json", &report)?;
     }
+    if let Some(report) = workflow {
+        print_summary("workflow.json", &report)?;
+    }
+    Ok(())
+}
+
+/// Writes `report` as JSON under target/bench and prints it.
+fn print_summary(file: &str, report: &(impl serde::Serialize + std::fmt::Display)) -> anyhow::Result<()> {
+    let path = report::default_json_path(file);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(&path, serde_json::to_vec_pretty(report)?)?;
+    print!("{report}");
+    println!("JSON summary: {}", path.display());
     Ok(())
 }
 
@@ -113,6 +126,7 @@ struct Reports {
     hub: Option<HubReport>,
     gateway: Option<GatewayReport>,
     acp: Option<acp::AcpReport>,
+    workflow: Option<workflow::WorkflowReport>,
 }
 
 /// What every part of a run shares: when it started, the machine, the
@@ -129,9 +143,16 @@ struct Common {
 }
 
 async fn run(options: &Options, interrupt: &CancellationToken) -> anyhow::Result<Reports> {
-    let binary = if [Scenario::Taskstore, Scenario::Eventbus, Scenario::Hub, Scenario::Gateway, Scenario::Acp]
-        .into_iter()
-        .any(|scenario| options.has(scenario))
+    let binary = if [
+        Scenario::Taskstore,
+        Scenario::Eventbus,
+        Scenario::Hub,
+        Scenario::Gateway,
+        Scenario::Acp,
+        Scenario::Workflow,
+    ]
+    .into_iter()
+    .any(|scenario| options.has(scenario))
     {
         Some(server::release_binary(options.chorus_bin.as_deref()).await?)
     } else {
@@ -165,7 +186,13 @@ async fn run(options: &Options, interrupt: &CancellationToken) -> anyhow::Result
         }
         _ => None,
     };
-    Ok(Reports { taskstore, bus, hub, gateway, acp })
+    let workflow = match (options.has(Scenario::Workflow), &binary) {
+        (true, Some(binary)) => {
+            Some(workflow::run(&admin, binary, options.seconds, options.warmup, &common.raw, interrupt).await?)
+        }
+        _ => None,
+    };
+    Ok(Reports { taskstore, bus, hub, gateway, acp, workflow })
 }
 
 /// Reads the machine and the PostgreSQL server, drops what earlier runs

@@ -24,6 +24,8 @@ pub(crate) enum Scenario {
     Gateway,
     /// First-chunk latency through `chorus acp` beside direct A2A streaming.
     Acp,
+    /// Durable workflow steps/s and commits per step beside the raw commit rate; resume after SIGKILL.
+    Workflow,
 }
 
 #[derive(Debug, Parser)]
@@ -34,7 +36,7 @@ pub(crate) enum Scenario {
 )]
 pub(crate) struct Options {
     /// What to measure.
-    #[arg(long, env = "CHORUS_BENCH_SCENARIOS", value_enum, value_delimiter = ',', default_values = ["taskstore", "eventbus", "nats", "hub", "gateway", "acp"])]
+    #[arg(long, env = "CHORUS_BENCH_SCENARIOS", value_enum, value_delimiter = ',', default_values = ["taskstore", "eventbus", "nats", "hub", "gateway", "acp", "workflow"])]
     pub(crate) scenarios: Vec<Scenario>,
     /// Measured seconds of each run.
     #[arg(long, env = "CHORUS_BENCH_SECONDS", default_value_t = 10)]
@@ -177,6 +179,9 @@ impl Options {
         }
         if self.has(Scenario::Eventbus) || (self.has(Scenario::Hub) && self.backends.contains(&Backend::Postgres)) {
             clients.push(GOAL_CLIENTS);
+        }
+        if self.has(Scenario::Workflow) {
+            clients.push(crate::workflow::RUNS_IN_FLIGHT);
         }
         clients.sort_unstable();
         clients.dedup();

@@ -115,8 +115,19 @@ impl Server {
         database_url: &str,
         workdir: &Path,
     ) -> anyhow::Result<Self> {
+        Self::start_with_env(binary, service, database_url, workdir, &[]).await
+    }
+
+    /// [`Server::start`] with settings as `CHORUS_*` variables.
+    pub(crate) async fn start_with_env(
+        binary: &Path,
+        service: &str,
+        database_url: &str,
+        workdir: &Path,
+        env: &[(&str, String)],
+    ) -> anyhow::Result<Self> {
         let args = ["serve", service, "--listen", "127.0.0.1:0", "--database-url", database_url];
-        Self::spawn(binary, &args, workdir).await
+        Self::spawn(binary, &args, workdir, env).await
     }
 
     /// Starts `chorus dev` (every service and the built-in agents in one
@@ -128,11 +139,11 @@ impl Server {
         if let Some(url) = database_url {
             args.extend(["--database-url", url]);
         }
-        Self::spawn(binary, &args, workdir).await
+        Self::spawn(binary, &args, workdir, &[]).await
     }
 
     /// Runs `binary args` in `workdir` and waits for its announcement.
-    async fn spawn(binary: &Path, args: &[&str], workdir: &Path) -> anyhow::Result<Self> {
+    async fn spawn(binary: &Path, args: &[&str], workdir: &Path, env: &[(&str, String)]) -> anyhow::Result<Self> {
         let stderr_path = workdir.join("chorus.stderr.log");
         let stderr =
             std::fs::File::create(&stderr_path).with_context(|| format!("cannot create {}", stderr_path.display()))?;
@@ -146,6 +157,7 @@ impl Server {
             .stdout(Stdio::piped())
             .stderr(stderr)
             .kill_on_drop(true);
+        command.envs(env.iter().map(|(key, value)| (key, value)));
         for (name, _) in std::env::vars_os() {
             if name.to_str().is_some_and(|name| name.starts_with(BENCH_ENV_PREFIX)) {
                 command.env_remove(name);

@@ -1,7 +1,10 @@
 //! [`Effects`] over the other services' gRPC clients and an egress-guarded
 //! HTTP client for webhooks.
 
-use std::time::Duration;
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
 
 use async_trait::async_trait;
 use chorus_proto::{
@@ -42,7 +45,7 @@ pub struct ClientEffects {
     gateway: GatewayClient<Channel>,
     gateway_url: String,
     allow_private_webhooks: bool,
-    webhook_timeout: Duration,
+    http: reqwest::Client,
 }
 
 impl ClientEffects {
@@ -57,7 +60,7 @@ impl ClientEffects {
             gateway: GatewayClient::new(endpoints.gateway),
             gateway_url: endpoints.gateway_url.trim_end_matches('/').to_owned(),
             allow_private_webhooks: endpoints.allow_private_webhooks,
-            webhook_timeout: endpoints.webhook_timeout,
+            http: webhook_client(endpoints.allow_private_webhooks, endpoints.webhook_timeout)?,
         })
     }
 }
@@ -243,8 +246,8 @@ impl Effects for ClientEffects {
 }
 
 impl ClientEffects {
-    /// POSTs the message as JSON with an `Idempotency-Key` header, to the
-    /// addresses its host resolved to when they were vetted (no redirects).
+    /// POSTs the message as JSON with an `Idempotency-Key` header. The client
+    /// follows no redirect and connects only to addresses its resolver vetted.
     async fn webhook(
         &self,
         origin: &Origin,
@@ -254,37 +257,23 @@ impl ClientEffects {
     ) -> Result<Value, EffectError> {
         let failed = |why: String| EffectError::Failed(format!("webhook {url}: {why}"));
         let parsed = reqwest::Url::parse(url).map_err(|e| failed(e.to_string()))?;
-        let host = parsed.host_str().ok_or_else(|| failed("no host".into()))?.to_owned();
-        let port = parsed.port_or_known_default().ok_or_else(|| failed("no port".into()))?;
-        let bare = host.trim_start_matches('[').trim_end_matches(']').to_owned();
-        let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host((bare.as_str(), port))
-            .await
-            .map_err(|e| EffectError::Transient(format!("webhook {url}: cannot resolve {host}: {e}")))?
-            .collect();
-        if !self.allow_private_webhooks
-            && let Some(addr) = addrs.iter().find(|addr| !is_public(addr.ip()))
+        let host = parsed.host_str().ok_or_else(|| failed("no host".into()))?;
+        let literal = host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>();
+        if let Ok(ip) = literal
+            && !self.allow_private_webhooks
+            && !is_public(ip)
         {
-            return Err(failed(format!(
-                "{host} resolves to {}, which is not a public address; set workflow.allow_private_webhooks to allow it",
-                addr.ip()
-            )));
+            return Err(failed(refused(host, ip)));
         }
-        let client = reqwest::Client::builder()
-            .timeout(self.webhook_timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .resolve_to_addrs(&bare, &addrs)
-            .build()
-            .map_err(|e| failed(e.to_string()))?;
         let mut body = body.clone();
         body["type"] = json!(message_type);
-        let response = client
-            .post(parsed)
-            .header("Idempotency-Key", &origin.key)
-            .json(&body)
-            .send()
-            .await
-            .map_err(|error| EffectError::Transient(format!("webhook {url}: {error}")))?;
+        let response =
+            self.http.post(parsed.clone()).header("Idempotency-Key", &origin.key).json(&body).send().await.map_err(
+                |error| match refusal(&error) {
+                    Some(why) => failed(why),
+                    None => EffectError::Transient(format!("webhook {url}: {error}")),
+                },
+            )?;
         let status = response.status();
         if status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408 {
             return Err(EffectError::Transient(format!("webhook {url} answered {status}")));
@@ -296,10 +285,58 @@ impl ClientEffects {
     }
 }
 
+fn refused(host: &str, ip: IpAddr) -> String {
+    format!("{host} resolves to {ip}, which is not a public address; set workflow.allow_private_webhooks to allow it")
+}
+
+/// A refusal by [`VettingResolver`], from a reqwest error's sources.
+fn refusal(error: &reqwest::Error) -> Option<String> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = next {
+        if let Some(Refused(why)) = current.downcast_ref::<Refused>() {
+            return Some(why.clone());
+        }
+        next = current.source();
+    }
+    None
+}
+
+/// A host that resolved to an address webhooks may not call.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Refused(String);
+
+/// Resolves webhook hosts and refuses any that resolve to a non-public
+/// address, at connection time, so a host cannot pass a check and then
+/// resolve elsewhere (DNS rebinding).
+#[derive(Debug)]
+struct VettingResolver;
+
+impl reqwest::dns::Resolve for VettingResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        Box::pin(async move {
+            let host = name.as_str().to_owned();
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            if let Some(addr) = addrs.iter().find(|addr| !is_public(addr.ip())) {
+                return Err(Box::new(Refused(refused(&host, addr.ip()))) as Box<dyn std::error::Error + Send + Sync>);
+            }
+            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// The webhook client: no redirects, no proxy, and unless private addresses
+/// are allowed, the vetting resolver.
+fn webhook_client(allow_private: bool, timeout: Duration) -> Result<reqwest::Client, EffectError> {
+    let builder = reqwest::Client::builder().timeout(timeout).redirect(reqwest::redirect::Policy::none()).no_proxy();
+    let builder = if allow_private { builder } else { builder.dns_resolver(std::sync::Arc::new(VettingResolver)) };
+    builder.build().map_err(|error| EffectError::Failed(format!("cannot build the webhook client: {error}")))
+}
+
 /// Whether `ip` is a public unicast address.
-fn is_public(ip: std::net::IpAddr) -> bool {
+fn is_public(ip: IpAddr) -> bool {
     match ip {
-        std::net::IpAddr::V4(v4) => {
+        IpAddr::V4(v4) => {
             !(v4.is_loopback()
                 || v4.is_private()
                 || v4.is_link_local()
@@ -309,8 +346,8 @@ fn is_public(ip: std::net::IpAddr) -> bool {
                 || v4.octets()[0] == 0
                 || (v4.octets()[0] == 100 && (v4.octets()[1] & 0xc0) == 64))
         }
-        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => is_public(std::net::IpAddr::V4(v4)),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => is_public(IpAddr::V4(v4)),
             None => {
                 !(v6.is_loopback()
                     || v6.is_unspecified()
