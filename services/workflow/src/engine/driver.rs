@@ -62,7 +62,7 @@ pub(crate) async fn drive(
     let mut next_timer: Option<tokio::time::Instant> = None;
     loop {
         let fence = fences.borrow_and_update().clone();
-        let mut waiter = workflows.wakeups.waiter(&run_id);
+        let mut waiter = workflows.wakeups.waiter(&crate::service::drive_key(&run_id));
         if refresh || done.is_some() {
             refresh = false;
             let result = done.take();

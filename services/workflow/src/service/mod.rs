@@ -14,6 +14,7 @@ use sha2::{Digest as _, Sha256};
 
 use chorus_runtime::wakeup::Wakeups;
 
+pub(crate) use self::runs::drive_key;
 pub use self::runs::{GateCall, SignalCall, StartCall};
 use crate::{
     config::WorkflowConfig,

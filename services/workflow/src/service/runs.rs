@@ -60,7 +60,19 @@ pub struct GateCall {
 }
 
 const WATCH_BATCH: u32 = 256;
-const WATCH_POLL: Duration = Duration::from_secs(1);
+/// How often a watch re-reads without a wake-up (changes committed by
+/// another process wake nobody here).
+const WATCH_POLL: Duration = Duration::from_millis(250);
+
+/// The wake-up key of a run's watchers.
+fn watch_key(run_id: &str) -> String {
+    format!("watch:{run_id}")
+}
+
+/// The wake-up key of a run's driver.
+pub(crate) fn drive_key(run_id: &str) -> String {
+    format!("drive:{run_id}")
+}
 
 impl Workflows {
     /// Applies `apply` and then the engine's rules to a run, atomically.
@@ -82,9 +94,15 @@ impl Workflows {
             Ok(Transition { due_at: due_at(run, now), release: fence.is_some() && !needs_driver(run) })
         };
         let run = self.runs.transition(namespace, run_id, fence, now, &mut change).await?;
-        self.wakeups.notify(&run.id);
-        if due_at(&run, now).is_some_and(|at| at <= now) && fence.is_none() {
-            self.wakeups.notify(ENGINE_KEY);
+        // Watchers in this process hear of every change at once (those of
+        // other processes poll); an engine's driver hears of changes made by
+        // others (an API call), in any process, not of its own.
+        self.wakeups.notify_local(&watch_key(&run.id));
+        if fence.is_none() {
+            self.wakeups.notify(&drive_key(&run.id));
+            if due_at(&run, now).is_some_and(|at| at <= now) {
+                self.wakeups.notify(ENGINE_KEY);
+            }
         }
         Ok(run)
     }
@@ -243,7 +261,7 @@ impl Workflows {
         tokio::spawn(async move {
             let mut cursor = after;
             loop {
-                let mut waiter = workflows.wakeups.waiter(&run_id);
+                let mut waiter = workflows.wakeups.waiter(&watch_key(&run_id));
                 let events = workflows.runs.events(&run_id, cursor, WATCH_BATCH).await;
                 let ended = events.as_ref().is_ok_and(|events| {
                     events.iter().any(|e| e.change == RunChange::RunStateChanged && e.state.is_finished())
