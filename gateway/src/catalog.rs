@@ -121,7 +121,7 @@ fn validate(agent: &AgentConfig) -> Result<(), String> {
         AgentKind::Builtin if agent.id != TCK => {
             Err(format!("there is no built-in agent {:?} (built-in: {TCK}; {ECHO} is a worker)", agent.id))
         }
-        AgentKind::Worker | AgentKind::Remote | AgentKind::Builtin => Ok(()),
+        AgentKind::Worker | AgentKind::Remote | AgentKind::Builtin | AgentKind::Workflow => Ok(()),
     }
 }
 
@@ -142,6 +142,7 @@ fn builtin_agents() -> Vec<AgentConfig> {
             description: "Answers every message with its own text, as a message and an artifact.".to_owned(),
             kind: AgentKind::Worker,
             url: None,
+            workflow: None,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             skills: vec![skill(ECHO, "Echo", "Echoes text back", &["hello"])],
             input_modes: modes.clone(),
@@ -154,6 +155,7 @@ fn builtin_agents() -> Vec<AgentConfig> {
             description: "Behaves as the A2A conformance kit's scenarios ask, by messageId prefix.".to_owned(),
             kind: AgentKind::Builtin,
             url: None,
+            workflow: None,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             skills: vec![skill(
                 TCK,

@@ -20,6 +20,8 @@ pub struct GatewayConfig {
     pub default_namespace: String,
     /// The task store (`http://host:port`). Unset: this process's own.
     pub taskstore_url: Option<String>,
+    /// The workflow service `workflow` agents start runs on. Unset: this process's own.
+    pub workflow_url: Option<String>,
     /// Largest accepted HTTP request body (JSON-RPC and REST).
     pub max_body_bytes: usize,
     /// How long a blocking `SendMessage` waits for the task to finish or
@@ -49,6 +51,7 @@ impl Default for GatewayConfig {
             default_agent: "echo".to_owned(),
             default_namespace: "default".to_owned(),
             taskstore_url: None,
+            workflow_url: None,
             max_body_bytes: 1024 * 1024,
             blocking_timeout_ms: 60_000,
             keep_alive_ms: 15_000,
@@ -94,6 +97,9 @@ pub enum AgentKind {
     Remote,
     /// Code inside chorus (`echo`, `tck`).
     Builtin,
+    /// A workflow: a message starts a run of `workflow` (default: the id),
+    /// whose progress is the task's status; a HITL gate is `input-required`.
+    Workflow,
 }
 
 /// One agent of the catalog, in the spirit of an `agents.yaml`.
@@ -108,6 +114,9 @@ pub struct AgentConfig {
     /// For `remote` agents: the agent's base URL (its card is read there).
     #[serde(default)]
     pub url: Option<String>,
+    /// For `workflow` agents: the workflow definition's name (default: the id).
+    #[serde(default)]
+    pub workflow: Option<String>,
     #[serde(default = "default_version")]
     pub version: String,
     #[serde(default)]

@@ -43,6 +43,7 @@ pub fn build(
     shutdown: CancellationToken,
 ) -> Result<Gateway, String> {
     push::install_crypto_provider();
+    let own_url = base_url;
     let base_url = config.public_url.clone().unwrap_or_else(|| base_url.to_owned());
     let base_url = base_url.trim_end_matches('/');
     let catalog = catalog::Catalog::new(&config, base_url)?;
@@ -62,7 +63,17 @@ pub fn build(
             Duration::from_millis(settings.poll_initial_ms),
             Duration::from_millis(settings.poll_max_ms),
         );
-    let runner = builtin::Runner::new(tasks.clone(), client.clone(), timeout, shutdown.clone());
+    let workflow_url = config.workflow_url.clone().unwrap_or_else(|| own_url.to_owned());
+    let workflows = Channel::from_shared(workflow_url.clone())
+        .map_err(|error| format!("gateway.workflow_url {workflow_url:?} is not a URL: {error}"))?
+        .connect_lazy();
+    let runner = builtin::Runner::new(
+        tasks.clone(),
+        chorus_proto::workflow::workflow_client::WorkflowClient::new(workflows),
+        client.clone(),
+        timeout,
+        shutdown.clone(),
+    );
     let push = notify::PushDispatcher::new(tasks.clone(), &config.push, shutdown)?;
     let delegation = delegation::DelegateGrpc::new(client, timeout);
     Ok(Gateway::new(tasks, catalog, runner, push, delegation, config))

@@ -1,18 +1,23 @@
 //! Agents the gateway runs itself: the `tck` agent, which behaves as the
-//! A2A conformance kit's scenarios ask (keyed on the messageId prefix), and
+//! A2A conformance kit's scenarios ask (keyed on the messageId prefix),
 //! `remote` agents, whose turns the gateway forwards to an external A2A agent
-//! and mirrors into the chorus task.
+//! and mirrors into the chorus task, and `workflow` agents, whose messages
+//! start and steer workflow runs.
 //!
 //! They write to the task store like any worker, through its gRPC API; the
 //! task is not leased (no worker claims a built-in agent's tasks).
 
 mod remote;
 mod tck;
+mod workflow;
 
 use std::time::Duration;
 
 use a2a::{Artifact, Message, Part, Role};
-use chorus_proto::taskstore::{self as pb, task_store_client::TaskStoreClient};
+use chorus_proto::{
+    taskstore::{self as pb, task_store_client::TaskStoreClient},
+    workflow::workflow_client::WorkflowClient,
+};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -28,6 +33,7 @@ use crate::{
 #[derive(Debug, Clone)]
 pub(crate) struct Runner {
     tasks: TaskStoreClient<Channel>,
+    workflows: WorkflowClient<Channel>,
     delegate: A2aClient,
     remote_timeout: Duration,
     shutdown: CancellationToken,
@@ -42,6 +48,9 @@ struct Turn {
 
 type Written = Result<(), tonic::Status>;
 
+/// A status message's metadata.
+type Metadata = std::collections::HashMap<String, Value>;
+
 impl Turn {
     /// A writer of the same task.
     fn clone_writer(&self) -> Self {
@@ -49,9 +58,9 @@ impl Turn {
     }
 
     /// Moves the task to `state`, with `text` as the agent's status message
-    /// (carrying `link`, a remote task's ids, in its metadata).
-    async fn status(&mut self, state: pb::TaskState, text: Option<&str>, link: Option<Value>) -> Written {
-        let message = text.map(|text| self.agent_message(text, link));
+    /// (carrying `metadata`: what links the task to a remote task or a run).
+    async fn status(&mut self, state: pb::TaskState, text: Option<&str>, metadata: Option<Metadata>) -> Written {
+        let message = text.map(|text| self.agent_message(text, metadata));
         let request = pb::UpdateStatusRequest {
             namespace: self.namespace.clone(),
             task_id: self.task.id.clone(),
@@ -77,11 +86,11 @@ impl Turn {
         Ok(())
     }
 
-    fn agent_message(&self, text: &str, link: Option<Value>) -> pb::Message {
+    fn agent_message(&self, text: &str, metadata: Option<Metadata>) -> pb::Message {
         let mut message = Message::new(Role::Agent, vec![Part::text(text)]);
         message.context_id = Some(self.task.context_id.clone());
         message.task_id = Some(self.task.id.clone());
-        message.metadata = link.map(remote::link_metadata);
+        message.metadata = metadata;
         convert::message_in(&message)
     }
 }
@@ -89,11 +98,12 @@ impl Turn {
 impl Runner {
     pub(crate) fn new(
         tasks: TaskStoreClient<Channel>,
+        workflows: WorkflowClient<Channel>,
         delegate: A2aClient,
         remote_timeout: Duration,
         shutdown: CancellationToken,
     ) -> Self {
-        Self { tasks, delegate, remote_timeout, shutdown }
+        Self { tasks, workflows, delegate, remote_timeout, shutdown }
     }
 
     /// The message a built-in agent answers without a task, if it does.
@@ -129,6 +139,7 @@ impl Runner {
     async fn run(&self, agent: &AgentConfig, turn: Turn, message: Message) -> Written {
         match agent.kind {
             AgentKind::Remote => self.forward(agent, turn, message).await,
+            AgentKind::Workflow => self.drive_workflow(agent, turn, message).await,
             AgentKind::Builtin | AgentKind::Worker => tck::run(turn, &message).await,
         }
     }

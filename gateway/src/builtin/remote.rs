@@ -54,7 +54,12 @@ impl Runner {
                 let text = task.status.message.as_ref().and_then(Message::text).map(str::to_owned);
                 let waiting = convert::is_interrupted(&task.status.state);
                 let link = waiting.then(|| json!({ "taskId": task.id, "contextId": task.context_id }));
-                turn.status(state, text.as_deref().or(waiting.then_some("The agent needs input")), link).await
+                turn.status(
+                    state,
+                    text.as_deref().or(waiting.then_some("The agent needs input")),
+                    link.map(link_metadata),
+                )
+                .await
             }
             Ok(DelegateOutcome::Message(reply)) => {
                 let text = reply.text().unwrap_or_default().to_owned();

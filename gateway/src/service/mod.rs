@@ -216,10 +216,10 @@ impl Gateway {
         match self.tasks().cancel_task(request).await {
             Ok(response) => {
                 let task = response.into_inner().task.ok_or_else(|| GatewayError::Internal("no task".to_owned()))?;
-                if let Some(agent) = self.inner.catalog.agent(&task.agent_id)
-                    && agent.kind == AgentKind::Remote
-                {
-                    self.inner.runner.cancel_remote(agent, &task).await;
+                match self.inner.catalog.agent(&task.agent_id).map(|agent| (agent, agent.kind)) {
+                    Some((agent, AgentKind::Remote)) => self.inner.runner.cancel_remote(agent, &task).await,
+                    Some((_, AgentKind::Workflow)) => self.inner.runner.cancel_run(&scope.namespace, &task).await,
+                    Some((_, AgentKind::Worker | AgentKind::Builtin)) | None => {}
                 }
                 Ok(convert::task_out(task, true))
             }
@@ -262,7 +262,7 @@ impl Gateway {
             push.task_id = task.id.clone();
             self.store_push_config(scope, push, Follow::FromCreation).await?;
         }
-        if matches!(agent.kind, AgentKind::Builtin | AgentKind::Remote) {
+        if matches!(agent.kind, AgentKind::Builtin | AgentKind::Remote | AgentKind::Workflow) {
             self.inner.runner.start(agent, &scope.namespace, &task, message);
         }
         Ok(Started::Task(Box::new(task)))
@@ -297,7 +297,9 @@ impl Gateway {
             message: Some(convert::message_in(&message)),
         };
         let task = self.tasks().add_message(request).await.map_err(|status| task_error(&status, task_id))?.into_inner();
-        if task.agent_id == agent.id && matches!(agent.kind, AgentKind::Builtin | AgentKind::Remote) {
+        if task.agent_id == agent.id
+            && matches!(agent.kind, AgentKind::Builtin | AgentKind::Remote | AgentKind::Workflow)
+        {
             self.inner.runner.start(agent, &scope.namespace, &task, message);
         }
         Ok(Started::Task(Box::new(task)))

@@ -1,0 +1,268 @@
+//! `workflow` agents: a message starts a run of the agent's workflow and the
+//! run's progress becomes the task's status. A HITL gate waiting for a
+//! decision shows as `input-required`, its reviewers and artifacts in the
+//! status message; the reply (`approve`, or `reject: <feedback>`, or a data
+//! part `{"decision": …, "reason": …}`) decides it and the turn follows the
+//! run on. Canceling the task cancels the run.
+//!
+//! The status message of an interruption carries the run, the gate and the
+//! watch cursor under metadata `chorus.workflow`, so the next turn resumes
+//! the watch where this one stopped.
+
+use a2a::{Artifact, Message, Part, PartContent};
+use chorus_proto::{
+    taskstore as pb,
+    workflow::{
+        self as wf, DecideGateRequest, GetRunRequest, RunState, StartRunRequest, StepKind, StepState, WatchRunRequest,
+        run_event::Kind,
+    },
+};
+use serde_json::{Value, json};
+
+use super::{Runner, Turn, Written};
+use crate::{config::AgentConfig, convert};
+
+/// The metadata key linking a task to its run.
+const LINK: &str = "chorus.workflow";
+
+/// Where an earlier turn of the task left its run.
+#[derive(Debug, Clone, PartialEq)]
+struct Link {
+    run_id: String,
+    gate: String,
+    iteration: u32,
+    cursor: String,
+}
+
+/// The `chorus.workflow` metadata of the task's messages, newest first.
+fn links(task: &pb::Task) -> impl Iterator<Item = Value> + '_ {
+    task.history
+        .iter()
+        .rev()
+        .filter_map(|message| Some(convert::value_out(message.metadata.as_ref()?.fields.get(LINK)?)))
+}
+
+/// The gate the task's last interruption waits on, if it was one: the
+/// newest link says where the run is.
+fn link_of(task: &pb::Task) -> Option<Link> {
+    let link = links(task).next()?;
+    Some(Link {
+        run_id: link.get("runId")?.as_str()?.to_owned(),
+        gate: link.get("gate")?.as_str()?.to_owned(),
+        iteration: u32::try_from(link.get("iteration")?.as_u64()?).ok()?,
+        cursor: link.get("cursor")?.as_str().unwrap_or_default().to_owned(),
+    })
+}
+
+/// The run the task started.
+fn run_of(task: &pb::Task) -> Option<String> {
+    links(task).find_map(|link| Some(link.get("runId")?.as_str()?.to_owned()))
+}
+
+/// A reply to a waiting gate: the decision and its reason.
+fn verdict(message: &Message) -> Option<(wf::Decision, String)> {
+    for part in &message.parts {
+        if let PartContent::Data(data) = &part.content {
+            let reason = data.get("reason").and_then(Value::as_str).unwrap_or_default().to_owned();
+            return match data.get("decision").and_then(Value::as_str)? {
+                "approve" => Some((wf::Decision::Approve, reason)),
+                "reject" if !reason.trim().is_empty() => Some((wf::Decision::Reject, reason)),
+                _ => None,
+            };
+        }
+    }
+    let text = message.text()?.trim();
+    let lower = text.to_lowercase();
+    if lower.starts_with("approve") {
+        let reason = text["approve".len()..].trim_start_matches([':', ' ']).to_owned();
+        return Some((wf::Decision::Approve, reason));
+    }
+    let feedback = lower.starts_with("reject").then(|| text["reject".len()..].trim_start_matches([':', ' ']).trim())?;
+    (!feedback.is_empty()).then(|| (wf::Decision::Reject, feedback.to_owned()))
+}
+
+/// The run's input: the message's first data part, when it is an object.
+fn input_of(message: &Message) -> prost_types::Struct {
+    let data = message.parts.iter().find_map(|part| match &part.content {
+        PartContent::Data(Value::Object(data)) => Some(data.clone()),
+        _ => None,
+    });
+    chorus_proto::json::struct_from_json(data.unwrap_or_default())
+}
+
+impl Runner {
+    /// One turn of a workflow agent on `turn`'s task.
+    pub(super) async fn drive_workflow(&self, agent: &AgentConfig, mut turn: Turn, message: Message) -> Written {
+        let mut workflows = self.workflows.clone();
+        let (run_id, cursor) = match link_of(&turn.task) {
+            Some(link) => {
+                let Some((decision, reason)) = verdict(&message) else {
+                    let again = "Reply `approve`, or `reject: <feedback>`, to decide the gate.";
+                    return turn.status(pb::TaskState::InputRequired, Some(again), Some(linked(&link, None))).await;
+                };
+                let request = DecideGateRequest {
+                    namespace: turn.namespace.clone(),
+                    run_id: link.run_id.clone(),
+                    step_id: link.gate.clone(),
+                    decision: decision.into(),
+                    decided_by: "a2a".into(),
+                    reason,
+                    iteration: Some(link.iteration),
+                    ..DecideGateRequest::default()
+                };
+                if let Err(status) = workflows.decide_gate(request).await {
+                    let text = format!("The gate was not decided: {}", status.message());
+                    return turn.status(pb::TaskState::InputRequired, Some(&text), Some(linked(&link, None))).await;
+                }
+                (link.run_id, link.cursor)
+            }
+            None => {
+                let request = StartRunRequest {
+                    namespace: turn.namespace.clone(),
+                    workflow: agent.workflow.clone().unwrap_or_else(|| agent.id.clone()),
+                    input: Some(input_of(&message)),
+                    idempotency_key: format!("a2a:{}", turn.task.id),
+                    origin: Some(wf::RunOrigin {
+                        kind: wf::run_origin::Kind::A2a.into(),
+                        started_by: "a2a".into(),
+                        task_id: turn.task.id.clone(),
+                        ..wf::RunOrigin::default()
+                    }),
+                    ..StartRunRequest::default()
+                };
+                let run = match workflows.start_run(request).await {
+                    Ok(run) => run.into_inner(),
+                    Err(status) => {
+                        let text = format!("The workflow did not start: {}", status.message());
+                        return turn.status(pb::TaskState::Failed, Some(&text), None).await;
+                    }
+                };
+                let started = std::collections::HashMap::from([(LINK.to_owned(), json!({ "runId": run.id }))]);
+                turn.status(pb::TaskState::Working, Some(&format!("Run {} started.", run.id)), Some(started)).await?;
+                (run.id, String::new())
+            }
+        };
+        self.follow_run(&mut turn, run_id, cursor).await
+    }
+
+    /// Mirrors the run into the task until it ends or a gate waits.
+    async fn follow_run(&self, turn: &mut Turn, run_id: String, after_cursor: String) -> Written {
+        let mut workflows = self.workflows.clone();
+        let request = WatchRunRequest { namespace: turn.namespace.clone(), run_id: run_id.clone(), after_cursor };
+        let mut events = workflows.watch_run(request).await?.into_inner();
+        while let Some(event) = events.message().await? {
+            match (event.kind(), event.step.as_ref()) {
+                (Kind::StepUpdated, Some(step))
+                    if step.kind() == StepKind::Gate && step.state() == StepState::Waiting =>
+                {
+                    let get = GetRunRequest { namespace: turn.namespace.clone(), run_id: run_id.clone() };
+                    let run = workflows.get_run(get).await?.into_inner();
+                    let waiting = run.steps.iter().any(|s| s.seq == step.seq && s.state() == StepState::Waiting);
+                    if waiting {
+                        let link = Link {
+                            run_id,
+                            gate: step.step_id.clone(),
+                            iteration: step.iteration,
+                            cursor: event.cursor,
+                        };
+                        let input = step.input.as_ref().map(chorus_proto::json::struct_to_json).unwrap_or_default();
+                        let reviewers = input.get("reviewers").and_then(Value::as_str).unwrap_or("a reviewer");
+                        let text = format!(
+                            "Gate `{}` (round {}) waits for a decision by {reviewers}: reply `approve`, or `reject: <feedback>`.",
+                            step.step_id, step.iteration
+                        );
+                        let details = json!({ "artifacts": input.get("artifacts"), "reviewers": reviewers });
+                        return turn
+                            .status(pb::TaskState::InputRequired, Some(&text), Some(linked(&link, Some(details))))
+                            .await;
+                    }
+                }
+                (Kind::StepUpdated, Some(step)) if step.state() == StepState::Completed => {
+                    let text = format!("Step `{}` completed.", step.step_id);
+                    turn.status(pb::TaskState::Working, Some(&text), None).await?;
+                }
+                (Kind::RunStateChanged, _) if event.state() == RunState::Completed => {
+                    let get = GetRunRequest { namespace: turn.namespace.clone(), run_id: run_id.clone() };
+                    let run = workflows.get_run(get).await?.into_inner();
+                    let output = run.output.as_ref().map(chorus_proto::json::struct_to_json).unwrap_or_default();
+                    let artifact = Artifact {
+                        artifact_id: a2a::new_artifact_id(),
+                        name: Some("output".into()),
+                        description: Some(format!("The output of run {run_id}")),
+                        parts: vec![Part::data(Value::Object(output))],
+                        metadata: None,
+                        extensions: None,
+                    };
+                    turn.artifact(artifact, false, true).await?;
+                    return turn
+                        .status(pb::TaskState::Completed, Some(&format!("Run {run_id} completed.")), None)
+                        .await;
+                }
+                (Kind::RunStateChanged, _) if event.state() == RunState::Failed => {
+                    let get = GetRunRequest { namespace: turn.namespace.clone(), run_id: run_id.clone() };
+                    let run = workflows.get_run(get).await?.into_inner();
+                    return turn
+                        .status(pb::TaskState::Failed, Some(&format!("Run {run_id} failed: {}", run.error)), None)
+                        .await;
+                }
+                (Kind::RunStateChanged, _) if event.state() == RunState::Canceled => {
+                    return turn
+                        .status(pb::TaskState::Canceled, Some(&format!("Run {run_id} was canceled.")), None)
+                        .await;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Passes the cancel of a workflow agent's task on to its run.
+    pub(crate) async fn cancel_run(&self, namespace: &str, task: &pb::Task) {
+        let Some(run_id) = run_of(task) else { return };
+        let request = wf::CancelRunRequest {
+            namespace: namespace.to_owned(),
+            run_id,
+            reason: "its A2A task was canceled".into(),
+            canceled_by: "a2a".into(),
+        };
+        if let Err(status) = self.workflows.clone().cancel_run(request).await {
+            tracing::debug!(task_id = %task.id, error = %status.message(), "the run was not canceled");
+        }
+    }
+}
+
+/// The status message metadata of an interruption.
+fn linked(link: &Link, details: Option<Value>) -> std::collections::HashMap<String, Value> {
+    std::collections::HashMap::from([(LINK.to_owned(), link_value(link, details))])
+}
+
+fn link_value(link: &Link, details: Option<Value>) -> Value {
+    let mut value =
+        json!({ "runId": link.run_id, "gate": link.gate, "iteration": link.iteration, "cursor": link.cursor });
+    if let (Some(Value::Object(details)), Some(map)) = (details, value.as_object_mut()) {
+        map.extend(details);
+    }
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use a2a::Role;
+
+    use super::*;
+
+    fn text(value: &str) -> Message {
+        Message::new(Role::User, vec![Part::text(value)])
+    }
+
+    #[test]
+    fn replies_decide_gates() {
+        assert_eq!(verdict(&text("approve")), Some((wf::Decision::Approve, String::new())));
+        assert_eq!(verdict(&text("Approve: looks good")), Some((wf::Decision::Approve, "looks good".into())));
+        assert_eq!(verdict(&text("reject: add tests")), Some((wf::Decision::Reject, "add tests".into())));
+        assert_eq!(verdict(&text("reject")), None, "a rejection needs feedback");
+        assert_eq!(verdict(&text("maybe")), None);
+        let data = Message::new(Role::User, vec![Part::data(json!({"decision": "reject", "reason": "too slow"}))]);
+        assert_eq!(verdict(&data), Some((wf::Decision::Reject, "too slow".into())));
+    }
+}

@@ -1,0 +1,89 @@
+//! A workflow exposed as an A2A agent, over JSON-RPC on the real `chorus
+//! dev`: a message starts a run, a HITL gate shows as `input-required`, the
+//! replies reject (the phase runs again) and approve it, the run's output
+//! comes back as an artifact; a malformed reply changes nothing; canceling
+//! the task cancels the run.
+
+use chorus_proto::workflow::{ListRunsRequest, RunState, workflow_client::WorkflowClient};
+use chorus_tests::{
+    Sandbox,
+    a2a::{A2a, message, state, text, unique, write_chorus_toml},
+};
+use serde_json::{Value, json};
+
+const GATED: &str = "name: gated\ninputs:\n  topic: {type: string, default: none}\nsteps:\n\
+                     - id: draft\n  wait: {duration: 50ms}\n\
+                     - id: signoff\n  gate: {mode: HITL, reviewers: editors, artifacts: {topic: \"{{ inputs.topic }}\"}}\n\
+                     - id: done\n  condition: \"true\"\n";
+
+const CATALOG: &str = r#"
+[gateway]
+default_agent = "gated"
+
+[[gateway.agents]]
+id = "gated"
+name = "Gated workflow"
+description = "Drafts, then waits for an editor's decision."
+kind = "workflow"
+"#;
+
+fn reply(task: &Value, words: &str) -> Value {
+    let mut reply = message(&unique("reply"), words);
+    reply["taskId"] = task["id"].clone();
+    reply["contextId"] = task["contextId"].clone();
+    reply
+}
+
+fn status_text(task: &Value) -> &str {
+    text(&task["status"]["message"])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_agent_runs_asks_at_its_gate_and_answers_with_the_output() {
+    let sandbox = Sandbox::new();
+    std::fs::create_dir(sandbox.path().join("workflows")).expect("dir");
+    std::fs::write(sandbox.path().join("workflows/gated.yaml"), GATED).expect("write");
+    write_chorus_toml(sandbox.path(), CATALOG);
+    let server = sandbox.dev().no_agents().start().await;
+    let a2a = A2a::new(&server);
+
+    let mut start = message(&unique("start"), "please review");
+    start["parts"] = json!([{"text": "please review"}, {"data": {"topic": "pricing"}}]);
+    let task = a2a.send("gated", start).await;
+    assert_eq!(state(&task), "TASK_STATE_INPUT_REQUIRED", "{task:#}");
+    assert!(status_text(&task).contains("Gate `signoff` (round 1) waits for a decision by editors"), "{task:#}");
+    let link = &task["status"]["message"]["metadata"]["chorus.workflow"];
+    assert_eq!(link["artifacts"]["topic"], "pricing", "the gate's artifacts reach the caller: {task:#}");
+
+    let unclear = a2a.send("gated", reply(&task, "maybe later")).await;
+    assert_eq!(state(&unclear), "TASK_STATE_INPUT_REQUIRED");
+    assert!(status_text(&unclear).contains("Reply `approve`"), "{unclear:#}");
+
+    let rejected = a2a.send("gated", reply(&task, "reject: shorter please")).await;
+    assert_eq!(state(&rejected), "TASK_STATE_INPUT_REQUIRED", "{rejected:#}");
+    assert!(status_text(&rejected).contains("(round 2)"), "the phase ran again: {rejected:#}");
+
+    let done = a2a.send("gated", reply(&task, "approve")).await;
+    assert_eq!(state(&done), "TASK_STATE_COMPLETED", "{done:#}");
+    let artifact = done["artifacts"].as_array().and_then(|a| a.iter().find(|a| a["name"] == "output")).cloned();
+    let artifact = artifact.unwrap_or_else(|| panic!("an output artifact: {done:#}"));
+    assert_eq!(artifact["parts"][0]["data"]["done"]["passed"], true, "{artifact:#}");
+
+    let other = a2a.send("gated", message(&unique("start"), "again")).await;
+    assert_eq!(state(&other), "TASK_STATE_INPUT_REQUIRED");
+    a2a.call("gated", "CancelTask", json!({ "id": other["id"] })).await;
+    let mut workflows = WorkflowClient::new(server.channel().await);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let request = ListRunsRequest { namespace: "default".into(), ..Default::default() };
+        let runs = workflows.list_runs(request).await.expect("list").into_inner().runs;
+        let states: Vec<RunState> = runs.iter().map(|run| run.state()).collect();
+        if states.contains(&RunState::Canceled) {
+            assert_eq!(states.len(), 2, "one run per task: {states:?}");
+            assert!(states.contains(&RunState::Completed));
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the run was not canceled: {states:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
