@@ -402,7 +402,7 @@ steps:
         r.body.steps.iter().any(|s| s.step_id == "after_nap" && s.state == StepState::Completed)
     })
     .await;
-    assert!(started.elapsed() < std::time::Duration::from_secs(3), "the timer waited for a refresh");
+    assert!(started.elapsed() < std::time::Duration::from_secs(4), "the timer waited for a refresh (5 s)");
     let run = h.workflows.get_run(NS, &run.id).await.expect("run");
     assert_eq!(run.state, RunState::Running, "the spawn still waits for a worker");
 }
