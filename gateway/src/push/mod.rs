@@ -19,8 +19,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub(crate) use chorus_runtime::egress::AddressKind;
 pub(crate) use error::PushError;
-pub(crate) use guard::{AddressKind, UrlGuard};
+pub(crate) use guard::UrlGuard;
 pub(crate) use sender::{PushSender, PushTarget};
 
 /// Push notification settings (`[gateway.push]` in `chorus.toml`).

@@ -1,6 +1,7 @@
 //! The chorus runtime: what every service shares.
 //!
 //! - [`config`]: layered configuration (defaults < `chorus.toml` < `CHORUS_*` < flags);
+//! - [`egress`]: which addresses outbound HTTP may reach (SSRF guards);
 //! - [`telemetry`]: tracing, OTLP export, W3C trace-context propagation;
 //! - [`server`]: one server builder for gRPC + HTTP on one pre-bound port;
 //! - [`storage`]: a database URL selects PostgreSQL or SQLite; embedded migrations;
@@ -15,6 +16,7 @@
 //! - `testing` (cargo feature `testing`): a PostgreSQL database per test.
 
 pub mod config;
+pub mod egress;
 pub mod error;
 pub mod feed;
 pub mod glob;

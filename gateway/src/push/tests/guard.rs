@@ -2,10 +2,11 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
+use chorus_runtime::egress::classify;
+
 use crate::push::{
     AddressKind::{self, *},
     PushError, PushPolicy, UrlGuard,
-    guard::classify,
 };
 
 fn guard(allow_private: bool, allowed_hosts: &[&str]) -> UrlGuard {

@@ -286,7 +286,8 @@ impl ClientEffects {
 }
 
 fn refused(host: &str, ip: IpAddr) -> String {
-    format!("{host} resolves to {ip}, which is not a public address; set workflow.allow_private_webhooks to allow it")
+    let kind = chorus_runtime::egress::classify(ip).map_or_else(|| "not public".to_owned(), |kind| kind.to_string());
+    format!("{host} resolves to {ip}, {kind}, not a public address; set workflow.allow_private_webhooks to allow it")
 }
 
 /// A refusal by [`VettingResolver`], from a reqwest error's sources.
@@ -333,28 +334,8 @@ fn webhook_client(allow_private: bool, timeout: Duration) -> Result<reqwest::Cli
     builder.build().map_err(|error| EffectError::Failed(format!("cannot build the webhook client: {error}")))
 }
 
-/// Whether `ip` is a public unicast address.
+/// Whether `ip` is public: not loopback, private, link-local, metadata,
+/// shared, documentation or otherwise reserved ([`chorus_runtime::egress`]).
 fn is_public(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            !(v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_multicast()
-                || v4.is_broadcast()
-                || v4.octets()[0] == 0
-                || (v4.octets()[0] == 100 && (v4.octets()[1] & 0xc0) == 64))
-        }
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => is_public(IpAddr::V4(v4)),
-            None => {
-                !(v6.is_loopback()
-                    || v6.is_unspecified()
-                    || v6.is_multicast()
-                    || v6.is_unique_local()
-                    || v6.is_unicast_link_local())
-            }
-        },
-    }
+    chorus_runtime::egress::classify(ip).is_none()
 }
