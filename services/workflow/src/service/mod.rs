@@ -179,7 +179,7 @@ impl Workflows {
         }
         let mut outcomes = Vec::with_capacity(sources.len());
         for (file, source) in &sources {
-            let outcome = self.put(&self.config.namespace, source, file, "chorus").await?;
+            let outcome = self.put_at_startup(source, file).await?;
             let definition = &outcome.put.definition;
             tracing::info!(file, workflow = %definition.name, version = definition.version, unchanged = outcome.put.unchanged, "workflow definition loaded");
             outcomes.push(outcome);
@@ -187,6 +187,27 @@ impl Workflows {
         Ok(outcomes)
     }
 }
+
+impl Workflows {
+    /// Puts a file of the folder. Replicas starting together put the same
+    /// files at the same moment: the one that loses the race puts again and
+    /// finds the other's version.
+    async fn put_at_startup(&self, source: &str, file: &str) -> Result<PutOutcome> {
+        let mut attempts = 0;
+        loop {
+            match self.put(&self.config.namespace, source, file, "chorus").await {
+                Err(WorkflowError::Conflict(name)) if attempts < STARTUP_PUT_ATTEMPTS => {
+                    attempts += 1;
+                    tracing::debug!(file, workflow = %name, "workflow definition put concurrently; putting again");
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+}
+
+/// How many times a startup put is repeated after losing a race.
+const STARTUP_PUT_ATTEMPTS: u32 = 5;
 
 fn read_folder(dir: &Path) -> Result<Vec<(String, String)>> {
     let folder_error = |source| WorkflowError::Folder { path: dir.display().to_string(), source };

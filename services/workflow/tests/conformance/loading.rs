@@ -4,7 +4,11 @@ use chorus_workflow::{WorkflowConfig, error::WorkflowError};
 
 use crate::harness::{Harness, conformance, definition};
 
-conformance!(a_folder_loads_into_its_namespace_idempotently, an_invalid_file_stops_the_load_and_stores_nothing);
+conformance!(
+    a_folder_loads_into_its_namespace_idempotently,
+    replicas_loading_the_same_folder_together_all_start,
+    an_invalid_file_stops_the_load_and_stores_nothing,
+);
 
 fn folder(files: &[(&str, String)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -38,6 +42,21 @@ async fn a_folder_loads_into_its_namespace_idempotently(h: Harness) {
     assert_eq!(names, ["alpha", "beta"]);
     let missing = h.with_config(WorkflowConfig { definitions_dir: "/nonexistent/workflows".into(), ..config(&dir) });
     assert!(missing.load_definitions_dir().await.expect("missing folder").is_empty());
+}
+
+async fn replicas_loading_the_same_folder_together_all_start(h: Harness) {
+    let files: Vec<(String, String)> =
+        (0..8).map(|n| (format!("w{n}.yaml"), definition(&format!("w{n}"), "a"))).collect();
+    let files: Vec<(&str, String)> = files.iter().map(|(name, source)| (name.as_str(), source.clone())).collect();
+    let dir = folder(&files);
+    let replicas: Vec<_> = (0..4).map(|_| h.with_config(config(&dir))).collect();
+    let loads = futures_util::future::join_all(replicas.iter().map(|replica| replica.load_definitions_dir())).await;
+    for load in loads {
+        assert_eq!(load.expect("every replica starts").len(), 8);
+    }
+    let listed = replicas[0].list("default", None, false, None, 100).await.expect("list");
+    assert!(listed.definitions.iter().all(|d| d.version == 1), "one version each");
+    assert_eq!(listed.definitions.len(), 8);
 }
 
 async fn an_invalid_file_stops_the_load_and_stores_nothing(h: Harness) {
