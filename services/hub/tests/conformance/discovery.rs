@@ -29,6 +29,11 @@ fn query(capabilities: &[&str], agent_type: Option<&str>, status: Option<AgentSt
     }
 }
 
+/// A query whose agents cannot go stale while a test runs, however slow the machine.
+fn patient(capabilities: &[&str], agent_type: Option<&str>, status: Option<AgentStatus>) -> AgentQuery {
+    AgentQuery { stale_after: Duration::from_secs(600), ..query(capabilities, agent_type, status) }
+}
+
 fn ids(agents: Vec<chorus_hub::domain::Agent>) -> Vec<String> {
     agents.into_iter().map(|agent| agent.id).collect()
 }
@@ -37,10 +42,10 @@ async fn discover_filters_by_capability_type_and_status(h: Harness) {
     h.agent_in(NS, "coder", "worker", &["rust", "review"]).await;
     h.agent_in(NS, "writer", "worker", &["docs"]).await;
     h.agent_in(NS, "boss", "coordinator", &["review"]).await;
-    assert_eq!(ids(h.hub.discover(&query(&["review"], None, None)).await.unwrap()), ["boss", "coder"]);
-    assert_eq!(ids(h.hub.discover(&query(&["review", "rust"], None, None)).await.unwrap()), ["coder"]);
-    assert_eq!(ids(h.hub.discover(&query(&[], Some("worker"), None)).await.unwrap()), ["coder", "writer"]);
-    assert_eq!(h.hub.discover(&query(&[], None, Some(AgentStatus::Active))).await.unwrap().len(), 3);
+    assert_eq!(ids(h.hub.discover(&patient(&["review"], None, None)).await.unwrap()), ["boss", "coder"]);
+    assert_eq!(ids(h.hub.discover(&patient(&["review", "rust"], None, None)).await.unwrap()), ["coder"]);
+    assert_eq!(ids(h.hub.discover(&patient(&[], Some("worker"), None)).await.unwrap()), ["coder", "writer"]);
+    assert_eq!(h.hub.discover(&patient(&[], None, Some(AgentStatus::Active))).await.unwrap().len(), 3);
     // Registering again updates and keeps the first registration time.
     let first = h.hub.get_agent(NS, "coder").await.unwrap();
     let updated = h.agent_in(NS, "coder", "worker", &["go"]).await;
