@@ -67,6 +67,40 @@ pub struct Outgoing {
     pub idempotency_key: Option<String>,
 }
 
+impl Outgoing {
+    /// The topic of a topic publish.
+    pub fn topic(&self) -> Option<&str> {
+        match &self.audience {
+            Audience::Topic(topic) => Some(topic),
+            Audience::Agent(_) | Audience::Everyone { .. } => None,
+        }
+    }
+
+    /// Whether `filter` takes this message.
+    pub fn passes(&self, filter: &InboxFilter) -> bool {
+        filter.admits(&self.sender, &self.content.message_type, self.kind, self.topic())
+    }
+
+    /// The message as `recipient`'s inbox holds it once queued as `sent` at
+    /// `sent_at`, handed out under `lease`.
+    pub fn leased_to(&self, sent: &Sent, recipient: &str, sent_at: i64, lease: &Lease) -> Message {
+        Message {
+            id: sent.message_id.clone(),
+            sequence: sent.sequence,
+            kind: self.kind,
+            sender: self.sender.clone(),
+            recipient: recipient.to_owned(),
+            topic: self.topic().map(str::to_owned),
+            content: self.content.clone(),
+            correlation_id: self.correlation_id.clone(),
+            sent_at,
+            expires_at: sent.expires_at,
+            attempt: 1,
+            ack_deadline: Some(lease.until),
+        }
+    }
+}
+
 /// What a send queued.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sent {
@@ -110,11 +144,16 @@ pub struct InboxFilter {
 
 impl InboxFilter {
     pub fn matches(&self, message: &Message) -> bool {
+        self.admits(&message.sender, &message.content.message_type, message.kind, message.topic.as_deref())
+    }
+
+    /// Whether a message from `sender` of this type, kind and topic passes.
+    pub fn admits(&self, sender: &str, message_type: &str, kind: MessageKind, topic: Option<&str>) -> bool {
         let any_or = |list: &[String], value: &str| list.is_empty() || list.iter().any(|item| item == value);
-        any_or(&self.senders, &message.sender)
-            && any_or(&self.types, &message.content.message_type)
-            && (self.kinds.is_empty() || self.kinds.contains(&message.kind))
-            && (self.topics.is_empty() || message.topic.as_deref().is_some_and(|topic| any_or(&self.topics, topic)))
+        any_or(&self.senders, sender)
+            && any_or(&self.types, message_type)
+            && (self.kinds.is_empty() || self.kinds.contains(&kind))
+            && (self.topics.is_empty() || topic.is_some_and(|topic| any_or(&self.topics, topic)))
     }
 }
 

@@ -7,6 +7,8 @@
 
 pub mod sql;
 
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
 
 use crate::{
@@ -77,8 +79,16 @@ pub trait HubRepository: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Vec<Subscription>>;
 
     /// Queues a message for its audience, all inboxes or none; returns what
-    /// was queued and the recipients.
-    async fn send(&self, send: Outgoing, max_queue_depth: u32, now: i64) -> Result<(Sent, Vec<String>)>;
+    /// was queued and the recipients. A recipient in `leases` gets its copy
+    /// already leased (handed straight to a consumer); a duplicate send
+    /// leases nothing.
+    async fn send(
+        &self,
+        send: &Outgoing,
+        leases: &BTreeMap<String, Lease>,
+        max_queue_depth: u32,
+        now: i64,
+    ) -> Result<(Sent, Vec<String>)>;
     /// Leases available inbox messages matching a filter.
     async fn take(&self, take: &Take) -> Result<Taken>;
     /// Renews and returns the messages still leased to `consumer_id` above
@@ -91,6 +101,8 @@ pub trait HubRepository: Send + Sync + std::fmt::Debug + 'static {
         after: Option<i64>,
         now: i64,
     ) -> Result<Vec<Message>>;
+    /// The messages leased to `consumer_id` now: their ids and lease ends.
+    async fn held(&self, namespace: &str, agent_id: &str, consumer_id: &str, now: i64) -> Result<Vec<(String, i64)>>;
     /// Removes acked messages from the agent's inbox; returns the ids that
     /// were not there.
     async fn ack(&self, namespace: &str, agent_id: &str, message_ids: &[String]) -> Result<Vec<String>>;

@@ -80,12 +80,25 @@ pub struct Delegated {
 }
 
 impl Hub {
-    /// Queues a message for its audience and wakes the recipients.
+    /// Queues a message for its audience: straight onto the recipients'
+    /// caught-up streams in this process (see [`handoff`](super::handoff)),
+    /// into the inbox for the others, which it wakes.
     pub async fn send(&self, send: Outgoing) -> Result<Sent> {
-        let namespace = send.namespace.clone();
-        let (sent, recipients) = self.repository.send(send, self.config.max_queue_depth, now_micros()).await?;
+        let now = now_micros();
+        let mut offers = self.streams.offers(&send, now);
+        let leases = offers.iter().map(|(agent_id, offer)| (agent_id.clone(), offer.lease.clone())).collect();
+        let (sent, recipients) = self.repository.send(&send, &leases, self.config.max_queue_depth, now).await?;
         for recipient in &recipients {
-            self.wakeups.notify(&keys::inbox(&namespace, recipient));
+            match offers.remove(recipient) {
+                Some(offer) => {
+                    let message = send.leased_to(&sent, recipient, now, &offer.lease);
+                    offer.deliver(message);
+                }
+                None => {
+                    self.streams.missed(&send.namespace, recipient);
+                    self.wakeups.notify(&keys::inbox(&send.namespace, recipient));
+                }
+            }
         }
         Ok(sent)
     }
@@ -171,20 +184,30 @@ impl Hub {
             consumer_id: inbox.consumer_id.clone(),
             until: now.saturating_add(micros(inbox.ack_timeout)),
         };
+        let registration = self.streams.register(inbox.clone(), sender.clone());
+        let live = &registration.live;
         let now = now_micros();
         let resent = self.repository.reclaim(&inbox.namespace, &inbox.agent_id, &lease(now), inbox.after, now).await;
+        // What it holds now: what was just sent again, and what it kept.
+        let held = self.repository.held(&inbox.namespace, &inbox.agent_id, &inbox.consumer_id, now).await;
+        let resent = held.map(|held| live.hold(held)).and(resent);
         if !forward(resent, &sender).await {
             return;
         }
         loop {
             let mut waiter = self.wakeups.waiter(&keys::inbox(&inbox.namespace, &inbox.agent_id));
             let now = now_micros();
+            let misses = live.misses();
+            // No room by its own count: acks made in another process may
+            // have made some, which only the database knows.
+            let room = live.room(now);
+            let max = if room == 0 { inbox.max_in_flight } else { room };
             let take = Take {
                 namespace: inbox.namespace.clone(),
                 agent_id: inbox.agent_id.clone(),
                 filter: inbox.filter.clone(),
                 require_all: false,
-                max: inbox.max_in_flight,
+                max,
                 lease: lease(now),
                 hold_limit: Some(inbox.max_in_flight),
                 now,
@@ -193,15 +216,24 @@ impl Hub {
                 Taken::Messages(messages) => messages,
                 Taken::Missing(_) => Vec::new(),
             });
+            if let Ok(messages) = &taken {
+                live.hold(messages.iter().map(|message| (message.id.clone(), take.lease.until)));
+            }
             let got = taken.as_ref().map_or(0, Vec::len);
             if !forward(taken, &sender).await {
                 return;
             }
-            // A full take may have left more behind. A smaller one took all
-            // there was when it read; whatever comes later signals the
-            // waiter, which was created before the read.
-            if got == inbox.max_in_flight as usize {
-                continue;
+            // A full take may have left more behind: take again while there
+            // is room (acks wake the stream when there is none). A smaller
+            // one took all there was when it read, so the stream is caught
+            // up; whatever comes later signals the waiter, which was
+            // created before the read.
+            if got == max as usize {
+                if live.room(now_micros()) > 0 {
+                    continue;
+                }
+            } else if room > 0 {
+                live.drained(misses);
             }
             // Woken for nothing: the agent may have been deregistered.
             if got == 0
@@ -224,7 +256,11 @@ impl Hub {
         for id in message_ids.iter().filter(|id| !unknown.contains(id)) {
             self.wakeups.notify(&keys::acked(namespace, id));
         }
-        self.wakeups.notify(&keys::inbox(namespace, agent_id));
+        // Room for the stream that held them; a caught-up stream here has
+        // nothing waiting to fill it with.
+        if self.streams.acked(namespace, agent_id, message_ids) {
+            self.wakeups.notify(&keys::inbox(namespace, agent_id));
+        }
         Ok(unknown)
     }
 

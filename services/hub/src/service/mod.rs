@@ -7,6 +7,7 @@
 //! they also poll, so a lost signal only delays.
 
 mod agents;
+mod handoff;
 mod messaging;
 mod reaper;
 mod state;
@@ -29,6 +30,8 @@ pub struct Hub {
     wakeups: Wakeups,
     config: Arc<HubConfig>,
     shutdown: CancellationToken,
+    /// The inbox streams open in this process, for hand-offs.
+    streams: handoff::Streams,
 }
 
 /// Wake-up keys: who waits for what.
@@ -58,7 +61,7 @@ impl Hub {
         config: HubConfig,
         shutdown: CancellationToken,
     ) -> Self {
-        Self { repository, wakeups, config: Arc::new(config), shutdown }
+        Self { repository, wakeups, config: Arc::new(config), shutdown, streams: handoff::Streams::default() }
     }
 
     pub fn config(&self) -> &HubConfig {

@@ -6,4 +6,5 @@ mod direct;
 mod discovery;
 mod harness;
 mod state;
+mod streams;
 mod topics;

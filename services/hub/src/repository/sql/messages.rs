@@ -1,12 +1,14 @@
 //! Messages: queueing into inboxes, leasing out of them, acks.
 
+use std::collections::BTreeMap;
+
 use chorus_runtime::{
     storage::{DbErrorKind, classify},
     time::micros,
 };
-use sqlx::{Any, AnyConnection, AssertSqlSafe, Row as _, any::AnyArguments, query::Query};
+use sqlx::{Any, AnyConnection, AssertSqlSafe, any::AnyArguments, query::Query};
 
-type AnyQuery<'q> = Query<'q, Any, AnyArguments>;
+pub(super) type AnyQuery<'q> = Query<'q, Any, AnyArguments>;
 
 use super::{SqlHubRepository, Tx, placeholders, rows};
 use crate::{
@@ -26,20 +28,35 @@ impl SqlHubRepository {
         Ok(sqlx::query_scalar(sql).fetch_one(&mut **tx).await?)
     }
 
-    pub(super) async fn queue(&self, send: Outgoing, max_queue_depth: u32, now: i64) -> Result<(Sent, Vec<String>)> {
-        match self.queue_once(send.clone(), max_queue_depth, now).await {
+    pub(super) async fn queue(
+        &self,
+        send: &Outgoing,
+        leases: &BTreeMap<String, Lease>,
+        max_queue_depth: u32,
+        now: i64,
+    ) -> Result<(Sent, Vec<String>)> {
+        match self.queue_once(send, leases, max_queue_depth, now).await {
             // A concurrent send with the same idempotency key committed
             // first: this one is its duplicate, which a second pass finds.
             Err(HubError::Storage(error))
                 if send.idempotency_key.is_some() && classify(&error) == DbErrorKind::UniqueViolation =>
             {
-                self.queue_once(send, max_queue_depth, now).await
+                self.queue_once(send, leases, max_queue_depth, now).await
             }
             outcome => outcome,
         }
     }
 
-    async fn queue_once(&self, send: Outgoing, max_queue_depth: u32, now: i64) -> Result<(Sent, Vec<String>)> {
+    async fn queue_once(
+        &self,
+        send: &Outgoing,
+        leases: &BTreeMap<String, Lease>,
+        max_queue_depth: u32,
+        now: i64,
+    ) -> Result<(Sent, Vec<String>)> {
+        if self.postgres() {
+            return self.queue_in_one_statement(send, leases, max_queue_depth, now).await;
+        }
         let mut tx = self.begin().await?;
         let namespace = &send.namespace;
         if let Some(key) = &send.idempotency_key {
@@ -51,52 +68,41 @@ impl SqlHubRepository {
             .fetch_optional(&mut *tx)
             .await?;
             if let Some(row) = earlier {
-                let sent = Sent {
-                    message_id: row.try_get("id")?,
-                    sequence: row.try_get("sequence")?,
-                    recipients: u32::try_from(row.try_get::<i64, _>("recipients")?).unwrap_or_default(),
-                    expires_at: row.try_get("expires_at")?,
-                    duplicate: true,
-                };
-                return Ok((sent, Vec::new()));
+                return Ok((rows::decode_duplicate(&row, "")?, Vec::new()));
             }
         }
-        let recipients = self.recipients(&mut tx, &send).await?;
+        let recipients = self.recipients(&mut tx, send).await?;
         check_depth(&mut tx, namespace, &recipients, max_queue_depth, now).await?;
         let sequence = self.next_sequence(&mut tx).await?;
         let message_id = uuid::Uuid::now_v7().to_string();
         let expires_at = now.saturating_add(micros(send.ttl));
-        let topic = match &send.audience {
-            Audience::Topic(topic) => Some(topic.as_str()),
-            Audience::Agent(_) | Audience::Everyone { .. } => None,
-        };
-        sqlx::query(
-            "INSERT INTO hub_messages (namespace, id, sequence, kind, sender, topic, type, payload, content_type, \
-             correlation_id, sent_at, expires_at, idempotency_key, recipients) \
+        let topic = send.topic();
+        let insert = sqlx::query(
+            "INSERT INTO hub_messages (namespace, id, sender, kind, topic, type, payload, content_type, \
+             correlation_id, sent_at, expires_at, idempotency_key, sequence, recipients) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
-        )
-        .bind(namespace)
-        .bind(&message_id)
-        .bind(sequence)
-        .bind(send.kind.as_str())
-        .bind(&send.sender)
-        .bind(topic)
-        .bind(&send.content.message_type)
-        .bind(&send.content.payload)
-        .bind(&send.content.content_type)
-        .bind(&send.correlation_id)
-        .bind(now)
-        .bind(expires_at)
-        .bind(&send.idempotency_key)
-        .bind(i64::try_from(recipients.len()).unwrap_or(i64::MAX))
-        .execute(&mut *tx)
-        .await?;
+        );
+        bind_message(insert, send, &message_id, now, expires_at)
+            .bind(sequence)
+            .bind(i64::try_from(recipients.len()).unwrap_or(i64::MAX))
+            .execute(&mut *tx)
+            .await?;
+        // Each row's recipient and lease (consumer, deadline, hand-outs).
         for chunk in recipients.chunks(1000) {
-            let values: Vec<String> =
-                (0..chunk.len()).map(|n| format!("($1, ${}, $2, $3, $4, $5, $6, $7, $8, $9, 0)", 10 + n)).collect();
+            let values: Vec<String> = (0..chunk.len())
+                .map(|n| {
+                    let first = 10 + 4 * n;
+                    format!(
+                        "($1, ${first}, $2, $3, $4, $5, $6, $7, $8, $9, ${}, ${}, ${})",
+                        first + 1,
+                        first + 2,
+                        first + 3
+                    )
+                })
+                .collect();
             let sql = format!(
                 "INSERT INTO hub_inbox (namespace, recipient, sequence, message_id, kind, sender, type, topic, \
-                 correlation_id, expires_at, attempt) VALUES {}",
+                 correlation_id, expires_at, consumer_id, ack_deadline, attempt) VALUES {}",
                 values.join(", ")
             );
             let mut query = sqlx::query(AssertSqlSafe(sql))
@@ -110,7 +116,12 @@ impl SqlHubRepository {
                 .bind(&send.correlation_id)
                 .bind(expires_at);
             for recipient in chunk {
-                query = query.bind(recipient);
+                let lease = leases.get(recipient);
+                query = query
+                    .bind(recipient)
+                    .bind(lease.map(|lease| lease.consumer_id.as_str()))
+                    .bind(lease.map(|lease| lease.until))
+                    .bind(i64::from(lease.is_some()));
             }
             query.execute(&mut *tx).await?;
         }
@@ -219,12 +230,12 @@ impl SqlHubRepository {
             }
             None => "0",
         };
-        let limit = i64::from(take.hold_limit.map_or(take.max, |limit| limit.min(take.max)));
-        let conditions = filter_conditions(&take.filter, 7);
+        let hold_limit = i64::from(take.hold_limit.unwrap_or(take.max));
+        let conditions = filter_conditions(&take.filter, 8);
         let sql = format!(
             "WITH picked AS (SELECT i.sequence FROM hub_inbox i WHERE i.namespace = $1 AND i.recipient = $2 \
              AND i.expires_at > $3 AND (i.ack_deadline IS NULL OR i.ack_deadline <= $3){conditions} \
-             ORDER BY i.sequence LIMIT GREATEST(0, $6 - {held}) FOR UPDATE SKIP LOCKED), \
+             ORDER BY i.sequence LIMIT LEAST($6, GREATEST(0, $7 - {held})) FOR UPDATE SKIP LOCKED), \
              relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) \
              UPDATE hub_inbox i SET consumer_id = $4, ack_deadline = $5, attempt = i.attempt + 1 \
              FROM picked, relaxed, hub_messages m \
@@ -238,7 +249,8 @@ impl SqlHubRepository {
             .bind(take.now)
             .bind(&take.lease.consumer_id)
             .bind(take.lease.until)
-            .bind(limit);
+            .bind(i64::from(take.max))
+            .bind(hold_limit);
         let rows = bind_filter(query, &take.filter).fetch_all(self.db.pool()).await?;
         let mut messages = rows.iter().map(rows::decode_message).collect::<Result<Vec<_>>>()?;
         messages.sort_by_key(|message| message.sequence);
@@ -287,13 +299,37 @@ impl SqlHubRepository {
         Ok(messages)
     }
 
+    pub(super) async fn leases_of(
+        &self,
+        namespace: &str,
+        agent_id: &str,
+        consumer_id: &str,
+        now: i64,
+    ) -> Result<Vec<(String, i64)>> {
+        Ok(sqlx::query_as(
+            "SELECT message_id, ack_deadline FROM hub_inbox WHERE namespace = $1 AND recipient = $2 \
+             AND consumer_id = $3 AND ack_deadline > $4 AND expires_at > $4 ORDER BY sequence",
+        )
+        .bind(namespace)
+        .bind(agent_id)
+        .bind(consumer_id)
+        .bind(now)
+        .fetch_all(self.db.pool())
+        .await?)
+    }
+
     pub(super) async fn remove_acked(&self, namespace: &str, agent_id: &str, ids: &[String]) -> Result<Vec<String>> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        // The ids as one JSON array: the same statement for any number.
+        // The ids as one JSON array: the same statement for any number. On
+        // PostgreSQL its commit does not wait for the disk: an ack lost in a
+        // database crash only hands its message out again (at least once).
         let sql = format!(
-            "DELETE FROM hub_inbox WHERE namespace = $1 AND recipient = $2 AND message_id IN ({}) RETURNING message_id",
+            "{}DELETE FROM hub_inbox{} WHERE namespace = $1 AND recipient = $2 AND message_id IN ({}) \
+             RETURNING message_id",
+            self.db.on_postgres("WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) "),
+            self.db.on_postgres(" USING relaxed"),
             self.db.backend().json_elements("$3", "TEXT")
         );
         let query = sqlx::query_scalar::<_, String>(AssertSqlSafe(sql))
@@ -315,6 +351,31 @@ impl SqlHubRepository {
         .await?;
         Ok(found.is_some())
     }
+}
+
+/// Binds a message's own columns as `$1`–`$12`: namespace, id, sender, kind,
+/// topic, type, payload, content type, correlation id, sent at, expires at,
+/// idempotency key.
+pub(super) fn bind_message<'q>(
+    query: AnyQuery<'q>,
+    send: &'q Outgoing,
+    message_id: &'q str,
+    now: i64,
+    expires_at: i64,
+) -> AnyQuery<'q> {
+    query
+        .bind(&send.namespace)
+        .bind(message_id)
+        .bind(&send.sender)
+        .bind(send.kind.as_str())
+        .bind(send.topic())
+        .bind(&send.content.message_type)
+        .bind(&send.content.payload)
+        .bind(&send.content.content_type)
+        .bind(&send.correlation_id)
+        .bind(now)
+        .bind(expires_at)
+        .bind(&send.idempotency_key)
 }
 
 /// The filter's conditions on the inbox row `i`, numbered from `$first`.

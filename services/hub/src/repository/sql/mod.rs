@@ -5,6 +5,7 @@ mod delegations;
 mod messages;
 mod repository;
 mod rows;
+mod send;
 mod state;
 
 use chorus_runtime::storage::{Backend, Db, MigrationFile, ServiceMigrations, placeholders};

@@ -1,6 +1,8 @@
 //! [`HubRepository`] for [`SqlHubRepository`]: delegation to the modules
 //! that hold each part.
 
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
 
 use super::SqlHubRepository;
@@ -49,12 +51,22 @@ impl HubRepository for SqlHubRepository {
         self.list_subscriptions(namespace, agent_id, topic).await
     }
 
-    async fn send(&self, send: Outgoing, max_queue_depth: u32, now: i64) -> Result<(Sent, Vec<String>)> {
-        self.queue(send, max_queue_depth, now).await
+    async fn send(
+        &self,
+        send: &Outgoing,
+        leases: &BTreeMap<String, Lease>,
+        max_queue_depth: u32,
+        now: i64,
+    ) -> Result<(Sent, Vec<String>)> {
+        self.queue(send, leases, max_queue_depth, now).await
     }
 
     async fn take(&self, take: &Take) -> Result<Taken> {
         self.take_messages(take).await
+    }
+
+    async fn held(&self, namespace: &str, agent_id: &str, consumer_id: &str, now: i64) -> Result<Vec<(String, i64)>> {
+        self.leases_of(namespace, agent_id, consumer_id, now).await
     }
 
     async fn reclaim(

@@ -3,7 +3,7 @@
 use sqlx::{Row as _, any::AnyRow};
 
 use crate::{
-    domain::{Agent, Content, Message, MessageKind, StateEntry},
+    domain::{Agent, Content, Message, MessageKind, Sent, StateEntry},
     error::{HubError, Result},
 };
 
@@ -37,7 +37,7 @@ pub(super) fn to_json<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_string(value).expect("strings and maps serialize")
 }
 
-fn from_json<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T> {
+pub(super) fn from_json<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T> {
     serde_json::from_str(text).map_err(|error| corrupt(what, error))
 }
 
@@ -92,5 +92,18 @@ pub(super) fn decode_state(row: &AnyRow) -> Result<StateEntry> {
         updated_by: row.try_get("updated_by")?,
         updated_at: row.try_get("updated_at")?,
         expires_at: row.try_get("expires_at")?,
+    })
+}
+
+/// An earlier send with the same idempotency key, from its `id`,
+/// `sequence`, `recipients` and `expires_at` columns (under `prefix`).
+pub(super) fn decode_duplicate(row: &AnyRow, prefix: &str) -> Result<Sent> {
+    let column = |name: &str| format!("{prefix}{name}");
+    Ok(Sent {
+        message_id: row.try_get(column("id").as_str())?,
+        sequence: row.try_get(column("sequence").as_str())?,
+        recipients: u32::try_from(row.try_get::<i64, _>(column("recipients").as_str())?).unwrap_or_default(),
+        expires_at: row.try_get(column("expires_at").as_str())?,
+        duplicate: true,
     })
 }

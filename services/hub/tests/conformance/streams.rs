@@ -1,0 +1,127 @@
+//! Inbox streams fed straight from sends (hand-offs): order, the in-flight
+//! limit, filters, leases, and what a stream that goes away leaves behind.
+
+use std::time::Duration;
+
+use chorus_hub::{
+    domain::{InboxFilter, Message},
+    service::Inbox,
+};
+use futures_util::{Stream, StreamExt as _};
+
+use crate::harness::{Harness, NS, conformance, types_of};
+
+conformance!(
+    a_stream_gets_every_message_once_in_order_within_its_limit,
+    a_stream_gets_only_what_its_filter_takes,
+    a_message_handed_to_a_stream_that_went_away_comes_back,
+);
+
+fn inbox(max_in_flight: u32, filter: InboxFilter) -> Inbox {
+    Inbox {
+        namespace: NS.into(),
+        agent_id: "b".into(),
+        consumer_id: "b-1".into(),
+        filter,
+        ack_timeout: Duration::from_secs(30),
+        max_in_flight,
+        after: None,
+    }
+}
+
+type Messages = std::pin::Pin<Box<dyn Stream<Item = chorus_hub::error::Result<Message>> + Send>>;
+
+async fn next(stream: &mut Messages) -> Message {
+    tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .expect("a message within 5 s")
+        .expect("the stream goes on")
+        .expect("a message, not an error")
+}
+
+async fn quiet(stream: &mut Messages) {
+    if let Ok(extra) = tokio::time::timeout(Duration::from_millis(400), stream.next()).await {
+        panic!("nothing more was due, got {extra:?}");
+    }
+}
+
+async fn open(h: &Harness, inbox: Inbox) -> Messages {
+    Box::pin(h.hub.stream_inbox(inbox).await.expect("stream"))
+}
+
+async fn a_stream_gets_every_message_once_in_order_within_its_limit(h: Harness) {
+    h.agent("a", "worker").await;
+    h.agent("b", "worker").await;
+    let mut stream = open(&h, inbox(2, InboxFilter::default())).await;
+    // Caught up (nothing waiting): what comes next is handed over, leased.
+    quiet(&mut stream).await;
+    let first = h.direct("a", "b", "m0").await;
+    let m0 = next(&mut stream).await;
+    assert_eq!((m0.id.as_str(), m0.attempt), (first.message_id.as_str(), 1));
+    assert!(m0.ack_deadline.is_some_and(|until| until > m0.sent_at), "{m0:?}");
+    let other = h.receive("b", InboxFilter::default(), false, Duration::ZERO).await;
+    assert!(other.messages.is_empty(), "leased to the stream: {:?}", types_of(&other.messages));
+    // Sent one after another past the limit of 2: the rest waits for acks and
+    // comes in order, nothing overtaking what waits in the inbox.
+    for n in 1..5 {
+        h.direct("a", "b", &format!("m{n}")).await;
+    }
+    let mut seen = vec![m0, next(&mut stream).await];
+    quiet(&mut stream).await;
+    while seen.len() < 5 {
+        let oldest = seen[seen.len() - 2].id.clone();
+        h.hub.ack(NS, "b", &[oldest]).await.unwrap();
+        seen.push(next(&mut stream).await);
+    }
+    assert_eq!(types_of(&seen), ["m0", "m1", "m2", "m3", "m4"]);
+    let acked: Vec<String> = seen[3..].iter().map(|m| m.id.clone()).collect();
+    h.hub.ack(NS, "b", &acked).await.unwrap();
+    // Caught up again: handed over at once.
+    h.direct("a", "b", "m5").await;
+    assert_eq!(next(&mut stream).await.content.message_type, "m5");
+    quiet(&mut stream).await;
+    assert!(h.drain("b").await.is_empty());
+}
+
+async fn a_stream_gets_only_what_its_filter_takes(h: Harness) {
+    h.agent("a", "worker").await;
+    h.agent("b", "worker").await;
+    let wanted = InboxFilter { types: vec!["wanted".into()], ..InboxFilter::default() };
+    let mut stream = open(&h, inbox(10, wanted)).await;
+    quiet(&mut stream).await;
+    h.direct("a", "b", "other").await;
+    h.direct("a", "b", "wanted").await;
+    assert_eq!(next(&mut stream).await.content.message_type, "wanted");
+    quiet(&mut stream).await;
+    assert_eq!(types_of(&h.drain("b").await), ["other"], "left in the inbox for others");
+}
+
+async fn a_message_handed_to_a_stream_that_went_away_comes_back(h: Harness) {
+    h.agent("a", "worker").await;
+    h.agent("b", "worker").await;
+    let mut stream = open(&h, inbox(10, InboxFilter::default())).await;
+    quiet(&mut stream).await;
+    let sent = h.direct("a", "b", "m0").await;
+    assert_eq!(next(&mut stream).await.id, sent.message_id);
+    drop(stream);
+    // Dropped unacked: the consumer's next stream gets it again.
+    let mut stream = open(&h, inbox(10, InboxFilter::default())).await;
+    let again = next(&mut stream).await;
+    assert_eq!((again.id.as_str(), again.attempt), (sent.message_id.as_str(), 2));
+    // And a stream gone before the hand-off reached it leaves the message
+    // to whoever takes the inbox once the lease runs out.
+    drop(stream);
+    let short = Inbox {
+        consumer_id: "b-2".into(),
+        ack_timeout: Duration::from_millis(300),
+        ..inbox(10, InboxFilter::default())
+    };
+    let mut stream = open(&h, short).await;
+    quiet(&mut stream).await;
+    let sent = h.direct("a", "b", "m1").await;
+    assert_eq!(next(&mut stream).await.id, sent.message_id);
+    drop(stream);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let taken = h.receive("b", InboxFilter::default(), false, Duration::from_secs(2)).await.messages;
+    assert!(taken.iter().any(|m| m.id == sent.message_id), "{:?}", types_of(&taken));
+}
