@@ -104,6 +104,7 @@ async fn max_attempts_dead_letter_and_replay(h: Harness) {
     assert_eq!(dead.deliveries.len(), 1);
     assert_eq!(dead.deliveries[0].last_error.as_deref(), Some("try 3"));
     assert_eq!(dead.deliveries[0].event.as_ref().unwrap().event_type, "task.created");
+    assert_eq!(dead.deliveries[0].finished_at, Some(dead.deliveries[0].updated_at), "dead-lettered when last updated");
     assert!(h.claimed("worker").await.is_empty(), "a dead letter was delivered");
 
     let wrong = h.bus.replay_dead_letters(NS, "worker", &[id("worker", sequence + 1)], false).await.unwrap_err();
@@ -111,7 +112,7 @@ async fn max_attempts_dead_letter_and_replay(h: Harness) {
     let replayed = h.bus.replay_dead_letters(NS, "worker", &[id("worker", sequence)], false).await.unwrap();
     assert_eq!(replayed.replayed, 1);
     let claimed = h.claim("worker", 1).await;
-    assert_eq!(claimed[0].attempt, 1, "a replay resets the attempts");
+    assert_eq!((claimed[0].attempt, claimed[0].finished_at), (1, None), "a replay resets the attempts");
     h.ack("worker", sequence).await;
     assert_eq!(h.bus.get_delivery(NS, &id("worker", sequence)).await.unwrap().state, DeliveryState::Acked);
 }

@@ -31,9 +31,12 @@ impl SqlEventRepository {
         }
         let handlers = load_handlers(&mut tx, namespace).await?;
         let handler = &handlers[name];
-        let held: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT COUNT(*) FROM eventbus_deliveries WHERE namespace = $1 AND handler = $2 AND {INDEXED} \
-             AND state = 'in_flight' AND consumer_id = $3 AND visible_until > $4"
+        // One pass over the handler's leases: this consumer's live ones
+        // count against its room; any that ran out are failed attempts first.
+        let (held, expired): (Option<i64>, Option<i64>) = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT SUM(CASE WHEN consumer_id = $3 AND visible_until > $4 THEN 1 ELSE 0 END), \
+             SUM(CASE WHEN visible_until <= $4 THEN 1 ELSE 0 END) FROM eventbus_deliveries \
+             WHERE namespace = $1 AND handler = $2 AND {INDEXED} AND state = 'in_flight'"
         )))
         .bind(namespace)
         .bind(name)
@@ -41,13 +44,15 @@ impl SqlEventRepository {
         .bind(now)
         .fetch_one(&mut *tx)
         .await?;
-        let mut capacity = i64::from(*max_in_flight) - held;
+        let mut capacity = i64::from(*max_in_flight) - held.unwrap_or_default();
         let mut claim = Claim { waits_on: ancestors(&handlers, name), ..Claim::default() };
         if capacity <= 0 {
             tx.commit().await?;
             return Ok(claim);
         }
-        self.expire_handler_leases(&mut tx, &handlers, namespace, name, now).await?;
+        if expired.unwrap_or_default() > 0 {
+            self.expire_handler_leases(&mut tx, &handlers, namespace, name, now).await?;
+        }
         // Only pending and retrying deliveries are candidates; in-flight ones
         // neither go again nor hold the others back. Nothing is locked here:
         // the handler lock keeps other claims out, and the lease below only

@@ -20,10 +20,10 @@ use crate::{
 
 pub(super) const UNFINISHED: &str = "state IN ('pending', 'in_flight', 'failed')";
 
-/// The predicate of the partial index `eventbus_deliveries_unfinished`,
-/// word for word: SQLite uses a partial index only for queries that repeat
-/// its condition, and does not infer it from a narrower one.
-pub(super) const INDEXED: &str = "state IN ('pending', 'in_flight', 'failed', 'dead_lettered')";
+/// The predicate of the partial index `eventbus_deliveries_open` (pending,
+/// in flight, failed and dead-lettered deliveries), word for word: SQLite
+/// uses a partial index only for queries that repeat its condition.
+pub(super) const INDEXED: &str = "finished_at IS NULL";
 
 /// Deliveries joined with their events.
 macro_rules! joined {
@@ -66,7 +66,7 @@ impl SqlEventRepository {
         if dead {
             sqlx::query(
                 "UPDATE eventbus_deliveries SET state = 'dead_lettered', last_error = $4, visible_until = NULL, \
-                 next_attempt_at = NULL, finished_at = $5, updated_at = $5 \
+                 next_attempt_at = NULL, updated_at = $5 \
                  WHERE namespace = $1 AND sequence = $2 AND handler = $3",
             )
             .bind(namespace)
@@ -99,7 +99,10 @@ impl SqlEventRepository {
         let ids: BTreeSet<&DeliveryId> = ids.iter().collect();
         let mut tx = self.begin().await?;
         // One statement per handler, its sequences padded to a power of two
-        // so that the statement's text (and plan) is reused.
+        // so that the statement's text (and plan) is reused. The range and
+        // the open index's predicate keep the plan a range scan of that
+        // index even while the table's statistics still say it is empty (a
+        // new database, before its first ANALYZE).
         let mut by_handler: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
         for id in &ids {
             by_handler.entry(id.handler.as_str()).or_default().push(id.sequence);
@@ -109,12 +112,17 @@ impl SqlEventRepository {
             let bound = padded_len(sequences.len());
             let sql = format!(
                 "UPDATE eventbus_deliveries SET state = 'acked', visible_until = NULL, next_attempt_at = NULL, \
-                 finished_at = $2, updated_at = $2 WHERE namespace = $1 AND handler = $3 AND {UNFINISHED} \
-                 AND sequence IN ({}) RETURNING sequence",
-                placeholders(4, bound)
+                 finished_at = $2, updated_at = $2 WHERE namespace = $1 AND handler = $3 AND {INDEXED} \
+                 AND {UNFINISHED} AND sequence >= $4 AND sequence <= $5 AND sequence IN ({}) RETURNING sequence",
+                placeholders(6, bound)
             );
-            let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql)).bind(namespace).bind(now).bind(*handler);
-            let last = sequences[sequences.len() - 1];
+            let (first, last) = (sequences[0], sequences[sequences.len() - 1]);
+            let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql))
+                .bind(namespace)
+                .bind(now)
+                .bind(*handler)
+                .bind(first)
+                .bind(last);
             for sequence in sequences.iter().copied().chain(std::iter::repeat(last)).take(bound) {
                 query = query.bind(sequence);
             }
@@ -342,8 +350,9 @@ pub(super) async fn lock_delivery(
     rows::decode_delivery(&row, false)
 }
 
-/// The handler's deliveries of these events, with the events, in order (one
-/// key range scan between the lowest and the highest, filtered here).
+/// The handler's open (just leased) deliveries of these events, with the
+/// events, in order: one range scan of the open index between the lowest
+/// and the highest, filtered here.
 pub(super) async fn deliveries_with_events(
     conn: &mut AnyConnection,
     namespace: &str,
@@ -355,7 +364,9 @@ pub(super) async fn deliveries_with_events(
     };
     let wanted: BTreeSet<i64> = sequences.iter().copied().collect();
     let rows = sqlx::query(concat!(
-        with_events!("d.namespace = $1 AND d.handler = $2 AND d.sequence >= $3 AND d.sequence <= $4"),
+        with_events!(
+            "d.namespace = $1 AND d.handler = $2 AND d.finished_at IS NULL AND d.sequence >= $3 AND d.sequence <= $4"
+        ),
         " ORDER BY d.sequence"
     ))
     .bind(namespace)

@@ -139,7 +139,7 @@ async fn stats(conn: &mut AnyConnection, namespace: &str, handler: Option<&str>)
     let rows = sqlx::query(
         "SELECT handler, state, COUNT(*) AS count, MIN(sequence) AS lowest FROM eventbus_deliveries \
          WHERE namespace = $1 AND ($2 = '' OR handler = $2) \
-         AND state IN ('pending', 'in_flight', 'failed', 'dead_lettered') GROUP BY handler, state",
+         AND finished_at IS NULL GROUP BY handler, state",
     )
     .bind(namespace)
     .bind(handler.unwrap_or_default())

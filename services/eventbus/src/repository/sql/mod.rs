@@ -26,16 +26,30 @@ use crate::{
 /// The event bus's embedded migrations.
 pub const MIGRATIONS: ServiceMigrations = ServiceMigrations {
     service: "eventbus",
-    postgres: &[MigrationFile {
-        version: 1,
-        description: "eventbus",
-        sql: include_str!("../../../migrations/postgres/0001_eventbus.sql"),
-    }],
-    sqlite: &[MigrationFile {
-        version: 1,
-        description: "eventbus",
-        sql: include_str!("../../../migrations/sqlite/0001_eventbus.sql"),
-    }],
+    postgres: &[
+        MigrationFile {
+            version: 1,
+            description: "eventbus",
+            sql: include_str!("../../../migrations/postgres/0001_eventbus.sql"),
+        },
+        MigrationFile {
+            version: 2,
+            description: "hot claims",
+            sql: include_str!("../../../migrations/postgres/0002_hot_claims.sql"),
+        },
+    ],
+    sqlite: &[
+        MigrationFile {
+            version: 1,
+            description: "eventbus",
+            sql: include_str!("../../../migrations/sqlite/0001_eventbus.sql"),
+        },
+        MigrationFile {
+            version: 2,
+            description: "hot claims",
+            sql: include_str!("../../../migrations/sqlite/0002_hot_claims.sql"),
+        },
+    ],
 };
 
 type Tx<'a> = sqlx::Transaction<'a, Any>;

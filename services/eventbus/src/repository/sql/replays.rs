@@ -33,7 +33,7 @@ impl SqlEventRepository {
             [] => {
                 sqlx::query_scalar(
                     "SELECT sequence FROM eventbus_deliveries WHERE namespace = $1 AND handler = $2 \
-                 AND state = 'dead_lettered' ORDER BY sequence",
+                     AND finished_at IS NULL AND state = 'dead_lettered' ORDER BY sequence",
                 )
                 .bind(namespace)
                 .bind(handler)

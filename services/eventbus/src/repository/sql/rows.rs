@@ -122,10 +122,12 @@ fn decode_state(row: &AnyRow) -> Result<DeliveryState> {
 pub(super) fn decode_delivery(row: &AnyRow, with_event: bool) -> Result<Delivery> {
     let skip_handler: Option<String> = row.try_get("skip_handler")?;
     let skip_message: Option<String> = row.try_get("skip_message")?;
+    let state = decode_state(row)?;
+    let updated_at = row.try_get("updated_at")?;
     Ok(Delivery {
         namespace: row.try_get("d_namespace")?,
         id: DeliveryId { sequence: row.try_get("d_sequence")?, handler: row.try_get("handler")? },
-        state: decode_state(row)?,
+        state,
         attempt: u32::try_from(row.try_get::<i64, _>("attempt")?).unwrap_or(u32::MAX),
         consumer_id: row.try_get("consumer_id")?,
         visible_until: row.try_get("visible_until")?,
@@ -133,8 +135,13 @@ pub(super) fn decode_delivery(row: &AnyRow, with_event: bool) -> Result<Delivery
         last_error: row.try_get("last_error")?,
         skip_reason: skip_handler.map(|handler| SkipReason { handler, message: skip_message.unwrap_or_default() }),
         created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-        finished_at: row.try_get("finished_at")?,
+        updated_at,
+        // A dead letter stays open (a replay may take it again); its last
+        // update dead-lettered it.
+        finished_at: match state {
+            DeliveryState::DeadLettered => Some(updated_at),
+            _ => row.try_get("finished_at")?,
+        },
         event: if with_event { Some(decode_event(row)?) } else { None },
     })
 }
