@@ -139,6 +139,29 @@ pub struct ServiceMigrations {
     pub sqlite: &'static [MigrationFile],
 }
 
+/// A service's [`ServiceMigrations`], embedded from the calling crate's
+/// `migrations/postgres/` and `migrations/sqlite/` folders, which hold one
+/// file of each name per backend:
+/// `service_migrations!("hub", [(1, "hub", "0001_hub.sql")])`.
+#[macro_export]
+macro_rules! service_migrations {
+    ($service:literal, [$(($version:literal, $description:literal, $file:literal)),+ $(,)?]) => {
+        $crate::storage::ServiceMigrations {
+            service: $service,
+            postgres: &[$($crate::storage::MigrationFile {
+                version: $version,
+                description: $description,
+                sql: include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/postgres/", $file)),
+            }),+],
+            sqlite: &[$($crate::storage::MigrationFile {
+                version: $version,
+                description: $description,
+                sql: include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/sqlite/", $file)),
+            }),+],
+        }
+    };
+}
+
 impl ServiceMigrations {
     fn migrator(&self, backend: Backend) -> Migrator {
         let files = match backend {

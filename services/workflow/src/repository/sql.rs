@@ -1,7 +1,7 @@
 //! The SQL definition repository: one implementation for PostgreSQL and SQLite.
 
 use async_trait::async_trait;
-use chorus_runtime::storage::{Db, DbErrorKind, MigrationFile, ServiceMigrations, classify};
+use chorus_runtime::storage::{Db, DbErrorKind, ServiceMigrations, classify};
 use sqlx::{AssertSqlSafe, Row as _, any::AnyRow};
 
 use super::DefinitionRepository;
@@ -11,33 +11,10 @@ use crate::{
 };
 
 /// The workflow service's embedded migrations.
-pub const MIGRATIONS: ServiceMigrations = ServiceMigrations {
-    service: "workflow",
-    postgres: &[
-        MigrationFile {
-            version: 1,
-            description: "workflow definitions",
-            sql: include_str!("../../migrations/postgres/0001_workflow.sql"),
-        },
-        MigrationFile {
-            version: 2,
-            description: "workflow runs",
-            sql: include_str!("../../migrations/postgres/0002_runs.sql"),
-        },
-    ],
-    sqlite: &[
-        MigrationFile {
-            version: 1,
-            description: "workflow definitions",
-            sql: include_str!("../../migrations/sqlite/0001_workflow.sql"),
-        },
-        MigrationFile {
-            version: 2,
-            description: "workflow runs",
-            sql: include_str!("../../migrations/sqlite/0002_runs.sql"),
-        },
-    ],
-};
+pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
+    "workflow",
+    [(1, "workflow definitions", "0001_workflow.sql"), (2, "workflow runs", "0002_runs.sql")]
+);
 
 const COLUMNS: &str =
     "namespace, name, version, description, triggers, source, file, source_sha256, created_by, created_at";

@@ -15,7 +15,7 @@ mod rows;
 
 use std::collections::BTreeMap;
 
-use chorus_runtime::storage::{Backend, Db, MigrationFile, ServiceMigrations, placeholders};
+use chorus_runtime::storage::{Backend, Db, ServiceMigrations, placeholders};
 use sqlx::{Any, AnyConnection};
 
 use crate::{
@@ -24,33 +24,10 @@ use crate::{
 };
 
 /// The event bus's embedded migrations.
-pub const MIGRATIONS: ServiceMigrations = ServiceMigrations {
-    service: "eventbus",
-    postgres: &[
-        MigrationFile {
-            version: 1,
-            description: "eventbus",
-            sql: include_str!("../../../migrations/postgres/0001_eventbus.sql"),
-        },
-        MigrationFile {
-            version: 2,
-            description: "hot claims",
-            sql: include_str!("../../../migrations/postgres/0002_hot_claims.sql"),
-        },
-    ],
-    sqlite: &[
-        MigrationFile {
-            version: 1,
-            description: "eventbus",
-            sql: include_str!("../../../migrations/sqlite/0001_eventbus.sql"),
-        },
-        MigrationFile {
-            version: 2,
-            description: "hot claims",
-            sql: include_str!("../../../migrations/sqlite/0002_hot_claims.sql"),
-        },
-    ],
-};
+pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
+    "eventbus",
+    [(1, "eventbus", "0001_eventbus.sql"), (2, "hot claims", "0002_hot_claims.sql")]
+);
 
 type Tx<'a> = sqlx::Transaction<'a, Any>;
 

@@ -8,25 +8,13 @@ mod rows;
 mod send;
 mod state;
 
-use chorus_runtime::storage::{Backend, Db, MigrationFile, ServiceMigrations, placeholders};
+use chorus_runtime::storage::{Backend, Db, ServiceMigrations, placeholders};
 use sqlx::Any;
 
 use crate::error::Result;
 
 /// The hub's embedded migrations.
-pub const MIGRATIONS: ServiceMigrations = ServiceMigrations {
-    service: "hub",
-    postgres: &[MigrationFile {
-        version: 1,
-        description: "hub",
-        sql: include_str!("../../../migrations/postgres/0001_hub.sql"),
-    }],
-    sqlite: &[MigrationFile {
-        version: 1,
-        description: "hub",
-        sql: include_str!("../../../migrations/sqlite/0001_hub.sql"),
-    }],
-};
+pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!("hub", [(1, "hub", "0001_hub.sql")]);
 
 type Tx<'a> = sqlx::Transaction<'a, Any>;
 

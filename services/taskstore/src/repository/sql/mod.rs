@@ -13,7 +13,7 @@ mod subtasks;
 mod tasks;
 mod workers;
 
-use chorus_runtime::storage::{Backend, Db, MigrationFile, ServiceMigrations};
+use chorus_runtime::storage::{Backend, Db, ServiceMigrations};
 use sqlx::{Any, AnyConnection, Row as _};
 
 use self::rows::{EventPayload, TaskRecord, task_columns, to_json, to_json_opt};
@@ -23,33 +23,10 @@ use crate::{
 };
 
 /// The task store's embedded migrations.
-pub const MIGRATIONS: ServiceMigrations = ServiceMigrations {
-    service: "taskstore",
-    postgres: &[
-        MigrationFile {
-            version: 1,
-            description: "taskstore",
-            sql: include_str!("../../../migrations/postgres/0001_taskstore.sql"),
-        },
-        MigrationFile {
-            version: 2,
-            description: "outbox",
-            sql: include_str!("../../../migrations/postgres/0002_outbox.sql"),
-        },
-    ],
-    sqlite: &[
-        MigrationFile {
-            version: 1,
-            description: "taskstore",
-            sql: include_str!("../../../migrations/sqlite/0001_taskstore.sql"),
-        },
-        MigrationFile {
-            version: 2,
-            description: "outbox",
-            sql: include_str!("../../../migrations/sqlite/0002_outbox.sql"),
-        },
-    ],
-};
+pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
+    "taskstore",
+    [(1, "taskstore", "0001_taskstore.sql"), (2, "outbox", "0002_outbox.sql")]
+);
 
 const SELECT_TASK: &str = concat!("SELECT ", task_columns!(), " FROM taskstore_tasks WHERE namespace = $1 AND id = $2");
 const SELECT_TASK_FOR_UPDATE: &str =
