@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use chorus_runtime::time;
 use sqlx::{AnyConnection, AssertSqlSafe, Row as _};
 
-use super::{SqlEventRepository, head, load_handlers, rows};
+use super::{SqlEventRepository, deliveries::INDEXED, head, load_handlers, rows};
 use crate::{
     domain::{DeliveryState, Handler, HandlerSpec, HandlerStats, HandlerView, Handlers, find_cycle, topological_order},
     error::{EventBusError, Result},
@@ -136,11 +136,10 @@ struct Open {
 }
 
 async fn stats(conn: &mut AnyConnection, namespace: &str, handler: Option<&str>) -> Result<BTreeMap<String, Open>> {
-    let rows = sqlx::query(
+    let rows = sqlx::query(AssertSqlSafe(format!(
         "SELECT handler, state, COUNT(*) AS count, MIN(sequence) AS lowest FROM eventbus_deliveries \
-         WHERE namespace = $1 AND ($2 = '' OR handler = $2) \
-         AND finished_at IS NULL GROUP BY handler, state",
-    )
+         WHERE namespace = $1 AND ($2 = '' OR handler = $2) AND {INDEXED} GROUP BY handler, state"
+    )))
     .bind(namespace)
     .bind(handler.unwrap_or_default())
     .fetch_all(&mut *conn)

@@ -1,9 +1,13 @@
 //! Replays: dead letters back to pending (with the dependents skipped
 //! because of them), and a handler's events again from a sequence.
 
-use sqlx::AnyConnection;
+use sqlx::{AnyConnection, AssertSqlSafe};
 
-use super::{SqlEventRepository, deliveries::lock_delivery, head, load_handlers};
+use super::{
+    SqlEventRepository,
+    deliveries::{INDEXED, lock_delivery},
+    head, load_handlers,
+};
 use crate::{
     domain::{DeliveryId, DeliveryState, Replayed},
     error::{EventBusError, Result},
@@ -31,10 +35,10 @@ impl SqlEventRepository {
         }
         let sequences: Vec<i64> = match ids {
             [] => {
-                sqlx::query_scalar(
+                sqlx::query_scalar(AssertSqlSafe(format!(
                     "SELECT sequence FROM eventbus_deliveries WHERE namespace = $1 AND handler = $2 \
-                     AND finished_at IS NULL AND state = 'dead_lettered' ORDER BY sequence",
-                )
+                     AND {INDEXED} AND state = 'dead_lettered' ORDER BY sequence"
+                )))
                 .bind(namespace)
                 .bind(handler)
                 .fetch_all(&mut *tx)
