@@ -118,12 +118,31 @@ pub struct Claimed {
     pub trace_context: HashMap<String, String>,
 }
 
-/// What a claim got, and every task the worker now holds a lease on.
+/// The tasks a worker holds leases on, and whether its agent has a task
+/// waiting to be claimed.
 #[derive(Debug, Clone, Default)]
-pub struct ClaimOutcome {
-    pub claimed: Vec<Claimed>,
-    /// Ids of all the worker's leased tasks, the new ones included.
-    pub active: Vec<String>,
+pub struct WorkerLeases {
+    /// Each leased task's id and the end of its lease (µs).
+    pub active: Vec<(String, i64)>,
+    pub ready: bool,
+}
+
+/// The lease a new task is created under when a worker waiting for its
+/// agent's tasks takes it at once.
+#[derive(Debug, Clone)]
+pub struct Handoff {
+    pub worker_id: String,
+    pub lease_id: String,
+    pub lease_expires_at: i64,
+    pub max_retries: u32,
+}
+
+/// A created task, and whether it went to the worker of the [`Handoff`]
+/// (a repeated create returns the first one's task, without).
+#[derive(Debug, Clone)]
+pub struct Created {
+    pub task: Task,
+    pub handed_off: bool,
 }
 
 /// The answer to a lease renewal.

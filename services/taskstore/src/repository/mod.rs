@@ -13,18 +13,19 @@ use async_trait::async_trait;
 
 use crate::{
     domain::{
-        ArtifactChunk, ClaimOutcome, ClaimRequest, Cursor, EventBatch, EventQuery, Expiry, InboxMessage, Limits,
-        Message, NewSubtask, NewTask, Notification, Owner, PushConfig, Renewal, StatusUpdate, Task, TaskEvent,
-        TaskPage, TaskQuery,
+        ArtifactChunk, ClaimRequest, Claimed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff, InboxMessage,
+        Limits, Message, NewSubtask, NewTask, Notification, Owner, PushConfig, Renewal, StatusUpdate, Task, TaskEvent,
+        TaskPage, TaskQuery, WorkerLeases,
     },
     error::Result,
 };
 
 #[async_trait]
 pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
-    /// Creates a task in `submitted`. A second create with the same first
-    /// message id returns the task of the first.
-    async fn create_task(&self, task: NewTask) -> Result<Task>;
+    /// Creates a task in `submitted`, or, with a `handoff`, already claimed
+    /// under its lease (`working`, both events recorded). A second create
+    /// with the same first message id returns the task of the first.
+    async fn create_task(&self, task: NewTask, handoff: Option<Handoff>) -> Result<Created>;
 
     /// `history_length`: `None` the whole history, `Some(n)` the last n messages.
     async fn get_task(&self, namespace: &str, id: &str, history_length: Option<u32>) -> Result<Task>;
@@ -42,8 +43,12 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// canceled tasks, root first and whole (the others without history).
     async fn cancel_task(&self, namespace: &str, id: &str, reason: Option<String>) -> Result<Vec<Task>>;
 
-    /// Leases up to `capacity` minus the worker's current leases.
-    async fn claim_tasks(&self, request: &ClaimRequest) -> Result<ClaimOutcome>;
+    /// The worker's leased tasks, and whether its agent has one to claim.
+    async fn worker_leases(&self, namespace: &str, worker_id: &str, agent_id: &str) -> Result<WorkerLeases>;
+
+    /// Leases up to `slots` of the agent's claimable tasks to the worker,
+    /// oldest first.
+    async fn claim_tasks(&self, request: &ClaimRequest, slots: u32) -> Result<Vec<Claimed>>;
 
     async fn renew_lease(&self, namespace: &str, task_id: &str, lease_id: &str, lease: Duration) -> Result<Renewal>;
 

@@ -5,6 +5,7 @@
 //! Every write goes through the repository (one transaction) and is then
 //! announced on [`Wakeups`] so streams and blocking calls re-read at once.
 
+mod handoff;
 mod outbox;
 mod reaper;
 mod streams;
@@ -22,8 +23,8 @@ pub use self::{
 use crate::{
     config::TaskStoreConfig,
     domain::{
-        Artifact, ArtifactChunk, InboxMessage, Message, NewTask, Notification, Owner, PushConfig, Renewal,
-        StatusUpdate, Task, TaskPage, TaskQuery,
+        Artifact, ArtifactChunk, Claimed, InboxMessage, Message, NewTask, Notification, Owner, PushConfig, Renewal,
+        StatusUpdate, Task, TaskPage, TaskQuery, TaskState, now_micros,
     },
     error::{Result, TaskStoreError},
     repository::TaskRepository,
@@ -36,6 +37,8 @@ pub struct TaskStore {
     wakeups: Wakeups,
     config: Arc<TaskStoreConfig>,
     shutdown: CancellationToken,
+    /// The claim streams open here, which creates hand tasks to.
+    streams: handoff::Streams,
 }
 
 /// Wake-up keys: who waits for what.
@@ -70,7 +73,7 @@ impl TaskStore {
         config: TaskStoreConfig,
         shutdown: CancellationToken,
     ) -> Self {
-        Self { repository, wakeups, config: Arc::new(config), shutdown }
+        Self { repository, wakeups, config: Arc::new(config), shutdown, streams: handoff::Streams::default() }
     }
 
     /// Announces a committed change to `task`.
@@ -79,10 +82,18 @@ impl TaskStore {
         self.wakeups.notify(&keys::task(namespace, &task.id));
         self.wakeups.notify(&keys::events(namespace));
         self.wakeups.notify(keys::OUTBOX);
-        // Claimable again, or finished: either way a worker of the agent may
-        // now take a task.
-        if task.status.state == crate::domain::TaskState::Submitted || task.status.state.is_terminal() {
-            self.wakeups.notify(&keys::claimable(namespace, &task.agent_id));
+        // Finished or back in the queue, a task's lease has ended: its
+        // worker has room. Back in the queue, it waits for any worker.
+        let state = task.status.state;
+        if state == TaskState::Submitted || state.is_terminal() {
+            let room_to_fill = self.streams.released(namespace, &task.agent_id, &task.id);
+            let queued = state == TaskState::Submitted;
+            if queued {
+                self.streams.missed(namespace, &task.agent_id);
+            }
+            if queued || room_to_fill {
+                self.wakeups.notify(&keys::claimable(namespace, &task.agent_id));
+            }
         }
         if let Some(owner) = &task.owner
             && (task.status.state.is_terminal() || task.status.state.is_interrupted())
@@ -91,9 +102,27 @@ impl TaskStore {
         }
     }
 
+    /// Creates a task; a worker of its agent waiting here with room gets it
+    /// at once ([`handoff`]).
     pub async fn create_task(&self, task: NewTask) -> Result<Task> {
-        let task = self.repository.create_task(task).await?;
+        let offer = self.streams.offer(&task.namespace, &task.agent_id, now_micros());
+        let trace_context = offer.as_ref().map(|_| task.trace_context.clone()).unwrap_or_default();
+        let created = self.repository.create_task(task, offer.as_ref().map(|offer| offer.handoff.clone())).await?;
+        let task = created.task;
         self.changed(&task);
+        if let Some(offer) = offer.filter(|_| created.handed_off) {
+            let lease_id = offer.handoff.lease_id.clone();
+            let claimed = Claimed {
+                task: task.clone(),
+                lease_id: lease_id.clone(),
+                lease_expires_at: offer.handoff.lease_expires_at,
+                trace_context,
+            };
+            tracing::debug!(task_id = %task.id, worker_id = %offer.handoff.worker_id, "task handed to a waiting worker");
+            if !offer.deliver(claimed) {
+                self.release(&task.namespace, &task.agent_id, &lease_id).await;
+            }
+        }
         Ok(task)
     }
 

@@ -9,9 +9,9 @@ use chorus_runtime::wakeup::{Waiter, wait_any};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::{TaskStore, keys};
+use super::{TaskStore, handoff::Live, keys};
 use crate::{
-    domain::{ClaimRequest, Claimed, Cursor, EventKind, EventQuery, Task, TaskEvent},
+    domain::{ClaimRequest, Claimed, Cursor, EventKind, EventQuery, Task, TaskEvent, now_micros},
     error::Result,
 };
 
@@ -58,20 +58,21 @@ impl TaskStore {
     }
 
     async fn feed_claims(self, request: ClaimRequest, sender: mpsc::Sender<Result<Claimed>>) {
-        let capacity = request.capacity as usize;
+        let registration = self.streams.register(request.clone(), sender.clone());
+        let live = &registration.live;
         loop {
             // Created before the read: a task becoming claimable, or one of
-            // this agent's tasks finishing (room freed), wakes this key.
+            // this worker's leases ending with its stream not caught up
+            // (room freed, tasks waiting), wakes this key.
             let mut waiter = self.wakeups.waiter(&keys::claimable(&request.namespace, &request.agent_id));
-            let outcome = match self.repository.claim_tasks(&request).await {
-                Ok(outcome) => outcome,
+            let (claimed, full) = match self.claim_round(&request, live).await {
+                Ok(round) => round,
                 Err(error) => {
                     let _ = sender.send(Err(error)).await;
                     return;
                 }
             };
-            let claimed_any = !outcome.claimed.is_empty();
-            for claimed in outcome.claimed {
+            for claimed in claimed {
                 self.changed(&claimed.task);
                 tracing::debug!(task_id = %claimed.task.id, worker_id = %request.worker_id, "task claimed");
                 let lease_id = claimed.lease_id.clone();
@@ -82,13 +83,37 @@ impl TaskStore {
                     return;
                 }
             }
-            if claimed_any && outcome.active.len() < capacity {
+            // A full claim may have left more behind: claim again while
+            // there is room (a lease ending wakes the stream when there is none).
+            if full && live.room(now_micros()) > 0 {
                 continue;
             }
             if !self.pause(&sender, std::slice::from_mut(&mut waiter), false).await {
                 return;
             }
         }
+    }
+
+    /// Reads the worker's leases and claims what fits under its capacity;
+    /// true with the tasks when the claim filled the room (more may wait).
+    async fn claim_round(&self, request: &ClaimRequest, live: &Live) -> Result<(Vec<Claimed>, bool)> {
+        let read = live.begin_read();
+        let leases = self.repository.worker_leases(&request.namespace, &request.worker_id, &request.agent_id).await?;
+        let room = live.room_after(read, &leases, now_micros());
+        if !leases.ready {
+            live.drained(read);
+            return Ok((Vec::new(), false));
+        }
+        if room == 0 {
+            return Ok((Vec::new(), false));
+        }
+        let claimed = self.repository.claim_tasks(request, room).await?;
+        live.claimed(&claimed);
+        let full = claimed.len() == room as usize;
+        if !full {
+            live.drained(read);
+        }
+        Ok((claimed, full))
     }
 
     /// The changes of one task after `after` (or from its first), ending
@@ -217,22 +242,23 @@ impl TaskStore {
         }
     }
 
-    /// Waits for a signal or the poll interval — briefly when committed
-    /// events are `held_back` behind an older transaction, which signals
-    /// nothing when it ends. Returns false when the stream should end: the
-    /// client left or the service is shutting down.
     /// Releases the claim `lease_id` (of `agent_id`'s tasks) that no worker
     /// received, and wakes the agent's other workers.
-    async fn release(&self, namespace: &str, agent_id: &str, lease_id: &str) {
+    pub(super) async fn release(&self, namespace: &str, agent_id: &str, lease_id: &str) {
         match self.repository.release_claim(namespace, lease_id).await {
             Ok(released) => {
                 tracing::debug!(lease_id, released, "released a claim its worker did not receive");
+                self.streams.missed(namespace, agent_id);
                 self.wakeups.notify(&keys::claimable(namespace, agent_id));
             }
             Err(error) => tracing::warn!(lease_id, %error, "cannot release a claim; its lease will expire"),
         }
     }
 
+    /// Waits for a signal or the poll interval — briefly when committed
+    /// events are `held_back` behind an older transaction, which signals
+    /// nothing when it ends. Returns false when the stream should end: the
+    /// client left or the service is shutting down.
     async fn pause<T>(&self, sender: &mpsc::Sender<T>, waiters: &mut [Waiter], held_back: bool) -> bool {
         let poll =
             if held_back { HELD_BACK_RETRY.min(self.config.poll_interval()) } else { self.config.poll_interval() };

@@ -3,6 +3,7 @@
 
 mod bus;
 mod events;
+mod handoff;
 mod harness;
 mod isolation;
 mod outbox;

@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use chorus_taskstore::{
     TaskStore,
-    domain::{Artifact, ClaimRequest, Claimed, Part, StatusUpdate, Task, TaskEvent, TaskState},
+    domain::{
+        Artifact, ArtifactChunk, ClaimRequest, Claimed, EventKind, Part, StatusUpdate, Task, TaskEvent, TaskState,
+    },
     error::TaskStoreError,
 };
 use tokio_stream::StreamExt as _;
@@ -20,6 +22,8 @@ conformance!(
     renewal_keeps_a_lease_and_reports_cancellation,
     a_worker_may_ask_for_a_retry,
     a_claim_no_worker_received_is_released,
+    a_completion_keeps_what_the_task_had_and_adds_its_message,
+    a_completion_without_the_lease_changes_nothing,
 );
 
 pub(crate) fn claim_request(
@@ -191,8 +195,13 @@ async fn a_worker_may_ask_for_a_retry(h: Harness) {
 async fn a_claim_no_worker_received_is_released(h: Harness) {
     let task = h.task("ns", "racer", "lost in transit").await;
     let request = claim_request("racer", "gone", 1, Duration::from_secs(60), 0);
-    let outcome = h.repository.claim_tasks(&request).await.unwrap();
-    let [claimed] = outcome.claimed.as_slice() else { panic!("one claim: {:?}", outcome.claimed) };
+    let leases = h.repository.worker_leases("ns", "gone", "racer").await.unwrap();
+    assert!(leases.ready && leases.active.is_empty(), "{leases:?}");
+    let claimed = h.repository.claim_tasks(&request, 1).await.unwrap();
+    let [claimed] = claimed.as_slice() else { panic!("one claim: {claimed:?}") };
+    let leases = h.repository.worker_leases("ns", "gone", "racer").await.unwrap();
+    assert_eq!(leases.active, vec![(task.id.clone(), claimed.lease_expires_at)]);
+    assert!(!leases.ready, "nothing else to claim");
     assert_eq!(claimed.task.id, task.id);
     assert_eq!(h.repository.release_claim("other-ns", &claimed.lease_id).await.unwrap(), 0, "namespaces stay apart");
     assert_eq!(h.repository.release_claim("ns", &claimed.lease_id).await.unwrap(), 1);
@@ -206,4 +215,69 @@ async fn a_claim_no_worker_received_is_released(h: Harness) {
     assert_eq!(next.task.id, task.id, "another worker gets it");
     assert_eq!(next.task.attempt, 1);
     assert_eq!(h.repository.release_claim("ns", &claimed.lease_id).await.unwrap(), 0, "only the claim's own tasks");
+}
+
+async fn a_completion_keeps_what_the_task_had_and_adds_its_message(h: Harness) {
+    let task = h.task("ns", "echo", "ping").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
+    let claimed = next_claim(&mut claims).await;
+    let artifact = Artifact {
+        artifact_id: "draft".into(),
+        name: None,
+        description: None,
+        parts: vec![Part::text("half")],
+        metadata: None,
+        extensions: Vec::new(),
+    };
+    let chunk = ArtifactChunk {
+        artifact: artifact.clone(),
+        append: false,
+        last_chunk: true,
+        lease_id: Some(claimed.lease_id.clone()),
+    };
+    h.store.append_artifact("ns", &task.id, chunk).await.unwrap();
+    h.store.add_message("ns", &task.id, agent_message("thinking")).await.unwrap();
+    let mut events = h.store.watch_task("ns", &task.id, None).await.unwrap();
+
+    let done = h.store.complete_task("ns", &task.id, &claimed.lease_id, Some(agent_message("pong")), Vec::new()).await;
+    let done = done.unwrap();
+    assert_eq!(done.status.state, TaskState::Completed);
+    let texts: Vec<String> = done.history.iter().map(|message| message.joined_text()).collect();
+    assert_eq!(texts, ["ping", "thinking", "pong"]);
+    let status_message = done.status.message.clone().unwrap();
+    assert_eq!(status_message.joined_text(), "pong");
+    assert_eq!(status_message.task_id.as_deref(), Some(task.id.as_str()), "bound to its task");
+    assert_eq!(status_message.context_id.as_deref(), Some(task.context_id.as_str()));
+    assert_eq!(done.history.last(), Some(&status_message));
+    assert_eq!(done.artifacts, vec![artifact]);
+    assert_eq!(h.store.get_task("ns", &task.id, None).await.unwrap(), done, "stored as returned");
+    let last = loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.unwrap().unwrap().unwrap();
+        if event.status.state.is_terminal() {
+            break event;
+        }
+    };
+    assert_eq!(last.kind, EventKind::StatusChanged);
+    assert_eq!(last.status, done.status);
+}
+
+async fn a_completion_without_the_lease_changes_nothing(h: Harness) {
+    let task = h.task("ns", "echo", "ping").await;
+    let unknown = h.store.complete_task("ns", "no-such-task", "lease", Some(agent_message("x")), Vec::new()).await;
+    assert!(matches!(unknown, Err(TaskStoreError::TaskNotFound(_))), "{unknown:?}");
+    let unleased = h.store.complete_task("ns", &task.id, "lease", None, Vec::new()).await;
+    assert!(matches!(unleased, Err(TaskStoreError::LeaseLost { .. })), "{unleased:?}");
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
+    let claimed = next_claim(&mut claims).await;
+    let stolen = h.store.complete_task("ns", &task.id, "stolen", Some(agent_message("x")), Vec::new()).await;
+    assert!(matches!(stolen, Err(TaskStoreError::LeaseLost { .. })), "{stolen:?}");
+    let other_namespace = h.store.complete_task("other", &task.id, &claimed.lease_id, None, Vec::new()).await;
+    assert!(matches!(other_namespace, Err(TaskStoreError::TaskNotFound(_))), "{other_namespace:?}");
+    let untouched = h.store.get_task("ns", &task.id, None).await.unwrap();
+    assert_eq!((untouched.status.state, untouched.history.len()), (TaskState::Working, 1));
+    h.store.complete_task("ns", &task.id, &claimed.lease_id, None, Vec::new()).await.unwrap();
+    let twice = h.store.complete_task("ns", &task.id, &claimed.lease_id, Some(agent_message("x")), Vec::new()).await;
+    assert!(matches!(twice, Err(TaskStoreError::TaskFinished { .. })), "{twice:?}");
+    let finished = h.store.get_task("ns", &task.id, None).await.unwrap();
+    assert_eq!((finished.status.state, finished.history.len()), (TaskState::Completed, 1));
 }

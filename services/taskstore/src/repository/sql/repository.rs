@@ -8,9 +8,9 @@ use async_trait::async_trait;
 use super::SqlTaskRepository;
 use crate::{
     domain::{
-        Artifact, ArtifactChunk, ClaimOutcome, ClaimRequest, Cursor, EventBatch, EventQuery, Expiry, InboxMessage,
-        Limits, Message, NewSubtask, NewTask, Notification, Owner, PushConfig, Renewal, StatusUpdate, Task, TaskEvent,
-        TaskPage, TaskQuery,
+        Artifact, ArtifactChunk, ClaimRequest, Claimed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff,
+        InboxMessage, Limits, Message, NewSubtask, NewTask, Notification, Owner, PushConfig, Renewal, StatusUpdate,
+        Task, TaskEvent, TaskPage, TaskQuery, WorkerLeases,
     },
     error::Result,
     repository::TaskRepository,
@@ -18,8 +18,8 @@ use crate::{
 
 #[async_trait]
 impl TaskRepository for SqlTaskRepository {
-    async fn create_task(&self, task: NewTask) -> Result<Task> {
-        self.create(task).await
+    async fn create_task(&self, task: NewTask, handoff: Option<Handoff>) -> Result<Created> {
+        self.create(task, handoff).await
     }
 
     async fn get_task(&self, namespace: &str, id: &str, history_length: Option<u32>) -> Result<Task> {
@@ -46,8 +46,12 @@ impl TaskRepository for SqlTaskRepository {
         self.cancel(namespace, id, reason).await
     }
 
-    async fn claim_tasks(&self, request: &ClaimRequest) -> Result<ClaimOutcome> {
-        self.claim(request).await
+    async fn worker_leases(&self, namespace: &str, worker_id: &str, agent_id: &str) -> Result<WorkerLeases> {
+        self.leases(namespace, worker_id, agent_id).await
+    }
+
+    async fn claim_tasks(&self, request: &ClaimRequest, slots: u32) -> Result<Vec<Claimed>> {
+        self.claim(request, slots).await
     }
 
     async fn renew_lease(&self, namespace: &str, task_id: &str, lease_id: &str, lease: Duration) -> Result<Renewal> {

@@ -153,6 +153,11 @@ pub(super) fn from_json_opt<T: DeserializeOwned>(text: Option<String>) -> Result
     text.as_deref().map(from_json).transpose()
 }
 
+/// Stored JSON documents joined with commas (SQL `string_agg`), or none.
+pub(super) fn from_json_list<T: DeserializeOwned>(joined: Option<String>) -> Result<Vec<T>> {
+    joined.map_or_else(|| Ok(Vec::new()), |joined| from_json(&format!("[{joined}]")))
+}
+
 /// Metadata objects are stored as JSON text too.
 pub(super) fn metadata_json(metadata: Option<&JsonObject>) -> Result<Option<String>> {
     to_json_opt(metadata)

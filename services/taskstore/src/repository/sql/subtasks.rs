@@ -69,6 +69,7 @@ impl SqlTaskRepository {
             spawn_context: parent.task.spawn_context,
             trace_context: &subtask.trace_context,
             request_key: &subtask.message.message_id,
+            handoff: None,
         };
         let inserted = insert_task(&mut tx, self.backend(), insert).await?;
         self.commit_insert(tx, inserted, &subtask.namespace, &subtask.message.message_id).await

@@ -11,8 +11,8 @@ use super::{
 };
 use crate::{
     domain::{
-        Artifact, ArtifactChunk, EventKind, Message, NewTask, Owner, Role, SpawnContext, StatusUpdate, Task, TaskPage,
-        TaskQuery, TaskState, TaskStatus, prompt_fingerprint,
+        Artifact, ArtifactChunk, Created, EventKind, Handoff, Message, NewTask, Owner, Role, SpawnContext,
+        StatusUpdate, Task, TaskPage, TaskQuery, TaskState, TaskStatus, prompt_fingerprint,
     },
     error::{Result, TaskStoreError},
 };
@@ -40,6 +40,8 @@ pub(super) struct TaskInsert<'a> {
     pub(super) trace_context: &'a std::collections::HashMap<String, String>,
     /// Creates with the same key in a namespace make one task.
     pub(super) request_key: &'a str,
+    /// The lease of the worker that takes the new task at once, if any.
+    pub(super) handoff: Option<&'a Handoff>,
 }
 
 /// The task a create with this first message id already made, if any.
@@ -63,8 +65,10 @@ pub(super) async fn find_by_request(
     }
 }
 
-/// Inserts a task in `submitted` with its first message, and records `created`.
-/// `None`: a task with the same first message id exists already.
+/// Inserts a task with its first message and records `created`: in
+/// `submitted`, or, with a handoff, already `working` under its lease (and
+/// that change recorded too). `None`: a task with the same first message id
+/// exists already.
 pub(super) async fn insert_task(
     conn: &mut AnyConnection,
     backend: Backend,
@@ -74,12 +78,13 @@ pub(super) async fn insert_task(
     let id = uuid::Uuid::now_v7().to_string();
     let first_message = insert.message.clone().bound_to(&id, &insert.context_id);
     let history = to_json(&first_message)?;
-    let task = Task {
+    let submitted = TaskStatus { state: TaskState::Submitted, message: None, timestamp: now };
+    let mut task = Task {
         namespace: insert.namespace.to_owned(),
         id,
         context_id: insert.context_id.clone(),
         agent_id: insert.agent_id.to_owned(),
-        status: TaskStatus { state: TaskState::Submitted, message: None, timestamp: now },
+        status: submitted.clone(),
         artifacts: Vec::new(),
         history: vec![first_message],
         metadata: insert.metadata.cloned(),
@@ -92,6 +97,12 @@ pub(super) async fn insert_task(
     };
     let detail = EventDetail { message: task.history.first(), ..EventDetail::default() };
     let payload = event_payload(&task.status, detail)?;
+    let handoff = insert.handoff;
+    if handoff.is_some() {
+        task.status.state = TaskState::Working;
+        task.attempt = 1;
+    }
+    let working_payload = handoff.map(|_| event_payload(&task.status, EventDetail::default())).transpose()?;
     let sql = match backend {
         Backend::Postgres => INSERT_TASK_POSTGRES,
         Backend::Sqlite => INSERT_TASK,
@@ -101,7 +112,7 @@ pub(super) async fn insert_task(
         .bind(&task.id)
         .bind(&insert.context_id)
         .bind(insert.agent_id)
-        .bind(TaskState::Submitted.as_str())
+        .bind(task.status.state.as_str())
         .bind(now)
         .bind(rows::metadata_json(insert.metadata)?)
         .bind(insert.parent_id)
@@ -112,10 +123,21 @@ pub(super) async fn insert_task(
         .bind(prompt_fingerprint(insert.agent_id, &insert.message.joined_text()))
         .bind(insert.request_key)
         .bind(to_json(insert.trace_context)?)
-        .bind(now);
+        .bind(now)
+        .bind(handoff.map(|handoff| handoff.worker_id.as_str()))
+        .bind(handoff.map(|handoff| handoff.lease_id.as_str()))
+        .bind(handoff.map(|handoff| handoff.lease_expires_at))
+        .bind(i64::from(task.attempt))
+        .bind(i64::from(handoff.map_or(0, |handoff| handoff.max_retries)));
     if backend == Backend::Postgres {
-        // One statement writes the task, its first message and its event.
-        let inserted: i64 = statement.bind(history).bind(payload).fetch_one(&mut *conn).await?.try_get("inserted")?;
+        // One statement writes the task, its first message and its events.
+        let inserted: i64 = statement
+            .bind(history)
+            .bind(payload)
+            .bind(working_payload)
+            .fetch_one(&mut *conn)
+            .await?
+            .try_get("inserted")?;
         return Ok((inserted > 0).then_some(task));
     }
     if statement.execute(&mut *conn).await?.rows_affected() == 0 {
@@ -127,36 +149,44 @@ pub(super) async fn insert_task(
         .bind(history)
         .execute(&mut *conn)
         .await?;
+    let working = std::mem::replace(&mut task.status, submitted);
     record_event(conn, &task, EventKind::Created, detail).await?;
+    task.status = working;
+    if handoff.is_some() {
+        record_event(conn, &task, EventKind::StatusChanged, EventDetail::default()).await?;
+    }
     Ok(Some(task))
 }
 
-/// A new task row; $1..$16 as bound in [`insert_task`].
+/// A new task row; $1..$21 as bound in [`insert_task`].
 macro_rules! insert_task_row {
     () => {
         "INSERT INTO taskstore_tasks (namespace, id, context_id, agent_id, state, status_timestamp, metadata, \
          parent_id, owner_kind, owner_id, depth, spawn_context, prompt_fingerprint, request_message_id, \
-         trace_context, history_count, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 1, $16) \
+         trace_context, history_count, created_at, worker_id, lease_id, lease_expires_at, attempt, max_retries) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 1, $16, $17, $18, $19, $20, $21) \
          ON CONFLICT (namespace, request_message_id) DO NOTHING"
     };
 }
 
 const INSERT_TASK: &str = insert_task_row!();
-/// The task row, its first message ($17) and its `created` event ($18).
+/// The task row, its first message ($22), its `created` event ($23) and,
+/// when it is handed off, its `status_changed` event ($24).
 const INSERT_TASK_POSTGRES: &str = concat!(
     "WITH task AS (",
     insert_task_row!(),
     " RETURNING namespace, id, context_id, agent_id, created_at), \
      history AS (INSERT INTO taskstore_history (namespace, task_id, position, message) \
-     SELECT namespace, id, 0, $17 FROM task), \
+     SELECT namespace, id, 0, $22 FROM task), \
      event AS (INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
-     SELECT namespace, id, context_id, agent_id, 'created', $18, created_at FROM task) \
+     SELECT namespace, id, context_id, agent_id, 'created', $23, created_at FROM task \
+     UNION ALL SELECT namespace, id, context_id, agent_id, 'status_changed', $24, created_at FROM task \
+     WHERE $24 IS NOT NULL) \
      SELECT COUNT(*) AS inserted FROM task"
 );
 
 impl SqlTaskRepository {
-    pub(super) async fn create(&self, new: NewTask) -> Result<Task> {
+    pub(super) async fn create(&self, new: NewTask, handoff: Option<Handoff>) -> Result<Created> {
         let request_key = new.idempotency_key.as_deref().unwrap_or(&new.message.message_id);
         let insert = TaskInsert {
             namespace: &new.namespace,
@@ -170,19 +200,24 @@ impl SqlTaskRepository {
             spawn_context: new.spawn_context,
             trace_context: &new.trace_context,
             request_key,
+            handoff: handoff.as_ref(),
         };
+        let handed_off = handoff.is_some();
         if self.backend() == Backend::Postgres {
             // There the insert is one statement: its own transaction.
             let mut conn = self.db.pool().acquire().await?;
             if let Some(task) = insert_task(&mut conn, Backend::Postgres, insert).await? {
-                return Ok(task);
+                return Ok(Created { task, handed_off });
             }
             drop(conn);
-            return self.existing(&new.namespace, request_key).await;
+            let task = self.existing(&new.namespace, request_key).await?;
+            return Ok(Created { task, handed_off: false });
         }
         let mut tx = self.begin().await?;
         let inserted = insert_task(&mut tx, self.backend(), insert).await?;
-        self.commit_insert(tx, inserted, &new.namespace, request_key).await
+        let handed_off = handed_off && inserted.is_some();
+        let task = self.commit_insert(tx, inserted, &new.namespace, request_key).await?;
+        Ok(Created { task, handed_off })
     }
 
     /// Commits a transaction that inserted a task, or, when a task with the

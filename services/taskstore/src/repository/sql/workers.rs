@@ -1,17 +1,17 @@
 //! Workers: claims under a lease, renewals, completion, failure, expiry.
 
-use std::time::Duration;
+use std::{sync::LazyLock, time::Duration};
 
 use super::{
     EventDetail, SqlTaskRepository, apply_status, check_writable, complete_task_view, event_payload, record_event,
-    rows::{TaskRecord, task_columns},
+    rows::{TaskRecord, from_json_list, task_columns, to_json_opt},
     set_status,
     tasks::store_artifact,
 };
 use crate::{
     domain::{
-        Artifact, ArtifactChunk, ClaimOutcome, ClaimRequest, Claimed, EventKind, Expiry, Message, Renewal, Role, Task,
-        TaskState, TaskStatus, now_micros,
+        Artifact, ArtifactChunk, ClaimRequest, Claimed, EventKind, Expiry, Message, Renewal, Role, Task, TaskState,
+        TaskStatus, WorkerLeases, now_micros,
     },
     error::{Result, TaskStoreError},
 };
@@ -45,11 +45,43 @@ const RELEASE: &str = "UPDATE taskstore_tasks SET state = 'submitted', status_me
      worker_id = NULL, lease_id = NULL, lease_expires_at = NULL, attempt = attempt - 1 \
      WHERE namespace = $1 AND lease_id = $2 AND state = 'working'";
 
-/// The worker's leased tasks (`leased` = 1), and one claimable task of its
-/// agent if there is any (`leased` = 0).
-const CLAIM_PRECHECK: &str = "SELECT id, 1 AS leased FROM taskstore_tasks WHERE namespace = $1 AND worker_id = $2 \
-     UNION ALL SELECT id, 0 AS leased FROM (SELECT id FROM taskstore_tasks \
+/// The worker's leased tasks with their lease's end, and one claimable task
+/// of its agent if there is any (without).
+const CLAIM_PRECHECK: &str = "SELECT id, lease_expires_at FROM taskstore_tasks WHERE namespace = $1 AND worker_id = $2 \
+     UNION ALL SELECT id, NULL FROM (SELECT id FROM taskstore_tasks \
      WHERE namespace = $1 AND agent_id = $3 AND state = 'submitted' LIMIT 1) ready";
+
+/// Completes task $2 when lease $3 holds it and its state may become
+/// `completed`: the row ($4 the status message, $5 its time), the message in
+/// the history when $6 = 1, the event ($7 its payload) and the owner's
+/// completion; returns the row with the history and artifacts as they were.
+static COMPLETE_POSTGRES: LazyLock<String> = LazyLock::new(|| {
+    let from: Vec<String> = TaskState::ALL
+        .into_iter()
+        .filter(|state| state.can_become(TaskState::Completed))
+        .map(|state| format!("'{}'", state.as_str()))
+        .collect();
+    format!(
+        "WITH done AS (UPDATE taskstore_tasks SET state = 'completed', status_message = $4, status_timestamp = $5, \
+         worker_id = NULL, lease_expires_at = NULL, history_count = history_count + $6 \
+         WHERE namespace = $1 AND id = $2 AND lease_id = $3 AND state IN ({from}) RETURNING {columns}), \
+         history AS (INSERT INTO taskstore_history (namespace, task_id, position, message) \
+         SELECT namespace, id, history_count - 1, $4 FROM done WHERE $6 = 1), \
+         event AS (INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
+         SELECT namespace, id, context_id, agent_id, 'status_changed', $7, $5 FROM done), \
+         inbox AS (INSERT INTO taskstore_inbox (namespace, owner_kind, owner_id, task_id, parent_task_id, kind, \
+         message, task_state, created_at) SELECT namespace, owner_kind, owner_id, id, parent_id, 'completion', $4, \
+         'completed', $5 FROM done WHERE owner_kind IS NOT NULL \
+         ON CONFLICT (namespace, task_id) WHERE kind = 'completion' DO NOTHING) \
+         SELECT done.*, \
+         (SELECT string_agg(message, ',' ORDER BY position) FROM taskstore_history h \
+         WHERE h.namespace = done.namespace AND h.task_id = done.id) AS history, \
+         (SELECT string_agg(artifact, ',' ORDER BY position) FROM taskstore_artifacts a \
+         WHERE a.namespace = done.namespace AND a.task_id = done.id) AS artifacts FROM done",
+        from = from.join(", "),
+        columns = task_columns!(),
+    )
+});
 
 const EXPIRED_POSTGRES: &str = concat!(
     "SELECT ",
@@ -89,39 +121,39 @@ fn bind_claim<'q>(
 }
 
 impl SqlTaskRepository {
-    pub(super) async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome> {
-        // One read first, outside any transaction: most calls (a worker at
-        // capacity, or nothing to do) end here without BEGIN and ROLLBACK.
+    /// One read outside any transaction: most claim attempts (a worker at
+    /// capacity, or nothing to do) end with it, without BEGIN and ROLLBACK.
+    pub(super) async fn leases(&self, namespace: &str, worker_id: &str, agent_id: &str) -> Result<WorkerLeases> {
         let rows = sqlx::query(CLAIM_PRECHECK)
-            .bind(&request.namespace)
-            .bind(&request.worker_id)
-            .bind(&request.agent_id)
+            .bind(namespace)
+            .bind(worker_id)
+            .bind(agent_id)
             .fetch_all(self.db.pool())
             .await?;
-        let mut active = Vec::with_capacity(rows.len());
-        let mut ready = false;
+        let mut leases = WorkerLeases::default();
         for row in &rows {
-            let id: String = row.try_get("id")?;
-            match row.try_get::<i64, _>("leased")? {
-                1 => active.push(id),
-                _ => ready = true,
+            match row.try_get::<Option<i64>, _>("lease_expires_at")? {
+                Some(until) => leases.active.push((row.try_get("id")?, until)),
+                None => leases.ready = true,
             }
         }
-        let room = i64::from(request.capacity) - i64::try_from(active.len()).unwrap_or(i64::MAX);
-        if room <= 0 || !ready {
-            return Ok(ClaimOutcome { claimed: Vec::new(), active });
+        Ok(leases)
+    }
+
+    pub(super) async fn claim(&self, request: &ClaimRequest, slots: u32) -> Result<Vec<Claimed>> {
+        if slots == 0 {
+            return Ok(Vec::new());
         }
         let now = now_micros();
         let lease_id = uuid::Uuid::new_v4().to_string();
         let lease_expires_at = now.saturating_add(micros(request.lease));
-        let lease = Lease { id: &lease_id, expires_at: lease_expires_at, now, slots: room };
+        let lease = Lease { id: &lease_id, expires_at: lease_expires_at, now, slots: i64::from(slots) };
         let mut claimed = match self.backend() {
             Backend::Postgres => self.claim_on_postgres(request, &lease).await?,
             Backend::Sqlite => self.claim_on_sqlite(request, &lease).await?,
         };
         claimed.sort_by(|a, b| (a.task.created_at, &a.task.id).cmp(&(b.task.created_at, &b.task.id)));
-        active.extend(claimed.iter().map(|claimed| claimed.task.id.clone()));
-        Ok(ClaimOutcome { claimed, active })
+        Ok(claimed)
     }
 
     pub(super) async fn release(&self, namespace: &str, lease_id: &str) -> Result<u64> {
@@ -216,6 +248,14 @@ impl SqlTaskRepository {
         message: Option<Message>,
         artifacts: Vec<Artifact>,
     ) -> Result<Task> {
+        if self.backend() == Backend::Postgres
+            && artifacts.is_empty()
+            && let Some(task) = self.complete_in_one_statement(namespace, task_id, lease_id, message.as_ref()).await?
+        {
+            return Ok(task);
+        }
+        // The transaction: what the statement cannot do (artifacts, SQLite),
+        // or the precise error when it completed nothing.
         let mut tx = self.begin().await?;
         let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
         check_writable(&record, Some(lease_id))?;
@@ -229,6 +269,57 @@ impl SqlTaskRepository {
         let task = complete_task_view(&mut tx, record, None, true).await?;
         tx.commit().await?;
         Ok(task)
+    }
+
+    /// Completes a task whose lease the caller holds in one statement,
+    /// which also records the event and the owner's completion and returns
+    /// the task whole. `None` when it completed nothing: the task is not
+    /// there, finished, or leased to someone else.
+    async fn complete_in_one_statement(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        message: Option<&Message>,
+    ) -> Result<Option<Task>> {
+        let mut conn = self.db.pool().acquire().await?;
+        let message = match message {
+            // A message is stored bound to its task's context, which never changes.
+            Some(message) => {
+                let context_id: Option<String> =
+                    sqlx::query_scalar("SELECT context_id FROM taskstore_tasks WHERE namespace = $1 AND id = $2")
+                        .bind(namespace)
+                        .bind(task_id)
+                        .fetch_optional(&mut *conn)
+                        .await?;
+                let Some(context_id) = context_id else { return Ok(None) };
+                Some(message.clone().bound_to(task_id, &context_id))
+            }
+            None => None,
+        };
+        let status = TaskStatus { state: TaskState::Completed, message, timestamp: now_micros() };
+        let row = sqlx::query(sqlx::AssertSqlSafe(COMPLETE_POSTGRES.as_str()))
+            .bind(namespace)
+            .bind(task_id)
+            .bind(lease_id)
+            .bind(to_json_opt(status.message.as_ref())?)
+            .bind(status.timestamp)
+            .bind(i64::from(status.message.is_some()))
+            .bind(event_payload(&status, EventDetail::default())?)
+            .fetch_optional(&mut *conn)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let record = TaskRecord::decode(&row)?;
+        let mut task = record.task.clone();
+        // The statement read the history as it was before its own message.
+        task.history = from_json_list(row.try_get("history")?)?;
+        task.history.extend(status.message);
+        task.artifacts = from_json_list(row.try_get("artifacts")?)?;
+        if i64::try_from(task.history.len()) != Ok(record.history_count) {
+            // A message added while the statement waited for the row.
+            return Ok(Some(complete_task_view(&mut conn, record, None, true).await?));
+        }
+        Ok(Some(task))
     }
 
     pub(super) async fn fail(
