@@ -78,13 +78,12 @@ pub(super) async fn insert_task(
     let id = uuid::Uuid::now_v7().to_string();
     let first_message = insert.message.clone().bound_to(&id, &insert.context_id);
     let history = to_json(&first_message)?;
-    let submitted = TaskStatus { state: TaskState::Submitted, message: None, timestamp: now };
     let mut task = Task {
         namespace: insert.namespace.to_owned(),
         id,
         context_id: insert.context_id.clone(),
         agent_id: insert.agent_id.to_owned(),
-        status: submitted.clone(),
+        status: TaskStatus { state: TaskState::Submitted, message: None, timestamp: now },
         artifacts: Vec::new(),
         history: vec![first_message],
         metadata: insert.metadata.cloned(),
@@ -98,11 +97,11 @@ pub(super) async fn insert_task(
     let detail = EventDetail { message: task.history.first(), ..EventDetail::default() };
     let payload = event_payload(&task.status, detail)?;
     let handoff = insert.handoff;
-    if handoff.is_some() {
-        task.status.state = TaskState::Working;
-        task.attempt = 1;
-    }
-    let working_payload = handoff.map(|_| event_payload(&task.status, EventDetail::default())).transpose()?;
+    // A handed-off task is claimed from the start: the row says so, and the
+    // claim is its second event.
+    let claimed = TaskStatus { state: TaskState::Working, message: None, timestamp: now };
+    let claimed_payload = handoff.map(|_| event_payload(&claimed, EventDetail::default())).transpose()?;
+    let (state, attempt) = if handoff.is_some() { (claimed.state, 1) } else { (task.status.state, 0) };
     let sql = match backend {
         Backend::Postgres => INSERT_TASK_POSTGRES,
         Backend::Sqlite => INSERT_TASK,
@@ -112,7 +111,7 @@ pub(super) async fn insert_task(
         .bind(&task.id)
         .bind(&insert.context_id)
         .bind(insert.agent_id)
-        .bind(task.status.state.as_str())
+        .bind(state.as_str())
         .bind(now)
         .bind(rows::metadata_json(insert.metadata)?)
         .bind(insert.parent_id)
@@ -127,33 +126,38 @@ pub(super) async fn insert_task(
         .bind(handoff.map(|handoff| handoff.worker_id.as_str()))
         .bind(handoff.map(|handoff| handoff.lease_id.as_str()))
         .bind(handoff.map(|handoff| handoff.lease_expires_at))
-        .bind(i64::from(task.attempt))
+        .bind(i64::from(attempt))
         .bind(i64::from(handoff.map_or(0, |handoff| handoff.max_retries)));
     if backend == Backend::Postgres {
         // One statement writes the task, its first message and its events.
         let inserted: i64 = statement
             .bind(history)
             .bind(payload)
-            .bind(working_payload)
+            .bind(claimed_payload)
             .fetch_one(&mut *conn)
             .await?
             .try_get("inserted")?;
-        return Ok((inserted > 0).then_some(task));
+        if inserted == 0 {
+            return Ok(None);
+        }
+    } else {
+        if statement.execute(&mut *conn).await?.rows_affected() == 0 {
+            return Ok(None);
+        }
+        sqlx::query("INSERT INTO taskstore_history (namespace, task_id, position, message) VALUES ($1, $2, 0, $3)")
+            .bind(insert.namespace)
+            .bind(&task.id)
+            .bind(history)
+            .execute(&mut *conn)
+            .await?;
+        record_event(conn, &task, EventKind::Created, detail).await?;
     }
-    if statement.execute(&mut *conn).await?.rows_affected() == 0 {
-        return Ok(None);
-    }
-    sqlx::query("INSERT INTO taskstore_history (namespace, task_id, position, message) VALUES ($1, $2, 0, $3)")
-        .bind(insert.namespace)
-        .bind(&task.id)
-        .bind(history)
-        .execute(&mut *conn)
-        .await?;
-    let working = std::mem::replace(&mut task.status, submitted);
-    record_event(conn, &task, EventKind::Created, detail).await?;
-    task.status = working;
     if handoff.is_some() {
-        record_event(conn, &task, EventKind::StatusChanged, EventDetail::default()).await?;
+        task.status = claimed;
+        task.attempt = attempt;
+        if backend == Backend::Sqlite {
+            record_event(conn, &task, EventKind::StatusChanged, EventDetail::default()).await?;
+        }
     }
     Ok(Some(task))
 }
