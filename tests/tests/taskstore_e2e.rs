@@ -47,7 +47,9 @@ async fn a_worker_process_completes_a_task_created_over_grpc() {
     let mut client = server.task_store().await;
 
     let task = create_task(&mut client, NS, "reverser", "hello chorus").await;
-    assert_eq!(state(&task), TaskState::Submitted);
+    // Queued, or, once the worker's stream has found the queue empty, handed
+    // straight to it (created claimed): the events are the same either way.
+    assert!(matches!(state(&task), TaskState::Submitted | TaskState::Working), "{task:#?}");
     let events = TaskWatch::open(&mut client, NS, &task.id, "").await.until_end().await;
 
     use task_event::Kind::{ArtifactUpdated, Created, StatusChanged};
