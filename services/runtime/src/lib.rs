@@ -11,6 +11,7 @@
 //! - [`glob`]: event-type patterns (`task.*`);
 //! - [`validate`]: proto input checks that name the offending field;
 //! - [`wakeup`]: commit signals between writers and waiting readers;
+//! - [`registry`]: the streams open in this process, for hand-offs;
 //! - [`time`]: stored times (microseconds) and protobuf timestamps;
 //! - [`signal`]: shutdown on Ctrl-C and SIGTERM;
 //! - `testing` (cargo feature `testing`): a PostgreSQL database per test.
@@ -21,6 +22,7 @@ pub mod error;
 pub mod feed;
 pub mod glob;
 pub mod grpc;
+pub mod registry;
 pub mod server;
 pub mod signal;
 pub mod storage;

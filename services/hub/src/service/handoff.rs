@@ -23,6 +23,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
+use chorus_runtime::registry::{Registration, Registry};
 use tokio::sync::mpsc::{OwnedPermit, Sender};
 
 use super::messaging::Inbox;
@@ -35,7 +36,7 @@ type Key = (String, String);
 
 /// The inbox streams open in this process, by (namespace, agent).
 #[derive(Debug, Clone, Default)]
-pub(super) struct Streams(Arc<Mutex<HashMap<Key, Vec<Arc<Live>>>>>);
+pub(super) struct Streams(Registry<Key, Live>);
 
 /// One open inbox stream.
 #[derive(Debug)]
@@ -93,33 +94,9 @@ impl Offer {
     }
 }
 
-/// Registers a stream while it lives.
-#[derive(Debug)]
-pub(super) struct Registration {
-    streams: Streams,
-    pub(super) live: Arc<Live>,
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        let key = self.live.key();
-        let mut streams = self.streams.lock();
-        if let Some(lives) = streams.get_mut(&key) {
-            lives.retain(|live| !Arc::ptr_eq(live, &self.live));
-            if lives.is_empty() {
-                streams.remove(&key);
-            }
-        }
-    }
-}
-
 impl Live {
     fn state(&self) -> MutexGuard<'_, LiveState> {
         self.state.lock().expect("inbox stream state lock poisoned")
-    }
-
-    fn key(&self) -> Key {
-        (self.inbox.namespace.clone(), self.inbox.agent_id.clone())
     }
 
     /// Counts leases this stream now holds: taken, sent again, or held
@@ -179,23 +156,18 @@ impl Live {
 }
 
 impl Streams {
-    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Vec<Arc<Live>>>> {
-        self.0.lock().expect("inbox streams lock poisoned")
-    }
-
     /// Registers a stream feeding `sender`; it is not caught up until its
     /// first read says so.
-    pub(super) fn register(&self, inbox: Inbox, sender: Sender<Result<Message>>) -> Registration {
-        let live = Arc::new(Live { inbox, sender, state: Mutex::default() });
-        self.lock().entry(live.key()).or_default().push(Arc::clone(&live));
-        Registration { streams: self.clone(), live }
+    pub(super) fn register(&self, inbox: Inbox, sender: Sender<Result<Message>>) -> Registration<Key, Live> {
+        let key = (inbox.namespace.clone(), inbox.agent_id.clone());
+        self.0.register(key, Live { inbox, sender, state: Mutex::default() })
     }
 
     /// Hand-offs of `send` promised by caught-up streams, at most one per
     /// agent, for every agent the send may reach (which the send itself
     /// decides).
     pub(super) fn offers(&self, send: &Outgoing, now: i64) -> BTreeMap<String, Offer> {
-        let streams = self.lock();
+        let streams = self.0.lock();
         let candidates: Vec<&Vec<Arc<Live>>> = match &send.audience {
             Audience::Agent(agent_id) => streams.get(&(send.namespace.clone(), agent_id.clone())).into_iter().collect(),
             Audience::Topic(_) | Audience::Everyone { .. } => streams
@@ -216,7 +188,7 @@ impl Streams {
     /// The send reached `agent_id` without a hand-off: its streams here are
     /// no longer caught up.
     pub(super) fn missed(&self, namespace: &str, agent_id: &str) {
-        if let Some(lives) = self.lock().get(&(namespace.to_owned(), agent_id.to_owned())) {
+        if let Some(lives) = self.0.lock().get(&(namespace.to_owned(), agent_id.to_owned())) {
             lives.iter().for_each(|live| live.missed());
         }
     }
@@ -225,7 +197,7 @@ impl Streams {
     /// True when a stream must read the inbox for that room to be used (it
     /// is not caught up), or when a message was not held by a stream here.
     pub(super) fn acked(&self, namespace: &str, agent_id: &str, message_ids: &[String]) -> bool {
-        let streams = self.lock();
+        let streams = self.0.lock();
         let Some(lives) = streams.get(&(namespace.to_owned(), agent_id.to_owned())) else {
             return true;
         };

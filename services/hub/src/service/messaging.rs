@@ -185,7 +185,7 @@ impl Hub {
             until: now.saturating_add(micros(inbox.ack_timeout)),
         };
         let registration = self.streams.register(inbox.clone(), sender.clone());
-        let live = &registration.live;
+        let live = registration.live();
         let now = now_micros();
         let resent = self.repository.reclaim(&inbox.namespace, &inbox.agent_id, &lease(now), inbox.after, now).await;
         // What it holds now: what was just sent again, and what it kept.

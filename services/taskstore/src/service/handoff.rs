@@ -21,6 +21,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
+use chorus_runtime::registry::{Registration, Registry};
 use tokio::sync::mpsc::{OwnedPermit, Sender};
 
 use crate::{
@@ -32,7 +33,7 @@ type Key = (String, String);
 
 /// The claim streams open in this process, by (namespace, agent).
 #[derive(Debug, Clone, Default)]
-pub(super) struct Streams(Arc<Mutex<HashMap<Key, Vec<Arc<Live>>>>>);
+pub(super) struct Streams(Registry<Key, Live>);
 
 /// One open claim stream.
 #[derive(Debug)]
@@ -118,33 +119,9 @@ impl Offer {
     }
 }
 
-/// Registers a stream while it lives.
-#[derive(Debug)]
-pub(super) struct Registration {
-    streams: Streams,
-    pub(super) live: Arc<Live>,
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        let key = self.live.key();
-        let mut streams = self.streams.lock();
-        if let Some(lives) = streams.get_mut(&key) {
-            lives.retain(|live| !Arc::ptr_eq(live, &self.live));
-            if lives.is_empty() {
-                streams.remove(&key);
-            }
-        }
-    }
-}
-
 impl Live {
     fn state(&self) -> MutexGuard<'_, LiveState> {
         self.state.lock().expect("claim stream state lock poisoned")
-    }
-
-    fn key(&self) -> Key {
-        (self.request.namespace.clone(), self.request.agent_id.clone())
     }
 
     /// Starts a claim read.
@@ -206,15 +183,12 @@ impl Live {
         (state.caught_up && in_flight < self.request.capacity && self.sender.capacity() > 0).then_some(in_flight)
     }
 
-    /// A promise of a hand-off, when there is still room for one.
+    /// A promise of a hand-off from a stream [`Live::load`] found room on.
+    /// Offers and misses go through the registry's lock, which the caller
+    /// holds, so that room is still there.
     fn offer(self: &Arc<Self>, now: i64) -> Option<Offer> {
-        let mut state = self.state();
-        if !state.caught_up || state.in_flight(now) >= self.request.capacity {
-            return None;
-        }
         let permit = self.sender.clone().try_reserve_owned().ok()?;
-        state.reserved += 1;
-        drop(state);
+        self.state().reserved += 1;
         let handoff = Handoff {
             worker_id: self.request.worker_id.clone(),
             lease_id: uuid::Uuid::new_v4().to_string(),
@@ -226,32 +200,26 @@ impl Live {
 }
 
 impl Streams {
-    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Vec<Arc<Live>>>> {
-        self.0.lock().expect("claim streams lock poisoned")
-    }
-
     /// Registers a stream feeding `sender`; it is not caught up until its
     /// first read says so.
-    pub(super) fn register(&self, request: ClaimRequest, sender: Sender<Result<Claimed>>) -> Registration {
-        let live = Arc::new(Live { request, sender, state: Mutex::default() });
-        self.lock().entry(live.key()).or_default().push(Arc::clone(&live));
-        Registration { streams: self.clone(), live }
+    pub(super) fn register(&self, request: ClaimRequest, sender: Sender<Result<Claimed>>) -> Registration<Key, Live> {
+        let key = (request.namespace.clone(), request.agent_id.clone());
+        self.0.register(key, Live { request, sender, state: Mutex::default() })
     }
 
     /// A hand-off promised by the least loaded caught-up stream of the
     /// agent's workers here, if any has room.
     pub(super) fn offer(&self, namespace: &str, agent_id: &str, now: i64) -> Option<Offer> {
-        let streams = self.lock();
+        let streams = self.0.lock();
         let lives = streams.get(&(namespace.to_owned(), agent_id.to_owned()))?;
-        let live =
-            lives.iter().filter_map(|live| live.load(now).map(|load| (load, live))).min_by_key(|(load, _)| *load);
-        live.and_then(|(_, live)| live.offer(now))
+        let (_, live) = lives.iter().filter_map(|live| Some((live.load(now)?, live))).min_by_key(|(load, _)| *load)?;
+        live.offer(now)
     }
 
     /// A task of `agent_id` waits in the queue: its streams here are no
     /// longer caught up.
     pub(super) fn missed(&self, namespace: &str, agent_id: &str) {
-        if let Some(lives) = self.lock().get(&(namespace.to_owned(), agent_id.to_owned())) {
+        if let Some(lives) = self.0.lock().get(&(namespace.to_owned(), agent_id.to_owned())) {
             lives.iter().for_each(|live| live.missed());
         }
     }
@@ -261,7 +229,7 @@ impl Streams {
     /// the queue for that room to be used: the lease was not held by a
     /// stream here, or its stream is not caught up.
     pub(super) fn released(&self, namespace: &str, agent_id: &str, task_id: &str) -> bool {
-        let streams = self.lock();
+        let streams = self.0.lock();
         let Some(lives) = streams.get(&(namespace.to_owned(), agent_id.to_owned())) else {
             return true;
         };

@@ -59,7 +59,7 @@ impl TaskStore {
 
     async fn feed_claims(self, request: ClaimRequest, sender: mpsc::Sender<Result<Claimed>>) {
         let registration = self.streams.register(request.clone(), sender.clone());
-        let live = &registration.live;
+        let live = registration.live();
         loop {
             // Created before the read: a task becoming claimable, or one of
             // this worker's leases ending with its stream not caught up

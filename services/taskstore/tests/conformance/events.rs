@@ -4,12 +4,12 @@ use std::time::Duration;
 
 use chorus_taskstore::{
     TaskStore,
-    domain::{Artifact, ArtifactChunk, EventKind, EventQuery, Part, StatusUpdate, TaskEvent, TaskState},
+    domain::{ArtifactChunk, EventKind, EventQuery, Part, StatusUpdate, TaskEvent, TaskState},
     service::{WatchFilter, WatchStart},
 };
 use tokio_stream::StreamExt as _;
 
-use crate::harness::{Harness, agent_message, conformance, new_task};
+use crate::harness::{Harness, agent_message, conformance, new_task, text_artifact};
 
 conformance!(
     a_task_watch_replays_from_a_cursor_and_ends_with_the_task,
@@ -53,14 +53,7 @@ async fn read_settled(h: &Harness, query: &EventQuery) -> Vec<TaskEvent> {
 async fn drive_to_completion(store: &TaskStore, task_id: &str) {
     let working = StatusUpdate { state: TaskState::Working, message: None, lease_id: None };
     store.update_status("ns", task_id, working).await.unwrap();
-    let artifact = Artifact {
-        artifact_id: "a".into(),
-        name: None,
-        description: None,
-        parts: vec![Part::text("chunk")],
-        metadata: None,
-        extensions: Vec::new(),
-    };
+    let artifact = text_artifact("a", "chunk");
     let chunk = ArtifactChunk { artifact, append: false, last_chunk: true, lease_id: None };
     store.append_artifact("ns", task_id, chunk).await.unwrap();
     let done = StatusUpdate { state: TaskState::Completed, message: Some(agent_message("ok")), lease_id: None };

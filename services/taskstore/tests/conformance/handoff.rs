@@ -16,7 +16,7 @@ use tokio_stream::StreamExt as _;
 
 use crate::{
     harness::{Harness, conformance, new_task},
-    workers::{claim_request, final_state, next_claim},
+    workers::{claim_request, fails_when_its_lease_runs_out, final_state, next_claim},
 };
 
 conformance!(
@@ -91,11 +91,8 @@ async fn a_handed_off_lease_expires_like_a_claimed_one(h: Harness) {
     let task = h.task("ns", "echo", "abandoned").await;
     assert_eq!(task.status.state, TaskState::Working);
     let claimed = next_claim(&mut claims).await;
-    let failed = final_state(&h.store, &task.id).await;
-    assert_eq!(failed.status.state, TaskState::Failed);
-    assert_eq!(failed.status.message.unwrap().joined_text(), "worker lease expired");
-    let late = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, Vec::new()).await.unwrap_err();
-    assert!(matches!(late, TaskStoreError::TaskFinished { .. }), "{late}");
+    assert_eq!(claimed.task.id, task.id);
+    fails_when_its_lease_runs_out(&h.store, &claimed).await;
 }
 
 async fn a_repeated_create_hands_nothing_off(h: Harness) {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use chorus_runtime::{testing::TestDatabase, wakeup::Wakeups};
 use chorus_taskstore::{
     TaskStore, TaskStoreConfig,
-    domain::{Message, NewTask, Role, SpawnContext, Task},
+    domain::{Artifact, Message, NewTask, Part, Role, SpawnContext, Task},
     repository::{TaskRepository, sql::SqlTaskRepository},
 };
 use tokio_util::sync::CancellationToken;
@@ -71,6 +71,18 @@ pub(crate) fn new_task(namespace: &str, agent: &str, text: &str) -> NewTask {
 
 pub(crate) fn user_message(text: &str) -> Message {
     Message::text(uuid::Uuid::new_v4().to_string(), Role::User, text)
+}
+
+/// An unnamed artifact of one text part.
+pub(crate) fn text_artifact(id: &str, text: &str) -> Artifact {
+    Artifact {
+        artifact_id: id.into(),
+        name: None,
+        description: None,
+        parts: vec![Part::text(text)],
+        metadata: None,
+        extensions: Vec::new(),
+    }
 }
 
 pub(crate) fn agent_message(text: &str) -> Message {

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use chorus_taskstore::{
     domain::{
-        Artifact, ArtifactChunk, EventQuery, InboxKind, Notification, Owner, OwnerKind, Part, PushConfig, StatusUpdate,
-        TaskQuery, TaskState,
+        ArtifactChunk, EventQuery, InboxKind, Notification, Owner, OwnerKind, PushConfig, StatusUpdate, TaskQuery,
+        TaskState,
     },
     error::TaskStoreError,
     service::{WatchFilter, WatchStart},
@@ -13,7 +13,7 @@ use chorus_taskstore::{
 use tokio_stream::StreamExt as _;
 
 use crate::{
-    harness::{Harness, agent_message, conformance, new_task, user_message},
+    harness::{Harness, agent_message, conformance, new_task, text_artifact, user_message},
     workers::claim_request,
 };
 
@@ -55,14 +55,7 @@ async fn nothing_crosses_namespaces(h: Harness) {
     not_found(h.store.add_message("b", id, user_message("x")).await);
     let working = StatusUpdate { state: TaskState::Working, message: None, lease_id: None };
     not_found(h.store.update_status("b", id, working).await);
-    let artifact = Artifact {
-        artifact_id: "a".into(),
-        name: None,
-        description: None,
-        parts: vec![Part::text("x")],
-        metadata: None,
-        extensions: Vec::new(),
-    };
+    let artifact = text_artifact("a", "x");
     let chunk = ArtifactChunk { artifact, append: false, last_chunk: false, lease_id: None };
     not_found(h.store.append_artifact("b", id, chunk).await);
     not_found(h.store.cancel_task("b", id, None).await);

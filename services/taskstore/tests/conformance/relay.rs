@@ -7,12 +7,12 @@ use std::collections::HashSet;
 
 use chorus_taskstore::{
     TaskStoreConfig,
-    domain::{Artifact, ArtifactChunk, Part, StatusUpdate, TaskState},
+    domain::{ArtifactChunk, StatusUpdate, TaskState},
 };
 
 use crate::{
     bus::Bus,
-    harness::{Harness, agent_message, conformance, test_config},
+    harness::{Harness, agent_message, conformance, test_config, text_artifact},
 };
 
 conformance!(
@@ -36,14 +36,7 @@ async fn each_change_reaches_the_bus_once_per_namespace_in_order(h: Harness) {
     let other = h.task("b", "echo", "two").await;
     let working = StatusUpdate { state: TaskState::Working, message: None, lease_id: None };
     h.store.update_status("a", &task.id, working).await.unwrap();
-    let artifact = Artifact {
-        artifact_id: "report".into(),
-        name: None,
-        description: None,
-        parts: vec![Part::text("done")],
-        metadata: None,
-        extensions: Vec::new(),
-    };
+    let artifact = text_artifact("report", "done");
     let chunk = ArtifactChunk { artifact, append: false, last_chunk: true, lease_id: None };
     h.store.append_artifact("a", &task.id, chunk).await.unwrap();
     let done = StatusUpdate { state: TaskState::Completed, message: Some(agent_message("ok")), lease_id: None };

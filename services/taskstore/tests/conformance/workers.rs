@@ -11,7 +11,7 @@ use chorus_taskstore::{
 };
 use tokio_stream::StreamExt as _;
 
-use crate::harness::{Harness, agent_message, conformance};
+use crate::harness::{Harness, agent_message, conformance, text_artifact};
 
 conformance!(
     a_worker_claims_and_completes_a_task,
@@ -136,10 +136,18 @@ async fn an_expired_lease_fails_the_task(h: Harness) {
     let task = h.task("ns", "echo", "hang").await;
     let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_millis(300), 0));
     let claimed = next_claim(&mut claims).await;
-    let failed = final_state(&h.store, &task.id).await;
+    assert_eq!(claimed.task.id, task.id);
+    fails_when_its_lease_runs_out(&h.store, &claimed).await;
+}
+
+/// Waits for the task of `claimed`, never renewed, to fail for its lease,
+/// and checks that its late worker cannot complete it.
+pub(crate) async fn fails_when_its_lease_runs_out(store: &TaskStore, claimed: &Claimed) {
+    let task_id = &claimed.task.id;
+    let failed = final_state(store, task_id).await;
     assert_eq!(failed.status.state, TaskState::Failed);
     assert_eq!(failed.status.message.unwrap().joined_text(), "worker lease expired");
-    let late = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, Vec::new()).await.unwrap_err();
+    let late = store.complete_task("ns", task_id, &claimed.lease_id, None, Vec::new()).await.unwrap_err();
     assert!(matches!(late, TaskStoreError::TaskFinished { .. }), "a late worker cannot complete: {late}");
 }
 
@@ -221,14 +229,7 @@ async fn a_completion_keeps_what_the_task_had_and_adds_its_message(h: Harness) {
     let task = h.task("ns", "echo", "ping").await;
     let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
     let claimed = next_claim(&mut claims).await;
-    let artifact = Artifact {
-        artifact_id: "draft".into(),
-        name: None,
-        description: None,
-        parts: vec![Part::text("half")],
-        metadata: None,
-        extensions: Vec::new(),
-    };
+    let artifact = text_artifact("draft", "half");
     let chunk = ArtifactChunk {
         artifact: artifact.clone(),
         append: false,

@@ -310,16 +310,15 @@ impl SqlTaskRepository {
             .await?;
         let Some(row) = row else { return Ok(None) };
         let record = TaskRecord::decode(&row)?;
-        let mut task = record.task.clone();
         // The statement read the history as it was before its own message.
-        task.history = from_json_list(row.try_get("history")?)?;
-        task.history.extend(status.message);
-        task.artifacts = from_json_list(row.try_get("artifacts")?)?;
-        if i64::try_from(task.history.len()) != Ok(record.history_count) {
+        let mut history: Vec<Message> = from_json_list(row.try_get("history")?)?;
+        history.extend(status.message);
+        if i64::try_from(history.len()) != Ok(record.history_count) {
             // A message added while the statement waited for the row.
             return Ok(Some(complete_task_view(&mut conn, record, None, true).await?));
         }
-        Ok(Some(task))
+        let artifacts = from_json_list(row.try_get("artifacts")?)?;
+        Ok(Some(Task { history, artifacts, ..record.task }))
     }
 
     pub(super) async fn fail(
