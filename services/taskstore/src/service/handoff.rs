@@ -49,6 +49,8 @@ struct LiveState {
     held: HashMap<String, Held>,
     /// Hand-offs promised to creates still in their transaction.
     reserved: u32,
+    /// The room a claim read found, held for its claim until it is made.
+    claiming: u32,
     caught_up: bool,
     /// Creates that left this stream's agent a task in the queue.
     misses: u64,
@@ -77,7 +79,7 @@ impl LiveState {
     /// Leases held or promised, forgetting those that ran out.
     fn in_flight(&mut self, now: i64) -> u32 {
         self.held.retain(|_, held| held.until > now);
-        u32::try_from(self.held.len()).unwrap_or(u32::MAX).saturating_add(self.reserved)
+        u32::try_from(self.held.len()).unwrap_or(u32::MAX).saturating_add(self.reserved).saturating_add(self.claiming)
     }
 
     fn hold(&mut self, task_id: String, until: i64) {
@@ -132,7 +134,8 @@ impl Live {
     }
 
     /// Takes the worker's leases as `read` found them and returns the room
-    /// left under its capacity. Leases the stream learnt of before the read
+    /// left under its capacity, which a read that found a task to claim
+    /// keeps for that claim. Leases the stream learnt of before the read
     /// began and the read did not find have ended; those it learnt of since
     /// may have committed after the read's snapshot, so they still count.
     pub(super) fn room_after(&self, read: Read, leases: &WorkerLeases, now: i64) -> u32 {
@@ -143,13 +146,19 @@ impl Live {
         for (id, until) in &leases.active {
             state.held.entry(id.clone()).or_insert(Held { until: *until, known_at_read: read.number });
         }
-        let in_flight = state.in_flight(now);
-        self.request.capacity.saturating_sub(in_flight)
+        let room = self.request.capacity.saturating_sub(state.in_flight(now));
+        if leases.ready {
+            // Kept from hand-offs until the claim is made: a create racing it
+            // must not take the same room.
+            state.claiming = room;
+        }
+        room
     }
 
-    /// Counts the leases of tasks this stream claimed.
+    /// Counts the leases of tasks this stream claimed with the room its read found.
     pub(super) fn claimed(&self, claimed: &[Claimed]) {
         let mut state = self.state();
+        state.claiming = 0;
         for claimed in claimed {
             state.hold(claimed.task.id.clone(), claimed.lease_expires_at);
         }
