@@ -10,6 +10,7 @@ use crate::harness::{Harness, agent_message, conformance, new_task, user_message
 conformance!(
     create_is_idempotent_on_the_first_message_id,
     concurrent_creates_of_one_message_make_one_task,
+    concurrent_creates_each_make_their_own_task,
     an_idempotency_key_replaces_the_message_id_as_the_create_key,
     a_snapshot_watch_starts_with_the_task_then_follows_it,
     history_length_limits_what_is_returned,
@@ -94,6 +95,28 @@ async fn concurrent_creates_of_one_message_make_one_task(h: Harness) {
         include_artifacts: false,
     };
     assert_eq!(h.store.list_tasks(query).await.unwrap().total_size, 1);
+}
+
+async fn concurrent_creates_each_make_their_own_task(h: Harness) {
+    let news: Vec<_> = (0..40).map(|index| new_task("ns", "echo", &format!("job {index}"))).collect();
+    // Each create twice, all at once.
+    let creates = news.iter().chain(&news).map(|new| h.store.create_task(new.clone()));
+    let tasks: Vec<_> = futures_util::future::join_all(creates).await.into_iter().map(Result::unwrap).collect();
+    let (firsts, retries) = tasks.split_at(news.len());
+    for ((task, retry), new) in firsts.iter().zip(retries).zip(&news) {
+        assert_eq!(retry.id, task.id, "a retry gets the task of its own request");
+        assert_eq!(task.history[0].message_id, new.message.message_id);
+        let stored = h.store.get_task("ns", &task.id, None).await.unwrap();
+        assert_eq!(stored.history, task.history);
+        let events = h.store.watch_task("ns", &task.id, None).await.unwrap();
+        let first = tokio_stream::StreamExt::next(&mut { events }).await.unwrap().unwrap();
+        assert_eq!(
+            (first.kind, first.message.map(|message| message.joined_text())),
+            (chorus_taskstore::domain::EventKind::Created, Some(new.message.joined_text()))
+        );
+    }
+    let ids: std::collections::HashSet<&str> = firsts.iter().map(|task| task.id.as_str()).collect();
+    assert_eq!(ids.len(), news.len());
 }
 
 async fn history_length_limits_what_is_returned(h: Harness) {
