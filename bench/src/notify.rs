@@ -5,7 +5,9 @@
 //! every listening backend, in a transaction of the listener's: both show in
 //! `xact_commit`. Listening on the same channel shows how many calls a round
 //! trip causes and which keys they carried. A payload is one key, or (from
-//! senders that batch) a sender tag line followed by one key per line.
+//! senders that batch) a sender tag line followed by one key per line; a tag
+//! alone is a bridge's hello, which carries no key (a bridge sends keys only
+//! while another process listens).
 
 use std::sync::{Arc, Mutex};
 
