@@ -6,11 +6,17 @@
 //! its tables (prefixed with its name) and its migrations, which are embedded
 //! in its crate, recorded in its own ledger table and run at start-up.
 
-use std::{borrow::Cow, fmt, str::FromStr, sync::Once, time::Duration};
+use std::{
+    borrow::Cow,
+    fmt,
+    str::FromStr,
+    sync::{Arc, Once},
+    time::Duration,
+};
 
 use serde::{Deserialize, Serialize};
 use sqlx::{
-    AnyPool, Executor as _,
+    AnyPool, Connection as _, Executor as _,
     any::AnyPoolOptions,
     migrate::{Migration, MigrationType, Migrator},
 };
@@ -186,10 +192,16 @@ impl ServiceMigrations {
     }
 }
 
+mod lane;
+
+pub use lane::DbConnection;
+
 /// A connection pool and the backend behind it. Cheap to clone.
 #[derive(Clone)]
 pub struct Db {
     pool: AnyPool,
+    /// Warm connections for autocommit statements (PostgreSQL only).
+    lane: Option<Arc<lane::Lane>>,
     backend: Backend,
     url: String,
 }
@@ -201,6 +213,12 @@ impl fmt::Debug for Db {
 }
 
 static INSTALL_DRIVERS: Once = Once::new();
+
+/// A pooled connection idle for longer than this is pinged before it is
+/// handed out, so one dropped while the database restarted is replaced
+/// unseen. One in steady use is not: sqlx's default pings on every acquire,
+/// a round trip as dear as the statement that follows.
+const PING_WHEN_IDLE_FOR: Duration = Duration::from_secs(1);
 
 impl Db {
     /// Connects to `url`. SQLite runs in WAL mode with a single connection, so
@@ -217,6 +235,15 @@ impl Db {
         let pool = AnyPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_millis(config.acquire_timeout_ms))
+            .test_before_acquire(false)
+            .before_acquire(|connection, meta| {
+                Box::pin(async move {
+                    if meta.idle_for > PING_WHEN_IDLE_FOR {
+                        connection.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .after_connect(move |connection, _meta| {
                 Box::pin(async move {
                     if backend == Backend::Sqlite {
@@ -231,7 +258,22 @@ impl Db {
             .connect_with(options)
             .await
             .map_err(connect_error)?;
-        Ok(Self { pool, backend, url: url.to_owned() })
+        // The lane may hold up to half the pool between statements; the
+        // rest stays free for transactions.
+        let lane = (backend == Backend::Postgres).then(|| lane::Lane::new(max_connections as usize / 2));
+        Ok(Self { pool, lane, backend, url: url.to_owned() })
+    }
+
+    /// A connection for statements outside any transaction (each its own,
+    /// autocommitted). Prefer it to [`pool`](Self::pool) on busy paths: it
+    /// skips the round trip sqlx spends testing a connection it takes back.
+    /// Never begin a transaction on it; use [`begin_relaxed`](Self::begin_relaxed)
+    /// or the pool's `begin` for those.
+    pub async fn acquire(&self) -> Result<DbConnection, sqlx::Error> {
+        match &self.lane {
+            Some(lane) => lane.acquire(&self.pool).await,
+            None => self.pool.acquire().await.map(DbConnection::pooled),
+        }
     }
 
     /// Runs a service's pending migrations (under a lock on PostgreSQL, so

@@ -116,7 +116,7 @@ impl DefinitionRepository for SqlDefinitionRepository {
                 .bind(namespace)
                 .bind(name)
                 .bind(i64::from(version))
-                .fetch_optional(self.db.pool())
+                .fetch_optional(&mut *self.db.acquire().await?)
                 .await?
             }
             None => {
@@ -126,7 +126,7 @@ impl DefinitionRepository for SqlDefinitionRepository {
                 )))
                 .bind(namespace)
                 .bind(name)
-                .fetch_optional(self.db.pool())
+                .fetch_optional(&mut *self.db.acquire().await?)
                 .await?
             }
         };
@@ -156,7 +156,7 @@ impl DefinitionRepository for SqlDefinitionRepository {
                 .bind(name)
                 .bind(below)
                 .bind(fetch)
-                .fetch_all(self.db.pool())
+                .fetch_all(&mut *self.db.acquire().await?)
                 .await?
             }
             None => {
@@ -173,7 +173,7 @@ impl DefinitionRepository for SqlDefinitionRepository {
                 .bind(namespace)
                 .bind(after_name)
                 .bind(fetch)
-                .fetch_all(self.db.pool())
+                .fetch_all(&mut *self.db.acquire().await?)
                 .await?
             }
         };
@@ -193,7 +193,7 @@ impl DefinitionRepository for SqlDefinitionRepository {
             "SELECT {COLUMNS} FROM workflow_definitions d WHERE version = (SELECT MAX(version) \
              FROM workflow_definitions l WHERE l.namespace = d.namespace AND l.name = d.name) ORDER BY namespace, name"
         )))
-        .fetch_all(self.db.pool())
+        .fetch_all(&mut *self.db.acquire().await?)
         .await?;
         rows.iter().map(|row| decode(row, true)).collect()
     }

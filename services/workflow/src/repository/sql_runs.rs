@@ -210,7 +210,11 @@ impl RunRepository for SqlRunRepository {
             tx.rollback().await?;
             let key = run.idempotency_key.as_deref().unwrap_or_default();
             let sql = format!("SELECT {COLUMNS} FROM workflow_runs WHERE namespace = $1 AND idempotency_key = $2");
-            let row = sqlx::query(AssertSqlSafe(sql)).bind(&run.namespace).bind(key).fetch_one(self.db.pool()).await?;
+            let row = sqlx::query(AssertSqlSafe(sql))
+                .bind(&run.namespace)
+                .bind(key)
+                .fetch_one(&mut *self.db.acquire().await?)
+                .await?;
             return Ok((decode(&row)?.run, false));
         }
         self.insert_events(&mut tx, &run, &[RunChange::RunStateChanged], now).await?;
@@ -220,7 +224,11 @@ impl RunRepository for SqlRunRepository {
 
     async fn get(&self, namespace: &str, run_id: &str) -> Result<Option<Run>> {
         let sql = format!("SELECT {COLUMNS} FROM workflow_runs WHERE namespace = $1 AND id = $2");
-        let row = sqlx::query(AssertSqlSafe(sql)).bind(namespace).bind(run_id).fetch_optional(self.db.pool()).await?;
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(namespace)
+            .bind(run_id)
+            .fetch_optional(&mut *self.db.acquire().await?)
+            .await?;
         row.map(|row| decode(&row).map(|stored| stored.run)).transpose()
     }
 
@@ -265,7 +273,7 @@ impl RunRepository for SqlRunRepository {
         if let Some(cursor) = &after {
             query = query.bind(cursor.created_at).bind(cursor.id.clone());
         }
-        let rows = query.bind(i64::from(limit) + 1).fetch_all(self.db.pool()).await?;
+        let rows = query.bind(i64::from(limit) + 1).fetch_all(&mut *self.db.acquire().await?).await?;
         let mut runs = Vec::with_capacity(rows.len());
         for row in &rows {
             let mut run = decode(row)?.run;
@@ -388,7 +396,7 @@ impl RunRepository for SqlRunRepository {
         .bind(run_id)
         .bind(after)
         .bind(i64::from(limit))
-        .fetch_all(self.db.pool())
+        .fetch_all(&mut *self.db.acquire().await?)
         .await?;
         rows.iter()
             .map(|row| {
@@ -426,7 +434,7 @@ impl RunRepository for SqlRunRepository {
     async fn trigger_cursor(&self, namespace: &str) -> Result<Option<u64>> {
         let row = sqlx::query("SELECT after_sequence FROM workflow_trigger_cursors WHERE namespace = $1")
             .bind(namespace)
-            .fetch_optional(self.db.pool())
+            .fetch_optional(&mut *self.db.acquire().await?)
             .await?;
         row.map(|row| row.try_get::<i64, _>("after_sequence").map(|s| u64::try_from(s).unwrap_or_default()))
             .transpose()
@@ -440,7 +448,7 @@ impl RunRepository for SqlRunRepository {
         )
         .bind(namespace)
         .bind(i64::try_from(after_sequence).unwrap_or(i64::MAX))
-        .execute(self.db.pool())
+        .execute(&mut *self.db.acquire().await?)
         .await?;
         Ok(())
     }

@@ -26,7 +26,7 @@ impl SqlHubRepository {
         .bind(rows::to_json(&agent.metadata))
         .bind(i64::from(agent.announce))
         .bind(agent.last_seen_at)
-        .fetch_one(self.db.pool())
+        .fetch_one(&mut *self.db.acquire().await?)
         .await?;
         rows::decode_agent(&row)
     }
@@ -39,7 +39,7 @@ impl SqlHubRepository {
         .bind(namespace)
         .bind(agent_id)
         .bind(now)
-        .fetch_optional(self.db.pool())
+        .fetch_optional(&mut *self.db.acquire().await?)
         .await?
         .ok_or_else(|| HubError::AgentNotFound(agent_id.to_owned()))?;
         rows::decode_agent(&row)
@@ -73,7 +73,7 @@ impl SqlHubRepository {
         ))
         .bind(namespace)
         .bind(agent_id)
-        .fetch_optional(self.db.pool())
+        .fetch_optional(&mut *self.db.acquire().await?)
         .await?
         .ok_or_else(|| HubError::AgentNotFound(agent_id.to_owned()))?;
         rows::decode_agent(&row)
@@ -86,7 +86,7 @@ impl SqlHubRepository {
             " FROM hub_agents WHERE namespace = $1 ORDER BY id"
         ))
         .bind(namespace)
-        .fetch_all(self.db.pool())
+        .fetch_all(&mut *self.db.acquire().await?)
         .await?;
         rows.iter().map(rows::decode_agent).collect()
     }
@@ -147,7 +147,7 @@ impl SqlHubRepository {
         .bind(namespace)
         .bind(agent_id.unwrap_or_default())
         .bind(topic.unwrap_or_default())
-        .fetch_all(self.db.pool())
+        .fetch_all(&mut *self.db.acquire().await?)
         .await?;
         Ok(rows
             .into_iter()

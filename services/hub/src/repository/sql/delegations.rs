@@ -27,7 +27,7 @@ impl SqlHubRepository {
         .bind(sender)
         .bind(recipient)
         .bind(expires_at)
-        .execute(self.db.pool())
+        .execute(&mut *self.db.acquire().await?)
         .await?;
         Ok(())
     }
@@ -107,7 +107,7 @@ impl SqlHubRepository {
         )
         .bind(namespace)
         .bind(correlation_id)
-        .fetch_optional(self.db.pool())
+        .fetch_optional(&mut *self.db.acquire().await?)
         .await?;
         let Some(row) = row else { return Ok(None) };
         Ok(Some(Message {

@@ -251,7 +251,7 @@ impl SqlHubRepository {
             .bind(take.lease.until)
             .bind(i64::from(take.max))
             .bind(hold_limit);
-        let rows = bind_filter(query, &take.filter).fetch_all(self.db.pool()).await?;
+        let rows = bind_filter(query, &take.filter).fetch_all(&mut *self.db.acquire().await?).await?;
         let mut messages = rows.iter().map(rows::decode_message).collect::<Result<Vec<_>>>()?;
         messages.sort_by_key(|message| message.sequence);
         Ok(messages)
@@ -314,7 +314,7 @@ impl SqlHubRepository {
         .bind(agent_id)
         .bind(consumer_id)
         .bind(now)
-        .fetch_all(self.db.pool())
+        .fetch_all(&mut *self.db.acquire().await?)
         .await?)
     }
 
@@ -336,7 +336,7 @@ impl SqlHubRepository {
             .bind(namespace)
             .bind(agent_id)
             .bind(rows::to_json(&ids));
-        let removed = query.fetch_all(self.db.pool()).await?;
+        let removed = query.fetch_all(&mut *self.db.acquire().await?).await?;
         Ok(ids.iter().filter(|id| !removed.contains(id)).cloned().collect())
     }
 
@@ -347,7 +347,7 @@ impl SqlHubRepository {
         .bind(namespace)
         .bind(message_id)
         .bind(recipient)
-        .fetch_optional(self.db.pool())
+        .fetch_optional(&mut *self.db.acquire().await?)
         .await?;
         Ok(found.is_some())
     }

@@ -88,7 +88,7 @@ impl SqlHubRepository {
             Some(value) => query.bind(value),
             None => query,
         };
-        let row = query.fetch_one(self.db.pool()).await?;
+        let row = query.fetch_one(&mut *self.db.acquire().await?).await?;
         if row.try_get::<Option<String>, _>("earlier_id")?.is_some() {
             return Ok((rows::decode_duplicate(&row, "earlier_")?, Vec::new()));
         }

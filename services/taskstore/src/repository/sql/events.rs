@@ -176,8 +176,11 @@ impl SqlTaskRepository {
             Backend::Postgres => latest!(visible_to_postgres!()),
             Backend::Sqlite => latest!(""),
         };
-        let row =
-            sqlx::query(sql).bind(namespace).bind(task_id.unwrap_or_default()).fetch_optional(self.db.pool()).await?;
+        let row = sqlx::query(sql)
+            .bind(namespace)
+            .bind(task_id.unwrap_or_default())
+            .fetch_optional(&mut *self.db.acquire().await?)
+            .await?;
         row.as_ref().map(rows::decode_event).transpose()
     }
 }

@@ -35,7 +35,7 @@ impl SqlTaskRepository {
             .bind(owner)
             .bind(lease_until)
             .bind(now)
-            .fetch_optional(self.db.pool())
+            .fetch_optional(&mut *self.db.acquire().await?)
             .await?;
         Ok(row.map(|(tx, id)| Cursor { tx, id }))
     }
@@ -47,7 +47,7 @@ impl SqlTaskRepository {
             .bind(cursor.tx)
             .bind(cursor.id)
             .bind(now)
-            .execute(self.db.pool())
+            .execute(&mut *self.db.acquire().await?)
             .await?;
         if saved.rows_affected() == 0 {
             return Err(TaskStoreError::OutboxLeaseLost { relay: relay.to_owned(), owner: owner.to_owned() });

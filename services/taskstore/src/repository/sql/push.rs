@@ -37,7 +37,7 @@ impl SqlTaskRepository {
     }
 
     pub(super) async fn get_push(&self, namespace: &str, task_id: &str, id: &str) -> Result<PushConfig> {
-        let mut conn = self.db.pool().acquire().await?;
+        let mut conn = self.db.acquire().await?;
         read_record(&mut conn, namespace, task_id).await?;
         let row = sqlx::query(concat!(
             "SELECT ",
@@ -55,7 +55,7 @@ impl SqlTaskRepository {
     }
 
     pub(super) async fn list_push(&self, namespace: &str, task_id: &str) -> Result<Vec<PushConfig>> {
-        let mut conn = self.db.pool().acquire().await?;
+        let mut conn = self.db.acquire().await?;
         read_record(&mut conn, namespace, task_id).await?;
         let rows = sqlx::query(concat!(
             "SELECT ",
@@ -70,7 +70,7 @@ impl SqlTaskRepository {
     }
 
     pub(super) async fn delete_push(&self, namespace: &str, task_id: &str, id: &str) -> Result<()> {
-        let mut conn = self.db.pool().acquire().await?;
+        let mut conn = self.db.acquire().await?;
         read_record(&mut conn, namespace, task_id).await?;
         let deleted =
             sqlx::query("DELETE FROM taskstore_push_configs WHERE namespace = $1 AND task_id = $2 AND id = $3")

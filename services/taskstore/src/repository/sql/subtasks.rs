@@ -76,7 +76,7 @@ impl SqlTaskRepository {
     }
 
     pub(super) async fn children_of(&self, namespace: &str, parent_id: &str, task_ids: &[String]) -> Result<Vec<Task>> {
-        let mut conn = self.db.pool().acquire().await?;
+        let mut conn = self.db.acquire().await?;
         super::read_record(&mut conn, namespace, parent_id).await?;
         let rows = if task_ids.is_empty() {
             sqlx::query(concat!(
@@ -199,7 +199,7 @@ impl SqlTaskRepository {
         max: u32,
         peek: bool,
     ) -> Result<Vec<InboxMessage>> {
-        let mut conn = self.db.pool().acquire().await?;
+        let mut conn = self.db.acquire().await?;
         let sql = match (peek, self.backend()) {
             (true, _) => PEEK_INBOX,
             (false, Backend::Postgres) => TAKE_INBOX_POSTGRES,

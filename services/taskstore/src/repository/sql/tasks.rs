@@ -209,7 +209,7 @@ impl SqlTaskRepository {
         let handed_off = handoff.is_some();
         if self.backend() == Backend::Postgres {
             // There the insert is one statement: its own transaction.
-            let mut conn = self.db.pool().acquire().await?;
+            let mut conn = self.db.acquire().await?;
             if let Some(task) = insert_task(&mut conn, Backend::Postgres, insert).await? {
                 return Ok(Created { task, handed_off });
             }
@@ -244,20 +244,20 @@ impl SqlTaskRepository {
 
     /// The task an earlier create with this first message id made.
     async fn existing(&self, namespace: &str, message_id: &str) -> Result<Task> {
-        let mut conn = self.db.pool().acquire().await?;
+        let mut conn = self.db.acquire().await?;
         find_by_request(&mut conn, namespace, message_id)
             .await?
             .ok_or_else(|| TaskStoreError::TaskNotFound(message_id.to_owned()))
     }
 
     pub(super) async fn get(&self, namespace: &str, id: &str, history_length: Option<u32>) -> Result<Task> {
-        let mut conn = self.db.pool().acquire().await?;
+        let mut conn = self.db.acquire().await?;
         let record = read_record(&mut conn, namespace, id).await?;
         complete_task_view(&mut conn, record, history_length, true).await
     }
 
     pub(super) async fn list(&self, query: TaskQuery) -> Result<TaskPage> {
-        let mut conn = self.db.pool().acquire().await?;
+        let mut conn = self.db.acquire().await?;
         let state = query.state.map(TaskState::as_str).unwrap_or_default();
         let context_id = query.context_id.as_deref().unwrap_or_default();
         let agent_id = query.agent_id.as_deref().unwrap_or_default();

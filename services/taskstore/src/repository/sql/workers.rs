@@ -128,7 +128,7 @@ impl SqlTaskRepository {
             .bind(namespace)
             .bind(worker_id)
             .bind(agent_id)
-            .fetch_all(self.db.pool())
+            .fetch_all(&mut *self.db.acquire().await?)
             .await?;
         let mut leases = WorkerLeases::default();
         for row in &rows {
@@ -161,7 +161,7 @@ impl SqlTaskRepository {
             .bind(namespace)
             .bind(lease_id)
             .bind(now_micros())
-            .execute(self.db.pool())
+            .execute(&mut *self.db.acquire().await?)
             .await?
             .rows_affected();
         Ok(released)
@@ -172,7 +172,7 @@ impl SqlTaskRepository {
     async fn claim_on_postgres(&self, request: &ClaimRequest, lease: &Lease<'_>) -> Result<Vec<Claimed>> {
         let working = TaskStatus { state: TaskState::Working, message: None, timestamp: lease.now };
         let payload = event_payload(&working, EventDetail::default())?;
-        let mut conn = self.db.pool().acquire().await?;
+        let mut conn = self.db.acquire().await?;
         let rows =
             bind_claim(sqlx::query(CLAIM_AND_LOG_POSTGRES), request, lease).bind(payload).fetch_all(&mut *conn).await?;
         let mut claimed = Vec::with_capacity(rows.len());
@@ -217,7 +217,7 @@ impl SqlTaskRepository {
         lease_id: &str,
         lease: Duration,
     ) -> Result<Renewal> {
-        let mut conn = self.db.pool().acquire().await?;
+        let mut conn = self.db.acquire().await?;
         // Measured after the wait for a connection, which must not eat into the lease.
         let lease_expires_at = now_micros().saturating_add(micros(lease));
         let renewed = sqlx::query(
@@ -282,7 +282,7 @@ impl SqlTaskRepository {
         lease_id: &str,
         message: Option<&Message>,
     ) -> Result<Option<Task>> {
-        let mut conn = self.db.pool().acquire().await?;
+        let mut conn = self.db.acquire().await?;
         let message = match message {
             // A message is stored bound to its task's context, which never changes.
             Some(message) => {

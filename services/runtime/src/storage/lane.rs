@@ -1,0 +1,181 @@
+//! Connections kept warm for statements outside any transaction.
+//!
+//! sqlx tests every connection given back to its pool with a round trip (a
+//! `Sync` and its `ReadyForQuery`), as dear to both sides as the statement
+//! before it. A connection used for autocommit statements only needs no such
+//! test: a statement cut off mid-way leaves its answer to be drained by the
+//! connection's next use, and no transaction can be left open on it. The lane
+//! keeps such connections out of the pool between uses, most recent first,
+//! and gives one back through the pool (and its test) once it has been idle
+//! for longer than [`PING_WHEN_IDLE_FOR`](super::PING_WHEN_IDLE_FOR).
+
+use std::{
+    collections::VecDeque,
+    ops::{Deref, DerefMut},
+    sync::{Arc, Mutex},
+    time::Instant,
+};
+
+use sqlx::{Any, AnyConnection, AnyPool, pool::PoolConnection};
+
+use super::PING_WHEN_IDLE_FOR;
+
+#[derive(Debug)]
+pub(super) struct Lane {
+    idle: Mutex<VecDeque<(PoolConnection<Any>, Instant)>>,
+    capacity: usize,
+}
+
+impl Lane {
+    /// A lane holding at most `capacity` idle connections.
+    pub(super) fn new(capacity: usize) -> Arc<Self> {
+        Arc::new(Self { idle: Mutex::new(VecDeque::with_capacity(capacity)), capacity: capacity.max(1) })
+    }
+
+    /// The most recently used warm connection, or one from `pool`.
+    pub(super) async fn acquire(self: &Arc<Self>, pool: &AnyPool) -> Result<DbConnection, sqlx::Error> {
+        let (warm, stale) = {
+            let mut idle = self.idle.lock().expect("lane lock poisoned");
+            let stale = Self::drain_stale(&mut idle);
+            (idle.pop_back().map(|(connection, _)| connection), stale)
+        };
+        // Dropped outside the lock: each goes back to the pool, which tests it.
+        drop(stale);
+        let connection = match warm {
+            Some(connection) => connection,
+            None => pool.acquire().await?,
+        };
+        Ok(DbConnection { connection: Some(connection), lane: Some(Arc::clone(self)) })
+    }
+
+    fn put(&self, connection: PoolConnection<Any>) {
+        let (overflow, stale) = {
+            let mut idle = self.idle.lock().expect("lane lock poisoned");
+            let stale = Self::drain_stale(&mut idle);
+            if idle.len() < self.capacity {
+                idle.push_back((connection, Instant::now()));
+                (None, stale)
+            } else {
+                (Some(connection), stale)
+            }
+        };
+        drop((overflow, stale));
+    }
+
+    /// Takes out the connections idle for too long (the oldest are in front).
+    fn drain_stale(idle: &mut VecDeque<(PoolConnection<Any>, Instant)>) -> Vec<PoolConnection<Any>> {
+        let mut stale = Vec::new();
+        while idle.front().is_some_and(|(_, since)| since.elapsed() > PING_WHEN_IDLE_FOR) {
+            stale.extend(idle.pop_front().map(|(connection, _)| connection));
+        }
+        stale
+    }
+}
+
+/// A connection for statements outside any transaction; see
+/// [`Db::acquire`](super::Db::acquire). Back to its lane, if it has one, when
+/// dropped.
+#[derive(Debug)]
+pub struct DbConnection {
+    connection: Option<PoolConnection<Any>>,
+    lane: Option<Arc<Lane>>,
+}
+
+impl DbConnection {
+    /// A connection that goes straight back to its pool.
+    pub(super) fn pooled(connection: PoolConnection<Any>) -> Self {
+        Self { connection: Some(connection), lane: None }
+    }
+}
+
+impl Deref for DbConnection {
+    type Target = AnyConnection;
+
+    fn deref(&self) -> &AnyConnection {
+        self.connection.as_ref().expect("a lane connection is held until dropped")
+    }
+}
+
+impl DerefMut for DbConnection {
+    fn deref_mut(&mut self) -> &mut AnyConnection {
+        self.connection.as_mut().expect("a lane connection is held until dropped")
+    }
+}
+
+impl Drop for DbConnection {
+    fn drop(&mut self) {
+        if let (Some(connection), Some(lane)) = (self.connection.take(), &self.lane) {
+            lane.put(connection);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::storage::{Db, StorageConfig};
+
+    /// A `Db` on the PostgreSQL of `CHORUS_TEST_POSTGRES_URL`, if set.
+    async fn postgres() -> Option<Db> {
+        let Some(url) = std::env::var("CHORUS_TEST_POSTGRES_URL").ok().filter(|url| !url.is_empty()) else {
+            eprintln!("skipped: CHORUS_TEST_POSTGRES_URL is not set");
+            return None;
+        };
+        Some(Db::connect(&url, &StorageConfig::default()).await.expect("connects"))
+    }
+
+    async fn backend_pid(connection: &mut DbConnection) -> i32 {
+        sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut **connection).await.expect("answers")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_last_connection_given_back_is_the_next_handed_out() {
+        let Some(db) = postgres().await else { return };
+        let mut first = db.acquire().await.expect("a connection");
+        let mut second = db.acquire().await.expect("another");
+        let (first_pid, second_pid) = (backend_pid(&mut first).await, backend_pid(&mut second).await);
+        drop(first);
+        drop(second);
+        let mut warmest = db.acquire().await.expect("a warm one");
+        let mut next = db.acquire().await.expect("the other warm one");
+        assert_eq!(backend_pid(&mut warmest).await, second_pid);
+        assert_eq!(backend_pid(&mut next).await, first_pid);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_statement_cut_off_midway_leaves_its_connection_usable() {
+        let Some(db) = postgres().await else { return };
+        let mut connection = db.acquire().await.expect("a connection");
+        let pid = backend_pid(&mut connection).await;
+        let cut = tokio::time::timeout(
+            Duration::from_millis(20),
+            sqlx::query("SELECT pg_sleep(0.3)").execute(&mut *connection),
+        )
+        .await;
+        assert!(cut.is_err(), "the statement was meant to be cut off");
+        drop(connection);
+        let mut next = db.acquire().await.expect("the same connection");
+        assert_eq!(backend_pid(&mut next).await, pid);
+        let answer: i32 = sqlx::query_scalar("SELECT 41 + 1").fetch_one(&mut *next).await.expect("a clean answer");
+        assert_eq!(answer, 42);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_lost_while_idle_is_replaced_unseen() {
+        let Some(db) = postgres().await else { return };
+        let mut connection = db.acquire().await.expect("a connection");
+        let pid = backend_pid(&mut connection).await;
+        drop(connection);
+        let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_one(db.pool())
+            .await
+            .expect("terminates");
+        assert!(terminated);
+        tokio::time::sleep(PING_WHEN_IDLE_FOR + Duration::from_millis(200)).await;
+        let mut next = db.acquire().await.expect("a live connection");
+        assert_ne!(backend_pid(&mut next).await, pid);
+    }
+}
