@@ -24,6 +24,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::wakeup::Wakeups;
 
+mod lane;
+
+pub use lane::DbConnection;
+
 /// Storage settings.
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -191,10 +195,6 @@ impl ServiceMigrations {
         migrator
     }
 }
-
-mod lane;
-
-pub use lane::DbConnection;
 
 /// A connection pool and the backend behind it. Cheap to clone.
 #[derive(Clone)]
