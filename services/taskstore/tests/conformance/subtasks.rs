@@ -21,6 +21,7 @@ conformance!(
     non_blocking_spawns_are_awaited_together,
     await_any_returns_on_the_first_to_finish,
     completions_wait_in_the_inbox_until_read,
+    a_completion_without_a_message_reaches_the_owner,
     questions_interrupt_the_child_until_answered,
     each_completion_reaches_the_parent_exactly_once,
     depth_is_limited_by_where_the_tree_started,
@@ -166,6 +167,27 @@ async fn completions_wait_in_the_inbox_until_read(h: Harness) {
     assert_eq!(read, peeked, "peeking consumed nothing");
     let after = h.store.read_inbox("ns", &owner, 10, Duration::from_millis(100), false).await.unwrap();
     assert!(after.is_empty(), "a read message is gone");
+}
+
+async fn a_completion_without_a_message_reaches_the_owner(h: Harness) {
+    let parent = orchestrator_root(&h).await;
+    let child = spawn(&h, &parent.id, "quiet", "say nothing").await;
+    let lone = h.task("ns", "quiet", "no owner").await;
+    let mut claims = h.store.claim_stream(claim_request("quiet", "quiet-worker", 2, Duration::from_secs(30), 0));
+    for _ in 0..2 {
+        let claimed = next_claim(&mut claims).await;
+        let done = h.store.complete_task("ns", &claimed.task.id, &claimed.lease_id, None, Vec::new()).await.unwrap();
+        assert_eq!(done.status.state, TaskState::Completed);
+        assert_eq!(done.status.message, None);
+        assert_eq!(done.history, claimed.task.history, "nothing is added to the history");
+    }
+    let inbox = h.store.read_inbox("ns", &owner_of(&parent), 10, Duration::ZERO, false).await.unwrap();
+    assert_eq!(inbox.len(), 1, "only the owned task reports: {inbox:?}");
+    assert_eq!((inbox[0].kind, inbox[0].task_id.as_str()), (InboxKind::Completion, child.id.as_str()));
+    assert_eq!(inbox[0].task_state, Some(TaskState::Completed));
+    assert_eq!(inbox[0].message, None);
+    let stored = h.store.get_task("ns", &lone.id, None).await.unwrap();
+    assert_eq!(stored.status.state, TaskState::Completed);
 }
 
 async fn questions_interrupt_the_child_until_answered(h: Harness) {

@@ -25,7 +25,11 @@ use crate::{
 /// The task store's embedded migrations.
 pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
     "taskstore",
-    [(1, "taskstore", "0001_taskstore.sql"), (2, "outbox", "0002_outbox.sql")]
+    [
+        (1, "taskstore", "0001_taskstore.sql"),
+        (2, "outbox", "0002_outbox.sql"),
+        (3, "leaner indexes", "0003_leaner_indexes.sql"),
+    ]
 );
 
 const SELECT_TASK: &str = concat!("SELECT ", task_columns!(), " FROM taskstore_tasks WHERE namespace = $1 AND id = $2");

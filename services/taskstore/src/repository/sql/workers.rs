@@ -53,46 +53,90 @@ const CLAIM_PRECHECK: &str = "SELECT id, lease_expires_at FROM taskstore_tasks W
 
 /// Completes task $2 when lease $3 holds it and its state may become
 /// `completed`: the row ($4 the status message, $5 its time), the message in
-/// the history when $6 = 1, the event ($7 its payload) and the owner's
-/// completion; returns the row with the history and artifacts as they were.
-static COMPLETE_POSTGRES: LazyLock<String> = LazyLock::new(|| {
+/// the history when there is one ($6 = 1), the event ($7 its payload) and, for
+/// an owned task, the owner's completion; returns the row with the history and
+/// artifacts as they were. Each shape of completion has its own statement, so
+/// PostgreSQL sets up only the tables it writes: [`CompleteShape::index`].
+static COMPLETE_POSTGRES: LazyLock<[String; 4]> = LazyLock::new(|| {
     let from: Vec<String> = TaskState::ALL
         .into_iter()
         .filter(|state| state.can_become(TaskState::Completed))
         .map(|state| format!("'{}'", state.as_str()))
         .collect();
-    format!(
-        "WITH done AS (UPDATE taskstore_tasks SET state = 'completed', status_message = $4, status_timestamp = $5, \
-         worker_id = NULL, lease_expires_at = NULL, history_count = history_count + $6 \
-         WHERE namespace = $1 AND id = $2 AND lease_id = $3 AND state IN ({from}) RETURNING {columns}), \
-         history AS (INSERT INTO taskstore_history (namespace, task_id, position, message) \
-         SELECT namespace, id, history_count - 1, $4 FROM done WHERE $6 = 1), \
-         event AS (INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
-         SELECT namespace, id, context_id, agent_id, 'status_changed', $7, $5 FROM done), \
-         inbox AS (INSERT INTO taskstore_inbox (namespace, owner_kind, owner_id, task_id, parent_task_id, kind, \
-         message, task_state, created_at) SELECT namespace, owner_kind, owner_id, id, parent_id, 'completion', $4, \
-         'completed', $5 FROM done WHERE owner_kind IS NOT NULL \
-         ON CONFLICT (namespace, task_id) WHERE kind = 'completion' DO NOTHING) \
-         SELECT done.*, \
-         (SELECT string_agg(message, ',' ORDER BY position) FROM taskstore_history h \
-         WHERE h.namespace = done.namespace AND h.task_id = done.id) AS history, \
-         (SELECT string_agg(artifact, ',' ORDER BY position) FROM taskstore_artifacts a \
-         WHERE a.namespace = done.namespace AND a.task_id = done.id) AS artifacts FROM done",
-        from = from.join(", "),
-        columns = task_columns!(),
-    )
+    let statement = |shape: CompleteShape| {
+        let history = if shape.message {
+            "history AS (INSERT INTO taskstore_history (namespace, task_id, position, message) \
+             SELECT namespace, id, history_count - 1, $4 FROM done), "
+        } else {
+            ""
+        };
+        let (owner, inbox) = if shape.owned {
+            (
+                "owner_kind IS NOT NULL",
+                ", inbox AS (INSERT INTO taskstore_inbox (namespace, owner_kind, owner_id, task_id, parent_task_id, \
+                 kind, message, task_state, created_at) SELECT namespace, owner_kind, owner_id, id, parent_id, \
+                 'completion', $4, 'completed', $5 FROM done \
+                 ON CONFLICT (namespace, task_id) WHERE kind = 'completion' DO NOTHING)",
+            )
+        } else {
+            ("owner_kind IS NULL", "")
+        };
+        format!(
+            "WITH done AS (UPDATE taskstore_tasks SET state = 'completed', status_message = $4, \
+             status_timestamp = $5, worker_id = NULL, lease_expires_at = NULL, history_count = history_count + $6 \
+             WHERE namespace = $1 AND id = $2 AND lease_id = $3 AND state IN ({from}) AND {owner} \
+             RETURNING {columns}), {history}\
+             event AS (INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, \
+             created_at) SELECT namespace, id, context_id, agent_id, 'status_changed', $7, $5 FROM done){inbox} \
+             SELECT done.*, \
+             (SELECT string_agg(message, ',' ORDER BY position) FROM taskstore_history h \
+             WHERE h.namespace = done.namespace AND h.task_id = done.id) AS history, \
+             (SELECT string_agg(artifact, ',' ORDER BY position) FROM taskstore_artifacts a \
+             WHERE a.namespace = done.namespace AND a.task_id = done.id) AS artifacts FROM done",
+            from = from.join(", "),
+            columns = task_columns!(),
+        )
+    };
+    CompleteShape::ALL.map(statement)
 });
 
-const EXPIRED_POSTGRES: &str = concat!(
-    "SELECT ",
-    task_columns!(),
-    " FROM taskstore_tasks WHERE lease_expires_at < $1 ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED"
-);
-const EXPIRED_SQLITE: &str = concat!(
-    "SELECT ",
-    task_columns!(),
-    " FROM taskstore_tasks WHERE lease_expires_at < $1 ORDER BY lease_expires_at LIMIT $2"
-);
+/// What a one-statement completion writes besides the row and its event.
+#[derive(Debug, Clone, Copy)]
+struct CompleteShape {
+    /// The worker's closing message, into the history.
+    message: bool,
+    /// The owner's completion, into its inbox (a subtask).
+    owned: bool,
+}
+
+impl CompleteShape {
+    const ALL: [Self; 4] = [
+        Self { message: false, owned: false },
+        Self { message: true, owned: false },
+        Self { message: false, owned: true },
+        Self { message: true, owned: true },
+    ];
+
+    fn index(self) -> usize {
+        usize::from(self.message) + 2 * usize::from(self.owned)
+    }
+}
+
+/// Expired leases, oldest first. A task has a lease end exactly while it has
+/// a worker: `worker_id IS NOT NULL` lets the planner read only the live
+/// leases, through `taskstore_tasks_worker`.
+macro_rules! expired_leases {
+    () => {
+        concat!(
+            "SELECT ",
+            task_columns!(),
+            " FROM taskstore_tasks WHERE worker_id IS NOT NULL AND lease_expires_at < $1 \
+             ORDER BY lease_expires_at LIMIT $2"
+        )
+    };
+}
+const EXPIRED_POSTGRES: &str = concat!(expired_leases!(), " FOR UPDATE SKIP LOCKED");
+const EXPIRED_SQLITE: &str = expired_leases!();
 
 /// The lease a claim hands out.
 struct Lease<'a> {
@@ -298,17 +342,28 @@ impl SqlTaskRepository {
             None => None,
         };
         let status = TaskStatus { state: TaskState::Completed, message, timestamp: now_micros() };
-        let row = sqlx::query(sqlx::AssertSqlSafe(COMPLETE_POSTGRES.as_str()))
-            .bind(namespace)
-            .bind(task_id)
-            .bind(lease_id)
-            .bind(to_json_opt(status.message.as_ref())?)
-            .bind(status.timestamp)
-            .bind(i64::from(status.message.is_some()))
-            .bind(event_payload(&status, EventDetail::default())?)
-            .fetch_optional(&mut *conn)
-            .await?;
-        let Some(row) = row else { return Ok(None) };
+        let message_json = to_json_opt(status.message.as_ref())?;
+        let payload = event_payload(&status, EventDetail::default())?;
+        // Most completed tasks have no owner: try that statement first, then
+        // the one that also writes the owner's inbox.
+        let mut found = None;
+        for owned in [false, true] {
+            let shape = CompleteShape { message: status.message.is_some(), owned };
+            found = sqlx::query(sqlx::AssertSqlSafe(COMPLETE_POSTGRES[shape.index()].as_str()))
+                .bind(namespace)
+                .bind(task_id)
+                .bind(lease_id)
+                .bind(message_json.as_deref())
+                .bind(status.timestamp)
+                .bind(i64::from(shape.message))
+                .bind(payload.as_str())
+                .fetch_optional(&mut *conn)
+                .await?;
+            if found.is_some() {
+                break;
+            }
+        }
+        let Some(row) = found else { return Ok(None) };
         let record = TaskRecord::decode(&row)?;
         // The statement read the history as it was before its own message.
         let mut history: Vec<Message> = from_json_list(row.try_get("history")?)?;
