@@ -20,6 +20,7 @@ pub mod config;
 pub mod egress;
 pub mod error;
 pub mod feed;
+mod flat_writes;
 pub mod glob;
 pub mod grpc;
 pub mod registry;

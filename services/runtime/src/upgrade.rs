@@ -13,6 +13,8 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
+use crate::flat_writes::FlatWrites;
+
 /// How long a new connection may take to send its first bytes before it is
 /// handed to tonic unexamined.
 const FIRST_BYTES: Duration = Duration::from_secs(10);
@@ -26,7 +28,7 @@ const HEAD_BYTES: usize = 8 * 1024;
 #[derive(Debug)]
 pub(crate) struct Split {
     /// Everything but WebSocket handshakes, for tonic.
-    pub(crate) grpc: tokio_stream::wrappers::ReceiverStream<io::Result<TcpStream>>,
+    pub(crate) grpc: tokio_stream::wrappers::ReceiverStream<io::Result<FlatWrites>>,
     /// WebSocket handshakes, for axum.
     pub(crate) upgrades: Upgrades,
 }
@@ -83,7 +85,7 @@ pub(crate) fn split(listener: TcpListener, shutdown: CancellationToken) -> Split
                 if opens_with_websocket_handshake(&stream).await {
                     let _ = upgrade_tx.send((stream, peer)).await;
                 } else {
-                    let _ = grpc_tx.send(Ok(stream)).await;
+                    let _ = grpc_tx.send(Ok(FlatWrites(stream))).await;
                 }
             });
         }
