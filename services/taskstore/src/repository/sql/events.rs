@@ -36,12 +36,29 @@ macro_rules! visible_to_postgres {
     };
 }
 
+/// After the cursor ($3, $4). PostgreSQL seeks the index with the row
+/// comparison (after the namespace and task, or the namespace alone), so no
+/// plan, not even one made while the log was empty, reads the events before
+/// the cursor; SQLite's planner seeks a row comparison by its first column
+/// only, and takes the two ranges.
+macro_rules! after_postgres {
+    () => {
+        "(tx_id, id) > ($3, $4)"
+    };
+}
+macro_rules! after_sqlite {
+    () => {
+        "(tx_id > $3 OR (tx_id = $3 AND id > $4))"
+    };
+}
+
 macro_rules! by_task {
-    ($horizon:expr) => {
+    ($after:expr, $horizon:expr) => {
         concat!(
             "SELECT ",
             event_columns!(),
-            " FROM taskstore_events WHERE namespace = $1 AND task_id = $2 AND (tx_id > $3 OR (tx_id = $3 AND id > $4))",
+            " FROM taskstore_events WHERE namespace = $1 AND task_id = $2 AND ",
+            $after,
             $horizon,
             " ORDER BY tx_id, id LIMIT $5"
         )
@@ -49,28 +66,35 @@ macro_rules! by_task {
 }
 
 macro_rules! by_namespace {
-    ($horizon:expr) => {
+    ($after:expr, $horizon:expr) => {
         concat!(
             "SELECT ",
             event_columns!(),
             " FROM taskstore_events WHERE namespace = $1 AND ($2 = '' OR agent_id = $2) \
-             AND ($6 = '' OR context_id = $6) AND (tx_id > $3 OR (tx_id = $3 AND id > $4))",
+             AND ($6 = '' OR context_id = $6) AND ",
+            $after,
             $horizon,
             " ORDER BY tx_id, id LIMIT $5"
         )
     };
 }
 
-/// Whether committed events wait above the horizon ($1..$4 as in the reads).
-macro_rules! held_back {
-    () => {
-        concat!(
-            "SELECT COUNT(*) FROM taskstore_events WHERE namespace = $1 AND ($2 = '' OR task_id = $2) \
-             AND (tx_id > $3 OR (tx_id = $3 AND id > $4)) AND tx_id >= ",
-            horizon!()
-        )
-    };
-}
+/// Whether committed events of the task ($2) after the cursor ($3, $4) wait
+/// above the horizon (PostgreSQL only).
+const TASK_HELD_BACK: &str = concat!(
+    "SELECT COUNT(*) FROM (SELECT 1 FROM taskstore_events WHERE namespace = $1 AND task_id = $2 AND ",
+    after_postgres!(),
+    " AND tx_id >= ",
+    horizon!(),
+    " LIMIT 1) waiting"
+);
+/// The same for the namespace, after the cursor ($2, $3).
+const NAMESPACE_HELD_BACK: &str = concat!(
+    "SELECT COUNT(*) FROM (SELECT 1 FROM taskstore_events WHERE namespace = $1 AND (tx_id, id) > ($2, $3) \
+     AND tx_id >= ",
+    horizon!(),
+    " LIMIT 1) waiting"
+);
 
 /// Every namespace's events after the cursor ($1, $2), up to $3. PostgreSQL
 /// seeks the (tx_id, id) index with the row comparison.
@@ -101,12 +125,15 @@ const OUTBOX_HELD_BACK: &str = concat!(
     " LIMIT 1) waiting"
 );
 
+/// The newest event of a task ($2), or of a namespace: each has its own
+/// statement, so each reads its own index backwards.
 macro_rules! latest {
-    ($horizon:expr) => {
+    ($task:expr, $horizon:expr) => {
         concat!(
             "SELECT ",
             event_columns!(),
-            " FROM taskstore_events WHERE namespace = $1 AND ($2 = '' OR task_id = $2)",
+            " FROM taskstore_events WHERE namespace = $1",
+            $task,
             $horizon,
             " ORDER BY tx_id DESC, id DESC LIMIT 1"
         )
@@ -117,12 +144,14 @@ impl SqlTaskRepository {
     pub(super) async fn events(&self, query: &EventQuery) -> Result<EventBatch> {
         let postgres = self.backend() == Backend::Postgres;
         let statement = match (&query.task_id, postgres) {
-            (Some(task_id), true) => sqlx::query(by_task!(visible_to_postgres!())).bind(&query.namespace).bind(task_id),
-            (Some(task_id), false) => sqlx::query(by_task!("")).bind(&query.namespace).bind(task_id),
-            (None, true) => sqlx::query(by_namespace!(visible_to_postgres!()))
+            (Some(task_id), true) => {
+                sqlx::query(by_task!(after_postgres!(), visible_to_postgres!())).bind(&query.namespace).bind(task_id)
+            }
+            (Some(task_id), false) => sqlx::query(by_task!(after_sqlite!(), "")).bind(&query.namespace).bind(task_id),
+            (None, true) => sqlx::query(by_namespace!(after_postgres!(), visible_to_postgres!()))
                 .bind(&query.namespace)
                 .bind(query.agent_id.as_deref().unwrap_or_default()),
-            (None, false) => sqlx::query(by_namespace!(""))
+            (None, false) => sqlx::query(by_namespace!(after_sqlite!(), ""))
                 .bind(&query.namespace)
                 .bind(query.agent_id.as_deref().unwrap_or_default()),
         };
@@ -172,15 +201,17 @@ impl SqlTaskRepository {
     }
 
     pub(super) async fn latest(&self, namespace: &str, task_id: Option<&str>) -> Result<Option<TaskEvent>> {
-        let sql = match self.backend() {
-            Backend::Postgres => latest!(visible_to_postgres!()),
-            Backend::Sqlite => latest!(""),
+        let sql = match (self.backend(), task_id.is_some()) {
+            (Backend::Postgres, true) => latest!(" AND task_id = $2", visible_to_postgres!()),
+            (Backend::Postgres, false) => latest!("", visible_to_postgres!()),
+            (Backend::Sqlite, true) => latest!(" AND task_id = $2", ""),
+            (Backend::Sqlite, false) => latest!("", ""),
         };
-        let row = sqlx::query(sql)
-            .bind(namespace)
-            .bind(task_id.unwrap_or_default())
-            .fetch_optional(&mut *self.db.acquire().await?)
-            .await?;
+        let mut statement = sqlx::query(sql).bind(namespace);
+        if let Some(task_id) = task_id {
+            statement = statement.bind(task_id);
+        }
+        let row = statement.fetch_optional(&mut *self.db.acquire().await?).await?;
         row.as_ref().map(rows::decode_event).transpose()
     }
 }
@@ -188,12 +219,10 @@ impl SqlTaskRepository {
 /// Whether (PostgreSQL only) committed events after `after` wait above the
 /// horizon of the snapshot.
 async fn held_back(snapshot: &mut super::Tx<'static>, query: &EventQuery, after: Cursor) -> Result<bool> {
-    let waiting: i64 = sqlx::query_scalar(held_back!())
-        .bind(&query.namespace)
-        .bind(query.task_id.as_deref().unwrap_or_default())
-        .bind(after.tx)
-        .bind(after.id)
-        .fetch_one(&mut **snapshot)
-        .await?;
+    let statement = match &query.task_id {
+        Some(task_id) => sqlx::query_scalar(TASK_HELD_BACK).bind(&query.namespace).bind(task_id),
+        None => sqlx::query_scalar(NAMESPACE_HELD_BACK).bind(&query.namespace),
+    };
+    let waiting: i64 = statement.bind(after.tx).bind(after.id).fetch_one(&mut **snapshot).await?;
     Ok(waiting > 0)
 }
