@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use chorus_runtime::storage::Backend;
 use chorus_taskstore::{
     TaskStore,
     domain::{ArtifactChunk, EventKind, EventQuery, Part, StatusUpdate, TaskEvent, TaskState},
@@ -15,6 +16,7 @@ conformance!(
     a_task_watch_replays_from_a_cursor_and_ends_with_the_task,
     a_namespace_watch_follows_live_changes_and_resumes,
     every_change_is_recorded_in_commit_order,
+    an_event_that_commits_late_is_held_back_not_skipped,
 );
 
 async fn collect(
@@ -129,4 +131,43 @@ async fn every_change_is_recorded_in_commit_order(h: Harness) {
     assert_eq!(latest, events[3]);
     let later = EventQuery { after: events[1].cursor, ..query };
     assert_eq!(read_settled(&h, &later).await, events[2..]);
+}
+
+async fn an_event_that_commits_late_is_held_back_not_skipped(h: Harness) {
+    let task = h.task("ns", "echo", "commit order").await;
+    let query = EventQuery {
+        namespace: "ns".into(),
+        task_id: Some(task.id.clone()),
+        agent_id: None,
+        context_id: None,
+        after: Default::default(),
+        limit: 100,
+    };
+    let created = read_settled(&h, &query).await;
+    assert_eq!(created.len(), 1);
+    if h.db.backend() == Backend::Sqlite {
+        // One writer: no transaction can commit after a later one.
+        return;
+    }
+    // An older transaction records an event of the task and stays open
+    // while a newer one commits another.
+    let mut older = h.db.pool().begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
+         SELECT namespace, task_id, context_id, agent_id, 'message_added', payload, created_at \
+         FROM taskstore_events WHERE namespace = 'ns' AND task_id = $1",
+    )
+    .bind(&task.id)
+    .execute(&mut *older)
+    .await
+    .unwrap();
+    let working = StatusUpdate { state: TaskState::Working, message: None, lease_id: None };
+    h.store.update_status("ns", &task.id, working).await.unwrap();
+    let after = EventQuery { after: created[0].cursor, ..query };
+    let waiting = h.repository.read_events(&after).await.unwrap();
+    assert!(waiting.events.is_empty(), "nothing above the open transaction shows: {:?}", waiting.events);
+    assert!(waiting.held_back, "the newer event waits behind the open transaction");
+    older.commit().await.unwrap();
+    let kinds: Vec<EventKind> = read_settled(&h, &after).await.iter().map(|event| event.kind).collect();
+    assert_eq!(kinds, [EventKind::MessageAdded, EventKind::StatusChanged], "the late event is not skipped");
 }

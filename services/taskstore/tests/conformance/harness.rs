@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use chorus_runtime::{testing::TestDatabase, wakeup::Wakeups};
+use chorus_runtime::{storage::Db, testing::TestDatabase, wakeup::Wakeups};
 use chorus_taskstore::{
     TaskStore, TaskStoreConfig,
     domain::{Artifact, Message, NewTask, Part, Role, SpawnContext, Task},
@@ -14,6 +14,8 @@ use tokio_util::sync::CancellationToken;
 pub(crate) struct Harness {
     pub(crate) store: TaskStore,
     pub(crate) repository: Arc<dyn TaskRepository>,
+    /// The database under the store, for what only a raw transaction shows.
+    pub(crate) db: Db,
     shutdown: CancellationToken,
     _database: TestDatabase,
 }
@@ -37,11 +39,11 @@ impl Harness {
 
     pub(crate) async fn start_with(database: TestDatabase, config: TaskStoreConfig) -> Self {
         let db = database.open(&[&chorus_taskstore::MIGRATIONS]).await;
-        let repository: Arc<dyn TaskRepository> = Arc::new(SqlTaskRepository::new(db));
+        let repository: Arc<dyn TaskRepository> = Arc::new(SqlTaskRepository::new(db.clone()));
         let shutdown = CancellationToken::new();
         let store = TaskStore::new(Arc::clone(&repository), Wakeups::new(), config, shutdown.clone());
         store.spawn_reaper();
-        Self { store, repository, shutdown, _database: database }
+        Self { store, repository, db, shutdown, _database: database }
     }
 
     /// Creates a task for `agent` in `namespace` whose first message says `text`.

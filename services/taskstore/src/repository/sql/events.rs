@@ -9,6 +9,7 @@
 //! Readers follow one task or one namespace; the outbox relay follows them all.
 
 use chorus_runtime::storage::Backend;
+use sqlx::Row as _;
 
 use super::{SqlTaskRepository, rows};
 use crate::{
@@ -39,8 +40,8 @@ macro_rules! visible_to_postgres {
 /// After the cursor ($3, $4). PostgreSQL seeks the index with the row
 /// comparison (after the namespace and task, or the namespace alone), so no
 /// plan, not even one made while the log was empty, reads the events before
-/// the cursor; SQLite's planner seeks a row comparison by its first column
-/// only, and takes the two ranges.
+/// the cursor. SQLite's planner seeks a row comparison by its first column
+/// only; there the two cases are spelt out.
 macro_rules! after_postgres {
     () => {
         "(tx_id, id) > ($3, $4)"
@@ -52,59 +53,64 @@ macro_rules! after_sqlite {
     };
 }
 
-macro_rules! by_task {
-    ($after:expr, $horizon:expr) => {
+/// A task's events ($2).
+macro_rules! task_filter {
+    () => {
+        "namespace = $1 AND task_id = $2 AND "
+    };
+}
+
+/// A namespace's events, of one agent ($2) and context ($6) when not empty.
+macro_rules! namespace_filter {
+    () => {
+        "namespace = $1 AND ($2 = '' OR agent_id = $2) AND ($6 = '' OR context_id = $6) AND "
+    };
+}
+
+/// Up to $5 events after the cursor, on SQLite.
+macro_rules! read_sqlite {
+    ($filter:expr) => {
         concat!(
             "SELECT ",
             event_columns!(),
-            " FROM taskstore_events WHERE namespace = $1 AND task_id = $2 AND ",
-            $after,
-            $horizon,
+            " FROM taskstore_events WHERE ",
+            $filter,
+            after_sqlite!(),
             " ORDER BY tx_id, id LIMIT $5"
         )
     };
 }
 
-macro_rules! by_namespace {
-    ($after:expr, $horizon:expr) => {
+/// Up to `$limit` events after the cursor and below the horizon, on
+/// PostgreSQL, each row with whether events of the same filter wait above the
+/// horizon (`held_back`): one statement, so the read and the count share one
+/// snapshot without a transaction around them. When no event is visible, the
+/// one row carries only `held_back`.
+macro_rules! read_postgres {
+    ($filter:expr, $after:expr, $limit:expr) => {
         concat!(
-            "SELECT ",
+            "WITH batch AS (SELECT ",
             event_columns!(),
-            " FROM taskstore_events WHERE namespace = $1 AND ($2 = '' OR agent_id = $2) \
-             AND ($6 = '' OR context_id = $6) AND ",
+            " FROM taskstore_events WHERE ",
+            $filter,
             $after,
-            $horizon,
-            " ORDER BY tx_id, id LIMIT $5"
+            visible_to_postgres!(),
+            " ORDER BY tx_id, id LIMIT ",
+            $limit,
+            "), waiting AS (SELECT COUNT(*) AS held_back FROM (SELECT 1 FROM taskstore_events WHERE ",
+            $filter,
+            $after,
+            " AND tx_id >= ",
+            horizon!(),
+            " LIMIT 1) above) SELECT batch.*, waiting.held_back FROM waiting LEFT JOIN batch ON true \
+             ORDER BY batch.tx_id, batch.id"
         )
     };
 }
-
-/// Whether committed events of the task ($2) after the cursor ($3, $4) wait
-/// above the horizon (PostgreSQL only).
-const TASK_HELD_BACK: &str = concat!(
-    "SELECT COUNT(*) FROM (SELECT 1 FROM taskstore_events WHERE namespace = $1 AND task_id = $2 AND ",
-    after_postgres!(),
-    " AND tx_id >= ",
-    horizon!(),
-    " LIMIT 1) waiting"
-);
-/// The same for the namespace, after the cursor ($2, $3).
-const NAMESPACE_HELD_BACK: &str = concat!(
-    "SELECT COUNT(*) FROM (SELECT 1 FROM taskstore_events WHERE namespace = $1 AND (tx_id, id) > ($2, $3) \
-     AND tx_id >= ",
-    horizon!(),
-    " LIMIT 1) waiting"
-);
 
 /// Every namespace's events after the cursor ($1, $2), up to $3. PostgreSQL
 /// seeks the (tx_id, id) index with the row comparison.
-const OUTBOX_POSTGRES: &str = concat!(
-    "SELECT ",
-    event_columns!(),
-    " FROM taskstore_events WHERE (tx_id, id) > ($1, $2)",
-    visible_to_postgres!(),
-    " ORDER BY tx_id, id LIMIT $3"
-);
+const OUTBOX_POSTGRES: &str = read_postgres!("", "(tx_id, id) > ($1, $2)", "$3");
 
 /// The same on SQLite, whose planner seeks a row comparison by its first
 /// column only: the cursor's own transaction and the later ones are two
@@ -115,14 +121,6 @@ const OUTBOX_SQLITE: &str = concat!(
     " FROM taskstore_events WHERE tx_id = $1 AND id > $2 UNION ALL SELECT ",
     event_columns!(),
     " FROM taskstore_events WHERE tx_id > $1 ORDER BY tx_id, id LIMIT $3"
-);
-
-/// Whether committed events of any namespace wait above the horizon ($1, $2:
-/// the cursor).
-const OUTBOX_HELD_BACK: &str = concat!(
-    "SELECT COUNT(*) FROM (SELECT 1 FROM taskstore_events WHERE (tx_id, id) > ($1, $2) AND tx_id >= ",
-    horizon!(),
-    " LIMIT 1) waiting"
 );
 
 /// The newest event of a task ($2), or of a namespace: each has its own
@@ -143,61 +141,41 @@ macro_rules! latest {
 impl SqlTaskRepository {
     pub(super) async fn events(&self, query: &EventQuery) -> Result<EventBatch> {
         let postgres = self.backend() == Backend::Postgres;
-        let statement = match (&query.task_id, postgres) {
-            (Some(task_id), true) => {
-                sqlx::query(by_task!(after_postgres!(), visible_to_postgres!())).bind(&query.namespace).bind(task_id)
-            }
-            (Some(task_id), false) => sqlx::query(by_task!(after_sqlite!(), "")).bind(&query.namespace).bind(task_id),
-            (None, true) => sqlx::query(by_namespace!(after_postgres!(), visible_to_postgres!()))
-                .bind(&query.namespace)
-                .bind(query.agent_id.as_deref().unwrap_or_default()),
-            (None, false) => sqlx::query(by_namespace!(after_sqlite!(), ""))
-                .bind(&query.namespace)
-                .bind(query.agent_id.as_deref().unwrap_or_default()),
+        let sql = match (&query.task_id, postgres) {
+            (Some(_), true) => read_postgres!(task_filter!(), after_postgres!(), "$5"),
+            (Some(_), false) => read_sqlite!(task_filter!()),
+            (None, true) => read_postgres!(namespace_filter!(), after_postgres!(), "$5"),
+            (None, false) => read_sqlite!(namespace_filter!()),
         };
-        let statement = statement.bind(query.after.tx).bind(query.after.id).bind(i64::from(query.limit));
+        let filter = match &query.task_id {
+            Some(task_id) => task_id.as_str(),
+            None => query.agent_id.as_deref().unwrap_or_default(),
+        };
+        let statement = sqlx::query(sql)
+            .bind(&query.namespace)
+            .bind(filter)
+            .bind(query.after.tx)
+            .bind(query.after.id)
+            .bind(i64::from(query.limit));
         let statement = match query.task_id {
             Some(_) => statement,
             None => statement.bind(query.context_id.as_deref().unwrap_or_default()),
         };
-        let mut snapshot = self.snapshot().await?;
-        let rows = statement.fetch_all(&mut *snapshot).await?;
-        let events = rows.iter().map(rows::decode_event).collect::<Result<Vec<_>>>()?;
-        let full = events.len() >= query.limit as usize;
-        let held_back = postgres
-            && !full
-            && held_back(&mut snapshot, query, events.last().map_or(query.after, |e| e.cursor)).await?;
-        snapshot.commit().await?;
-        Ok(EventBatch { events, held_back })
-    }
-
-    /// A read-only transaction whose statements share one snapshot on
-    /// PostgreSQL, so that the horizon a read used and the count of what it
-    /// held back agree.
-    async fn snapshot(&self) -> Result<super::Tx<'static>> {
-        Ok(match self.backend() {
-            Backend::Postgres => self.db.pool().begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY").await?,
-            Backend::Sqlite => self.db.pool().begin().await?,
-        })
+        let rows = statement.fetch_all(&mut *self.db.acquire().await?).await?;
+        batch(&rows, postgres, query.limit)
     }
 
     /// Every namespace's events after `after`, in commit order.
     pub(super) async fn outbox(&self, after: Cursor, limit: u32) -> Result<EventBatch> {
         let postgres = self.backend() == Backend::Postgres;
         let sql = if postgres { OUTBOX_POSTGRES } else { OUTBOX_SQLITE };
-        let mut snapshot = self.snapshot().await?;
-        let rows =
-            sqlx::query(sql).bind(after.tx).bind(after.id).bind(i64::from(limit)).fetch_all(&mut *snapshot).await?;
-        let events = rows.iter().map(rows::decode_event).collect::<Result<Vec<_>>>()?;
-        let full = events.len() >= limit as usize;
-        let held_back = postgres && !full && {
-            let last = events.last().map_or(after, |event| event.cursor);
-            let waiting: i64 =
-                sqlx::query_scalar(OUTBOX_HELD_BACK).bind(last.tx).bind(last.id).fetch_one(&mut *snapshot).await?;
-            waiting > 0
-        };
-        snapshot.commit().await?;
-        Ok(EventBatch { events, held_back })
+        let rows = sqlx::query(sql)
+            .bind(after.tx)
+            .bind(after.id)
+            .bind(i64::from(limit))
+            .fetch_all(&mut *self.db.acquire().await?)
+            .await?;
+        batch(&rows, postgres, limit)
     }
 
     pub(super) async fn latest(&self, namespace: &str, task_id: Option<&str>) -> Result<Option<TaskEvent>> {
@@ -216,13 +194,22 @@ impl SqlTaskRepository {
     }
 }
 
-/// Whether (PostgreSQL only) committed events after `after` wait above the
-/// horizon of the snapshot.
-async fn held_back(snapshot: &mut super::Tx<'static>, query: &EventQuery, after: Cursor) -> Result<bool> {
-    let statement = match &query.task_id {
-        Some(task_id) => sqlx::query_scalar(TASK_HELD_BACK).bind(&query.namespace).bind(task_id),
-        None => sqlx::query_scalar(NAMESPACE_HELD_BACK).bind(&query.namespace),
-    };
-    let waiting: i64 = statement.bind(after.tx).bind(after.id).fetch_one(&mut **snapshot).await?;
-    Ok(waiting > 0)
+/// The events of a read; on PostgreSQL each row also says whether events
+/// wait above the horizon, and a row without an event says only that. What
+/// waits counts only when the batch is not full: a full batch is read on at
+/// once anyway.
+fn batch(rows: &[sqlx::any::AnyRow], postgres: bool, limit: u32) -> Result<EventBatch> {
+    let mut events = Vec::with_capacity(rows.len());
+    let mut waiting = false;
+    for row in rows {
+        if postgres {
+            waiting = row.try_get::<i64, _>("held_back")? > 0;
+            if row.try_get::<Option<i64>, _>("id")?.is_none() {
+                continue;
+            }
+        }
+        events.push(rows::decode_event(row)?);
+    }
+    let full = events.len() >= limit as usize;
+    Ok(EventBatch { events, held_back: waiting && !full })
 }
