@@ -156,6 +156,10 @@ impl TaskStore {
 
     async fn feed_task_events(self, mut query: EventQuery, sender: mpsc::Sender<Result<TaskEvent>>) {
         let task_id = query.task_id.clone().unwrap_or_default();
+        // A watch that starts after the task's final event would wait for
+        // ever: once the log it could read is read, it checks that once. Any
+        // later final event comes in a batch and ends the stream there.
+        let mut end_checked = false;
         loop {
             let mut waiters = vec![self.wakeups.waiter(&keys::task(&query.namespace, &task_id))];
             let batch = match self.repository.read_events(&query).await {
@@ -176,8 +180,11 @@ impl TaskStore {
             if full_batch {
                 continue;
             }
-            if !batch.held_back && self.caught_up_with_finished_task(&query).await {
-                return;
+            if !batch.held_back && !end_checked {
+                end_checked = true;
+                if self.caught_up_with_finished_task(&query).await {
+                    return;
+                }
             }
             if !self.pause(&sender, &mut waiters, batch.held_back).await {
                 return;
