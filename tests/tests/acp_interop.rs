@@ -273,6 +273,10 @@ async fn acpx_prompts_resumes_and_cancels_through_chorus_acp() {
     assert!(seen.iter().any(|frame| frame["method"] == "session/cancel"), "the cancel reached the bridge: {seen:#?}");
     let tasks = tasks_of(url, &session).await;
     assert_eq!(tasks[0]["status"]["state"], "TASK_STATE_CANCELED", "the A2A task was canceled: {:#}", tasks[0]);
+    // The persistent session keeps an acpx queue owner (and its `chorus acp`)
+    // alive for minutes unless it is closed.
+    let closed = run(acpx(&node_dir, &home, sandbox.path(), url, &["sessions", "close"]), "acpx sessions close").await;
+    assert!(closed.status.success(), "acpx sessions close failed: {}", String::from_utf8_lossy(&closed.stderr));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
