@@ -56,21 +56,22 @@ const CLAIM_PRECHECK: &str = "SELECT id, lease_expires_at FROM taskstore_tasks W
 /// the history when there is one ($6 = 1), the event ($7 its payload) and, for
 /// an owned task, the owner's completion; returns the row with the history and
 /// artifacts as they were. Each shape of completion has its own statement, so
-/// PostgreSQL sets up only the tables it writes: [`CompleteShape::index`].
-static COMPLETE_POSTGRES: LazyLock<[String; 4]> = LazyLock::new(|| {
+/// PostgreSQL sets up only the tables it writes: `[owned][message]`, each
+/// index 1 for yes.
+static COMPLETE_POSTGRES: LazyLock<[[String; 2]; 2]> = LazyLock::new(|| {
     let from: Vec<String> = TaskState::ALL
         .into_iter()
         .filter(|state| state.can_become(TaskState::Completed))
         .map(|state| format!("'{}'", state.as_str()))
         .collect();
-    let statement = |shape: CompleteShape| {
-        let history = if shape.message {
+    let statement = |owned: bool, message: bool| {
+        let history = if message {
             "history AS (INSERT INTO taskstore_history (namespace, task_id, position, message) \
              SELECT namespace, id, history_count - 1, $4 FROM done), "
         } else {
             ""
         };
-        let (owner, inbox) = if shape.owned {
+        let (owner, inbox) = if owned {
             (
                 "owner_kind IS NOT NULL",
                 ", inbox AS (INSERT INTO taskstore_inbox (namespace, owner_kind, owner_id, task_id, parent_task_id, \
@@ -97,30 +98,8 @@ static COMPLETE_POSTGRES: LazyLock<[String; 4]> = LazyLock::new(|| {
             columns = task_columns!(),
         )
     };
-    CompleteShape::ALL.map(statement)
+    [false, true].map(|owned| [false, true].map(|message| statement(owned, message)))
 });
-
-/// What a one-statement completion writes besides the row and its event.
-#[derive(Debug, Clone, Copy)]
-struct CompleteShape {
-    /// The worker's closing message, into the history.
-    message: bool,
-    /// The owner's completion, into its inbox (a subtask).
-    owned: bool,
-}
-
-impl CompleteShape {
-    const ALL: [Self; 4] = [
-        Self { message: false, owned: false },
-        Self { message: true, owned: false },
-        Self { message: false, owned: true },
-        Self { message: true, owned: true },
-    ];
-
-    fn index(self) -> usize {
-        usize::from(self.message) + 2 * usize::from(self.owned)
-    }
-}
 
 /// Expired leases, oldest first. A task has a lease end exactly while it has
 /// a worker: `worker_id IS NOT NULL` lets the planner read only the live
@@ -346,16 +325,16 @@ impl SqlTaskRepository {
         let payload = event_payload(&status, EventDetail::default())?;
         // Most completed tasks have no owner: try that statement first, then
         // the one that also writes the owner's inbox.
+        let with_message = status.message.is_some();
         let mut found = None;
-        for owned in [false, true] {
-            let shape = CompleteShape { message: status.message.is_some(), owned };
-            found = sqlx::query(sqlx::AssertSqlSafe(COMPLETE_POSTGRES[shape.index()].as_str()))
+        for statements in COMPLETE_POSTGRES.iter() {
+            found = sqlx::query(sqlx::AssertSqlSafe(statements[usize::from(with_message)].as_str()))
                 .bind(namespace)
                 .bind(task_id)
                 .bind(lease_id)
                 .bind(message_json.as_deref())
                 .bind(status.timestamp)
-                .bind(i64::from(shape.message))
+                .bind(i64::from(with_message))
                 .bind(payload.as_str())
                 .fetch_optional(&mut *conn)
                 .await?;
