@@ -1,5 +1,6 @@
 //! The storage contracts: definitions and runs.
 
+mod held;
 pub mod runs;
 pub mod sql;
 pub mod sql_runs;

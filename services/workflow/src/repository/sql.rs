@@ -13,7 +13,11 @@ use crate::{
 /// The workflow service's embedded migrations.
 pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
     "workflow",
-    [(1, "workflow definitions", "0001_workflow.sql"), (2, "workflow runs", "0002_runs.sql")]
+    [
+        (1, "workflow definitions", "0001_workflow.sql"),
+        (2, "workflow runs", "0002_runs.sql"),
+        (3, "workflow run revisions", "0003_run_revisions.sql")
+    ]
 );
 
 const COLUMNS: &str =

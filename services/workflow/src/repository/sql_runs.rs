@@ -3,13 +3,23 @@
 //! A run is one row whose `body` holds its step records, decisions and
 //! signals; every change reads it under the row's lock (`FOR UPDATE` on
 //! PostgreSQL; SQLite's single writer serializes), applies the engine's rules
-//! and writes it back with its events in the same transaction.
+//! and writes it back with its events in the same transaction — except the
+//! changes of the engine that holds the run, which start from its own last
+//! write and land only over it (see `held`).
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
 
 use async_trait::async_trait;
 use chorus_runtime::storage::{Backend, Db, placeholders};
 use sqlx::{AssertSqlSafe, Row as _, any::AnyRow};
 
-use super::runs::{Change, Claim, Fence, RunRepository};
+use super::{
+    held::{HeldWrite, HeldWriter, Tx, insert_events},
+    runs::{Change, Claim, Fence, RunRepository, Transition},
+};
 use crate::{
     domain::{NewRun, Run, RunBody, RunChange, RunCursor, RunEvent, RunFilter, RunPage, RunState},
     engine::schedule::changes,
@@ -17,27 +27,32 @@ use crate::{
 };
 
 const COLUMNS: &str = "id, namespace, workflow, version, state, idempotency_key, concurrency_key, concurrency_limit, \
-                       body, created_at, updated_at, finished_at, retention, due_at, lease_owner, lease_token";
+                       body, created_at, updated_at, finished_at, retention, due_at, lease_owner, lease_token, revision";
 
 /// Run storage on a [`Db`].
 #[derive(Debug, Clone)]
 pub struct SqlRunRepository {
     db: Db,
+    /// The runs this process's engine holds, as it last wrote them.
+    held: Arc<Mutex<HashMap<String, Stored>>>,
+    writer: HeldWriter,
 }
 
 impl SqlRunRepository {
     pub fn new(db: Db) -> Self {
-        Self { db }
+        Self { writer: HeldWriter::new(db.clone()), db, held: Arc::default() }
     }
 }
 
 /// A run row with what only the repository needs.
+#[derive(Debug, Clone)]
 struct Stored {
     run: Run,
     concurrency_limit: Option<i64>,
     retention: Option<i64>,
     due_at: Option<i64>,
     lease: Option<Fence>,
+    revision: i64,
 }
 
 fn corrupt(error: impl std::fmt::Display) -> WorkflowError {
@@ -69,6 +84,7 @@ fn decode(row: &AnyRow) -> Result<Stored> {
         retention: row.try_get("retention")?,
         due_at: row.try_get("due_at")?,
         lease: owner.map(|owner| Fence { owner, token }),
+        revision: row.try_get("revision")?,
     })
 }
 
@@ -76,7 +92,15 @@ fn encode_body(body: &RunBody) -> Result<String> {
     serde_json::to_string(body).map_err(corrupt)
 }
 
-type Tx = sqlx::Transaction<'static, sqlx::Any>;
+/// When a run that just finished may be deleted.
+fn purge_at(retention: Option<i64>, run: &Run, now: i64) -> Option<i64> {
+    retention.filter(|_| run.state.is_finished()).map(|retention| now + retention)
+}
+
+/// The bodies of a run's events, in order.
+fn event_bodies(run: &Run, events: &[RunChange]) -> Vec<String> {
+    events.iter().map(|change| serde_json::json!({ "state": run.state, "change": change }).to_string()).collect()
+}
 
 impl SqlRunRepository {
     /// Runs a claiming statement (a lease lost in a crash only means the run
@@ -98,22 +122,6 @@ impl SqlRunRepository {
                 })
             })
             .collect()
-    }
-
-    async fn insert_events(&self, tx: &mut Tx, run: &Run, events: &[RunChange], now: i64) -> Result<()> {
-        if events.is_empty() {
-            return Ok(());
-        }
-        let rows: Vec<String> =
-            (0..events.len()).map(|index| format!("($1, {}, $2)", placeholders(index + 3, 1))).collect();
-        let sql = format!("INSERT INTO workflow_run_events (run_id, body, created_at) VALUES {}", rows.join(", "));
-        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(&run.id).bind(now);
-        for change in events {
-            let body = serde_json::json!({ "state": run.state, "change": change });
-            query = query.bind(body.to_string());
-        }
-        query.execute(&mut **tx).await?;
-        Ok(())
     }
 
     /// Serializes the runs of one concurrency group (PostgreSQL; SQLite's
@@ -155,7 +163,7 @@ impl SqlRunRepository {
     /// A finished run frees its slot: the oldest pending run of its group is due.
     async fn wake_next(&self, tx: &mut Tx, run: &Run, now: i64) -> Result<()> {
         let sql = format!(
-            "UPDATE workflow_runs SET due_at = $4 WHERE id = (SELECT id FROM workflow_runs \
+            "UPDATE workflow_runs SET due_at = $4, revision = revision + 1 WHERE id = (SELECT id FROM workflow_runs \
              WHERE namespace = $1 AND workflow = $2 AND {} AND state = 'pending' ORDER BY created_at, id LIMIT 1)",
             self.same_key()
         );
@@ -167,6 +175,143 @@ impl SqlRunRepository {
             .execute(&mut **tx)
             .await?;
         Ok(())
+    }
+
+    /// The run this engine holds under `fence`, as it last wrote it (runs
+    /// under a concurrency limit are always read: their changes look at others).
+    fn held_copy(&self, namespace: &str, run_id: &str, fence: &Fence) -> Option<Stored> {
+        let held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.get(run_id)
+            .filter(|stored| stored.run.namespace == namespace && stored.lease.as_ref() == Some(fence))
+            .cloned()
+    }
+
+    /// Remembers (or, with `None`, forgets) how this engine left a run it holds.
+    fn hold(&self, run_id: &str, stored: Option<Stored>) {
+        let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match stored.filter(|stored| stored.concurrency_limit.is_none()) {
+            Some(stored) => held.insert(run_id.to_owned(), stored),
+            None => held.remove(run_id),
+        };
+    }
+
+    /// Applies `change` to the held copy and writes it over that revision.
+    /// `None` when the copy cannot say: nothing changed in it (an outside
+    /// change may wait in the row), or the row moved on.
+    async fn transition_held(&self, held: Stored, now: i64, change: &mut Change<'_>) -> Option<Run> {
+        let before = &held.run;
+        let mut run = before.clone();
+        let transition = change(&mut run, true).ok()?;
+        if run == *before && transition.due_at == held.due_at && !transition.release {
+            return None;
+        }
+        let events = changes(before, &run);
+        if !events.is_empty() {
+            run.updated_at = now;
+        }
+        let fence = held.lease.clone()?;
+        let write = HeldWrite {
+            id: run.id.clone(),
+            revision: held.revision,
+            owner: fence.owner.clone(),
+            token: fence.token,
+            state: run.state.as_str(),
+            body: encode_body(&run.body).ok()?,
+            updated_at: run.updated_at,
+            finished_at: run.finished_at,
+            due_at: transition.due_at,
+            purge_at: purge_at(held.retention, &run, now),
+            release: transition.release,
+            events: event_bodies(&run, &events),
+            now,
+        };
+        if !self.writer.write(write).await {
+            self.hold(&run.id, None);
+            return None;
+        }
+        self.hold_written(&held, &run, transition);
+        Some(run)
+    }
+
+    /// Remembers a run as this engine just wrote it (forgets it when released).
+    fn hold_written(&self, stored: &Stored, run: &Run, transition: Transition) {
+        let kept = (!transition.release).then(|| Stored {
+            run: run.clone(),
+            due_at: transition.due_at,
+            revision: stored.revision + 1,
+            ..stored.clone()
+        });
+        self.hold(&run.id, kept);
+    }
+
+    async fn transition_locked(
+        &self,
+        namespace: &str,
+        run_id: &str,
+        fence: Option<&Fence>,
+        now: i64,
+        change: &mut Change<'_>,
+    ) -> Result<Run> {
+        let mut tx = self.db.pool().begin().await?;
+        let sql = format!("SELECT {COLUMNS} FROM workflow_runs WHERE id = $1{}", self.db.on_postgres(" FOR UPDATE"));
+        let row = sqlx::query(AssertSqlSafe(sql)).bind(run_id).fetch_optional(&mut *tx).await?;
+        let stored = match row {
+            Some(row) => decode(&row)?,
+            None => return Err(WorkflowError::RunNotFound(run_id.to_owned())),
+        };
+        if stored.run.namespace != namespace {
+            return Err(WorkflowError::RunNotFound(run_id.to_owned()));
+        }
+        if fence.is_some() && stored.lease.as_ref() != fence {
+            self.hold(run_id, None);
+            return Err(WorkflowError::LeaseLost(run_id.to_owned()));
+        }
+        let before = stored.run.clone();
+        let mut run = before.clone();
+        let slot_free = match stored.concurrency_limit {
+            Some(limit) => {
+                self.lock_group(&mut tx, &run).await?;
+                run.state != RunState::Pending || self.slot_free(&mut tx, &run, limit).await?
+            }
+            None => true,
+        };
+        let transition = change(&mut run, slot_free)?;
+        if run == before && transition.due_at == stored.due_at && !transition.release {
+            // Nothing changed: nothing to write, no commit to wait for.
+            tx.rollback().await?;
+            if fence.is_some() {
+                self.hold(run_id, Some(stored));
+            }
+            return Ok(run);
+        }
+        let events = changes(&before, &run);
+        if !events.is_empty() {
+            run.updated_at = now;
+        }
+        let lease = if transition.release { ", lease_owner = NULL, lease_until = NULL" } else { "" };
+        let sql = format!(
+            "UPDATE workflow_runs SET state = $2, body = $3, updated_at = $4, finished_at = $5, due_at = $6, \
+             purge_at = $7, revision = revision + 1{lease} WHERE id = $1"
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(&run.id)
+            .bind(run.state.as_str())
+            .bind(encode_body(&run.body)?)
+            .bind(run.updated_at)
+            .bind(run.finished_at)
+            .bind(transition.due_at)
+            .bind(purge_at(stored.retention, &run, now))
+            .execute(&mut *tx)
+            .await?;
+        insert_events(&mut tx, &run.id, now, &event_bodies(&run, &events)).await?;
+        if stored.concurrency_limit.is_some() && run.state.is_finished() && !before.state.is_finished() {
+            self.wake_next(&mut tx, &run, now).await?;
+        }
+        tx.commit().await?;
+        if fence.is_some() {
+            self.hold_written(&stored, &run, transition);
+        }
+        Ok(run)
     }
 }
 
@@ -217,7 +362,7 @@ impl RunRepository for SqlRunRepository {
                 .await?;
             return Ok((decode(&row)?.run, false));
         }
-        self.insert_events(&mut tx, &run, &[RunChange::RunStateChanged], now).await?;
+        insert_events(&mut tx, &run.id, now, &event_bodies(&run, &[RunChange::RunStateChanged])).await?;
         tx.commit().await?;
         Ok((run, true))
     }
@@ -300,60 +445,13 @@ impl RunRepository for SqlRunRepository {
         now: i64,
         change: &mut Change<'_>,
     ) -> Result<Run> {
-        let mut tx = self.db.pool().begin().await?;
-        let sql = format!("SELECT {COLUMNS} FROM workflow_runs WHERE id = $1{}", self.db.on_postgres(" FOR UPDATE"));
-        let row = sqlx::query(AssertSqlSafe(sql)).bind(run_id).fetch_optional(&mut *tx).await?;
-        let stored = match row {
-            Some(row) => decode(&row)?,
-            None => return Err(WorkflowError::RunNotFound(run_id.to_owned())),
-        };
-        if stored.run.namespace != namespace {
-            return Err(WorkflowError::RunNotFound(run_id.to_owned()));
-        }
-        if fence.is_some() && stored.lease.as_ref() != fence {
-            return Err(WorkflowError::LeaseLost(run_id.to_owned()));
-        }
-        let before = stored.run;
-        let mut run = before.clone();
-        let slot_free = match stored.concurrency_limit {
-            Some(limit) => {
-                self.lock_group(&mut tx, &run).await?;
-                run.state != RunState::Pending || self.slot_free(&mut tx, &run, limit).await?
-            }
-            None => true,
-        };
-        let transition = change(&mut run, slot_free)?;
-        if run == before && transition.due_at == stored.due_at && !transition.release {
-            // Nothing changed: nothing to write, no commit to wait for.
-            tx.rollback().await?;
+        if let Some(fence) = fence
+            && let Some(held) = self.held_copy(namespace, run_id, fence)
+            && let Some(run) = self.transition_held(held, now, change).await
+        {
             return Ok(run);
         }
-        let events = changes(&before, &run);
-        if !events.is_empty() {
-            run.updated_at = now;
-        }
-        let purge_at = stored.retention.filter(|_| run.state.is_finished()).map(|retention| now + retention);
-        let lease = if transition.release { ", lease_owner = NULL, lease_until = NULL" } else { "" };
-        let sql = format!(
-            "UPDATE workflow_runs SET state = $2, body = $3, updated_at = $4, finished_at = $5, due_at = $6, \
-             purge_at = $7{lease} WHERE id = $1"
-        );
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(&run.id)
-            .bind(run.state.as_str())
-            .bind(encode_body(&run.body)?)
-            .bind(run.updated_at)
-            .bind(run.finished_at)
-            .bind(transition.due_at)
-            .bind(purge_at)
-            .execute(&mut *tx)
-            .await?;
-        self.insert_events(&mut tx, &run, &events, now).await?;
-        if stored.concurrency_limit.is_some() && run.state.is_finished() && !before.state.is_finished() {
-            self.wake_next(&mut tx, &run, now).await?;
-        }
-        tx.commit().await?;
-        Ok(run)
+        self.transition_locked(namespace, run_id, fence, now, change).await
     }
 
     async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: u32) -> Result<Vec<Claim>> {

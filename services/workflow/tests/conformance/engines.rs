@@ -7,7 +7,11 @@ use std::time::Duration;
 use chorus_proto::taskstore::{
     CreateTaskRequest, Message, Part, Role, part::Content, task_store_client::TaskStoreClient,
 };
-use chorus_workflow::{WorkflowConfig, domain::RunState};
+use chorus_workflow::{
+    WorkflowConfig,
+    domain::{NewRun, RunBody, RunState},
+    repository::{RunRepository, Transition, sql_runs::SqlRunRepository},
+};
 use serde_json::json;
 
 use crate::harness::{AGENT, Harness, NS, test_config};
@@ -16,6 +20,7 @@ chorus_runtime::backend_suite!(crate::harness::Harness::bare;
     a_spawn_issued_before_a_crash_is_found_not_made_twice,
     an_engine_restarted_under_its_name_resumes_its_runs_at_once,
     webhooks_to_private_addresses_are_refused_unless_allowed,
+    an_engine_never_writes_its_copy_of_a_run_over_a_change_made_meanwhile,
 );
 
 async fn task_count(h: &Harness) -> i64 {
@@ -89,4 +94,48 @@ async fn webhooks_to_private_addresses_are_refused_unless_allowed(h: Harness) {
         assert!(error.contains("not a public address") && error.contains("allow_private_webhooks"), "{error}");
     }
     assert!(seen.lock().expect("seen").is_empty(), "nothing was sent");
+}
+
+/// The engine holding a run writes its changes over its own last write
+/// without reading the row; a change someone else made in between must make
+/// that write miss, and the engine's change apply to the row as it now is.
+async fn an_engine_never_writes_its_copy_of_a_run_over_a_change_made_meanwhile(h: Harness) {
+    let engine = SqlRunRepository::new(h.db.clone());
+    let api = SqlRunRepository::new(h.db.clone());
+    let new = NewRun {
+        namespace: NS.into(),
+        id: "run-held".into(),
+        workflow: "held".into(),
+        version: 1,
+        idempotency_key: None,
+        concurrency_key: None,
+        concurrency_limit: None,
+        body: RunBody::default(),
+        retention_micros: None,
+    };
+    engine.create(new, 1).await.expect("create");
+    let claims = engine.claim_due("engine-a", 2, 100, 10).await.expect("claim");
+    let fence = claims.into_iter().find(|claim| claim.run_id == "run-held").expect("claimed").fence;
+    let keep = Transition { due_at: Some(0), release: false };
+    let mark = |key: &'static str| {
+        move |run: &mut chorus_workflow::domain::Run, _: bool| {
+            run.body.input.insert(key.into(), json!(true));
+            Ok(keep)
+        }
+    };
+    engine.transition(NS, "run-held", Some(&fence), 3, &mut mark("engine-first")).await.expect("engine writes");
+    api.transition(NS, "run-held", None, 4, &mut mark("api")).await.expect("api writes");
+    let run = engine.transition(NS, "run-held", Some(&fence), 5, &mut mark("engine-second")).await.expect("again");
+    let mut keys: Vec<&str> = run.body.input.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["api", "engine-first", "engine-second"], "the outside change survives");
+    let stored = api.get(NS, "run-held").await.expect("get").expect("the run");
+    assert_eq!(stored.body.input, run.body.input);
+    // A claim taken over by another engine fences the first one out, held copy or not.
+    let taken = engine.claim_due("engine-b", 200, 300, 10).await.expect("take over");
+    assert!(taken.iter().any(|claim| claim.run_id == "run-held"));
+    let lost = engine.transition(NS, "run-held", Some(&fence), 6, &mut mark("stale")).await.expect_err("fenced");
+    assert!(matches!(lost, chorus_workflow::error::WorkflowError::LeaseLost(_)), "{lost:?}");
+    let stored = api.get(NS, "run-held").await.expect("get").expect("the run");
+    assert!(!stored.body.input.contains_key("stale"));
 }

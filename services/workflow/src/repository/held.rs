@@ -1,0 +1,191 @@
+//! Writes of the runs an engine holds. The claiming engine keeps each run as
+//! it last wrote it, changes that copy and writes it back without reading the
+//! row first: the write lands only if the row still has the revision and the
+//! claim the engine wrote, so a change made meanwhile by anyone else (an API
+//! call, another engine) makes it miss, and the engine falls back to a locked
+//! read. Writes that wait at the same time go to the database together — one
+//! statement and one commit on PostgreSQL, one transaction on SQLite — which
+//! is how 64 runs in flight share commits instead of queueing for one each.
+
+use std::{collections::HashSet, sync::Arc};
+
+use chorus_runtime::storage::{Backend, Db, placeholders};
+use serde::Serialize;
+use sqlx::{AssertSqlSafe, Row as _};
+use tokio::sync::{mpsc, oneshot};
+
+pub(super) type Tx = sqlx::Transaction<'static, sqlx::Any>;
+
+/// The most writes one batch carries.
+const BATCH: usize = 128;
+
+/// A run's new row, written only over `revision` under `fence`.
+#[derive(Debug, Serialize)]
+pub(super) struct HeldWrite {
+    pub id: String,
+    pub revision: i64,
+    pub owner: String,
+    pub token: i64,
+    pub state: &'static str,
+    pub body: String,
+    pub updated_at: i64,
+    pub finished_at: Option<i64>,
+    pub due_at: Option<i64>,
+    pub purge_at: Option<i64>,
+    pub release: bool,
+    /// Event bodies, in order.
+    #[serde(skip)]
+    pub events: Vec<String>,
+    #[serde(skip)]
+    pub now: i64,
+}
+
+type Request = (HeldWrite, oneshot::Sender<bool>);
+
+/// Hands held writes to the batching task, which it starts on first use.
+#[derive(Debug, Clone)]
+pub(super) struct HeldWriter {
+    db: Db,
+    sender: Arc<std::sync::OnceLock<mpsc::UnboundedSender<Request>>>,
+}
+
+impl HeldWriter {
+    pub(super) fn new(db: Db) -> Self {
+        Self { db, sender: Arc::default() }
+    }
+
+    /// Whether the write landed. `false` when the row moved on, or the batch
+    /// failed: either way the caller reads the row afresh under its lock.
+    pub(super) async fn write(&self, write: HeldWrite) -> bool {
+        let sender = self.sender.get_or_init(|| {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            tokio::spawn(write_batches(self.db.clone(), receiver));
+            sender
+        });
+        let (reply, landed) = oneshot::channel();
+        if sender.send((write, reply)).is_err() {
+            return false;
+        }
+        landed.await.unwrap_or(false)
+    }
+}
+
+/// Writes what waits, a batch at a time, until every writer is gone.
+async fn write_batches(db: Db, mut receiver: mpsc::UnboundedReceiver<Request>) {
+    let mut batch = Vec::with_capacity(BATCH);
+    while receiver.recv_many(&mut batch, BATCH).await > 0 {
+        let (writes, replies): (Vec<HeldWrite>, Vec<_>) = batch.drain(..).unzip();
+        let landed = match db.backend() {
+            Backend::Postgres => write_postgres(&db, &writes).await,
+            Backend::Sqlite => write_sqlite(&db, &writes).await,
+        }
+        .unwrap_or_else(|error| {
+            tracing::debug!(%error, writes = writes.len(), "batched run writes failed; each run is read afresh");
+            HashSet::new()
+        });
+        for (write, reply) in writes.iter().zip(replies) {
+            reply.send(landed.contains(&write.id)).ok();
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct EventRow<'a> {
+    run_id: &'a str,
+    body: &'a str,
+    created_at: i64,
+    n: usize,
+}
+
+/// One statement: the rows whose revision and claim still match are
+/// updated, and only their events inserted, in the order given.
+const POSTGRES_BATCH: &str = "\
+WITH input AS (
+    SELECT * FROM json_to_recordset(CAST($1 AS json)) AS i(id text, revision bigint, owner text, token bigint,
+        state text, body text, updated_at bigint, finished_at bigint, due_at bigint, purge_at bigint, release boolean)
+), updated AS (
+    UPDATE workflow_runs r SET state = i.state, body = i.body, updated_at = i.updated_at,
+        finished_at = i.finished_at, due_at = i.due_at, purge_at = i.purge_at, revision = r.revision + 1,
+        lease_owner = CASE WHEN i.release THEN NULL ELSE r.lease_owner END,
+        lease_until = CASE WHEN i.release THEN NULL ELSE r.lease_until END
+    FROM input i
+    WHERE r.id = i.id AND r.revision = i.revision AND r.lease_owner = i.owner AND r.lease_token = i.token
+    RETURNING r.id
+), inserted AS (
+    INSERT INTO workflow_run_events (run_id, body, created_at)
+    SELECT e.run_id, e.body, e.created_at
+    FROM json_to_recordset(CAST($2 AS json)) AS e(run_id text, body text, created_at bigint, n bigint)
+    WHERE e.run_id IN (SELECT id FROM updated)
+    ORDER BY e.n
+)
+SELECT id FROM updated";
+
+fn json(value: &impl Serialize) -> Result<String, sqlx::Error> {
+    serde_json::to_string(value).map_err(|error| sqlx::Error::Encode(error.into()))
+}
+
+async fn write_postgres(db: &Db, writes: &[HeldWrite]) -> Result<HashSet<String>, sqlx::Error> {
+    let events: Vec<EventRow<'_>> = writes
+        .iter()
+        .flat_map(|write| write.events.iter().map(move |body| (write, body)))
+        .enumerate()
+        .map(|(n, (write, body))| EventRow { run_id: &write.id, body, created_at: write.now, n })
+        .collect();
+    let rows = sqlx::query(POSTGRES_BATCH)
+        .bind(json(&writes)?)
+        .bind(json(&events)?)
+        .fetch_all(&mut *db.acquire().await?)
+        .await?;
+    rows.iter().map(|row| row.try_get::<String, _>("id")).collect()
+}
+
+/// One transaction: each row updated if its revision and claim still match,
+/// and its events inserted if it was.
+async fn write_sqlite(db: &Db, writes: &[HeldWrite]) -> Result<HashSet<String>, sqlx::Error> {
+    let mut tx = db.pool().begin().await?;
+    let mut landed = HashSet::new();
+    for write in writes {
+        let lease = if write.release { ", lease_owner = NULL, lease_until = NULL" } else { "" };
+        let sql = format!(
+            "UPDATE workflow_runs SET state = $5, body = $6, updated_at = $7, finished_at = $8, due_at = $9, \
+             purge_at = $10, revision = revision + 1{lease} \
+             WHERE id = $1 AND revision = $2 AND lease_owner = $3 AND lease_token = $4"
+        );
+        let updated = sqlx::query(AssertSqlSafe(sql))
+            .bind(&write.id)
+            .bind(write.revision)
+            .bind(&write.owner)
+            .bind(write.token)
+            .bind(write.state)
+            .bind(&write.body)
+            .bind(write.updated_at)
+            .bind(write.finished_at)
+            .bind(write.due_at)
+            .bind(write.purge_at)
+            .execute(&mut *tx)
+            .await?;
+        if updated.rows_affected() == 0 {
+            continue;
+        }
+        insert_events(&mut tx, &write.id, write.now, &write.events).await?;
+        landed.insert(write.id.clone());
+    }
+    tx.commit().await?;
+    Ok(landed)
+}
+
+/// Inserts a run's events (their bodies, in order) in `tx`.
+pub(super) async fn insert_events(tx: &mut Tx, run_id: &str, now: i64, bodies: &[String]) -> Result<(), sqlx::Error> {
+    if bodies.is_empty() {
+        return Ok(());
+    }
+    let rows: Vec<String> =
+        (0..bodies.len()).map(|index| format!("($1, {}, $2)", placeholders(index + 3, 1))).collect();
+    let sql = format!("INSERT INTO workflow_run_events (run_id, body, created_at) VALUES {}", rows.join(", "));
+    let mut query = sqlx::query(AssertSqlSafe(sql)).bind(run_id).bind(now);
+    for body in bodies {
+        query = query.bind(body);
+    }
+    query.execute(&mut **tx).await?;
+    Ok(())
+}
