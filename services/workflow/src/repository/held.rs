@@ -7,7 +7,7 @@
 //! statement and one commit on PostgreSQL, one transaction on SQLite — which
 //! is how 64 runs in flight share commits instead of queueing for one each.
 
-use std::{collections::HashSet, sync::Arc};
+use std::{collections::HashMap, sync::Arc};
 
 use chorus_runtime::storage::{Backend, Db, placeholders};
 use serde::Serialize;
@@ -40,7 +40,9 @@ pub(super) struct HeldWrite {
     pub now: i64,
 }
 
-type Request = (HeldWrite, oneshot::Sender<bool>);
+/// The ids of a landed write's events, in order.
+type Landed = Option<Vec<i64>>;
+type Request = (HeldWrite, oneshot::Sender<Landed>);
 
 /// Hands held writes to the batching task, which it starts on first use.
 #[derive(Debug, Clone)]
@@ -54,9 +56,10 @@ impl HeldWriter {
         Self { db, sender: Arc::default() }
     }
 
-    /// Whether the write landed. `false` when the row moved on, or the batch
-    /// failed: either way the caller reads the row afresh under its lock.
-    pub(super) async fn write(&self, write: HeldWrite) -> bool {
+    /// The ids of its events when the write landed. `None` when the row
+    /// moved on, or the batch failed: either way the caller reads the row
+    /// afresh under its lock.
+    pub(super) async fn write(&self, write: HeldWrite) -> Landed {
         let sender = self.sender.get_or_init(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
             tokio::spawn(write_batches(self.db.clone(), receiver));
@@ -64,9 +67,9 @@ impl HeldWriter {
         });
         let (reply, landed) = oneshot::channel();
         if sender.send((write, reply)).is_err() {
-            return false;
+            return None;
         }
-        landed.await.unwrap_or(false)
+        landed.await.ok().flatten()
     }
 }
 
@@ -75,16 +78,16 @@ async fn write_batches(db: Db, mut receiver: mpsc::UnboundedReceiver<Request>) {
     let mut batch = Vec::with_capacity(BATCH);
     while receiver.recv_many(&mut batch, BATCH).await > 0 {
         let (writes, replies): (Vec<HeldWrite>, Vec<_>) = batch.drain(..).unzip();
-        let landed = match db.backend() {
+        let mut landed = match db.backend() {
             Backend::Postgres => write_postgres(&db, &writes).await,
             Backend::Sqlite => write_sqlite(&db, &writes).await,
         }
         .unwrap_or_else(|error| {
             tracing::debug!(%error, writes = writes.len(), "batched run writes failed; each run is read afresh");
-            HashSet::new()
+            HashMap::new()
         });
         for (write, reply) in writes.iter().zip(replies) {
-            reply.send(landed.contains(&write.id)).ok();
+            reply.send(landed.remove(&write.id)).ok();
         }
     }
 }
@@ -117,14 +120,15 @@ WITH input AS (
     FROM json_to_recordset(CAST($2 AS json)) AS e(run_id text, body text, created_at bigint, n bigint)
     WHERE e.run_id IN (SELECT id FROM updated)
     ORDER BY e.n
+    RETURNING run_id, id
 )
-SELECT id FROM updated";
+SELECT u.id, i.id AS event_id FROM updated u LEFT JOIN inserted i ON i.run_id = u.id";
 
 fn json(value: &impl Serialize) -> Result<String, sqlx::Error> {
     serde_json::to_string(value).map_err(|error| sqlx::Error::Encode(error.into()))
 }
 
-async fn write_postgres(db: &Db, writes: &[HeldWrite]) -> Result<HashSet<String>, sqlx::Error> {
+async fn write_postgres(db: &Db, writes: &[HeldWrite]) -> Result<HashMap<String, Vec<i64>>, sqlx::Error> {
     let events: Vec<EventRow<'_>> = writes
         .iter()
         .flat_map(|write| write.events.iter().map(move |body| (write, body)))
@@ -136,14 +140,22 @@ async fn write_postgres(db: &Db, writes: &[HeldWrite]) -> Result<HashSet<String>
         .bind(json(&events)?)
         .fetch_all(&mut *db.acquire().await?)
         .await?;
-    rows.iter().map(|row| row.try_get::<String, _>("id")).collect()
+    let mut landed: HashMap<String, Vec<i64>> = HashMap::new();
+    for row in &rows {
+        let ids = landed.entry(row.try_get("id")?).or_default();
+        ids.extend(row.try_get::<Option<i64>, _>("event_id")?);
+    }
+    for ids in landed.values_mut() {
+        ids.sort_unstable();
+    }
+    Ok(landed)
 }
 
 /// One transaction: each row updated if its revision and claim still match,
 /// and its events inserted if it was.
-async fn write_sqlite(db: &Db, writes: &[HeldWrite]) -> Result<HashSet<String>, sqlx::Error> {
+async fn write_sqlite(db: &Db, writes: &[HeldWrite]) -> Result<HashMap<String, Vec<i64>>, sqlx::Error> {
     let mut tx = db.pool().begin().await?;
-    let mut landed = HashSet::new();
+    let mut landed = HashMap::new();
     for write in writes {
         let lease = if write.release { ", lease_owner = NULL, lease_until = NULL" } else { "" };
         let sql = format!(
@@ -167,25 +179,33 @@ async fn write_sqlite(db: &Db, writes: &[HeldWrite]) -> Result<HashSet<String>, 
         if updated.rows_affected() == 0 {
             continue;
         }
-        insert_events(&mut tx, &write.id, write.now, &write.events).await?;
-        landed.insert(write.id.clone());
+        let ids = insert_events(&mut tx, &write.id, write.now, &write.events).await?;
+        landed.insert(write.id.clone(), ids);
     }
     tx.commit().await?;
     Ok(landed)
 }
 
-/// Inserts a run's events (their bodies, in order) in `tx`.
-pub(super) async fn insert_events(tx: &mut Tx, run_id: &str, now: i64, bodies: &[String]) -> Result<(), sqlx::Error> {
+/// Inserts a run's events (their bodies, in order) in `tx`; their ids, in order.
+pub(super) async fn insert_events(
+    tx: &mut Tx,
+    run_id: &str,
+    now: i64,
+    bodies: &[String],
+) -> Result<Vec<i64>, sqlx::Error> {
     if bodies.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let rows: Vec<String> =
         (0..bodies.len()).map(|index| format!("($1, {}, $2)", placeholders(index + 3, 1))).collect();
-    let sql = format!("INSERT INTO workflow_run_events (run_id, body, created_at) VALUES {}", rows.join(", "));
-    let mut query = sqlx::query(AssertSqlSafe(sql)).bind(run_id).bind(now);
+    let sql =
+        format!("INSERT INTO workflow_run_events (run_id, body, created_at) VALUES {} RETURNING id", rows.join(", "));
+    let mut query = sqlx::query_scalar(AssertSqlSafe(sql)).bind(run_id).bind(now);
     for body in bodies {
         query = query.bind(body);
     }
-    query.execute(&mut **tx).await?;
-    Ok(())
+    let mut ids: Vec<i64> = query.fetch_all(&mut **tx).await?;
+    // Ids are drawn in the order the rows are listed.
+    ids.sort_unstable();
+    Ok(ids)
 }

@@ -7,7 +7,7 @@ pub mod sql_runs;
 
 use async_trait::async_trait;
 
-pub use self::runs::{Claim, Fence, RunRepository, Transition};
+pub use self::runs::{Claim, EventPage, Fence, RunRepository, Transition, Written};
 use crate::{
     domain::{Definition, DefinitionPage, NewDefinition, PageToken, Put},
     error::Result,

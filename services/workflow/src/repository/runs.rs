@@ -31,6 +31,26 @@ pub struct Transition {
     pub release: bool,
 }
 
+/// A run as a transition left it, and what the transition wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Written {
+    pub run: Run,
+    /// The run's revision after the transition; each write counts it up by one.
+    pub revision: i64,
+    /// Whether the transition wrote the run (it may write no events).
+    pub wrote: bool,
+    /// The events it recorded, in order.
+    pub events: Vec<RunEvent>,
+}
+
+/// A run's events after a cursor, and the run's revision when they were read.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EventPage {
+    pub events: Vec<RunEvent>,
+    /// `None` when the run is gone.
+    pub revision: Option<i64>,
+}
+
 /// A change applied to a run read under its lock. `slot_free` says whether a
 /// pending run may start under its concurrency limit.
 pub type Change<'a> = dyn FnMut(&mut Run, bool) -> Result<Transition> + Send + 'a;
@@ -60,7 +80,7 @@ pub trait RunRepository: Send + Sync + std::fmt::Debug {
         fence: Option<&Fence>,
         now: i64,
         change: &mut Change<'_>,
-    ) -> Result<Run>;
+    ) -> Result<Written>;
 
     /// Claims up to `limit` runs that are due and not claimed by a live
     /// engine, until `lease_until`.
@@ -73,8 +93,9 @@ pub trait RunRepository: Send + Sync + std::fmt::Debug {
     /// Extends every claim `owner` holds; the number of runs still held.
     async fn renew(&self, owner: &str, lease_until: i64) -> Result<u64>;
 
-    /// A run's events after `after`, at most `limit`.
-    async fn events(&self, run_id: &str, after: i64, limit: u32) -> Result<Vec<RunEvent>>;
+    /// A run's events after `after`, at most `limit`, and the run's revision,
+    /// read together.
+    async fn events(&self, run_id: &str, after: i64, limit: u32) -> Result<EventPage>;
 
     /// Deletes finished runs whose retention ended; how many.
     async fn purge(&self, now: i64) -> Result<u64>;

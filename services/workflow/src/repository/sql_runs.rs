@@ -18,7 +18,7 @@ use sqlx::{AssertSqlSafe, Row as _, any::AnyRow};
 
 use super::{
     held::{HeldWrite, HeldWriter, Tx, insert_events},
-    runs::{Change, Claim, Fence, RunRepository, Transition},
+    runs::{Change, Claim, EventPage, Fence, RunRepository, Transition, Written},
 };
 use crate::{
     domain::{NewRun, Run, RunBody, RunChange, RunCursor, RunEvent, RunFilter, RunPage, RunState},
@@ -95,6 +95,15 @@ fn encode_body(body: &RunBody) -> Result<String> {
 /// When a run that just finished may be deleted.
 fn purge_at(retention: Option<i64>, run: &Run, now: i64) -> Option<i64> {
     retention.filter(|_| run.state.is_finished()).map(|retention| now + retention)
+}
+
+/// The events a write recorded, from their changes and the ids they got.
+fn recorded(run: &Run, changes: Vec<RunChange>, ids: Vec<i64>, now: i64) -> Vec<RunEvent> {
+    changes
+        .into_iter()
+        .zip(ids)
+        .map(|(change, cursor)| RunEvent { cursor, run_id: run.id.clone(), state: run.state, change, time: now })
+        .collect()
 }
 
 /// The bodies of a run's events, in order.
@@ -198,7 +207,7 @@ impl SqlRunRepository {
     /// Applies `change` to the held copy and writes it over that revision.
     /// `None` when the copy cannot say: nothing changed in it (an outside
     /// change may wait in the row), or the row moved on.
-    async fn transition_held(&self, held: Stored, now: i64, change: &mut Change<'_>) -> Option<Run> {
+    async fn transition_held(&self, held: Stored, now: i64, change: &mut Change<'_>) -> Option<Written> {
         let before = &held.run;
         let mut run = before.clone();
         let transition = change(&mut run, true).ok()?;
@@ -225,12 +234,13 @@ impl SqlRunRepository {
             events: event_bodies(&run, &events),
             now,
         };
-        if !self.writer.write(write).await {
+        let Some(ids) = self.writer.write(write).await else {
             self.hold(&run.id, None);
             return None;
-        }
+        };
         self.hold_written(&held, &run, transition);
-        Some(run)
+        let events = recorded(&run, events, ids, now);
+        Some(Written { run, revision: held.revision + 1, wrote: true, events })
     }
 
     /// Remembers a run as this engine just wrote it (forgets it when released).
@@ -251,7 +261,7 @@ impl SqlRunRepository {
         fence: Option<&Fence>,
         now: i64,
         change: &mut Change<'_>,
-    ) -> Result<Run> {
+    ) -> Result<Written> {
         let mut tx = self.db.pool().begin().await?;
         let sql = format!("SELECT {COLUMNS} FROM workflow_runs WHERE id = $1{}", self.db.on_postgres(" FOR UPDATE"));
         let row = sqlx::query(AssertSqlSafe(sql)).bind(run_id).fetch_optional(&mut *tx).await?;
@@ -279,10 +289,11 @@ impl SqlRunRepository {
         if run == before && transition.due_at == stored.due_at && !transition.release {
             // Nothing changed: nothing to write, no commit to wait for.
             tx.rollback().await?;
+            let revision = stored.revision;
             if fence.is_some() {
                 self.hold(run_id, Some(stored));
             }
-            return Ok(run);
+            return Ok(Written { run, revision, wrote: false, events: Vec::new() });
         }
         let events = changes(&before, &run);
         if !events.is_empty() {
@@ -303,7 +314,7 @@ impl SqlRunRepository {
             .bind(purge_at(stored.retention, &run, now))
             .execute(&mut *tx)
             .await?;
-        insert_events(&mut tx, &run.id, now, &event_bodies(&run, &events)).await?;
+        let ids = insert_events(&mut tx, &run.id, now, &event_bodies(&run, &events)).await?;
         if stored.concurrency_limit.is_some() && run.state.is_finished() && !before.state.is_finished() {
             self.wake_next(&mut tx, &run, now).await?;
         }
@@ -311,7 +322,8 @@ impl SqlRunRepository {
         if fence.is_some() {
             self.hold_written(&stored, &run, transition);
         }
-        Ok(run)
+        let events = recorded(&run, events, ids, now);
+        Ok(Written { run, revision: stored.revision + 1, wrote: true, events })
     }
 }
 
@@ -444,12 +456,12 @@ impl RunRepository for SqlRunRepository {
         fence: Option<&Fence>,
         now: i64,
         change: &mut Change<'_>,
-    ) -> Result<Run> {
+    ) -> Result<Written> {
         if let Some(fence) = fence
             && let Some(held) = self.held_copy(namespace, run_id, fence)
-            && let Some(run) = self.transition_held(held, now, change).await
+            && let Some(written) = self.transition_held(held, now, change).await
         {
-            return Ok(run);
+            return Ok(written);
         }
         self.transition_locked(namespace, run_id, fence, now, change).await
     }
@@ -487,33 +499,39 @@ impl RunRepository for SqlRunRepository {
         Ok(renewed.rows_affected())
     }
 
-    async fn events(&self, run_id: &str, after: i64, limit: u32) -> Result<Vec<RunEvent>> {
+    async fn events(&self, run_id: &str, after: i64, limit: u32) -> Result<EventPage> {
+        #[derive(serde::Deserialize)]
+        struct Body {
+            state: RunState,
+            change: RunChange,
+        }
+        // One statement, so the revision and the events come from one snapshot.
         let rows = sqlx::query(
-            "SELECT id, body, created_at FROM workflow_run_events WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+            "SELECT r.revision, e.id, e.body, e.created_at FROM workflow_runs r \
+             LEFT JOIN (SELECT id, body, created_at FROM workflow_run_events WHERE run_id = $1 AND id > $2 \
+                        ORDER BY id LIMIT $3) e ON 1 = 1 \
+             WHERE r.id = $1 ORDER BY e.id",
         )
         .bind(run_id)
         .bind(after)
         .bind(i64::from(limit))
         .fetch_all(&mut *self.db.acquire().await?)
         .await?;
-        rows.iter()
-            .map(|row| {
-                #[derive(serde::Deserialize)]
-                struct Body {
-                    state: RunState,
-                    change: RunChange,
-                }
-                let body: String = row.try_get("body")?;
-                let body: Body = serde_json::from_str(&body).map_err(corrupt)?;
-                Ok(RunEvent {
-                    cursor: row.try_get("id")?,
-                    run_id: run_id.to_owned(),
-                    state: body.state,
-                    change: body.change,
-                    time: row.try_get("created_at")?,
-                })
-            })
-            .collect()
+        let mut page = EventPage::default();
+        for row in &rows {
+            page.revision = Some(row.try_get("revision")?);
+            let Some(cursor) = row.try_get::<Option<i64>, _>("id")? else { continue };
+            let body: String = row.try_get("body")?;
+            let body: Body = serde_json::from_str(&body).map_err(corrupt)?;
+            page.events.push(RunEvent {
+                cursor,
+                run_id: run_id.to_owned(),
+                state: body.state,
+                change: body.change,
+                time: row.try_get("created_at")?,
+            });
+        }
+        Ok(page)
     }
 
     async fn purge(&self, now: i64) -> Result<u64> {

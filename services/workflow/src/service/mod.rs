@@ -1,6 +1,7 @@
 //! The workflow service: definitions and their versions ([`Workflows::put`]
 //! and friends), and runs ([`runs`]).
 
+mod feed;
 mod runs;
 
 use std::{
@@ -43,6 +44,8 @@ pub struct Workflows {
     pub(crate) vars: Arc<serde_json::Value>,
     /// Parsed definition versions: a stored version never changes.
     specs: Arc<Mutex<SpecCache>>,
+    /// This process's writes of runs, for its watches.
+    feed: self::feed::RunFeed,
 }
 
 /// Parsed specs by (namespace, name, version).
@@ -72,6 +75,7 @@ impl Workflows {
             config: Arc::new(config),
             vars: Arc::new(vars),
             specs: Arc::default(),
+            feed: self::feed::RunFeed::default(),
         }
     }
 

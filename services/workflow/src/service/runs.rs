@@ -10,7 +10,10 @@ use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::{ENGINE_KEY, Workflows};
+use super::{
+    ENGINE_KEY, Workflows,
+    feed::{Fed, Subscription},
+};
 use crate::{
     domain::{
         Decision, NewRun, Outcome, Run, RunBody, RunChange, RunCursor, RunEvent, RunFilter, RunOrigin, RunPage, Signal,
@@ -60,14 +63,9 @@ pub struct GateCall {
 }
 
 const WATCH_BATCH: u32 = 256;
-/// How often a watch re-reads without a wake-up (changes committed by
-/// another process wake nobody here).
+/// How often a watch re-reads while this process writes nothing of its run
+/// (changes committed by another process reach it no other way).
 const WATCH_POLL: Duration = Duration::from_millis(250);
-
-/// The wake-up key of a run's watchers.
-fn watch_key(run_id: &str) -> String {
-    format!("watch:{run_id}")
-}
 
 /// The wake-up key of a run's driver.
 pub(crate) fn drive_key(run_id: &str) -> String {
@@ -93,11 +91,14 @@ impl Workflows {
             planner.advance(run, slot_free);
             Ok(Transition { due_at: due_at(run, now), release: fence.is_some() && !needs_driver(run) })
         };
-        let run = self.runs.transition(namespace, run_id, fence, now, &mut change).await?;
-        // Watchers in this process hear of every change at once (those of
-        // other processes poll); an engine's driver hears of changes made by
+        let written = self.runs.transition(namespace, run_id, fence, now, &mut change).await?;
+        let run = written.run;
+        // Watches in this process get every write at once (those of other
+        // processes poll); an engine's driver hears of changes made by
         // others (an API call), in any process, not of its own.
-        self.wakeups.notify_local(&watch_key(&run.id));
+        if written.wrote {
+            self.feed.publish(&run.id, Fed { revision: written.revision, events: written.events });
+        }
         if fence.is_none() {
             self.wakeups.notify(&drive_key(&run.id));
             if due_at(&run, now).is_some_and(|at| at <= now) {
@@ -256,33 +257,68 @@ impl Workflows {
     ) -> Result<impl Stream<Item = Result<RunEvent>> + use<>> {
         self.get_run(namespace, run_id).await?;
         let (sender, receiver) = mpsc::channel(64);
-        let workflows = self.clone();
-        let run_id = run_id.to_owned();
-        tokio::spawn(async move {
-            let mut cursor = after;
-            loop {
-                let mut waiter = workflows.wakeups.waiter(&watch_key(&run_id));
-                let events = workflows.runs.events(&run_id, cursor, WATCH_BATCH).await;
-                let ended = events.as_ref().is_ok_and(|events| {
-                    events.iter().any(|e| e.change == RunChange::RunStateChanged && e.state.is_finished())
-                });
-                if let Ok(events) = &events {
-                    cursor = events.last().map_or(cursor, |e| e.cursor);
-                }
-                let full = events.as_ref().is_ok_and(|events| events.len() == WATCH_BATCH as usize);
-                if !chorus_runtime::feed::forward(events, &sender).await || ended {
-                    return;
-                }
-                if full {
-                    continue;
-                }
-                tokio::select! {
-                    () = waiter.wait(WATCH_POLL) => {}
-                    () = sender.closed() => return,
-                }
-            }
-        });
+        // Subscribed before the first read, so no write falls between the two.
+        let feed = self.feed.subscribe(run_id);
+        tokio::spawn(follow(self.clone(), feed, run_id.to_owned(), after, sender));
         Ok(ReceiverStream::new(receiver))
+    }
+}
+
+/// Feeds a watch: reads the run's events from the database, then follows this
+/// process's writes of it while each continues the revision last seen, and
+/// reads again on a gap, or when none came for a while.
+async fn follow(
+    workflows: Workflows,
+    mut feed: Subscription,
+    run_id: String,
+    mut cursor: i64,
+    sender: mpsc::Sender<Result<RunEvent>>,
+) {
+    let ends =
+        |events: &[RunEvent]| events.iter().any(|e| e.change == RunChange::RunStateChanged && e.state.is_finished());
+    loop {
+        let (full, mut seen, events) = match workflows.runs.events(&run_id, cursor, WATCH_BATCH).await {
+            Ok(page) => (page.events.len() == WATCH_BATCH as usize, page.revision, Ok(page.events)),
+            Err(error) => (false, None, Err(error)),
+        };
+        let ended = events.as_deref().is_ok_and(ends);
+        if let Ok(events) = &events {
+            cursor = events.last().map_or(cursor, |e| e.cursor);
+        }
+        if !chorus_runtime::feed::forward(events, &sender).await || ended {
+            return;
+        }
+        if full {
+            // More wait: the revision read is not yet the watch's.
+            continue;
+        }
+        if seen.is_none() {
+            // The run is gone (purged): nothing will be written; poll anyway.
+            tokio::select! {
+                () = tokio::time::sleep(WATCH_POLL) => {}
+                () = sender.closed() => return,
+            }
+        }
+        while let Some(revision) = seen {
+            let fed = tokio::select! {
+                fed = tokio::time::timeout(WATCH_POLL, feed.next()) => fed,
+                () = sender.closed() => return,
+            };
+            let Ok(Some(fed)) = fed else { break };
+            if fed.revision <= revision {
+                continue;
+            }
+            if fed.revision != revision + 1 {
+                break;
+            }
+            let events: Vec<RunEvent> = fed.events.iter().filter(|e| e.cursor > cursor).cloned().collect();
+            let ended = ends(&events);
+            cursor = events.last().map_or(cursor, |e| e.cursor);
+            if !chorus_runtime::feed::forward(Ok(events), &sender).await || ended {
+                return;
+            }
+            seen = Some(fed.revision);
+        }
     }
 }
 

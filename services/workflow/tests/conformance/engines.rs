@@ -125,7 +125,7 @@ async fn an_engine_never_writes_its_copy_of_a_run_over_a_change_made_meanwhile(h
     };
     engine.transition(NS, "run-held", Some(&fence), 3, &mut mark("engine-first")).await.expect("engine writes");
     api.transition(NS, "run-held", None, 4, &mut mark("api")).await.expect("api writes");
-    let run = engine.transition(NS, "run-held", Some(&fence), 5, &mut mark("engine-second")).await.expect("again");
+    let run = engine.transition(NS, "run-held", Some(&fence), 5, &mut mark("engine-second")).await.expect("again").run;
     let mut keys: Vec<&str> = run.body.input.keys().map(String::as_str).collect();
     keys.sort_unstable();
     assert_eq!(keys, ["api", "engine-first", "engine-second"], "the outside change survives");

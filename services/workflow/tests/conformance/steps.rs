@@ -107,7 +107,9 @@ async fn a_watch_sees_every_change_and_resumes_after_a_cursor(h: Harness) {
         signal_id: "s".into(),
         sent_by: "t".into(),
     };
-    h.workflows.signal_run(NS, &run.id, call).await.expect("signal");
+    // Sent through another service on the database (another process, as far
+    // as this one's watches know): the watch learns of it from the database.
+    h.with_config(test_config()).signal_run(NS, &run.id, call).await.expect("signal");
     let events: Vec<_> = tokio::time::timeout(Duration::from_secs(20), waiter)
         .await
         .expect("the watch ends with the run")
@@ -120,6 +122,9 @@ async fn a_watch_sees_every_change_and_resumes_after_a_cursor(h: Harness) {
     assert!(events.iter().any(|e| matches!(e.change, RunChange::SignalReceived { .. })));
     let cursors: Vec<i64> = events.iter().map(|e| e.cursor).collect();
     assert!(cursors.windows(2).all(|w| w[0] < w[1]), "in commit order: {cursors:?}");
+    let replay = h.workflows.watch_run(NS, &run.id, 0).await.expect("replay").collect::<Vec<_>>().await;
+    let replay: Vec<_> = replay.into_iter().collect::<Result<_, _>>().expect("no error");
+    assert_eq!(replay, events, "what the watch followed live is what was stored");
     let middle = events[events.len() / 2].cursor;
     let rest = h.workflows.watch_run(NS, &run.id, middle).await.expect("resume").collect::<Vec<_>>().await;
     let rest: Vec<i64> = rest.into_iter().map(|e| e.expect("event").cursor).collect();
