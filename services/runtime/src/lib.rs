@@ -16,6 +16,7 @@
 //! - [`signal`]: shutdown on Ctrl-C and SIGTERM;
 //! - `testing` (cargo feature `testing`): a PostgreSQL database per test.
 
+pub mod batch;
 pub mod config;
 pub mod egress;
 pub mod error;

@@ -7,17 +7,21 @@
 //! statement and one commit on PostgreSQL, one transaction on SQLite — which
 //! is how 64 runs in flight share commits instead of queueing for one each.
 
-use std::{collections::HashMap, sync::Arc};
+use std::collections::HashMap;
 
-use chorus_runtime::storage::{Backend, Db, placeholders};
+use chorus_runtime::{
+    batch::Batcher,
+    storage::{Backend, Db, placeholders},
+};
+use futures_util::FutureExt as _;
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, Row as _};
-use tokio::sync::{mpsc, oneshot};
 
 pub(super) type Tx = sqlx::Transaction<'static, sqlx::Any>;
 
-/// The most writes one batch carries.
+/// The most writes one batch carries, and batches at once.
 const BATCH: usize = 128;
+const IN_FLIGHT: usize = 2;
 
 /// A run's new row, written only over `revision` under `fence`.
 #[derive(Debug, Serialize)]
@@ -42,54 +46,41 @@ pub(super) struct HeldWrite {
 
 /// The ids of a landed write's events, in order.
 type Landed = Option<Vec<i64>>;
-type Request = (HeldWrite, oneshot::Sender<Landed>);
 
-/// Hands held writes to the batching task, which it starts on first use.
+/// Hands held writes to a batcher.
 #[derive(Debug, Clone)]
 pub(super) struct HeldWriter {
-    db: Db,
-    sender: Arc<std::sync::OnceLock<mpsc::UnboundedSender<Request>>>,
+    batcher: Batcher<HeldWrite, Landed>,
 }
 
 impl HeldWriter {
     pub(super) fn new(db: Db) -> Self {
-        Self { db, sender: Arc::default() }
+        let batcher = Batcher::new(BATCH, IN_FLIGHT, move |writes: Vec<HeldWrite>| {
+            let db = db.clone();
+            async move { write_batch(&db, &writes).await }.boxed()
+        });
+        Self { batcher }
     }
 
     /// The ids of its events when the write landed. `None` when the row
     /// moved on, or the batch failed: either way the caller reads the row
     /// afresh under its lock.
     pub(super) async fn write(&self, write: HeldWrite) -> Landed {
-        let sender = self.sender.get_or_init(|| {
-            let (sender, receiver) = mpsc::unbounded_channel();
-            tokio::spawn(write_batches(self.db.clone(), receiver));
-            sender
-        });
-        let (reply, landed) = oneshot::channel();
-        if sender.send((write, reply)).is_err() {
-            return None;
-        }
-        landed.await.ok().flatten()
+        self.batcher.call(write).await.flatten()
     }
 }
 
-/// Writes what waits, a batch at a time, until every writer is gone.
-async fn write_batches(db: Db, mut receiver: mpsc::UnboundedReceiver<Request>) {
-    let mut batch = Vec::with_capacity(BATCH);
-    while receiver.recv_many(&mut batch, BATCH).await > 0 {
-        let (writes, replies): (Vec<HeldWrite>, Vec<_>) = batch.drain(..).unzip();
-        let mut landed = match db.backend() {
-            Backend::Postgres => write_postgres(&db, &writes).await,
-            Backend::Sqlite => write_sqlite(&db, &writes).await,
-        }
-        .unwrap_or_else(|error| {
-            tracing::debug!(%error, writes = writes.len(), "batched run writes failed; each run is read afresh");
-            HashMap::new()
-        });
-        for (write, reply) in writes.iter().zip(replies) {
-            reply.send(landed.remove(&write.id)).ok();
-        }
+/// Writes a batch; whether each landed, in order.
+async fn write_batch(db: &Db, writes: &[HeldWrite]) -> Vec<Landed> {
+    let mut landed = match db.backend() {
+        Backend::Postgres => write_postgres(db, writes).await,
+        Backend::Sqlite => write_sqlite(db, writes).await,
     }
+    .unwrap_or_else(|error| {
+        tracing::debug!(%error, writes = writes.len(), "batched run writes failed; each run is read afresh");
+        HashMap::new()
+    });
+    writes.iter().map(|write| landed.remove(&write.id)).collect()
 }
 
 #[derive(Serialize)]

@@ -186,13 +186,13 @@ impl SqlRunRepository {
         Ok(())
     }
 
-    /// The run this engine holds under `fence`, as it last wrote it (runs
-    /// under a concurrency limit are always read: their changes look at others).
-    fn held_copy(&self, namespace: &str, run_id: &str, fence: &Fence) -> Option<Stored> {
-        let held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        held.get(run_id)
-            .filter(|stored| stored.run.namespace == namespace && stored.lease.as_ref() == Some(fence))
-            .cloned()
+    /// The run this engine holds under `fence`, as it last wrote it, taken
+    /// out until the transition puts back what it wrote (runs under a
+    /// concurrency limit are never held: their changes look at others).
+    fn take_held(&self, namespace: &str, run_id: &str, fence: &Fence) -> Option<Stored> {
+        let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let stored = held.remove(run_id)?;
+        (stored.run.namespace == namespace && stored.lease.as_ref() == Some(fence)).then_some(stored)
     }
 
     /// Remembers (or, with `None`, forgets) how this engine left a run it holds.
@@ -238,20 +238,25 @@ impl SqlRunRepository {
             self.hold(&run.id, None);
             return None;
         };
-        self.hold_written(&held, &run, transition);
+        let revision = self.hold_written(held, &run, transition);
         let events = recorded(&run, events, ids, now);
-        Some(Written { run, revision: held.revision + 1, wrote: true, events })
+        Some(Written { run, revision, wrote: true, events })
     }
 
-    /// Remembers a run as this engine just wrote it (forgets it when released).
-    fn hold_written(&self, stored: &Stored, run: &Run, transition: Transition) {
+    /// Remembers a run as this engine just wrote it over `stored` (forgets it
+    /// when released); the run's new revision.
+    fn hold_written(&self, stored: Stored, run: &Run, transition: Transition) -> i64 {
+        let revision = stored.revision + 1;
         let kept = (!transition.release).then(|| Stored {
             run: run.clone(),
+            concurrency_limit: stored.concurrency_limit,
+            retention: stored.retention,
             due_at: transition.due_at,
-            revision: stored.revision + 1,
-            ..stored.clone()
+            lease: stored.lease,
+            revision,
         });
         self.hold(&run.id, kept);
+        revision
     }
 
     async fn transition_locked(
@@ -319,11 +324,9 @@ impl SqlRunRepository {
             self.wake_next(&mut tx, &run, now).await?;
         }
         tx.commit().await?;
-        if fence.is_some() {
-            self.hold_written(&stored, &run, transition);
-        }
+        let revision = if fence.is_some() { self.hold_written(stored, &run, transition) } else { stored.revision + 1 };
         let events = recorded(&run, events, ids, now);
-        Ok(Written { run, revision: stored.revision + 1, wrote: true, events })
+        Ok(Written { run, revision, wrote: true, events })
     }
 }
 
@@ -458,7 +461,7 @@ impl RunRepository for SqlRunRepository {
         change: &mut Change<'_>,
     ) -> Result<Written> {
         if let Some(fence) = fence
-            && let Some(held) = self.held_copy(namespace, run_id, fence)
+            && let Some(held) = self.take_held(namespace, run_id, fence)
             && let Some(written) = self.transition_held(held, now, change).await
         {
             return Ok(written);
