@@ -29,6 +29,24 @@ use crate::{
 const COLUMNS: &str = "id, namespace, workflow, version, state, idempotency_key, concurrency_key, concurrency_limit, \
                        body, created_at, updated_at, finished_at, retention, due_at, lease_owner, lease_token, revision";
 
+/// A new run, pending and due now; $1..$11 as [`RunRepository::create`] binds them.
+macro_rules! insert_run {
+    () => {
+        "INSERT INTO workflow_runs (id, namespace, workflow, version, state, idempotency_key, concurrency_key, \
+         concurrency_limit, body, created_at, updated_at, due_at, retention) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $10, $11) \
+         ON CONFLICT (namespace, idempotency_key) DO NOTHING"
+    };
+}
+
+const INSERT_RUN: &str = insert_run!();
+/// The run and its first event ($12) in one statement, its own transaction.
+const INSERT_RUN_POSTGRES: &str = concat!(
+    "WITH run AS (",
+    insert_run!(),
+    " RETURNING id) INSERT INTO workflow_run_events (run_id, body, created_at) SELECT id, $12, $10 FROM run"
+);
+
 /// Run storage on a [`Db`].
 #[derive(Debug, Clone)]
 pub struct SqlRunRepository {
@@ -346,28 +364,38 @@ impl RunRepository for SqlRunRepository {
             updated_at: now,
             finished_at: None,
         };
-        let mut tx = self.db.pool().begin().await?;
-        let inserted = sqlx::query(
-            "INSERT INTO workflow_runs (id, namespace, workflow, version, state, idempotency_key, concurrency_key, \
-             concurrency_limit, body, created_at, updated_at, due_at, retention) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $10, $11) \
-             ON CONFLICT (namespace, idempotency_key) DO NOTHING",
-        )
-        .bind(&run.id)
-        .bind(&run.namespace)
-        .bind(&run.workflow)
-        .bind(i64::from(run.version))
-        .bind(run.state.as_str())
-        .bind(run.idempotency_key.as_deref())
-        .bind(run.concurrency_key.as_deref())
-        .bind(new.concurrency_limit.map(i64::from))
-        .bind(encode_body(&run.body)?)
-        .bind(now)
-        .bind(new.retention_micros)
-        .execute(&mut *tx)
-        .await?;
-        if inserted.rows_affected() == 0 {
-            tx.rollback().await?;
+        let body = encode_body(&run.body)?;
+        let first_event = event_bodies(&run, &[RunChange::RunStateChanged]);
+        let bind = |sql: &'static str| {
+            sqlx::query(sql)
+                .bind(&run.id)
+                .bind(&run.namespace)
+                .bind(&run.workflow)
+                .bind(i64::from(run.version))
+                .bind(run.state.as_str())
+                .bind(run.idempotency_key.as_deref())
+                .bind(run.concurrency_key.as_deref())
+                .bind(new.concurrency_limit.map(i64::from))
+                .bind(&body)
+                .bind(now)
+                .bind(new.retention_micros)
+        };
+        let inserted = match self.db.backend() {
+            Backend::Postgres => {
+                let query = bind(INSERT_RUN_POSTGRES).bind(&first_event[0]);
+                query.execute(&mut *self.db.acquire().await?).await?.rows_affected() > 0
+            }
+            Backend::Sqlite => {
+                let mut tx = self.db.pool().begin().await?;
+                let inserted = bind(INSERT_RUN).execute(&mut *tx).await?.rows_affected() > 0;
+                if inserted {
+                    insert_events(&mut tx, &run.id, now, &first_event).await?;
+                    tx.commit().await?;
+                }
+                inserted
+            }
+        };
+        if !inserted {
             let key = run.idempotency_key.as_deref().unwrap_or_default();
             let sql = format!("SELECT {COLUMNS} FROM workflow_runs WHERE namespace = $1 AND idempotency_key = $2");
             let row = sqlx::query(AssertSqlSafe(sql))
@@ -377,8 +405,6 @@ impl RunRepository for SqlRunRepository {
                 .await?;
             return Ok((decode(&row)?.run, false));
         }
-        insert_events(&mut tx, &run.id, now, &event_bodies(&run, &[RunChange::RunStateChanged])).await?;
-        tx.commit().await?;
         Ok((run, true))
     }
 
