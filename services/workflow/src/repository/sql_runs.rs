@@ -130,25 +130,25 @@ fn event_bodies(run: &Run, events: &[RunChange]) -> Vec<String> {
 }
 
 impl SqlRunRepository {
-    /// Runs a claiming statement (a lease lost in a crash only means the run
-    /// is claimed again, so the commit does not wait for the disk).
+    /// Runs a claiming statement that returns the claimed rows (a lease lost
+    /// in a crash only means the run is claimed again, so the commit does not
+    /// wait for the disk). The engine holds each run as claimed, so its first
+    /// change needs no read.
     async fn claims<'q>(
         &self,
-        owner: &str,
         query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
     ) -> Result<Vec<Claim>> {
         let mut tx = self.db.begin_relaxed().await?;
         let rows = query.fetch_all(&mut *tx).await?;
         tx.commit().await?;
-        rows.iter()
-            .map(|row| {
-                Ok(Claim {
-                    namespace: row.try_get("namespace")?,
-                    run_id: row.try_get("id")?,
-                    fence: Fence { owner: owner.to_owned(), token: row.try_get("lease_token")? },
-                })
-            })
-            .collect()
+        let mut claims = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let stored = decode(row)?;
+            let fence = stored.lease.clone().ok_or_else(|| corrupt("a claimed run without its claim"))?;
+            claims.push(Claim { namespace: stored.run.namespace.clone(), run_id: stored.run.id.clone(), fence });
+            self.hold(&stored.run.id.clone(), Some(stored));
+        }
+        Ok(claims)
     }
 
     /// Serializes the runs of one concurrency group (PostgreSQL; SQLite's
@@ -500,21 +500,20 @@ impl RunRepository for SqlRunRepository {
             "UPDATE workflow_runs SET lease_owner = $1, lease_token = lease_token + 1, lease_until = $2 \
              WHERE id IN (SELECT id FROM workflow_runs WHERE due_at <= $3 \
                           AND (lease_until IS NULL OR lease_until < $3) ORDER BY due_at LIMIT $4{}) \
-             RETURNING namespace, id, lease_token",
+             RETURNING {COLUMNS}",
             self.db.on_postgres(" FOR UPDATE SKIP LOCKED")
         );
         let query = sqlx::query(AssertSqlSafe(sql)).bind(owner).bind(lease_until).bind(now).bind(i64::from(limit));
-        self.claims(owner, query).await
+        self.claims(query).await
     }
 
     async fn adopt(&self, owner: &str, lease_until: i64) -> Result<Vec<Claim>> {
-        let query = sqlx::query(
+        let sql = format!(
             "UPDATE workflow_runs SET lease_token = lease_token + 1, lease_until = $2 WHERE lease_owner = $1 \
-             RETURNING namespace, id, lease_token",
-        )
-        .bind(owner)
-        .bind(lease_until);
-        self.claims(owner, query).await
+             RETURNING {COLUMNS}"
+        );
+        let query = sqlx::query(AssertSqlSafe(sql)).bind(owner).bind(lease_until);
+        self.claims(query).await
     }
 
     async fn renew(&self, owner: &str, lease_until: i64) -> Result<u64> {
