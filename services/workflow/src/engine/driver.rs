@@ -15,7 +15,7 @@ use crate::{
     domain::{Action, Run, StepKind, StepRecord, StepState, WorkflowSpec},
     effects::{Destination, EffectError, Effects, Origin, TaskOutcome},
     error::WorkflowError,
-    repository::Fence,
+    repository::{Claim, Fence},
     service::Workflows,
 };
 
@@ -40,18 +40,15 @@ const REFRESH: Duration = Duration::from_secs(5);
 /// decides, atomically with such claims, whether the driver may end.
 pub(crate) async fn drive(
     workflows: Workflows,
-    namespace: String,
-    run_id: String,
+    claim: Claim,
     mut fences: watch::Receiver<Fence>,
     stop: impl Fn(&mut watch::Receiver<Fence>) -> bool,
     shutdown: CancellationToken,
 ) {
-    let spec = match workflows.get_run(&namespace, &run_id).await {
-        Ok(run) => match workflows.spec_of_run(&run).await {
-            Ok(spec) => spec,
-            Err(error) => return tracing::error!(%run_id, %error, "cannot read the run's definition"),
-        },
-        Err(error) => return tracing::warn!(%run_id, %error, "claimed run is gone"),
+    let Claim { namespace, run_id, workflow, version, .. } = claim;
+    let spec = match workflows.spec(&namespace, &workflow, version).await {
+        Ok(spec) => spec,
+        Err(error) => return tracing::error!(%run_id, %error, "cannot read the run's definition"),
     };
     let mut inflight: FuturesUnordered<BoxFuture<'static, ((u32, bool), Done)>> = FuturesUnordered::new();
     // Effects in flight, by record and whether they cancel its task.

@@ -90,7 +90,7 @@ fn start_driver(workflows: &Workflows, drivers: &Drivers, claim: Claim, shutdown
         let _ = sender.send(claim.fence);
         return;
     }
-    let (sender, receiver) = watch::channel(claim.fence);
+    let (sender, receiver) = watch::channel(claim.fence.clone());
     map.insert(claim.run_id.clone(), sender);
     let registry = Arc::clone(drivers);
     let run_id = claim.run_id.clone();
@@ -103,7 +103,7 @@ fn start_driver(workflows: &Workflows, drivers: &Drivers, claim: Claim, shutdown
         true
     };
     let span = tracing::info_span!("workflow_run", run_id = %claim.run_id, namespace = %claim.namespace);
-    let driven = driver::drive(workflows.clone(), claim.namespace, claim.run_id, receiver, stop, shutdown.clone());
+    let driven = driver::drive(workflows.clone(), claim, receiver, stop, shutdown.clone());
     tokio::spawn(tracing::Instrument::instrument(driven, span));
 }
 

@@ -19,6 +19,9 @@ pub struct Fence {
 pub struct Claim {
     pub namespace: String,
     pub run_id: String,
+    /// The definition version the run is on.
+    pub workflow: String,
+    pub version: u32,
     pub fence: Fence,
 }
 

@@ -47,6 +47,13 @@ const INSERT_RUN_POSTGRES: &str = concat!(
     " RETURNING id) INSERT INTO workflow_run_events (run_id, body, created_at) SELECT id, $12, $10 FROM run"
 );
 
+/// Claims are single statements whose commit does not wait for the disk on
+/// PostgreSQL: the statement's own transaction turns `synchronous_commit`
+/// off (a claim lost in a crash only means the run is claimed again). The
+/// condition makes the setting part of the statement.
+const RELAXED: &str = "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true) AS setting) ";
+const IS_RELAXED: &str = " AND (SELECT setting FROM relaxed) = 'off'";
+
 /// Run storage on a [`Db`].
 #[derive(Debug, Clone)]
 pub struct SqlRunRepository {
@@ -130,22 +137,25 @@ fn event_bodies(run: &Run, events: &[RunChange]) -> Vec<String> {
 }
 
 impl SqlRunRepository {
-    /// Runs a claiming statement that returns the claimed rows (a lease lost
-    /// in a crash only means the run is claimed again, so the commit does not
-    /// wait for the disk). The engine holds each run as claimed, so its first
-    /// change needs no read.
+    /// Runs a claiming statement that returns the claimed rows. The engine
+    /// holds each run as claimed, so its first change needs no read.
     async fn claims<'q>(
         &self,
         query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
     ) -> Result<Vec<Claim>> {
-        let mut tx = self.db.begin_relaxed().await?;
-        let rows = query.fetch_all(&mut *tx).await?;
-        tx.commit().await?;
+        let rows = query.fetch_all(&mut *self.db.acquire().await?).await?;
         let mut claims = Vec::with_capacity(rows.len());
         for row in &rows {
             let stored = decode(row)?;
             let fence = stored.lease.clone().ok_or_else(|| corrupt("a claimed run without its claim"))?;
-            claims.push(Claim { namespace: stored.run.namespace.clone(), run_id: stored.run.id.clone(), fence });
+            let run = &stored.run;
+            claims.push(Claim {
+                namespace: run.namespace.clone(),
+                run_id: run.id.clone(),
+                workflow: run.workflow.clone(),
+                version: run.version,
+                fence,
+            });
             self.hold(&stored.run.id.clone(), Some(stored));
         }
         Ok(claims)
@@ -497,11 +507,13 @@ impl RunRepository for SqlRunRepository {
 
     async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: u32) -> Result<Vec<Claim>> {
         let sql = format!(
-            "UPDATE workflow_runs SET lease_owner = $1, lease_token = lease_token + 1, lease_until = $2 \
+            "{RELAXED}UPDATE workflow_runs SET lease_owner = $1, lease_token = lease_token + 1, lease_until = $2 \
              WHERE id IN (SELECT id FROM workflow_runs WHERE due_at <= $3 \
-                          AND (lease_until IS NULL OR lease_until < $3) ORDER BY due_at LIMIT $4{}) \
+                          AND (lease_until IS NULL OR lease_until < $3) ORDER BY due_at LIMIT $4{}){IS_RELAXED} \
              RETURNING {COLUMNS}",
-            self.db.on_postgres(" FOR UPDATE SKIP LOCKED")
+            self.db.on_postgres(" FOR UPDATE SKIP LOCKED"),
+            RELAXED = self.db.on_postgres(RELAXED),
+            IS_RELAXED = self.db.on_postgres(IS_RELAXED),
         );
         let query = sqlx::query(AssertSqlSafe(sql)).bind(owner).bind(lease_until).bind(now).bind(i64::from(limit));
         self.claims(query).await
@@ -509,8 +521,10 @@ impl RunRepository for SqlRunRepository {
 
     async fn adopt(&self, owner: &str, lease_until: i64) -> Result<Vec<Claim>> {
         let sql = format!(
-            "UPDATE workflow_runs SET lease_token = lease_token + 1, lease_until = $2 WHERE lease_owner = $1 \
-             RETURNING {COLUMNS}"
+            "{RELAXED}UPDATE workflow_runs SET lease_token = lease_token + 1, lease_until = $2 \
+             WHERE lease_owner = $1{IS_RELAXED} RETURNING {COLUMNS}",
+            RELAXED = self.db.on_postgres(RELAXED),
+            IS_RELAXED = self.db.on_postgres(IS_RELAXED),
         );
         let query = sqlx::query(AssertSqlSafe(sql)).bind(owner).bind(lease_until);
         self.claims(query).await
