@@ -250,6 +250,20 @@ pub struct NewRun {
     pub body: RunBody,
     /// Kept this long after it finishes (`state.retention`).
     pub retention_micros: Option<i64>,
+    /// What the engine's rules made of the run at once, when they could
+    /// (no concurrency limit to consult): it is stored so, not pending.
+    pub started: Option<Started>,
+}
+
+/// A run as the engine's rules started it, from pending.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Started {
+    pub state: RunState,
+    pub body: RunBody,
+    /// When an engine must look at it; `None`: only an outside change will.
+    pub due_at: Option<i64>,
+    /// What changed from pending, in order.
+    pub changes: Vec<RunChange>,
 }
 
 /// What a watch sees.

@@ -34,17 +34,20 @@ macro_rules! insert_run {
     () => {
         "INSERT INTO workflow_runs (id, namespace, workflow, version, state, idempotency_key, concurrency_key, \
          concurrency_limit, body, created_at, updated_at, due_at, retention) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $10, $11) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $12, $11) \
          ON CONFLICT (namespace, idempotency_key) DO NOTHING"
     };
 }
 
 const INSERT_RUN: &str = insert_run!();
-/// The run and its first event ($12) in one statement, its own transaction.
+/// The run and its events ($13, a JSON array of their bodies) in one
+/// statement, its own transaction.
 const INSERT_RUN_POSTGRES: &str = concat!(
     "WITH run AS (",
     insert_run!(),
-    " RETURNING id) INSERT INTO workflow_run_events (run_id, body, created_at) SELECT id, $12, $10 FROM run"
+    " RETURNING id) INSERT INTO workflow_run_events (run_id, body, created_at) \
+     SELECT id, e.body, $10 FROM run, json_array_elements_text(CAST($13 AS json)) WITH ORDINALITY AS e(body, n) \
+     ORDER BY e.n"
 );
 
 /// Claims are single statements whose commit does not wait for the disk on
@@ -361,7 +364,7 @@ impl SqlRunRepository {
 #[async_trait]
 impl RunRepository for SqlRunRepository {
     async fn create(&self, new: NewRun, now: i64) -> Result<(Run, bool)> {
-        let run = Run {
+        let mut run = Run {
             namespace: new.namespace,
             id: new.id,
             workflow: new.workflow,
@@ -374,8 +377,15 @@ impl RunRepository for SqlRunRepository {
             updated_at: now,
             finished_at: None,
         };
+        let mut events = event_bodies(&run, &[RunChange::RunStateChanged]);
+        let mut due_at = Some(now);
+        if let Some(started) = new.started {
+            run.state = started.state;
+            run.body = started.body;
+            due_at = started.due_at;
+            events.extend(event_bodies(&run, &started.changes));
+        }
         let body = encode_body(&run.body)?;
-        let first_event = event_bodies(&run, &[RunChange::RunStateChanged]);
         let bind = |sql: &'static str| {
             sqlx::query(sql)
                 .bind(&run.id)
@@ -389,17 +399,18 @@ impl RunRepository for SqlRunRepository {
                 .bind(&body)
                 .bind(now)
                 .bind(new.retention_micros)
+                .bind(due_at)
         };
         let inserted = match self.db.backend() {
             Backend::Postgres => {
-                let query = bind(INSERT_RUN_POSTGRES).bind(&first_event[0]);
+                let query = bind(INSERT_RUN_POSTGRES).bind(serde_json::to_string(&events).map_err(corrupt)?);
                 query.execute(&mut *self.db.acquire().await?).await?.rows_affected() > 0
             }
             Backend::Sqlite => {
                 let mut tx = self.db.pool().begin().await?;
                 let inserted = bind(INSERT_RUN).execute(&mut *tx).await?.rows_affected() > 0;
                 if inserted {
-                    insert_events(&mut tx, &run.id, now, &first_event).await?;
+                    insert_events(&mut tx, &run.id, now, &events).await?;
                     tx.commit().await?;
                 }
                 inserted

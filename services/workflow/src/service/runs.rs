@@ -17,7 +17,7 @@ use super::{
 use crate::{
     domain::{
         Decision, NewRun, Outcome, Run, RunBody, RunChange, RunCursor, RunEvent, RunFilter, RunOrigin, RunPage, Signal,
-        StepKind, StepState, WorkflowSpec,
+        Started, StepKind, StepState, WorkflowSpec,
     },
     engine::{
         plan::{Planner, Verdict},
@@ -147,6 +147,16 @@ impl Workflows {
             })?),
             None => None,
         };
+        // Without a concurrency limit nothing outside the run has a say in
+        // how it starts: it is created started, in one write (unless it
+        // finishes at once: that is recorded by a transition).
+        let started = spec.concurrency.is_none().then(|| {
+            let mut run = probe.clone();
+            Planner { spec: &spec, config: &self.vars, now }.advance(&mut run, true);
+            let changes = crate::engine::schedule::changes(&probe, &run);
+            Started { state: run.state, due_at: due_at(&run, now), changes, body: run.body }
+        });
+        let started = started.filter(|started| !started.state.is_finished());
         let new = NewRun {
             namespace: call.namespace.clone(),
             id,
@@ -157,13 +167,21 @@ impl Workflows {
             concurrency_limit: spec.concurrency.as_ref().map(|c| c.max),
             body,
             retention_micros: spec.state.retention.map(chorus_runtime::time::micros),
+            started,
         };
+        let created_started = new.started.is_some();
         let (run, created) = self.runs.create(new, now).await?;
         if !created {
             return Ok(run);
         }
         tracing::info!(run_id = %run.id, workflow = %run.workflow, version = run.version, "run started");
-        self.transition(&run.namespace, &run.id, &spec, None, |_, _| Ok(())).await
+        if !created_started {
+            return self.transition(&run.namespace, &run.id, &spec, None, |_, _| Ok(())).await;
+        }
+        if due_at(&run, now).is_some_and(|at| at <= now) {
+            self.wakeups.notify(ENGINE_KEY);
+        }
+        Ok(run)
     }
 
     pub async fn get_run(&self, namespace: &str, run_id: &str) -> Result<Run> {

@@ -112,6 +112,7 @@ async fn an_engine_never_writes_its_copy_of_a_run_over_a_change_made_meanwhile(h
         concurrency_limit: None,
         body: RunBody::default(),
         retention_micros: None,
+        started: None,
     };
     engine.create(new, 1).await.expect("create");
     let claims = engine.claim_due("engine-a", 2, 100, 10).await.expect("claim");

@@ -117,6 +117,13 @@ async fn a_watch_sees_every_change_and_resumes_after_a_cursor(h: Harness) {
         .into_iter()
         .collect::<Result<_, _>>()
         .expect("no error");
+    let first = events.first().expect("events");
+    assert_eq!((&first.change, first.state), (&RunChange::RunStateChanged, RunState::Pending), "created pending");
+    assert!(
+        matches!(&events[1].change, RunChange::StepUpdated { step } if step.step_id == "hold"),
+        "then its first step starts: {:?}",
+        events[1]
+    );
     let last = events.last().expect("events");
     assert_eq!((&last.change, last.state), (&RunChange::RunStateChanged, RunState::Completed));
     assert!(events.iter().any(|e| matches!(e.change, RunChange::SignalReceived { .. })));
