@@ -289,76 +289,6 @@ impl SqlRunRepository {
         self.hold(&run.id, kept);
         revision
     }
-
-    async fn transition_locked(
-        &self,
-        namespace: &str,
-        run_id: &str,
-        fence: Option<&Fence>,
-        now: i64,
-        change: &mut Change<'_>,
-    ) -> Result<Written> {
-        let mut tx = self.db.pool().begin().await?;
-        let sql = format!("SELECT {COLUMNS} FROM workflow_runs WHERE id = $1{}", self.db.on_postgres(" FOR UPDATE"));
-        let row = sqlx::query(AssertSqlSafe(sql)).bind(run_id).fetch_optional(&mut *tx).await?;
-        let stored = match row {
-            Some(row) => decode(&row)?,
-            None => return Err(WorkflowError::RunNotFound(run_id.to_owned())),
-        };
-        if stored.run.namespace != namespace {
-            return Err(WorkflowError::RunNotFound(run_id.to_owned()));
-        }
-        if fence.is_some() && stored.lease.as_ref() != fence {
-            self.hold(run_id, None);
-            return Err(WorkflowError::LeaseLost(run_id.to_owned()));
-        }
-        let before = stored.run.clone();
-        let mut run = before.clone();
-        let slot_free = match stored.concurrency_limit {
-            Some(limit) => {
-                self.lock_group(&mut tx, &run).await?;
-                run.state != RunState::Pending || self.slot_free(&mut tx, &run, limit).await?
-            }
-            None => true,
-        };
-        let transition = change(&mut run, slot_free)?;
-        if run == before && transition.due_at == stored.due_at && !transition.release {
-            // Nothing changed: nothing to write, no commit to wait for.
-            tx.rollback().await?;
-            let revision = stored.revision;
-            if fence.is_some() {
-                self.hold(run_id, Some(stored));
-            }
-            return Ok(Written { run, revision, wrote: false, events: Vec::new() });
-        }
-        let events = changes(&before, &run);
-        if !events.is_empty() {
-            run.updated_at = now;
-        }
-        let lease = if transition.release { ", lease_owner = NULL, lease_until = NULL" } else { "" };
-        let sql = format!(
-            "UPDATE workflow_runs SET state = $2, body = $3, updated_at = $4, finished_at = $5, due_at = $6, \
-             purge_at = $7, revision = revision + 1{lease} WHERE id = $1"
-        );
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(&run.id)
-            .bind(run.state.as_str())
-            .bind(encode_body(&run.body)?)
-            .bind(run.updated_at)
-            .bind(run.finished_at)
-            .bind(transition.due_at)
-            .bind(purge_at(stored.retention, &run, now))
-            .execute(&mut *tx)
-            .await?;
-        let ids = insert_events(&mut tx, &run.id, now, &event_bodies(&run, &events)).await?;
-        if stored.concurrency_limit.is_some() && run.state.is_finished() && !before.state.is_finished() {
-            self.wake_next(&mut tx, &run, now).await?;
-        }
-        tx.commit().await?;
-        let revision = if fence.is_some() { self.hold_written(stored, &run, transition) } else { stored.revision + 1 };
-        let events = recorded(&run, events, ids, now);
-        Ok(Written { run, revision, wrote: true, events })
-    }
 }
 
 #[async_trait]
@@ -513,7 +443,67 @@ impl RunRepository for SqlRunRepository {
         {
             return Ok(written);
         }
-        self.transition_locked(namespace, run_id, fence, now, change).await
+        // Read under the row's lock, change, write back.
+        let mut tx = self.db.pool().begin().await?;
+        let sql = format!("SELECT {COLUMNS} FROM workflow_runs WHERE id = $1{}", self.db.on_postgres(" FOR UPDATE"));
+        let row = sqlx::query(AssertSqlSafe(sql)).bind(run_id).fetch_optional(&mut *tx).await?;
+        let stored = match row {
+            Some(row) => decode(&row)?,
+            None => return Err(WorkflowError::RunNotFound(run_id.to_owned())),
+        };
+        if stored.run.namespace != namespace {
+            return Err(WorkflowError::RunNotFound(run_id.to_owned()));
+        }
+        if fence.is_some() && stored.lease.as_ref() != fence {
+            self.hold(run_id, None);
+            return Err(WorkflowError::LeaseLost(run_id.to_owned()));
+        }
+        let before = stored.run.clone();
+        let mut run = before.clone();
+        let slot_free = match stored.concurrency_limit {
+            Some(limit) => {
+                self.lock_group(&mut tx, &run).await?;
+                run.state != RunState::Pending || self.slot_free(&mut tx, &run, limit).await?
+            }
+            None => true,
+        };
+        let transition = change(&mut run, slot_free)?;
+        if run == before && transition.due_at == stored.due_at && !transition.release {
+            // Nothing changed: nothing to write, no commit to wait for.
+            tx.rollback().await?;
+            let revision = stored.revision;
+            if fence.is_some() {
+                self.hold(run_id, Some(stored));
+            }
+            return Ok(Written { run, revision, wrote: false, events: Vec::new() });
+        }
+        let events = changes(&before, &run);
+        if !events.is_empty() {
+            run.updated_at = now;
+        }
+        let lease = if transition.release { ", lease_owner = NULL, lease_until = NULL" } else { "" };
+        let sql = format!(
+            "UPDATE workflow_runs SET state = $2, body = $3, updated_at = $4, finished_at = $5, due_at = $6, \
+             purge_at = $7, revision = revision + 1{lease} WHERE id = $1"
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(&run.id)
+            .bind(run.state.as_str())
+            .bind(encode_body(&run.body)?)
+            .bind(run.updated_at)
+            .bind(run.finished_at)
+            .bind(transition.due_at)
+            .bind(purge_at(stored.retention, &run, now))
+            .execute(&mut *tx)
+            .await?;
+        let ids = insert_events(&mut tx, &run.id, now, &event_bodies(&run, &events)).await?;
+        if stored.concurrency_limit.is_some() && run.state.is_finished() && !before.state.is_finished() {
+            self.wake_next(&mut tx, &run, now).await?;
+        }
+        tx.commit().await?;
+        let revision = if fence.is_some() { self.hold_written(stored, &run, transition) } else { stored.revision + 1 };
+        let events = recorded(&run, events, ids, now);
+        Ok(Written { run, revision, wrote: true, events })
     }
 
     async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: u32) -> Result<Vec<Claim>> {
