@@ -2,7 +2,10 @@
 //! definition was checked with, over `inputs`, `trigger`, `config`, `run`,
 //! earlier steps, and on a rerun `feedback` and `previous`.
 
+use std::{collections::BTreeMap, sync::LazyLock};
+
 use minijinja::{Environment, UndefinedBehavior};
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::{
@@ -16,59 +19,82 @@ pub(crate) struct Scope {
     context: minijinja::Value,
 }
 
+/// A name templates see.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Entry<'a> {
+    Json(&'a Value),
+    Object(&'a Map<String, Value>),
+    Run { id: &'a str, workflow: &'a str, version: u32 },
+    Seen(Seen<'a>),
+    Owned(Value),
+}
+
+/// A finished step as templates see it.
+#[derive(Serialize)]
+struct Seen<'a> {
+    output: &'a Value,
+    state: StepState,
+    error: Option<&'a str>,
+    iteration: u32,
+    attempt: u32,
+}
+
 /// A template or condition that could not be evaluated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub(crate) struct RenderError(String);
 
-fn environment() -> Environment<'static> {
-    let mut env = Environment::new();
-    // A missing field — of a skipped step, an absent input — renders empty
-    // and tests false, as in the seed's examples, however deep the path.
-    env.set_undefined_behavior(UndefinedBehavior::Chainable);
-    env
+/// One environment for every render: building one registers every builtin
+/// filter and test, which cost more than rendering a short template.
+fn environment() -> &'static Environment<'static> {
+    static ENVIRONMENT: LazyLock<Environment<'static>> = LazyLock::new(|| {
+        let mut env = Environment::new();
+        // A missing field — of a skipped step, an absent input — renders
+        // empty and tests false, as in the seed's examples, however deep the path.
+        env.set_undefined_behavior(UndefinedBehavior::Chainable);
+        env
+    });
+    &ENVIRONMENT
 }
 
 impl Scope {
     /// The scope of a record of `step_id` in `iteration`.
     pub(crate) fn of(run: &Run, config: &Value, step_id: &str, iteration: u32) -> Self {
         let body = &run.body;
-        let mut context = Map::new();
-        context.insert("inputs".into(), Value::Object(body.input.clone()));
-        context.insert("trigger".into(), body.trigger.clone());
-        context.insert("config".into(), config.clone());
-        context.insert(
-            "run".into(),
-            serde_json::json!({ "id": run.id, "workflow": run.workflow, "version": run.version }),
-        );
+        // Borrowed, and converted once: the run's data is not copied first.
+        let mut context: BTreeMap<&str, Entry<'_>> = BTreeMap::new();
+        context.insert("inputs", Entry::Object(&body.input));
+        context.insert("trigger", Entry::Json(&body.trigger));
+        context.insert("config", Entry::Json(config));
+        context.insert("run", Entry::Run { id: &run.id, workflow: &run.workflow, version: run.version });
         for record in &body.steps {
             if !record.state.is_finished() || record.state == StepState::Canceled {
                 continue;
             }
-            let state = serde_json::to_value(record.state).unwrap_or(Value::Null);
-            let seen = serde_json::json!({
-                "output": record.output.clone().unwrap_or(Value::Null),
-                "state": state,
-                "error": record.error,
-                "iteration": record.iteration,
-                "attempt": record.attempt,
-            });
+            let seen = Seen {
+                output: record.output.as_ref().unwrap_or(&Value::Null),
+                state: record.state,
+                error: record.error.as_deref(),
+                iteration: record.iteration,
+                attempt: record.attempt,
+            };
             // Records are in seq order: the latest of a step wins.
-            context.insert(record.step_id.clone(), seen);
+            context.insert(&record.step_id, Entry::Seen(seen));
         }
         if iteration > 1 {
             if let Some(rejection) = body.gate_decisions.iter().rev().find(|d| d.decision == Decision::Reject) {
-                context.insert("feedback".into(), feedback(rejection));
+                context.insert("feedback", Entry::Owned(feedback(rejection)));
             }
             let previous = body
                 .steps
                 .iter()
                 .rev()
                 .find(|record| record.step_id == step_id && record.iteration < iteration)
-                .and_then(|record| record.output.clone());
-            context.insert("previous".into(), previous.unwrap_or(Value::Null));
+                .and_then(|record| record.output.as_ref());
+            context.insert("previous", Entry::Json(previous.unwrap_or(&Value::Null)));
         }
-        Self { context: minijinja::Value::from(minijinja::value::Serde(Value::Object(context))) }
+        Self { context: minijinja::Value::from(minijinja::value::Serde(&context)) }
     }
 
     /// A scope of plain data (`{"event": ...}` for trigger conditions).
@@ -111,8 +137,7 @@ impl Scope {
     }
 
     fn evaluate(&self, expression: &str, text: &str) -> Result<Value, RenderError> {
-        let env = environment();
-        let compiled = env
+        let compiled = environment()
             .compile_expression(expression)
             .map_err(|error| RenderError(format!("template `{text}`: {}", describe(&error))))?;
         let value = compiled
@@ -123,9 +148,8 @@ impl Scope {
 
     /// Evaluates a condition (`{{ a.output.x }} < 0.8`, or a bare expression).
     pub(crate) fn condition(&self, text: &str) -> Result<bool, RenderError> {
-        let env = environment();
         let source = condition_source(text);
-        let compiled = env
+        let compiled = environment()
             .compile_expression(&source)
             .map_err(|error| RenderError(format!("condition `{text}`: {}", describe(&error))))?;
         let value = compiled
