@@ -7,7 +7,10 @@
 //! statement and one commit on PostgreSQL, one transaction on SQLite — which
 //! is how 64 runs in flight share commits instead of queueing for one each.
 
-use std::collections::HashMap;
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, PoisonError},
+};
 
 use chorus_runtime::{
     batch::Batcher,
@@ -17,56 +20,133 @@ use futures_util::FutureExt as _;
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, Row as _};
 
+use super::{
+    run_rows::{Stored, encode_body, event_bodies, purge_at, recorded},
+    runs::{Change, Fence, Transition, Written},
+};
+use crate::{domain::Run, engine::schedule::changes};
+
 pub(super) type Tx = sqlx::Transaction<'static, sqlx::Any>;
 
 /// The most writes one batch carries, and batches at once.
 const BATCH: usize = 128;
 const IN_FLIGHT: usize = 2;
 
-/// A run's new row, written only over `revision` under `fence`.
+/// A run's new row, written only over `revision` under the claim (`owner`, `token`).
 #[derive(Debug, Serialize)]
-pub(super) struct HeldWrite {
-    pub id: String,
-    pub revision: i64,
-    pub owner: String,
-    pub token: i64,
-    pub state: &'static str,
-    pub body: String,
-    pub updated_at: i64,
-    pub finished_at: Option<i64>,
-    pub due_at: Option<i64>,
-    pub purge_at: Option<i64>,
-    pub release: bool,
+struct HeldWrite {
+    id: String,
+    revision: i64,
+    owner: String,
+    token: i64,
+    state: &'static str,
+    body: String,
+    updated_at: i64,
+    finished_at: Option<i64>,
+    due_at: Option<i64>,
+    purge_at: Option<i64>,
+    release: bool,
     /// Event bodies, in order.
     #[serde(skip)]
-    pub events: Vec<String>,
+    events: Vec<String>,
     #[serde(skip)]
-    pub now: i64,
+    now: i64,
 }
 
 /// The ids of a landed write's events, in order.
 type Landed = Option<Vec<i64>>;
 
-/// Hands held writes to a batcher.
+/// The runs this process's engine holds, as it last wrote them, and the
+/// batcher their writes go through. Cheap to clone.
 #[derive(Debug, Clone)]
-pub(super) struct HeldWriter {
+pub(super) struct HeldRuns {
+    runs: Arc<Mutex<HashMap<String, Stored>>>,
+    /// Answers each write with the ids of its events when it landed; `None`
+    /// when the row moved on, or the batch failed: either way the caller
+    /// reads the row afresh under its lock.
     batcher: Batcher<HeldWrite, Landed>,
 }
 
-impl HeldWriter {
+impl HeldRuns {
     pub(super) fn new(db: Db) -> Self {
         let batcher = Batcher::new(BATCH, IN_FLIGHT, move |writes: Vec<HeldWrite>| {
             let db = db.clone();
             async move { write_batch(&db, &writes).await }.boxed()
         });
-        Self { batcher }
+        Self { runs: Arc::default(), batcher }
     }
 
-    /// The ids of its events when the write landed. `None` when the row
-    /// moved on, or the batch failed: either way the caller reads the row
-    /// afresh under its lock.
-    pub(super) async fn write(&self, write: HeldWrite) -> Landed {
-        self.batcher.call(write).await.flatten()
+    /// The run this engine holds under `fence`, as it last wrote it, taken
+    /// out until the transition puts back what it wrote (runs under a
+    /// concurrency limit are never held: their changes look at others).
+    pub(super) fn take(&self, namespace: &str, run_id: &str, fence: &Fence) -> Option<Stored> {
+        let mut held = self.runs.lock().unwrap_or_else(PoisonError::into_inner);
+        let stored = held.remove(run_id)?;
+        (stored.run.namespace == namespace && stored.lease.as_ref() == Some(fence)).then_some(stored)
+    }
+
+    /// Remembers (or, with `None`, forgets) how this engine left a run it holds.
+    pub(super) fn hold(&self, run_id: &str, stored: Option<Stored>) {
+        let mut held = self.runs.lock().unwrap_or_else(PoisonError::into_inner);
+        match stored.filter(|stored| stored.concurrency_limit.is_none()) {
+            Some(stored) => held.insert(run_id.to_owned(), stored),
+            None => held.remove(run_id),
+        };
+    }
+
+    /// Applies `change` to the held copy and writes it over that revision.
+    /// `None` when the copy cannot say: nothing changed in it (an outside
+    /// change may wait in the row), or the row moved on.
+    pub(super) async fn transition(&self, held: Stored, now: i64, change: &mut Change<'_>) -> Option<Written> {
+        let before = &held.run;
+        let mut run = before.clone();
+        let transition = change(&mut run, true).ok()?;
+        if run == *before && transition.due_at == held.due_at && !transition.release {
+            return None;
+        }
+        let events = changes(before, &run);
+        if !events.is_empty() {
+            run.updated_at = now;
+        }
+        let fence = held.lease.clone()?;
+        let write = HeldWrite {
+            id: run.id.clone(),
+            revision: held.revision,
+            owner: fence.owner.clone(),
+            token: fence.token,
+            state: run.state.as_str(),
+            body: encode_body(&run.body).ok()?,
+            updated_at: run.updated_at,
+            finished_at: run.finished_at,
+            due_at: transition.due_at,
+            purge_at: purge_at(held.retention, &run, now),
+            release: transition.release,
+            events: event_bodies(&run, &events),
+            now,
+        };
+        let Some(ids) = self.batcher.call(write).await.flatten() else {
+            self.hold(&run.id, None);
+            return None;
+        };
+        let revision = self.hold_written(held, &run, transition);
+        let events = recorded(&run, events, ids, now);
+        Some(Written { run, revision, wrote: true, events })
+    }
+
+    /// Remembers a run as this engine just wrote it over `stored` (forgets it
+    /// when released); the run's new revision.
+    pub(super) fn hold_written(&self, stored: Stored, run: &Run, transition: Transition) -> i64 {
+        let revision = stored.revision + 1;
+        let kept = (!transition.release).then(|| Stored {
+            run: run.clone(),
+            concurrency_limit: stored.concurrency_limit,
+            retention: stored.retention,
+            due_at: transition.due_at,
+            lease: stored.lease,
+            revision,
+        });
+        self.hold(&run.id, kept);
+        revision
     }
 }
 

@@ -1,6 +1,7 @@
 //! The storage contracts: definitions and runs.
 
 mod held;
+mod run_rows;
 pub mod runs;
 pub mod sql;
 pub mod sql_runs;

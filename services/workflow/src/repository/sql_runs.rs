@@ -7,27 +7,20 @@
 //! changes of the engine that holds the run, which start from its own last
 //! write and land only over it (see `held`).
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-};
-
 use async_trait::async_trait;
 use chorus_runtime::storage::{Backend, Db, placeholders};
-use sqlx::{AssertSqlSafe, Row as _, any::AnyRow};
+use sqlx::{AssertSqlSafe, Row as _};
 
 use super::{
-    held::{HeldWrite, HeldWriter, Tx, insert_events},
-    runs::{Change, Claim, EventPage, Fence, RunRepository, Transition, Written},
+    held::{HeldRuns, Tx, insert_events},
+    run_rows::{COLUMNS, corrupt, decode, encode_body, event_bodies, purge_at, recorded},
+    runs::{Change, Claim, EventPage, Fence, RunRepository, Written},
 };
 use crate::{
-    domain::{NewRun, Run, RunBody, RunChange, RunCursor, RunEvent, RunFilter, RunPage, RunState},
+    domain::{NewRun, Run, RunChange, RunCursor, RunEvent, RunFilter, RunPage, RunState},
     engine::schedule::changes,
     error::{Result, WorkflowError},
 };
-
-const COLUMNS: &str = "id, namespace, workflow, version, state, idempotency_key, concurrency_key, concurrency_limit, \
-                       body, created_at, updated_at, finished_at, retention, due_at, lease_owner, lease_token, revision";
 
 /// A new run, pending and due now; $1..$11 as [`RunRepository::create`] binds them.
 macro_rules! insert_run {
@@ -50,10 +43,10 @@ const INSERT_RUN_POSTGRES: &str = concat!(
      ORDER BY e.n"
 );
 
-/// Claims are single statements whose commit does not wait for the disk on
-/// PostgreSQL: the statement's own transaction turns `synchronous_commit`
-/// off (a claim lost in a crash only means the run is claimed again). The
-/// condition makes the setting part of the statement.
+/// Lease writes (claims, renewals) are single statements whose commit does
+/// not wait for the disk on PostgreSQL: the statement's own transaction turns
+/// `synchronous_commit` off (a lease lost in a crash only means the run is
+/// claimed again). The condition makes the setting part of the statement.
 const RELAXED: &str = "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true) AS setting) ";
 const IS_RELAXED: &str = " AND (SELECT setting FROM relaxed) = 'off'";
 
@@ -61,82 +54,13 @@ const IS_RELAXED: &str = " AND (SELECT setting FROM relaxed) = 'off'";
 #[derive(Debug, Clone)]
 pub struct SqlRunRepository {
     db: Db,
-    /// The runs this process's engine holds, as it last wrote them.
-    held: Arc<Mutex<HashMap<String, Stored>>>,
-    writer: HeldWriter,
+    held: HeldRuns,
 }
 
 impl SqlRunRepository {
     pub fn new(db: Db) -> Self {
-        Self { writer: HeldWriter::new(db.clone()), db, held: Arc::default() }
+        Self { held: HeldRuns::new(db.clone()), db }
     }
-}
-
-/// A run row with what only the repository needs.
-#[derive(Debug, Clone)]
-struct Stored {
-    run: Run,
-    concurrency_limit: Option<i64>,
-    retention: Option<i64>,
-    due_at: Option<i64>,
-    lease: Option<Fence>,
-    revision: i64,
-}
-
-fn corrupt(error: impl std::fmt::Display) -> WorkflowError {
-    WorkflowError::Corrupt(error.to_string())
-}
-
-fn decode(row: &AnyRow) -> Result<Stored> {
-    let state: String = row.try_get("state")?;
-    let body: String = row.try_get("body")?;
-    let version: i64 = row.try_get("version")?;
-    let owner: Option<String> = row.try_get("lease_owner")?;
-    let token: i64 = row.try_get("lease_token")?;
-    let run = Run {
-        namespace: row.try_get("namespace")?,
-        id: row.try_get("id")?,
-        workflow: row.try_get("workflow")?,
-        version: u32::try_from(version).map_err(corrupt)?,
-        state: RunState::parse(&state).ok_or_else(|| corrupt(format!("run state {state}")))?,
-        idempotency_key: row.try_get("idempotency_key")?,
-        concurrency_key: row.try_get("concurrency_key")?,
-        body: serde_json::from_str(&body).map_err(corrupt)?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-        finished_at: row.try_get("finished_at")?,
-    };
-    Ok(Stored {
-        run,
-        concurrency_limit: row.try_get("concurrency_limit")?,
-        retention: row.try_get("retention")?,
-        due_at: row.try_get("due_at")?,
-        lease: owner.map(|owner| Fence { owner, token }),
-        revision: row.try_get("revision")?,
-    })
-}
-
-fn encode_body(body: &RunBody) -> Result<String> {
-    serde_json::to_string(body).map_err(corrupt)
-}
-
-/// When a run that just finished may be deleted.
-fn purge_at(retention: Option<i64>, run: &Run, now: i64) -> Option<i64> {
-    retention.filter(|_| run.state.is_finished()).map(|retention| now + retention)
-}
-
-/// The events a write recorded, from their changes and the ids they got.
-fn recorded(run: &Run, changes: Vec<RunChange>, ids: Vec<i64>, now: i64) -> Vec<RunEvent> {
-    changes
-        .into_iter()
-        .zip(ids)
-        .map(|(change, cursor)| RunEvent { cursor, run_id: run.id.clone(), state: run.state, change, time: now })
-        .collect()
-}
-
-/// The bodies of a run's events, in order.
-fn event_bodies(run: &Run, events: &[RunChange]) -> Vec<String> {
-    events.iter().map(|change| serde_json::json!({ "state": run.state, "change": change }).to_string()).collect()
 }
 
 impl SqlRunRepository {
@@ -152,14 +76,15 @@ impl SqlRunRepository {
             let stored = decode(row)?;
             let fence = stored.lease.clone().ok_or_else(|| corrupt("a claimed run without its claim"))?;
             let run = &stored.run;
-            claims.push(Claim {
+            let claim = Claim {
                 namespace: run.namespace.clone(),
                 run_id: run.id.clone(),
                 workflow: run.workflow.clone(),
                 version: run.version,
                 fence,
-            });
-            self.hold(&stored.run.id.clone(), Some(stored));
+            };
+            self.held.hold(&claim.run_id, Some(stored));
+            claims.push(claim);
         }
         Ok(claims)
     }
@@ -215,79 +140,6 @@ impl SqlRunRepository {
             .execute(&mut **tx)
             .await?;
         Ok(())
-    }
-
-    /// The run this engine holds under `fence`, as it last wrote it, taken
-    /// out until the transition puts back what it wrote (runs under a
-    /// concurrency limit are never held: their changes look at others).
-    fn take_held(&self, namespace: &str, run_id: &str, fence: &Fence) -> Option<Stored> {
-        let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let stored = held.remove(run_id)?;
-        (stored.run.namespace == namespace && stored.lease.as_ref() == Some(fence)).then_some(stored)
-    }
-
-    /// Remembers (or, with `None`, forgets) how this engine left a run it holds.
-    fn hold(&self, run_id: &str, stored: Option<Stored>) {
-        let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match stored.filter(|stored| stored.concurrency_limit.is_none()) {
-            Some(stored) => held.insert(run_id.to_owned(), stored),
-            None => held.remove(run_id),
-        };
-    }
-
-    /// Applies `change` to the held copy and writes it over that revision.
-    /// `None` when the copy cannot say: nothing changed in it (an outside
-    /// change may wait in the row), or the row moved on.
-    async fn transition_held(&self, held: Stored, now: i64, change: &mut Change<'_>) -> Option<Written> {
-        let before = &held.run;
-        let mut run = before.clone();
-        let transition = change(&mut run, true).ok()?;
-        if run == *before && transition.due_at == held.due_at && !transition.release {
-            return None;
-        }
-        let events = changes(before, &run);
-        if !events.is_empty() {
-            run.updated_at = now;
-        }
-        let fence = held.lease.clone()?;
-        let write = HeldWrite {
-            id: run.id.clone(),
-            revision: held.revision,
-            owner: fence.owner.clone(),
-            token: fence.token,
-            state: run.state.as_str(),
-            body: encode_body(&run.body).ok()?,
-            updated_at: run.updated_at,
-            finished_at: run.finished_at,
-            due_at: transition.due_at,
-            purge_at: purge_at(held.retention, &run, now),
-            release: transition.release,
-            events: event_bodies(&run, &events),
-            now,
-        };
-        let Some(ids) = self.writer.write(write).await else {
-            self.hold(&run.id, None);
-            return None;
-        };
-        let revision = self.hold_written(held, &run, transition);
-        let events = recorded(&run, events, ids, now);
-        Some(Written { run, revision, wrote: true, events })
-    }
-
-    /// Remembers a run as this engine just wrote it over `stored` (forgets it
-    /// when released); the run's new revision.
-    fn hold_written(&self, stored: Stored, run: &Run, transition: Transition) -> i64 {
-        let revision = stored.revision + 1;
-        let kept = (!transition.release).then(|| Stored {
-            run: run.clone(),
-            concurrency_limit: stored.concurrency_limit,
-            retention: stored.retention,
-            due_at: transition.due_at,
-            lease: stored.lease,
-            revision,
-        });
-        self.hold(&run.id, kept);
-        revision
     }
 }
 
@@ -438,8 +290,8 @@ impl RunRepository for SqlRunRepository {
         change: &mut Change<'_>,
     ) -> Result<Written> {
         if let Some(fence) = fence
-            && let Some(held) = self.take_held(namespace, run_id, fence)
-            && let Some(written) = self.transition_held(held, now, change).await
+            && let Some(held) = self.held.take(namespace, run_id, fence)
+            && let Some(written) = self.held.transition(held, now, change).await
         {
             return Ok(written);
         }
@@ -455,7 +307,7 @@ impl RunRepository for SqlRunRepository {
             return Err(WorkflowError::RunNotFound(run_id.to_owned()));
         }
         if fence.is_some() && stored.lease.as_ref() != fence {
-            self.hold(run_id, None);
+            self.held.hold(run_id, None);
             return Err(WorkflowError::LeaseLost(run_id.to_owned()));
         }
         let before = stored.run.clone();
@@ -473,7 +325,7 @@ impl RunRepository for SqlRunRepository {
             tx.rollback().await?;
             let revision = stored.revision;
             if fence.is_some() {
-                self.hold(run_id, Some(stored));
+                self.held.hold(run_id, Some(stored));
             }
             return Ok(Written { run, revision, wrote: false, events: Vec::new() });
         }
@@ -501,7 +353,8 @@ impl RunRepository for SqlRunRepository {
             self.wake_next(&mut tx, &run, now).await?;
         }
         tx.commit().await?;
-        let revision = if fence.is_some() { self.hold_written(stored, &run, transition) } else { stored.revision + 1 };
+        let revision =
+            if fence.is_some() { self.held.hold_written(stored, &run, transition) } else { stored.revision + 1 };
         let events = recorded(&run, events, ids, now);
         Ok(Written { run, revision, wrote: true, events })
     }
@@ -532,14 +385,13 @@ impl RunRepository for SqlRunRepository {
     }
 
     async fn renew(&self, owner: &str, lease_until: i64) -> Result<u64> {
-        let mut tx = self.db.begin_relaxed().await?;
-        let renewed = sqlx::query("UPDATE workflow_runs SET lease_until = $2 WHERE lease_owner = $1")
-            .bind(owner)
-            .bind(lease_until)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(renewed.rows_affected())
+        let sql = format!(
+            "{RELAXED}UPDATE workflow_runs SET lease_until = $2 WHERE lease_owner = $1{IS_RELAXED}",
+            RELAXED = self.db.on_postgres(RELAXED),
+            IS_RELAXED = self.db.on_postgres(IS_RELAXED),
+        );
+        let query = sqlx::query(AssertSqlSafe(sql)).bind(owner).bind(lease_until);
+        Ok(query.execute(&mut *self.db.acquire().await?).await?.rows_affected())
     }
 
     async fn events(&self, run_id: &str, after: i64, limit: u32) -> Result<EventPage> {

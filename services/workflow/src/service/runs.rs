@@ -101,11 +101,16 @@ impl Workflows {
         }
         if fence.is_none() {
             self.wakeups.notify(&drive_key(&run.id));
-            if due_at(&run, now).is_some_and(|at| at <= now) {
-                self.wakeups.notify(ENGINE_KEY);
-            }
+            self.wake_engine_if_due(due_at(&run, now), now);
         }
         Ok(run)
+    }
+
+    /// Engines waiting for due runs look at once when a run is due now.
+    fn wake_engine_if_due(&self, due_at: Option<i64>, now: i64) {
+        if due_at.is_some_and(|at| at <= now) {
+            self.wakeups.notify(ENGINE_KEY);
+        }
     }
 
     /// The spec of the version a run is on.
@@ -169,17 +174,15 @@ impl Workflows {
             retention_micros: spec.state.retention.map(chorus_runtime::time::micros),
             started,
         };
-        let created_started = new.started.is_some();
+        let started_due = new.started.as_ref().map(|started| started.due_at);
         let (run, created) = self.runs.create(new, now).await?;
         if !created {
             return Ok(run);
         }
         tracing::info!(run_id = %run.id, workflow = %run.workflow, version = run.version, "run started");
-        if !created_started {
-            return self.transition(&run.namespace, &run.id, &spec, None, |_, _| Ok(())).await;
-        }
-        if due_at(&run, now).is_some_and(|at| at <= now) {
-            self.wakeups.notify(ENGINE_KEY);
+        match started_due {
+            Some(due_at) => self.wake_engine_if_due(due_at, now),
+            None => return self.transition(&run.namespace, &run.id, &spec, None, |_, _| Ok(())).await,
         }
         Ok(run)
     }
