@@ -23,6 +23,8 @@ conformance!(
     a_worker_may_ask_for_a_retry,
     a_claim_no_worker_received_is_released,
     a_completion_keeps_what_the_task_had_and_adds_its_message,
+    a_completion_replaces_and_adds_artifacts_logged_before_its_final_state,
+    a_completion_may_name_one_artifact_twice,
     a_completion_without_the_lease_changes_nothing,
 );
 
@@ -260,6 +262,57 @@ async fn a_completion_keeps_what_the_task_had_and_adds_its_message(h: Harness) {
     };
     assert_eq!(last.kind, EventKind::StatusChanged);
     assert_eq!(last.status, done.status);
+}
+
+async fn a_completion_replaces_and_adds_artifacts_logged_before_its_final_state(h: Harness) {
+    let task = h.task("ns", "echo", "ping").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
+    let claimed = next_claim(&mut claims).await;
+    let chunk = ArtifactChunk {
+        artifact: text_artifact("draft", "half"),
+        append: false,
+        last_chunk: true,
+        lease_id: Some(claimed.lease_id.clone()),
+    };
+    let working = h.store.append_artifact("ns", &task.id, chunk).await.unwrap();
+    let mut events = h.store.watch_task("ns", &task.id, None).await.unwrap();
+
+    let finished = vec![text_artifact("draft", "whole"), text_artifact("notes", "n"), text_artifact("extra", "e")];
+    let done = h
+        .store
+        .complete_task("ns", &task.id, &claimed.lease_id, Some(agent_message("pong")), finished.clone())
+        .await
+        .unwrap();
+    assert_eq!(done.status.state, TaskState::Completed);
+    assert_eq!(done.artifacts, finished, "the draft replaced in its place, the new ones after it");
+    assert_eq!(h.store.get_task("ns", &task.id, None).await.unwrap(), done, "stored as returned");
+    let mut seen = Vec::new();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.unwrap().unwrap().unwrap();
+        let last = event.status.state.is_terminal();
+        seen.push(event);
+        if last {
+            break;
+        }
+    }
+    let artifact_events: Vec<&TaskEvent> =
+        seen.iter().filter(|event| event.kind == EventKind::ArtifactUpdated).skip(1).collect();
+    let logged: Vec<Option<Artifact>> = artifact_events.iter().map(|event| event.artifact.clone()).collect();
+    assert_eq!(logged, finished.into_iter().map(Some).collect::<Vec<_>>(), "in order, before the final state");
+    for event in artifact_events {
+        assert_eq!(event.status, working.status, "an artifact's event carries the status it was added under");
+    }
+    assert_eq!(seen.last().unwrap().status, done.status);
+}
+
+async fn a_completion_may_name_one_artifact_twice(h: Harness) {
+    let task = h.task("ns", "echo", "ping").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
+    let claimed = next_claim(&mut claims).await;
+    let twice = vec![text_artifact("out", "first"), text_artifact("out", "second")];
+    let done = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, twice).await.unwrap();
+    assert_eq!(done.artifacts, vec![text_artifact("out", "second")], "the later one wins");
+    assert_eq!(h.store.get_task("ns", &task.id, None).await.unwrap(), done);
 }
 
 async fn a_completion_without_the_lease_changes_nothing(h: Harness) {

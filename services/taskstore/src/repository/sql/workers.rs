@@ -3,8 +3,9 @@
 use std::{sync::LazyLock, time::Duration};
 
 use super::{
-    EventDetail, SqlTaskRepository, apply_status, check_writable, complete_task_view, event_payload, record_event,
-    rows::{TaskRecord, from_json_list, task_columns, to_json_opt},
+    EventDetail, SELECT_TASK, SqlTaskRepository, apply_status, check_writable, complete_task_view, event_payload,
+    record_event,
+    rows::{TaskRecord, from_json_list, task_columns, to_json, to_json_opt},
     set_status,
     tasks::store_artifact,
 };
@@ -53,18 +54,22 @@ const CLAIM_PRECHECK: &str = "SELECT id, lease_expires_at FROM taskstore_tasks W
 
 /// Completes task $2 when lease $3 holds it and its state may become
 /// `completed`: the row ($4 the status message, $5 its time), the message in
-/// the history when there is one ($6 = 1), the event ($7 its payload) and, for
-/// an owned task, the owner's completion; returns the row with the history and
-/// artifacts as they were. Each shape of completion has its own statement, so
-/// PostgreSQL sets up only the tables it writes: `[owned][message]`, each
-/// index 1 for yes.
-static COMPLETE_POSTGRES: LazyLock<[[String; 2]; 2]> = LazyLock::new(|| {
+/// the history when there is one ($6 = 1), the artifacts with their events
+/// when there are any ($9: a JSON list of `{ord, artifact_id, artifact,
+/// payload}`), the status event ($7 its payload, logged after the artifacts')
+/// and, for an owned task, the owner's completion; returns the row with the
+/// history and artifacts as they were. A statement that writes artifacts or a
+/// message was written from a read of the row, and completes it only while
+/// its status is still that read's ($8 its time). Each shape of completion
+/// has its own statement, so PostgreSQL sets up only the tables it writes:
+/// `[owned][message][artifacts]`, each index 1 for yes.
+static COMPLETE_POSTGRES: LazyLock<[[[String; 2]; 2]; 2]> = LazyLock::new(|| {
     let from: Vec<String> = TaskState::ALL
         .into_iter()
         .filter(|state| state.can_become(TaskState::Completed))
         .map(|state| format!("'{}'", state.as_str()))
         .collect();
-    let statement = |owned: bool, message: bool| {
+    let statement = |owned: bool, message: bool, artifacts: bool| {
         let history = if message {
             "history AS (INSERT INTO taskstore_history (namespace, task_id, position, message) \
              SELECT namespace, id, history_count - 1, $4 FROM done), "
@@ -82,13 +87,29 @@ static COMPLETE_POSTGRES: LazyLock<[[String; 2]; 2]> = LazyLock::new(|| {
         } else {
             ("owner_kind IS NULL", "")
         };
+        let unchanged = if message || artifacts { " AND status_timestamp = $8" } else { "" };
+        let (stored, events) = if artifacts {
+            (
+                "stored AS (INSERT INTO taskstore_artifacts (namespace, task_id, artifact_id, position, artifact) \
+                 SELECT done.namespace, done.id, a.artifact_id, a.ord + (SELECT COUNT(*) FROM taskstore_artifacts x \
+                 WHERE x.namespace = done.namespace AND x.task_id = done.id), a.artifact \
+                 FROM done, json_to_recordset($9::json) AS a(ord int, artifact_id text, artifact text) \
+                 ON CONFLICT (namespace, task_id, artifact_id) DO UPDATE SET artifact = excluded.artifact), ",
+                "SELECT ord, 'artifact_updated' AS kind, payload FROM json_to_recordset($9::json) \
+                 AS a(ord int, payload text) UNION ALL ",
+            )
+        } else {
+            ("", "")
+        };
         format!(
             "WITH done AS (UPDATE taskstore_tasks SET state = 'completed', status_message = $4, \
              status_timestamp = $5, worker_id = NULL, lease_expires_at = NULL, history_count = history_count + $6 \
-             WHERE namespace = $1 AND id = $2 AND lease_id = $3 AND state IN ({from}) AND {owner} \
-             RETURNING {columns}), {history}\
+             WHERE namespace = $1 AND id = $2 AND lease_id = $3 AND state IN ({from}) AND {owner}{unchanged} \
+             RETURNING {columns}), {history}{stored}\
              event AS (INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, \
-             created_at) SELECT namespace, id, context_id, agent_id, 'status_changed', $7, $5 FROM done){inbox} \
+             created_at) SELECT done.namespace, done.id, done.context_id, done.agent_id, e.kind, e.payload, $5 \
+             FROM done, ({events}SELECT 2147483647, 'status_changed', $7) AS e(ord, kind, payload) \
+             ORDER BY e.ord){inbox} \
              SELECT done.*, \
              (SELECT string_agg(message, ',' ORDER BY position) FROM taskstore_history h \
              WHERE h.namespace = done.namespace AND h.task_id = done.id) AS history, \
@@ -98,8 +119,45 @@ static COMPLETE_POSTGRES: LazyLock<[[String; 2]; 2]> = LazyLock::new(|| {
             columns = task_columns!(),
         )
     };
-    [false, true].map(|owned| [false, true].map(|message| statement(owned, message)))
+    [false, true]
+        .map(|owned| [false, true].map(|message| [false, true].map(|artifacts| statement(owned, message, artifacts))))
 });
+
+/// One artifact of a one-statement completion (an element of its $9).
+#[derive(serde::Serialize)]
+struct CompletedArtifact<'a> {
+    ord: usize,
+    artifact_id: &'a str,
+    artifact: String,
+    payload: String,
+}
+
+/// Whether no two artifacts share an id: one statement cannot write a row twice.
+fn distinct_ids(artifacts: &[Artifact]) -> bool {
+    artifacts
+        .iter()
+        .enumerate()
+        .all(|(index, artifact)| artifacts[..index].iter().all(|earlier| earlier.artifact_id != artifact.artifact_id))
+}
+
+/// The artifacts of a completion as its statement's $9, each with the event
+/// it logs (carrying the task's `status` before the completion).
+fn completed_artifacts(status: &TaskStatus, artifacts: &[Artifact]) -> Result<String> {
+    let rows = artifacts
+        .iter()
+        .enumerate()
+        .map(|(ord, artifact)| {
+            let detail = EventDetail { artifact: Some(artifact), last_chunk: true, ..EventDetail::default() };
+            Ok(CompletedArtifact {
+                ord,
+                artifact_id: &artifact.artifact_id,
+                artifact: to_json(artifact)?,
+                payload: event_payload(status, detail)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    to_json(&rows)
+}
 
 /// Expired leases, oldest first. A task has a lease end exactly while it has
 /// a worker: `worker_id IS NOT NULL` lets the planner read only the live
@@ -272,13 +330,14 @@ impl SqlTaskRepository {
         artifacts: Vec<Artifact>,
     ) -> Result<Task> {
         if self.backend() == Backend::Postgres
-            && artifacts.is_empty()
-            && let Some(task) = self.complete_in_one_statement(namespace, task_id, lease_id, message.as_ref()).await?
+            && distinct_ids(&artifacts)
+            && let Some(task) =
+                self.complete_in_one_statement(namespace, task_id, lease_id, message.as_ref(), &artifacts).await?
         {
             return Ok(task);
         }
-        // The transaction: what the statement cannot do (artifacts, SQLite),
-        // or the precise error when it completed nothing.
+        // The transaction: what the statement cannot do (SQLite, an artifact
+        // id given twice), or the precise error when it completed nothing.
         let mut tx = self.begin().await?;
         let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
         check_writable(&record, Some(lease_id))?;
@@ -295,30 +354,37 @@ impl SqlTaskRepository {
     }
 
     /// Completes a task whose lease the caller holds in one statement,
-    /// which also records the event and the owner's completion and returns
-    /// the task whole. `None` when it completed nothing: the task is not
-    /// there, finished, or leased to someone else.
+    /// which also records the artifacts, the events and the owner's
+    /// completion and returns the task whole. A message or artifacts need the
+    /// row first (its context, the status the artifacts' events carry); the
+    /// statement then completes the task only if that status still holds.
+    /// `None` when it completed nothing: the task is not there, finished,
+    /// leased to someone else, or changed since that read.
     async fn complete_in_one_statement(
         &self,
         namespace: &str,
         task_id: &str,
         lease_id: &str,
         message: Option<&Message>,
+        artifacts: &[Artifact],
     ) -> Result<Option<Task>> {
         let mut conn = self.db.acquire().await?;
-        let message = match message {
-            // A message is stored bound to its task's context, which never changes.
-            Some(message) => {
-                let context_id: Option<String> =
-                    sqlx::query_scalar("SELECT context_id FROM taskstore_tasks WHERE namespace = $1 AND id = $2")
-                        .bind(namespace)
-                        .bind(task_id)
-                        .fetch_optional(&mut *conn)
-                        .await?;
-                let Some(context_id) = context_id else { return Ok(None) };
-                Some(message.clone().bound_to(task_id, &context_id))
+        let read = if message.is_some() || !artifacts.is_empty() {
+            match sqlx::query(SELECT_TASK).bind(namespace).bind(task_id).fetch_optional(&mut *conn).await? {
+                Some(row) => Some(TaskRecord::decode(&row)?),
+                None => return Ok(None),
             }
-            None => None,
+        } else {
+            None
+        };
+        let message = match (message, &read) {
+            // A message is stored bound to its task's context, which never changes.
+            (Some(message), Some(read)) => Some(message.clone().bound_to(task_id, &read.task.context_id)),
+            _ => None,
+        };
+        let stored = match &read {
+            Some(read) if !artifacts.is_empty() => Some(completed_artifacts(&read.task.status, artifacts)?),
+            _ => None,
         };
         let status = TaskStatus { state: TaskState::Completed, message, timestamp: now_micros() };
         let message_json = to_json_opt(status.message.as_ref())?;
@@ -328,31 +394,44 @@ impl SqlTaskRepository {
         let with_message = status.message.is_some();
         let mut found = None;
         for statements in COMPLETE_POSTGRES.iter() {
-            found = sqlx::query(sqlx::AssertSqlSafe(statements[usize::from(with_message)].as_str()))
+            let statement = &statements[usize::from(with_message)][usize::from(stored.is_some())];
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
                 .bind(namespace)
                 .bind(task_id)
                 .bind(lease_id)
                 .bind(message_json.as_deref())
                 .bind(status.timestamp)
                 .bind(i64::from(with_message))
-                .bind(payload.as_str())
-                .fetch_optional(&mut *conn)
-                .await?;
+                .bind(payload.as_str());
+            if let Some(read) = &read {
+                query = query.bind(read.task.status.timestamp);
+            }
+            if let Some(stored) = &stored {
+                query = query.bind(stored.as_str());
+            }
+            found = query.fetch_optional(&mut *conn).await?;
             if found.is_some() {
                 break;
             }
         }
         let Some(row) = found else { return Ok(None) };
         let record = TaskRecord::decode(&row)?;
-        // The statement read the history as it was before its own message.
+        // The statement read the history and artifacts as they were before
+        // its own writes.
         let mut history: Vec<Message> = from_json_list(row.try_get("history")?)?;
         history.extend(status.message);
         if i64::try_from(history.len()) != Ok(record.history_count) {
             // A message added while the statement waited for the row.
             return Ok(Some(complete_task_view(&mut conn, record, None, true).await?));
         }
-        let artifacts = from_json_list(row.try_get("artifacts")?)?;
-        Ok(Some(Task { history, artifacts, ..record.task }))
+        let mut stored_before: Vec<Artifact> = from_json_list(row.try_get("artifacts")?)?;
+        for artifact in artifacts {
+            match stored_before.iter_mut().find(|stored| stored.artifact_id == artifact.artifact_id) {
+                Some(stored) => *stored = artifact.clone(),
+                None => stored_before.push(artifact.clone()),
+            }
+        }
+        Ok(Some(Task { history, artifacts: stored_before, ..record.task }))
     }
 
     pub(super) async fn fail(
