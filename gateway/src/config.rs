@@ -25,7 +25,7 @@ pub struct GatewayConfig {
     /// Largest accepted HTTP request body (JSON-RPC and REST).
     pub max_body_bytes: usize,
     /// How long a blocking `SendMessage` waits for the task to finish or
-    /// need input before answering with the task as it is.
+    /// need input before answering with the task as it is (at most an hour).
     pub blocking_timeout_ms: u64,
     /// How often an SSE stream sends a keep-alive comment.
     pub keep_alive_ms: u64,

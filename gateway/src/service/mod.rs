@@ -31,6 +31,8 @@ use crate::{
 pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<StreamResponse>> + Send>>;
 
 const DEFAULT_PAGE_SIZE: i32 = 50;
+/// The longest the task store waits for a task in one call.
+const LONGEST_BLOCKING_WAIT: Duration = Duration::from_secs(3600);
 const MAX_PAGE_SIZE: i32 = 100;
 
 /// The gateway: cheap to clone, shared by every binding.
@@ -124,15 +126,15 @@ impl Gateway {
     ) -> Result<SendMessageResponse> {
         let configuration = request.configuration.clone().unwrap_or_else(default_configuration);
         let history_length = history_length(configuration.history_length)?;
-        let continued = request.message.task_id.is_some();
         let task = match self.start(scope, agent, request).await? {
             Started::Reply(message) => return Ok(SendMessageResponse::Message(*message)),
             Started::Task(task) => task,
         };
-        if !configuration.return_immediately.unwrap_or(false) {
-            self.settle(scope, &task, continued).await?;
-        }
-        let task = self.get_task(scope, &task.id, history_length).await?;
+        let task = if configuration.return_immediately.unwrap_or(false) {
+            self.get_task(scope, &task.id, history_length).await?
+        } else {
+            self.settle(scope, &task.id, history_length).await?
+        };
         Ok(SendMessageResponse::Task(task))
     }
 
@@ -307,26 +309,22 @@ impl Gateway {
         Ok(Started::Task(Box::new(task)))
     }
 
-    /// Waits until the task is terminal or interrupted, or the blocking
-    /// timeout passes. A new task is followed from its first change (its
-    /// history holds nothing older); a continued one from a snapshot, past
-    /// the interruption it was continued from.
-    async fn settle(&self, scope: &Scope, task: &pb::Task, continued: bool) -> Result<()> {
-        let request = pb::WatchTaskRequest {
+    /// The task once it is terminal or interrupted, or as it is when the
+    /// blocking timeout passes. A continued task is working again (or still)
+    /// when this starts: continuing it moved it past its interruption.
+    async fn settle(&self, scope: &Scope, task_id: &str, history_length: Option<u32>) -> Result<Task> {
+        let timeout = Duration::from_millis(self.inner.config.blocking_timeout_ms).min(LONGEST_BLOCKING_WAIT);
+        let request = pb::AwaitTaskRequest {
             namespace: scope.namespace.clone(),
-            task_id: task.id.clone(),
-            snapshot: continued,
-            ..pb::WatchTaskRequest::default()
+            id: task_id.to_owned(),
+            history_length,
+            timeout: prost_types::Duration::try_from(timeout).ok(),
         };
-        let mut events = until_settled(self.watch(request, &task.id).await?, Waiting::Ends);
-        let timeout = Duration::from_millis(self.inner.config.blocking_timeout_ms);
-        let drained = async {
-            while let Some(event) = events.next().await {
-                event?;
-            }
-            Ok(())
-        };
-        tokio::time::timeout(timeout, drained).await.unwrap_or(Ok(()))
+        let settled =
+            self.tasks().await_task(request).await.map_err(|status| task_error(&status, task_id))?.into_inner();
+        let task =
+            settled.task.ok_or_else(|| GatewayError::Internal("the task store answered without a task".to_owned()))?;
+        Ok(convert::task_out(task, true))
     }
 
     /// The task as it is now, then its changes until it settles.

@@ -8,7 +8,7 @@ use crate::{Client, HandlerError, Reply, TaskContext, Worker, WorkerError, text_
 /// The echo agent's id.
 pub const AGENT_ID: &str = "echo";
 /// How many tasks one echo worker handles at once.
-pub const CAPACITY: u32 = 8;
+pub const CAPACITY: u32 = 256;
 
 /// Runs an echo worker in `namespace` until `shutdown` is cancelled.
 pub async fn run(client: Client, namespace: &str, shutdown: CancellationToken) -> Result<(), WorkerError> {

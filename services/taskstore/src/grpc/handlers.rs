@@ -22,6 +22,7 @@ use crate::{
 const DEFAULT_PAGE_SIZE: u32 = 50;
 const MAX_PAGE_SIZE: u32 = 100;
 const DEFAULT_AWAIT_TIMEOUT: Duration = Duration::from_secs(60);
+const MAX_AWAIT_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// The `chorus.taskstore.v1.TaskStore` service over a [`TaskStore`].
 #[derive(Debug, Clone)]
@@ -72,6 +73,20 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let (namespace, id) = task_ref(&request.namespace, "id", &request.id)?;
         let task = self.store.get_task(&namespace, &id, request.history_length).await?;
         Ok(Response::new(convert::task_out(task)))
+    }
+
+    async fn await_task(
+        &self,
+        request: Request<pb::AwaitTaskRequest>,
+    ) -> Result<Response<pb::AwaitTaskResponse>, Status> {
+        let request = request.into_inner();
+        let (namespace, id) = task_ref(&request.namespace, "id", &request.id)?;
+        let timeout = validate::duration("timeout", request.timeout, DEFAULT_AWAIT_TIMEOUT)?;
+        if timeout > MAX_AWAIT_TIMEOUT {
+            return Err(FieldViolation::new("timeout", "must be at most 1h").into());
+        }
+        let (task, timed_out) = self.store.await_task(&namespace, &id, request.history_length, timeout).await?;
+        Ok(Response::new(pb::AwaitTaskResponse { task: Some(convert::task_out(task)), timed_out }))
     }
 
     async fn list_tasks(

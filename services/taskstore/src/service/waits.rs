@@ -1,4 +1,4 @@
-//! Calls that wait for subtasks: blocking spawn and await.
+//! Calls that wait for tasks: a task settling, blocking spawn, and await.
 
 use std::time::Duration;
 
@@ -10,6 +10,10 @@ use crate::{
     domain::{NewSubtask, Task},
     error::Result,
 };
+
+/// The longest any call here waits, whatever it asks for (beyond it, a
+/// deadline would overflow the clock).
+const LONGEST_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// What an await found.
 #[derive(Debug, Clone)]
@@ -36,21 +40,35 @@ impl TaskStore {
         if !blocking {
             return Ok((child, false));
         }
-        let deadline = Instant::now() + timeout.unwrap_or_else(|| self.config.default_spawn_timeout());
+        let timeout = timeout.unwrap_or_else(|| self.config.default_spawn_timeout());
+        let (child, timed_out) = self.await_task(&child.namespace, &child.id, None, timeout).await?;
+        if child.status.state.is_terminal() {
+            self.repository.take_completions(&child.namespace, std::slice::from_ref(&child.id)).await?;
+        }
+        Ok((child, timed_out))
+    }
+
+    /// Waits until the task is terminal or interrupted, or `timeout` passes;
+    /// returns it as it then is (with `history_length` of its history) and
+    /// whether the timeout passed first.
+    pub async fn await_task(
+        &self,
+        namespace: &str,
+        id: &str,
+        history_length: Option<u32>,
+        timeout: Duration,
+    ) -> Result<(Task, bool)> {
+        let deadline = Instant::now() + timeout.min(LONGEST_WAIT);
         loop {
-            let mut waiter = self.wakeups.waiter(&keys::task(&child.namespace, &child.id));
-            let current = self.repository.get_task(&child.namespace, &child.id, None).await?;
-            let state = current.status.state;
-            if state.is_terminal() {
-                self.repository.take_completions(&child.namespace, std::slice::from_ref(&child.id)).await?;
-                return Ok((current, false));
-            }
-            if state.is_interrupted() {
-                return Ok((current, false));
+            let mut waiter = self.wakeups.waiter(&keys::task(namespace, id));
+            let task = self.repository.get_task(namespace, id, history_length).await?;
+            let state = task.status.state;
+            if state.is_terminal() || state.is_interrupted() {
+                return Ok((task, false));
             }
             let now = Instant::now();
             if now >= deadline || self.shutdown.is_cancelled() {
-                return Ok((current, true));
+                return Ok((task, true));
             }
             waiter.wait(self.config.poll_interval().min(deadline - now)).await;
         }
