@@ -85,7 +85,9 @@ macro_rules! read_sqlite {
 /// PostgreSQL, each row with whether events of the same filter wait above the
 /// horizon (`held_back`): one statement, so the read and the count share one
 /// snapshot without a transaction around them. When no event is visible, the
-/// one row carries only `held_back`.
+/// one row carries only `held_back`. The look above the horizon is ordered
+/// like the index it seeks, so the planner walks the index from the cursor
+/// rather than scanning the table for a row that is usually not there.
 macro_rules! read_postgres {
     ($filter:expr, $after:expr, $limit:expr) => {
         concat!(
@@ -102,7 +104,7 @@ macro_rules! read_postgres {
             $after,
             " AND tx_id >= ",
             horizon!(),
-            " LIMIT 1) above) SELECT batch.*, waiting.held_back FROM waiting LEFT JOIN batch ON true \
+            " ORDER BY tx_id, id LIMIT 1) above) SELECT batch.*, waiting.held_back FROM waiting LEFT JOIN batch ON true \
              ORDER BY batch.tx_id, batch.id"
         )
     };

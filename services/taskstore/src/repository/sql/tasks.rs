@@ -6,7 +6,7 @@ use sqlx::{AnyConnection, Row as _};
 use super::{
     EventDetail, SqlTaskRepository, Tx, append_history, apply_status, check_writable, complete_task_view,
     event_payload, read_record, record_event, rows,
-    rows::{TaskRecord, task_columns, to_json},
+    rows::{TaskRecord, from_json_list, task_columns, to_json},
     save, set_status,
 };
 use crate::{
@@ -25,6 +25,18 @@ macro_rules! list_filters {
          AND ($4 = '' OR agent_id = $4) AND status_timestamp >= $5"
     };
 }
+
+/// Task $2 with the last $3 messages of its history and its artifacts, each
+/// list as its JSON objects joined by commas.
+const GET_WHOLE_POSTGRES: &str = concat!(
+    "SELECT ",
+    task_columns!(),
+    ", (SELECT string_agg(message, ',' ORDER BY position) FROM taskstore_history h \
+     WHERE h.namespace = t.namespace AND h.task_id = t.id AND h.position >= t.history_count - $3) AS history, \
+     (SELECT string_agg(artifact, ',' ORDER BY position) FROM taskstore_artifacts a \
+     WHERE a.namespace = t.namespace AND a.task_id = t.id) AS artifacts \
+     FROM taskstore_tasks t WHERE t.namespace = $1 AND t.id = $2"
+);
 
 /// Everything a new task row needs.
 pub(super) struct TaskInsert<'a> {
@@ -252,6 +264,16 @@ impl SqlTaskRepository {
 
     pub(super) async fn get(&self, namespace: &str, id: &str, history_length: Option<u32>) -> Result<Task> {
         let mut conn = self.db.acquire().await?;
+        if self.backend() == Backend::Postgres {
+            // The row with its history window and artifacts, in one statement.
+            let length = history_length.map_or(i64::MAX, i64::from);
+            let row = sqlx::query(GET_WHOLE_POSTGRES).bind(namespace).bind(id).bind(length).fetch_optional(&mut *conn);
+            let row = row.await?.ok_or_else(|| TaskStoreError::TaskNotFound(id.to_owned()))?;
+            let record = TaskRecord::decode(&row)?;
+            let history = from_json_list(row.try_get("history")?)?;
+            let artifacts = from_json_list(row.try_get("artifacts")?)?;
+            return Ok(Task { history, artifacts, ..record.task });
+        }
         let record = read_record(&mut conn, namespace, id).await?;
         complete_task_view(&mut conn, record, history_length, true).await
     }
