@@ -11,6 +11,7 @@ use chorus_proto::eventbus::event_bus_client::EventBusClient;
 use chorus_runtime::{
     server::ServerBuilder,
     storage::{Db, redact_url},
+    transport::Transport,
     wakeup::Wakeups,
 };
 use chorus_taskstore::{TaskStore, grpc::TaskStoreGrpc, repository::sql::SqlTaskRepository};
@@ -52,12 +53,6 @@ pub(crate) struct Stack {
     listener: TcpListener,
     server: ServerBuilder,
     pub(crate) address: SocketAddr,
-}
-
-/// The task store the gateway works on: the configured one, else this
-/// process's own.
-fn taskstore_target(config: &ChorusConfig, address: SocketAddr) -> String {
-    config.gateway.taskstore_url.clone().unwrap_or_else(|| format!("http://{address}"))
 }
 
 /// Where the task store publishes its changes: the configured bus, else this
@@ -135,6 +130,7 @@ impl Stack {
             true => Some(open_storage(config, &mut server).await?),
             false => None,
         };
+        let mut local_taskstore = None;
         for service in services {
             match service {
                 Service::Taskstore => {
@@ -153,6 +149,7 @@ impl Stack {
                         tracing::info!(eventbus = %url, "task changes are published to the event bus");
                     }
                     let grpc = TaskStoreGrpc::new(store).into_server(config.server.max_message_bytes);
+                    local_taskstore = Some(grpc.clone());
                     server.add_grpc_service(grpc);
                 }
                 Service::Eventbus => {
@@ -166,24 +163,36 @@ impl Stack {
                     server.add_grpc_service(EventBusGrpc::new(bus).into_server(config.server.max_message_bytes));
                 }
                 Service::Gateway => {
-                    let url = taskstore_target(config, address);
-                    let channel = Channel::from_shared(url.clone())
-                        .with_context(|| format!("gateway.taskstore_url {url:?} is not a URL"))?
-                        .connect_lazy();
+                    // The task store of this process, called in process, unless
+                    // the configuration names another.
+                    let (taskstore, target) = match (&config.gateway.taskstore_url, &local_taskstore) {
+                        (None, Some(local)) => (Transport::in_process(local.clone()), "in process".to_owned()),
+                        (url, _) => {
+                            let url = url.clone().unwrap_or_else(|| format!("http://{address}"));
+                            let channel = Channel::from_shared(url.clone())
+                                .with_context(|| format!("gateway.taskstore_url {url:?} is not a URL"))?
+                                .connect_lazy();
+                            (Transport::remote(channel), url)
+                        }
+                    };
                     let mut gateway_config = config.gateway.clone();
                     if gateway_config.registry_file.is_none() && db.is_some() && config.storage.database_url.is_empty()
                     {
                         gateway_config.registry_file =
                             Some(PathBuf::from(&config.storage.data_dir).join("agents.json"));
                     }
-                    let gateway =
-                        chorus_gateway::build(gateway_config, channel, &format!("http://{address}"), shutdown.clone())
-                            .map_err(|error| anyhow::anyhow!("gateway: {error}"))?;
+                    let gateway = chorus_gateway::build(
+                        gateway_config,
+                        taskstore,
+                        &format!("http://{address}"),
+                        shutdown.clone(),
+                    )
+                    .map_err(|error| anyhow::anyhow!("gateway: {error}"))?;
                     server.add_grpc_service(A2aGrpc::new(gateway.clone()).into_server(config.server.max_message_bytes));
                     server.add_grpc_service(gateway.delegation().into_server(config.server.max_message_bytes));
                     server.merge_http(chorus_gateway::router(gateway));
                     server.enable_grpc_web(&config.gateway.cors_origins);
-                    tracing::info!(taskstore = %url, "A2A gateway mounted");
+                    tracing::info!(taskstore = %target, "A2A gateway mounted");
                 }
                 Service::Hub => {
                     let db = opened(db.as_ref())?;

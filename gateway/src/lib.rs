@@ -29,16 +29,18 @@ mod service;
 use std::time::Duration;
 
 use chorus_proto::taskstore::task_store_client::TaskStoreClient;
+use chorus_runtime::transport::Transport;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 pub use crate::{config::GatewayConfig, delegation::DelegateGrpc, grpc::A2aGrpc, http::router, service::Gateway};
 
-/// Builds the gateway over the task store behind `taskstore`, advertising
-/// `base_url` (`http://host:port`) in its cards unless `public_url` is set.
+/// Builds the gateway over the task store behind `taskstore` (in this
+/// process or not), advertising `base_url` (`http://host:port`) in its cards
+/// unless `public_url` is set.
 pub fn build(
     config: GatewayConfig,
-    taskstore: Channel,
+    taskstore: Transport,
     base_url: &str,
     shutdown: CancellationToken,
 ) -> Result<Gateway, String> {

@@ -9,9 +9,9 @@ use std::{
 
 use a2a::StreamResponse;
 use chorus_proto::taskstore::{self as pb, task_store_client::TaskStoreClient};
+use chorus_runtime::transport::Transport;
 use futures_util::StreamExt as _;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 use crate::{
     convert,
@@ -31,7 +31,7 @@ pub(crate) enum Follow {
 
 #[derive(Debug, Clone)]
 pub(crate) struct PushDispatcher {
-    tasks: TaskStoreClient<Channel>,
+    tasks: TaskStoreClient<Transport>,
     sender: Arc<PushSender>,
     /// (namespace, task id) of the tasks being followed.
     following: Arc<Mutex<HashSet<(String, String)>>>,
@@ -40,7 +40,7 @@ pub(crate) struct PushDispatcher {
 
 impl PushDispatcher {
     pub(crate) fn new(
-        tasks: TaskStoreClient<Channel>,
+        tasks: TaskStoreClient<Transport>,
         policy: &PushPolicy,
         shutdown: CancellationToken,
     ) -> std::result::Result<Self, String> {

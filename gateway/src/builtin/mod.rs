@@ -18,6 +18,7 @@ use chorus_proto::{
     taskstore::{self as pb, task_store_client::TaskStoreClient},
     workflow::workflow_client::WorkflowClient,
 };
+use chorus_runtime::transport::Transport;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -32,7 +33,7 @@ use crate::{
 /// Runs the turns of built-in and remote agents.
 #[derive(Debug, Clone)]
 pub(crate) struct Runner {
-    tasks: TaskStoreClient<Channel>,
+    tasks: TaskStoreClient<Transport>,
     workflows: WorkflowClient<Channel>,
     delegate: A2aClient,
     remote_timeout: Duration,
@@ -41,7 +42,7 @@ pub(crate) struct Runner {
 
 /// One task's writer.
 struct Turn {
-    tasks: TaskStoreClient<Channel>,
+    tasks: TaskStoreClient<Transport>,
     namespace: String,
     task: pb::Task,
 }
@@ -97,7 +98,7 @@ impl Turn {
 
 impl Runner {
     pub(crate) fn new(
-        tasks: TaskStoreClient<Channel>,
+        tasks: TaskStoreClient<Transport>,
         workflows: WorkflowClient<Channel>,
         delegate: A2aClient,
         remote_timeout: Duration,

@@ -11,8 +11,8 @@ use a2a::{
     ListTasksRequest, ListTasksResponse, Message, Role, SendMessageRequest, SendMessageResponse, StreamResponse, Task,
 };
 use chorus_proto::taskstore::{self as pb, task_store_client::TaskStoreClient};
+use chorus_runtime::transport::Transport;
 use futures_util::{Stream, StreamExt as _, stream};
-use tonic::transport::Channel;
 
 use self::follow::{Waiting, until_settled, without_repeats};
 use crate::{
@@ -43,7 +43,7 @@ pub struct Gateway {
 
 #[derive(Debug)]
 struct Inner {
-    tasks: TaskStoreClient<Channel>,
+    tasks: TaskStoreClient<Transport>,
     catalog: Catalog,
     auth: Authenticator,
     runner: Runner,
@@ -62,7 +62,7 @@ enum Started {
 
 impl Gateway {
     pub(crate) fn new(
-        tasks: TaskStoreClient<Channel>,
+        tasks: TaskStoreClient<Transport>,
         catalog: Catalog,
         runner: Runner,
         push: PushDispatcher,
@@ -90,7 +90,7 @@ impl Gateway {
         &self.inner.config
     }
 
-    fn tasks(&self) -> TaskStoreClient<Channel> {
+    fn tasks(&self) -> TaskStoreClient<Transport> {
         self.inner.tasks.clone()
     }
 

@@ -13,6 +13,7 @@
 //! - [`wakeup`]: commit signals between writers and waiting readers;
 //! - [`registry`]: the streams open in this process, for hand-offs;
 //! - [`time`]: stored times (microseconds) and protobuf timestamps;
+//! - [`transport`]: gRPC clients over the network or in process;
 //! - [`signal`]: shutdown on Ctrl-C and SIGTERM;
 //! - `testing` (cargo feature `testing`): a PostgreSQL database per test.
 
@@ -32,6 +33,7 @@ pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod time;
+pub mod transport;
 mod upgrade;
 pub mod validate;
 pub mod wakeup;

@@ -1,0 +1,91 @@
+//! How a gRPC client reaches its server: over the network ([`Transport::remote`])
+//! or, when both run in one process, by calling the server's tonic service
+//! directly ([`Transport::in_process`]). In process, a call skips the socket,
+//! HTTP/2 framing and the kernel; it still goes through the generated codec,
+//! so client and handler see exactly what they would over the network.
+//!
+//! Generated clients take a `Transport` as they take a `Channel`:
+//! `TaskStoreClient::new(transport)`.
+
+use std::{
+    convert::Infallible,
+    task::{Context, Poll},
+};
+
+use tonic::{body::Body, transport::Channel};
+use tower::{BoxError, Service, ServiceExt as _, util::BoxCloneSyncService};
+
+/// A gRPC client's way to its server; cheap to clone.
+#[derive(Clone)]
+pub struct Transport(BoxCloneSyncService<http::Request<Body>, http::Response<Body>, BoxError>);
+
+impl Transport {
+    /// Calls over `channel`.
+    pub fn remote(channel: Channel) -> Self {
+        Self(BoxCloneSyncService::new(channel.map_err(BoxError::from)))
+    }
+
+    /// Calls `server` (a generated `…Server`) in this process.
+    pub fn in_process<S>(server: S) -> Self
+    where
+        S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        Self(BoxCloneSyncService::new(server.map_err(|never| match never {})))
+    }
+}
+
+impl std::fmt::Debug for Transport {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("Transport")
+    }
+}
+
+impl Service<http::Request<Body>> for Transport {
+    type Response = http::Response<Body>;
+    type Error = BoxError;
+    type Future = <BoxCloneSyncService<http::Request<Body>, http::Response<Body>, BoxError> as Service<
+        http::Request<Body>,
+    >>::Future;
+
+    fn poll_ready(&mut self, context: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(context)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        self.0.call(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::StreamExt as _;
+    use tonic_health::{
+        ServingStatus,
+        pb::{HealthCheckRequest, health_check_response::ServingStatus as Wire, health_client::HealthClient},
+    };
+
+    use super::*;
+
+    #[tokio::test]
+    async fn an_in_process_client_calls_and_streams_through_the_server() {
+        let (reporter, server) = tonic_health::server::health_reporter();
+        reporter.set_service_status("chorus.test", ServingStatus::NotServing).await;
+        let mut client = HealthClient::new(Transport::in_process(server));
+        let request = || HealthCheckRequest { service: "chorus.test".to_owned() };
+        let status = client.check(request()).await.unwrap().into_inner().status;
+        assert_eq!(status, Wire::NotServing as i32);
+
+        let mut watch = client.watch(request()).await.unwrap().into_inner();
+        assert_eq!(watch.next().await.unwrap().unwrap().status, Wire::NotServing as i32);
+        reporter.set_service_status("chorus.test", ServingStatus::Serving).await;
+        assert_eq!(watch.next().await.unwrap().unwrap().status, Wire::Serving as i32);
+
+        let unknown = client.check(HealthCheckRequest { service: "nothing".to_owned() }).await.unwrap_err();
+        assert_eq!(unknown.code(), tonic::Code::NotFound, "the server's own errors come through");
+    }
+}
