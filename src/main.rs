@@ -179,9 +179,10 @@ async fn run(command: Command, config: &ChorusConfig, shutdown: CancellationToke
         Command::Dev { no_agents, .. } => {
             let stack = Stack::build(config, ALL_SERVICES, &shutdown).await?;
             let address = stack.address;
+            let taskstore = stack.local_taskstore.clone().context("chorus dev serves a task store")?;
             let serving = tokio::spawn(stack.serve(shutdown.clone()));
             if !no_agents {
-                start_demo_agents(address, shutdown.clone());
+                start_demo_agents(chorus_worker::client_over(taskstore), shutdown.clone());
             }
             announce(address);
             serving.await.context("server task failed")?.map(done)
@@ -225,19 +226,12 @@ fn announce(address: std::net::SocketAddr) {
     println!("chorus listening on http://{address}");
 }
 
-/// The built-in agents of `chorus dev`, working over loopback like any
-/// worker: `echo`, `reviewer` (which the catalog lists only when configured
-/// to), and the phase agents of the example workflows.
-fn start_demo_agents(address: std::net::SocketAddr, shutdown: CancellationToken) {
+/// The built-in agents of `chorus dev`, workers like any other that call
+/// the task store of this process in process: `echo`, `reviewer` (which the
+/// catalog lists only when configured to), and the phase agents of the
+/// example workflows.
+fn start_demo_agents(client: chorus_worker::Client, shutdown: CancellationToken) {
     tokio::spawn(async move {
-        let url = format!("http://{address}");
-        let client = match chorus_worker::connect(&url).await {
-            Ok(client) => client,
-            Err(error) => {
-                tracing::error!(%error, "cannot start the built-in agents");
-                return;
-            }
-        };
         let namespace = chorus_worker::DEFAULT_NAMESPACE;
         let pace = chorus_worker::reviewer::DEFAULT_PACE;
         let (echo, reviewer, phases) = tokio::join!(

@@ -53,6 +53,8 @@ pub(crate) struct Stack {
     listener: TcpListener,
     server: ServerBuilder,
     pub(crate) address: SocketAddr,
+    /// The task store this process serves, for clients in the same process.
+    pub(crate) local_taskstore: Option<Transport>,
 }
 
 /// Where the task store publishes its changes: the configured bus, else this
@@ -149,7 +151,7 @@ impl Stack {
                         tracing::info!(eventbus = %url, "task changes are published to the event bus");
                     }
                     let grpc = TaskStoreGrpc::new(store).into_server(config.server.max_message_bytes);
-                    local_taskstore = Some(grpc.clone());
+                    local_taskstore = Some(Transport::in_process(grpc.clone()));
                     server.add_grpc_service(grpc);
                 }
                 Service::Eventbus => {
@@ -166,7 +168,7 @@ impl Stack {
                     // The task store of this process, called in process, unless
                     // the configuration names another.
                     let (taskstore, target) = match (&config.gateway.taskstore_url, &local_taskstore) {
-                        (None, Some(local)) => (Transport::in_process(local.clone()), "in process".to_owned()),
+                        (None, Some(local)) => (local.clone(), "in process".to_owned()),
                         (url, _) => {
                             let url = url.clone().unwrap_or_else(|| format!("http://{address}"));
                             let channel = Channel::from_shared(url.clone())
@@ -245,7 +247,7 @@ impl Stack {
                 }
             }
         }
-        Ok(Self { listener, server, address })
+        Ok(Self { listener, server, address, local_taskstore })
     }
 
     /// Serves until `shutdown`.

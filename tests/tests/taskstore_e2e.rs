@@ -7,8 +7,9 @@ use std::{
 };
 
 use chorus_proto::taskstore::{
-    AddMessageRequest, AppendArtifactRequest, Artifact, ListTasksRequest, NotifyOwnerRequest, Owner, ReadInboxRequest,
-    Role, SpawnSubtaskRequest, TaskState, UpdateStatusRequest, WatchTasksRequest, inbox_message, owner, task_event,
+    AddMessageRequest, AppendArtifactRequest, Artifact, AwaitTaskRequest, ListTasksRequest, NotifyOwnerRequest, Owner,
+    ReadInboxRequest, Role, SpawnSubtaskRequest, TaskState, UpdateStatusRequest, WatchTasksRequest, inbox_message,
+    owner, task_event,
 };
 use chorus_runtime::testing::{POSTGRES_URL_VAR, PostgresDatabase, postgres_admin_url};
 use chorus_tests::{
@@ -64,6 +65,45 @@ async fn a_worker_process_completes_a_task_created_over_grpc() {
     assert_eq!(history, ["hello chorus", "surohc olleh"]);
     let [artifact] = done.artifacts.as_slice() else { panic!("one artifact expected: {:#?}", done.artifacts) };
     assert_eq!(artifact.name, worker.worker_id(), "the artifact names the worker that did the work");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn await_task_answers_when_the_task_settles_or_the_timeout_passes() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().no_agents().start().await;
+    let mut client = server.task_store().await;
+    let task = create_task(&mut client, NS, "reverser", "hello chorus").await;
+    let request = |timeout: Duration, history_length: Option<u32>| AwaitTaskRequest {
+        namespace: NS.to_owned(),
+        id: task.id.clone(),
+        history_length,
+        timeout: Some(timeout.try_into().unwrap()),
+    };
+
+    let waited = client.await_task(request(Duration::from_millis(300), None)).await.unwrap().into_inner();
+    assert!(waited.timed_out, "no worker yet: {waited:#?}");
+    assert_eq!(state(waited.task.as_ref().unwrap()), TaskState::Submitted);
+
+    let pending = tokio::spawn({
+        let mut client = client.clone();
+        let request = request(DEADLINE, Some(1));
+        async move { client.await_task(request).await }
+    });
+    let _worker = test_worker!(sandbox, server.url()).agent("reverser").namespace(NS).start().await;
+    let settled = pending.await.unwrap().unwrap().into_inner();
+    assert!(!settled.timed_out);
+    let done = settled.task.unwrap();
+    assert_eq!(state(&done), TaskState::Completed);
+    let history: Vec<String> = done.history.iter().map(|message| text_of(Some(message))).collect();
+    assert_eq!(history, ["surohc olleh"], "the last message only, as asked");
+    assert_eq!(done.artifacts.len(), 1);
+
+    let too_long = client.await_task(request(Duration::from_secs(7200), None)).await.unwrap_err();
+    assert_eq!(too_long.code(), tonic::Code::InvalidArgument, "{too_long:?}");
+    let mut unknown = request(Duration::from_secs(1), None);
+    unknown.id = "no-such-task".to_owned();
+    let unknown = client.await_task(unknown).await.unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

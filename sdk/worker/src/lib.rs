@@ -46,7 +46,7 @@ mod worker;
 use std::time::Duration;
 
 use chorus_proto::taskstore::task_store_client::TaskStoreClient;
-use chorus_runtime::telemetry::TracePropagation;
+use chorus_runtime::{telemetry::TracePropagation, transport::Transport};
 use tonic::{
     service::interceptor::InterceptedService,
     transport::{Channel, Endpoint},
@@ -62,7 +62,7 @@ pub use worker::{DEFAULT_LEASE, DEFAULT_NAMESPACE, Worker};
 
 /// The task-store client a worker uses: every call carries the current W3C
 /// trace context.
-pub type Client = TaskStoreClient<InterceptedService<Channel, TracePropagation>>;
+pub type Client = TaskStoreClient<InterceptedService<Transport, TracePropagation>>;
 
 /// Connects to the task store at `url` (`http://host:port`).
 ///
@@ -82,5 +82,11 @@ pub async fn connect(url: &str) -> Result<Client, WorkerError> {
 
 /// A client over an existing channel (a lazy one, one with TLS, ...).
 pub fn client_from_channel(channel: Channel) -> Client {
-    TaskStoreClient::with_interceptor(channel, TracePropagation)
+    client_over(Transport::remote(channel))
+}
+
+/// A client over any transport, such as a task store in this process
+/// ([`Transport::in_process`]).
+pub fn client_over(transport: Transport) -> Client {
+    TaskStoreClient::with_interceptor(transport, TracePropagation)
 }
