@@ -15,7 +15,9 @@ use std::{
 use tonic::{body::Body, transport::Channel};
 use tower::{BoxError, Service, ServiceExt as _, util::BoxCloneSyncService};
 
-/// A gRPC client's way to its server; cheap to clone.
+/// A gRPC client's way to its server; cheap to clone. A type of its own,
+/// not an alias of the boxed service: through an alias, rustc cannot prove
+/// the futures of generic code over the client (the worker SDK's) `Send`.
 #[derive(Clone)]
 pub struct Transport(BoxCloneSyncService<http::Request<Body>, http::Response<Body>, BoxError>);
 

@@ -23,6 +23,34 @@ macro_rules! task_columns {
 }
 pub(super) use task_columns;
 
+/// The history (messages at positions where `$window` holds) and the
+/// artifacts of the task row `$row`, each aggregated into one column of JSON
+/// objects joined by commas (PostgreSQL); [`decode_parts`] reads them.
+macro_rules! aggregated_parts {
+    ($row:literal, $window:literal) => {
+        concat!(
+            "(SELECT string_agg(message, ',' ORDER BY position) FROM taskstore_history h WHERE h.namespace = ",
+            $row,
+            ".namespace AND h.task_id = ",
+            $row,
+            ".id",
+            $window,
+            ") AS history, (SELECT string_agg(artifact, ',' ORDER BY position) FROM taskstore_artifacts a \
+             WHERE a.namespace = ",
+            $row,
+            ".namespace AND a.task_id = ",
+            $row,
+            ".id) AS artifacts"
+        )
+    };
+}
+pub(super) use aggregated_parts;
+
+/// The history and artifacts of a row selected with [`aggregated_parts`].
+pub(super) fn decode_parts(row: &AnyRow) -> Result<(Vec<Message>, Vec<Artifact>)> {
+    Ok((from_json_list(row.try_get("history")?)?, from_json_list(row.try_get("artifacts")?)?))
+}
+
 /// A task row: the task without history and artifacts, plus its bookkeeping.
 #[derive(Debug, Clone)]
 pub(super) struct TaskRecord {

@@ -6,7 +6,7 @@ use sqlx::{AnyConnection, Row as _};
 use super::{
     EventDetail, SqlTaskRepository, Tx, append_history, apply_status, check_writable, complete_task_view,
     event_payload, read_record, record_event, rows,
-    rows::{TaskRecord, from_json_list, task_columns, to_json},
+    rows::{TaskRecord, aggregated_parts, decode_parts, task_columns, to_json},
     save, set_status,
 };
 use crate::{
@@ -26,16 +26,13 @@ macro_rules! list_filters {
     };
 }
 
-/// Task $2 with the last $3 messages of its history and its artifacts, each
-/// list as its JSON objects joined by commas.
+/// Task $2 with the last $3 messages of its history and its artifacts.
 const GET_WHOLE_POSTGRES: &str = concat!(
     "SELECT ",
     task_columns!(),
-    ", (SELECT string_agg(message, ',' ORDER BY position) FROM taskstore_history h \
-     WHERE h.namespace = t.namespace AND h.task_id = t.id AND h.position >= t.history_count - $3) AS history, \
-     (SELECT string_agg(artifact, ',' ORDER BY position) FROM taskstore_artifacts a \
-     WHERE a.namespace = t.namespace AND a.task_id = t.id) AS artifacts \
-     FROM taskstore_tasks t WHERE t.namespace = $1 AND t.id = $2"
+    ", ",
+    aggregated_parts!("t", " AND h.position >= t.history_count - $3"),
+    " FROM taskstore_tasks t WHERE t.namespace = $1 AND t.id = $2"
 );
 
 /// Everything a new task row needs.
@@ -269,10 +266,8 @@ impl SqlTaskRepository {
             let length = history_length.map_or(i64::MAX, i64::from);
             let row = sqlx::query(GET_WHOLE_POSTGRES).bind(namespace).bind(id).bind(length).fetch_optional(&mut *conn);
             let row = row.await?.ok_or_else(|| TaskStoreError::TaskNotFound(id.to_owned()))?;
-            let record = TaskRecord::decode(&row)?;
-            let history = from_json_list(row.try_get("history")?)?;
-            let artifacts = from_json_list(row.try_get("artifacts")?)?;
-            return Ok(Task { history, artifacts, ..record.task });
+            let (history, artifacts) = decode_parts(&row)?;
+            return Ok(Task { history, artifacts, ..TaskRecord::decode(&row)?.task });
         }
         let record = read_record(&mut conn, namespace, id).await?;
         complete_task_view(&mut conn, record, history_length, true).await

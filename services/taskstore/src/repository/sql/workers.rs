@@ -1,11 +1,11 @@
 //! Workers: claims under a lease, renewals, completion, failure, expiry.
 
-use std::{sync::LazyLock, time::Duration};
+use std::{collections::HashSet, sync::LazyLock, time::Duration};
 
 use super::{
-    EventDetail, SELECT_TASK, SqlTaskRepository, apply_status, check_writable, complete_task_view, event_payload,
+    EventDetail, SqlTaskRepository, apply_status, check_writable, complete_task_view, event_payload, read_record,
     record_event,
-    rows::{TaskRecord, from_json_list, task_columns, to_json, to_json_opt},
+    rows::{TaskRecord, aggregated_parts, decode_parts, task_columns, to_json, to_json_opt},
     set_status,
     tasks::store_artifact,
 };
@@ -110,13 +110,10 @@ static COMPLETE_POSTGRES: LazyLock<[[[String; 2]; 2]; 2]> = LazyLock::new(|| {
              created_at) SELECT done.namespace, done.id, done.context_id, done.agent_id, e.kind, e.payload, $5 \
              FROM done, ({events}SELECT 2147483647, 'status_changed', $7) AS e(ord, kind, payload) \
              ORDER BY e.ord){inbox} \
-             SELECT done.*, \
-             (SELECT string_agg(message, ',' ORDER BY position) FROM taskstore_history h \
-             WHERE h.namespace = done.namespace AND h.task_id = done.id) AS history, \
-             (SELECT string_agg(artifact, ',' ORDER BY position) FROM taskstore_artifacts a \
-             WHERE a.namespace = done.namespace AND a.task_id = done.id) AS artifacts FROM done",
+             SELECT done.*, {parts} FROM done",
             from = from.join(", "),
             columns = task_columns!(),
+            parts = aggregated_parts!("done", ""),
         )
     };
     [false, true]
@@ -134,10 +131,8 @@ struct CompletedArtifact<'a> {
 
 /// Whether no two artifacts share an id: one statement cannot write a row twice.
 fn distinct_ids(artifacts: &[Artifact]) -> bool {
-    artifacts
-        .iter()
-        .enumerate()
-        .all(|(index, artifact)| artifacts[..index].iter().all(|earlier| earlier.artifact_id != artifact.artifact_id))
+    let mut seen = HashSet::new();
+    artifacts.iter().all(|artifact| seen.insert(artifact.artifact_id.as_str()))
 }
 
 /// The artifacts of a completion as its statement's $9, each with the event
@@ -358,8 +353,8 @@ impl SqlTaskRepository {
     /// completion and returns the task whole. A message or artifacts need the
     /// row first (its context, the status the artifacts' events carry); the
     /// statement then completes the task only if that status still holds.
-    /// `None` when it completed nothing: the task is not there, finished,
-    /// leased to someone else, or changed since that read.
+    /// `None` when it completed nothing: the task is finished, leased to
+    /// someone else, or changed since that read (or, unread, not there).
     async fn complete_in_one_statement(
         &self,
         namespace: &str,
@@ -370,10 +365,7 @@ impl SqlTaskRepository {
     ) -> Result<Option<Task>> {
         let mut conn = self.db.acquire().await?;
         let read = if message.is_some() || !artifacts.is_empty() {
-            match sqlx::query(SELECT_TASK).bind(namespace).bind(task_id).fetch_optional(&mut *conn).await? {
-                Some(row) => Some(TaskRecord::decode(&row)?),
-                None => return Ok(None),
-            }
+            Some(read_record(&mut conn, namespace, task_id).await?)
         } else {
             None
         };
@@ -418,13 +410,12 @@ impl SqlTaskRepository {
         let record = TaskRecord::decode(&row)?;
         // The statement read the history and artifacts as they were before
         // its own writes.
-        let mut history: Vec<Message> = from_json_list(row.try_get("history")?)?;
+        let (mut history, mut stored_before) = decode_parts(&row)?;
         history.extend(status.message);
         if i64::try_from(history.len()) != Ok(record.history_count) {
             // A message added while the statement waited for the row.
             return Ok(Some(complete_task_view(&mut conn, record, None, true).await?));
         }
-        let mut stored_before: Vec<Artifact> = from_json_list(row.try_get("artifacts")?)?;
         for artifact in artifacts {
             match stored_before.iter_mut().find(|stored| stored.artifact_id == artifact.artifact_id) {
                 Some(stored) => *stored = artifact.clone(),
