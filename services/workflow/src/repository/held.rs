@@ -21,7 +21,7 @@ use serde::Serialize;
 use sqlx::{AssertSqlSafe, Row as _};
 
 use super::{
-    run_rows::{Stored, encode_body, event_bodies, purge_at, recorded},
+    run_rows::{Stored, encode_body, event_bodies, kept_due, purge_at, recorded},
     runs::{Change, Fence, Transition, Written},
 };
 use crate::{domain::Run, engine::schedule::changes};
@@ -100,7 +100,8 @@ impl HeldRuns {
     pub(super) async fn transition(&self, held: Stored, now: i64, change: &mut Change<'_>) -> Option<Written> {
         let before = &held.run;
         let mut run = before.clone();
-        let transition = change(&mut run, true).ok()?;
+        let mut transition = change(&mut run, true).ok()?;
+        transition.due_at = kept_due(held.due_at, transition.due_at, now);
         if run == *before && transition.due_at == held.due_at && !transition.release {
             return None;
         }
@@ -173,6 +174,12 @@ struct EventRow<'a> {
 
 /// One statement: the rows whose revision and claim still match are
 /// updated, and only their events inserted, in the order given.
+///
+/// The rows are found by primary key (`id = ANY`), and the claim's owner is
+/// compared with `IS NOT DISTINCT FROM`, which no index serves: with a plain
+/// `=` the planner walked the claim index or, with statistics taken while the
+/// table was young, read the whole table on every batch — a cost that grew
+/// with every run ever kept.
 const POSTGRES_BATCH: &str = "\
 WITH input AS (
     SELECT * FROM json_to_recordset(CAST($1 AS json)) AS i(id text, revision bigint, owner text, token bigint,
@@ -183,7 +190,8 @@ WITH input AS (
         lease_owner = CASE WHEN i.release THEN NULL ELSE r.lease_owner END,
         lease_until = CASE WHEN i.release THEN NULL ELSE r.lease_until END
     FROM input i
-    WHERE r.id = i.id AND r.revision = i.revision AND r.lease_owner = i.owner AND r.lease_token = i.token
+    WHERE r.id = ANY(ARRAY(SELECT id FROM input)) AND r.id = i.id AND r.revision = i.revision
+        AND r.lease_token = i.token AND r.lease_owner IS NOT DISTINCT FROM i.owner
     RETURNING r.id
 ), inserted AS (
     INSERT INTO workflow_run_events (run_id, body, created_at)
@@ -200,6 +208,10 @@ fn json(value: &impl Serialize) -> Result<String, sqlx::Error> {
 }
 
 async fn write_postgres(db: &Db, writes: &[HeldWrite]) -> Result<HashMap<String, Vec<i64>>, sqlx::Error> {
+    // Rows are locked in the order listed: by id, as the lease renewal locks
+    // them, so the two never wait on each other in a cycle.
+    let mut writes: Vec<&HeldWrite> = writes.iter().collect();
+    writes.sort_unstable_by(|a, b| a.id.cmp(&b.id));
     let events: Vec<EventRow<'_>> = writes
         .iter()
         .flat_map(|write| write.events.iter().map(move |body| (write, body)))

@@ -22,6 +22,18 @@ pub(super) struct Stored {
     pub(super) revision: i64,
 }
 
+/// The due time a write records: a run that was already due and still is
+/// keeps the time it first became due. Its row's due index then stays as it
+/// was, so PostgreSQL can update the row in place (a HOT update) while an
+/// engine drives the run, and a transition that changes nothing else writes
+/// nothing. The oldest due runs are still claimed first.
+pub(super) fn kept_due(stored: Option<i64>, wanted: Option<i64>, now: i64) -> Option<i64> {
+    match (stored, wanted) {
+        (Some(since), Some(at)) if since <= now && at <= now => Some(since),
+        _ => wanted,
+    }
+}
+
 pub(super) fn corrupt(error: impl std::fmt::Display) -> WorkflowError {
     WorkflowError::Corrupt(error.to_string())
 }

@@ -13,7 +13,7 @@ use sqlx::{AssertSqlSafe, Row as _};
 
 use super::{
     held::{HeldRuns, Tx, insert_events},
-    run_rows::{COLUMNS, corrupt, decode, encode_body, event_bodies, purge_at, recorded},
+    run_rows::{COLUMNS, corrupt, decode, encode_body, event_bodies, kept_due, purge_at, recorded},
     runs::{Change, Claim, EventPage, Fence, RunRepository, Written},
 };
 use crate::{
@@ -319,7 +319,8 @@ impl RunRepository for SqlRunRepository {
             }
             None => true,
         };
-        let transition = change(&mut run, slot_free)?;
+        let mut transition = change(&mut run, slot_free)?;
+        transition.due_at = kept_due(stored.due_at, transition.due_at, now);
         if run == before && transition.due_at == stored.due_at && !transition.release {
             // Nothing changed: nothing to write, no commit to wait for.
             tx.rollback().await?;
@@ -384,9 +385,14 @@ impl RunRepository for SqlRunRepository {
         self.claims(query).await
     }
 
+    /// Locks the rows in id order, as the engine's batched writes do: in
+    /// whatever order the claim index gave them, a renewal and a batch could
+    /// each hold a row the other waited for (a deadlock, found after a second).
     async fn renew(&self, owner: &str, lease_until: i64) -> Result<u64> {
         let sql = format!(
-            "{RELAXED}UPDATE workflow_runs SET lease_until = $2 WHERE lease_owner = $1{IS_RELAXED}",
+            "{RELAXED}UPDATE workflow_runs SET lease_until = $2 \
+             WHERE id IN (SELECT id FROM workflow_runs WHERE lease_owner = $1 ORDER BY id{}){IS_RELAXED}",
+            self.db.on_postgres(" FOR UPDATE"),
             RELAXED = self.db.on_postgres(RELAXED),
             IS_RELAXED = self.db.on_postgres(IS_RELAXED),
         );

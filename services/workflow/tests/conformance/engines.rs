@@ -21,6 +21,7 @@ chorus_runtime::backend_suite!(crate::harness::Harness::bare;
     an_engine_restarted_under_its_name_resumes_its_runs_at_once,
     webhooks_to_private_addresses_are_refused_unless_allowed,
     an_engine_never_writes_its_copy_of_a_run_over_a_change_made_meanwhile,
+    a_run_that_stays_due_keeps_the_time_it_became_due,
 );
 
 async fn task_count(h: &Harness) -> i64 {
@@ -94,6 +95,65 @@ async fn webhooks_to_private_addresses_are_refused_unless_allowed(h: Harness) {
         assert!(error.contains("not a public address") && error.contains("allow_private_webhooks"), "{error}");
     }
     assert!(seen.lock().expect("seen").is_empty(), "nothing was sent");
+}
+
+async fn due_at(h: &Harness, run_id: &str) -> Option<i64> {
+    sqlx::query_scalar("SELECT due_at FROM workflow_runs WHERE id = $1")
+        .bind(run_id)
+        .fetch_one(h.db.pool())
+        .await
+        .expect("due_at")
+}
+
+/// While an engine drives a run, each write asks for the run to be due now;
+/// the row keeps the time it first became due (so the due index is left
+/// alone), and a transition that changes nothing else writes nothing.
+async fn a_run_that_stays_due_keeps_the_time_it_became_due(h: Harness) {
+    let engine = SqlRunRepository::new(h.db.clone());
+    let new = NewRun {
+        namespace: NS.into(),
+        id: "run-due".into(),
+        workflow: "due".into(),
+        version: 1,
+        idempotency_key: None,
+        concurrency_key: None,
+        concurrency_limit: None,
+        body: RunBody::default(),
+        retention_micros: None,
+        started: None,
+    };
+    engine.create(new, 1).await.expect("create");
+    assert_eq!(due_at(&h, "run-due").await, Some(1));
+    let fence = engine.claim_due("engine-a", 2, 100, 10).await.expect("claim").remove(0).fence;
+    let mut due_now = |run: &mut chorus_workflow::domain::Run, _: bool| {
+        run.body.input.insert("worked".into(), json!(true));
+        Ok(Transition { due_at: Some(10), release: false })
+    };
+    let written = engine.transition(NS, "run-due", Some(&fence), 10, &mut due_now).await.expect("write");
+    assert!(written.wrote);
+    assert_eq!(due_at(&h, "run-due").await, Some(1), "still due since 1");
+    let mut unchanged =
+        |_: &mut chorus_workflow::domain::Run, _: bool| Ok(Transition { due_at: Some(20), release: false });
+    let written = engine.transition(NS, "run-due", Some(&fence), 20, &mut unchanged).await.expect("no-op");
+    assert!(!written.wrote, "nothing but the due time changed: nothing written");
+    // A time still to come, or none, is written as asked.
+    let mut later =
+        |_: &mut chorus_workflow::domain::Run, _: bool| Ok(Transition { due_at: Some(500), release: false });
+    engine.transition(NS, "run-due", Some(&fence), 30, &mut later).await.expect("later");
+    assert_eq!(due_at(&h, "run-due").await, Some(500));
+    let mut never = |_: &mut chorus_workflow::domain::Run, _: bool| Ok(Transition { due_at: None, release: false });
+    engine.transition(NS, "run-due", Some(&fence), 40, &mut never).await.expect("never");
+    assert_eq!(due_at(&h, "run-due").await, None);
+    // Both ways of writing keep it: the engine's held copy and a locked read.
+    let mut now_again =
+        |_: &mut chorus_workflow::domain::Run, _: bool| Ok(Transition { due_at: Some(50), release: false });
+    engine.transition(NS, "run-due", None, 50, &mut now_again).await.expect("due again");
+    let mut still = |run: &mut chorus_workflow::domain::Run, _: bool| {
+        run.body.input.insert("more".into(), json!(true));
+        Ok(Transition { due_at: Some(60), release: false })
+    };
+    engine.transition(NS, "run-due", None, 60, &mut still).await.expect("locked write");
+    assert_eq!(due_at(&h, "run-due").await, Some(50));
 }
 
 /// The engine holding a run writes its changes over its own last write
