@@ -385,19 +385,34 @@ impl RunRepository for SqlRunRepository {
         self.claims(query).await
     }
 
-    /// Locks the rows in id order, as the engine's batched writes do: in
-    /// whatever order the claim index gave them, a renewal and a batch could
-    /// each hold a row the other waited for (a deadlock, found after a second).
+    /// Renews first the rows nobody has locked, then the few that were
+    /// (rows the engine's batched writes hold for a moment), waiting for them
+    /// in id order as those writes lock theirs, so the two never deadlock.
+    /// Waiting for every row in one statement held the rows already renewed
+    /// while it waited, and the engine's writes to them queued behind it.
     async fn renew(&self, owner: &str, lease_until: i64) -> Result<u64> {
-        let sql = format!(
-            "{RELAXED}UPDATE workflow_runs SET lease_until = $2 \
-             WHERE id IN (SELECT id FROM workflow_runs WHERE lease_owner = $1 ORDER BY id{}){IS_RELAXED}",
-            self.db.on_postgres(" FOR UPDATE"),
-            RELAXED = self.db.on_postgres(RELAXED),
-            IS_RELAXED = self.db.on_postgres(IS_RELAXED),
-        );
-        let query = sqlx::query(AssertSqlSafe(sql)).bind(owner).bind(lease_until);
-        Ok(query.execute(&mut *self.db.acquire().await?).await?.rows_affected())
+        let renew = |behind: &str, lock: &str| {
+            format!(
+                "{RELAXED}UPDATE workflow_runs SET lease_until = $2 WHERE id IN (SELECT id FROM workflow_runs \
+                 WHERE lease_owner = $1{behind} ORDER BY id{lock}){IS_RELAXED}",
+                RELAXED = self.db.on_postgres(RELAXED),
+                IS_RELAXED = self.db.on_postgres(IS_RELAXED),
+            )
+        };
+        let mut connection = self.db.acquire().await?;
+        let free = renew("", self.db.on_postgres(" FOR UPDATE SKIP LOCKED"));
+        let mut renewed = sqlx::query(AssertSqlSafe(free))
+            .bind(owner)
+            .bind(lease_until)
+            .execute(&mut *connection)
+            .await?
+            .rows_affected();
+        if self.db.backend() == Backend::Postgres {
+            let locked = renew(" AND lease_until < $2", " FOR UPDATE");
+            let query = sqlx::query(AssertSqlSafe(locked)).bind(owner).bind(lease_until);
+            renewed += query.execute(&mut *connection).await?.rows_affected();
+        }
+        Ok(renewed)
     }
 
     async fn events(&self, run_id: &str, after: i64, limit: u32) -> Result<EventPage> {

@@ -22,6 +22,8 @@ chorus_runtime::backend_suite!(crate::harness::Harness::bare;
     webhooks_to_private_addresses_are_refused_unless_allowed,
     an_engine_never_writes_its_copy_of_a_run_over_a_change_made_meanwhile,
     a_run_that_stays_due_keeps_the_time_it_became_due,
+    the_engine_writes_the_run_it_holds_without_reading_it,
+    a_renewal_extends_every_claim_even_one_locked_meanwhile,
 );
 
 async fn task_count(h: &Harness) -> i64 {
@@ -97,6 +99,64 @@ async fn webhooks_to_private_addresses_are_refused_unless_allowed(h: Harness) {
     assert!(seen.lock().expect("seen").is_empty(), "nothing was sent");
 }
 
+/// A run with no definition behind it, for tests of the repository alone.
+fn bare_run(id: &str) -> NewRun {
+    NewRun {
+        namespace: NS.into(),
+        id: id.into(),
+        workflow: "bare".into(),
+        version: 1,
+        idempotency_key: None,
+        concurrency_key: None,
+        concurrency_limit: None,
+        body: RunBody::default(),
+        retention_micros: None,
+        started: None,
+    }
+}
+
+async fn leases(h: &Harness) -> Vec<(String, Option<i64>)> {
+    sqlx::query_as("SELECT id, lease_until FROM workflow_runs ORDER BY id")
+        .fetch_all(h.db.pool())
+        .await
+        .expect("leases")
+}
+
+/// A renewal extends every claim the engine holds. On PostgreSQL a row
+/// locked meanwhile (as the engine's batched writes lock theirs) is renewed
+/// once it is free, and only the engine's own claims are touched.
+async fn a_renewal_extends_every_claim_even_one_locked_meanwhile(h: Harness) {
+    let engine = SqlRunRepository::new(h.db.clone());
+    for (at, id) in [(1, "run-a"), (2, "run-b"), (3, "run-c")] {
+        engine.create(bare_run(id), at).await.expect("create");
+    }
+    assert_eq!(engine.claim_due("engine-a", 5, 100, 2).await.expect("claim").len(), 2, "the two due first");
+    assert_eq!(engine.claim_due("engine-b", 5, 100, 2).await.expect("claim").len(), 1);
+    let postgres = h.db.backend() == chorus_runtime::storage::Backend::Postgres;
+    let locker = if postgres {
+        let mut tx = h.db.pool().begin().await.expect("begin");
+        sqlx::query("SELECT id FROM workflow_runs WHERE id = 'run-b' FOR UPDATE")
+            .execute(&mut *tx)
+            .await
+            .expect("lock run-b");
+        Some(tx)
+    } else {
+        None
+    };
+    let renewal = {
+        let engine = SqlRunRepository::new(h.db.clone());
+        tokio::spawn(async move { engine.renew("engine-a", 500).await })
+    };
+    if let Some(tx) = locker {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!renewal.is_finished(), "the renewal waits for the locked row");
+        tx.commit().await.expect("unlock");
+    }
+    assert_eq!(renewal.await.expect("join").expect("renew"), 2);
+    let expected = [("run-a", Some(500)), ("run-b", Some(500)), ("run-c", Some(100))];
+    assert_eq!(leases(&h).await, expected.map(|(id, until)| (id.to_owned(), until)));
+}
+
 async fn due_at(h: &Harness, run_id: &str) -> Option<i64> {
     sqlx::query_scalar("SELECT due_at FROM workflow_runs WHERE id = $1")
         .bind(run_id)
@@ -110,19 +170,7 @@ async fn due_at(h: &Harness, run_id: &str) -> Option<i64> {
 /// alone), and a transition that changes nothing else writes nothing.
 async fn a_run_that_stays_due_keeps_the_time_it_became_due(h: Harness) {
     let engine = SqlRunRepository::new(h.db.clone());
-    let new = NewRun {
-        namespace: NS.into(),
-        id: "run-due".into(),
-        workflow: "due".into(),
-        version: 1,
-        idempotency_key: None,
-        concurrency_key: None,
-        concurrency_limit: None,
-        body: RunBody::default(),
-        retention_micros: None,
-        started: None,
-    };
-    engine.create(new, 1).await.expect("create");
+    engine.create(bare_run("run-due"), 1).await.expect("create");
     assert_eq!(due_at(&h, "run-due").await, Some(1));
     let fence = engine.claim_due("engine-a", 2, 100, 10).await.expect("claim").remove(0).fence;
     let mut due_now = |run: &mut chorus_workflow::domain::Run, _: bool| {
@@ -156,25 +204,49 @@ async fn a_run_that_stays_due_keeps_the_time_it_became_due(h: Harness) {
     assert_eq!(due_at(&h, "run-due").await, Some(50));
 }
 
+/// The engine's write of a run it holds is one batched statement that does
+/// not read the row: a change slipped into the row without counting up its
+/// revision (no chorus write does that) goes unseen and is written over. Were
+/// the batch to fail, the engine would read the row afresh and keep it.
+async fn the_engine_writes_the_run_it_holds_without_reading_it(h: Harness) {
+    let engine = SqlRunRepository::new(h.db.clone());
+    engine.create(bare_run("run-blind"), 1).await.expect("create");
+    let fence = engine.claim_due("engine-a", 2, 100, 10).await.expect("claim").remove(0).fence;
+    let mark = |key: &'static str| {
+        move |run: &mut chorus_workflow::domain::Run, _: bool| {
+            run.body.input.insert(key.into(), json!(true));
+            Ok(Transition { due_at: Some(0), release: false })
+        }
+    };
+    engine.transition(NS, "run-blind", Some(&fence), 3, &mut mark("first")).await.expect("first write");
+    let body: String = sqlx::query_scalar("SELECT body FROM workflow_runs WHERE id = $1")
+        .bind("run-blind")
+        .fetch_one(h.db.pool())
+        .await
+        .expect("body");
+    let mut body: serde_json::Value = serde_json::from_str(&body).expect("a JSON body");
+    body["input"]["slipped"] = json!(true);
+    sqlx::query("UPDATE workflow_runs SET body = $1 WHERE id = $2")
+        .bind(body.to_string())
+        .bind("run-blind")
+        .execute(h.db.pool())
+        .await
+        .expect("slip a change in");
+    let run = engine.transition(NS, "run-blind", Some(&fence), 4, &mut mark("second")).await.expect("again").run;
+    let stored = engine.get(NS, "run-blind").await.expect("get").expect("the run");
+    assert_eq!(stored.body.input, run.body.input);
+    let mut keys: Vec<&str> = stored.body.input.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["first", "second"], "written from the held copy, in one statement");
+}
+
 /// The engine holding a run writes its changes over its own last write
 /// without reading the row; a change someone else made in between must make
 /// that write miss, and the engine's change apply to the row as it now is.
 async fn an_engine_never_writes_its_copy_of_a_run_over_a_change_made_meanwhile(h: Harness) {
     let engine = SqlRunRepository::new(h.db.clone());
     let api = SqlRunRepository::new(h.db.clone());
-    let new = NewRun {
-        namespace: NS.into(),
-        id: "run-held".into(),
-        workflow: "held".into(),
-        version: 1,
-        idempotency_key: None,
-        concurrency_key: None,
-        concurrency_limit: None,
-        body: RunBody::default(),
-        retention_micros: None,
-        started: None,
-    };
-    engine.create(new, 1).await.expect("create");
+    engine.create(bare_run("run-held"), 1).await.expect("create");
     let claims = engine.claim_due("engine-a", 2, 100, 10).await.expect("claim");
     let fence = claims.into_iter().find(|claim| claim.run_id == "run-held").expect("claimed").fence;
     let keep = Transition { due_at: Some(0), release: false };
