@@ -55,6 +55,17 @@ struct HeldWrite {
     now: i64,
 }
 
+/// What the held copy of a run made of a transition.
+pub(super) enum HeldOutcome {
+    /// Written over the copy's revision.
+    Written(Written),
+    /// The change changed nothing in the copy, which is handed back: whether
+    /// an outside change waits in the row, the copy cannot say.
+    Unchanged(Stored),
+    /// The row moved on, or the write failed: the copy is forgotten.
+    Missed,
+}
+
 /// The ids of a landed write's events, in order.
 type Landed = Option<Vec<i64>>;
 
@@ -97,16 +108,19 @@ impl HeldRuns {
     }
 
     /// Applies `change` to the held copy and writes it over that revision.
-    /// `None` when the copy cannot say: nothing changed in it (an outside
-    /// change may wait in the row), or the row moved on.
-    pub(super) async fn transition(&self, held: Stored, now: i64, change: &mut Change<'_>) -> Option<Written> {
+    pub(super) async fn transition(&self, held: Stored, now: i64, change: &mut Change<'_>) -> HeldOutcome {
         let before = &held.run;
         let mut run = before.clone();
-        let mut transition = change(&mut run, true).ok()?;
+        let Ok(mut transition) = change(&mut run, true) else { return HeldOutcome::Missed };
         transition.due_at = kept_due(held.due_at, transition.due_at, now);
         if run == *before && transition.due_at == held.due_at && !transition.release {
-            return None;
+            return HeldOutcome::Unchanged(held);
         }
+        self.write(held, run, transition, now).await.map_or(HeldOutcome::Missed, HeldOutcome::Written)
+    }
+
+    async fn write(&self, held: Stored, mut run: Run, transition: Transition, now: i64) -> Option<Written> {
+        let before = &held.run;
         let events = changes(before, &run);
         if !events.is_empty() {
             run.updated_at = now;

@@ -12,8 +12,8 @@ use chorus_runtime::storage::{Backend, Db, placeholders};
 use sqlx::{AssertSqlSafe, Row as _};
 
 use super::{
-    held::{HeldRuns, Tx, insert_events},
-    run_rows::{COLUMNS, corrupt, decode, encode_body, event_bodies, kept_due, purge_at, recorded},
+    held::{HeldOutcome, HeldRuns, Tx, insert_events},
+    run_rows::{COLUMNS, Stored, corrupt, decode, encode_body, event_bodies, kept_due, purge_at, recorded},
     runs::{Change, Claim, EventPage, Fence, RunRepository, Written},
 };
 use crate::{
@@ -87,6 +87,20 @@ impl SqlRunRepository {
             claims.push(claim);
         }
         Ok(claims)
+    }
+
+    /// Whether a run's row still has the revision and claim of `stored`.
+    async fn unchanged_since(&self, stored: &Stored) -> Result<bool> {
+        let Some(fence) = &stored.lease else { return Ok(false) };
+        let revision: Option<i64> = sqlx::query_scalar(
+            "SELECT revision FROM workflow_runs WHERE id = $1 AND lease_owner = $2 AND lease_token = $3",
+        )
+        .bind(&stored.run.id)
+        .bind(&fence.owner)
+        .bind(fence.token)
+        .fetch_optional(&mut *self.db.acquire().await?)
+        .await?;
+        Ok(revision == Some(stored.revision))
     }
 
     /// Serializes the runs of one concurrency group (PostgreSQL; SQLite's
@@ -291,9 +305,23 @@ impl RunRepository for SqlRunRepository {
     ) -> Result<Written> {
         if let Some(fence) = fence
             && let Some(held) = self.held.take(namespace, run_id, fence)
-            && let Some(written) = self.held.transition(held, now, change).await
         {
-            return Ok(written);
+            match self.held.transition(held, now, change).await {
+                HeldOutcome::Written(written) => return Ok(written),
+                // Nothing to write: the copy answers if the row is still the
+                // one it copies, which one read of its revision tells.
+                HeldOutcome::Unchanged(stored) if self.unchanged_since(&stored).await? => {
+                    let written = Written {
+                        run: stored.run.clone(),
+                        revision: stored.revision,
+                        wrote: false,
+                        events: Vec::new(),
+                    };
+                    self.held.hold(run_id, Some(stored));
+                    return Ok(written);
+                }
+                HeldOutcome::Unchanged(_) | HeldOutcome::Missed => {}
+            }
         }
         // Read under the row's lock, change, write back.
         let mut tx = self.db.pool().begin().await?;

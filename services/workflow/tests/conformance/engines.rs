@@ -258,6 +258,10 @@ async fn an_engine_never_writes_its_copy_of_a_run_over_a_change_made_meanwhile(h
     };
     engine.transition(NS, "run-held", Some(&fence), 3, &mut mark("engine-first")).await.expect("engine writes");
     api.transition(NS, "run-held", None, 4, &mut mark("api")).await.expect("api writes");
+    // A transition that changes nothing in the engine's copy still sees the change.
+    let mut nothing = |_: &mut chorus_workflow::domain::Run, _: bool| Ok(keep);
+    let seen = engine.transition(NS, "run-held", Some(&fence), 4, &mut nothing).await.expect("look").run;
+    assert!(seen.body.input.contains_key("api"), "{:?}", seen.body.input);
     let run = engine.transition(NS, "run-held", Some(&fence), 5, &mut mark("engine-second")).await.expect("again").run;
     let mut keys: Vec<&str> = run.body.input.keys().map(String::as_str).collect();
     keys.sort_unstable();
