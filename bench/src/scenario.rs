@@ -210,11 +210,10 @@ pub(crate) async fn run_sqlite(
 
 /// Fills a new database with round trips from as many clients as the
 /// largest run, on a server of its own, so that no measured run starts on
-/// empty tables: PostgreSQL plans the prepared statements of a connection
-/// that starts on empty tables for empty tables, and keeps those plans as the
-/// tables grow until they are next analysed (the lookups of one task by its
-/// primary key then go through `taskstore_tasks_recent` and read the whole
-/// namespace), which a steady-state benchmark should not measure.
+/// empty tables: a steady-state benchmark should measure tables of some size,
+/// with the statistics the task store gives a new database once it holds
+/// tasks (before those, PostgreSQL's plans made on empty tables sent every
+/// lookup of a task through `taskstore_tasks_recent`).
 async fn prime(binary: &Path, url: &str, workdir: &Path, backend: Backend, plan: &Plan) -> anyhow::Result<()> {
     if plan.prime.is_zero() {
         return Ok(());

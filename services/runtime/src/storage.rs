@@ -290,6 +290,45 @@ impl Db {
         &self.pool
     }
 
+    /// Gives a new database its first statistics without waiting for
+    /// autovacuum: once `trigger` holds at least `min_rows` rows and has never
+    /// been analysed, analyses `tables` (which should include it). Whether
+    /// `trigger` has statistics now; always true on SQLite.
+    ///
+    /// PostgreSQL plans a connection's prepared statements for good after a
+    /// few calls. On tables still empty, an index that narrows a lookup only
+    /// by its leading column can cost the same as the primary key and be
+    /// chosen, and the plan stays until the table is first analysed, up to a
+    /// minute into a busy new database. Analysing invalidates those plans, and
+    /// real statistics break the tie.
+    pub async fn analyze_once_filled(
+        &self,
+        trigger: &'static str,
+        tables: &[&'static str],
+        min_rows: i64,
+    ) -> Result<bool, sqlx::Error> {
+        if self.backend == Backend::Sqlite {
+            return Ok(true);
+        }
+        let mut connection = self.acquire().await?;
+        let (analyzed, rows): (bool, i64) = sqlx::query_as(
+            "SELECT last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL, n_live_tup \
+             FROM pg_stat_user_tables WHERE relid = to_regclass($1)",
+        )
+        .bind(trigger)
+        .fetch_optional(&mut *connection)
+        .await?
+        .unwrap_or((false, 0));
+        if analyzed {
+            return Ok(true);
+        }
+        if rows < min_rows {
+            return Ok(false);
+        }
+        sqlx::query(sqlx::AssertSqlSafe(format!("ANALYZE {}", tables.join(", ")))).execute(&mut *connection).await?;
+        Ok(true)
+    }
+
     pub fn backend(&self) -> Backend {
         self.backend
     }

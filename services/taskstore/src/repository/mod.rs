@@ -80,6 +80,10 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// Ends or requeues up to `limit` tasks whose lease ran out before `now`.
     async fn expire_leases(&self, now: i64, limit: u32) -> Result<Vec<Expiry>>;
 
+    /// Gives the task tables their first statistics once they hold
+    /// `min_tasks` tasks, if the database has none yet; whether it has now.
+    async fn first_statistics(&self, min_tasks: i64) -> Result<bool>;
+
     /// Creates a child task after the safety limits.
     async fn spawn_subtask(&self, subtask: NewSubtask, limits: &Limits) -> Result<Task>;
 

@@ -1,6 +1,7 @@
 //! The lease reaper: a task whose worker stopped renewing its lease is
 //! requeued (while its agent's retries last) or failed — the fallback
-//! completion that tells its owner the child is gone.
+//! completion that tells its owner the child is gone. On its rounds it also
+//! gives a new database its first statistics (see `Db::analyze_once_filled`).
 
 use tokio::task::JoinHandle;
 
@@ -9,6 +10,8 @@ use crate::domain::now_micros;
 
 /// Expired leases handled per transaction.
 const BATCH: u32 = 100;
+/// Tasks a new database holds when the reaper gives it its first statistics.
+const FIRST_STATISTICS_AT: i64 = 100;
 
 impl TaskStore {
     /// Runs the reaper until shutdown. Every replica may run one: rows are
@@ -18,10 +21,18 @@ impl TaskStore {
         tokio::spawn(async move {
             let mut interval = tokio::time::interval(store.config.reaper_interval());
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut has_statistics = false;
             loop {
                 tokio::select! {
                     () = store.shutdown.cancelled() => return,
                     _ = interval.tick() => store.reap().await,
+                }
+                if !has_statistics {
+                    has_statistics =
+                        store.repository.first_statistics(FIRST_STATISTICS_AT).await.unwrap_or_else(|error| {
+                            tracing::warn!(%error, "cannot analyse the task tables; retrying on the next tick");
+                            false
+                        });
                 }
             }
         })

@@ -20,6 +20,7 @@ conformance!(
     a_user_message_resumes_an_interrupted_task,
     unknown_ids_are_not_found,
     cancel_reaches_the_whole_unfinished_subtree,
+    a_new_database_gets_its_first_statistics_once_it_holds_tasks,
 );
 
 fn status(state: TaskState) -> StatusUpdate {
@@ -279,4 +280,29 @@ async fn cancel_reaches_the_whole_unfinished_subtree(h: Harness) {
     assert_eq!(untouched.status.state, TaskState::Completed, "finished tasks stay as they were");
     let again = h.store.cancel_task("ns", &root.id, None).await.unwrap_err();
     assert!(matches!(again, TaskStoreError::TaskFinished { state: TaskState::Canceled, .. }));
+}
+
+/// A new PostgreSQL database gets its first statistics once it holds enough
+/// tasks, every task table at once, without waiting for autovacuum (SQLite
+/// keeps no plans that need them).
+async fn a_new_database_gets_its_first_statistics_once_it_holds_tasks(h: Harness) {
+    let postgres = h.db.backend() == chorus_runtime::storage::Backend::Postgres;
+    assert_eq!(h.repository.first_statistics(3).await.unwrap(), !postgres, "no tasks yet");
+    for n in 0..3 {
+        h.task("ns", "echo", &format!("task {n}")).await;
+    }
+    // Row counts reach the activity statistics within a second or so.
+    let started = tokio::time::Instant::now();
+    while !h.repository.first_statistics(3).await.unwrap() {
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "never analysed");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    if postgres {
+        let history: f32 =
+            sqlx::query_scalar("SELECT reltuples FROM pg_class WHERE oid = to_regclass('taskstore_history')")
+                .fetch_one(h.db.pool())
+                .await
+                .unwrap();
+        assert_eq!(history, 3.0, "the other task tables were analysed with it");
+    }
 }

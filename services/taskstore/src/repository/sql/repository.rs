@@ -88,6 +88,11 @@ impl TaskRepository for SqlTaskRepository {
         self.expire(now, limit).await
     }
 
+    async fn first_statistics(&self, min_tasks: i64) -> Result<bool> {
+        const TABLES: [&str; 4] = ["taskstore_tasks", "taskstore_history", "taskstore_artifacts", "taskstore_events"];
+        Ok(self.db.analyze_once_filled("taskstore_tasks", &TABLES, min_tasks).await?)
+    }
+
     async fn spawn_subtask(&self, subtask: NewSubtask, limits: &Limits) -> Result<Task> {
         self.spawn(subtask, limits).await
     }
