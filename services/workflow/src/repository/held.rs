@@ -21,7 +21,7 @@ use serde::Serialize;
 use sqlx::{AssertSqlSafe, Row as _};
 
 use super::{
-    run_rows::{Stored, encode_body, event_bodies, kept_due, purge_at, recorded},
+    run_rows::{Stored, encode_body, event_bodies, purge_at, recorded, settle},
     runs::{Change, Fence, Transition, Written},
 };
 use crate::{domain::Run, engine::schedule::changes};
@@ -109,11 +109,9 @@ impl HeldRuns {
 
     /// Applies `change` to the held copy and writes it over that revision.
     pub(super) async fn transition(&self, held: Stored, now: i64, change: &mut Change<'_>) -> HeldOutcome {
-        let before = &held.run;
-        let mut run = before.clone();
+        let mut run = held.run.clone();
         let Ok(mut transition) = change(&mut run, true) else { return HeldOutcome::Missed };
-        transition.due_at = kept_due(held.due_at, transition.due_at, now);
-        if run == *before && transition.due_at == held.due_at && !transition.release {
+        if settle(&held, &run, &mut transition, now) {
             return HeldOutcome::Unchanged(held);
         }
         self.write(held, run, transition, now).await.map_or(HeldOutcome::Missed, HeldOutcome::Written)
@@ -228,17 +226,8 @@ WITH input AS (
 )
 SELECT u.id, i.id AS event_id FROM updated u LEFT JOIN inserted i ON i.run_id = u.id";
 
-/// Bodies joined for `POSTGRES_BATCH`.
-fn joined<'a>(bodies: impl Iterator<Item = &'a str>) -> String {
-    let mut joined = String::new();
-    for (index, body) in bodies.enumerate() {
-        if index > 0 {
-            joined.push('\u{1e}');
-        }
-        joined.push_str(body);
-    }
-    joined
-}
+/// What `POSTGRES_BATCH` joins the bodies with.
+const BODY_SEPARATOR: &str = "\u{1e}";
 
 fn json(value: &impl Serialize) -> Result<String, sqlx::Error> {
     serde_json::to_string(value).map_err(|error| sqlx::Error::Encode(error.into()))
@@ -249,18 +238,18 @@ async fn write_postgres(db: &Db, writes: &[HeldWrite]) -> Result<HashMap<String,
     // them, so the two never wait on each other in a cycle.
     let mut writes: Vec<&HeldWrite> = writes.iter().collect();
     writes.sort_unstable_by(|a, b| a.id.cmp(&b.id));
-    let events: Vec<(EventRow<'_>, &str)> = writes
+    let (events, event_bodies): (Vec<EventRow<'_>>, Vec<&str>) = writes
         .iter()
         .flat_map(|write| {
             write.events.iter().map(|body| (EventRow { run_id: &write.id, created_at: write.now }, body.as_str()))
         })
-        .collect();
-    let event_rows: Vec<&EventRow<'_>> = events.iter().map(|(row, _)| row).collect();
+        .unzip();
+    let run_bodies: Vec<&str> = writes.iter().map(|write| write.body.as_str()).collect();
     let rows = sqlx::query(POSTGRES_BATCH)
         .bind(json(&writes)?)
-        .bind(json(&event_rows)?)
-        .bind(joined(writes.iter().map(|write| write.body.as_str())))
-        .bind(joined(events.iter().map(|(_, body)| *body)))
+        .bind(json(&events)?)
+        .bind(run_bodies.join(BODY_SEPARATOR))
+        .bind(event_bodies.join(BODY_SEPARATOR))
         .fetch_all(&mut *db.acquire().await?)
         .await?;
     let mut landed: HashMap<String, Vec<i64>> = HashMap::new();

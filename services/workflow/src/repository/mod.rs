@@ -1,5 +1,6 @@
 //! The storage contracts: definitions and runs.
 
+mod claims;
 mod held;
 mod run_rows;
 pub mod runs;

@@ -2,7 +2,7 @@
 
 use sqlx::{Row as _, any::AnyRow};
 
-use super::runs::Fence;
+use super::runs::{Fence, Transition};
 use crate::{
     domain::{Run, RunBody, RunChange, RunEvent, RunState},
     error::{Result, WorkflowError},
@@ -22,16 +22,23 @@ pub(super) struct Stored {
     pub(super) revision: i64,
 }
 
-/// The due time a write records: a run that was already due and still is
-/// keeps the time it first became due. Its row's due index then stays as it
-/// was, so PostgreSQL can update the row in place (a HOT update) while an
-/// engine drives the run, and a transition that changes nothing else writes
-/// nothing. The oldest due runs are still claimed first.
-pub(super) fn kept_due(stored: Option<i64>, wanted: Option<i64>, now: i64) -> Option<i64> {
-    match (stored, wanted) {
-        (Some(since), Some(at)) if since <= now && at <= now => Some(since),
-        _ => wanted,
+/// Settles a transition's due time and tells whether the transition leaves
+/// the row as `stored` has it (nothing to write): the run as it was, the same
+/// due time, no release.
+///
+/// A run that was already due and still is keeps the time it first became
+/// due. Its row's due index then stays as it was, so PostgreSQL can update
+/// the row in place (a HOT update) while an engine drives the run, and a
+/// transition that changes nothing else writes nothing. The oldest due runs
+/// are still claimed first.
+pub(super) fn settle(stored: &Stored, run: &Run, transition: &mut Transition, now: i64) -> bool {
+    if let (Some(since), Some(at)) = (stored.due_at, transition.due_at)
+        && since <= now
+        && at <= now
+    {
+        transition.due_at = Some(since);
     }
+    *run == stored.run && transition.due_at == stored.due_at && !transition.release
 }
 
 pub(super) fn corrupt(error: impl std::fmt::Display) -> WorkflowError {

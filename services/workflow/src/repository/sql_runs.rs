@@ -13,7 +13,7 @@ use sqlx::{AssertSqlSafe, Row as _};
 
 use super::{
     held::{HeldOutcome, HeldRuns, Tx, insert_events},
-    run_rows::{COLUMNS, Stored, corrupt, decode, encode_body, event_bodies, kept_due, purge_at, recorded},
+    run_rows::{COLUMNS, corrupt, decode, encode_body, event_bodies, purge_at, recorded, settle},
     runs::{Change, Claim, EventPage, Fence, RunRepository, Written},
 };
 use crate::{
@@ -43,18 +43,11 @@ const INSERT_RUN_POSTGRES: &str = concat!(
      ORDER BY e.n"
 );
 
-/// Lease writes (claims, renewals) are single statements whose commit does
-/// not wait for the disk on PostgreSQL: the statement's own transaction turns
-/// `synchronous_commit` off (a lease lost in a crash only means the run is
-/// claimed again). The condition makes the setting part of the statement.
-const RELAXED: &str = "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true) AS setting) ";
-const IS_RELAXED: &str = " AND (SELECT setting FROM relaxed) = 'off'";
-
 /// Run storage on a [`Db`].
 #[derive(Debug, Clone)]
 pub struct SqlRunRepository {
-    db: Db,
-    held: HeldRuns,
+    pub(super) db: Db,
+    pub(super) held: HeldRuns,
 }
 
 impl SqlRunRepository {
@@ -64,45 +57,6 @@ impl SqlRunRepository {
 }
 
 impl SqlRunRepository {
-    /// Runs a claiming statement that returns the claimed rows. The engine
-    /// holds each run as claimed, so its first change needs no read.
-    async fn claims<'q>(
-        &self,
-        query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
-    ) -> Result<Vec<Claim>> {
-        let rows = query.fetch_all(&mut *self.db.acquire().await?).await?;
-        let mut claims = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let stored = decode(row)?;
-            let fence = stored.lease.clone().ok_or_else(|| corrupt("a claimed run without its claim"))?;
-            let run = &stored.run;
-            let claim = Claim {
-                namespace: run.namespace.clone(),
-                run_id: run.id.clone(),
-                workflow: run.workflow.clone(),
-                version: run.version,
-                fence,
-            };
-            self.held.hold(&claim.run_id, Some(stored));
-            claims.push(claim);
-        }
-        Ok(claims)
-    }
-
-    /// Whether a run's row still has the revision and claim of `stored`.
-    async fn unchanged_since(&self, stored: &Stored) -> Result<bool> {
-        let Some(fence) = &stored.lease else { return Ok(false) };
-        let revision: Option<i64> = sqlx::query_scalar(
-            "SELECT revision FROM workflow_runs WHERE id = $1 AND lease_owner = $2 AND lease_token = $3",
-        )
-        .bind(&stored.run.id)
-        .bind(&fence.owner)
-        .bind(fence.token)
-        .fetch_optional(&mut *self.db.acquire().await?)
-        .await?;
-        Ok(revision == Some(stored.revision))
-    }
-
     /// Serializes the runs of one concurrency group (PostgreSQL; SQLite's
     /// single writer already does).
     async fn lock_group(&self, tx: &mut Tx, run: &Run) -> Result<()> {
@@ -348,8 +302,7 @@ impl RunRepository for SqlRunRepository {
             None => true,
         };
         let mut transition = change(&mut run, slot_free)?;
-        transition.due_at = kept_due(stored.due_at, transition.due_at, now);
-        if run == before && transition.due_at == stored.due_at && !transition.release {
+        if settle(&stored, &run, &mut transition, now) {
             // Nothing changed: nothing to write, no commit to wait for.
             tx.rollback().await?;
             let revision = stored.revision;
@@ -389,58 +342,15 @@ impl RunRepository for SqlRunRepository {
     }
 
     async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: u32) -> Result<Vec<Claim>> {
-        let sql = format!(
-            "{RELAXED}UPDATE workflow_runs SET lease_owner = $1, lease_token = lease_token + 1, lease_until = $2 \
-             WHERE id IN (SELECT id FROM workflow_runs WHERE due_at <= $3 \
-                          AND (lease_until IS NULL OR lease_until < $3) ORDER BY due_at LIMIT $4{}){IS_RELAXED} \
-             RETURNING {COLUMNS}",
-            self.db.on_postgres(" FOR UPDATE SKIP LOCKED"),
-            RELAXED = self.db.on_postgres(RELAXED),
-            IS_RELAXED = self.db.on_postgres(IS_RELAXED),
-        );
-        let query = sqlx::query(AssertSqlSafe(sql)).bind(owner).bind(lease_until).bind(now).bind(i64::from(limit));
-        self.claims(query).await
+        self.claim(owner, now, lease_until, limit).await
     }
 
     async fn adopt(&self, owner: &str, lease_until: i64) -> Result<Vec<Claim>> {
-        let sql = format!(
-            "{RELAXED}UPDATE workflow_runs SET lease_token = lease_token + 1, lease_until = $2 \
-             WHERE lease_owner = $1{IS_RELAXED} RETURNING {COLUMNS}",
-            RELAXED = self.db.on_postgres(RELAXED),
-            IS_RELAXED = self.db.on_postgres(IS_RELAXED),
-        );
-        let query = sqlx::query(AssertSqlSafe(sql)).bind(owner).bind(lease_until);
-        self.claims(query).await
+        self.take_back(owner, lease_until).await
     }
 
-    /// Renews first the rows nobody has locked, then the few that were
-    /// (rows the engine's batched writes hold for a moment), waiting for them
-    /// in id order as those writes lock theirs, so the two never deadlock.
-    /// Waiting for every row in one statement held the rows already renewed
-    /// while it waited, and the engine's writes to them queued behind it.
     async fn renew(&self, owner: &str, lease_until: i64) -> Result<u64> {
-        let renew = |behind: &str, lock: &str| {
-            format!(
-                "{RELAXED}UPDATE workflow_runs SET lease_until = $2 WHERE id IN (SELECT id FROM workflow_runs \
-                 WHERE lease_owner = $1{behind} ORDER BY id{lock}){IS_RELAXED}",
-                RELAXED = self.db.on_postgres(RELAXED),
-                IS_RELAXED = self.db.on_postgres(IS_RELAXED),
-            )
-        };
-        let mut connection = self.db.acquire().await?;
-        let free = renew("", self.db.on_postgres(" FOR UPDATE SKIP LOCKED"));
-        let mut renewed = sqlx::query(AssertSqlSafe(free))
-            .bind(owner)
-            .bind(lease_until)
-            .execute(&mut *connection)
-            .await?
-            .rows_affected();
-        if self.db.backend() == Backend::Postgres {
-            let locked = renew(" AND lease_until < $2", " FOR UPDATE");
-            let query = sqlx::query(AssertSqlSafe(locked)).bind(owner).bind(lease_until);
-            renewed += query.execute(&mut *connection).await?.rows_affected();
-        }
-        Ok(renewed)
+        self.renew_claims(owner, lease_until).await
     }
 
     async fn events(&self, run_id: &str, after: i64, limit: u32) -> Result<EventPage> {

@@ -1,0 +1,117 @@
+//! An engine's claims on runs: taking the due runs, taking back its own
+//! after a restart under its name, renewing them, and telling whether the copy
+//! of a run it holds is still the row.
+
+use chorus_runtime::storage::Backend;
+use sqlx::AssertSqlSafe;
+
+use super::{
+    run_rows::{COLUMNS, Stored, corrupt, decode},
+    runs::Claim,
+    sql_runs::SqlRunRepository,
+};
+use crate::error::Result;
+
+/// Lease writes (claims, renewals) are single statements whose commit does
+/// not wait for the disk on PostgreSQL: the statement's own transaction turns
+/// `synchronous_commit` off (a lease lost in a crash only means the run is
+/// claimed again). The condition makes the setting part of the statement.
+const RELAXED: &str = "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true) AS setting) ";
+const IS_RELAXED: &str = " AND (SELECT setting FROM relaxed) = 'off'";
+
+impl SqlRunRepository {
+    /// `UPDATE workflow_runs SET {set} WHERE {condition}`, relaxed on PostgreSQL.
+    fn relaxed_update(&self, set: &str, condition: &str, returning: &str) -> String {
+        format!(
+            "{}UPDATE workflow_runs SET {set} WHERE {condition}{}{returning}",
+            self.db.on_postgres(RELAXED),
+            self.db.on_postgres(IS_RELAXED),
+        )
+    }
+
+    /// Claims up to `limit` due runs no live engine holds.
+    pub(super) async fn claim(&self, owner: &str, now: i64, lease_until: i64, limit: u32) -> Result<Vec<Claim>> {
+        let sql = self.relaxed_update(
+            "lease_owner = $1, lease_token = lease_token + 1, lease_until = $2",
+            &format!(
+                "id IN (SELECT id FROM workflow_runs WHERE due_at <= $3 \
+                 AND (lease_until IS NULL OR lease_until < $3) ORDER BY due_at LIMIT $4{})",
+                self.db.on_postgres(" FOR UPDATE SKIP LOCKED")
+            ),
+            &format!(" RETURNING {COLUMNS}"),
+        );
+        let query = sqlx::query(AssertSqlSafe(sql)).bind(owner).bind(lease_until).bind(now).bind(i64::from(limit));
+        self.claims(query).await
+    }
+
+    /// Claims anew every run `owner` held before it restarted.
+    pub(super) async fn take_back(&self, owner: &str, lease_until: i64) -> Result<Vec<Claim>> {
+        let sql = self.relaxed_update(
+            "lease_token = lease_token + 1, lease_until = $2",
+            "lease_owner = $1",
+            &format!(" RETURNING {COLUMNS}"),
+        );
+        self.claims(sqlx::query(AssertSqlSafe(sql)).bind(owner).bind(lease_until)).await
+    }
+
+    /// Runs a claiming statement that returns the claimed rows. The engine
+    /// holds each run as claimed, so its first change needs no read.
+    async fn claims<'q>(
+        &self,
+        query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    ) -> Result<Vec<Claim>> {
+        let rows = query.fetch_all(&mut *self.db.acquire().await?).await?;
+        let mut claims = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let stored = decode(row)?;
+            let fence = stored.lease.clone().ok_or_else(|| corrupt("a claimed run without its claim"))?;
+            let run = &stored.run;
+            let claim = Claim {
+                namespace: run.namespace.clone(),
+                run_id: run.id.clone(),
+                workflow: run.workflow.clone(),
+                version: run.version,
+                fence,
+            };
+            self.held.hold(&claim.run_id, Some(stored));
+            claims.push(claim);
+        }
+        Ok(claims)
+    }
+
+    /// Renews first the rows nobody has locked, then the few that were
+    /// (rows the engine's batched writes hold for a moment), waiting for them
+    /// in id order as those writes lock theirs, so the two never deadlock.
+    /// Waiting for every row in one statement held the rows already renewed
+    /// while it waited, and the engine's writes to them queued behind it.
+    pub(super) async fn renew_claims(&self, owner: &str, lease_until: i64) -> Result<u64> {
+        let renew = |behind: &str, lock: &str| {
+            let rows = format!("id IN (SELECT id FROM workflow_runs WHERE lease_owner = $1{behind} ORDER BY id{lock})");
+            self.relaxed_update("lease_until = $2", &rows, "")
+        };
+        let mut connection = self.db.acquire().await?;
+        let free = renew("", self.db.on_postgres(" FOR UPDATE SKIP LOCKED"));
+        let query = sqlx::query(AssertSqlSafe(free)).bind(owner).bind(lease_until);
+        let mut renewed = query.execute(&mut *connection).await?.rows_affected();
+        if self.db.backend() == Backend::Postgres {
+            let locked = renew(" AND lease_until < $2", " FOR UPDATE");
+            let query = sqlx::query(AssertSqlSafe(locked)).bind(owner).bind(lease_until);
+            renewed += query.execute(&mut *connection).await?.rows_affected();
+        }
+        Ok(renewed)
+    }
+
+    /// Whether a run's row still has the revision and claim of `stored`.
+    pub(super) async fn unchanged_since(&self, stored: &Stored) -> Result<bool> {
+        let Some(fence) = &stored.lease else { return Ok(false) };
+        let revision: Option<i64> = sqlx::query_scalar(
+            "SELECT revision FROM workflow_runs WHERE id = $1 AND lease_owner = $2 AND lease_token = $3",
+        )
+        .bind(&stored.run.id)
+        .bind(&fence.owner)
+        .bind(fence.token)
+        .fetch_optional(&mut *self.db.acquire().await?)
+        .await?;
+        Ok(revision == Some(stored.revision))
+    }
+}
