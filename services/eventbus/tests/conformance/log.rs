@@ -10,6 +10,8 @@ use crate::harness::{Harness, NS, conformance, event, id};
 conformance!(
     sequences_are_per_namespace_and_batches_are_ordered,
     idempotency_keys_publish_once,
+    every_field_and_byte_comes_back_as_published,
+    a_large_batch_is_one_ordered_append,
     reads_page_and_filter_by_pattern,
     namespaces_are_isolated,
 );
@@ -46,6 +48,55 @@ async fn idempotency_keys_publish_once(h: Harness) {
     let page =
         h.bus.read_events(&EventQuery { namespace: NS.into(), after: 0, types: vec![], limit: 10 }).await.unwrap();
     assert_eq!(page.events.len(), 2, "duplicates append nothing");
+}
+
+async fn every_field_and_byte_comes_back_as_published(h: Harness) {
+    let mut published = event("tool.called");
+    published.subject = "task/42 \"quoted\" \u{1e} é".into();
+    published.payload = (0..=255).collect();
+    published.content_type = "application/octet-stream".into();
+    published.attributes =
+        [("traceparent".to_owned(), "00-ab-cd-01".to_owned()), ("k".to_owned(), "{\"v\":[1]}".to_owned())]
+            .into_iter()
+            .collect();
+    published.idempotency_key = Some("key \\ with \"escapes\"".into());
+    published.time = Some(1_234_567);
+    let sequence = h.bus.publish(NS, vec![published.clone()]).await.unwrap()[0].sequence;
+    let page =
+        h.bus.read_events(&EventQuery { namespace: NS.into(), after: 0, types: vec![], limit: 10 }).await.unwrap();
+    let [logged] = page.events.as_slice() else { panic!("one event expected, got {:?}", page.events) };
+    assert_eq!(logged.sequence, sequence);
+    assert_eq!(logged.event_type, "tool.called");
+    assert_eq!(logged.source, published.source);
+    assert_eq!(logged.subject, published.subject);
+    assert_eq!(logged.payload, published.payload);
+    assert_eq!(logged.content_type, published.content_type);
+    assert_eq!(logged.attributes, published.attributes);
+    assert_eq!(logged.idempotency_key, published.idempotency_key);
+    assert_eq!(logged.time, 1_234_567);
+}
+
+/// More events than any one statement used to carry, in one call.
+async fn a_large_batch_is_one_ordered_append(h: Harness) {
+    let events: Vec<_> = (0..1_500)
+        .map(|n| {
+            let mut event = event("batch.item");
+            event.payload = format!("{{\"n\":{n}}}").into_bytes();
+            event.idempotency_key = (n % 2 == 0).then(|| format!("k{n}"));
+            event
+        })
+        .collect();
+    let published = h.bus.publish(NS, events.clone()).await.unwrap();
+    assert!(published.iter().map(|p| p.sequence).eq(1..=1_500));
+    let again = h.bus.publish(NS, events[..10].to_vec()).await.unwrap();
+    let duplicates: Vec<bool> = again.iter().map(|p| p.duplicate).collect();
+    assert_eq!(duplicates, (0..10).map(|n| n % 2 == 0).collect::<Vec<_>>(), "keyed events publish once");
+    let page =
+        h.bus.read_events(&EventQuery { namespace: NS.into(), after: 0, types: vec![], limit: 2_000 }).await.unwrap();
+    assert_eq!(page.events.len(), 1_505);
+    for (n, logged) in page.events.iter().take(1_500).enumerate() {
+        assert_eq!((logged.sequence, logged.payload.clone()), (n as i64 + 1, format!("{{\"n\":{n}}}").into_bytes()));
+    }
 }
 
 async fn reads_page_and_filter_by_pattern(h: Harness) {

@@ -2,9 +2,10 @@
 
 use std::collections::BTreeMap;
 
+use chorus_runtime::storage::hex;
 use sqlx::AssertSqlSafe;
 
-use super::{SqlEventRepository, Tx, head, placeholders, rows};
+use super::{SqlEventRepository, Tx, head, rows};
 use crate::{
     domain::{EventPage, EventQuery, NewEvent, Published},
     error::Result,
@@ -17,8 +18,41 @@ const KNOWN_KEYS_POSTGRES: &str = "SELECT e.idempotency_key, e.sequence, e.publi
      FROM json_array_elements_text($2::json) AS k(key) CROSS JOIN LATERAL (SELECT idempotency_key, sequence, \
      published_at FROM eventbus_events WHERE namespace = $1 AND idempotency_key = k.key LIMIT 1) e";
 
-/// Events per INSERT statement (11 parameters each).
-const INSERT_CHUNK: usize = 500;
+/// The events already logged in namespace $1 under the keys of the JSON
+/// list $2, on SQLite.
+const KNOWN_KEYS_SQLITE: &str = "SELECT idempotency_key, sequence, published_at FROM eventbus_events \
+     WHERE namespace = $1 AND idempotency_key IN (SELECT value FROM json_each($2))";
+
+/// Appends the events of the JSON list $2 (see [`LoggedEvent`]) to namespace
+/// $1's log, published at $3. One statement, whatever the batch's size:
+/// a VALUES row per event would make a new statement for every size (parsed
+/// and planned anew, and on SQLite bound in time quadratic in its parameters).
+const INSERT_EVENTS_POSTGRES: &str = "INSERT INTO eventbus_events (namespace, sequence, type, source, subject, \
+     payload, content_type, attributes, idempotency_key, time, published_at) \
+     SELECT $1, e.sequence, e.type, e.source, e.subject, decode(e.payload, 'hex'), e.content_type, e.attributes, \
+     e.idempotency_key, e.time, $3 FROM json_to_recordset($2::json) AS e(sequence bigint, type text, source text, \
+     subject text, payload text, content_type text, attributes text, idempotency_key text, time bigint)";
+const INSERT_EVENTS_SQLITE: &str = "INSERT INTO eventbus_events (namespace, sequence, type, source, subject, \
+     payload, content_type, attributes, idempotency_key, time, published_at) \
+     SELECT $1, e.value ->> 'sequence', e.value ->> 'type', e.value ->> 'source', e.value ->> 'subject', \
+     unhex(e.value ->> 'payload'), e.value ->> 'content_type', e.value ->> 'attributes', \
+     e.value ->> 'idempotency_key', e.value ->> 'time', $3 FROM json_each($2) AS e";
+
+/// One event of an insert's JSON list.
+#[derive(serde::Serialize)]
+struct LoggedEvent<'a> {
+    sequence: i64,
+    #[serde(rename = "type")]
+    event_type: &'a str,
+    source: &'a str,
+    subject: &'a str,
+    /// Hex: a JSON text holds no raw bytes.
+    payload: String,
+    content_type: &'a str,
+    attributes: String,
+    idempotency_key: Option<&'a str>,
+    time: i64,
+}
 
 impl SqlEventRepository {
     pub(super) async fn publish_events(
@@ -49,9 +83,7 @@ impl SqlEventRepository {
             fresh.push((next, event));
         }
         if !fresh.is_empty() {
-            for chunk in fresh.chunks(INSERT_CHUNK) {
-                insert_events(&mut tx, namespace, chunk, now).await?;
-            }
+            self.insert_events(&mut tx, namespace, &fresh, now).await?;
             sqlx::query("UPDATE eventbus_heads SET head = $2 WHERE namespace = $1")
                 .bind(namespace)
                 .bind(next)
@@ -80,32 +112,17 @@ impl SqlEventRepository {
         if keys.is_empty() {
             return Ok(known);
         }
-        if self.postgres() {
-            // One probe of the idempotency index per key, whatever the
-            // statistics say: with an IN list, a planner that still thinks
-            // the log small (a young table, not analyzed since it grew) reads
-            // every event of the namespace instead.
-            let keys = rows::to_json(&keys);
-            let rows = sqlx::query_as::<_, (String, i64, i64)>(KNOWN_KEYS_POSTGRES)
-                .bind(namespace)
-                .bind(keys)
-                .fetch_all(&mut **tx)
-                .await?;
-            record(rows);
-            return Ok(known);
-        }
-        for chunk in keys.chunks(INSERT_CHUNK) {
-            let sql = format!(
-                "SELECT idempotency_key, sequence, published_at FROM eventbus_events \
-                 WHERE namespace = $1 AND idempotency_key IN ({})",
-                placeholders(2, chunk.len())
-            );
-            let mut query = sqlx::query_as::<_, (String, i64, i64)>(AssertSqlSafe(sql)).bind(namespace);
-            for key in chunk {
-                query = query.bind(*key);
-            }
-            record(query.fetch_all(&mut **tx).await?);
-        }
+        // On PostgreSQL, one probe of the idempotency index per key, whatever
+        // the statistics say: with an IN list, a planner that still thinks
+        // the log small (a young table, not analyzed since it grew) reads
+        // every event of the namespace instead.
+        let sql = if self.postgres() { KNOWN_KEYS_POSTGRES } else { KNOWN_KEYS_SQLITE };
+        let rows = sqlx::query_as::<_, (String, i64, i64)>(sql)
+            .bind(namespace)
+            .bind(rows::to_json(&keys))
+            .fetch_all(&mut **tx)
+            .await?;
+        record(rows);
         Ok(known)
     }
 
@@ -174,26 +191,30 @@ impl SqlEventRepository {
     }
 }
 
-async fn insert_events(tx: &mut Tx<'_>, namespace: &str, events: &[(i64, NewEvent)], now: i64) -> Result<()> {
-    const COLUMNS: usize = 11;
-    let values: Vec<String> =
-        (0..events.len()).map(|n| format!("({})", placeholders(n * COLUMNS + 1, COLUMNS))).collect();
-    let sql = format!("INSERT INTO eventbus_events ({}) VALUES {}", rows::event_columns!(""), values.join(", "));
-    let mut query = sqlx::query(AssertSqlSafe(sql));
-    for (sequence, event) in events {
-        query = query
-            .bind(namespace)
-            .bind(*sequence)
-            .bind(event.event_type.as_str())
-            .bind(&event.source)
-            .bind(&event.subject)
-            .bind(&event.payload)
-            .bind(&event.content_type)
-            .bind(rows::to_json(&event.attributes))
-            .bind(&event.idempotency_key)
-            .bind(event.time.unwrap_or(now))
-            .bind(now);
+impl SqlEventRepository {
+    async fn insert_events(
+        &self,
+        tx: &mut Tx<'_>,
+        namespace: &str,
+        events: &[(i64, NewEvent)],
+        now: i64,
+    ) -> Result<()> {
+        let logged: Vec<LoggedEvent<'_>> = events
+            .iter()
+            .map(|(sequence, event)| LoggedEvent {
+                sequence: *sequence,
+                event_type: event.event_type.as_str(),
+                source: &event.source,
+                subject: &event.subject,
+                payload: hex(&event.payload),
+                content_type: &event.content_type,
+                attributes: rows::to_json(&event.attributes),
+                idempotency_key: event.idempotency_key.as_deref(),
+                time: event.time.unwrap_or(now),
+            })
+            .collect();
+        let sql = if self.postgres() { INSERT_EVENTS_POSTGRES } else { INSERT_EVENTS_SQLITE };
+        sqlx::query(sql).bind(namespace).bind(rows::to_json(&logged)).bind(now).execute(&mut **tx).await?;
+        Ok(())
     }
-    query.execute(&mut **tx).await?;
-    Ok(())
 }

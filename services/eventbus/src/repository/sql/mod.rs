@@ -15,7 +15,7 @@ mod rows;
 
 use std::collections::BTreeMap;
 
-use chorus_runtime::storage::{Backend, Db, ServiceMigrations, placeholders};
+use chorus_runtime::storage::{Backend, Db, ServiceMigrations};
 use sqlx::{Any, AnyConnection};
 
 use crate::{
