@@ -35,6 +35,9 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// Appends to the history; a user message resumes an interrupted task.
     async fn add_message(&self, namespace: &str, task_id: &str, message: Message) -> Result<Task>;
 
+    /// Returns the task whole (full history, artifacts), as do
+    /// `complete_task` and `fail_task`: the service keeps finished ones for
+    /// the awaits that follow.
     async fn update_status(&self, namespace: &str, task_id: &str, update: StatusUpdate) -> Result<Task>;
 
     async fn append_artifact(&self, namespace: &str, task_id: &str, chunk: ArtifactChunk) -> Result<Task>;

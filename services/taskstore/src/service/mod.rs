@@ -8,6 +8,7 @@
 mod handoff;
 mod outbox;
 mod reaper;
+mod settled;
 mod streams;
 mod waits;
 
@@ -39,6 +40,8 @@ pub struct TaskStore {
     shutdown: CancellationToken,
     /// The claim streams open here, which creates hand tasks to.
     streams: handoff::Streams,
+    /// Tasks lately finished here, for the awaits that follow.
+    settled: Arc<settled::Settled>,
 }
 
 /// Wake-up keys: who waits for what.
@@ -73,7 +76,20 @@ impl TaskStore {
         config: TaskStoreConfig,
         shutdown: CancellationToken,
     ) -> Self {
-        Self { repository, wakeups, config: Arc::new(config), shutdown, streams: handoff::Streams::default() }
+        Self {
+            repository,
+            wakeups,
+            config: Arc::new(config),
+            shutdown,
+            streams: handoff::Streams::default(),
+            settled: Arc::default(),
+        }
+    }
+
+    /// Announces a committed change whose write returned the task whole.
+    fn changed_whole(&self, task: &Task) {
+        self.settled.keep(task);
+        self.changed(task);
     }
 
     /// Announces a committed change to `task`.
@@ -142,7 +158,7 @@ impl TaskStore {
 
     pub async fn update_status(&self, namespace: &str, task_id: &str, update: StatusUpdate) -> Result<Task> {
         let task = self.repository.update_status(namespace, task_id, update).await?;
-        self.changed(&task);
+        self.changed_whole(&task);
         Ok(task)
     }
 
@@ -156,6 +172,9 @@ impl TaskStore {
     /// is and the ids of every task canceled.
     pub async fn cancel_task(&self, namespace: &str, id: &str, reason: Option<String>) -> Result<(Task, Vec<String>)> {
         let canceled = self.repository.cancel_task(namespace, id, reason).await?;
+        if let Some(root) = canceled.first() {
+            self.settled.keep(root);
+        }
         canceled.iter().for_each(|task| self.changed(task));
         let ids = canceled.iter().map(|task| task.id.clone()).collect();
         let root = canceled.into_iter().next().ok_or_else(|| TaskStoreError::TaskNotFound(id.to_owned()))?;
@@ -182,7 +201,7 @@ impl TaskStore {
         artifacts: Vec<Artifact>,
     ) -> Result<Task> {
         let task = self.repository.complete_task(namespace, task_id, lease_id, message, artifacts).await?;
-        self.changed(&task);
+        self.changed_whole(&task);
         Ok(task)
     }
 
@@ -195,7 +214,7 @@ impl TaskStore {
         retry: bool,
     ) -> Result<Task> {
         let task = self.repository.fail_task(namespace, task_id, lease_id, reason, retry).await?;
-        self.changed(&task);
+        self.changed_whole(&task);
         Ok(task)
     }
 

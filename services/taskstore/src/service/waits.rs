@@ -61,6 +61,9 @@ impl TaskStore {
         let deadline = Instant::now() + timeout.min(LONGEST_WAIT);
         loop {
             let mut waiter = self.wakeups.waiter(&keys::task(namespace, id));
+            if let Some(task) = self.settled.get(namespace, id, history_length) {
+                return Ok((task, false));
+            }
             let task = self.repository.get_task(namespace, id, history_length).await?;
             let state = task.status.state;
             if state.is_terminal() || state.is_interrupted() {

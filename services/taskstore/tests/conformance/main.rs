@@ -1,6 +1,7 @@
 //! The task store's conformance suite: every test runs against SQLite and,
 //! when `CHORUS_TEST_POSTGRES_URL` is set, against PostgreSQL.
 
+mod awaits;
 mod bus;
 mod events;
 mod handoff;

@@ -1,0 +1,112 @@
+//! `AwaitTask`: a wait that ends when the task finishes answers with the task
+//! exactly as a read would, whether this store finished it (and answers
+//! from what that write returned) or another replica did.
+
+use std::{sync::Arc, time::Duration};
+
+use chorus_runtime::wakeup::Wakeups;
+use chorus_taskstore::{
+    TaskStore,
+    domain::{Task, TaskState},
+    repository::sql::SqlTaskRepository,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    harness::{Harness, agent_message, conformance, test_config, text_artifact},
+    wakeups::slow_poll_config,
+    workers::{claim_request, next_claim},
+};
+
+conformance!(
+    start = crate::awaits::start;
+    an_await_wakes_with_the_completed_task_as_a_read_gives_it,
+    an_await_after_the_task_finished_answers_at_once,
+    an_await_answers_with_the_canceled_task,
+    an_await_sees_a_task_another_replica_finished,
+);
+
+const LONG: Duration = Duration::from_secs(30);
+/// Far below the 60 s poll: only a wake-up ends a wait this soon.
+const WOKEN_WITHIN: Duration = Duration::from_secs(10);
+
+async fn start(database: chorus_runtime::testing::TestDatabase) -> Harness {
+    Harness::start_with(database, slow_poll_config()).await
+}
+
+/// The task as the database has it, with `history_length` of its history.
+async fn read(h: &Harness, id: &str, history_length: Option<u32>) -> Task {
+    h.store.get_task("ns", id, history_length).await.unwrap()
+}
+
+async fn an_await_wakes_with_the_completed_task_as_a_read_gives_it(h: Harness) {
+    let task = h.task("ns", "echo", "question").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, LONG, 0));
+    let claimed = next_claim(&mut claims).await;
+    let store = h.store.clone();
+    let id = task.id.clone();
+    let waiting = tokio::spawn(async move { store.await_task("ns", &id, Some(1), LONG).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished(), "a working task holds the await");
+    let artifact = text_artifact("answer", "forty-two");
+    h.store
+        .complete_task("ns", &task.id, &claimed.lease_id, Some(agent_message("done")), vec![artifact.clone()])
+        .await
+        .unwrap();
+    let (awaited, timed_out) =
+        tokio::time::timeout(WOKEN_WITHIN, waiting).await.expect("woken by the completion").unwrap().unwrap();
+    assert!(!timed_out);
+    assert_eq!(awaited.status.state, TaskState::Completed);
+    assert_eq!(awaited.artifacts, [artifact]);
+    assert_eq!(awaited, read(&h, &task.id, Some(1)).await);
+    let (whole, _) = h.store.await_task("ns", &task.id, None, LONG).await.unwrap();
+    assert_eq!(whole.history.len(), 2);
+    assert_eq!(whole, read(&h, &task.id, None).await);
+}
+
+async fn an_await_after_the_task_finished_answers_at_once(h: Harness) {
+    let task = h.task("ns", "echo", "question").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, LONG, 0));
+    let claimed = next_claim(&mut claims).await;
+    h.store.fail_task("ns", &task.id, &claimed.lease_id, "crashed", false).await.unwrap();
+    for window in [None, Some(0), Some(1), Some(5)] {
+        let (awaited, timed_out) = h.store.await_task("ns", &task.id, window, LONG).await.unwrap();
+        assert!(!timed_out);
+        assert_eq!(awaited.status.state, TaskState::Failed);
+        assert_eq!(awaited, read(&h, &task.id, window).await, "history window {window:?}");
+    }
+}
+
+async fn an_await_answers_with_the_canceled_task(h: Harness) {
+    let task = h.task("ns", "echo", "question").await;
+    let store = h.store.clone();
+    let id = task.id.clone();
+    let waiting = tokio::spawn(async move { store.await_task("ns", &id, None, LONG).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.store.cancel_task("ns", &task.id, Some("no longer needed".into())).await.unwrap();
+    let (awaited, _) =
+        tokio::time::timeout(WOKEN_WITHIN, waiting).await.expect("woken by the cancel").unwrap().unwrap();
+    assert_eq!(awaited.status.state, TaskState::Canceled);
+    assert_eq!(awaited, read(&h, &task.id, None).await);
+}
+
+/// This store finishes the task; a second one on the same database, which
+/// never sees the completion, reads it (its poll stands for the wake-ups
+/// PostgreSQL would carry between processes).
+async fn an_await_sees_a_task_another_replica_finished(h: Harness) {
+    let shutdown = CancellationToken::new();
+    let replica =
+        TaskStore::new(Arc::new(SqlTaskRepository::new(h.db.clone())), Wakeups::new(), test_config(), shutdown.clone());
+    let task = h.task("ns", "echo", "question").await;
+    let id = task.id.clone();
+    let waiting = tokio::spawn(async move { replica.await_task("ns", &id, None, LONG).await });
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, LONG, 0));
+    let claimed = next_claim(&mut claims).await;
+    h.store.complete_task("ns", &task.id, &claimed.lease_id, Some(agent_message("done")), Vec::new()).await.unwrap();
+    let (awaited, timed_out) =
+        tokio::time::timeout(WOKEN_WITHIN, waiting).await.expect("found by the poll").unwrap().unwrap();
+    assert!(!timed_out);
+    assert_eq!(awaited.status.state, TaskState::Completed);
+    assert_eq!(awaited, read(&h, &task.id, None).await);
+    shutdown.cancel();
+}
