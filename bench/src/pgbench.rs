@@ -102,6 +102,10 @@ impl Pgbench {
             .arg("-l")
             .arg(format!("--log-prefix={}", log_prefix.display()))
             .arg(&db.url)
+            // libpq tries TLS first where the server offers it; chorus's
+            // sqlx has no TLS backend, so the raw rate is measured over the
+            // same plain connection chorus uses (TLS costs pgbench a fifth).
+            .env("PGSSLMODE", crate::postgres::PLAIN_TEXT)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

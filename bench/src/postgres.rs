@@ -12,6 +12,10 @@ use tokio_util::sync::CancellationToken;
 /// could clean up).
 pub(crate) const PREFIX: &str = "chorus_bench_";
 
+/// `PGSSLMODE` for the benchmark's other PostgreSQL clients (pgbench, the
+/// a2a-sdk's asyncpg): plain text, as chorus connects.
+pub(crate) const PLAIN_TEXT: &str = "disable";
+
 /// How long the sessions of a stopped chorus may take to end.
 const SESSIONS_END_TIMEOUT: Duration = Duration::from_secs(10);
 

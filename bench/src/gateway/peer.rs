@@ -127,7 +127,9 @@ impl Peer {
             .stderr(log)
             .kill_on_drop(true);
         if let Some(url) = database_url {
-            command.env("A2A_DB_URL", url);
+            // asyncpg, like libpq, tries TLS first; chorus's sqlx has no TLS
+            // backend, so both talk to PostgreSQL in plain text.
+            command.env("A2A_DB_URL", url).env("PGSSLMODE", crate::postgres::PLAIN_TEXT);
         }
         let child = command.spawn().with_context(|| format!("cannot start {}", setup.python.display()))?;
         let pid = child.id().context("the a2a-sdk server exited at once")?;
