@@ -1,8 +1,8 @@
 //! The log: publishing (with fan-out to deliveries) and reading.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::LazyLock};
 
-use chorus_runtime::storage::hex;
+use chorus_runtime::storage::{hex, placeholders};
 use sqlx::AssertSqlSafe;
 
 use super::{SqlEventRepository, Tx, head, rows};
@@ -23,15 +23,35 @@ const KNOWN_KEYS_POSTGRES: &str = "SELECT e.idempotency_key, e.sequence, e.publi
 const KNOWN_KEYS_SQLITE: &str = "SELECT idempotency_key, sequence, published_at FROM eventbus_events \
      WHERE namespace = $1 AND idempotency_key IN (SELECT value FROM json_each($2))";
 
+/// Events per insert on PostgreSQL. A shorter last chunk is padded with
+/// rows of NULLs, which the statement skips: every insert is one statement,
+/// prepared once per connection. (A VALUES row per event made a new
+/// statement for every batch size, parsed and planned anew; a JSON list
+/// costs PostgreSQL's JSON parser as much as the insert itself.)
+const POSTGRES_CHUNK: usize = 64;
+/// Bound per event: sequence, type, source, subject, payload, content type,
+/// attributes, idempotency key, time.
+const POSTGRES_EVENT_PARAMS: usize = 9;
+
+/// Appends a chunk of events to namespace $1's log, published at $2.
+static INSERT_EVENTS_POSTGRES: LazyLock<String> = LazyLock::new(|| {
+    let rows: Vec<String> = (0..POSTGRES_CHUNK)
+        .map(|n| format!("({})", placeholders(3 + n * POSTGRES_EVENT_PARAMS, POSTGRES_EVENT_PARAMS)))
+        .collect();
+    format!(
+        "INSERT INTO eventbus_events (namespace, sequence, type, source, subject, payload, content_type, \
+         attributes, idempotency_key, time, published_at) \
+         SELECT $1, e.sequence, e.type, e.source, e.subject, e.payload, e.content_type, e.attributes, \
+         e.idempotency_key, e.time, $2 FROM (VALUES {}) AS e(sequence, type, source, subject, payload, \
+         content_type, attributes, idempotency_key, time) WHERE e.sequence IS NOT NULL",
+        rows.join(", ")
+    )
+});
+
 /// Appends the events of the JSON list $2 (see [`LoggedEvent`]) to namespace
-/// $1's log, published at $3. One statement, whatever the batch's size:
-/// a VALUES row per event would make a new statement for every size (parsed
-/// and planned anew, and on SQLite bound in time quadratic in its parameters).
-const INSERT_EVENTS_POSTGRES: &str = "INSERT INTO eventbus_events (namespace, sequence, type, source, subject, \
-     payload, content_type, attributes, idempotency_key, time, published_at) \
-     SELECT $1, e.sequence, e.type, e.source, e.subject, decode(e.payload, 'hex'), e.content_type, e.attributes, \
-     e.idempotency_key, e.time, $3 FROM json_to_recordset($2::json) AS e(sequence bigint, type text, source text, \
-     subject text, payload text, content_type text, attributes text, idempotency_key text, time bigint)";
+/// $1's log, published at $3: one statement, whatever the batch's size. (A
+/// VALUES row per event makes a statement SQLite prepares and binds in time
+/// quadratic in its parameters.)
 const INSERT_EVENTS_SQLITE: &str = "INSERT INTO eventbus_events (namespace, sequence, type, source, subject, \
      payload, content_type, attributes, idempotency_key, time, published_at) \
      SELECT $1, e.value ->> 'sequence', e.value ->> 'type', e.value ->> 'source', e.value ->> 'subject', \
@@ -199,22 +219,56 @@ impl SqlEventRepository {
         events: &[(i64, NewEvent)],
         now: i64,
     ) -> Result<()> {
-        let logged: Vec<LoggedEvent<'_>> = events
-            .iter()
-            .map(|(sequence, event)| LoggedEvent {
-                sequence: *sequence,
-                event_type: event.event_type.as_str(),
-                source: &event.source,
-                subject: &event.subject,
-                payload: hex(&event.payload),
-                content_type: &event.content_type,
-                attributes: rows::to_json(&event.attributes),
-                idempotency_key: event.idempotency_key.as_deref(),
-                time: event.time.unwrap_or(now),
-            })
-            .collect();
-        let sql = if self.postgres() { INSERT_EVENTS_POSTGRES } else { INSERT_EVENTS_SQLITE };
-        sqlx::query(sql).bind(namespace).bind(rows::to_json(&logged)).bind(now).execute(&mut **tx).await?;
+        if !self.postgres() {
+            return insert_events_sqlite(tx, namespace, events, now).await;
+        }
+        for chunk in events.chunks(POSTGRES_CHUNK) {
+            let mut query = sqlx::query(AssertSqlSafe(INSERT_EVENTS_POSTGRES.as_str())).bind(namespace).bind(now);
+            for (sequence, event) in chunk {
+                query = query
+                    .bind(*sequence)
+                    .bind(event.event_type.as_str())
+                    .bind(&event.source)
+                    .bind(&event.subject)
+                    .bind(&event.payload)
+                    .bind(&event.content_type)
+                    .bind(rows::to_json(&event.attributes))
+                    .bind(event.idempotency_key.as_deref())
+                    .bind(event.time.unwrap_or(now));
+            }
+            for _ in chunk.len()..POSTGRES_CHUNK {
+                query = query
+                    .bind(None::<i64>)
+                    .bind(None::<&str>)
+                    .bind(None::<&str>)
+                    .bind(None::<&str>)
+                    .bind(None::<&[u8]>)
+                    .bind(None::<&str>)
+                    .bind(None::<&str>)
+                    .bind(None::<&str>)
+                    .bind(None::<i64>);
+            }
+            query.execute(&mut **tx).await?;
+        }
         Ok(())
     }
+}
+
+async fn insert_events_sqlite(tx: &mut Tx<'_>, namespace: &str, events: &[(i64, NewEvent)], now: i64) -> Result<()> {
+    let logged: Vec<LoggedEvent<'_>> = events
+        .iter()
+        .map(|(sequence, event)| LoggedEvent {
+            sequence: *sequence,
+            event_type: event.event_type.as_str(),
+            source: &event.source,
+            subject: &event.subject,
+            payload: hex(&event.payload),
+            content_type: &event.content_type,
+            attributes: rows::to_json(&event.attributes),
+            idempotency_key: event.idempotency_key.as_deref(),
+            time: event.time.unwrap_or(now),
+        })
+        .collect();
+    sqlx::query(INSERT_EVENTS_SQLITE).bind(namespace).bind(rows::to_json(&logged)).bind(now).execute(&mut **tx).await?;
+    Ok(())
 }
