@@ -25,6 +25,7 @@ conformance!(
     a_completion_keeps_what_the_task_had_and_adds_its_message,
     a_completion_replaces_and_adds_artifacts_logged_before_its_final_state,
     a_completion_may_name_one_artifact_twice,
+    a_completion_after_a_reported_status_logs_its_artifacts_under_that_status,
     a_completion_without_the_lease_changes_nothing,
 );
 
@@ -262,6 +263,40 @@ async fn a_completion_keeps_what_the_task_had_and_adds_its_message(h: Harness) {
     };
     assert_eq!(last.kind, EventKind::StatusChanged);
     assert_eq!(last.status, done.status);
+}
+
+/// The status a claim left is what a completion's artifacts are logged
+/// under, unless the worker reported another since: then that one.
+async fn a_completion_after_a_reported_status_logs_its_artifacts_under_that_status(h: Harness) {
+    let task = h.task("ns", "echo", "ping").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
+    let claimed = next_claim(&mut claims).await;
+    let update = StatusUpdate {
+        state: TaskState::Working,
+        message: Some(agent_message("halfway")),
+        lease_id: Some(claimed.lease_id.clone()),
+    };
+    let reported = h.store.update_status("ns", &task.id, update).await.unwrap();
+    assert_ne!(reported.status, claimed.task.status);
+    let mut events = h.store.watch_task("ns", &task.id, None).await.unwrap();
+    let artifact = text_artifact("out", "pong");
+    let done = h
+        .store
+        .complete_task("ns", &task.id, &claimed.lease_id, Some(agent_message("pong")), vec![artifact.clone()])
+        .await
+        .unwrap();
+    assert_eq!(done.status.state, TaskState::Completed);
+    let texts: Vec<String> = done.history.iter().map(|message| message.joined_text()).collect();
+    assert_eq!(texts, ["ping", "halfway", "pong"]);
+    assert_eq!(done.artifacts, std::slice::from_ref(&artifact));
+    assert_eq!(h.store.get_task("ns", &task.id, None).await.unwrap(), done, "stored as returned");
+    let logged = loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.unwrap().unwrap().unwrap();
+        if event.kind == EventKind::ArtifactUpdated && event.artifact.as_ref() == Some(&artifact) {
+            break event;
+        }
+    };
+    assert_eq!(logged.status, reported.status, "logged under the status the worker reported last");
 }
 
 async fn a_completion_replaces_and_adds_artifacts_logged_before_its_final_state(h: Harness) {

@@ -5,6 +5,7 @@
 //! rules, writes them back, and records an event in the same transaction.
 
 mod events;
+mod held;
 mod outbox;
 mod push;
 mod repository;
@@ -12,6 +13,8 @@ mod rows;
 mod subtasks;
 mod tasks;
 mod workers;
+
+use std::sync::Arc;
 
 use chorus_runtime::storage::{Backend, Db, ServiceMigrations};
 use sqlx::{Any, AnyConnection, Row as _};
@@ -46,11 +49,13 @@ type Tx<'a> = sqlx::Transaction<'a, Any>;
 #[derive(Debug, Clone)]
 pub struct SqlTaskRepository {
     db: Db,
+    /// The claims handed out here, for their completions.
+    held: Arc<held::HeldClaims>,
 }
 
 impl SqlTaskRepository {
     pub fn new(db: Db) -> Self {
-        Self { db }
+        Self { db, held: Arc::default() }
     }
 
     fn backend(&self) -> Backend {

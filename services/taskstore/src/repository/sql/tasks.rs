@@ -220,6 +220,9 @@ impl SqlTaskRepository {
             // There the insert is one statement: its own transaction.
             let mut conn = self.db.acquire().await?;
             if let Some(task) = insert_task(&mut conn, Backend::Postgres, insert).await? {
+                if let Some(handoff) = &handoff {
+                    self.held.hold(&task, &handoff.lease_id);
+                }
                 return Ok(Created { task, handed_off });
             }
             drop(conn);
@@ -230,6 +233,9 @@ impl SqlTaskRepository {
         let inserted = insert_task(&mut tx, self.backend(), insert).await?;
         let handed_off = handed_off && inserted.is_some();
         let task = self.commit_insert(tx, inserted, &new.namespace, request_key).await?;
+        if let (true, Some(handoff)) = (handed_off, &handoff) {
+            self.held.hold(&task, &handoff.lease_id);
+        }
         Ok(Created { task, handed_off })
     }
 

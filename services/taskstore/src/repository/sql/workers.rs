@@ -3,8 +3,9 @@
 use std::{collections::HashSet, sync::LazyLock, time::Duration};
 
 use super::{
-    EventDetail, SqlTaskRepository, apply_status, check_writable, complete_task_view, event_payload, read_record,
-    record_event,
+    EventDetail, SqlTaskRepository, apply_status, check_writable, complete_task_view, event_payload,
+    held::HeldClaim,
+    read_record, record_event,
     rows::{TaskRecord, aggregated_parts, decode_parts, task_columns, to_json, to_json_opt},
     set_status,
     tasks::store_artifact,
@@ -229,6 +230,9 @@ impl SqlTaskRepository {
             Backend::Sqlite => self.claim_on_sqlite(request, &lease).await?,
         };
         claimed.sort_by(|a, b| (a.task.created_at, &a.task.id).cmp(&(b.task.created_at, &b.task.id)));
+        for claim in &claimed {
+            self.held.hold(&claim.task, &claim.lease_id);
+        }
         Ok(claimed)
     }
 
@@ -324,10 +328,11 @@ impl SqlTaskRepository {
         message: Option<Message>,
         artifacts: Vec<Artifact>,
     ) -> Result<Task> {
+        let held = self.held.take(namespace, task_id, lease_id);
         if self.backend() == Backend::Postgres
             && distinct_ids(&artifacts)
             && let Some(task) =
-                self.complete_in_one_statement(namespace, task_id, lease_id, message.as_ref(), &artifacts).await?
+                self.complete_in_one_statement(namespace, task_id, lease_id, held, message.as_ref(), &artifacts).await?
         {
             return Ok(task);
         }
@@ -350,32 +355,37 @@ impl SqlTaskRepository {
 
     /// Completes a task whose lease the caller holds in one statement,
     /// which also records the artifacts, the events and the owner's
-    /// completion and returns the task whole. A message or artifacts need the
-    /// row first (its context, the status the artifacts' events carry); the
-    /// statement then completes the task only if that status still holds.
-    /// `None` when it completed nothing: the task is finished, leased to
-    /// someone else, or changed since that read (or, unread, not there).
+    /// completion and returns the task whole. A message or artifacts need
+    /// what the claim left in the row (its context, the status the artifacts'
+    /// events carry): remembered from the claim when it was made here, else
+    /// read first; the statement then completes the task only if that status
+    /// still holds. `None` when it completed nothing: the task is finished,
+    /// leased to someone else, or changed since (or, unread, not there).
     async fn complete_in_one_statement(
         &self,
         namespace: &str,
         task_id: &str,
         lease_id: &str,
+        held: Option<HeldClaim>,
         message: Option<&Message>,
         artifacts: &[Artifact],
     ) -> Result<Option<Task>> {
         let mut conn = self.db.acquire().await?;
-        let read = if message.is_some() || !artifacts.is_empty() {
-            Some(read_record(&mut conn, namespace, task_id).await?)
-        } else {
-            None
+        let read = match held {
+            _ if message.is_none() && artifacts.is_empty() => None,
+            Some(held) => Some(held),
+            None => {
+                let record = read_record(&mut conn, namespace, task_id).await?;
+                Some(HeldClaim { context_id: record.task.context_id, status: record.task.status })
+            }
         };
         let message = match (message, &read) {
             // A message is stored bound to its task's context, which never changes.
-            (Some(message), Some(read)) => Some(message.clone().bound_to(task_id, &read.task.context_id)),
+            (Some(message), Some(read)) => Some(message.clone().bound_to(task_id, &read.context_id)),
             _ => None,
         };
         let stored = match &read {
-            Some(read) if !artifacts.is_empty() => Some(completed_artifacts(&read.task.status, artifacts)?),
+            Some(read) if !artifacts.is_empty() => Some(completed_artifacts(&read.status, artifacts)?),
             _ => None,
         };
         let status = TaskStatus { state: TaskState::Completed, message, timestamp: now_micros() };
@@ -396,7 +406,7 @@ impl SqlTaskRepository {
                 .bind(i64::from(with_message))
                 .bind(payload.as_str());
             if let Some(read) = &read {
-                query = query.bind(read.task.status.timestamp);
+                query = query.bind(read.status.timestamp);
             }
             if let Some(stored) = &stored {
                 query = query.bind(stored.as_str());
@@ -433,6 +443,7 @@ impl SqlTaskRepository {
         reason: &str,
         retry: bool,
     ) -> Result<Task> {
+        self.held.take(namespace, task_id, lease_id);
         let mut tx = self.begin().await?;
         let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
         check_writable(&record, Some(lease_id))?;
