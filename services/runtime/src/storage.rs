@@ -24,9 +24,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::wakeup::Wakeups;
 
+mod errors;
 mod lane;
+mod sql;
+mod sqlite;
 
-pub use lane::DbConnection;
+pub use self::{
+    errors::{DbErrorKind, classify, storage_error},
+    lane::DbConnection,
+    sql::{hex, padded_len, placeholders},
+};
 
 /// Storage settings.
 #[derive(Clone, Serialize, Deserialize)]
@@ -105,28 +112,6 @@ impl Backend {
             Ok(Self::Sqlite)
         } else {
             Err(StorageError::UnsupportedUrl { url: redact_url(url) })
-        }
-    }
-
-    /// A subquery yielding the elements of the JSON array bound to `param`
-    /// (e.g. `$3`), each cast to `sql_type` (`BIGINT`, `TEXT`). One
-    /// parameter whatever the list's length, so the statement's text — and
-    /// its cached plan — stay the same; `IN ($3, $4, …)` would make a new
-    /// statement, parsed and planned anew, for every length.
-    pub fn json_elements(self, param: &str, sql_type: &str) -> String {
-        match self {
-            Self::Postgres => format!("SELECT CAST(jsonb_array_elements_text(CAST({param} AS jsonb)) AS {sql_type})"),
-            Self::Sqlite => format!("SELECT CAST(value AS {sql_type}) FROM json_each({param})"),
-        }
-    }
-}
-
-impl Backend {
-    /// SQL that turns `expr`, a hex text made by [`hex`], back into bytes.
-    pub fn unhex(self, expr: &str) -> String {
-        match self {
-            Self::Postgres => format!("decode({expr}, 'hex')"),
-            Self::Sqlite => format!("unhex({expr})"),
         }
     }
 }
@@ -212,6 +197,8 @@ pub struct Db {
     pool: AnyPool,
     /// Warm connections for autocommit statements (PostgreSQL only).
     lane: Option<Arc<lane::Lane>>,
+    /// Read-only connections beside the single writer (SQLite files only).
+    readers: Option<AnyPool>,
     backend: Backend,
     url: String,
 }
@@ -231,8 +218,9 @@ static INSTALL_DRIVERS: Once = Once::new();
 const PING_WHEN_IDLE_FOR: Duration = Duration::from_secs(1);
 
 impl Db {
-    /// Connects to `url`. SQLite runs in WAL mode with a single connection, so
-    /// writers never meet `SQLITE_BUSY`.
+    /// Connects to `url`. SQLite runs in WAL mode with a single writing
+    /// connection, so writers never meet `SQLITE_BUSY`, and a few read-only
+    /// ones for [`read`](Self::read).
     pub async fn connect(url: &str, config: &StorageConfig) -> Result<Self, StorageError> {
         INSTALL_DRIVERS.call_once(sqlx::any::install_default_drivers);
         let backend = Backend::from_url(url)?;
@@ -271,7 +259,22 @@ impl Db {
         // The lane may hold up to half the pool between statements; the
         // rest stays free for transactions.
         let lane = (backend == Backend::Postgres).then(|| lane::Lane::new(max_connections as usize / 2));
-        Ok(Self { pool, lane, backend, url: url.to_owned() })
+        let readers = (backend == Backend::Sqlite && !sqlite::in_memory(url))
+            .then(|| sqlite::readers(url, config))
+            .transpose()
+            .map_err(connect_error)?;
+        Ok(Self { pool, lane, readers, backend, url: url.to_owned() })
+    }
+
+    /// A connection for reads outside any transaction. On a SQLite file, one
+    /// of the read-only connections, which WAL lets read beside the writer
+    /// (seeing everything committed before the read began) instead of
+    /// queueing behind its transactions; elsewhere [`acquire`](Self::acquire)'s.
+    pub async fn read(&self) -> Result<DbConnection, sqlx::Error> {
+        match &self.readers {
+            Some(readers) => readers.acquire().await.map(DbConnection::pooled),
+            None => self.acquire().await,
+        }
     }
 
     /// A connection for statements outside any transaction (each its own,
@@ -374,79 +377,6 @@ impl Db {
     }
 }
 
-/// What a database error means to a caller, decided here and nowhere else.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DbErrorKind {
-    UniqueViolation,
-    ForeignKeyViolation,
-    /// Retryable: connection trouble, pool exhaustion, lock or serialization conflicts.
-    Unavailable,
-    Other,
-}
-
-/// A database error as one of a service's two storage errors: `unavailable`
-/// when retrying later may help, else `other`.
-pub fn storage_error<E>(
-    error: sqlx::Error,
-    unavailable: impl FnOnce(sqlx::Error) -> E,
-    other: impl FnOnce(sqlx::Error) -> E,
-) -> E {
-    match classify(&error) {
-        DbErrorKind::Unavailable => unavailable(error),
-        DbErrorKind::UniqueViolation | DbErrorKind::ForeignKeyViolation | DbErrorKind::Other => other(error),
-    }
-}
-
-/// How many values to bind for a list of `count`: the next power of two, the
-/// list padded with repeats of its last value. `IN ($3, $4, …)` is a new
-/// statement — parsed and planned anew, and crowding the statement cache —
-/// for every distinct length; padding keeps it to a handful.
-pub fn padded_len(count: usize) -> usize {
-    count.max(1).next_power_of_two()
-}
-
-/// Bytes as lowercase hex, for a binary value carried inside a JSON text
-/// (which SQL turns back into bytes with [`Backend::unhex`]).
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut text = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
-        text.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
-    }
-    text
-}
-
-/// `$first, $first+1, ...`: `count` numbered placeholders, for statements
-/// built with a variable number of values.
-pub fn placeholders(first: usize, count: usize) -> String {
-    (first..first + count).map(|n| format!("${n}")).collect::<Vec<_>>().join(", ")
-}
-
-/// Classifies a sqlx error.
-pub fn classify(error: &sqlx::Error) -> DbErrorKind {
-    match error {
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => {
-            DbErrorKind::Unavailable
-        }
-        sqlx::Error::Database(database_error) => {
-            if database_error.is_unique_violation() {
-                return DbErrorKind::UniqueViolation;
-            }
-            if database_error.is_foreign_key_violation() {
-                return DbErrorKind::ForeignKeyViolation;
-            }
-            // 40001 serialization failure, 40P01 deadlock, 55P03 lock not
-            // available (PostgreSQL); 5 busy, 6 locked (SQLite).
-            match database_error.code().as_deref() {
-                Some("40001" | "40P01" | "55P03" | "5" | "6") => DbErrorKind::Unavailable,
-                _ => DbErrorKind::Other,
-            }
-        }
-        _ => DbErrorKind::Other,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,22 +393,6 @@ mod tests {
         assert_eq!(redact_url("postgres://u:hunter2@h/db"), "postgres://u:OMITTED@h/db");
         let config = StorageConfig { database_url: "postgres://u:hunter2@h/db".into(), ..Default::default() };
         assert!(!format!("{config:?}").contains("hunter2"));
-    }
-
-    #[test]
-    fn hex_spells_every_byte() {
-        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
-        assert_eq!(hex(&[]), "");
-    }
-
-    #[tokio::test]
-    async fn unhex_reverses_hex_on_sqlite() {
-        let db = Db::connect("sqlite::memory:", &StorageConfig::default()).await.unwrap();
-        let bytes: Vec<u8> = (0..=255).collect();
-        let sql = format!("SELECT {}", Backend::Sqlite.unhex("$1"));
-        let back: Vec<u8> =
-            sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(hex(&bytes)).fetch_one(db.pool()).await.unwrap();
-        assert_eq!(back, bytes);
     }
 
     #[tokio::test]

@@ -110,7 +110,7 @@ impl SqlRunRepository {
         .bind(&stored.run.id)
         .bind(&fence.owner)
         .bind(fence.token)
-        .fetch_optional(&mut *self.db.acquire().await?)
+        .fetch_optional(&mut *self.db.read().await?)
         .await?;
         Ok(revision == Some(stored.revision))
     }

@@ -120,7 +120,7 @@ impl DefinitionRepository for SqlDefinitionRepository {
                 .bind(namespace)
                 .bind(name)
                 .bind(i64::from(version))
-                .fetch_optional(&mut *self.db.acquire().await?)
+                .fetch_optional(&mut *self.db.read().await?)
                 .await?
             }
             None => {
@@ -130,7 +130,7 @@ impl DefinitionRepository for SqlDefinitionRepository {
                 )))
                 .bind(namespace)
                 .bind(name)
-                .fetch_optional(&mut *self.db.acquire().await?)
+                .fetch_optional(&mut *self.db.read().await?)
                 .await?
             }
         };
@@ -160,7 +160,7 @@ impl DefinitionRepository for SqlDefinitionRepository {
                 .bind(name)
                 .bind(below)
                 .bind(fetch)
-                .fetch_all(&mut *self.db.acquire().await?)
+                .fetch_all(&mut *self.db.read().await?)
                 .await?
             }
             None => {
@@ -177,7 +177,7 @@ impl DefinitionRepository for SqlDefinitionRepository {
                 .bind(namespace)
                 .bind(after_name)
                 .bind(fetch)
-                .fetch_all(&mut *self.db.acquire().await?)
+                .fetch_all(&mut *self.db.read().await?)
                 .await?
             }
         };
@@ -197,7 +197,7 @@ impl DefinitionRepository for SqlDefinitionRepository {
             "SELECT {COLUMNS} FROM workflow_definitions d WHERE version = (SELECT MAX(version) \
              FROM workflow_definitions l WHERE l.namespace = d.namespace AND l.name = d.name) ORDER BY namespace, name"
         )))
-        .fetch_all(&mut *self.db.acquire().await?)
+        .fetch_all(&mut *self.db.read().await?)
         .await?;
         rows.iter().map(|row| decode(row, true)).collect()
     }

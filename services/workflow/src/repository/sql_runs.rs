@@ -184,7 +184,7 @@ impl RunRepository for SqlRunRepository {
         let row = sqlx::query(AssertSqlSafe(sql))
             .bind(namespace)
             .bind(run_id)
-            .fetch_optional(&mut *self.db.acquire().await?)
+            .fetch_optional(&mut *self.db.read().await?)
             .await?;
         row.map(|row| decode(&row).map(|stored| stored.run)).transpose()
     }
@@ -230,7 +230,7 @@ impl RunRepository for SqlRunRepository {
         if let Some(cursor) = &after {
             query = query.bind(cursor.created_at).bind(cursor.id.clone());
         }
-        let rows = query.bind(i64::from(limit) + 1).fetch_all(&mut *self.db.acquire().await?).await?;
+        let rows = query.bind(i64::from(limit) + 1).fetch_all(&mut *self.db.read().await?).await?;
         let mut runs = Vec::with_capacity(rows.len());
         for row in &rows {
             let mut run = decode(row)?.run;
@@ -369,7 +369,7 @@ impl RunRepository for SqlRunRepository {
         .bind(run_id)
         .bind(after)
         .bind(i64::from(limit))
-        .fetch_all(&mut *self.db.acquire().await?)
+        .fetch_all(&mut *self.db.read().await?)
         .await?;
         let mut page = EventPage::default();
         for row in &rows {
@@ -404,7 +404,7 @@ impl RunRepository for SqlRunRepository {
     async fn trigger_cursor(&self, namespace: &str) -> Result<Option<u64>> {
         let row = sqlx::query("SELECT after_sequence FROM workflow_trigger_cursors WHERE namespace = $1")
             .bind(namespace)
-            .fetch_optional(&mut *self.db.acquire().await?)
+            .fetch_optional(&mut *self.db.read().await?)
             .await?;
         row.map(|row| row.try_get::<i64, _>("after_sequence").map(|s| u64::try_from(s).unwrap_or_default()))
             .transpose()

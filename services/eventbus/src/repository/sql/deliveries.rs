@@ -264,7 +264,7 @@ impl SqlEventRepository {
             .bind(namespace)
             .bind(id.sequence)
             .bind(&id.handler)
-            .fetch_optional(&mut *self.db.acquire().await?)
+            .fetch_optional(&mut *self.db.read().await?)
             .await?
             .ok_or_else(|| EventBusError::DeliveryNotFound(id.clone()))?;
         rows::decode_delivery(&row, true)
@@ -291,7 +291,7 @@ impl SqlEventRepository {
             .bind(after.sequence)
             .bind(&after.handler)
             .bind(i64::from(query.limit))
-            .fetch_all(&mut *self.db.acquire().await?)
+            .fetch_all(&mut *self.db.read().await?)
             .await?;
         let deliveries =
             rows.iter().map(|row| rows::decode_delivery(row, query.include_events)).collect::<Result<Vec<_>>>()?;

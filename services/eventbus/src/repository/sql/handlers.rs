@@ -108,7 +108,7 @@ impl SqlEventRepository {
     }
 
     pub(super) async fn handler_view(&self, namespace: &str, name: &str) -> Result<HandlerView> {
-        let mut conn = self.db.acquire().await?;
+        let mut conn = self.db.read().await?;
         let handlers = load_handlers(&mut conn, namespace).await?;
         let handler = handlers.get(name).ok_or_else(|| EventBusError::HandlerNotFound(name.to_owned()))?;
         let mut stats = stats(&mut conn, namespace, Some(name)).await?;
@@ -117,7 +117,7 @@ impl SqlEventRepository {
     }
 
     pub(super) async fn handler_views(&self, namespace: &str) -> Result<Vec<HandlerView>> {
-        let mut conn = self.db.acquire().await?;
+        let mut conn = self.db.read().await?;
         let handlers = load_handlers(&mut conn, namespace).await?;
         let mut stats = stats(&mut conn, namespace, None).await?;
         let head = head(&mut conn, namespace).await?;

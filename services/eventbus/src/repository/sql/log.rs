@@ -179,7 +179,7 @@ impl SqlEventRepository {
     }
 
     pub(super) async fn read_log(&self, query: &EventQuery) -> Result<EventPage> {
-        let mut conn = self.db.acquire().await?;
+        let mut conn = self.db.read().await?;
         let head = head(&mut conn, &query.namespace).await?;
         let filter = if query.types.is_empty() {
             String::new()

@@ -26,7 +26,7 @@ impl EventRepository for SqlEventRepository {
     }
 
     async fn head(&self, namespace: &str) -> Result<i64> {
-        let mut conn = self.db.acquire().await?;
+        let mut conn = self.db.read().await?;
         super::head(&mut conn, namespace).await
     }
 

@@ -73,7 +73,7 @@ impl SqlHubRepository {
         ))
         .bind(namespace)
         .bind(agent_id)
-        .fetch_optional(&mut *self.db.acquire().await?)
+        .fetch_optional(&mut *self.db.read().await?)
         .await?
         .ok_or_else(|| HubError::AgentNotFound(agent_id.to_owned()))?;
         rows::decode_agent(&row)
@@ -86,7 +86,7 @@ impl SqlHubRepository {
             " FROM hub_agents WHERE namespace = $1 ORDER BY id"
         ))
         .bind(namespace)
-        .fetch_all(&mut *self.db.acquire().await?)
+        .fetch_all(&mut *self.db.read().await?)
         .await?;
         rows.iter().map(rows::decode_agent).collect()
     }
@@ -147,7 +147,7 @@ impl SqlHubRepository {
         .bind(namespace)
         .bind(agent_id.unwrap_or_default())
         .bind(topic.unwrap_or_default())
-        .fetch_all(&mut *self.db.acquire().await?)
+        .fetch_all(&mut *self.db.read().await?)
         .await?;
         Ok(rows
             .into_iter()

@@ -19,7 +19,7 @@ impl SqlHubRepository {
         ))
         .bind(namespace)
         .bind(key)
-        .fetch_optional(&mut *self.db.acquire().await?)
+        .fetch_optional(&mut *self.db.read().await?)
         .await?;
         row.as_ref().map(rows::decode_state).transpose()
     }
@@ -105,7 +105,7 @@ impl SqlHubRepository {
         .bind(after.unwrap_or_default())
         .bind(now)
         .bind(i64::from(limit))
-        .fetch_all(&mut *self.db.acquire().await?)
+        .fetch_all(&mut *self.db.read().await?)
         .await?;
         rows.iter().map(rows::decode_state).collect()
     }

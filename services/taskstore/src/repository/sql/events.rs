@@ -163,7 +163,7 @@ impl SqlTaskRepository {
             Some(_) => statement,
             None => statement.bind(query.context_id.as_deref().unwrap_or_default()),
         };
-        let rows = statement.fetch_all(&mut *self.db.acquire().await?).await?;
+        let rows = statement.fetch_all(&mut *self.db.read().await?).await?;
         batch(&rows, postgres, query.limit)
     }
 
@@ -175,7 +175,7 @@ impl SqlTaskRepository {
             .bind(after.tx)
             .bind(after.id)
             .bind(i64::from(limit))
-            .fetch_all(&mut *self.db.acquire().await?)
+            .fetch_all(&mut *self.db.read().await?)
             .await?;
         batch(&rows, postgres, limit)
     }
@@ -191,7 +191,7 @@ impl SqlTaskRepository {
         if let Some(task_id) = task_id {
             statement = statement.bind(task_id);
         }
-        let row = statement.fetch_optional(&mut *self.db.acquire().await?).await?;
+        let row = statement.fetch_optional(&mut *self.db.read().await?).await?;
         row.as_ref().map(rows::decode_event).transpose()
     }
 }

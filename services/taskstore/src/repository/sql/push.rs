@@ -37,7 +37,7 @@ impl SqlTaskRepository {
     }
 
     pub(super) async fn get_push(&self, namespace: &str, task_id: &str, id: &str) -> Result<PushConfig> {
-        let mut conn = self.db.acquire().await?;
+        let mut conn = self.db.read().await?;
         read_record(&mut conn, namespace, task_id).await?;
         let row = sqlx::query(concat!(
             "SELECT ",
@@ -55,7 +55,7 @@ impl SqlTaskRepository {
     }
 
     pub(super) async fn list_push(&self, namespace: &str, task_id: &str) -> Result<Vec<PushConfig>> {
-        let mut conn = self.db.acquire().await?;
+        let mut conn = self.db.read().await?;
         read_record(&mut conn, namespace, task_id).await?;
         let rows = sqlx::query(concat!(
             "SELECT ",

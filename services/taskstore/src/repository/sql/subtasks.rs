@@ -76,7 +76,7 @@ impl SqlTaskRepository {
     }
 
     pub(super) async fn children_of(&self, namespace: &str, parent_id: &str, task_ids: &[String]) -> Result<Vec<Task>> {
-        let mut conn = self.db.acquire().await?;
+        let mut conn = self.db.read().await?;
         super::read_record(&mut conn, namespace, parent_id).await?;
         let rows = if task_ids.is_empty() {
             sqlx::query(concat!(

@@ -259,14 +259,14 @@ impl SqlTaskRepository {
 
     /// The task an earlier create with this first message id made.
     async fn existing(&self, namespace: &str, message_id: &str) -> Result<Task> {
-        let mut conn = self.db.acquire().await?;
+        let mut conn = self.db.read().await?;
         find_by_request(&mut conn, namespace, message_id)
             .await?
             .ok_or_else(|| TaskStoreError::TaskNotFound(message_id.to_owned()))
     }
 
     pub(super) async fn get(&self, namespace: &str, id: &str, history_length: Option<u32>) -> Result<Task> {
-        let mut conn = self.db.acquire().await?;
+        let mut conn = self.db.read().await?;
         if self.backend() == Backend::Postgres {
             // The row with its history window and artifacts, in one statement.
             let length = history_length.map_or(i64::MAX, i64::from);
@@ -280,7 +280,7 @@ impl SqlTaskRepository {
     }
 
     pub(super) async fn list(&self, query: TaskQuery) -> Result<TaskPage> {
-        let mut conn = self.db.acquire().await?;
+        let mut conn = self.db.read().await?;
         let state = query.state.map(TaskState::as_str).unwrap_or_default();
         let context_id = query.context_id.as_deref().unwrap_or_default();
         let agent_id = query.agent_id.as_deref().unwrap_or_default();

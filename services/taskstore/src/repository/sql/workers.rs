@@ -205,7 +205,7 @@ impl SqlTaskRepository {
             .bind(namespace)
             .bind(worker_id)
             .bind(agent_id)
-            .fetch_all(&mut *self.db.acquire().await?)
+            .fetch_all(&mut *self.db.read().await?)
             .await?;
         let mut leases = WorkerLeases::default();
         for row in &rows {
