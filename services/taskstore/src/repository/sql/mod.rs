@@ -4,6 +4,7 @@
 //! SQLite has a single writer), changes them in memory through the domain
 //! rules, writes them back, and records an event in the same transaction.
 
+mod completion;
 mod events;
 mod held;
 mod outbox;

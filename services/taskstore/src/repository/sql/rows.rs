@@ -25,7 +25,8 @@ pub(super) use task_columns;
 
 /// The history (messages at positions where `$window` holds) and the
 /// artifacts of the task row `$row`, each aggregated into one column of JSON
-/// objects joined by commas (PostgreSQL); [`decode_parts`] reads them.
+/// objects joined by commas (`string_agg` with an order: PostgreSQL, and
+/// SQLite since 3.44); [`decode_parts`] reads them.
 macro_rules! aggregated_parts {
     ($row:literal, $window:literal) => {
         concat!(

@@ -5,7 +5,7 @@ use sqlx::{AnyConnection, Row as _};
 
 use super::{
     EventDetail, SqlTaskRepository, Tx, append_history, apply_status, check_writable, complete_task_view,
-    event_payload, read_record, record_event, rows,
+    event_payload, record_event, rows,
     rows::{TaskRecord, aggregated_parts, decode_parts, task_columns, to_json},
     save, set_status,
 };
@@ -27,7 +27,7 @@ macro_rules! list_filters {
 }
 
 /// Task $2 with the last $3 messages of its history and its artifacts.
-const GET_WHOLE_POSTGRES: &str = concat!(
+const GET_WHOLE: &str = concat!(
     "SELECT ",
     task_columns!(),
     ", ",
@@ -113,9 +113,10 @@ pub(super) async fn insert_task(
     let (state, attempt) = if handoff.is_some() { (claimed.state, 1) } else { (task.status.state, 0) };
     let sql = match backend {
         Backend::Postgres => INSERT_TASK_POSTGRES,
-        Backend::Sqlite => INSERT_TASK,
+        Backend::Sqlite => INSERT_TASK_SQLITE,
     };
-    let statement = sqlx::query(sql)
+    // One round trip writes the task, its first message and its events.
+    let rows = sqlx::query(sql)
         .bind(insert.namespace)
         .bind(&task.id)
         .bind(&insert.context_id)
@@ -136,37 +137,21 @@ pub(super) async fn insert_task(
         .bind(handoff.map(|handoff| handoff.lease_id.as_str()))
         .bind(handoff.map(|handoff| handoff.lease_expires_at))
         .bind(i64::from(attempt))
-        .bind(i64::from(handoff.map_or(0, |handoff| handoff.max_retries)));
-    if backend == Backend::Postgres {
-        // One statement writes the task, its first message and its events.
-        let inserted: i64 = statement
-            .bind(history)
-            .bind(payload)
-            .bind(claimed_payload)
-            .fetch_one(&mut *conn)
-            .await?
-            .try_get("inserted")?;
-        if inserted == 0 {
-            return Ok(None);
-        }
-    } else {
-        if statement.execute(&mut *conn).await?.rows_affected() == 0 {
-            return Ok(None);
-        }
-        sqlx::query("INSERT INTO taskstore_history (namespace, task_id, position, message) VALUES ($1, $2, 0, $3)")
-            .bind(insert.namespace)
-            .bind(&task.id)
-            .bind(history)
-            .execute(&mut *conn)
-            .await?;
-        record_event(conn, &task, EventKind::Created, detail).await?;
+        .bind(i64::from(handoff.map_or(0, |handoff| handoff.max_retries)))
+        .bind(history)
+        .bind(payload)
+        .bind(claimed_payload)
+        // Every statement's results: sqlx stops a script at its first
+        // result, a row or not, when asked for one row only.
+        .fetch_all(&mut *conn)
+        .await?;
+    let inserted: i64 = rows.last().map(|row| row.try_get("inserted")).transpose()?.unwrap_or(0);
+    if inserted == 0 {
+        return Ok(None);
     }
     if handoff.is_some() {
         task.status = claimed;
         task.attempt = attempt;
-        if backend == Backend::Sqlite {
-            record_event(conn, &task, EventKind::StatusChanged, EventDetail::default()).await?;
-        }
     }
     Ok(Some(task))
 }
@@ -182,7 +167,6 @@ macro_rules! insert_task_row {
     };
 }
 
-const INSERT_TASK: &str = insert_task_row!();
 /// The task row, its first message ($22), its `created` event ($23) and,
 /// when it is handed off, its `status_changed` event ($24).
 const INSERT_TASK_POSTGRES: &str = concat!(
@@ -196,6 +180,22 @@ const INSERT_TASK_POSTGRES: &str = concat!(
      UNION ALL SELECT namespace, id, context_id, agent_id, 'status_changed', $24, created_at FROM task \
      WHERE $24 IS NOT NULL) \
      SELECT COUNT(*) AS inserted FROM task"
+);
+
+/// What [`INSERT_TASK_POSTGRES`] writes, as a SQLite script run in the
+/// caller's transaction: each insert after the row's finds it by its new id,
+/// which exists only if the row went in (a repeated request key inserts
+/// nothing). `ORDER BY kind` logs `created` before `status_changed`.
+const INSERT_TASK_SQLITE: &str = concat!(
+    insert_task_row!(),
+    "; INSERT INTO taskstore_history (namespace, task_id, position, message) \
+     SELECT namespace, id, 0, $22 FROM taskstore_tasks WHERE namespace = $1 AND id = $2; \
+     INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
+     SELECT namespace, id, context_id, agent_id, 'created' AS kind, $23, created_at FROM taskstore_tasks \
+     WHERE namespace = $1 AND id = $2 UNION ALL SELECT namespace, id, context_id, agent_id, 'status_changed', $24, \
+     created_at FROM taskstore_tasks WHERE namespace = $1 AND id = $2 AND $24 IS NOT NULL \
+     ORDER BY kind; \
+     SELECT COUNT(*) AS inserted FROM taskstore_tasks WHERE namespace = $1 AND id = $2"
 );
 
 impl SqlTaskRepository {
@@ -266,17 +266,13 @@ impl SqlTaskRepository {
     }
 
     pub(super) async fn get(&self, namespace: &str, id: &str, history_length: Option<u32>) -> Result<Task> {
+        // The row with its history window and artifacts, in one statement.
+        let length = history_length.map_or(i64::MAX, i64::from);
         let mut conn = self.db.read().await?;
-        if self.backend() == Backend::Postgres {
-            // The row with its history window and artifacts, in one statement.
-            let length = history_length.map_or(i64::MAX, i64::from);
-            let row = sqlx::query(GET_WHOLE_POSTGRES).bind(namespace).bind(id).bind(length).fetch_optional(&mut *conn);
-            let row = row.await?.ok_or_else(|| TaskStoreError::TaskNotFound(id.to_owned()))?;
-            let (history, artifacts) = decode_parts(&row)?;
-            return Ok(Task { history, artifacts, ..TaskRecord::decode(&row)?.task });
-        }
-        let record = read_record(&mut conn, namespace, id).await?;
-        complete_task_view(&mut conn, record, history_length, true).await
+        let row = sqlx::query(GET_WHOLE).bind(namespace).bind(id).bind(length).fetch_optional(&mut *conn).await?;
+        let row = row.ok_or_else(|| TaskStoreError::TaskNotFound(id.to_owned()))?;
+        let (history, artifacts) = decode_parts(&row)?;
+        Ok(Task { history, artifacts, ..TaskRecord::decode(&row)?.task })
     }
 
     pub(super) async fn list(&self, query: TaskQuery) -> Result<TaskPage> {

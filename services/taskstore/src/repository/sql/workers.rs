@@ -1,12 +1,10 @@
 //! Workers: claims under a lease, renewals, completion, failure, expiry.
 
-use std::{collections::HashSet, sync::LazyLock, time::Duration};
+use std::time::Duration;
 
 use super::{
-    EventDetail, SqlTaskRepository, apply_status, check_writable, complete_task_view, event_payload,
-    held::HeldClaim,
-    read_record, record_event,
-    rows::{TaskRecord, aggregated_parts, decode_parts, task_columns, to_json, to_json_opt},
+    EventDetail, SqlTaskRepository, apply_status, check_writable, complete_task_view, event_payload, record_event,
+    rows::{TaskRecord, task_columns},
     set_status,
     tasks::store_artifact,
 };
@@ -52,108 +50,6 @@ const RELEASE: &str = "UPDATE taskstore_tasks SET state = 'submitted', status_me
 const CLAIM_PRECHECK: &str = "SELECT id, lease_expires_at FROM taskstore_tasks WHERE namespace = $1 AND worker_id = $2 \
      UNION ALL SELECT id, NULL FROM (SELECT id FROM taskstore_tasks \
      WHERE namespace = $1 AND agent_id = $3 AND state = 'submitted' LIMIT 1) ready";
-
-/// Completes task $2 when lease $3 holds it and its state may become
-/// `completed`: the row ($4 the status message, $5 its time), the message in
-/// the history when there is one ($6 = 1), the artifacts with their events
-/// when there are any ($9: a JSON list of `{ord, artifact_id, artifact,
-/// payload}`), the status event ($7 its payload, logged after the artifacts')
-/// and, for an owned task, the owner's completion; returns the row with the
-/// history and artifacts as they were. A statement that writes artifacts or a
-/// message was written from a read of the row, and completes it only while
-/// its status is still that read's ($8 its time). Each shape of completion
-/// has its own statement, so PostgreSQL sets up only the tables it writes:
-/// `[owned][message][artifacts]`, each index 1 for yes.
-static COMPLETE_POSTGRES: LazyLock<[[[String; 2]; 2]; 2]> = LazyLock::new(|| {
-    let from: Vec<String> = TaskState::ALL
-        .into_iter()
-        .filter(|state| state.can_become(TaskState::Completed))
-        .map(|state| format!("'{}'", state.as_str()))
-        .collect();
-    let statement = |owned: bool, message: bool, artifacts: bool| {
-        let history = if message {
-            "history AS (INSERT INTO taskstore_history (namespace, task_id, position, message) \
-             SELECT namespace, id, history_count - 1, $4 FROM done), "
-        } else {
-            ""
-        };
-        let (owner, inbox) = if owned {
-            (
-                "owner_kind IS NOT NULL",
-                ", inbox AS (INSERT INTO taskstore_inbox (namespace, owner_kind, owner_id, task_id, parent_task_id, \
-                 kind, message, task_state, created_at) SELECT namespace, owner_kind, owner_id, id, parent_id, \
-                 'completion', $4, 'completed', $5 FROM done \
-                 ON CONFLICT (namespace, task_id) WHERE kind = 'completion' DO NOTHING)",
-            )
-        } else {
-            ("owner_kind IS NULL", "")
-        };
-        let unchanged = if message || artifacts { " AND status_timestamp = $8" } else { "" };
-        let (stored, events) = if artifacts {
-            (
-                "stored AS (INSERT INTO taskstore_artifacts (namespace, task_id, artifact_id, position, artifact) \
-                 SELECT done.namespace, done.id, a.artifact_id, a.ord + (SELECT COUNT(*) FROM taskstore_artifacts x \
-                 WHERE x.namespace = done.namespace AND x.task_id = done.id), a.artifact \
-                 FROM done, json_to_recordset($9::json) AS a(ord int, artifact_id text, artifact text) \
-                 ON CONFLICT (namespace, task_id, artifact_id) DO UPDATE SET artifact = excluded.artifact), ",
-                "SELECT ord, 'artifact_updated' AS kind, payload FROM json_to_recordset($9::json) \
-                 AS a(ord int, payload text) UNION ALL ",
-            )
-        } else {
-            ("", "")
-        };
-        format!(
-            "WITH done AS (UPDATE taskstore_tasks SET state = 'completed', status_message = $4, \
-             status_timestamp = $5, worker_id = NULL, lease_expires_at = NULL, history_count = history_count + $6 \
-             WHERE namespace = $1 AND id = $2 AND lease_id = $3 AND state IN ({from}) AND {owner}{unchanged} \
-             RETURNING {columns}), {history}{stored}\
-             event AS (INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, \
-             created_at) SELECT done.namespace, done.id, done.context_id, done.agent_id, e.kind, e.payload, $5 \
-             FROM done, ({events}SELECT 2147483647, 'status_changed', $7) AS e(ord, kind, payload) \
-             ORDER BY e.ord){inbox} \
-             SELECT done.*, {parts} FROM done",
-            from = from.join(", "),
-            columns = task_columns!(),
-            parts = aggregated_parts!("done", ""),
-        )
-    };
-    [false, true]
-        .map(|owned| [false, true].map(|message| [false, true].map(|artifacts| statement(owned, message, artifacts))))
-});
-
-/// One artifact of a one-statement completion (an element of its $9).
-#[derive(serde::Serialize)]
-struct CompletedArtifact<'a> {
-    ord: usize,
-    artifact_id: &'a str,
-    artifact: String,
-    payload: String,
-}
-
-/// Whether no two artifacts share an id: one statement cannot write a row twice.
-fn distinct_ids(artifacts: &[Artifact]) -> bool {
-    let mut seen = HashSet::new();
-    artifacts.iter().all(|artifact| seen.insert(artifact.artifact_id.as_str()))
-}
-
-/// The artifacts of a completion as its statement's $9, each with the event
-/// it logs (carrying the task's `status` before the completion).
-fn completed_artifacts(status: &TaskStatus, artifacts: &[Artifact]) -> Result<String> {
-    let rows = artifacts
-        .iter()
-        .enumerate()
-        .map(|(ord, artifact)| {
-            let detail = EventDetail { artifact: Some(artifact), last_chunk: true, ..EventDetail::default() };
-            Ok(CompletedArtifact {
-                ord,
-                artifact_id: &artifact.artifact_id,
-                artifact: to_json(artifact)?,
-                payload: event_payload(status, detail)?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    to_json(&rows)
-}
 
 /// Expired leases, oldest first. A task has a lease end exactly while it has
 /// a worker: `worker_id IS NOT NULL` lets the planner read only the live
@@ -329,15 +225,13 @@ impl SqlTaskRepository {
         artifacts: Vec<Artifact>,
     ) -> Result<Task> {
         let held = self.held.take(namespace, task_id, lease_id);
-        if self.backend() == Backend::Postgres
-            && distinct_ids(&artifacts)
-            && let Some(task) =
-                self.complete_in_one_statement(namespace, task_id, lease_id, held, message.as_ref(), &artifacts).await?
+        if let Some(task) =
+            self.complete_at_once(namespace, task_id, lease_id, held, message.as_ref(), &artifacts).await?
         {
             return Ok(task);
         }
-        // The transaction: what the statement cannot do (SQLite, an artifact
-        // id given twice), or the precise error when it completed nothing.
+        // The transaction: what one statement cannot do (an artifact id given
+        // twice), or the precise error when it completed nothing.
         let mut tx = self.begin().await?;
         let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
         check_writable(&record, Some(lease_id))?;
@@ -351,88 +245,6 @@ impl SqlTaskRepository {
         let task = complete_task_view(&mut tx, record, None, true).await?;
         tx.commit().await?;
         Ok(task)
-    }
-
-    /// Completes a task whose lease the caller holds in one statement,
-    /// which also records the artifacts, the events and the owner's
-    /// completion and returns the task whole. A message or artifacts need
-    /// what the claim left in the row (its context, the status the artifacts'
-    /// events carry): remembered from the claim when it was made here, else
-    /// read first; the statement then completes the task only if that status
-    /// still holds. `None` when it completed nothing: the task is finished,
-    /// leased to someone else, or changed since (or, unread, not there).
-    async fn complete_in_one_statement(
-        &self,
-        namespace: &str,
-        task_id: &str,
-        lease_id: &str,
-        held: Option<HeldClaim>,
-        message: Option<&Message>,
-        artifacts: &[Artifact],
-    ) -> Result<Option<Task>> {
-        let mut conn = self.db.acquire().await?;
-        let read = match held {
-            _ if message.is_none() && artifacts.is_empty() => None,
-            Some(held) => Some(held),
-            None => {
-                let record = read_record(&mut conn, namespace, task_id).await?;
-                Some(HeldClaim { context_id: record.task.context_id, status: record.task.status })
-            }
-        };
-        let message = match (message, &read) {
-            // A message is stored bound to its task's context, which never changes.
-            (Some(message), Some(read)) => Some(message.clone().bound_to(task_id, &read.context_id)),
-            _ => None,
-        };
-        let stored = match &read {
-            Some(read) if !artifacts.is_empty() => Some(completed_artifacts(&read.status, artifacts)?),
-            _ => None,
-        };
-        let status = TaskStatus { state: TaskState::Completed, message, timestamp: now_micros() };
-        let message_json = to_json_opt(status.message.as_ref())?;
-        let payload = event_payload(&status, EventDetail::default())?;
-        // Most completed tasks have no owner: try that statement first, then
-        // the one that also writes the owner's inbox.
-        let with_message = status.message.is_some();
-        let mut found = None;
-        for statements in COMPLETE_POSTGRES.iter() {
-            let statement = &statements[usize::from(with_message)][usize::from(stored.is_some())];
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
-                .bind(namespace)
-                .bind(task_id)
-                .bind(lease_id)
-                .bind(message_json.as_deref())
-                .bind(status.timestamp)
-                .bind(i64::from(with_message))
-                .bind(payload.as_str());
-            if let Some(read) = &read {
-                query = query.bind(read.status.timestamp);
-            }
-            if let Some(stored) = &stored {
-                query = query.bind(stored.as_str());
-            }
-            found = query.fetch_optional(&mut *conn).await?;
-            if found.is_some() {
-                break;
-            }
-        }
-        let Some(row) = found else { return Ok(None) };
-        let record = TaskRecord::decode(&row)?;
-        // The statement read the history and artifacts as they were before
-        // its own writes.
-        let (mut history, mut stored_before) = decode_parts(&row)?;
-        history.extend(status.message);
-        if i64::try_from(history.len()) != Ok(record.history_count) {
-            // A message added while the statement waited for the row.
-            return Ok(Some(complete_task_view(&mut conn, record, None, true).await?));
-        }
-        for artifact in artifacts {
-            match stored_before.iter_mut().find(|stored| stored.artifact_id == artifact.artifact_id) {
-                Some(stored) => *stored = artifact.clone(),
-                None => stored_before.push(artifact.clone()),
-            }
-        }
-        Ok(Some(Task { history, artifacts: stored_before, ..record.task }))
     }
 
     pub(super) async fn fail(
