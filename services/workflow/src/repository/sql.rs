@@ -16,7 +16,8 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
     [
         (1, "workflow definitions", "0001_workflow.sql"),
         (2, "workflow runs", "0002_runs.sql"),
-        (3, "workflow run revisions", "0003_run_revisions.sql")
+        (3, "workflow run revisions", "0003_run_revisions.sql"),
+        (4, "lz4 run bodies", "0004_lz4_bodies.sql"),
     ]
 );
 

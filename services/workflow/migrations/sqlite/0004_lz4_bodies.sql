@@ -1,0 +1,2 @@
+-- SQLite does not compress values: nothing to change (the PostgreSQL
+-- migration of this version compresses run bodies with lz4).
