@@ -43,7 +43,8 @@ pub struct StorageConfig {
     pub database_url: String,
     /// Where the embedded SQLite file lives when no URL is given.
     pub data_dir: String,
-    /// Pool size on PostgreSQL (SQLite always uses one writer connection).
+    /// Pool size on PostgreSQL (a SQLite file has one writer connection and
+    /// four read-only ones).
     pub max_connections: u32,
     /// How long a request waits for a pooled connection.
     pub acquire_timeout_ms: u64,
