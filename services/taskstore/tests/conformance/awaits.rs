@@ -7,7 +7,7 @@ use std::{sync::Arc, time::Duration};
 use chorus_runtime::wakeup::Wakeups;
 use chorus_taskstore::{
     TaskStore,
-    domain::{Task, TaskState},
+    domain::{StatusUpdate, Task, TaskState},
     repository::sql::SqlTaskRepository,
 };
 use tokio_util::sync::CancellationToken;
@@ -24,6 +24,8 @@ conformance!(
     an_await_after_the_task_finished_answers_at_once,
     an_await_answers_with_the_canceled_task,
     an_await_sees_a_task_another_replica_finished,
+    an_await_sees_an_interruption_before_it_began,
+    an_await_sees_an_interruption_while_it_waits,
 );
 
 const LONG: Duration = Duration::from_secs(30);
@@ -109,4 +111,47 @@ async fn an_await_sees_a_task_another_replica_finished(h: Harness) {
     assert_eq!(awaited.status.state, TaskState::Completed);
     assert_eq!(awaited, read(&h, &task.id, None).await);
     shutdown.cancel();
+}
+
+/// The worker asks for input.
+fn input_required(lease_id: &str) -> StatusUpdate {
+    StatusUpdate {
+        state: TaskState::InputRequired,
+        message: Some(agent_message("which one?")),
+        lease_id: Some(lease_id.to_owned()),
+    }
+}
+
+/// A task interrupted before anyone awaits it: the await answers at once,
+/// not after the (60 s) poll.
+async fn an_await_sees_an_interruption_before_it_began(h: Harness) {
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, LONG, 0));
+    let task = h.task("ns", "echo", "question").await;
+    let claimed = next_claim(&mut claims).await;
+    h.store.update_status("ns", &task.id, input_required(&claimed.lease_id)).await.unwrap();
+    let (awaited, timed_out) = tokio::time::timeout(WOKEN_WITHIN, h.store.await_task("ns", &task.id, None, LONG))
+        .await
+        .expect("answered at once")
+        .unwrap();
+    assert!(!timed_out);
+    assert_eq!(awaited.status.state, TaskState::InputRequired);
+    assert_eq!(awaited, read(&h, &task.id, None).await);
+}
+
+/// A task awaited at once, then interrupted: the wait ends.
+async fn an_await_sees_an_interruption_while_it_waits(h: Harness) {
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, LONG, 0));
+    let task = h.task("ns", "echo", "question").await;
+    let store = h.store.clone();
+    let id = task.id.clone();
+    let waiting = tokio::spawn(async move { store.await_task("ns", &id, Some(1), LONG).await });
+    let claimed = next_claim(&mut claims).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished(), "a working task holds the await");
+    h.store.update_status("ns", &task.id, input_required(&claimed.lease_id)).await.unwrap();
+    let (awaited, timed_out) =
+        tokio::time::timeout(WOKEN_WITHIN, waiting).await.expect("woken by the interruption").unwrap().unwrap();
+    assert!(!timed_out);
+    assert_eq!(awaited.status.state, TaskState::InputRequired);
+    assert_eq!(awaited, read(&h, &task.id, Some(1)).await);
 }
