@@ -32,7 +32,7 @@ mod sqlite;
 pub use self::{
     errors::{DbErrorKind, classify, storage_error},
     lane::DbConnection,
-    sql::{hex, padded_len, placeholders},
+    sql::{padded_len, placeholders},
 };
 
 /// Storage settings.
@@ -231,6 +231,8 @@ impl Db {
         };
         let connect_error = |source| StorageError::Connect { url: redact_url(url), source };
         let options = sqlx::any::AnyConnectOptions::from_str(url).map_err(connect_error)?;
+        let readers =
+            (backend == Backend::Sqlite && !sqlite::in_memory(url)).then(|| sqlite::readers(options.clone(), config));
         let pool = AnyPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_millis(config.acquire_timeout_ms))
@@ -260,10 +262,6 @@ impl Db {
         // The lane may hold up to half the pool between statements; the
         // rest stays free for transactions.
         let lane = (backend == Backend::Postgres).then(|| lane::Lane::new(max_connections as usize / 2));
-        let readers = (backend == Backend::Sqlite && !sqlite::in_memory(url))
-            .then(|| sqlite::readers(url, config))
-            .transpose()
-            .map_err(connect_error)?;
         Ok(Self { pool, lane, readers, backend, url: url.to_owned() })
     }
 

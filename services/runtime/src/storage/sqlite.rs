@@ -1,8 +1,11 @@
 //! SQLite's reader connections, beside the one writer.
 
-use std::{str::FromStr as _, time::Duration};
+use std::time::Duration;
 
-use sqlx::{AnyPool, Executor as _, any::AnyPoolOptions};
+use sqlx::{
+    AnyPool, Executor as _,
+    any::{AnyConnectOptions, AnyPoolOptions},
+};
 
 use super::StorageConfig;
 
@@ -15,11 +18,11 @@ pub(super) fn in_memory(url: &str) -> bool {
     url.contains(":memory:") || url.contains("mode=memory")
 }
 
-/// Read-only connections to the SQLite file at `url`, opened as needed. The
-/// writer's pool has made the file WAL already (a setting the file keeps).
-pub(super) fn readers(url: &str, config: &StorageConfig) -> Result<AnyPool, sqlx::Error> {
-    let options = sqlx::any::AnyConnectOptions::from_str(url)?;
-    Ok(AnyPoolOptions::new()
+/// Read-only connections to the SQLite file the writer's `options` open,
+/// made as needed. The writer's pool has made the file WAL by then (a setting
+/// the file keeps).
+pub(super) fn readers(options: AnyConnectOptions, config: &StorageConfig) -> AnyPool {
+    AnyPoolOptions::new()
         .max_connections(READERS)
         .acquire_timeout(Duration::from_millis(config.acquire_timeout_ms))
         .test_before_acquire(false)
@@ -30,7 +33,7 @@ pub(super) fn readers(url: &str, config: &StorageConfig) -> Result<AnyPool, sqlx
                 Ok(())
             })
         })
-        .connect_lazy_with(options))
+        .connect_lazy_with(options)
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use std::{collections::BTreeMap, sync::LazyLock};
 
-use chorus_runtime::storage::{hex, placeholders};
+use chorus_runtime::storage::placeholders;
 use sqlx::AssertSqlSafe;
 
 use super::{SqlEventRepository, Tx, head, rows};
@@ -271,4 +271,27 @@ async fn insert_events_sqlite(tx: &mut Tx<'_>, namespace: &str, events: &[(i64, 
         .collect();
     sqlx::query(INSERT_EVENTS_SQLITE).bind(namespace).bind(rows::to_json(&logged)).bind(now).execute(&mut **tx).await?;
     Ok(())
+}
+
+/// Bytes as lowercase hex: how a payload travels in the JSON list of
+/// [`INSERT_EVENTS_SQLITE`], whose `unhex` turns it back into bytes.
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        text.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hex;
+
+    #[test]
+    fn hex_spells_every_byte() {
+        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        assert_eq!(hex(&[]), "");
+    }
 }

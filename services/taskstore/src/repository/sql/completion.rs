@@ -13,7 +13,7 @@ use super::{
     EventDetail, SqlTaskRepository, complete_task_view, event_payload,
     held::HeldClaim,
     read_record,
-    rows::{TaskRecord, aggregated_parts, decode_parts, task_columns, to_json, to_json_opt},
+    rows::{TaskRecord, aggregated_parts, decode_parts, decode_whole, task_columns, to_json, to_json_opt},
 };
 use crate::{
     domain::{Artifact, Message, Task, TaskState, TaskStatus, now_micros},
@@ -307,7 +307,6 @@ impl SqlTaskRepository {
         // Nothing completed, nothing written: the transaction rolls back.
         let Some(row) = rows.last() else { return Ok(None) };
         tx.commit().await?;
-        let (history, artifacts) = decode_parts(row)?;
-        Ok(Some(Task { history, artifacts, ..TaskRecord::decode(row)?.task }))
+        decode_whole(row).map(Some)
     }
 }

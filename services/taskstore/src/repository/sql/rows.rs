@@ -52,6 +52,12 @@ pub(super) fn decode_parts(row: &AnyRow) -> Result<(Vec<Message>, Vec<Artifact>)
     Ok((from_json_list(row.try_get("history")?)?, from_json_list(row.try_get("artifacts")?)?))
 }
 
+/// The task whole, from a row of [`task_columns`] and [`aggregated_parts`].
+pub(super) fn decode_whole(row: &AnyRow) -> Result<Task> {
+    let (history, artifacts) = decode_parts(row)?;
+    Ok(Task { history, artifacts, ..TaskRecord::decode(row)?.task })
+}
+
 /// A task row: the task without history and artifacts, plus its bookkeeping.
 #[derive(Debug, Clone)]
 pub(super) struct TaskRecord {

@@ -6,7 +6,7 @@ use sqlx::{AnyConnection, Row as _};
 use super::{
     EventDetail, SqlTaskRepository, Tx, append_history, apply_status, check_writable, complete_task_view,
     event_payload, record_event, rows,
-    rows::{TaskRecord, aggregated_parts, decode_parts, task_columns, to_json},
+    rows::{TaskRecord, aggregated_parts, task_columns, to_json},
     save, set_status,
 };
 use crate::{
@@ -270,9 +270,7 @@ impl SqlTaskRepository {
         let length = history_length.map_or(i64::MAX, i64::from);
         let mut conn = self.db.read().await?;
         let row = sqlx::query(GET_WHOLE).bind(namespace).bind(id).bind(length).fetch_optional(&mut *conn).await?;
-        let row = row.ok_or_else(|| TaskStoreError::TaskNotFound(id.to_owned()))?;
-        let (history, artifacts) = decode_parts(&row)?;
-        Ok(Task { history, artifacts, ..TaskRecord::decode(&row)?.task })
+        rows::decode_whole(&row.ok_or_else(|| TaskStoreError::TaskNotFound(id.to_owned()))?)
     }
 
     pub(super) async fn list(&self, query: TaskQuery) -> Result<TaskPage> {
