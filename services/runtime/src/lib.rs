@@ -1,6 +1,7 @@
 //! The chorus runtime: what every service shares.
 //!
 //! - [`config`]: layered configuration (defaults < `chorus.toml` < `CHORUS_*` < flags);
+//! - [`detach`]: work that runs to its end even when its caller gives up;
 //! - [`egress`]: which addresses outbound HTTP may reach (SSRF guards);
 //! - [`telemetry`]: tracing, OTLP export, W3C trace-context propagation;
 //! - [`server`]: one server builder for gRPC + HTTP on one pre-bound port;
@@ -19,6 +20,7 @@
 
 pub mod batch;
 pub mod config;
+pub mod detach;
 pub mod egress;
 pub mod error;
 pub mod feed;

@@ -120,7 +120,17 @@ impl TaskStore {
 
     /// Creates a task; a worker of its agent waiting here with room gets it
     /// at once ([`handoff`]).
+    ///
+    /// The create runs to its end even when its caller goes away (a client
+    /// that hangs up has its request dropped): a task committed under a
+    /// hand-off's lease but never put on the worker's stream would sit
+    /// claimed by a worker that never got it until the lease ran out.
     pub async fn create_task(&self, task: NewTask) -> Result<Task> {
+        let store = self.clone();
+        chorus_runtime::detach::to_completion(async move { store.create_now(task).await }).await
+    }
+
+    async fn create_now(&self, task: NewTask) -> Result<Task> {
         let offer = self.streams.offer(&task.namespace, &task.agent_id, now_micros());
         let trace_context = offer.as_ref().map(|_| task.trace_context.clone()).unwrap_or_default();
         let created = self.repository.create_task(task, offer.as_ref().map(|offer| offer.handoff.clone())).await?;

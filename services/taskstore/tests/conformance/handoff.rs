@@ -6,7 +6,7 @@
 //! create racing it, found the queue empty, so the stream is caught up
 //! before that task even reaches the test.
 
-use std::time::Duration;
+use std::{future::Future, task::Poll, time::Duration};
 
 use chorus_taskstore::{
     domain::{EventKind, TaskState},
@@ -24,6 +24,7 @@ conformance!(
     a_new_task_never_overtakes_a_queued_one,
     a_handed_off_lease_expires_like_a_claimed_one,
     a_repeated_create_hands_nothing_off,
+    a_create_whose_caller_goes_away_still_reaches_the_worker,
 );
 
 async fn a_waiting_worker_gets_a_new_task_at_once(h: Harness) {
@@ -113,4 +114,45 @@ async fn a_repeated_create_hands_nothing_off(h: Harness) {
     assert_eq!(over.status.state, TaskState::Submitted);
     let early = tokio::time::timeout(Duration::from_millis(300), claims.next()).await;
     assert!(early.is_err(), "only the first create's task went to the worker");
+}
+
+/// Polls `future` until it has waited `waits` times, then drops it: the way
+/// a server drops a request's work when its client hangs up.
+async fn given_up_after<F: Future>(future: F, waits: usize) {
+    let mut future = std::pin::pin!(future);
+    let mut left = waits;
+    std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
+        Poll::Ready(_) => Poll::Ready(()),
+        Poll::Pending if left == 0 => Poll::Ready(()),
+        Poll::Pending => {
+            left -= 1;
+            Poll::Pending
+        }
+    })
+    .await;
+}
+
+async fn a_create_whose_caller_goes_away_still_reaches_the_worker(h: Harness) {
+    h.task("ns", "echo", "primer").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 100, Duration::from_secs(30), 0));
+    next_claim(&mut claims).await;
+    // Each create is given up at a later point of its work, and then made
+    // again with the same first message, which returns the task the given-up
+    // one left, if it left one.
+    let mut created = std::collections::BTreeSet::new();
+    for waits in 0..40 {
+        let new = new_task("ns", "echo", &format!("given up after {waits} waits"));
+        given_up_after(h.store.create_task(new.clone()), waits).await;
+        created.insert(h.store.create_task(new).await.unwrap().id);
+    }
+    let mut delivered = std::collections::BTreeSet::new();
+    while delivered.len() < created.len() {
+        let claimed = tokio::time::timeout(Duration::from_secs(5), claims.next()).await;
+        let Ok(Some(Ok(claimed))) = claimed else {
+            let lost: Vec<_> = created.difference(&delivered).collect();
+            panic!("tasks created but never given to the waiting worker: {lost:?}");
+        };
+        delivered.insert(claimed.task.id);
+    }
+    assert_eq!(delivered, created);
 }
