@@ -3,11 +3,13 @@
 use std::time::Duration;
 
 use sqlx::{
-    AnyPool, Executor as _,
-    any::{AnyConnectOptions, AnyPoolOptions},
+    Any, AnyPool, Executor as _,
+    any::{AnyArguments, AnyConnectOptions, AnyPoolOptions, AnyRow},
+    pool::PoolConnection,
+    query::Query,
 };
 
-use super::StorageConfig;
+use super::{Backend, Db, StorageConfig};
 
 /// Reader connections of a SQLite file.
 const READERS: u32 = 4;
@@ -36,10 +38,127 @@ pub(super) fn readers(options: AnyConnectOptions, config: &StorageConfig) -> Any
         .connect_lazy_with(options)
 }
 
+impl Db {
+    /// Runs a SQLite script that begins and commits its own transaction
+    /// (`BEGIN; …; COMMIT`) in one round trip to the writer, where a
+    /// transaction handle takes three (begin, script, commit), each waiting
+    /// for the writer's thread and then for the caller's; the rows its
+    /// statements return.
+    ///
+    /// sqlx stops a script at its first error, or once nobody reads its
+    /// results, and would hand the connection on inside the script's open
+    /// transaction. So when the script fails, or its caller goes away before
+    /// it ends, the connection is closed instead, which rolls back whatever
+    /// the script began; the pool opens a new one.
+    pub async fn run_transaction_script<'q>(
+        &self,
+        script: Query<'q, Any, AnyArguments>,
+    ) -> Result<Vec<AnyRow>, sqlx::Error> {
+        debug_assert_eq!(self.backend, Backend::Sqlite, "PostgreSQL runs one statement per round trip");
+        let mut connection = CloseUnlessDone(Some(self.pool.acquire().await?));
+        let rows = script.fetch_all(&mut **connection.0.as_mut().expect("held until done")).await?;
+        connection.done();
+        Ok(rows)
+    }
+}
+
+/// A connection that is closed, not given back to its pool, unless the
+/// script it runs ended well.
+struct CloseUnlessDone(Option<PoolConnection<Any>>);
+
+impl CloseUnlessDone {
+    fn done(&mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for CloseUnlessDone {
+    fn drop(&mut self) {
+        if let Some(connection) = self.0.take() {
+            // Closing a SQLite connection rolls back its open transaction.
+            drop(connection.detach());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::storage::{Db, StorageConfig};
-    use std::time::Duration;
+    use std::{future::Future, task::Poll, time::Duration};
+
+    async fn file_db(dir: &tempfile::TempDir) -> Db {
+        let config = StorageConfig { data_dir: dir.path().display().to_string(), ..Default::default() };
+        let db = Db::connect(&config.effective_url().unwrap(), &config).await.unwrap();
+        sqlx::query("CREATE TABLE demo_rows (x BIGINT PRIMARY KEY)").execute(db.pool()).await.unwrap();
+        db
+    }
+
+    async fn stored(db: &Db) -> Vec<i64> {
+        let mut reader = db.read().await.unwrap();
+        sqlx::query_scalar("SELECT x FROM demo_rows ORDER BY x").fetch_all(&mut *reader).await.unwrap()
+    }
+
+    const TWO_ROWS: &str = "BEGIN; INSERT INTO demo_rows (x) VALUES ($1); INSERT INTO demo_rows (x) VALUES ($2); \
+                            SELECT COUNT(*) AS n FROM demo_rows; COMMIT";
+
+    async fn two_rows(db: &Db, a: i64, b: i64) -> Result<i64, sqlx::Error> {
+        let rows = db.run_transaction_script(sqlx::query(TWO_ROWS).bind(a).bind(b)).await?;
+        Ok(sqlx::Row::get(rows.last().expect("the count"), "n"))
+    }
+
+    #[tokio::test]
+    async fn a_transaction_script_commits_and_answers_with_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = file_db(&dir).await;
+        assert_eq!(two_rows(&db, 1, 2).await.unwrap(), 2);
+        assert_eq!(stored(&db).await, [1, 2], "committed: a reader sees it");
+    }
+
+    #[tokio::test]
+    async fn a_failing_transaction_script_writes_nothing_and_leaves_no_transaction_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = file_db(&dir).await;
+        two_rows(&db, 1, 2).await.unwrap();
+        // The second insert repeats a key: the script stops there, after its first insert.
+        assert!(two_rows(&db, 3, 1).await.is_err());
+        assert_eq!(stored(&db).await, [1, 2], "the first insert was rolled back");
+        assert_eq!(two_rows(&db, 4, 5).await.unwrap(), 4, "the next script runs in a transaction of its own");
+        let mut tx = db.pool().begin().await.expect("and a transaction handle can begin");
+        sqlx::query("INSERT INTO demo_rows (x) VALUES (6)").execute(&mut *tx).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(stored(&db).await, [1, 2, 4, 5, 6]);
+    }
+
+    /// Polls `future` until it has waited `waits` times, then drops it.
+    async fn given_up_after<F: Future>(future: F, waits: usize) {
+        let mut future = std::pin::pin!(future);
+        let mut left = waits;
+        std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
+            Poll::Ready(_) => Poll::Ready(()),
+            Poll::Pending if left == 0 => Poll::Ready(()),
+            Poll::Pending => {
+                left -= 1;
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_transaction_script_given_up_writes_all_or_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = file_db(&dir).await;
+        for waits in 0..12_i64 {
+            let (a, b) = (waits * 10, waits * 10 + 1);
+            given_up_after(two_rows(&db, a, b), waits as usize).await;
+            let rows =
+                tokio::time::timeout(Duration::from_secs(10), stored(&db)).await.expect("no write waits forever");
+            let halves = (rows.contains(&a), rows.contains(&b));
+            assert!(halves == (true, true) || halves == (false, false), "given up after {waits} waits: {rows:?}");
+        }
+        two_rows(&db, 1000, 1001).await.expect("the writer still runs whole scripts");
+        assert!(stored(&db).await.ends_with(&[1000, 1001]), "and commits them");
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sqlite_reads_beside_an_open_write_and_never_write() {

@@ -132,12 +132,13 @@ fn completed_artifacts(status: &TaskStatus, artifacts: &[Artifact]) -> Result<St
 /// time) — the message ($6 = 1), the artifacts with their events ($9, may be
 /// NULL), the status event, the owner's inbox; then the task whole, as the
 /// writes left it. `$8` (NULL: no check) is the status time the row must
-/// still have.
+/// still have. The script begins and commits its own transaction: when it
+/// completes nothing, it writes nothing either.
 static COMPLETE_SQLITE: LazyLock<String> = LazyLock::new(|| {
     let ours =
         "t.namespace = $1 AND t.id = $2 AND t.lease_id = $3 AND t.state = 'completed' AND t.status_timestamp = $5";
     format!(
-        "UPDATE taskstore_tasks SET state = 'completed', status_message = $4, status_timestamp = $5, \
+        "BEGIN; UPDATE taskstore_tasks SET state = 'completed', status_message = $4, status_timestamp = $5, \
          worker_id = NULL, lease_expires_at = NULL, history_count = history_count + $6 \
          WHERE namespace = $1 AND id = $2 AND lease_id = $3 AND state IN ({from}) \
          AND ($8 IS NULL OR status_timestamp = $8); \
@@ -156,7 +157,7 @@ static COMPLETE_SQLITE: LazyLock<String> = LazyLock::new(|| {
          task_state, created_at) SELECT t.namespace, t.owner_kind, t.owner_id, t.id, t.parent_id, 'completion', $4, \
          'completed', $5 FROM taskstore_tasks t WHERE {ours} AND t.owner_kind IS NOT NULL \
          ON CONFLICT (namespace, task_id) WHERE kind = 'completion' DO NOTHING; \
-         SELECT {columns}, {parts} FROM taskstore_tasks t WHERE {ours}",
+         SELECT {columns}, {parts} FROM taskstore_tasks t WHERE {ours}; COMMIT",
         from = COMPLETABLE.as_str(),
         columns = task_columns!(),
         parts = aggregated_parts!("t", ""),
@@ -289,8 +290,7 @@ impl SqlTaskRepository {
         lease_id: &str,
         completion: Completion,
     ) -> Result<Option<Task>> {
-        let mut tx = self.begin().await?;
-        let rows = sqlx::query(sqlx::AssertSqlSafe(COMPLETE_SQLITE.as_str()))
+        let query = sqlx::query(sqlx::AssertSqlSafe(COMPLETE_SQLITE.as_str()))
             .bind(namespace)
             .bind(task_id)
             .bind(lease_id)
@@ -299,14 +299,8 @@ impl SqlTaskRepository {
             .bind(i64::from(completion.status.message.is_some()))
             .bind(completion.payload.as_str())
             .bind(completion.unchanged_since)
-            .bind(completion.stored.as_deref())
-            // Every statement's results: sqlx stops a script at its first
-            // result, a row or not, when asked for one row only.
-            .fetch_all(&mut *tx)
-            .await?;
-        // Nothing completed, nothing written: the transaction rolls back.
-        let Some(row) = rows.last() else { return Ok(None) };
-        tx.commit().await?;
-        decode_whole(row).map(Some)
+            .bind(completion.stored.as_deref());
+        let rows = self.db.run_transaction_script(query).await?;
+        rows.last().map(decode_whole).transpose()
     }
 }

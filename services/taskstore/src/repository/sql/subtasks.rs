@@ -8,7 +8,7 @@ use super::{
     EventDetail, SqlTaskRepository, append_history, apply_status, check_writable, complete_task_view, record_event,
     rows::{self, TaskRecord, task_columns, to_json},
     save, set_status,
-    tasks::{TaskInsert, find_by_request, insert_task},
+    tasks::{TaskInsert, Writer, find_by_request, insert_task},
 };
 use crate::{
     domain::{
@@ -71,7 +71,7 @@ impl SqlTaskRepository {
             request_key: &subtask.message.message_id,
             handoff: None,
         };
-        let inserted = insert_task(&mut tx, self.backend(), insert).await?;
+        let inserted = insert_task(Writer::In(&mut tx, self.backend()), insert).await?;
         self.commit_insert(tx, inserted, &subtask.namespace, &subtask.message.message_id).await
     }
 

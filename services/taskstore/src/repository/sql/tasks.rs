@@ -78,11 +78,7 @@ pub(super) async fn find_by_request(
 /// `submitted`, or, with a handoff, already `working` under its lease (and
 /// that change recorded too). `None`: a task with the same first message id
 /// exists already.
-pub(super) async fn insert_task(
-    conn: &mut AnyConnection,
-    backend: Backend,
-    insert: TaskInsert<'_>,
-) -> Result<Option<Task>> {
+pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> Result<Option<Task>> {
     let now = crate::domain::now_micros();
     let id = uuid::Uuid::now_v7().to_string();
     let first_message = insert.message.clone().bound_to(&id, &insert.context_id);
@@ -111,12 +107,13 @@ pub(super) async fn insert_task(
     let claimed = TaskStatus { state: TaskState::Working, message: None, timestamp: now };
     let claimed_payload = handoff.map(|_| event_payload(&claimed, EventDetail::default())).transpose()?;
     let (state, attempt) = if handoff.is_some() { (claimed.state, 1) } else { (task.status.state, 0) };
-    let sql = match backend {
-        Backend::Postgres => INSERT_TASK_POSTGRES,
-        Backend::Sqlite => INSERT_TASK_SQLITE,
+    let sql = match &writer {
+        Writer::In(_, Backend::Postgres) => INSERT_TASK_POSTGRES,
+        Writer::In(_, Backend::Sqlite) => INSERT_TASK_SQLITE,
+        Writer::OwnTransaction(_) => INSERT_TASK_SQLITE_TRANSACTION,
     };
     // One round trip writes the task, its first message and its events.
-    let rows = sqlx::query(sql)
+    let query = sqlx::query(sql)
         .bind(insert.namespace)
         .bind(&task.id)
         .bind(&insert.context_id)
@@ -140,11 +137,13 @@ pub(super) async fn insert_task(
         .bind(i64::from(handoff.map_or(0, |handoff| handoff.max_retries)))
         .bind(history)
         .bind(payload)
-        .bind(claimed_payload)
-        // Every statement's results: sqlx stops a script at its first
-        // result, a row or not, when asked for one row only.
-        .fetch_all(&mut *conn)
-        .await?;
+        .bind(claimed_payload);
+    // Every statement's results: sqlx stops a script at its first result, a
+    // row or not, when asked for one row only.
+    let rows = match writer {
+        Writer::In(conn, _) => query.fetch_all(conn).await?,
+        Writer::OwnTransaction(db) => db.run_transaction_script(query).await?,
+    };
     let inserted: i64 = rows.last().map(|row| row.try_get("inserted")).transpose()?.unwrap_or(0);
     if inserted == 0 {
         return Ok(None);
@@ -182,21 +181,39 @@ const INSERT_TASK_POSTGRES: &str = concat!(
      SELECT COUNT(*) AS inserted FROM task"
 );
 
-/// What [`INSERT_TASK_POSTGRES`] writes, as a SQLite script run in the
-/// caller's transaction: each insert after the row's finds it by its new id,
-/// which exists only if the row went in (a repeated request key inserts
-/// nothing). `ORDER BY kind` logs `created` before `status_changed`.
-const INSERT_TASK_SQLITE: &str = concat!(
-    insert_task_row!(),
-    "; INSERT INTO taskstore_history (namespace, task_id, position, message) \
-     SELECT namespace, id, 0, $22 FROM taskstore_tasks WHERE namespace = $1 AND id = $2; \
-     INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
-     SELECT namespace, id, context_id, agent_id, 'created' AS kind, $23, created_at FROM taskstore_tasks \
-     WHERE namespace = $1 AND id = $2 UNION ALL SELECT namespace, id, context_id, agent_id, 'status_changed', $24, \
-     created_at FROM taskstore_tasks WHERE namespace = $1 AND id = $2 AND $24 IS NOT NULL \
-     ORDER BY kind; \
-     SELECT COUNT(*) AS inserted FROM taskstore_tasks WHERE namespace = $1 AND id = $2"
-);
+/// Where [`insert_task`] writes: in a transaction (or, on PostgreSQL, a
+/// connection) the caller holds, or, on SQLite, in a transaction of its own
+/// that its script begins and commits.
+pub(super) enum Writer<'c> {
+    In(&'c mut AnyConnection, Backend),
+    OwnTransaction(&'c chorus_runtime::storage::Db),
+}
+
+/// What [`INSERT_TASK_POSTGRES`] writes, as a SQLite script: each insert
+/// after the row's finds it by its new id, which exists only if the row went
+/// in (a repeated request key inserts nothing). `ORDER BY kind` logs
+/// `created` before `status_changed`.
+macro_rules! insert_task_sqlite {
+    () => {
+        concat!(
+            insert_task_row!(),
+            "; INSERT INTO taskstore_history (namespace, task_id, position, message) \
+             SELECT namespace, id, 0, $22 FROM taskstore_tasks WHERE namespace = $1 AND id = $2; \
+             INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
+             SELECT namespace, id, context_id, agent_id, 'created' AS kind, $23, created_at FROM taskstore_tasks \
+             WHERE namespace = $1 AND id = $2 UNION ALL SELECT namespace, id, context_id, agent_id, \
+             'status_changed', $24, created_at FROM taskstore_tasks WHERE namespace = $1 AND id = $2 \
+             AND $24 IS NOT NULL ORDER BY kind; \
+             SELECT COUNT(*) AS inserted FROM taskstore_tasks WHERE namespace = $1 AND id = $2"
+        )
+    };
+}
+
+/// The create's script, run in the caller's transaction.
+const INSERT_TASK_SQLITE: &str = insert_task_sqlite!();
+
+/// The create's script in a transaction of its own.
+const INSERT_TASK_SQLITE_TRANSACTION: &str = concat!("BEGIN; ", insert_task_sqlite!(), "; COMMIT");
 
 impl SqlTaskRepository {
     pub(super) async fn create(&self, new: NewTask, handoff: Option<Handoff>) -> Result<Created> {
@@ -215,28 +232,22 @@ impl SqlTaskRepository {
             request_key,
             handoff: handoff.as_ref(),
         };
-        let handed_off = handoff.is_some();
-        if self.backend() == Backend::Postgres {
-            // There the insert is one statement: its own transaction.
-            let mut conn = self.db.acquire().await?;
-            if let Some(task) = insert_task(&mut conn, Backend::Postgres, insert).await? {
-                if let Some(handoff) = &handoff {
-                    self.held.hold(&task, &handoff.lease_id);
-                }
-                return Ok(Created { task, handed_off });
+        // One round trip: on PostgreSQL a statement, its own transaction; on
+        // SQLite a script in a transaction of its own.
+        let inserted = match self.backend() {
+            Backend::Postgres => {
+                insert_task(Writer::In(&mut *self.db.acquire().await?, Backend::Postgres), insert).await?
             }
-            drop(conn);
+            Backend::Sqlite => insert_task(Writer::OwnTransaction(&self.db), insert).await?,
+        };
+        let Some(task) = inserted else {
             let task = self.existing(&new.namespace, request_key).await?;
             return Ok(Created { task, handed_off: false });
-        }
-        let mut tx = self.begin().await?;
-        let inserted = insert_task(&mut tx, self.backend(), insert).await?;
-        let handed_off = handed_off && inserted.is_some();
-        let task = self.commit_insert(tx, inserted, &new.namespace, request_key).await?;
-        if let (true, Some(handoff)) = (handed_off, &handoff) {
+        };
+        if let Some(handoff) = &handoff {
             self.held.hold(&task, &handoff.lease_id);
         }
-        Ok(Created { task, handed_off })
+        Ok(Created { task, handed_off: handoff.is_some() })
     }
 
     /// Commits a transaction that inserted a task, or, when a task with the
