@@ -198,8 +198,9 @@ pub struct Db {
     pool: AnyPool,
     /// Warm connections for autocommit statements (PostgreSQL only).
     lane: Option<Arc<lane::Lane>>,
-    /// Read-only connections beside the single writer (SQLite files only).
-    readers: Option<AnyPool>,
+    /// Read-only connections beside the single writer (SQLite files only),
+    /// kept warm in a lane of their own: no transaction is ever begun on them.
+    readers: Option<(AnyPool, Arc<lane::Lane>)>,
     backend: Backend,
     url: String,
 }
@@ -231,8 +232,8 @@ impl Db {
         };
         let connect_error = |source| StorageError::Connect { url: redact_url(url), source };
         let options = sqlx::any::AnyConnectOptions::from_str(url).map_err(connect_error)?;
-        let readers =
-            (backend == Backend::Sqlite && !sqlite::in_memory(url)).then(|| sqlite::readers(options.clone(), config));
+        let readers = (backend == Backend::Sqlite && !sqlite::in_memory(url))
+            .then(|| (sqlite::readers(options.clone(), config), lane::Lane::new(sqlite::READERS as usize)));
         let pool = AnyPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_millis(config.acquire_timeout_ms))
@@ -271,7 +272,7 @@ impl Db {
     /// queueing behind its transactions; elsewhere [`acquire`](Self::acquire)'s.
     pub async fn read(&self) -> Result<DbConnection, sqlx::Error> {
         match &self.readers {
-            Some(readers) => readers.acquire().await.map(DbConnection::pooled),
+            Some((readers, lane)) => lane.acquire(readers).await,
             None => self.acquire().await,
         }
     }

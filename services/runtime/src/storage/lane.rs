@@ -1,10 +1,13 @@
 //! Connections kept warm for statements outside any transaction.
 //!
-//! sqlx tests every connection given back to its pool with a round trip (a
-//! `Sync` and its `ReadyForQuery`), as dear to both sides as the statement
-//! before it. A connection used for autocommit statements only needs no such
-//! test: a statement cut off mid-way leaves its answer to be drained by the
-//! connection's next use, and no transaction can be left open on it. The lane
+//! sqlx tests every connection given back to its pool with a round trip (on
+//! PostgreSQL a `Sync` and its `ReadyForQuery`, on SQLite a ping through the
+//! connection's thread), as dear to both sides as the statement before it.
+//! A connection used for autocommit statements only needs no such test: a
+//! statement cut off mid-way leaves its answer to be drained (PostgreSQL) or
+//! is reset (SQLite) at the connection's next use, and no transaction can be
+//! left open on it. PostgreSQL's pool has a lane, and so do SQLite's
+//! read-only connections. The lane
 //! keeps such connections out of the pool between uses, most recent first,
 //! and gives one back through the pool (and its test) once it has been idle
 //! for longer than [`PING_WHEN_IDLE_FOR`](super::PING_WHEN_IDLE_FOR).

@@ -12,7 +12,7 @@ use sqlx::{
 use super::{Backend, Db, StorageConfig};
 
 /// Reader connections of a SQLite file.
-const READERS: u32 = 4;
+pub(super) const READERS: u32 = 4;
 
 /// Whether a SQLite URL names a database in memory, which only its own
 /// connection sees.
