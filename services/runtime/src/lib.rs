@@ -32,7 +32,7 @@ pub mod server;
 pub mod signal;
 pub mod storage;
 pub mod telemetry;
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod time;
 pub mod transport;

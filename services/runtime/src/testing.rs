@@ -180,6 +180,23 @@ fn database_url(admin_url: &str, name: &str) -> String {
     }
 }
 
+/// Polls `future` until it has waited `waits` times, then drops it: the way
+/// a server drops a request's work when its client hangs up, at a chosen
+/// point of that work.
+pub async fn given_up_after<F: std::future::Future>(future: F, waits: usize) {
+    let mut future = std::pin::pin!(future);
+    let mut left = waits;
+    std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
+        std::task::Poll::Ready(_) => std::task::Poll::Ready(()),
+        std::task::Poll::Pending if left == 0 => std::task::Poll::Ready(()),
+        std::task::Poll::Pending => {
+            left -= 1;
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::database_url;

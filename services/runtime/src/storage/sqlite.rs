@@ -83,8 +83,11 @@ impl Drop for CloseUnlessDone {
 
 #[cfg(test)]
 mod tests {
-    use crate::storage::{Db, StorageConfig};
-    use std::{future::Future, task::Poll, time::Duration};
+    use crate::{
+        storage::{Db, StorageConfig},
+        testing::given_up_after,
+    };
+    use std::time::Duration;
 
     async fn file_db(dir: &tempfile::TempDir) -> Db {
         let config = StorageConfig { data_dir: dir.path().display().to_string(), ..Default::default() };
@@ -127,21 +130,6 @@ mod tests {
         sqlx::query("INSERT INTO demo_rows (x) VALUES (6)").execute(&mut *tx).await.unwrap();
         tx.commit().await.unwrap();
         assert_eq!(stored(&db).await, [1, 2, 4, 5, 6]);
-    }
-
-    /// Polls `future` until it has waited `waits` times, then drops it.
-    async fn given_up_after<F: Future>(future: F, waits: usize) {
-        let mut future = std::pin::pin!(future);
-        let mut left = waits;
-        std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
-            Poll::Ready(_) => Poll::Ready(()),
-            Poll::Pending if left == 0 => Poll::Ready(()),
-            Poll::Pending => {
-                left -= 1;
-                Poll::Pending
-            }
-        })
-        .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

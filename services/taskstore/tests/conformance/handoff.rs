@@ -6,7 +6,9 @@
 //! create racing it, found the queue empty, so the stream is caught up
 //! before that task even reaches the test.
 
-use std::{future::Future, task::Poll, time::Duration};
+use std::time::Duration;
+
+use chorus_runtime::testing::given_up_after;
 
 use chorus_taskstore::{
     domain::{EventKind, TaskState},
@@ -114,22 +116,6 @@ async fn a_repeated_create_hands_nothing_off(h: Harness) {
     assert_eq!(over.status.state, TaskState::Submitted);
     let early = tokio::time::timeout(Duration::from_millis(300), claims.next()).await;
     assert!(early.is_err(), "only the first create's task went to the worker");
-}
-
-/// Polls `future` until it has waited `waits` times, then drops it: the way
-/// a server drops a request's work when its client hangs up.
-async fn given_up_after<F: Future>(future: F, waits: usize) {
-    let mut future = std::pin::pin!(future);
-    let mut left = waits;
-    std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
-        Poll::Ready(_) => Poll::Ready(()),
-        Poll::Pending if left == 0 => Poll::Ready(()),
-        Poll::Pending => {
-            left -= 1;
-            Poll::Pending
-        }
-    })
-    .await;
 }
 
 async fn a_create_whose_caller_goes_away_still_reaches_the_worker(h: Harness) {
