@@ -233,6 +233,13 @@ async fn subscribers_get_the_task_then_its_changes_until_it_completes() {
     assert!(sent.elapsed() < Duration::from_secs(3), "returnImmediately answered after {:?}", sent.elapsed());
     let id = started["task"]["id"].as_str().unwrap_or_else(|| panic!("no task: {started:#}")).to_owned();
     assert!(["TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"].contains(&state(&started["task"])), "{started:#}");
+    // A task created before the agent's worker was waiting (the server has
+    // just started) waits its turn in the queue for a moment.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while state(&a2a.call("tck", "GetTask", json!({ "id": id })).await) != "TASK_STATE_WORKING" {
+        assert!(Instant::now() < deadline, "the tck agent did not take the task");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     // Two subscribers at once, one per binding, see the same changes.
     let rpc = events(a2a.rpc("tck", "SubscribeToTask", json!({ "id": id })));
