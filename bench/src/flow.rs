@@ -89,8 +89,13 @@ impl SequenceCheck {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub(crate) struct Anomalies {
     /// Deliveries whose sequence was not the one after the consumer's
-    /// previous one: gaps, redeliveries or reordering.
+    /// previous one: gaps, redeliveries or reordering. Where the consumer
+    /// tells repeats apart ([`repeated`](Self::repeated)), first deliveries
+    /// that came after a later one.
     pub(crate) out_of_order: u64,
+    /// Deliveries of a message the consumer had received before (counted
+    /// by the hub's subscribers only).
+    pub(crate) repeated: u64,
     /// Deliveries that reached a handler before the handler it runs after
     /// had even asked to ack the event.
     pub(crate) ahead_of_dependency: u64,
@@ -98,7 +103,7 @@ pub(crate) struct Anomalies {
 
 impl Anomalies {
     pub(crate) fn any(&self) -> bool {
-        self.out_of_order > 0 || self.ahead_of_dependency > 0
+        self.out_of_order > 0 || self.repeated > 0 || self.ahead_of_dependency > 0
     }
 }
 
@@ -143,6 +148,7 @@ impl Samples {
         self.finished += other.finished;
         self.finished_latency.extend(other.finished_latency);
         self.anomalies.out_of_order += other.anomalies.out_of_order;
+        self.anomalies.repeated += other.anomalies.repeated;
         self.anomalies.ahead_of_dependency += other.anomalies.ahead_of_dependency;
     }
 }

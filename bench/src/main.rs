@@ -76,7 +76,7 @@ async fn main() -> anyhow::Result<()> {
             on_signal.cancel();
         }
     });
-    let Reports { taskstore, bus, hub, gateway, acp, workflow } = run(&options, &interrupt).await?;
+    let Reports { taskstore, bus, hub, gateway, acp, workflow } = Box::pin(run(&options, &interrupt)).await?;
     if let Some(report) = taskstore {
         let path = options.output.clone().unwrap_or_else(|| report::default_json_path("taskstore.json"));
         report.write_json(&path)?;

@@ -9,7 +9,7 @@
 //! `backlog × subscribers` deliveries — `backlog` messages not yet acked by
 //! every subscriber.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{collections::HashSet, future::Future, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use serde::Serialize;
@@ -62,9 +62,11 @@ pub(crate) struct FanoutResult {
     pub(crate) deliver: LatencySummary,
     /// Publish sent → its ack answered (JetStream: sent; it answers none).
     pub(crate) acked: LatencySummary,
-    /// Deliveries that did not come after the subscriber's previous one:
-    /// redeliveries or reordering.
+    /// First deliveries that came after a later-sequenced one: publishes in
+    /// flight together commit in any order, and none is promised.
     pub(crate) out_of_order: u64,
+    /// Deliveries of a message the subscriber had received before.
+    pub(crate) repeated: u64,
     pub(crate) cpu: CpuUsage,
     /// On PostgreSQL: commits over the server's life per delivery.
     pub(crate) commits_per_delivery: Option<f64>,
@@ -85,6 +87,7 @@ impl FanoutResult {
             deliver: flow.first_delivery,
             acked: flow.finished_latency,
             out_of_order: flow.anomalies.out_of_order,
+            repeated: flow.anomalies.repeated,
             cpu,
             commits_per_delivery: None,
         }
@@ -152,14 +155,16 @@ fn acknowledged(
 #[derive(Debug)]
 pub(crate) struct Tally {
     progress: Arc<Progress>,
-    /// The position of the last delivery, to spot repeats and reordering.
+    /// The highest position delivered so far, to spot reordering.
     last: Option<u128>,
+    /// Every position delivered so far, to spot repeats.
+    seen: HashSet<u128>,
     samples: Samples,
 }
 
 impl Tally {
     pub(crate) fn new(flow: &Flow) -> Self {
-        Self { progress: Arc::clone(&flow.progress), last: None, samples: Samples::default() }
+        Self { progress: Arc::clone(&flow.progress), last: None, seen: HashSet::new(), samples: Samples::default() }
     }
 
     pub(crate) fn progress(&self) -> &Progress {
@@ -170,7 +175,9 @@ impl Tally {
     /// returns the send time its payload carries.
     pub(crate) fn arrived(&mut self, position: u128, payload: &[u8]) -> anyhow::Result<u64> {
         let arrived = Instant::now();
-        if self.last.is_some_and(|last| position <= last) {
+        if !self.seen.insert(position) {
+            self.samples.anomalies.repeated += 1;
+        } else if self.last.is_some_and(|last| position < last) {
             self.samples.anomalies.out_of_order += 1;
         }
         self.last = Some(self.last.map_or(position, |last| last.max(position)));
@@ -214,7 +221,7 @@ mod tests {
         assert!(tally.arrived(10, b"{}").is_err(), "a payload without its send time");
         tally.acked(&[0, 0]);
         let samples = tally.into_samples();
-        assert_eq!(samples.anomalies.out_of_order, 2, "a repeat and a step back");
+        assert_eq!((samples.anomalies.repeated, samples.anomalies.out_of_order), (1, 1), "a repeat and a step back");
         assert_eq!(samples.first_delivery.len(), 4);
         assert_eq!((samples.finished, samples.finished_latency.len()), (2, 2));
     }

@@ -5,7 +5,7 @@ use std::{fmt::Write as _, path::Path};
 
 use serde::Serialize;
 
-use super::{Measured, System, SystemRuns, redis::RedisServer};
+use super::{FanoutResult, Measured, System, SystemRuns, redis::RedisServer};
 use crate::{
     cpu::CpuUsage,
     nats::NatsServer,
@@ -273,17 +273,30 @@ impl HubReport {
 
     fn notes(&self, out: &mut String) {
         let _ = writeln!(out);
-        let troubled: Vec<String> = self
-            .systems
-            .iter()
-            .flat_map(|runs| [("fan-out", &runs.saturated), ("equal load", &runs.steady)].map(|run| (runs.system, run)))
-            .filter(|(_, (_, run))| run.out_of_order > 0)
-            .map(|(system, (load, run))| format!("{} {load}: {}", system.name(), run.out_of_order))
-            .collect();
-        if troubled.is_empty() {
-            let _ = writeln!(out, "Deliveries: every subscriber received each message once, in publish order");
+        let runs = || {
+            self.systems.iter().flat_map(|runs| {
+                [("fan-out", &runs.saturated), ("equal load", &runs.steady)].map(|run| (runs.system, run))
+            })
+        };
+        let counted = |count: fn(&FanoutResult) -> u64| -> Vec<String> {
+            runs()
+                .filter(|(_, (_, run))| count(run) > 0)
+                .map(|(system, (load, run))| format!("{} {load}: {}", system.name(), count(run)))
+                .collect()
+        };
+        let (repeated, reordered) = (counted(|run| run.repeated), counted(|run| run.out_of_order));
+        if repeated.is_empty() {
+            let _ = writeln!(out, "Deliveries: every subscriber received each message once");
         } else {
-            let _ = writeln!(out, "DELIVERIES REPEATED OR OUT OF ORDER: {}", troubled.join("; "));
+            let _ = writeln!(out, "DELIVERIES REPEATED: {}", repeated.join("; "));
+        }
+        if !reordered.is_empty() {
+            let _ = writeln!(
+                out,
+                "Deliveries after a later-sequenced one (publishes in flight together commit in any order, and \
+                 none is promised between them): {}",
+                reordered.join("; ")
+            );
         }
         let steady_rate = self.config.steady_rate;
         for runs in self.systems.iter().filter(|runs| runs.steady.kept_up == Some(false)) {
@@ -405,6 +418,7 @@ mod tests {
             deliver: LatencySummary { p50_ms, ..LatencySummary::default() },
             acked: LatencySummary::default(),
             out_of_order: 0,
+            repeated: 0,
             cpu: CpuUsage::default(),
             commits_per_delivery: None,
         }
