@@ -28,11 +28,13 @@ mod errors;
 mod lane;
 mod sql;
 mod sqlite;
+mod tx;
 
 pub use self::{
     errors::{DbErrorKind, classify, storage_error},
     lane::DbConnection,
     sql::{padded_len, placeholders},
+    tx::Tx,
 };
 
 /// Storage settings.
@@ -196,8 +198,9 @@ impl ServiceMigrations {
 #[derive(Clone)]
 pub struct Db {
     pool: AnyPool,
-    /// Warm connections for autocommit statements (PostgreSQL only).
-    lane: Option<Arc<lane::Lane>>,
+    /// Warm connections: on PostgreSQL for autocommit statements, on SQLite
+    /// the one writing connection, for everything.
+    lane: Arc<lane::Lane>,
     /// Read-only connections beside the single writer (SQLite files only),
     /// kept warm in a lane of their own: no transaction is ever begun on them.
     readers: Option<(AnyPool, Arc<lane::Lane>)>,
@@ -260,9 +263,14 @@ impl Db {
             .connect_with(options)
             .await
             .map_err(connect_error)?;
-        // The lane may hold up to half the pool between statements; the
-        // rest stays free for transactions.
-        let lane = (backend == Backend::Postgres).then(|| lane::Lane::new(max_connections as usize / 2));
+        // On PostgreSQL the lane may hold up to half the pool between
+        // statements; the rest stays free for transactions. SQLite's one
+        // writing connection is lent through the lane only, transactions
+        // included ([`begin`](Self::begin)).
+        let lane = lane::Lane::new(match backend {
+            Backend::Postgres => max_connections as usize / 2,
+            Backend::Sqlite => 1,
+        });
         Ok(Self { pool, lane, readers, backend, url: url.to_owned() })
     }
 
@@ -278,27 +286,39 @@ impl Db {
     }
 
     /// A connection for statements outside any transaction (each its own,
-    /// autocommitted). Prefer it to [`pool`](Self::pool) on busy paths: it
-    /// skips the round trip sqlx spends testing a connection it takes back.
-    /// Never begin a transaction on it; use [`begin_relaxed`](Self::begin_relaxed)
-    /// or the pool's `begin` for those.
+    /// autocommitted). It skips the round trip sqlx spends testing a
+    /// connection its pool takes back. Never begin a transaction on it; use
+    /// [`begin`](Self::begin) for those.
     pub async fn acquire(&self) -> Result<DbConnection, sqlx::Error> {
-        match &self.lane {
-            Some(lane) => lane.acquire(&self.pool).await,
-            None => self.pool.acquire().await.map(DbConnection::pooled),
+        self.lane.acquire(&self.pool).await
+    }
+
+    /// A transaction; rolled back unless committed.
+    pub async fn begin(&self) -> Result<Tx, sqlx::Error> {
+        match self.backend {
+            Backend::Postgres => Ok(Tx::pool(self.pool.begin().await?)),
+            Backend::Sqlite => Tx::held(self.acquire().await?).await,
         }
     }
 
     /// Runs a service's pending migrations (under a lock on PostgreSQL, so
     /// replicas starting together migrate once).
     pub async fn migrate(&self, migrations: &ServiceMigrations) -> Result<(), StorageError> {
-        migrations
-            .migrator(self.backend)
-            .run(&self.pool)
-            .await
-            .map_err(|source| StorageError::Migrate { service: migrations.service, source })
+        let migrator = migrations.migrator(self.backend);
+        let migrated = match self.backend {
+            Backend::Postgres => migrator.run(&self.pool).await,
+            Backend::Sqlite => match self.acquire().await {
+                Ok(mut connection) => migrator.run(&mut *connection).await,
+                Err(error) => Err(error.into()),
+            },
+        };
+        migrated.map_err(|source| StorageError::Migrate { service: migrations.service, source })
     }
 
+    /// The pool behind this `Db`, for PostgreSQL. On SQLite its one writing
+    /// connection is lent through [`acquire`](Self::acquire) and
+    /// [`begin`](Self::begin) only: a caller of the pool would wait for it
+    /// while they keep it warm.
     pub fn pool(&self) -> &AnyPool {
         &self.pool
     }
@@ -355,8 +375,8 @@ impl Db {
     /// A transaction whose commit does not wait for the disk on PostgreSQL
     /// (`synchronous_commit = off` for it alone): for writes a crash may
     /// lose without harm, such as leases, which only mean a redelivery.
-    pub async fn begin_relaxed(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+    pub async fn begin_relaxed(&self) -> Result<Tx, sqlx::Error> {
+        let mut tx = self.begin().await?;
         if self.backend == Backend::Postgres {
             sqlx::query("SELECT set_config('synchronous_commit', 'off', true)").execute(&mut *tx).await?;
         }
@@ -365,7 +385,7 @@ impl Db {
 
     /// Succeeds when the database answers.
     pub async fn ping(&self) -> Result<(), sqlx::Error> {
-        self.pool.execute("SELECT 1").await.map(drop)
+        self.acquire().await?.execute("SELECT 1").await.map(drop)
     }
 
     /// Carries `wakeups` across processes sharing this PostgreSQL database

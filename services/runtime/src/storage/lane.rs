@@ -7,7 +7,9 @@
 //! statement cut off mid-way leaves its answer to be drained (PostgreSQL) or
 //! is reset (SQLite) at the connection's next use, and no transaction can be
 //! left open on it. PostgreSQL's pool has a lane, and so do SQLite's
-//! read-only connections. The lane
+//! read-only connections and its one writing connection, which is lent
+//! through its lane only: a [`Tx`](super::Tx) begun on it rolls back what it
+//! leaves open before the connection goes back. The lane
 //! keeps such connections out of the pool between uses, most recent first,
 //! and gives one back through the pool (and its test) once it has been idle
 //! for longer than [`PING_WHEN_IDLE_FOR`](super::PING_WHEN_IDLE_FOR).
@@ -98,9 +100,13 @@ pub struct DbConnection {
 }
 
 impl DbConnection {
-    /// A connection that goes straight back to its pool.
-    pub(super) fn pooled(connection: PoolConnection<Any>) -> Self {
-        Self { connection: Some(connection), lane: None }
+    /// Closes the connection instead of giving it back (its pool opens
+    /// another when needed); closing a SQLite connection rolls back what it
+    /// left open.
+    pub(super) fn close(mut self) {
+        if let Some(connection) = self.connection.take() {
+            drop(connection.detach());
+        }
     }
 }
 

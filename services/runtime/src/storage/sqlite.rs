@@ -5,11 +5,10 @@ use std::time::Duration;
 use sqlx::{
     Any, AnyPool, Executor as _,
     any::{AnyArguments, AnyConnectOptions, AnyPoolOptions, AnyRow},
-    pool::PoolConnection,
     query::Query,
 };
 
-use super::{Backend, Db, StorageConfig};
+use super::{Backend, Db, DbConnection, StorageConfig};
 
 /// Reader connections of a SQLite file.
 pub(super) const READERS: u32 = 4;
@@ -55,28 +54,21 @@ impl Db {
         script: Query<'q, Any, AnyArguments>,
     ) -> Result<Vec<AnyRow>, sqlx::Error> {
         debug_assert_eq!(self.backend, Backend::Sqlite, "PostgreSQL runs one statement per round trip");
-        let mut connection = CloseUnlessDone(Some(self.pool.acquire().await?));
+        let mut connection = CloseUnlessDone(Some(self.acquire().await?));
         let rows = script.fetch_all(&mut **connection.0.as_mut().expect("held until done")).await?;
-        connection.done();
+        connection.0.take();
         Ok(rows)
     }
 }
 
-/// A connection that is closed, not given back to its pool, unless the
-/// script it runs ended well.
-struct CloseUnlessDone(Option<PoolConnection<Any>>);
-
-impl CloseUnlessDone {
-    fn done(&mut self) {
-        self.0.take();
-    }
-}
+/// A connection that is closed, not given back, unless the script it runs
+/// ended well.
+struct CloseUnlessDone(Option<DbConnection>);
 
 impl Drop for CloseUnlessDone {
     fn drop(&mut self) {
         if let Some(connection) = self.0.take() {
-            // Closing a SQLite connection rolls back its open transaction.
-            drop(connection.detach());
+            connection.close();
         }
     }
 }
@@ -92,7 +84,10 @@ mod tests {
     async fn file_db(dir: &tempfile::TempDir) -> Db {
         let config = StorageConfig { data_dir: dir.path().display().to_string(), ..Default::default() };
         let db = Db::connect(&config.effective_url().unwrap(), &config).await.unwrap();
-        sqlx::query("CREATE TABLE demo_rows (x BIGINT PRIMARY KEY)").execute(db.pool()).await.unwrap();
+        sqlx::query("CREATE TABLE demo_rows (x BIGINT PRIMARY KEY)")
+            .execute(&mut *db.acquire().await.unwrap())
+            .await
+            .unwrap();
         db
     }
 
@@ -126,7 +121,7 @@ mod tests {
         assert!(two_rows(&db, 3, 1).await.is_err());
         assert_eq!(stored(&db).await, [1, 2], "the first insert was rolled back");
         assert_eq!(two_rows(&db, 4, 5).await.unwrap(), 4, "the next script runs in a transaction of its own");
-        let mut tx = db.pool().begin().await.expect("and a transaction handle can begin");
+        let mut tx = db.begin().await.expect("and a transaction handle can begin");
         sqlx::query("INSERT INTO demo_rows (x) VALUES (6)").execute(&mut *tx).await.unwrap();
         tx.commit().await.unwrap();
         assert_eq!(stored(&db).await, [1, 2, 4, 5, 6]);
@@ -153,12 +148,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config = StorageConfig { data_dir: dir.path().display().to_string(), ..Default::default() };
         let db = Db::connect(&config.effective_url().unwrap(), &config).await.unwrap();
-        sqlx::query("CREATE TABLE demo_rows (x BIGINT)").execute(db.pool()).await.unwrap();
+        sqlx::query("CREATE TABLE demo_rows (x BIGINT)").execute(&mut *db.acquire().await.unwrap()).await.unwrap();
         let count = |db: Db| async move {
             let mut reader = db.read().await.unwrap();
             sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM demo_rows").fetch_one(&mut *reader).await.unwrap()
         };
-        let mut write = db.pool().begin().await.unwrap();
+        let mut write = db.begin().await.unwrap();
         sqlx::query("INSERT INTO demo_rows (x) VALUES (1)").execute(&mut *write).await.unwrap();
         let during = tokio::time::timeout(Duration::from_secs(2), count(db.clone())).await;
         assert_eq!(during.expect("a read does not wait for the writer's transaction"), 0);

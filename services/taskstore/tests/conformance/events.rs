@@ -151,7 +151,7 @@ async fn an_event_that_commits_late_is_held_back_not_skipped(h: Harness) {
     }
     // An older transaction records an event of the task and stays open
     // while a newer one commits another.
-    let mut older = h.db.pool().begin().await.unwrap();
+    let mut older = h.db.begin().await.unwrap();
     sqlx::query(
         "INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
          SELECT namespace, task_id, context_id, agent_id, 'message_added', payload, created_at \

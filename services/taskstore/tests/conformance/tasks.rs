@@ -300,7 +300,7 @@ async fn a_new_database_gets_its_first_statistics_once_it_holds_tasks(h: Harness
     if postgres {
         let history: f32 =
             sqlx::query_scalar("SELECT reltuples FROM pg_class WHERE oid = to_regclass('taskstore_history')")
-                .fetch_one(h.db.pool())
+                .fetch_one(&mut *h.db.acquire().await.unwrap())
                 .await
                 .unwrap();
         assert_eq!(history, 3.0, "the other task tables were analysed with it");

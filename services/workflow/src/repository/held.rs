@@ -26,7 +26,7 @@ use super::{
 };
 use crate::{domain::Run, engine::schedule::changes};
 
-pub(super) type Tx = sqlx::Transaction<'static, sqlx::Any>;
+pub(super) use chorus_runtime::storage::Tx;
 
 /// The most writes one batch carries, and batches at once.
 const BATCH: usize = 128;
@@ -266,7 +266,7 @@ async fn write_postgres(db: &Db, writes: &[HeldWrite]) -> Result<HashMap<String,
 /// One transaction: each row updated if its revision and claim still match,
 /// and its events inserted if it was.
 async fn write_sqlite(db: &Db, writes: &[HeldWrite]) -> Result<HashMap<String, Vec<i64>>, sqlx::Error> {
-    let mut tx = db.pool().begin().await?;
+    let mut tx = db.begin().await?;
     let mut landed = HashMap::new();
     for write in writes {
         let lease = if write.release { ", lease_owner = NULL, lease_until = NULL" } else { "" };

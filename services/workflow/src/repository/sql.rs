@@ -56,7 +56,7 @@ fn decode(row: &AnyRow, include_source: bool) -> Result<Definition> {
 #[async_trait]
 impl DefinitionRepository for SqlDefinitionRepository {
     async fn put(&self, definition: NewDefinition, now: i64) -> Result<Put> {
-        let mut tx = self.db.pool().begin().await?;
+        let mut tx = self.db.begin().await?;
         let latest = sqlx::query(AssertSqlSafe(format!(
             "SELECT {COLUMNS} FROM workflow_definitions WHERE namespace = $1 AND name = $2 ORDER BY version DESC LIMIT 1"
         )))

@@ -157,7 +157,7 @@ impl RunRepository for SqlRunRepository {
                 query.execute(&mut *self.db.acquire().await?).await?.rows_affected() > 0
             }
             Backend::Sqlite => {
-                let mut tx = self.db.pool().begin().await?;
+                let mut tx = self.db.begin().await?;
                 let inserted = bind(INSERT_RUN).execute(&mut *tx).await?.rows_affected() > 0;
                 if inserted {
                     insert_events(&mut tx, &run.id, now, &events).await?;
@@ -278,7 +278,7 @@ impl RunRepository for SqlRunRepository {
             }
         }
         // Read under the row's lock, change, write back.
-        let mut tx = self.db.pool().begin().await?;
+        let mut tx = self.db.begin().await?;
         let sql = format!("SELECT {COLUMNS} FROM workflow_runs WHERE id = $1{}", self.db.on_postgres(" FOR UPDATE"));
         let row = sqlx::query(AssertSqlSafe(sql)).bind(run_id).fetch_optional(&mut *tx).await?;
         let stored = match row {
@@ -389,7 +389,7 @@ impl RunRepository for SqlRunRepository {
     }
 
     async fn purge(&self, now: i64) -> Result<u64> {
-        let mut tx = self.db.pool().begin().await?;
+        let mut tx = self.db.begin().await?;
         sqlx::query(
             "DELETE FROM workflow_run_events WHERE run_id IN (SELECT id FROM workflow_runs WHERE purge_at <= $1)",
         )

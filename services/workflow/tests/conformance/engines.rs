@@ -27,7 +27,10 @@ chorus_runtime::backend_suite!(crate::harness::Harness::bare;
 );
 
 async fn task_count(h: &Harness) -> i64 {
-    sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM taskstore_tasks").fetch_one(h.db.pool()).await.expect("count")
+    sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM taskstore_tasks")
+        .fetch_one(&mut *h.db.acquire().await.expect("a connection"))
+        .await
+        .expect("count")
 }
 
 async fn a_spawn_issued_before_a_crash_is_found_not_made_twice(h: Harness) {
@@ -70,7 +73,7 @@ async fn an_engine_restarted_under_its_name_resumes_its_runs_at_once(h: Harness)
     stop.cancel();
     let held: Option<String> = sqlx::query_scalar("SELECT lease_owner FROM workflow_runs WHERE id = $1")
         .bind(&run.id)
-        .fetch_one(h.db.pool())
+        .fetch_one(&mut *h.db.acquire().await.expect("a connection"))
         .await
         .expect("owner");
     assert_eq!(held.as_deref(), Some("engine-a"), "the stopped engine still holds the run");
@@ -117,7 +120,7 @@ fn bare_run(id: &str) -> NewRun {
 
 async fn leases(h: &Harness) -> Vec<(String, Option<i64>)> {
     sqlx::query_as("SELECT id, lease_until FROM workflow_runs ORDER BY id")
-        .fetch_all(h.db.pool())
+        .fetch_all(&mut *h.db.acquire().await.expect("a connection"))
         .await
         .expect("leases")
 }
@@ -134,7 +137,7 @@ async fn a_renewal_extends_every_claim_even_one_locked_meanwhile(h: Harness) {
     assert_eq!(engine.claim_due("engine-b", 5, 100, 2).await.expect("claim").len(), 1);
     let postgres = h.db.backend() == chorus_runtime::storage::Backend::Postgres;
     let locker = if postgres {
-        let mut tx = h.db.pool().begin().await.expect("begin");
+        let mut tx = h.db.begin().await.expect("begin");
         sqlx::query("SELECT id FROM workflow_runs WHERE id = 'run-b' FOR UPDATE")
             .execute(&mut *tx)
             .await
@@ -160,7 +163,7 @@ async fn a_renewal_extends_every_claim_even_one_locked_meanwhile(h: Harness) {
 async fn due_at(h: &Harness, run_id: &str) -> Option<i64> {
     sqlx::query_scalar("SELECT due_at FROM workflow_runs WHERE id = $1")
         .bind(run_id)
-        .fetch_one(h.db.pool())
+        .fetch_one(&mut *h.db.acquire().await.expect("a connection"))
         .await
         .expect("due_at")
 }
@@ -221,7 +224,7 @@ async fn the_engine_writes_the_run_it_holds_without_reading_it(h: Harness) {
     engine.transition(NS, "run-blind", Some(&fence), 3, &mut mark("first")).await.expect("first write");
     let body: String = sqlx::query_scalar("SELECT body FROM workflow_runs WHERE id = $1")
         .bind("run-blind")
-        .fetch_one(h.db.pool())
+        .fetch_one(&mut *h.db.acquire().await.expect("a connection"))
         .await
         .expect("body");
     let mut body: serde_json::Value = serde_json::from_str(&body).expect("a JSON body");
@@ -229,7 +232,7 @@ async fn the_engine_writes_the_run_it_holds_without_reading_it(h: Harness) {
     sqlx::query("UPDATE workflow_runs SET body = $1 WHERE id = $2")
         .bind(body.to_string())
         .bind("run-blind")
-        .execute(h.db.pool())
+        .execute(&mut *h.db.acquire().await.expect("a connection"))
         .await
         .expect("slip a change in");
     let run = engine.transition(NS, "run-blind", Some(&fence), 4, &mut mark("second")).await.expect("again").run;

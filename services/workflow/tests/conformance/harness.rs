@@ -135,7 +135,7 @@ impl Harness {
     /// Rows in `workflow_definitions`, every namespace.
     pub(crate) async fn stored_rows(&self) -> i64 {
         sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM workflow_definitions")
-            .fetch_one(self.db.pool())
+            .fetch_one(&mut *self.db.acquire().await.expect("a connection"))
             .await
             .expect("count")
     }

@@ -372,8 +372,10 @@ async fn two_engines_share_runs_without_running_a_step_twice(h: Harness) {
         assert_eq!(run.state, RunState::Completed, "{run:#?}");
         assert_eq!(run.body.steps.len(), 3, "each step recorded once: {run:#?}");
     }
-    let tasks: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM taskstore_tasks").fetch_one(h.db.pool()).await.expect("count");
+    let tasks: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM taskstore_tasks")
+        .fetch_one(&mut *h.db.acquire().await.expect("a connection"))
+        .await
+        .expect("count");
     assert_eq!(tasks, 24, "one task per spawn step");
 }
 

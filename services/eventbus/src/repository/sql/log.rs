@@ -118,7 +118,7 @@ impl SqlEventRepository {
     /// The events already in the log under the batch's idempotency keys.
     async fn known_keys(
         &self,
-        tx: &mut Tx<'_>,
+        tx: &mut Tx,
         namespace: &str,
         events: &[NewEvent],
     ) -> Result<BTreeMap<String, Published>> {
@@ -212,13 +212,7 @@ impl SqlEventRepository {
 }
 
 impl SqlEventRepository {
-    async fn insert_events(
-        &self,
-        tx: &mut Tx<'_>,
-        namespace: &str,
-        events: &[(i64, NewEvent)],
-        now: i64,
-    ) -> Result<()> {
+    async fn insert_events(&self, tx: &mut Tx, namespace: &str, events: &[(i64, NewEvent)], now: i64) -> Result<()> {
         if !self.postgres() {
             return insert_events_sqlite(tx, namespace, events, now).await;
         }
@@ -254,7 +248,7 @@ impl SqlEventRepository {
     }
 }
 
-async fn insert_events_sqlite(tx: &mut Tx<'_>, namespace: &str, events: &[(i64, NewEvent)], now: i64) -> Result<()> {
+async fn insert_events_sqlite(tx: &mut Tx, namespace: &str, events: &[(i64, NewEvent)], now: i64) -> Result<()> {
     let logged: Vec<LoggedEvent<'_>> = events
         .iter()
         .map(|(sequence, event)| LoggedEvent {

@@ -16,7 +16,7 @@ mod rows;
 use std::collections::BTreeMap;
 
 use chorus_runtime::storage::{Backend, Db, ServiceMigrations};
-use sqlx::{Any, AnyConnection};
+use sqlx::AnyConnection;
 
 use crate::{
     domain::{Handlers, Participant},
@@ -29,7 +29,7 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
     [(1, "eventbus", "0001_eventbus.sql"), (2, "hot claims", "0002_hot_claims.sql")]
 );
 
-type Tx<'a> = sqlx::Transaction<'a, Any>;
+use chorus_runtime::storage::Tx;
 
 /// Event bus storage on a [`Db`].
 #[derive(Debug, Clone)]
@@ -46,8 +46,8 @@ impl SqlEventRepository {
         self.db.backend() == Backend::Postgres
     }
 
-    async fn begin(&self) -> Result<Tx<'static>> {
-        Ok(self.db.pool().begin().await?)
+    async fn begin(&self) -> Result<Tx> {
+        Ok(self.db.begin().await?)
     }
 
     /// `... FOR UPDATE` on PostgreSQL; nothing on SQLite (one writer).

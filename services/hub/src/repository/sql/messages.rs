@@ -19,7 +19,7 @@ use crate::{
 
 impl SqlHubRepository {
     /// The next message sequence.
-    pub(super) async fn next_sequence(&self, tx: &mut Tx<'_>) -> Result<i64> {
+    pub(super) async fn next_sequence(&self, tx: &mut Tx) -> Result<i64> {
         let sql = if self.postgres() {
             "SELECT nextval('hub_message_sequence')"
         } else {
@@ -131,7 +131,7 @@ impl SqlHubRepository {
     }
 
     /// Who a send reaches; an unregistered single recipient is an error.
-    async fn recipients(&self, tx: &mut Tx<'_>, send: &Outgoing) -> Result<Vec<String>> {
+    async fn recipients(&self, tx: &mut Tx, send: &Outgoing) -> Result<Vec<String>> {
         let namespace = &send.namespace;
         let found: Vec<String> = match &send.audience {
             Audience::Topic(topic) => {

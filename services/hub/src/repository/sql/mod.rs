@@ -9,14 +9,13 @@ mod send;
 mod state;
 
 use chorus_runtime::storage::{Backend, Db, ServiceMigrations, placeholders};
-use sqlx::Any;
 
 use crate::error::Result;
 
 /// The hub's embedded migrations.
 pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!("hub", [(1, "hub", "0001_hub.sql")]);
 
-type Tx<'a> = sqlx::Transaction<'a, Any>;
+use chorus_runtime::storage::Tx;
 
 /// Hub storage on a [`Db`].
 #[derive(Debug, Clone)]
@@ -33,14 +32,14 @@ impl SqlHubRepository {
         self.db.backend() == Backend::Postgres
     }
 
-    async fn begin(&self) -> Result<Tx<'static>> {
-        Ok(self.db.pool().begin().await?)
+    async fn begin(&self) -> Result<Tx> {
+        Ok(self.db.begin().await?)
     }
 
     /// A transaction that only hands out leases: its commit need not wait
     /// for the disk, as a lease lost in a crash only means the message is
     /// handed out again, which at-least-once delivery allows.
-    async fn begin_lease(&self) -> Result<Tx<'static>> {
+    async fn begin_lease(&self) -> Result<Tx> {
         Ok(self.db.begin_relaxed().await?)
     }
 }

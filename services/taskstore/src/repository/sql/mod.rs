@@ -18,7 +18,7 @@ mod workers;
 use std::sync::Arc;
 
 use chorus_runtime::storage::{Backend, Db, ServiceMigrations};
-use sqlx::{Any, AnyConnection, Row as _};
+use sqlx::{AnyConnection, Row as _};
 
 use self::rows::{EventPayload, TaskRecord, task_columns, to_json, to_json_opt};
 use crate::{
@@ -44,7 +44,7 @@ const SAVE_TASK: &str = "UPDATE taskstore_tasks SET state = $3, status_message =
      lease_id = $6, worker_id = $7, lease_expires_at = $8, attempt = $9, max_retries = $10, history_count = $11 \
      WHERE namespace = $1 AND id = $2";
 
-type Tx<'a> = sqlx::Transaction<'a, Any>;
+use chorus_runtime::storage::Tx;
 
 /// Task storage on a [`Db`].
 #[derive(Debug, Clone)]
@@ -63,8 +63,8 @@ impl SqlTaskRepository {
         self.db.backend()
     }
 
-    async fn begin(&self) -> Result<Tx<'static>> {
-        Ok(self.db.pool().begin().await?)
+    async fn begin(&self) -> Result<Tx> {
+        Ok(self.db.begin().await?)
     }
 
     /// Reads a task row, locking it for the rest of the transaction.

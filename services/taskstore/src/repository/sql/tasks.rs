@@ -254,7 +254,7 @@ impl SqlTaskRepository {
     /// same first message id existed already, returns that one.
     pub(super) async fn commit_insert(
         &self,
-        tx: Tx<'static>,
+        tx: Tx,
         inserted: Option<Task>,
         namespace: &str,
         message_id: &str,

@@ -1,0 +1,160 @@
+//! Transactions, on either backend.
+
+use std::ops::{Deref, DerefMut};
+
+use sqlx::{Any, AnyConnection, Transaction};
+
+use super::lane::DbConnection;
+
+/// A transaction: rolled back when dropped uncommitted.
+///
+/// On PostgreSQL, sqlx's, on a connection of the pool. On SQLite, begun on
+/// the one writing connection, which its lane lends and takes back without
+/// the round trip sqlx's pool spends testing every connection given back:
+/// SQLite's writes queue for that connection, so the test lengthened every
+/// write's turn.
+#[derive(Debug)]
+pub struct Tx(Inner);
+
+/// Each side `None` once the transaction ended.
+#[derive(Debug)]
+enum Inner {
+    Pool(Option<Transaction<'static, Any>>),
+    Held(Option<DbConnection>),
+}
+
+const OPEN: &str = "a transaction is open until it ends";
+
+impl Tx {
+    pub(super) fn pool(transaction: Transaction<'static, Any>) -> Self {
+        Self(Inner::Pool(Some(transaction)))
+    }
+
+    /// Begins a transaction on `connection`: held as begun from the start,
+    /// so a `BEGIN` that fails, or whose caller goes away, is undone too.
+    pub(super) async fn held(connection: DbConnection) -> Result<Self, sqlx::Error> {
+        let mut tx = Self(Inner::Held(Some(connection)));
+        sqlx::query("BEGIN").execute(&mut *tx).await?;
+        Ok(tx)
+    }
+
+    pub async fn commit(mut self) -> Result<(), sqlx::Error> {
+        match &mut self.0 {
+            Inner::Pool(transaction) => transaction.take().expect(OPEN).commit().await,
+            Inner::Held(held) => {
+                // Left in place until committed: a failed commit is rolled
+                // back when `self` drops.
+                sqlx::query("COMMIT").execute(&mut **held.as_mut().expect(OPEN)).await?;
+                held.take();
+                Ok(())
+            }
+        }
+    }
+
+    pub async fn rollback(mut self) -> Result<(), sqlx::Error> {
+        match &mut self.0 {
+            Inner::Pool(transaction) => transaction.take().expect(OPEN).rollback().await,
+            Inner::Held(held) => {
+                sqlx::query("ROLLBACK").execute(&mut **held.as_mut().expect(OPEN)).await?;
+                held.take();
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Drop for Tx {
+    fn drop(&mut self) {
+        let Inner::Held(held) = &mut self.0 else { return };
+        let Some(mut connection) = held.take() else { return };
+        // Rolled back before the connection goes back to its lane, so nobody
+        // writes inside what was left open; a connection that cannot roll
+        // back is closed, which rolls back too.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if sqlx::query("ROLLBACK").execute(&mut *connection).await.is_err() {
+                        connection.close();
+                    }
+                });
+            }
+            Err(_) => connection.close(),
+        }
+    }
+}
+
+impl Deref for Tx {
+    type Target = AnyConnection;
+
+    fn deref(&self) -> &AnyConnection {
+        match &self.0 {
+            Inner::Pool(transaction) => transaction.as_ref().expect(OPEN),
+            Inner::Held(held) => held.as_ref().expect(OPEN),
+        }
+    }
+}
+
+impl DerefMut for Tx {
+    fn deref_mut(&mut self) -> &mut AnyConnection {
+        match &mut self.0 {
+            Inner::Pool(transaction) => transaction.as_mut().expect(OPEN),
+            Inner::Held(held) => held.as_mut().expect(OPEN),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{
+        storage::{Db, StorageConfig},
+        testing::given_up_after,
+    };
+
+    async fn sqlite(dir: &tempfile::TempDir) -> Db {
+        let config = StorageConfig { data_dir: dir.path().display().to_string(), ..Default::default() };
+        let db = Db::connect(&config.effective_url().unwrap(), &config).await.unwrap();
+        sqlx::query("CREATE TABLE demo_rows (x BIGINT PRIMARY KEY)")
+            .execute(&mut *db.acquire().await.unwrap())
+            .await
+            .unwrap();
+        db
+    }
+
+    async fn rows(db: &Db) -> Vec<i64> {
+        let mut connection = db.read().await.unwrap();
+        sqlx::query_scalar("SELECT x FROM demo_rows ORDER BY x").fetch_all(&mut *connection).await.unwrap()
+    }
+
+    async fn insert(db: &Db, x: i64, commit: bool) {
+        let mut tx = db.begin().await.unwrap();
+        sqlx::query("INSERT INTO demo_rows (x) VALUES ($1)").bind(x).execute(&mut *tx).await.unwrap();
+        if commit {
+            tx.commit().await.unwrap();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_sqlite_transaction_commits_or_rolls_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sqlite(&dir).await;
+        insert(&db, 1, true).await;
+        insert(&db, 2, false).await;
+        let mut tx = db.begin().await.expect("the writer is free again after a rollback");
+        sqlx::query("INSERT INTO demo_rows (x) VALUES (3)").execute(&mut *tx).await.unwrap();
+        tx.rollback().await.unwrap();
+        insert(&db, 4, true).await;
+        assert_eq!(rows(&db).await, [1, 4]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_sqlite_transaction_given_up_leaves_nothing_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sqlite(&dir).await;
+        for waits in 0..8 {
+            given_up_after(insert(&db, 10 + waits as i64, true), waits).await;
+        }
+        insert(&db, 100, true).await;
+        let kept = rows(&db).await;
+        assert_eq!(kept.last(), Some(&100), "the writer still commits: {kept:?}");
+    }
+}
