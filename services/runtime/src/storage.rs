@@ -315,6 +315,16 @@ impl Db {
         migrated.map_err(|source| StorageError::Migrate { service: migrations.service, source })
     }
 
+    /// Closes every connection, waiting for those in use to come back.
+    pub async fn close(&self) {
+        self.lane.close();
+        if let Some((readers, lane)) = &self.readers {
+            lane.close();
+            readers.close().await;
+        }
+        self.pool.close().await;
+    }
+
     /// The pool behind this `Db`, for PostgreSQL. On SQLite its one writing
     /// connection is lent through [`acquire`](Self::acquire) and
     /// [`begin`](Self::begin) only: a caller of the pool would wait for it

@@ -77,7 +77,7 @@ impl LiveStore {
         serving.shutdown.cancel();
         let served = within("the server to stop", serving.server).await.expect("the server does not panic");
         served.expect("the server stops cleanly");
-        serving.db.pool().close().await;
+        serving.db.close().await;
     }
 
     /// Serves again on the same address, over the same database.

@@ -33,9 +33,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::PING_WHEN_IDLE_FOR;
 
+/// Idle connections, the most recently used last, with when each came back.
+type Idle = VecDeque<(PoolConnection<Any>, Instant)>;
+
 #[derive(Debug)]
 pub(super) struct Lane {
-    idle: Mutex<VecDeque<(PoolConnection<Any>, Instant)>>,
+    /// `None` once closed: connections then go straight back to the pool.
+    idle: Mutex<Option<Idle>>,
     /// One per connection the lane may hold; taken in the order asked for.
     turns: Arc<Semaphore>,
 }
@@ -45,7 +49,7 @@ impl Lane {
     pub(super) fn new(capacity: usize) -> Arc<Self> {
         let capacity = capacity.max(1);
         Arc::new(Self {
-            idle: Mutex::new(VecDeque::with_capacity(capacity)),
+            idle: Mutex::new(Some(VecDeque::with_capacity(capacity))),
             turns: Arc::new(Semaphore::new(capacity)),
         })
     }
@@ -53,10 +57,12 @@ impl Lane {
     /// The most recently used warm connection, or one from `pool`.
     pub(super) async fn acquire(self: &Arc<Self>, pool: &AnyPool) -> Result<DbConnection, sqlx::Error> {
         let turn = Arc::clone(&self.turns).acquire_owned().await.expect("the lane's semaphore is never closed");
-        let (warm, stale) = {
-            let mut idle = self.idle.lock().expect("lane lock poisoned");
-            let stale = Self::drain_stale(&mut idle);
-            (idle.pop_back().map(|(connection, _)| connection), stale)
+        let (warm, stale) = match self.idle.lock().expect("lane lock poisoned").as_mut() {
+            Some(idle) => {
+                let stale = Self::drain_stale(idle);
+                (idle.pop_back().map(|(connection, _)| connection), stale)
+            }
+            None => (None, Vec::new()),
         };
         // Dropped outside the lock: each goes back to the pool, which tests it.
         drop(stale);
@@ -70,17 +76,26 @@ impl Lane {
     /// Keeps `connection` warm for the next turn (the lane never holds more
     /// than its turns, so it always has room).
     fn put(&self, connection: PoolConnection<Any>) {
-        let stale = {
-            let mut idle = self.idle.lock().expect("lane lock poisoned");
-            let stale = Self::drain_stale(&mut idle);
-            idle.push_back((connection, Instant::now()));
-            stale
+        let stale = match self.idle.lock().expect("lane lock poisoned").as_mut() {
+            Some(idle) => {
+                let stale = Self::drain_stale(idle);
+                idle.push_back((connection, Instant::now()));
+                stale
+            }
+            None => vec![connection],
         };
         drop(stale);
     }
 
+    /// Gives every idle connection back to the pool, and each one in use
+    /// when it comes back, so that the pool can close.
+    pub(super) fn close(&self) {
+        let idle = self.idle.lock().expect("lane lock poisoned").take();
+        drop(idle);
+    }
+
     /// Takes out the connections idle for too long (the oldest are in front).
-    fn drain_stale(idle: &mut VecDeque<(PoolConnection<Any>, Instant)>) -> Vec<PoolConnection<Any>> {
+    fn drain_stale(idle: &mut Idle) -> Vec<PoolConnection<Any>> {
         let mut stale = Vec::new();
         while idle.front().is_some_and(|(_, since)| since.elapsed() > PING_WHEN_IDLE_FOR) {
             stale.extend(idle.pop_front().map(|(connection, _)| connection));

@@ -147,6 +147,16 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_used_sqlite_database_closes() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sqlite(&dir).await;
+        insert(&db, 1, true).await;
+        assert_eq!(rows(&db).await, [1]);
+        let closed = tokio::time::timeout(std::time::Duration::from_secs(5), db.close()).await;
+        assert!(closed.is_ok(), "the warm connections went back to their pools, which closed");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_sqlite_transaction_given_up_leaves_nothing_open() {
         let dir = tempfile::tempdir().unwrap();
         let db = sqlite(&dir).await;
