@@ -24,6 +24,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::wakeup::Wakeups;
 
+#[cfg(test)]
+mod demo;
 mod errors;
 mod lane;
 mod sql;

@@ -76,25 +76,13 @@ impl Drop for CloseUnlessDone {
 #[cfg(test)]
 mod tests {
     use crate::{
-        storage::{Db, StorageConfig},
+        storage::{
+            Db, StorageConfig,
+            demo::{demo_db, demo_rows},
+        },
         testing::given_up_after,
     };
     use std::time::Duration;
-
-    async fn file_db(dir: &tempfile::TempDir) -> Db {
-        let config = StorageConfig { data_dir: dir.path().display().to_string(), ..Default::default() };
-        let db = Db::connect(&config.effective_url().unwrap(), &config).await.unwrap();
-        sqlx::query("CREATE TABLE demo_rows (x BIGINT PRIMARY KEY)")
-            .execute(&mut *db.acquire().await.unwrap())
-            .await
-            .unwrap();
-        db
-    }
-
-    async fn stored(db: &Db) -> Vec<i64> {
-        let mut reader = db.read().await.unwrap();
-        sqlx::query_scalar("SELECT x FROM demo_rows ORDER BY x").fetch_all(&mut *reader).await.unwrap()
-    }
 
     const TWO_ROWS: &str = "BEGIN; INSERT INTO demo_rows (x) VALUES ($1); INSERT INTO demo_rows (x) VALUES ($2); \
                             SELECT COUNT(*) AS n FROM demo_rows; COMMIT";
@@ -107,40 +95,40 @@ mod tests {
     #[tokio::test]
     async fn a_transaction_script_commits_and_answers_with_its_rows() {
         let dir = tempfile::tempdir().unwrap();
-        let db = file_db(&dir).await;
+        let db = demo_db(&dir).await;
         assert_eq!(two_rows(&db, 1, 2).await.unwrap(), 2);
-        assert_eq!(stored(&db).await, [1, 2], "committed: a reader sees it");
+        assert_eq!(demo_rows(&db).await, [1, 2], "committed: a reader sees it");
     }
 
     #[tokio::test]
     async fn a_failing_transaction_script_writes_nothing_and_leaves_no_transaction_open() {
         let dir = tempfile::tempdir().unwrap();
-        let db = file_db(&dir).await;
+        let db = demo_db(&dir).await;
         two_rows(&db, 1, 2).await.unwrap();
         // The second insert repeats a key: the script stops there, after its first insert.
         assert!(two_rows(&db, 3, 1).await.is_err());
-        assert_eq!(stored(&db).await, [1, 2], "the first insert was rolled back");
+        assert_eq!(demo_rows(&db).await, [1, 2], "the first insert was rolled back");
         assert_eq!(two_rows(&db, 4, 5).await.unwrap(), 4, "the next script runs in a transaction of its own");
         let mut tx = db.begin().await.expect("and a transaction handle can begin");
         sqlx::query("INSERT INTO demo_rows (x) VALUES (6)").execute(&mut *tx).await.unwrap();
         tx.commit().await.unwrap();
-        assert_eq!(stored(&db).await, [1, 2, 4, 5, 6]);
+        assert_eq!(demo_rows(&db).await, [1, 2, 4, 5, 6]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_transaction_script_given_up_writes_all_or_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let db = file_db(&dir).await;
+        let db = demo_db(&dir).await;
         for waits in 0..12_i64 {
             let (a, b) = (waits * 10, waits * 10 + 1);
             given_up_after(two_rows(&db, a, b), waits as usize).await;
             let rows =
-                tokio::time::timeout(Duration::from_secs(10), stored(&db)).await.expect("no write waits forever");
+                tokio::time::timeout(Duration::from_secs(10), demo_rows(&db)).await.expect("no write waits forever");
             let halves = (rows.contains(&a), rows.contains(&b));
             assert!(halves == (true, true) || halves == (false, false), "given up after {waits} waits: {rows:?}");
         }
         two_rows(&db, 1000, 1001).await.expect("the writer still runs whole scripts");
-        assert!(stored(&db).await.ends_with(&[1000, 1001]), "and commits them");
+        assert!(demo_rows(&db).await.ends_with(&[1000, 1001]), "and commits them");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

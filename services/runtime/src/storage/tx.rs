@@ -38,24 +38,25 @@ impl Tx {
         Ok(tx)
     }
 
-    pub async fn commit(mut self) -> Result<(), sqlx::Error> {
-        match &mut self.0 {
-            Inner::Pool(transaction) => transaction.take().expect(OPEN).commit().await,
-            Inner::Held(held) => {
-                // Left in place until committed: a failed commit is rolled
-                // back when `self` drops.
-                sqlx::query("COMMIT").execute(&mut **held.as_mut().expect(OPEN)).await?;
-                held.take();
-                Ok(())
-            }
-        }
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.end(true).await
     }
 
-    pub async fn rollback(mut self) -> Result<(), sqlx::Error> {
+    pub async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.end(false).await
+    }
+
+    async fn end(mut self, commit: bool) -> Result<(), sqlx::Error> {
         match &mut self.0 {
-            Inner::Pool(transaction) => transaction.take().expect(OPEN).rollback().await,
+            Inner::Pool(transaction) => {
+                let transaction = transaction.take().expect(OPEN);
+                if commit { transaction.commit().await } else { transaction.rollback().await }
+            }
             Inner::Held(held) => {
-                sqlx::query("ROLLBACK").execute(&mut **held.as_mut().expect(OPEN)).await?;
+                // Left in place until it ends: a transaction whose end failed
+                // is rolled back when `self` drops.
+                let statement = if commit { "COMMIT" } else { "ROLLBACK" };
+                sqlx::query(statement).execute(&mut **held.as_mut().expect(OPEN)).await?;
                 held.take();
                 Ok(())
             }
@@ -106,24 +107,12 @@ impl DerefMut for Tx {
 #[cfg(test)]
 mod tests {
     use crate::{
-        storage::{Db, StorageConfig},
+        storage::{
+            Db,
+            demo::{demo_db, demo_rows},
+        },
         testing::given_up_after,
     };
-
-    async fn sqlite(dir: &tempfile::TempDir) -> Db {
-        let config = StorageConfig { data_dir: dir.path().display().to_string(), ..Default::default() };
-        let db = Db::connect(&config.effective_url().unwrap(), &config).await.unwrap();
-        sqlx::query("CREATE TABLE demo_rows (x BIGINT PRIMARY KEY)")
-            .execute(&mut *db.acquire().await.unwrap())
-            .await
-            .unwrap();
-        db
-    }
-
-    async fn rows(db: &Db) -> Vec<i64> {
-        let mut connection = db.read().await.unwrap();
-        sqlx::query_scalar("SELECT x FROM demo_rows ORDER BY x").fetch_all(&mut *connection).await.unwrap()
-    }
 
     async fn insert(db: &Db, x: i64, commit: bool) {
         let mut tx = db.begin().await.unwrap();
@@ -136,22 +125,22 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_sqlite_transaction_commits_or_rolls_back_whole() {
         let dir = tempfile::tempdir().unwrap();
-        let db = sqlite(&dir).await;
+        let db = demo_db(&dir).await;
         insert(&db, 1, true).await;
         insert(&db, 2, false).await;
         let mut tx = db.begin().await.expect("the writer is free again after a rollback");
         sqlx::query("INSERT INTO demo_rows (x) VALUES (3)").execute(&mut *tx).await.unwrap();
         tx.rollback().await.unwrap();
         insert(&db, 4, true).await;
-        assert_eq!(rows(&db).await, [1, 4]);
+        assert_eq!(demo_rows(&db).await, [1, 4]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_used_sqlite_database_closes() {
         let dir = tempfile::tempdir().unwrap();
-        let db = sqlite(&dir).await;
+        let db = demo_db(&dir).await;
         insert(&db, 1, true).await;
-        assert_eq!(rows(&db).await, [1]);
+        assert_eq!(demo_rows(&db).await, [1]);
         let closed = tokio::time::timeout(std::time::Duration::from_secs(5), db.close()).await;
         assert!(closed.is_ok(), "the warm connections went back to their pools, which closed");
     }
@@ -159,12 +148,12 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_sqlite_transaction_given_up_leaves_nothing_open() {
         let dir = tempfile::tempdir().unwrap();
-        let db = sqlite(&dir).await;
+        let db = demo_db(&dir).await;
         for waits in 0..8 {
             given_up_after(insert(&db, 10 + waits as i64, true), waits).await;
         }
         insert(&db, 100, true).await;
-        let kept = rows(&db).await;
+        let kept = demo_rows(&db).await;
         assert_eq!(kept.last(), Some(&100), "the writer still commits: {kept:?}");
     }
 }
