@@ -70,7 +70,7 @@ impl Lane {
             Some(connection) => connection,
             None => pool.acquire().await?,
         };
-        Ok(DbConnection { connection: Some(connection), lane: Some((Arc::clone(self), turn)) })
+        Ok(DbConnection { connection: Some(connection), lane: Arc::clone(self), _turn: turn })
     }
 
     /// Keeps `connection` warm for the next turn (the lane never holds more
@@ -105,23 +105,75 @@ impl Lane {
 }
 
 /// A connection for statements outside any transaction; see
-/// [`Db::acquire`](super::Db::acquire). Back to its lane, if it has one, when
-/// dropped.
+/// [`Db::acquire`](super::Db::acquire). Back to its lane when dropped.
 #[derive(Debug)]
 pub struct DbConnection {
+    /// `None` once closed.
     connection: Option<PoolConnection<Any>>,
     /// The lane it goes back to, and the turn it holds there until then.
-    lane: Option<(Arc<Lane>, OwnedSemaphorePermit)>,
+    lane: Arc<Lane>,
+    _turn: OwnedSemaphorePermit,
 }
 
 impl DbConnection {
     /// Closes the connection instead of giving it back (its pool opens
     /// another when needed); closing a SQLite connection rolls back what it
     /// left open.
-    pub(super) fn close(mut self) {
+    fn close(mut self) {
         if let Some(connection) = self.connection.take() {
             drop(connection.detach());
         }
+    }
+}
+
+/// A connection in the middle of work that must end whole (a transaction, a
+/// script that begins and commits one). Unless [`finish`](Self::finish)ed,
+/// it goes back to its lane only after a `ROLLBACK` ended whatever the work
+/// left open, and is closed when that fails (closing a SQLite connection
+/// rolls back too): sqlx stops a statement or script at its first error, or
+/// once nobody reads its results, and would hand the connection on inside
+/// the open transaction.
+#[derive(Debug)]
+pub(super) struct Unfinished(Option<DbConnection>);
+
+impl Unfinished {
+    pub(super) fn new(connection: DbConnection) -> Self {
+        Self(Some(connection))
+    }
+
+    /// The work ended whole: the connection goes back as it is.
+    pub(super) fn finish(mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        let Some(mut connection) = self.0.take() else { return };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if sqlx::query("ROLLBACK").execute(&mut *connection).await.is_err() {
+                        connection.close();
+                    }
+                });
+            }
+            Err(_) => connection.close(),
+        }
+    }
+}
+
+impl Deref for Unfinished {
+    type Target = AnyConnection;
+
+    fn deref(&self) -> &AnyConnection {
+        self.0.as_deref().expect("held until finished or dropped")
+    }
+}
+
+impl DerefMut for Unfinished {
+    fn deref_mut(&mut self) -> &mut AnyConnection {
+        self.0.as_deref_mut().expect("held until finished or dropped")
     }
 }
 
@@ -141,8 +193,8 @@ impl DerefMut for DbConnection {
 
 impl Drop for DbConnection {
     fn drop(&mut self) {
-        if let (Some(connection), Some((lane, _turn))) = (self.connection.take(), self.lane.take()) {
-            lane.put(connection);
+        if let Some(connection) = self.connection.take() {
+            self.lane.put(connection);
         }
     }
 }

@@ -8,7 +8,7 @@ use sqlx::{
     query::Query,
 };
 
-use super::{Backend, Db, DbConnection, StorageConfig};
+use super::{Backend, Db, StorageConfig, lane::Unfinished};
 
 /// Reader connections of a SQLite file.
 pub(super) const READERS: u32 = 4;
@@ -44,32 +44,18 @@ impl Db {
     /// for the writer's thread and then for the caller's; the rows its
     /// statements return.
     ///
-    /// sqlx stops a script at its first error, or once nobody reads its
-    /// results, and would hand the connection on inside the script's open
-    /// transaction. So when the script fails, or its caller goes away before
-    /// it ends, the connection is closed instead, which rolls back whatever
-    /// the script began; the pool opens a new one.
+    /// The connection is held unfinished until the script ends well: when it
+    /// fails, or its caller goes away first, whatever it began is rolled back
+    /// before the connection goes back.
     pub async fn run_transaction_script<'q>(
         &self,
         script: Query<'q, Any, AnyArguments>,
     ) -> Result<Vec<AnyRow>, sqlx::Error> {
         debug_assert_eq!(self.backend, Backend::Sqlite, "PostgreSQL runs one statement per round trip");
-        let mut connection = CloseUnlessDone(Some(self.acquire().await?));
-        let rows = script.fetch_all(&mut **connection.0.as_mut().expect("held until done")).await?;
-        connection.0.take();
+        let mut connection = Unfinished::new(self.acquire().await?);
+        let rows = script.fetch_all(&mut *connection).await?;
+        connection.finish();
         Ok(rows)
-    }
-}
-
-/// A connection that is closed, not given back, unless the script it runs
-/// ended well.
-struct CloseUnlessDone(Option<DbConnection>);
-
-impl Drop for CloseUnlessDone {
-    fn drop(&mut self) {
-        if let Some(connection) = self.0.take() {
-            connection.close();
-        }
     }
 }
 

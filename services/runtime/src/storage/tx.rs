@@ -4,7 +4,7 @@ use std::ops::{Deref, DerefMut};
 
 use sqlx::{Any, AnyConnection, Transaction};
 
-use super::lane::DbConnection;
+use super::lane::{DbConnection, Unfinished};
 
 /// A transaction: rolled back when dropped uncommitted.
 ///
@@ -20,7 +20,8 @@ pub struct Tx(Inner);
 #[derive(Debug)]
 enum Inner {
     Pool(Option<Transaction<'static, Any>>),
-    Held(Option<DbConnection>),
+    /// Rolled back when dropped open.
+    Held(Option<Unfinished>),
 }
 
 const OPEN: &str = "a transaction is open until it ends";
@@ -33,7 +34,7 @@ impl Tx {
     /// Begins a transaction on `connection`: held as begun from the start,
     /// so a `BEGIN` that fails, or whose caller goes away, is undone too.
     pub(super) async fn held(connection: DbConnection) -> Result<Self, sqlx::Error> {
-        let mut tx = Self(Inner::Held(Some(connection)));
+        let mut tx = Self(Inner::Held(Some(Unfinished::new(connection))));
         sqlx::query("BEGIN").execute(&mut *tx).await?;
         Ok(tx)
     }
@@ -57,29 +58,9 @@ impl Tx {
                 // is rolled back when `self` drops.
                 let statement = if commit { "COMMIT" } else { "ROLLBACK" };
                 sqlx::query(statement).execute(&mut **held.as_mut().expect(OPEN)).await?;
-                held.take();
+                held.take().expect(OPEN).finish();
                 Ok(())
             }
-        }
-    }
-}
-
-impl Drop for Tx {
-    fn drop(&mut self) {
-        let Inner::Held(held) = &mut self.0 else { return };
-        let Some(mut connection) = held.take() else { return };
-        // Rolled back before the connection goes back to its lane, so nobody
-        // writes inside what was left open; a connection that cannot roll
-        // back is closed, which rolls back too.
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    if sqlx::query("ROLLBACK").execute(&mut *connection).await.is_err() {
-                        connection.close();
-                    }
-                });
-            }
-            Err(_) => connection.close(),
         }
     }
 }
@@ -90,7 +71,7 @@ impl Deref for Tx {
     fn deref(&self) -> &AnyConnection {
         match &self.0 {
             Inner::Pool(transaction) => transaction.as_ref().expect(OPEN),
-            Inner::Held(held) => held.as_ref().expect(OPEN),
+            Inner::Held(held) => held.as_deref().expect(OPEN),
         }
     }
 }
@@ -99,7 +80,7 @@ impl DerefMut for Tx {
     fn deref_mut(&mut self) -> &mut AnyConnection {
         match &mut self.0 {
             Inner::Pool(transaction) => transaction.as_mut().expect(OPEN),
-            Inner::Held(held) => held.as_mut().expect(OPEN),
+            Inner::Held(held) => held.as_deref_mut().expect(OPEN),
         }
     }
 }
