@@ -72,6 +72,15 @@ pub(crate) async fn final_state(store: &TaskStore, task_id: &str) -> Task {
     store.get_task("ns", task_id, None).await.unwrap()
 }
 
+/// Completes the claimed task with the answer "pong" and `artifact`.
+async fn complete_with_pong(h: &Harness, claimed: &Claimed, artifact: &Artifact) -> Task {
+    let answer = Some(agent_message("pong"));
+    let done = h.store.complete_task("ns", &claimed.task.id, &claimed.lease_id, answer, vec![artifact.clone()]);
+    let done = done.await.unwrap();
+    assert_eq!(done.status.state, TaskState::Completed);
+    done
+}
+
 async fn a_worker_claims_and_completes_a_task(h: Harness) {
     let task = h.task("ns", "echo", "ping").await;
     let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
@@ -88,12 +97,7 @@ async fn a_worker_claims_and_completes_a_task(h: Harness) {
         metadata: None,
         extensions: Vec::new(),
     };
-    let done = h
-        .store
-        .complete_task("ns", &task.id, &claimed.lease_id, Some(agent_message("pong")), vec![artifact.clone()])
-        .await
-        .unwrap();
-    assert_eq!(done.status.state, TaskState::Completed);
+    let done = complete_with_pong(&h, &claimed, &artifact).await;
     assert_eq!(done.artifacts, vec![artifact]);
     assert_eq!(done.history.last().unwrap().joined_text(), "pong");
     let twice = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, Vec::new()).await.unwrap_err();
@@ -280,12 +284,7 @@ async fn a_completion_after_a_reported_status_logs_its_artifacts_under_that_stat
     assert_ne!(reported.status, claimed.task.status);
     let mut events = h.store.watch_task("ns", &task.id, None).await.unwrap();
     let artifact = text_artifact("out", "pong");
-    let done = h
-        .store
-        .complete_task("ns", &task.id, &claimed.lease_id, Some(agent_message("pong")), vec![artifact.clone()])
-        .await
-        .unwrap();
-    assert_eq!(done.status.state, TaskState::Completed);
+    let done = complete_with_pong(&h, &claimed, &artifact).await;
     let texts: Vec<String> = done.history.iter().map(|message| message.joined_text()).collect();
     assert_eq!(texts, ["ping", "halfway", "pong"]);
     assert_eq!(done.artifacts, std::slice::from_ref(&artifact));

@@ -14,7 +14,7 @@ use std::{
 
 use chorus_runtime::{
     batch::Batcher,
-    storage::{Backend, Db, placeholders},
+    storage::{Backend, Db, Tx, placeholders},
 };
 use futures_util::FutureExt as _;
 use serde::Serialize;
@@ -25,8 +25,6 @@ use super::{
     runs::{Change, Fence, Transition, Written},
 };
 use crate::{domain::Run, engine::schedule::changes};
-
-pub(super) use chorus_runtime::storage::Tx;
 
 /// The most writes one batch carries, and batches at once.
 const BATCH: usize = 128;

@@ -8,11 +8,11 @@
 //! write and land only over it (see `held`).
 
 use async_trait::async_trait;
-use chorus_runtime::storage::{Backend, Db, placeholders};
+use chorus_runtime::storage::{Backend, Db, Tx, placeholders};
 use sqlx::{AssertSqlSafe, Row as _};
 
 use super::{
-    held::{HeldOutcome, HeldRuns, Tx, insert_events},
+    held::{HeldOutcome, HeldRuns, insert_events},
     run_rows::{COLUMNS, corrupt, decode, encode_body, event_bodies, purge_at, recorded, settle},
     runs::{Change, Claim, EventPage, Fence, RunRepository, Written},
 };

@@ -15,7 +15,7 @@ mod rows;
 
 use std::collections::BTreeMap;
 
-use chorus_runtime::storage::{Backend, Db, ServiceMigrations};
+use chorus_runtime::storage::{Backend, Db, ServiceMigrations, Tx};
 use sqlx::AnyConnection;
 
 use crate::{
@@ -28,8 +28,6 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
     "eventbus",
     [(1, "eventbus", "0001_eventbus.sql"), (2, "hot claims", "0002_hot_claims.sql")]
 );
-
-use chorus_runtime::storage::Tx;
 
 /// Event bus storage on a [`Db`].
 #[derive(Debug, Clone)]

@@ -8,14 +8,12 @@ mod rows;
 mod send;
 mod state;
 
-use chorus_runtime::storage::{Backend, Db, ServiceMigrations, placeholders};
+use chorus_runtime::storage::{Backend, Db, ServiceMigrations, Tx, placeholders};
 
 use crate::error::Result;
 
 /// The hub's embedded migrations.
 pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!("hub", [(1, "hub", "0001_hub.sql")]);
-
-use chorus_runtime::storage::Tx;
 
 /// Hub storage on a [`Db`].
 #[derive(Debug, Clone)]

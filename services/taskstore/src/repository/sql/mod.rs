@@ -17,7 +17,7 @@ mod workers;
 
 use std::sync::Arc;
 
-use chorus_runtime::storage::{Backend, Db, ServiceMigrations};
+use chorus_runtime::storage::{Backend, Db, ServiceMigrations, Tx};
 use sqlx::{AnyConnection, Row as _};
 
 use self::rows::{EventPayload, TaskRecord, task_columns, to_json, to_json_opt};
@@ -43,8 +43,6 @@ const SELECT_TASK_FOR_UPDATE: &str =
 const SAVE_TASK: &str = "UPDATE taskstore_tasks SET state = $3, status_message = $4, status_timestamp = $5, \
      lease_id = $6, worker_id = $7, lease_expires_at = $8, attempt = $9, max_retries = $10, history_count = $11 \
      WHERE namespace = $1 AND id = $2";
-
-use chorus_runtime::storage::Tx;
 
 /// Task storage on a [`Db`].
 #[derive(Debug, Clone)]
