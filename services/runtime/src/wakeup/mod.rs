@@ -31,6 +31,8 @@ struct Inner {
 #[derive(Debug)]
 pub struct Waiter {
     receiver: watch::Receiver<u64>,
+    /// The key's generation when this waiter was made.
+    base: u64,
     key: String,
     inner: Arc<Inner>,
 }
@@ -56,8 +58,8 @@ impl Wakeups {
         let mut senders = self.inner.senders.lock().expect("wakeups lock poisoned");
         let sender = senders.entry(key.to_owned()).or_insert_with(|| watch::channel(0).0);
         let mut receiver = sender.subscribe();
-        receiver.mark_unchanged();
-        Waiter { receiver, key: key.to_owned(), inner: Arc::clone(&self.inner) }
+        let base = *receiver.borrow_and_update();
+        Waiter { receiver, base, key: key.to_owned(), inner: Arc::clone(&self.inner) }
     }
 
     /// Signals `key` in this process and, when bridged, in every other one.
@@ -93,6 +95,15 @@ impl Waiter {
         // An error means every sender is gone; the timeout still bounds the wait.
         let _ = tokio::time::timeout(poll, self.receiver.changed()).await;
     }
+
+    /// Resolves once the key has got more than `seen` signals since this
+    /// waiter was made (at once if it has), or after `poll`.
+    pub async fn wait_past(&mut self, seen: u64, poll: Duration) {
+        let base = self.base;
+        let more = self.receiver.wait_for(|generation| generation.wrapping_sub(base) > seen);
+        // An error means every sender is gone; the timeout still bounds the wait.
+        let _ = tokio::time::timeout(poll, more).await;
+    }
 }
 
 /// Resolves on the next signal to any of `waiters`, or after `poll`.
@@ -126,6 +137,29 @@ mod tests {
         wakeups.notify("ns/agent");
         let woke = tokio::time::timeout(Duration::from_secs(5), waiter.wait(Duration::from_secs(60))).await;
         assert!(woke.is_ok(), "the waiter slept through the signal");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_counts_the_signals_since_it_was_made_and_waits_past_them() {
+        let wakeups = Wakeups::new();
+        let _earlier = wakeups.waiter("k");
+        wakeups.notify("k");
+        let mut waiter = wakeups.waiter("k");
+        let started = tokio::time::Instant::now();
+        waiter.wait_past(0, Duration::from_millis(250)).await;
+        assert_eq!(started.elapsed(), Duration::from_millis(250), "a signal before the waiter was made does not count");
+        wakeups.notify("k");
+        waiter.wait_past(0, Duration::from_secs(60)).await;
+        assert_eq!(started.elapsed(), Duration::from_millis(250), "one signal is past none: no wait");
+        waiter.wait_past(1, Duration::from_millis(250)).await;
+        assert_eq!(started.elapsed(), Duration::from_millis(500), "no second signal: the poll ends the wait");
+        let notifier = wakeups.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            notifier.notify("k");
+        });
+        waiter.wait_past(1, Duration::from_secs(60)).await;
+        assert_eq!(started.elapsed(), Duration::from_millis(510), "the second signal ended the wait");
     }
 
     #[tokio::test(start_paused = true)]

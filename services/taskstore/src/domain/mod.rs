@@ -13,3 +13,8 @@ pub use requests::*;
 pub use state::TaskState;
 
 pub use chorus_runtime::time::now_micros;
+
+/// A new task's id: a UUIDv7, so ids sort by creation.
+pub fn new_task_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}

@@ -22,10 +22,10 @@ use crate::{
 
 #[async_trait]
 pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
-    /// Creates a task in `submitted`, or, with a `handoff`, already claimed
-    /// under its lease (`working`, both events recorded). A second create
-    /// with the same first message id returns the task of the first.
-    async fn create_task(&self, task: NewTask, handoff: Option<Handoff>) -> Result<Created>;
+    /// Creates task `id` in `submitted`, or, with a `handoff`, already
+    /// claimed under its lease (`working`, both events recorded). A second
+    /// create with the same first message id returns the task of the first.
+    async fn create_task(&self, id: &str, task: NewTask, handoff: Option<Handoff>) -> Result<Created>;
 
     /// `history_length`: `None` the whole history, `Some(n)` the last n messages.
     async fn get_task(&self, namespace: &str, id: &str, history_length: Option<u32>) -> Result<Task>;

@@ -8,13 +8,14 @@
 mod handoff;
 mod outbox;
 mod reaper;
+mod recent;
 mod settled;
 mod streams;
 mod waits;
 
 use std::{sync::Arc, time::Duration};
 
-use chorus_runtime::wakeup::Wakeups;
+use chorus_runtime::wakeup::{Waiter, Wakeups};
 use tokio_util::sync::CancellationToken;
 
 pub use self::{
@@ -25,7 +26,7 @@ use crate::{
     config::TaskStoreConfig,
     domain::{
         Artifact, ArtifactChunk, Claimed, InboxMessage, Message, NewTask, Notification, Owner, PushConfig, Renewal,
-        StatusUpdate, Task, TaskPage, TaskQuery, TaskState, now_micros,
+        StatusUpdate, Task, TaskPage, TaskQuery, TaskState, new_task_id, now_micros,
     },
     error::{Result, TaskStoreError},
     repository::TaskRepository,
@@ -42,6 +43,10 @@ pub struct TaskStore {
     streams: handoff::Streams,
     /// Tasks lately finished here, for the awaits that follow.
     settled: Arc<settled::Settled>,
+    /// Tasks lately created here, each with a waiter on it made before its
+    /// insert: while that waiter has had only the creation's own signal,
+    /// nothing has changed the task, and an await need not read it.
+    fresh: Arc<recent::Recent<Waiter>>,
 }
 
 /// Wake-up keys: who waits for what.
@@ -83,6 +88,7 @@ impl TaskStore {
             shutdown,
             streams: handoff::Streams::default(),
             settled: Arc::default(),
+            fresh: Arc::default(),
         }
     }
 
@@ -133,9 +139,17 @@ impl TaskStore {
     async fn create_now(&self, task: NewTask) -> Result<Task> {
         let offer = self.streams.offer(&task.namespace, &task.agent_id, now_micros());
         let trace_context = offer.as_ref().map(|_| task.trace_context.clone()).unwrap_or_default();
-        let created = self.repository.create_task(task, offer.as_ref().map(|offer| offer.handoff.clone())).await?;
+        let id = new_task_id();
+        let waiter = self.wakeups.waiter(&keys::task(&task.namespace, &id));
+        let handoff = offer.as_ref().map(|offer| offer.handoff.clone());
+        let created = self.repository.create_task(&id, task, handoff).await?;
         let task = created.task;
         self.changed(&task);
+        // A retried create answers with the task of the first, which may
+        // have changed since.
+        if task.id == id {
+            self.fresh.keep(&task.namespace, &id, waiter);
+        }
         if let Some(offer) = offer.filter(|_| created.handed_off) {
             let lease_id = offer.handoff.lease_id.clone();
             let claimed = Claimed {

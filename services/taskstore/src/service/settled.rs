@@ -7,62 +7,28 @@
 //! one whose completion this replica served) needs no read after the
 //! completion wakes it, or none at all when the task finished first.
 
-use std::{
-    collections::{HashMap, VecDeque},
-    sync::Mutex,
-    time::{Duration, Instant},
-};
-
+use super::recent::Recent;
 use crate::domain::Task;
-
-/// Most tasks kept at once.
-const CAPACITY: usize = 1024;
-/// How long a task is kept: the awaits it serves follow its completion at once.
-const KEEP: Duration = Duration::from_secs(10);
-
-type Key = (String, String);
 
 /// Recently finished tasks, whole (full history, artifacts).
 #[derive(Debug, Default)]
 pub(super) struct Settled {
-    inner: Mutex<Kept>,
-}
-
-#[derive(Debug, Default)]
-struct Kept {
-    tasks: HashMap<Key, Task>,
-    /// Keys in the order they were kept, with when.
-    order: VecDeque<(Key, Instant)>,
+    tasks: Recent<Task>,
 }
 
 impl Settled {
     /// Keeps `task` if it is terminal. `task` must be whole: its full history
     /// and its artifacts.
     pub(super) fn keep(&self, task: &Task) {
-        if !task.status.state.is_terminal() {
-            return;
-        }
-        let now = Instant::now();
-        let key = (task.namespace.clone(), task.id.clone());
-        let mut kept = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        while let Some((_, at)) = kept.order.front()
-            && (kept.order.len() >= CAPACITY || now.duration_since(*at) > KEEP)
-        {
-            if let Some((oldest, _)) = kept.order.pop_front() {
-                kept.tasks.remove(&oldest);
-            }
-        }
-        if kept.tasks.insert(key.clone(), task.clone()).is_none() {
-            kept.order.push_back((key, now));
+        if task.status.state.is_terminal() {
+            self.tasks.keep(&task.namespace, &task.id, task.clone());
         }
     }
 
     /// The task, if it finished here lately, with the last `history_length`
     /// messages of its history (`None`: all).
     pub(super) fn get(&self, namespace: &str, id: &str, history_length: Option<u32>) -> Option<Task> {
-        let kept = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut task = kept.tasks.get(&(namespace.to_owned(), id.to_owned()))?.clone();
-        drop(kept);
+        let mut task = self.tasks.get(namespace, id)?;
         if let Some(length) = history_length {
             let skip = task.history.len().saturating_sub(length as usize);
             task.history.drain(..skip);
@@ -118,16 +84,5 @@ mod tests {
         assert_eq!(ids(Some(2)), ["m1", "m2"]);
         assert_eq!(ids(Some(0)), Vec::<String>::new());
         assert_eq!(ids(Some(9)), ["m0", "m1", "m2"]);
-    }
-
-    #[test]
-    fn forgets_the_oldest_beyond_capacity() {
-        let settled = Settled::default();
-        for n in 0..=CAPACITY {
-            settled.keep(&task(&format!("t{n}"), TaskState::Completed, 0));
-        }
-        assert!(settled.get("ns", "t0", None).is_none());
-        assert!(settled.get("ns", "t1", None).is_some());
-        assert!(settled.get("ns", &format!("t{CAPACITY}"), None).is_some());
     }
 }

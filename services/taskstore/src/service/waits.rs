@@ -15,6 +15,10 @@ use crate::{
 /// deadline would overflow the clock).
 const LONGEST_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// The signals a task created here has had when nothing but its creation
+/// changed it (see `TaskStore::fresh`).
+const CREATED: u64 = 1;
+
 /// What an await found.
 #[derive(Debug, Clone)]
 pub struct AwaitOutcome {
@@ -59,6 +63,13 @@ impl TaskStore {
         timeout: Duration,
     ) -> Result<(Task, bool)> {
         let deadline = Instant::now() + timeout.min(LONGEST_WAIT);
+        if let Some(mut waiter) = self.fresh.take(namespace, id) {
+            // Created here: unchanged since, it is neither terminal nor
+            // interrupted, so there is nothing to read before a change
+            // signals (at once if one has), or the poll comes.
+            let poll = self.config.poll_interval().min(deadline.saturating_duration_since(Instant::now()));
+            waiter.wait_past(CREATED, poll).await;
+        }
         loop {
             let mut waiter = self.wakeups.waiter(&keys::task(namespace, id));
             if let Some(task) = self.settled.get(namespace, id, history_length) {

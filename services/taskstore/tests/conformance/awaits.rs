@@ -13,7 +13,7 @@ use chorus_taskstore::{
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    harness::{Harness, agent_message, conformance, test_config, text_artifact},
+    harness::{Harness, agent_message, conformance, new_task, test_config, text_artifact},
     wakeups::slow_poll_config,
     workers::{claim_request, next_claim},
 };
@@ -26,6 +26,9 @@ conformance!(
     an_await_sees_a_task_another_replica_finished,
     an_await_sees_an_interruption_before_it_began,
     an_await_sees_an_interruption_while_it_waits,
+    an_await_of_a_task_created_here_sees_what_another_replica_did_before_it,
+    an_await_of_a_task_created_here_wakes_when_another_replica_finishes_it,
+    an_await_after_a_retried_create_sees_the_first_create_s_task_as_it_is,
 );
 
 const LONG: Duration = Duration::from_secs(30);
@@ -154,4 +157,81 @@ async fn an_await_sees_an_interruption_while_it_waits(h: Harness) {
     assert!(!timed_out);
     assert_eq!(awaited.status.state, TaskState::InputRequired);
     assert_eq!(awaited, read(&h, &task.id, Some(1)).await);
+}
+
+/// Two replicas on the harness's database whose signals reach each other
+/// (one `Wakeups`, standing in for the bridge between processes), both
+/// polling every 60 s: only a signal, or a read, ends an await early.
+fn replicas(h: &Harness, shutdown: &CancellationToken) -> (TaskStore, TaskStore) {
+    let wakeups = Wakeups::new();
+    let replica = || {
+        let repository = Arc::new(SqlTaskRepository::new(h.db.clone()));
+        TaskStore::new(repository, wakeups.clone(), slow_poll_config(), shutdown.clone())
+    };
+    (replica(), replica())
+}
+
+/// `there` claims the next task of `echo` and completes it.
+async fn complete_there(there: &TaskStore) -> String {
+    let mut claims = there.claim_stream(claim_request("echo", "w2", 1, LONG, 0));
+    let claimed = next_claim(&mut claims).await;
+    there.complete_task("ns", &claimed.task.id, &claimed.lease_id, None, Vec::new()).await.unwrap();
+    claimed.task.id
+}
+
+/// A task created here and finished by another replica before anyone here
+/// awaits it: the await reads it at once, though nothing here changed it.
+async fn an_await_of_a_task_created_here_sees_what_another_replica_did_before_it(h: Harness) {
+    let shutdown = CancellationToken::new();
+    let (here, there) = replicas(&h, &shutdown);
+    let task = here.create_task(new_task("ns", "echo", "question")).await.unwrap();
+    assert_eq!(complete_there(&there).await, task.id);
+    let (awaited, timed_out) = tokio::time::timeout(WOKEN_WITHIN, here.await_task("ns", &task.id, None, LONG))
+        .await
+        .expect("answered at once, not after the 60 s poll")
+        .unwrap();
+    assert!(!timed_out);
+    assert_eq!(awaited.status.state, TaskState::Completed);
+    assert_eq!(awaited, read(&h, &task.id, None).await);
+    shutdown.cancel();
+}
+
+/// A task created here and awaited at once (no read: nothing has changed
+/// it), then finished by another replica: its signal ends the wait.
+async fn an_await_of_a_task_created_here_wakes_when_another_replica_finishes_it(h: Harness) {
+    let shutdown = CancellationToken::new();
+    let (here, there) = replicas(&h, &shutdown);
+    let task = here.create_task(new_task("ns", "echo", "question")).await.unwrap();
+    let waiting = {
+        let (here, id) = (here.clone(), task.id.clone());
+        tokio::spawn(async move { here.await_task("ns", &id, None, LONG).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished(), "a submitted task holds the await");
+    assert_eq!(complete_there(&there).await, task.id);
+    let (awaited, timed_out) =
+        tokio::time::timeout(WOKEN_WITHIN, waiting).await.expect("woken by the completion").unwrap().unwrap();
+    assert!(!timed_out);
+    assert_eq!(awaited.status.state, TaskState::Completed);
+    assert_eq!(awaited, read(&h, &task.id, None).await);
+    shutdown.cancel();
+}
+
+/// A create retried after its task finished elsewhere answers with that
+/// task, which an await then reads rather than waits on.
+async fn an_await_after_a_retried_create_sees_the_first_create_s_task_as_it_is(h: Harness) {
+    let shutdown = CancellationToken::new();
+    let (here, there) = replicas(&h, &shutdown);
+    let new = new_task("ns", "echo", "question");
+    let first = here.create_task(new.clone()).await.unwrap();
+    assert_eq!(complete_there(&there).await, first.id);
+    let again = here.create_task(new).await.unwrap();
+    assert_eq!(again.id, first.id, "the retry answers with the first create's task");
+    let (awaited, timed_out) = tokio::time::timeout(WOKEN_WITHIN, here.await_task("ns", &again.id, None, LONG))
+        .await
+        .expect("answered at once, not after the 60 s poll")
+        .unwrap();
+    assert!(!timed_out);
+    assert_eq!(awaited.status.state, TaskState::Completed);
+    shutdown.cancel();
 }

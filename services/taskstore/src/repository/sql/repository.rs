@@ -18,8 +18,8 @@ use crate::{
 
 #[async_trait]
 impl TaskRepository for SqlTaskRepository {
-    async fn create_task(&self, task: NewTask, handoff: Option<Handoff>) -> Result<Created> {
-        self.create(task, handoff).await
+    async fn create_task(&self, id: &str, task: NewTask, handoff: Option<Handoff>) -> Result<Created> {
+        self.create(id, task, handoff).await
     }
 
     async fn get_task(&self, namespace: &str, id: &str, history_length: Option<u32>) -> Result<Task> {

@@ -13,7 +13,7 @@ use super::{
 use crate::{
     domain::{
         EventKind, InboxKind, InboxMessage, Limits, Message, NewSubtask, Notification, Owner, OwnerKind, Role, Task,
-        TaskState, now_micros, prompt_fingerprint,
+        TaskState, new_task_id, now_micros, prompt_fingerprint,
     },
     error::{Result, TaskStoreError},
 };
@@ -57,7 +57,9 @@ impl SqlTaskRepository {
         check_spawn_limits(&mut tx, &parent, &subtask, limits).await?;
         let owner =
             subtask.owner.clone().unwrap_or_else(|| Owner { kind: OwnerKind::Worker, id: subtask.parent_id.clone() });
+        let id = new_task_id();
         let insert = TaskInsert {
+            id: &id,
             namespace: &subtask.namespace,
             agent_id: &subtask.agent_id,
             context_id: parent.task.context_id.clone(),

@@ -37,6 +37,7 @@ const GET_WHOLE: &str = concat!(
 
 /// Everything a new task row needs.
 pub(super) struct TaskInsert<'a> {
+    pub(super) id: &'a str,
     pub(super) namespace: &'a str,
     pub(super) agent_id: &'a str,
     pub(super) context_id: String,
@@ -80,7 +81,7 @@ pub(super) async fn find_by_request(
 /// exists already.
 pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> Result<Option<Task>> {
     let now = crate::domain::now_micros();
-    let id = uuid::Uuid::now_v7().to_string();
+    let id = insert.id.to_owned();
     let first_message = insert.message.clone().bound_to(&id, &insert.context_id);
     let history = to_json(&first_message)?;
     let mut task = Task {
@@ -216,9 +217,10 @@ const INSERT_TASK_SQLITE: &str = insert_task_sqlite!();
 const INSERT_TASK_SQLITE_TRANSACTION: &str = concat!("BEGIN; ", insert_task_sqlite!(), "; COMMIT");
 
 impl SqlTaskRepository {
-    pub(super) async fn create(&self, new: NewTask, handoff: Option<Handoff>) -> Result<Created> {
+    pub(super) async fn create(&self, id: &str, new: NewTask, handoff: Option<Handoff>) -> Result<Created> {
         let request_key = new.idempotency_key.as_deref().unwrap_or(&new.message.message_id);
         let insert = TaskInsert {
+            id,
             namespace: &new.namespace,
             agent_id: &new.agent_id,
             context_id: new.context_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
