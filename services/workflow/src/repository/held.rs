@@ -134,7 +134,7 @@ impl HeldRuns {
             due_at: transition.due_at,
             purge_at: purge_at(held.retention, &run, now),
             release: transition.release,
-            events: event_bodies(&run, &events),
+            events: event_bodies(&run, &events).ok()?,
             now,
         };
         let Some(ids) = self.batcher.call(write).await.flatten() else {

@@ -92,7 +92,18 @@ pub(super) fn recorded(run: &Run, changes: Vec<RunChange>, ids: Vec<i64>, now: i
         .collect()
 }
 
-/// The bodies of a run's events, in order.
-pub(super) fn event_bodies(run: &Run, events: &[RunChange]) -> Vec<String> {
-    events.iter().map(|change| serde_json::json!({ "state": run.state, "change": change }).to_string()).collect()
+/// An event's body: the run's state after the change, and the change.
+#[derive(serde::Serialize)]
+struct EventBody<'a> {
+    state: RunState,
+    change: &'a RunChange,
+}
+
+/// The bodies of a run's events, in order; written straight from the
+/// changes, not through a copy of them as `serde_json::Value`s.
+pub(super) fn event_bodies(run: &Run, events: &[RunChange]) -> Result<Vec<String>> {
+    events
+        .iter()
+        .map(|change| serde_json::to_string(&EventBody { state: run.state, change }).map_err(corrupt))
+        .collect()
 }

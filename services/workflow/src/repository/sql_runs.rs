@@ -127,13 +127,13 @@ impl RunRepository for SqlRunRepository {
             updated_at: now,
             finished_at: None,
         };
-        let mut events = event_bodies(&run, &[RunChange::RunStateChanged]);
+        let mut events = event_bodies(&run, &[RunChange::RunStateChanged])?;
         let mut due_at = Some(now);
         if let Some(started) = new.started {
             run.state = started.state;
             run.body = started.body;
             due_at = started.due_at;
-            events.extend(event_bodies(&run, &started.changes));
+            events.extend(event_bodies(&run, &started.changes)?);
         }
         let body = encode_body(&run.body)?;
         let bind = |sql: &'static str| {
@@ -330,7 +330,7 @@ impl RunRepository for SqlRunRepository {
             .bind(purge_at(stored.retention, &run, now))
             .execute(&mut *tx)
             .await?;
-        let ids = insert_events(&mut tx, &run.id, now, &event_bodies(&run, &events)).await?;
+        let ids = insert_events(&mut tx, &run.id, now, &event_bodies(&run, &events)?).await?;
         if stored.concurrency_limit.is_some() && run.state.is_finished() && !before.state.is_finished() {
             self.wake_next(&mut tx, &run, now).await?;
         }
