@@ -179,6 +179,14 @@ async fn complete_there(there: &TaskStore) -> String {
     claimed.task.id
 }
 
+/// An await's answer (task, timed out), which must be task `id` completed,
+/// as a read gives it.
+async fn assert_completed(h: &Harness, (awaited, timed_out): (Task, bool), id: &str) {
+    assert!(!timed_out);
+    assert_eq!(awaited.status.state, TaskState::Completed);
+    assert_eq!(awaited, read(h, id, None).await);
+}
+
 /// A task created here and finished by another replica before anyone here
 /// awaits it: the await reads it at once, though nothing here changed it.
 async fn an_await_of_a_task_created_here_sees_what_another_replica_did_before_it(h: Harness) {
@@ -186,13 +194,8 @@ async fn an_await_of_a_task_created_here_sees_what_another_replica_did_before_it
     let (here, there) = replicas(&h, &shutdown);
     let task = here.create_task(new_task("ns", "echo", "question")).await.unwrap();
     assert_eq!(complete_there(&there).await, task.id);
-    let (awaited, timed_out) = tokio::time::timeout(WOKEN_WITHIN, here.await_task("ns", &task.id, None, LONG))
-        .await
-        .expect("answered at once, not after the 60 s poll")
-        .unwrap();
-    assert!(!timed_out);
-    assert_eq!(awaited.status.state, TaskState::Completed);
-    assert_eq!(awaited, read(&h, &task.id, None).await);
+    let answer = tokio::time::timeout(WOKEN_WITHIN, here.await_task("ns", &task.id, None, LONG)).await;
+    assert_completed(&h, answer.expect("answered at once, not after the 60 s poll").unwrap(), &task.id).await;
     shutdown.cancel();
 }
 
@@ -209,11 +212,8 @@ async fn an_await_of_a_task_created_here_wakes_when_another_replica_finishes_it(
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!waiting.is_finished(), "a submitted task holds the await");
     assert_eq!(complete_there(&there).await, task.id);
-    let (awaited, timed_out) =
-        tokio::time::timeout(WOKEN_WITHIN, waiting).await.expect("woken by the completion").unwrap().unwrap();
-    assert!(!timed_out);
-    assert_eq!(awaited.status.state, TaskState::Completed);
-    assert_eq!(awaited, read(&h, &task.id, None).await);
+    let answer = tokio::time::timeout(WOKEN_WITHIN, waiting).await.expect("woken by the completion").unwrap();
+    assert_completed(&h, answer.unwrap(), &task.id).await;
     shutdown.cancel();
 }
 
@@ -227,11 +227,7 @@ async fn an_await_after_a_retried_create_sees_the_first_create_s_task_as_it_is(h
     assert_eq!(complete_there(&there).await, first.id);
     let again = here.create_task(new).await.unwrap();
     assert_eq!(again.id, first.id, "the retry answers with the first create's task");
-    let (awaited, timed_out) = tokio::time::timeout(WOKEN_WITHIN, here.await_task("ns", &again.id, None, LONG))
-        .await
-        .expect("answered at once, not after the 60 s poll")
-        .unwrap();
-    assert!(!timed_out);
-    assert_eq!(awaited.status.state, TaskState::Completed);
+    let answer = tokio::time::timeout(WOKEN_WITHIN, here.await_task("ns", &again.id, None, LONG)).await;
+    assert_completed(&h, answer.expect("answered at once, not after the 60 s poll").unwrap(), &again.id).await;
     shutdown.cancel();
 }
