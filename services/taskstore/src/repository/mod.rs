@@ -87,8 +87,9 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// `min_tasks` tasks, if the database has none yet; whether it has now.
     async fn first_statistics(&self, min_tasks: i64) -> Result<bool>;
 
-    /// Creates a child task after the safety limits.
-    async fn spawn_subtask(&self, subtask: NewSubtask, limits: &Limits) -> Result<Task>;
+    /// Creates child task `id` after the safety limits. A second spawn with
+    /// the same first message id returns the child of the first.
+    async fn spawn_subtask(&self, id: &str, subtask: NewSubtask, limits: &Limits) -> Result<Task>;
 
     /// The parent's children that are still of interest: `task_ids` when
     /// given, else every child whose completion has not been delivered.

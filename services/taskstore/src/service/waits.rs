@@ -2,12 +2,12 @@
 
 use std::time::Duration;
 
-use chorus_runtime::wakeup::wait_any;
+use chorus_runtime::wakeup::{Waiter, wait_any};
 use tokio::time::Instant;
 
 use super::{TaskStore, keys};
 use crate::{
-    domain::{NewSubtask, Task},
+    domain::{NewSubtask, Task, new_task_id},
     error::Result,
 };
 
@@ -39,13 +39,18 @@ impl TaskStore {
         blocking: bool,
         timeout: Option<Duration>,
     ) -> Result<(Task, bool)> {
-        let child = self.repository.spawn_subtask(subtask, &self.config.limits).await?;
+        let id = new_task_id();
+        let created = blocking.then(|| self.wakeups.waiter(&keys::task(&subtask.namespace, &id)));
+        let child = self.repository.spawn_subtask(&id, subtask, &self.config.limits).await?;
         self.changed(&child);
-        if !blocking {
+        let Some(created) = created else {
             return Ok((child, false));
-        }
+        };
+        // A retried spawn answers with the child of the first, which may
+        // have changed since.
+        let created = (child.id == id).then_some(created);
         let timeout = timeout.unwrap_or_else(|| self.config.default_spawn_timeout());
-        let (child, timed_out) = self.await_task(&child.namespace, &child.id, None, timeout).await?;
+        let (child, timed_out) = self.await_since(&child.namespace, &child.id, None, timeout, created).await?;
         if child.status.state.is_terminal() {
             self.repository.take_completions(&child.namespace, std::slice::from_ref(&child.id)).await?;
         }
@@ -62,9 +67,23 @@ impl TaskStore {
         history_length: Option<u32>,
         timeout: Duration,
     ) -> Result<(Task, bool)> {
+        let created = self.fresh.take(namespace, id);
+        self.await_since(namespace, id, history_length, timeout, created).await
+    }
+
+    /// [`await_task`](Self::await_task) of a task whose waiter `created`,
+    /// when given, was made before the insert that created it here.
+    async fn await_since(
+        &self,
+        namespace: &str,
+        id: &str,
+        history_length: Option<u32>,
+        timeout: Duration,
+        created: Option<Waiter>,
+    ) -> Result<(Task, bool)> {
         let deadline = Instant::now() + timeout.min(LONGEST_WAIT);
-        if let Some(mut waiter) = self.fresh.take(namespace, id) {
-            // Created here: unchanged since, it is neither terminal nor
+        if let Some(mut waiter) = created {
+            // Unchanged since its creation, the task is neither terminal nor
             // interrupted, so there is nothing to read before a change
             // signals (at once if one has), or the poll comes.
             let poll = self.config.poll_interval().min(deadline.saturating_duration_since(Instant::now()));

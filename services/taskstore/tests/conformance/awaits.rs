@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     harness::{Harness, agent_message, conformance, new_task, test_config, text_artifact},
+    subtasks::{root_on, subtask},
     wakeups::slow_poll_config,
     workers::{claim_request, next_claim},
 };
@@ -29,6 +30,8 @@ conformance!(
     an_await_of_a_task_created_here_sees_what_another_replica_did_before_it,
     an_await_of_a_task_created_here_wakes_when_another_replica_finishes_it,
     an_await_after_a_retried_create_sees_the_first_create_s_task_as_it_is,
+    a_blocking_spawn_here_wakes_when_another_replica_finishes_the_child,
+    a_retried_blocking_spawn_sees_the_first_spawn_s_child_as_it_is,
 );
 
 const LONG: Duration = Duration::from_secs(30);
@@ -173,7 +176,12 @@ fn replicas(h: &Harness, shutdown: &CancellationToken) -> (TaskStore, TaskStore)
 
 /// `there` claims the next task of `echo` and completes it.
 async fn complete_there(there: &TaskStore) -> String {
-    let mut claims = there.claim_stream(claim_request("echo", "w2", 1, LONG, 0));
+    complete_next(there, "echo").await
+}
+
+/// `there` claims the next task of `agent` and completes it.
+async fn complete_next(there: &TaskStore, agent: &str) -> String {
+    let mut claims = there.claim_stream(claim_request(agent, "w2", 1, LONG, 0));
     let claimed = next_claim(&mut claims).await;
     there.complete_task("ns", &claimed.task.id, &claimed.lease_id, None, Vec::new()).await.unwrap();
     claimed.task.id
@@ -229,5 +237,35 @@ async fn an_await_after_a_retried_create_sees_the_first_create_s_task_as_it_is(h
     assert_eq!(again.id, first.id, "the retry answers with the first create's task");
     let answer = tokio::time::timeout(WOKEN_WITHIN, here.await_task("ns", &again.id, None, LONG)).await;
     assert_completed(&h, answer.expect("answered at once, not after the 60 s poll").unwrap(), &again.id).await;
+    shutdown.cancel();
+}
+
+/// A blocking spawn here (no read: nothing has changed the child), whose
+/// child another replica finishes: its signal ends the wait.
+async fn a_blocking_spawn_here_wakes_when_another_replica_finishes_the_child(h: Harness) {
+    let shutdown = CancellationToken::new();
+    let (here, there) = replicas(&h, &shutdown);
+    let parent = root_on(&here).await;
+    let spawning = {
+        let (here, parent_id) = (here.clone(), parent.id.clone());
+        tokio::spawn(async move { here.spawn_subtask(subtask(&parent_id, "coder", "abc"), true, Some(LONG)).await })
+    };
+    let child_id = tokio::time::timeout(WOKEN_WITHIN, complete_next(&there, "coder")).await.expect("claimed");
+    let answer = tokio::time::timeout(WOKEN_WITHIN, spawning).await.expect("woken by the completion").unwrap();
+    assert_completed(&h, answer.unwrap(), &child_id).await;
+    shutdown.cancel();
+}
+
+/// A blocking spawn retried after the first spawn's child finished elsewhere
+/// answers with that child at once.
+async fn a_retried_blocking_spawn_sees_the_first_spawn_s_child_as_it_is(h: Harness) {
+    let shutdown = CancellationToken::new();
+    let (here, there) = replicas(&h, &shutdown);
+    let parent = root_on(&here).await;
+    let spawn = subtask(&parent.id, "coder", "abc");
+    let (first, _) = here.spawn_subtask(spawn.clone(), false, None).await.unwrap();
+    assert_eq!(complete_next(&there, "coder").await, first.id);
+    let answer = tokio::time::timeout(WOKEN_WITHIN, here.spawn_subtask(spawn, true, Some(LONG))).await;
+    assert_completed(&h, answer.expect("answered at once, not after the 60 s poll").unwrap(), &first.id).await;
     shutdown.cancel();
 }

@@ -4,8 +4,10 @@
 use std::time::Duration;
 
 use chorus_taskstore::{
-    TaskStoreConfig,
-    domain::{InboxKind, Limits, NewSubtask, Notification, Owner, OwnerKind, SpawnContext, Task, TaskState},
+    TaskStore, TaskStoreConfig,
+    domain::{
+        InboxKind, Limits, NewSubtask, Notification, Owner, OwnerKind, SpawnContext, Task, TaskState, new_task_id,
+    },
     error::TaskStoreError,
 };
 
@@ -42,7 +44,7 @@ pub(crate) fn limits_config() -> TaskStoreConfig {
     }
 }
 
-fn subtask(parent_id: &str, agent: &str, text: &str) -> NewSubtask {
+pub(crate) fn subtask(parent_id: &str, agent: &str, text: &str) -> NewSubtask {
     NewSubtask {
         namespace: "ns".into(),
         parent_id: parent_id.into(),
@@ -60,9 +62,14 @@ pub(crate) async fn spawn(h: &Harness, parent_id: &str, agent: &str, text: &str)
 }
 
 async fn orchestrator_root(h: &Harness) -> Task {
+    root_on(&h.store).await
+}
+
+/// A root task on `store` that may spawn subtasks.
+pub(crate) async fn root_on(store: &TaskStore) -> Task {
     let mut root = new_task("ns", "planner", "plan the release");
     root.spawn_context = SpawnContext::Orchestrator;
-    h.store.create_task(root).await.unwrap()
+    store.create_task(root).await.unwrap()
 }
 
 /// Runs a worker for `agent` that completes `count` tasks with their text reversed.
@@ -287,9 +294,13 @@ async fn spawn_rate_is_limited(h: Harness) {
     let limits = tight.limits;
     for index in 0..2 {
         let child = subtask(&parent.id, "coder", &format!("quick {index}"));
-        h.repository.spawn_subtask(child, &limits).await.unwrap();
+        h.repository.spawn_subtask(&new_task_id(), child, &limits).await.unwrap();
     }
-    let error = h.repository.spawn_subtask(subtask(&parent.id, "coder", "one too many"), &limits).await.unwrap_err();
+    let error = h
+        .repository
+        .spawn_subtask(&new_task_id(), subtask(&parent.id, "coder", "one too many"), &limits)
+        .await
+        .unwrap_err();
     assert!(matches!(error, TaskStoreError::RateLimit { limit: 2, .. }), "{error}");
 }
 

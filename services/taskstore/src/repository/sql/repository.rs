@@ -93,8 +93,8 @@ impl TaskRepository for SqlTaskRepository {
         Ok(self.db.analyze_once_filled("taskstore_tasks", &TABLES, min_tasks).await?)
     }
 
-    async fn spawn_subtask(&self, subtask: NewSubtask, limits: &Limits) -> Result<Task> {
-        self.spawn(subtask, limits).await
+    async fn spawn_subtask(&self, id: &str, subtask: NewSubtask, limits: &Limits) -> Result<Task> {
+        self.spawn(id, subtask, limits).await
     }
 
     async fn children(&self, namespace: &str, parent_id: &str, task_ids: &[String]) -> Result<Vec<Task>> {

@@ -13,7 +13,7 @@ use super::{
 use crate::{
     domain::{
         EventKind, InboxKind, InboxMessage, Limits, Message, NewSubtask, Notification, Owner, OwnerKind, Role, Task,
-        TaskState, new_task_id, now_micros, prompt_fingerprint,
+        TaskState, now_micros, prompt_fingerprint,
     },
     error::{Result, TaskStoreError},
 };
@@ -47,7 +47,7 @@ const PEEK_INBOX: &str = concat!(
 const ONE_MINUTE_MICROS: i64 = 60_000_000;
 
 impl SqlTaskRepository {
-    pub(super) async fn spawn(&self, subtask: NewSubtask, limits: &Limits) -> Result<Task> {
+    pub(super) async fn spawn(&self, id: &str, subtask: NewSubtask, limits: &Limits) -> Result<Task> {
         let mut tx = self.begin().await?;
         if let Some(existing) = find_by_request(&mut tx, &subtask.namespace, &subtask.message.message_id).await? {
             return Ok(existing);
@@ -57,9 +57,8 @@ impl SqlTaskRepository {
         check_spawn_limits(&mut tx, &parent, &subtask, limits).await?;
         let owner =
             subtask.owner.clone().unwrap_or_else(|| Owner { kind: OwnerKind::Worker, id: subtask.parent_id.clone() });
-        let id = new_task_id();
         let insert = TaskInsert {
-            id: &id,
+            id,
             namespace: &subtask.namespace,
             agent_id: &subtask.agent_id,
             context_id: parent.task.context_id.clone(),
