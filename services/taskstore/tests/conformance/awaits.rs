@@ -195,6 +195,13 @@ async fn assert_completed(h: &Harness, (awaited, timed_out): (Task, bool), id: &
     assert_eq!(awaited, read(h, id, None).await);
 }
 
+/// Awaits task `id` here, which must answer at once (not after the 60 s
+/// poll) with the task completed.
+async fn awaited_at_once(h: &Harness, here: &TaskStore, id: &str) {
+    let answer = tokio::time::timeout(WOKEN_WITHIN, here.await_task("ns", id, None, LONG)).await;
+    assert_completed(h, answer.expect("answered at once, not after the 60 s poll").unwrap(), id).await;
+}
+
 /// A task created here and finished by another replica before anyone here
 /// awaits it: the await reads it at once, though nothing here changed it.
 async fn an_await_of_a_task_created_here_sees_what_another_replica_did_before_it(h: Harness) {
@@ -202,8 +209,7 @@ async fn an_await_of_a_task_created_here_sees_what_another_replica_did_before_it
     let (here, there) = replicas(&h, &shutdown);
     let task = here.create_task(new_task("ns", "echo", "question")).await.unwrap();
     assert_eq!(complete_there(&there).await, task.id);
-    let answer = tokio::time::timeout(WOKEN_WITHIN, here.await_task("ns", &task.id, None, LONG)).await;
-    assert_completed(&h, answer.expect("answered at once, not after the 60 s poll").unwrap(), &task.id).await;
+    awaited_at_once(&h, &here, &task.id).await;
     shutdown.cancel();
 }
 
@@ -217,12 +223,25 @@ async fn an_await_of_a_task_created_here_wakes_when_another_replica_finishes_it(
         let (here, id) = (here.clone(), task.id.clone());
         tokio::spawn(async move { here.await_task("ns", &id, None, LONG).await })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!waiting.is_finished(), "a submitted task holds the await");
-    assert_eq!(complete_there(&there).await, task.id);
-    let answer = tokio::time::timeout(WOKEN_WITHIN, waiting).await.expect("woken by the completion").unwrap();
-    assert_completed(&h, answer.unwrap(), &task.id).await;
+    assert_eq!(finish_there_while(&h, &there, "echo", waiting).await, task.id);
     shutdown.cancel();
+}
+
+/// Lets `there` finish the next task of `agent` once `waiting` (a wait
+/// here) has begun; `waiting` must answer with that task completed, and
+/// woken by the completion. The task's id.
+async fn finish_there_while(
+    h: &Harness,
+    there: &TaskStore,
+    agent: &str,
+    waiting: tokio::task::JoinHandle<chorus_taskstore::error::Result<(Task, bool)>>,
+) -> String {
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished(), "a submitted task holds the wait");
+    let id = complete_next(there, agent).await;
+    let answer = tokio::time::timeout(WOKEN_WITHIN, waiting).await.expect("woken by the completion").unwrap();
+    assert_completed(h, answer.unwrap(), &id).await;
+    id
 }
 
 /// A create retried after its task finished elsewhere answers with that
@@ -235,8 +254,7 @@ async fn an_await_after_a_retried_create_sees_the_first_create_s_task_as_it_is(h
     assert_eq!(complete_there(&there).await, first.id);
     let again = here.create_task(new).await.unwrap();
     assert_eq!(again.id, first.id, "the retry answers with the first create's task");
-    let answer = tokio::time::timeout(WOKEN_WITHIN, here.await_task("ns", &again.id, None, LONG)).await;
-    assert_completed(&h, answer.expect("answered at once, not after the 60 s poll").unwrap(), &again.id).await;
+    awaited_at_once(&h, &here, &again.id).await;
     shutdown.cancel();
 }
 
@@ -250,9 +268,8 @@ async fn a_blocking_spawn_here_wakes_when_another_replica_finishes_the_child(h: 
         let (here, parent_id) = (here.clone(), parent.id.clone());
         tokio::spawn(async move { here.spawn_subtask(subtask(&parent_id, "coder", "abc"), true, Some(LONG)).await })
     };
-    let child_id = tokio::time::timeout(WOKEN_WITHIN, complete_next(&there, "coder")).await.expect("claimed");
-    let answer = tokio::time::timeout(WOKEN_WITHIN, spawning).await.expect("woken by the completion").unwrap();
-    assert_completed(&h, answer.unwrap(), &child_id).await;
+    let child_id = finish_there_while(&h, &there, "coder", spawning).await;
+    assert_ne!(child_id, parent.id);
     shutdown.cancel();
 }
 
