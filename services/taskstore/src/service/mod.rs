@@ -26,7 +26,7 @@ use crate::{
     config::TaskStoreConfig,
     domain::{
         Artifact, ArtifactChunk, Claimed, InboxMessage, Message, NewTask, Notification, Owner, PushConfig, Renewal,
-        StatusUpdate, Task, TaskPage, TaskQuery, TaskState, new_task_id, now_micros,
+        StatusUpdate, Task, TaskPage, TaskQuery, TaskState, now_micros,
     },
     error::{Result, TaskStoreError},
     repository::TaskRepository,
@@ -139,16 +139,13 @@ impl TaskStore {
     async fn create_now(&self, task: NewTask) -> Result<Task> {
         let offer = self.streams.offer(&task.namespace, &task.agent_id, now_micros());
         let trace_context = offer.as_ref().map(|_| task.trace_context.clone()).unwrap_or_default();
-        let id = new_task_id();
-        let waiter = self.wakeups.waiter(&keys::task(&task.namespace, &id));
+        let creating = self.creating(&task.namespace);
         let handoff = offer.as_ref().map(|offer| offer.handoff.clone());
-        let created = self.repository.create_task(&id, task, handoff).await?;
+        let created = self.repository.create_task(&creating.id, task, handoff).await?;
         let task = created.task;
         self.changed(&task);
-        // A retried create answers with the task of the first, which may
-        // have changed since.
-        if task.id == id {
-            self.fresh.keep(&task.namespace, &id, waiter);
+        if let Some(waiter) = creating.waiter_for(&task) {
+            self.fresh.keep(&task.namespace, &task.id, waiter);
         }
         if let Some(offer) = offer.filter(|_| created.handed_off) {
             let lease_id = offer.handoff.lease_id.clone();

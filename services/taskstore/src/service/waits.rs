@@ -28,7 +28,29 @@ pub struct AwaitOutcome {
     pub timed_out: bool,
 }
 
+/// A task about to be created here: its id, and a waiter on it made before
+/// its insert, so that no change after the insert can slip past it.
+pub(super) struct Creating {
+    pub(super) id: String,
+    waiter: Waiter,
+}
+
+impl Creating {
+    /// The waiter, if `task` is the one this creation made: a retried create
+    /// answers with the task of the first, which may have changed since.
+    pub(super) fn waiter_for(self, task: &Task) -> Option<Waiter> {
+        (task.id == self.id).then_some(self.waiter)
+    }
+}
+
 impl TaskStore {
+    /// A new task's id in `namespace`, watched from before its insert.
+    pub(super) fn creating(&self, namespace: &str) -> Creating {
+        let id = new_task_id();
+        let waiter = self.wakeups.waiter(&keys::task(namespace, &id));
+        Creating { id, waiter }
+    }
+
     /// Spawns a subtask. When `blocking`, waits until the child finishes or
     /// is interrupted, or `timeout` passes; a finished child's completion is
     /// then delivered here and not again to the inbox. Returns the child and
@@ -39,16 +61,13 @@ impl TaskStore {
         blocking: bool,
         timeout: Option<Duration>,
     ) -> Result<(Task, bool)> {
-        let id = new_task_id();
-        let created = blocking.then(|| self.wakeups.waiter(&keys::task(&subtask.namespace, &id)));
-        let child = self.repository.spawn_subtask(&id, subtask, &self.config.limits).await?;
+        let creating = self.creating(&subtask.namespace);
+        let child = self.repository.spawn_subtask(&creating.id, subtask, &self.config.limits).await?;
         self.changed(&child);
-        let Some(created) = created else {
+        if !blocking {
             return Ok((child, false));
-        };
-        // A retried spawn answers with the child of the first, which may
-        // have changed since.
-        let created = (child.id == id).then_some(created);
+        }
+        let created = creating.waiter_for(&child);
         let timeout = timeout.unwrap_or_else(|| self.config.default_spawn_timeout());
         let (child, timed_out) = self.await_since(&child.namespace, &child.id, None, timeout, created).await?;
         if child.status.state.is_terminal() {
