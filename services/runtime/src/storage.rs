@@ -22,7 +22,7 @@ use sqlx::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::wakeup::Wakeups;
+use crate::{batch::Batcher, wakeup::Wakeups};
 
 #[cfg(test)]
 mod demo;
@@ -36,6 +36,7 @@ pub use self::{
     errors::{DbErrorKind, classify, storage_error},
     lane::DbConnection,
     sql::{padded_len, placeholders},
+    sqlite::TransactionScript,
     tx::Tx,
 };
 
@@ -206,6 +207,9 @@ pub struct Db {
     /// Read-only connections beside the single writer (SQLite files only),
     /// kept warm in a lane of their own: no transaction is ever begun on them.
     readers: Option<(AnyPool, Arc<lane::Lane>)>,
+    /// SQLite's transaction scripts, waiting for the writer in batches
+    /// ([`run_transaction_script`](Self::run_transaction_script)).
+    scripts: Batcher<sqlite::PendingScript, sqlite::ScriptAnswer>,
     backend: Backend,
     url: String,
 }
@@ -273,7 +277,8 @@ impl Db {
             Backend::Postgres => max_connections as usize / 2,
             Backend::Sqlite => 1,
         });
-        Ok(Self { pool, lane, readers, backend, url: url.to_owned() })
+        let scripts = sqlite::script_batcher(pool.clone(), Arc::clone(&lane));
+        Ok(Self { pool, lane, readers, scripts, backend, url: url.to_owned() })
     }
 
     /// A connection for reads outside any transaction. On a SQLite file, one

@@ -7,7 +7,7 @@
 
 use std::{collections::HashSet, sync::LazyLock};
 
-use chorus_runtime::storage::Backend;
+use chorus_runtime::storage::{Backend, TransactionScript};
 
 use super::{
     EventDetail, SqlTaskRepository, complete_task_view, event_payload,
@@ -132,13 +132,13 @@ fn completed_artifacts(status: &TaskStatus, artifacts: &[Artifact]) -> Result<St
 /// time) — the message ($6 = 1), the artifacts with their events ($9, may be
 /// NULL), the status event, the owner's inbox; then the task whole, as the
 /// writes left it. `$8` (NULL: no check) is the status time the row must
-/// still have. The script begins and commits its own transaction: when it
-/// completes nothing, it writes nothing either.
-static COMPLETE_SQLITE: LazyLock<String> = LazyLock::new(|| {
+/// still have. The script lands whole: when it completes nothing, it writes
+/// nothing either.
+static COMPLETE_SQLITE: LazyLock<TransactionScript> = LazyLock::new(|| {
     let ours =
         "t.namespace = $1 AND t.id = $2 AND t.lease_id = $3 AND t.state = 'completed' AND t.status_timestamp = $5";
-    format!(
-        "BEGIN; UPDATE taskstore_tasks SET state = 'completed', status_message = $4, status_timestamp = $5, \
+    TransactionScript::new(&format!(
+        "UPDATE taskstore_tasks SET state = 'completed', status_message = $4, status_timestamp = $5, \
          worker_id = NULL, lease_expires_at = NULL, history_count = history_count + $6 \
          WHERE namespace = $1 AND id = $2 AND lease_id = $3 AND state IN ({from}) \
          AND ($8 IS NULL OR status_timestamp = $8); \
@@ -157,11 +157,11 @@ static COMPLETE_SQLITE: LazyLock<String> = LazyLock::new(|| {
          task_state, created_at) SELECT t.namespace, t.owner_kind, t.owner_id, t.id, t.parent_id, 'completion', $4, \
          'completed', $5 FROM taskstore_tasks t WHERE {ours} AND t.owner_kind IS NOT NULL \
          ON CONFLICT (namespace, task_id) WHERE kind = 'completion' DO NOTHING; \
-         SELECT {columns}, {parts} FROM taskstore_tasks t WHERE {ours}; COMMIT",
+         SELECT {columns}, {parts} FROM taskstore_tasks t WHERE {ours}",
         from = COMPLETABLE.as_str(),
         columns = task_columns!(),
         parts = aggregated_parts!("t", ""),
-    )
+    ))
 });
 
 /// What a completion writes, made before it goes to either backend.
@@ -290,7 +290,8 @@ impl SqlTaskRepository {
         lease_id: &str,
         completion: Completion,
     ) -> Result<Option<Task>> {
-        let query = sqlx::query(sqlx::AssertSqlSafe(COMPLETE_SQLITE.as_str()))
+        let query = COMPLETE_SQLITE
+            .query()
             .bind(namespace)
             .bind(task_id)
             .bind(lease_id)
@@ -300,7 +301,7 @@ impl SqlTaskRepository {
             .bind(completion.payload.as_str())
             .bind(completion.unchanged_since)
             .bind(completion.stored.as_deref());
-        let rows = self.db.run_transaction_script(query).await?;
+        let rows = self.db.run_transaction_script(&COMPLETE_SQLITE, query).await?;
         rows.last().map(decode_whole).transpose()
     }
 }

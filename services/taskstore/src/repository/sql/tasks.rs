@@ -1,6 +1,8 @@
 //! Tasks: create, read, list, converse, move through states, artifacts, cancel.
 
-use chorus_runtime::storage::Backend;
+use std::sync::LazyLock;
+
+use chorus_runtime::storage::{Backend, TransactionScript};
 use sqlx::{AnyConnection, Row as _};
 
 use super::{
@@ -108,13 +110,13 @@ pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> R
     let claimed = TaskStatus { state: TaskState::Working, message: None, timestamp: now };
     let claimed_payload = handoff.map(|_| event_payload(&claimed, EventDetail::default())).transpose()?;
     let (state, attempt) = if handoff.is_some() { (claimed.state, 1) } else { (task.status.state, 0) };
-    let sql = match &writer {
-        Writer::In(_, Backend::Postgres) => INSERT_TASK_POSTGRES,
-        Writer::In(_, Backend::Sqlite) => INSERT_TASK_SQLITE,
-        Writer::OwnTransaction(_) => INSERT_TASK_SQLITE_TRANSACTION,
+    let query = match &writer {
+        Writer::In(_, Backend::Postgres) => sqlx::query(INSERT_TASK_POSTGRES),
+        Writer::In(_, Backend::Sqlite) => sqlx::query(INSERT_TASK_SQLITE),
+        Writer::OwnTransaction(_) => INSERT_TASK_SCRIPT.query(),
     };
     // One round trip writes the task, its first message and its events.
-    let query = sqlx::query(sql)
+    let query = query
         .bind(insert.namespace)
         .bind(&task.id)
         .bind(&insert.context_id)
@@ -143,7 +145,7 @@ pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> R
     // row or not, when asked for one row only.
     let rows = match writer {
         Writer::In(conn, _) => query.fetch_all(conn).await?,
-        Writer::OwnTransaction(db) => db.run_transaction_script(query).await?,
+        Writer::OwnTransaction(db) => db.run_transaction_script(&INSERT_TASK_SCRIPT, query).await?,
     };
     let inserted: i64 = rows.last().map(|row| row.try_get("inserted")).transpose()?.unwrap_or(0);
     if inserted == 0 {
@@ -183,8 +185,8 @@ const INSERT_TASK_POSTGRES: &str = concat!(
 );
 
 /// Where [`insert_task`] writes: in a transaction (or, on PostgreSQL, a
-/// connection) the caller holds, or, on SQLite, in a transaction of its own
-/// that its script begins and commits.
+/// connection) the caller holds, or, on SQLite, as a script that lands whole
+/// (see [`Db::run_transaction_script`](chorus_runtime::storage::Db::run_transaction_script)).
 pub(super) enum Writer<'c> {
     In(&'c mut AnyConnection, Backend),
     OwnTransaction(&'c chorus_runtime::storage::Db),
@@ -213,8 +215,9 @@ macro_rules! insert_task_sqlite {
 /// The create's script, run in the caller's transaction.
 const INSERT_TASK_SQLITE: &str = insert_task_sqlite!();
 
-/// The create's script in a transaction of its own.
-const INSERT_TASK_SQLITE_TRANSACTION: &str = concat!("BEGIN; ", insert_task_sqlite!(), "; COMMIT");
+/// The create's script in a transaction of its own, or of the batch it waits in.
+static INSERT_TASK_SCRIPT: LazyLock<TransactionScript> =
+    LazyLock::new(|| TransactionScript::new(insert_task_sqlite!()));
 
 impl SqlTaskRepository {
     pub(super) async fn create(&self, id: &str, new: NewTask, handoff: Option<Handoff>) -> Result<Created> {
