@@ -231,7 +231,8 @@ mod tests {
         let db = demo_db(&dir).await;
         // On this test's one thread the batcher runs only once all four wait:
         // they go to the writer as one batch, in order.
-        let answers = futures_util::future::join_all([(1, 2), (3, 4), (5, 1), (6, 7)].map(|(a, b)| two_rows(&db, a, b)));
+        let answers =
+            futures_util::future::join_all([(1, 2), (3, 4), (5, 1), (6, 7)].map(|(a, b)| two_rows(&db, a, b)));
         let [first, second, repeating, last] = answers.await.try_into().expect("four answers");
         assert_eq!((first.unwrap(), second.unwrap()), (2, 4), "each sees the writes of those before it");
         assert!(repeating.is_err(), "the third repeats a key");
