@@ -262,6 +262,7 @@ impl Db {
                         connection.execute("PRAGMA synchronous = NORMAL").await?;
                         connection.execute("PRAGMA foreign_keys = ON").await?;
                         connection.execute("PRAGMA busy_timeout = 5000").await?;
+                        connection.execute(sqlite::TEMP_STORE).await?;
                     }
                     Ok(())
                 })
