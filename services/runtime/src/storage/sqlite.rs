@@ -118,7 +118,7 @@ impl TransactionScript {
 
 /// A piece of a script's text.
 enum Token<'a> {
-    /// Text to copy as it is (string literals and quoted names whole).
+    /// Text to copy as it is (string literals, quoted names and comments whole).
     Text(&'a str),
     /// A `;` between statements.
     Separator,
@@ -139,6 +139,12 @@ fn scan<'a>(sql: &'a str, mut token: impl FnMut(Token<'a>)) {
                     at += 1;
                 }
                 at += 1;
+            }
+            b'-' if bytes.get(at + 1) == Some(&b'-') => {
+                at += bytes[at..].iter().position(|&byte| byte == b'\n').unwrap_or(bytes.len() - at);
+            }
+            b'/' if bytes.get(at + 1) == Some(&b'*') => {
+                at += sql[at + 2..].find("*/").map_or(bytes.len() - at, |end| end + 4);
             }
             b';' => {
                 token(Token::Text(&sql[text_from..at]));
@@ -449,13 +455,13 @@ mod tests {
     }
 
     #[test]
-    fn a_run_of_copies_numbers_each_copys_parameters_after_the_last_and_leaves_quoted_text_alone() {
-        let script = TransactionScript::new("SELECT '$1;' || \"a;$2\" || $2; SELECT $1 ;");
+    fn a_run_of_copies_numbers_each_copys_parameters_after_the_last_and_leaves_quotes_and_comments_alone() {
+        let script = TransactionScript::new("SELECT '$1;' || \"a;$2\" || $2 -- $3;\n; /* $4; */ SELECT $1 ;");
         assert_eq!((script.parameters, script.statements), (2, 2));
         assert_eq!(
             &*script.run(1),
-            "SAVEPOINT chorus_script; SELECT '$1;' || \"a;$2\" || $2; SELECT $1; \
-             SELECT '$1;' || \"a;$2\" || $4; SELECT $3; RELEASE chorus_script"
+            "SAVEPOINT chorus_script; SELECT '$1;' || \"a;$2\" || $2 -- $3;\n; /* $4; */ SELECT $1; \
+             SELECT '$1;' || \"a;$2\" || $4 -- $3;\n; /* $4; */ SELECT $3; RELEASE chorus_script"
         );
     }
 
