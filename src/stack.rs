@@ -57,14 +57,22 @@ pub(crate) struct Stack {
     pub(crate) local_taskstore: Option<Transport>,
 }
 
-/// Where the task store publishes its changes: the configured bus, else this
-/// process's own when it runs one.
-fn outbox_target(config: &ChorusConfig, services: &[Service], address: SocketAddr) -> Option<String> {
-    config
-        .taskstore
-        .eventbus_url
-        .clone()
-        .or_else(|| services.contains(&Service::Eventbus).then(|| format!("http://{address}")))
+/// How a service reaches another: the one its configuration names (`key`
+/// the setting), else this process's own, called in process when it runs
+/// here and over this process's address when not; with a word on which.
+fn reach(
+    configured: Option<&String>,
+    local: Option<&Transport>,
+    address: SocketAddr,
+    key: &str,
+) -> anyhow::Result<(Transport, String)> {
+    if let (None, Some(local)) = (configured, local) {
+        return Ok((local.clone(), "in process".to_owned()));
+    }
+    let url = configured.cloned().unwrap_or_else(|| format!("http://{address}"));
+    let channel =
+        Channel::from_shared(url.clone()).with_context(|| format!("{key} {url:?} is not a URL"))?.connect_lazy();
+    Ok((Transport::remote(channel), url))
 }
 
 impl Service {
@@ -133,6 +141,10 @@ impl Stack {
             false => None,
         };
         let mut local_taskstore = None;
+        let mut local_eventbus = None;
+        // The task store whose changes go to the event bus, once every
+        // service is built.
+        let mut relay: Option<TaskStore> = None;
         for service in services {
             match service {
                 Service::Taskstore => {
@@ -143,13 +155,7 @@ impl Stack {
                     let repository = Arc::new(SqlTaskRepository::new(db.clone()));
                     let store = TaskStore::new(repository, wakeups, config.taskstore.clone(), shutdown.clone());
                     store.spawn_reaper();
-                    if let Some(url) = outbox_target(config, services, address) {
-                        let channel = Channel::from_shared(url.clone())
-                            .with_context(|| format!("taskstore.eventbus_url {url:?} is not a URL"))?
-                            .connect_lazy();
-                        store.spawn_outbox_relay(EventBusClient::new(channel));
-                        tracing::info!(eventbus = %url, "task changes are published to the event bus");
-                    }
+                    relay = Some(store.clone());
                     let grpc = TaskStoreGrpc::new(store).into_server(config.server.max_message_bytes);
                     local_taskstore = Some(Transport::in_process(grpc.clone()));
                     server.add_grpc_service(grpc);
@@ -162,21 +168,17 @@ impl Stack {
                     let repository = Arc::new(SqlEventRepository::new(db.clone()));
                     let bus = EventBus::new(repository, wakeups, config.eventbus.clone(), shutdown.clone());
                     bus.spawn_reaper();
-                    server.add_grpc_service(EventBusGrpc::new(bus).into_server(config.server.max_message_bytes));
+                    let grpc = EventBusGrpc::new(bus).into_server(config.server.max_message_bytes);
+                    local_eventbus = Some(Transport::in_process(grpc.clone()));
+                    server.add_grpc_service(grpc);
                 }
                 Service::Gateway => {
-                    // The task store of this process, called in process, unless
-                    // the configuration names another.
-                    let (taskstore, target) = match (&config.gateway.taskstore_url, &local_taskstore) {
-                        (None, Some(local)) => (local.clone(), "in process".to_owned()),
-                        (url, _) => {
-                            let url = url.clone().unwrap_or_else(|| format!("http://{address}"));
-                            let channel = Channel::from_shared(url.clone())
-                                .with_context(|| format!("gateway.taskstore_url {url:?} is not a URL"))?
-                                .connect_lazy();
-                            (Transport::remote(channel), url)
-                        }
-                    };
+                    let (taskstore, target) = reach(
+                        config.gateway.taskstore_url.as_ref(),
+                        local_taskstore.as_ref(),
+                        address,
+                        "gateway.taskstore_url",
+                    )?;
                     let mut gateway_config = config.gateway.clone();
                     if gateway_config.registry_file.is_none() && db.is_some() && config.storage.database_url.is_empty()
                     {
@@ -246,6 +248,16 @@ impl Stack {
                     server.add_grpc_service(WorkflowGrpc::new(workflows).into_server(config.server.max_message_bytes));
                 }
             }
+        }
+        // The task store publishes its changes to the configured bus, else
+        // to this process's own when it runs one.
+        let eventbus_url = config.taskstore.eventbus_url.as_ref();
+        if let Some(store) = relay
+            && (eventbus_url.is_some() || local_eventbus.is_some())
+        {
+            let (bus, target) = reach(eventbus_url, local_eventbus.as_ref(), address, "taskstore.eventbus_url")?;
+            store.spawn_outbox_relay(EventBusClient::new(bus));
+            tracing::info!(eventbus = %target, "task changes are published to the event bus");
         }
         Ok(Self { listener, server, address, local_taskstore })
     }

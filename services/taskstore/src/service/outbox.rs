@@ -11,10 +11,9 @@
 use std::{collections::HashMap, time::Duration};
 
 use chorus_proto::eventbus::{NewEvent, PublishBatchRequest, event_bus_client::EventBusClient};
-use chorus_runtime::time::timestamp;
+use chorus_runtime::{time::timestamp, transport::Transport};
 use serde::Serialize;
 use tokio::task::JoinHandle;
-use tonic::transport::Channel;
 
 use super::{TaskStore, keys, streams::HELD_BACK_RETRY};
 use crate::{
@@ -40,7 +39,7 @@ impl TaskStore {
     /// `client`, until shutdown; on first use from the start of the log.
     /// Every replica may run one: the one holding the relay's lease
     /// publishes, the others stand by to take over.
-    pub fn spawn_outbox_relay(&self, client: EventBusClient<Channel>) -> JoinHandle<()> {
+    pub fn spawn_outbox_relay(&self, client: EventBusClient<Transport>) -> JoinHandle<()> {
         let relay = Relay { store: self.clone(), client, owner: uuid::Uuid::new_v4().to_string(), leader: false };
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
@@ -91,7 +90,7 @@ impl Backoff {
 
 struct Relay {
     store: TaskStore,
-    client: EventBusClient<Channel>,
+    client: EventBusClient<Transport>,
     /// This relay's name in the lease.
     owner: String,
     /// Whether the last round held the lease.

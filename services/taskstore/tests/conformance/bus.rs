@@ -23,6 +23,7 @@ use chorus_eventbus::{
 use chorus_proto::eventbus::{event_bus_client::EventBusClient, event_bus_server::EventBusServer};
 use chorus_runtime::{
     storage::{Db, StorageConfig},
+    transport::Transport,
     wakeup::Wakeups,
 };
 use futures_util::future::BoxFuture;
@@ -77,7 +78,7 @@ impl tower::Service<http::Request<Body>> for Link {
 
 impl Bus {
     /// Serves a bus on a free loopback port; returns it and a client of it.
-    pub(crate) async fn start() -> (Self, EventBusClient<Channel>) {
+    pub(crate) async fn start() -> (Self, EventBusClient<Transport>) {
         let dir = tempfile::tempdir().expect("temp dir");
         let url = format!("sqlite://{}/bus.db?mode=rwc", dir.path().display());
         let db = Db::connect(&url, &StorageConfig::default()).await.expect("open the bus database");
@@ -100,7 +101,7 @@ impl Bus {
         let stop = shutdown.clone();
         tokio::spawn(server.serve_with_incoming_shutdown(TcpIncoming::from(listener), stop.cancelled_owned()));
         let channel = Channel::from_shared(format!("http://{address}")).expect("a valid url").connect_lazy();
-        (Self { bus, link, shutdown, _dir: dir }, EventBusClient::new(channel))
+        (Self { bus, link, shutdown, _dir: dir }, EventBusClient::new(Transport::remote(channel)))
     }
 
     /// The answers to the next `calls` calls are lost (their work is done).
