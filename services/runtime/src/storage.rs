@@ -241,8 +241,9 @@ impl Db {
         };
         let connect_error = |source| StorageError::Connect { url: redact_url(url), source };
         let options = sqlx::any::AnyConnectOptions::from_str(url).map_err(connect_error)?;
-        let readers = (backend == Backend::Sqlite && !sqlite::in_memory(url))
-            .then(|| (sqlite::readers(options.clone(), config), lane::Lane::new(sqlite::READERS as usize)));
+        let sqlite_file = backend == Backend::Sqlite && !sqlite::in_memory(url);
+        let readers =
+            sqlite_file.then(|| (sqlite::readers(options.clone(), config), lane::Lane::new(sqlite::READERS as usize)));
         let pool = AnyPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_millis(config.acquire_timeout_ms))
@@ -264,6 +265,9 @@ impl Db {
                         connection.execute("PRAGMA busy_timeout = 5000").await?;
                         connection.execute(sqlite::TEMP_STORE).await?;
                     }
+                    if sqlite_file {
+                        connection.execute(sqlite::WRITER_CHECKPOINT).await?;
+                    }
                     Ok(())
                 })
             })
@@ -278,6 +282,9 @@ impl Db {
             Backend::Postgres => max_connections as usize / 2,
             Backend::Sqlite => 1,
         });
+        if let Some((readers, readers_lane)) = &readers {
+            sqlite::spawn_checkpoints((readers.clone(), Arc::clone(readers_lane)), Arc::downgrade(&lane));
+        }
         let scripts = sqlite::script_batcher(pool.clone(), Arc::clone(&lane));
         Ok(Self { pool, lane, readers, scripts, backend, url: url.to_owned() })
     }

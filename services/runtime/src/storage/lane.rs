@@ -24,7 +24,10 @@
 use std::{
     collections::VecDeque,
     ops::{Deref, DerefMut},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Instant,
 };
 
@@ -42,6 +45,8 @@ pub(super) struct Lane {
     idle: Mutex<Option<Idle>>,
     /// One per connection the lane may hold; taken in the order asked for.
     turns: Arc<Semaphore>,
+    /// How many turns have ended so far.
+    ended: AtomicU64,
 }
 
 impl Lane {
@@ -51,6 +56,7 @@ impl Lane {
         Arc::new(Self {
             idle: Mutex::new(Some(VecDeque::with_capacity(capacity))),
             turns: Arc::new(Semaphore::new(capacity)),
+            ended: AtomicU64::new(0),
         })
     }
 
@@ -71,6 +77,12 @@ impl Lane {
             None => pool.acquire().await?,
         };
         Ok(DbConnection { connection: Some(connection), lane: Arc::clone(self), _turn: turn })
+    }
+
+    /// How many turns have ended so far: on SQLite's writer lane, a count
+    /// that moves after anything may have been written.
+    pub(super) fn turns_ended(&self) -> u64 {
+        self.ended.load(Ordering::Acquire)
     }
 
     /// Keeps `connection` warm for the next turn (the lane never holds more
@@ -196,6 +208,7 @@ impl Drop for DbConnection {
         if let Some(connection) = self.connection.take() {
             self.lane.put(connection);
         }
+        self.lane.ended.fetch_add(1, Ordering::Release);
     }
 }
 

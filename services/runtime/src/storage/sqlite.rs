@@ -1,7 +1,7 @@
 //! SQLite's reader connections, beside the one writer.
 
 use std::{
-    sync::{Arc, LazyLock, OnceLock},
+    sync::{Arc, LazyLock, OnceLock, Weak},
     time::Duration,
 };
 
@@ -50,6 +50,50 @@ pub(super) fn readers(options: AnyConnectOptions, config: &StorageConfig) -> Any
             })
         })
         .connect_lazy_with(options)
+}
+
+/// How often a reader checkpoints the WAL into the database file, when
+/// anything may have been written since the last time. Small checkpoints
+/// often: each holds the disk for a moment only.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(50);
+
+/// The writer checkpoints the WAL itself only once it is this long (in
+/// pages), when the readers' checkpoints fall behind. SQLite's default is
+/// 1,000 pages, checkpointed by the committing connection: here the one
+/// writer, whose turn every write waits for.
+pub(super) const WRITER_CHECKPOINT: &str = "PRAGMA wal_autocheckpoint = 10000";
+
+/// Copies the WAL's committed pages into the database file from a reader
+/// connection, beside the writer, every [`CHECKPOINT_EVERY`] in which a
+/// use of the writer ended: a passive checkpoint, which waits for no reader or
+/// writer. Ends once every clone of the `Db` is gone, or its readers are
+/// closed.
+pub(super) fn spawn_checkpoints(readers: (AnyPool, Arc<Lane>), writer: Weak<Lane>) {
+    tokio::spawn(async move {
+        let (pool, lane) = readers;
+        let mut ticks = tokio::time::interval(CHECKPOINT_EVERY);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut checkpointed_after = 0;
+        loop {
+            ticks.tick().await;
+            let Some(writer) = writer.upgrade() else { return };
+            if pool.is_closed() {
+                return;
+            }
+            let turns = writer.turns_ended();
+            if turns == checkpointed_after {
+                continue;
+            }
+            let checkpoint = match lane.acquire(&pool).await {
+                Ok(mut connection) => sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&mut *connection).await,
+                Err(error) => Err(error),
+            };
+            match checkpoint {
+                Ok(_) => checkpointed_after = turns,
+                Err(error) => tracing::debug!(%error, "WAL checkpoint failed; the next one retries"),
+            }
+        }
+    });
 }
 
 /// A script of writes that must land whole, for SQLite's writer: its
@@ -367,7 +411,7 @@ impl Db {
 mod tests {
     use std::{sync::LazyLock, time::Duration};
 
-    use super::TransactionScript;
+    use super::{CHECKPOINT_EVERY, TransactionScript};
     use crate::{
         storage::{
             Db, StorageConfig,
@@ -463,6 +507,27 @@ mod tests {
             "SAVEPOINT chorus_script; SELECT '$1;' || \"a;$2\" || $2 -- $3;\n; /* $4; */ SELECT $1; \
              SELECT '$1;' || \"a;$2\" || $4 -- $3;\n; /* $4; */ SELECT $3; RELEASE chorus_script"
         );
+    }
+
+    #[tokio::test]
+    async fn writes_reach_the_database_file_without_the_writer_checkpointing() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = demo_db(&dir).await;
+        let file = dir.path().join("chorus.db");
+        let size = || std::fs::metadata(&file).expect("the database file").len();
+        tokio::time::sleep(CHECKPOINT_EVERY * 4).await;
+        let before = size();
+        // Some hundred pages: far fewer than the writer's own checkpoint waits for.
+        let rows = "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < 20000) \
+                    INSERT INTO demo_rows (x) SELECT x FROM n";
+        sqlx::query(rows).execute(&mut *db.acquire().await.unwrap()).await.unwrap();
+        let grown = tokio::time::timeout(Duration::from_secs(5), async {
+            while size() <= before {
+                tokio::time::sleep(CHECKPOINT_EVERY).await;
+            }
+        });
+        grown.await.expect("a reader checkpointed the WAL into the file");
+        assert_eq!(demo_rows(&db).await.len(), 20_000);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
