@@ -28,6 +28,7 @@ use crate::{batch::Batcher, wakeup::Wakeups};
 mod demo;
 mod errors;
 mod lane;
+mod scripts;
 mod sql;
 mod sqlite;
 mod tx;
@@ -35,8 +36,8 @@ mod tx;
 pub use self::{
     errors::{DbErrorKind, classify, storage_error},
     lane::DbConnection,
+    scripts::TransactionScript,
     sql::{padded_len, placeholders},
-    sqlite::TransactionScript,
     tx::Tx,
 };
 
@@ -209,7 +210,7 @@ pub struct Db {
     readers: Option<(AnyPool, Arc<lane::Lane>)>,
     /// SQLite's transaction scripts, waiting for the writer in batches
     /// ([`run_transaction_script`](Self::run_transaction_script)).
-    scripts: Batcher<sqlite::PendingScript, sqlite::ScriptAnswer>,
+    scripts: Batcher<scripts::PendingScript, scripts::ScriptAnswer>,
     backend: Backend,
     url: String,
 }
@@ -285,7 +286,7 @@ impl Db {
         if let Some((readers, readers_lane)) = &readers {
             sqlite::spawn_checkpoints((readers.clone(), Arc::clone(readers_lane)), Arc::downgrade(&lane));
         }
-        let scripts = sqlite::script_batcher(pool.clone(), Arc::clone(&lane));
+        let scripts = scripts::script_batcher(pool.clone(), Arc::clone(&lane));
         Ok(Self { pool, lane, readers, scripts, backend, url: url.to_owned() })
     }
 
