@@ -24,6 +24,8 @@ pub enum EventBusError {
     NotInFlight { id: DeliveryId, state: DeliveryState, action: &'static str },
     #[error("delivery {id} is not a dead letter of handler {handler}")]
     NotDeadLettered { id: DeliveryId, handler: String },
+    #[error("consumer {0} opened a newer stream, which replaces this one")]
+    StreamSuperseded(String),
     #[error("the database is unavailable, retry later: {0}")]
     Unavailable(sqlx::Error),
     #[error("storage error: {0}")]
@@ -49,6 +51,7 @@ impl ServiceError for EventBusError {
             | Self::DeliveryFinished { .. }
             | Self::NotInFlight { .. }
             | Self::NotDeadLettered { .. } => ErrorCode::FailedPrecondition,
+            Self::StreamSuperseded(_) => ErrorCode::Aborted,
             Self::Unavailable(_) => ErrorCode::Unavailable,
             Self::Storage(_) | Self::Corrupt(_) => ErrorCode::Internal,
         }

@@ -268,9 +268,20 @@ pub struct ClaimRequest {
     pub namespace: String,
     pub handler: String,
     pub consumer_id: String,
+    /// The consumer's stream claiming, as [`OpenedStream`] numbered it: a
+    /// claim by a stream the consumer has since replaced fails.
+    pub stream: i64,
     /// Most deliveries the consumer may hold at once.
     pub max_in_flight: u32,
     pub now: i64,
+}
+
+/// A consumer's new stream: its number, and the deliveries still leased to
+/// the consumer that it sends again first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpenedStream {
+    pub stream: i64,
+    pub resent: Vec<Delivery>,
 }
 
 /// Deliveries leased by a claim; when the handler next has work due without

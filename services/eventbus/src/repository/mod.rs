@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use crate::{
     domain::{
         Claim, ClaimRequest, Delivery, DeliveryId, DeliveryPage, DeliveryQuery, EventPage, EventQuery, Handler,
-        HandlerSpec, HandlerView, Nack, NewEvent, Published, Replayed,
+        HandlerSpec, HandlerView, Nack, NewEvent, OpenedStream, Published, Replayed,
     },
     error::Result,
 };
@@ -49,16 +49,18 @@ pub trait EventRepository: Send + Sync + std::fmt::Debug + 'static {
     /// (leases that ran out, skips).
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim>;
 
-    /// Renews and returns the deliveries still leased to `consumer_id` above
-    /// `after` (all when `None`), to send them again.
-    async fn reclaim(
+    /// Opens a new stream for `consumer_id`, which replaces its previous one:
+    /// from now on that one's claims fail with `StreamSuperseded`. Renews and
+    /// returns the deliveries still leased to the consumer above `after`
+    /// (all when `None`), to send them again.
+    async fn open_stream(
         &self,
         namespace: &str,
         handler: &str,
         consumer_id: &str,
         after: Option<i64>,
         now: i64,
-    ) -> Result<Vec<Delivery>>;
+    ) -> Result<OpenedStream>;
 
     /// Acks deliveries, all or none.
     async fn ack(&self, namespace: &str, ids: &[DeliveryId], now: i64) -> Result<()>;

@@ -13,7 +13,7 @@ use chorus_runtime::{feed::forward, wakeup::wait_any};
 
 use super::{EventBus, keys};
 use crate::{
-    domain::{ClaimRequest, Delivery, Event, EventQuery, Pattern},
+    domain::{ClaimRequest, Delivery, Event, EventQuery, OpenedStream, Pattern},
     error::Result,
 };
 
@@ -67,25 +67,32 @@ impl EventBus {
     pub async fn subscribe(&self, subscription: Subscription) -> Result<ReceiverStream<Result<Delivery>>> {
         let Subscription { namespace, handler, consumer_id, after, .. } = &subscription;
         // Also the existence check: it fails for an unknown handler.
-        let resent = self.repository.reclaim(namespace, handler, consumer_id, *after, now_micros()).await?;
+        let opened = self.repository.open_stream(namespace, handler, consumer_id, *after, now_micros()).await?;
         let (sender, receiver) = mpsc::channel(subscription.max_in_flight.max(1) as usize);
         let bus = self.clone();
-        tokio::spawn(async move { bus.feed_deliveries(subscription, resent, sender).await });
+        tokio::spawn(async move { bus.feed_deliveries(subscription, opened, sender).await });
         Ok(ReceiverStream::new(receiver))
     }
 
     async fn feed_deliveries(
         self,
         subscription: Subscription,
-        resent: Vec<Delivery>,
+        opened: OpenedStream,
         sender: mpsc::Sender<Result<Delivery>>,
     ) {
         let Subscription { namespace, handler, consumer_id, max_in_flight, .. } = subscription;
         let _guard = ConsumerGuard::new(&self, &namespace, &handler);
-        if !forward(Ok(resent), &sender).await {
+        if !forward(Ok(opened.resent), &sender).await {
             return;
         }
-        let mut request = ClaimRequest { namespace, handler, consumer_id, max_in_flight: max_in_flight.max(1), now: 0 };
+        let mut request = ClaimRequest {
+            namespace,
+            handler,
+            consumer_id,
+            stream: opened.stream,
+            max_in_flight: max_in_flight.max(1),
+            now: 0,
+        };
         let mut waits_on: Vec<String> = Vec::new();
         loop {
             // Created before the read: a publish or registration, this

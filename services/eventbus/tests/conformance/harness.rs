@@ -65,11 +65,17 @@ impl Harness {
         self.claim_as(handler, "c1", max).await
     }
 
+    /// Claims on a stream opened for the claim, which takes back nothing
+    /// (its cursor is past every lease).
     pub(crate) async fn claim_as(&self, handler: &str, consumer: &str, max: u32) -> Vec<Delivery> {
+        let opened =
+            self.repository.open_stream(NS, handler, consumer, Some(i64::MAX), now_micros()).await.expect("open");
+        assert!(opened.resent.is_empty(), "{:?}", opened.resent);
         let request = ClaimRequest {
             namespace: NS.into(),
             handler: handler.into(),
             consumer_id: consumer.into(),
+            stream: opened.stream,
             max_in_flight: max,
             now: now_micros(),
         };

@@ -7,10 +7,11 @@ use std::{
 
 use async_trait::async_trait;
 use chorus_eventbus::{
-    domain::{DeliveryState, Event, FailurePolicy},
+    domain::{Claim, ClaimRequest, DeliveryState, Event, FailurePolicy},
     error::EventBusError,
     service::{EventHandler, HandlerFailure, Subscription},
 };
+use chorus_runtime::time::now_micros;
 use futures_util::StreamExt as _;
 
 use crate::harness::{Harness, NS, conformance, event, id, spec};
@@ -18,6 +19,7 @@ use crate::harness::{Harness, NS, conformance, event, id, spec};
 conformance!(
     a_subscription_receives_in_order_and_waits_for_more,
     a_reconnecting_consumer_gets_its_leases_again,
+    a_new_stream_of_a_consumer_replaces_its_previous_one,
     deregistering_ends_open_subscriptions,
     the_log_streams_from_a_sequence_then_live,
     in_process_handlers_run_in_dependency_order_with_retries,
@@ -74,6 +76,49 @@ async fn a_reconnecting_consumer_gets_its_leases_again(h: Harness) {
         again.push(tokio::time::timeout(WAIT, stream.next()).await.unwrap().unwrap().unwrap().id.sequence);
     }
     assert_eq!(again, [1, 2, 3]);
+}
+
+/// A stream a crashed consumer left behind (its server side not yet aware
+/// the client went away) must lease nothing after the consumer's new stream
+/// took back its leases: nobody would get those deliveries until their
+/// leases ran out, after the newer events.
+async fn a_new_stream_of_a_consumer_replaces_its_previous_one(h: Harness) {
+    // Through the service: the first subscription ends at its next claim (a
+    // publish wakes it) without a delivery, and the second gets them in order.
+    h.handler("a", &[], FailurePolicy::Fail).await;
+    let mut first = h.bus.subscribe(subscription("a", "c1", None)).await.unwrap();
+    let mut second = h.bus.subscribe(subscription("a", "c1", None)).await.unwrap();
+    h.bus.publish(NS, (0..4).map(|_| event("x")).collect()).await.unwrap();
+    let mut received = Vec::new();
+    while received.len() < 3 {
+        received.push(tokio::time::timeout(WAIT, second.next()).await.unwrap().unwrap().unwrap().id.sequence);
+    }
+    assert_eq!(received, [1, 2, 3]);
+    let end = tokio::time::timeout(WAIT, first.next()).await.expect("the first stream ends");
+    assert!(matches!(end, Some(Err(EventBusError::StreamSuperseded(_)))), "{end:?}");
+    assert!(tokio::time::timeout(WAIT, first.next()).await.unwrap().is_none());
+
+    // The repository: a claim on a replaced stream fails and leases nothing.
+    h.handler("b", &[], FailurePolicy::Fail).await;
+    let open = |consumer: &'static str| h.repository.open_stream(NS, "b", consumer, None, now_micros());
+    let old = open("c1").await.unwrap();
+    let new = open("c1").await.unwrap();
+    assert!(new.stream > old.stream, "{} after {}", new.stream, old.stream);
+    let claim = |stream: i64| ClaimRequest {
+        namespace: NS.into(),
+        handler: "b".into(),
+        consumer_id: "c1".into(),
+        stream,
+        max_in_flight: 2,
+        now: now_micros(),
+    };
+    let sequences = |claim: Claim| claim.deliveries.iter().map(|delivery| delivery.id.sequence).collect::<Vec<_>>();
+    let refused = h.repository.claim(&claim(old.stream)).await.unwrap_err();
+    assert!(matches!(&refused, EventBusError::StreamSuperseded(consumer) if consumer == "c1"), "{refused}");
+    assert_eq!(sequences(h.repository.claim(&claim(new.stream)).await.unwrap()), [1, 2]);
+    // Another consumer's new stream replaces none of c1's.
+    open("c2").await.unwrap();
+    assert_eq!(sequences(h.repository.claim(&claim(new.stream)).await.unwrap()), Vec::<i64>::new(), "c1 holds two");
 }
 
 async fn deregistering_ends_open_subscriptions(h: Harness) {

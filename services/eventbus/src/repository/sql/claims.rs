@@ -1,5 +1,6 @@
 //! Claims: a handler's next ready deliveries, leased to one consumer in
-//! sequence order, and the leases a reconnecting consumer still holds.
+//! sequence order, and a consumer's new stream, which takes back the leases
+//! the consumer still holds.
 
 use chorus_runtime::time::micros;
 use sqlx::{AnyConnection, AssertSqlSafe, Row as _};
@@ -10,24 +11,39 @@ use super::{
     load_handlers, participants,
 };
 use crate::{
-    domain::{Claim, ClaimRequest, Delivery, DeliveryId, Handlers, Verdict, ancestors, verdict},
+    domain::{Claim, ClaimRequest, DeliveryId, Handlers, OpenedStream, Verdict, ancestors, verdict},
     error::{EventBusError, Result},
 };
 
 impl SqlEventRepository {
     pub(super) async fn claim_deliveries(&self, request: &ClaimRequest) -> Result<Claim> {
-        let ClaimRequest { namespace, handler: name, consumer_id, max_in_flight, now } = request;
+        let ClaimRequest { namespace, handler: name, consumer_id, stream, max_in_flight, now } = request;
         let now = *now;
         // A claim's commit need not wait for the disk: a lease lost in a crash
         // only means a redelivery, and what else a claim settles (expired
         // leases, skips) is derived again by the next one.
         let mut tx = self.db.begin_relaxed().await?;
-        let lock =
-            format!("SELECT name FROM eventbus_handlers WHERE namespace = $1 AND name = $2{}", self.for_update());
-        let found: Option<String> =
-            sqlx::query_scalar(AssertSqlSafe(lock)).bind(namespace).bind(name).fetch_optional(&mut *tx).await?;
-        if found.is_none() {
-            return Err(EventBusError::HandlerNotFound(name.clone()));
+        // The handler's lock, which opening a stream takes too: a stream
+        // opened after this claim sees its leases, and one opened before it
+        // has a newer number than this claim's.
+        let lock = format!(
+            "SELECT c.stream FROM eventbus_handlers h LEFT JOIN eventbus_consumers c \
+             ON c.namespace = h.namespace AND c.handler = h.name AND c.consumer_id = $3 \
+             WHERE h.namespace = $1 AND h.name = $2{}",
+            self.db.on_postgres(" FOR UPDATE OF h")
+        );
+        let latest: Option<Option<i64>> = sqlx::query_scalar(AssertSqlSafe(lock))
+            .bind(namespace)
+            .bind(name)
+            .bind(consumer_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        match latest {
+            None => return Err(EventBusError::HandlerNotFound(name.clone())),
+            Some(latest) if latest != Some(*stream) => {
+                return Err(EventBusError::StreamSuperseded(consumer_id.clone()));
+            }
+            Some(_) => {}
         }
         let handlers = load_handlers(&mut tx, namespace).await?;
         let handler = &handlers[name];
@@ -161,18 +177,35 @@ impl SqlEventRepository {
         Ok(())
     }
 
-    pub(super) async fn reclaim_deliveries(
+    pub(super) async fn open_consumer_stream(
         &self,
         namespace: &str,
         handler: &str,
         consumer_id: &str,
         after: Option<i64>,
         now: i64,
-    ) -> Result<Vec<Delivery>> {
+    ) -> Result<OpenedStream> {
         let mut tx = self.begin().await?;
+        let lock =
+            format!("SELECT name FROM eventbus_handlers WHERE namespace = $1 AND name = $2{}", self.for_update());
+        let found: Option<String> =
+            sqlx::query_scalar(AssertSqlSafe(lock)).bind(namespace).bind(handler).fetch_optional(&mut *tx).await?;
+        if found.is_none() {
+            return Err(EventBusError::HandlerNotFound(handler.to_owned()));
+        }
+        let stream: i64 = sqlx::query_scalar(
+            "INSERT INTO eventbus_consumers (namespace, handler, consumer_id, stream) VALUES ($1, $2, $3, 1) \
+             ON CONFLICT (namespace, handler, consumer_id) DO UPDATE SET stream = eventbus_consumers.stream + 1 \
+             RETURNING stream",
+        )
+        .bind(namespace)
+        .bind(handler)
+        .bind(consumer_id)
+        .fetch_one(&mut *tx)
+        .await?;
         let handlers = load_handlers(&mut tx, namespace).await?;
         let definition = handlers.get(handler).ok_or_else(|| EventBusError::HandlerNotFound(handler.to_owned()))?;
-        let sequences: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+        let mut sequences: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
             "UPDATE eventbus_deliveries SET visible_until = $5, updated_at = $6 WHERE namespace = $1 AND handler = $2 \
              AND {INDEXED} AND consumer_id = $3 AND state = 'in_flight' AND sequence > $4 AND visible_until > $6 \
              RETURNING sequence"
@@ -185,10 +218,9 @@ impl SqlEventRepository {
         .bind(now)
         .fetch_all(&mut *tx)
         .await?;
-        let mut sequences = sequences;
         sequences.sort_unstable();
-        let deliveries = deliveries_with_events(&mut tx, namespace, handler, &sequences).await?;
+        let resent = deliveries_with_events(&mut tx, namespace, handler, &sequences).await?;
         tx.commit().await?;
-        Ok(deliveries)
+        Ok(OpenedStream { stream, resent })
     }
 }

@@ -96,7 +96,7 @@ impl SqlEventRepository {
         if removed.rows_affected() == 0 {
             return Err(EventBusError::HandlerNotFound(name.to_owned()));
         }
-        for table in ["eventbus_handler_types", "eventbus_deliveries"] {
+        for table in ["eventbus_handler_types", "eventbus_deliveries", "eventbus_consumers"] {
             sqlx::query(AssertSqlSafe(format!("DELETE FROM {table} WHERE namespace = $1 AND handler = $2")))
                 .bind(namespace)
                 .bind(name)

@@ -26,7 +26,11 @@ use crate::{
 /// The event bus's embedded migrations.
 pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
     "eventbus",
-    [(1, "eventbus", "0001_eventbus.sql"), (2, "hot claims", "0002_hot_claims.sql")]
+    [
+        (1, "eventbus", "0001_eventbus.sql"),
+        (2, "hot claims", "0002_hot_claims.sql"),
+        (3, "consumer streams", "0003_consumer_streams.sql")
+    ]
 );
 
 /// Event bus storage on a [`Db`].

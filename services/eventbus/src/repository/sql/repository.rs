@@ -9,7 +9,7 @@ use super::SqlEventRepository;
 use crate::{
     domain::{
         Claim, ClaimRequest, Delivery, DeliveryId, DeliveryPage, DeliveryQuery, EventPage, EventQuery, Handler,
-        HandlerSpec, HandlerView, Nack, NewEvent, Published, Replayed,
+        HandlerSpec, HandlerView, Nack, NewEvent, OpenedStream, Published, Replayed,
     },
     error::Result,
     repository::EventRepository,
@@ -50,15 +50,15 @@ impl EventRepository for SqlEventRepository {
         self.claim_deliveries(request).await
     }
 
-    async fn reclaim(
+    async fn open_stream(
         &self,
         namespace: &str,
         handler: &str,
         consumer_id: &str,
         after: Option<i64>,
         now: i64,
-    ) -> Result<Vec<Delivery>> {
-        self.reclaim_deliveries(namespace, handler, consumer_id, after, now).await
+    ) -> Result<OpenedStream> {
+        self.open_consumer_stream(namespace, handler, consumer_id, after, now).await
     }
 
     async fn ack(&self, namespace: &str, ids: &[DeliveryId], now: i64) -> Result<()> {
