@@ -29,6 +29,9 @@ const NODE_DIR_VAR: &str = "PEERS_ACP_DIR";
 const CLIENT_DEADLINE: Duration = Duration::from_secs(120);
 /// The reviewer's pause between steps: long enough to cancel a turn in.
 const PACE_MS: u64 = 300;
+/// Its pause in a turn that a new acpx process cancels: node starts slowly
+/// on a loaded machine, and the cancel ends the pause at once.
+const CANCEL_PACE_MS: u64 = 20_000;
 /// The gateway's bearer token in these tests.
 const TOKEN: &str = "ide-token-for-tests";
 
@@ -185,7 +188,7 @@ fn stop_reason(frames: &[Value]) -> Option<&str> {
 async fn acpx_prompts_resumes_and_cancels_through_chorus_acp() {
     let Some(node_dir) = node_dir() else { return };
     let sandbox = Sandbox::new();
-    let (server, _reviewer) = stack(&sandbox, None).await;
+    let (server, mut reviewer) = stack(&sandbox, None).await;
     let home = sandbox.path().join("home");
     std::fs::create_dir_all(&home).expect("home");
     let url = server.url();
@@ -242,7 +245,10 @@ async fn acpx_prompts_resumes_and_cancels_through_chorus_acp() {
     let session = sessions[0].0.clone().expect("a session id");
     assert_eq!(tasks_of(url, &session).await.len(), 2, "both prompts went to one A2A context");
 
-    // A cancel from another acpx process, mid-turn.
+    // A cancel from another acpx process, mid-turn, while the reviewer
+    // pauses long between steps.
+    reviewer.kill().await;
+    let _reviewer = acp::reviewer(&sandbox, url, CANCEL_PACE_MS);
     let args = ["--approve-all", "--format", "json", "prompt", "one to cancel"];
     let mut prompt = acpx(&node_dir, &home, sandbox.path(), url, &args);
     prompt.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
