@@ -51,12 +51,15 @@ static INSERT_EVENTS_POSTGRES: LazyLock<String> = LazyLock::new(|| {
 /// Appends the events of the JSON list $2 (see [`LoggedEvent`]) to namespace
 /// $1's log, published at $3: one statement, whatever the batch's size. (A
 /// VALUES row per event makes a statement SQLite prepares and binds in time
-/// quadratic in its parameters.)
+/// quadratic in its parameters.) The list is parsed once, into JSONB, whose
+/// fields are then read without parsing again: with `json_each` over the
+/// text, each of the nine `->>` parsed its event anew, 15 µs an event
+/// against 6.
 const INSERT_EVENTS_SQLITE: &str = "INSERT INTO eventbus_events (namespace, sequence, type, source, subject, \
      payload, content_type, attributes, idempotency_key, time, published_at) \
      SELECT $1, e.value ->> 'sequence', e.value ->> 'type', e.value ->> 'source', e.value ->> 'subject', \
      unhex(e.value ->> 'payload'), e.value ->> 'content_type', e.value ->> 'attributes', \
-     e.value ->> 'idempotency_key', e.value ->> 'time', $3 FROM json_each($2) AS e";
+     e.value ->> 'idempotency_key', e.value ->> 'time', $3 FROM jsonb_each(jsonb($2)) AS e";
 
 /// One event of an insert's JSON list.
 #[derive(serde::Serialize)]
