@@ -1,6 +1,6 @@
 //! The parsed content of a workflow definition.
 
-use std::time::Duration;
+use std::{collections::BTreeSet, time::Duration};
 
 use serde_json::{Map, Value};
 
@@ -85,6 +85,10 @@ pub struct Step {
     pub id: String,
     pub condition: Option<String>,
     pub action: Action,
+    /// The names its templates and conditions use (`inputs`, `run`, step
+    /// ids, ...): all its templates see, and all a run's scope needs to hold
+    /// for it.
+    pub roots: BTreeSet<String>,
 }
 
 /// What a step does.

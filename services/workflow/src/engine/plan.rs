@@ -316,7 +316,7 @@ impl Planner<'_> {
     pub(crate) fn start(&self, run: &mut Run, step: &Step, parent: Option<&str>) {
         let iteration =
             run.body.steps.iter().filter(|r| r.step_id == step.id).map(|r| r.iteration).max().unwrap_or(0) + 1;
-        let scope = Scope::of(run, self.config, &step.id, iteration);
+        let scope = Scope::of(run, self.config, &step.id, iteration, Some(&step.roots));
         let mut record = StepRecord {
             seq: u32::try_from(run.body.steps.len() + 1).unwrap_or(u32::MAX),
             step_id: step.id.clone(),

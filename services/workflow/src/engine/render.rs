@@ -2,7 +2,10 @@
 //! definition was checked with, over `inputs`, `trigger`, `config`, `run`,
 //! earlier steps, and on a rerun `feedback` and `previous`.
 
-use std::{collections::BTreeMap, sync::LazyLock};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::LazyLock,
+};
 
 use minijinja::{Environment, UndefinedBehavior};
 use serde::Serialize;
@@ -59,17 +62,31 @@ fn environment() -> &'static Environment<'static> {
 }
 
 impl Scope {
-    /// The scope of a record of `step_id` in `iteration`.
-    pub(crate) fn of(run: &Run, config: &Value, step_id: &str, iteration: u32) -> Self {
+    /// The scope of a record of `step_id` in `iteration`, holding only the
+    /// names in `roots` (`None`: every name) besides a rerun's `feedback` and
+    /// `previous`.
+    pub(crate) fn of(
+        run: &Run,
+        config: &Value,
+        step_id: &str,
+        iteration: u32,
+        roots: Option<&BTreeSet<String>>,
+    ) -> Self {
         let body = &run.body;
-        // Borrowed, and converted once: the run's data is not copied first.
+        let used = |name: &str| roots.is_none_or(|roots| roots.contains(name));
+        // Borrowed, and converted once: the run's data is not copied first,
+        // and what the templates do not name is not converted at all (every
+        // finished step's output, for each step started).
         let mut context: BTreeMap<&str, Entry<'_>> = BTreeMap::new();
-        context.insert("inputs", Entry::Object(&body.input));
-        context.insert("trigger", Entry::Json(&body.trigger));
-        context.insert("config", Entry::Json(config));
-        context.insert("run", Entry::Run { id: &run.id, workflow: &run.workflow, version: run.version });
+        let names = [
+            ("inputs", Entry::Object(&body.input)),
+            ("trigger", Entry::Json(&body.trigger)),
+            ("config", Entry::Json(config)),
+            ("run", Entry::Run { id: &run.id, workflow: &run.workflow, version: run.version }),
+        ];
+        context.extend(names.into_iter().filter(|(name, _)| used(name)));
         for record in &body.steps {
-            if !record.state.is_finished() || record.state == StepState::Canceled {
+            if !record.state.is_finished() || record.state == StepState::Canceled || !used(&record.step_id) {
                 continue;
             }
             let seen = Seen {
@@ -205,7 +222,8 @@ mod tests {
 
     #[test]
     fn templates_conditions_and_whole_placeholders() {
-        let scope = Scope::of(&run(serde_json::json!({"n": 3, "who": "ann"})), &serde_json::json!({"x": 1}), "s", 1);
+        let scope =
+            Scope::of(&run(serde_json::json!({"n": 3, "who": "ann"})), &serde_json::json!({"x": 1}), "s", 1, None);
         assert_eq!(scope.render("hi {{ inputs.who }}").unwrap(), "hi ann");
         assert!(scope.condition("{{ inputs.n }} > 2").unwrap());
         assert!(!scope.condition("inputs.n < 2").unwrap());
@@ -214,5 +232,13 @@ mod tests {
         let value = scope.render_value(&serde_json::json!({"all": "{{ inputs }}", "n": "{{ inputs.n }}"})).unwrap();
         assert_eq!(value, serde_json::json!({"all": {"n": 3, "who": "ann"}, "n": 3}));
         assert!(scope.condition("{{ inputs.n }} <").is_err());
+    }
+
+    #[test]
+    fn a_scope_holds_only_the_names_its_step_uses() {
+        let roots = BTreeSet::from(["inputs".to_owned()]);
+        let scope =
+            Scope::of(&run(serde_json::json!({"who": "ann"})), &serde_json::json!({"x": 1}), "s", 1, Some(&roots));
+        assert_eq!(scope.render("{{ inputs.who }}/{{ config.x }}/{{ run.id }}").unwrap(), "ann//");
     }
 }

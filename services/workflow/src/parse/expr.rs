@@ -1,7 +1,7 @@
 //! Templates and conditions: one expression language (minijinja), compiled
 //! at definition time, with references checked against earlier steps.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 
 use minijinja::Environment;
 
@@ -58,18 +58,28 @@ pub(crate) fn condition_source(text: &str) -> String {
     out
 }
 
+/// The names an expression uses, or why it does not compile.
+fn variables(env: &Environment<'_>, expression: &Expression) -> Result<HashSet<String>, minijinja::Error> {
+    match expression.kind {
+        ExprKind::Template => env.template_from_str(&expression.text).map(|t| t.undeclared_variables(false)),
+        ExprKind::Condition => {
+            env.compile_expression_owned(condition_source(&expression.text)).map(|e| e.undeclared_variables(false))
+        }
+    }
+}
+
+/// Every name the expressions that compile use.
+pub(crate) fn roots(expressions: &[Expression]) -> BTreeSet<String> {
+    let env = Environment::new();
+    expressions.iter().filter_map(|expression| variables(&env, expression).ok()).flatten().collect()
+}
+
 /// Compiles every expression and checks what each refers to. `declared`
 /// holds every step id of the definition.
 pub(crate) fn check(reader: &mut Reader, expressions: &[Expression], declared: &BTreeSet<String>) {
     let env = Environment::new();
     for expression in expressions {
-        let variables = match expression.kind {
-            ExprKind::Template => env.template_from_str(&expression.text).map(|t| t.undeclared_variables(false)),
-            ExprKind::Condition => {
-                env.compile_expression_owned(condition_source(&expression.text)).map(|e| e.undeclared_variables(false))
-            }
-        };
-        match variables {
+        match variables(&env, expression) {
             Ok(variables) => references(reader, expression, declared, variables.into_iter().collect()),
             Err(error) => {
                 let what = match expression.kind {

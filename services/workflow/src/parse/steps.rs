@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use serde_json::Value;
 
 use super::{
-    expr::{ExprKind, Expression, RESERVED_ROOTS},
+    expr::{self, ExprKind, Expression, RESERVED_ROOTS},
     reader::{Fields, Node, Reader, join},
     top::Walk,
 };
@@ -62,6 +62,7 @@ fn collect_ids(steps: &[Step], into: &mut BTreeSet<String>) {
 }
 
 fn step(reader: &mut Reader, node: &Node<'_>, path: &str, visible: &BTreeSet<String>, walk: &mut Walk) -> Option<Step> {
+    let first_expression = walk.expressions.len();
     let fields = reader.mapping(node, path, &[])?;
     let unknown: Vec<&str> = fields.keys().filter(|key| !STEP_FIELDS.contains(key)).collect();
     let kinds: Vec<&str> = fields.keys().filter(|key| KINDS.contains(key)).collect();
@@ -102,7 +103,8 @@ fn step(reader: &mut Reader, node: &Node<'_>, path: &str, visible: &BTreeSet<Str
             scope.action(kind, body)
         }
     };
-    Some(Step { id: id?, condition, action: action? })
+    let roots = expr::roots(&walk.expressions[first_expression..]);
+    Some(Step { id: id?, condition, action: action?, roots })
 }
 
 fn step_id(reader: &mut Reader, node: &Node<'_>, path: &str, walk: &mut Walk) -> Option<String> {

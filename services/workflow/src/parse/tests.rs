@@ -94,3 +94,13 @@ fn a_valid_gate_and_warnings_do_not_block() {
     assert_eq!(parsed.problems.len(), 1);
     assert_eq!(parsed.problems[0].code, "persistence_backend");
 }
+
+#[test]
+fn a_step_knows_the_names_its_templates_and_condition_use() {
+    let source = "name: x\nsteps:\n  - id: a\n    message: {topic: t, text: hi}\n  - id: b\n    condition: \"{{ a.output.ok }}\"\n    message: {to: \"{{ inputs.who }}\", text: \"{{ run.id }} {{ a.error | default('') }}\"}\n";
+    let parsed = parse(source, "wf.yaml");
+    assert!(parsed.problems.is_empty(), "{:?}", parsed.problems);
+    let steps = parsed.spec.expect("valid").steps;
+    assert!(steps[0].roots.is_empty(), "{:?}", steps[0].roots);
+    assert_eq!(steps[1].roots.iter().map(String::as_str).collect::<Vec<_>>(), ["a", "inputs", "run"]);
+}
