@@ -62,6 +62,9 @@ pub trait EventRepository: Send + Sync + std::fmt::Debug + 'static {
         now: i64,
     ) -> Result<OpenedStream>;
 
+    /// Forgets a consumer's stream that ended, unless another replaced it.
+    async fn close_stream(&self, namespace: &str, handler: &str, consumer_id: &str, stream: i64) -> Result<()>;
+
     /// Acks deliveries, all or none.
     async fn ack(&self, namespace: &str, ids: &[DeliveryId], now: i64) -> Result<()>;
 

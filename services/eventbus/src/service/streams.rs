@@ -70,7 +70,16 @@ impl EventBus {
         let opened = self.repository.open_stream(namespace, handler, consumer_id, *after, now_micros()).await?;
         let (sender, receiver) = mpsc::channel(subscription.max_in_flight.max(1) as usize);
         let bus = self.clone();
-        tokio::spawn(async move { bus.feed_deliveries(subscription, opened, sender).await });
+        tokio::spawn(async move {
+            let Subscription { namespace, handler, consumer_id, .. } = subscription.clone();
+            let stream = opened.stream;
+            bus.clone().feed_deliveries(subscription, opened, sender).await;
+            // Its row goes, unless a newer stream replaced it: the table
+            // holds the consumers' open streams, not every one there was.
+            if let Err(error) = bus.repository.close_stream(&namespace, &handler, &consumer_id, stream).await {
+                tracing::debug!(%error, "a closed stream's row stays");
+            }
+        });
         Ok(ReceiverStream::new(receiver))
     }
 

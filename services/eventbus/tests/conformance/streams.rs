@@ -97,13 +97,30 @@ async fn a_new_stream_of_a_consumer_replaces_its_previous_one(h: Harness) {
     let end = tokio::time::timeout(WAIT, first.next()).await.expect("the first stream ends");
     assert!(matches!(end, Some(Err(EventBusError::StreamSuperseded(_)))), "{end:?}");
     assert!(tokio::time::timeout(WAIT, first.next()).await.unwrap().is_none());
+    // When the second ends too, no stream of c1 is left to protect: its row
+    // goes, and a claim under any number may lease again.
+    drop(second);
+    let any_number = |handler: &str| ClaimRequest {
+        namespace: NS.into(),
+        handler: handler.into(),
+        consumer_id: "c1".into(),
+        stream: 42,
+        max_in_flight: 10,
+        now: now_micros(),
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while let Err(error) = h.repository.claim(&any_number("a")).await {
+        assert!(matches!(error, EventBusError::StreamSuperseded(_)), "{error}");
+        assert!(tokio::time::Instant::now() < deadline, "the ended stream's row stayed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     // The repository: a claim on a replaced stream fails and leases nothing.
     h.handler("b", &[], FailurePolicy::Fail).await;
     let open = |consumer: &'static str| h.repository.open_stream(NS, "b", consumer, None, now_micros());
     let old = open("c1").await.unwrap();
     let new = open("c1").await.unwrap();
-    assert!(new.stream > old.stream, "{} after {}", new.stream, old.stream);
+    assert_ne!(new.stream, old.stream);
     let claim = |stream: i64| ClaimRequest {
         namespace: NS.into(),
         handler: "b".into(),
@@ -119,6 +136,12 @@ async fn a_new_stream_of_a_consumer_replaces_its_previous_one(h: Harness) {
     // Another consumer's new stream replaces none of c1's.
     open("c2").await.unwrap();
     assert_eq!(sequences(h.repository.claim(&claim(new.stream)).await.unwrap()), Vec::<i64>::new(), "c1 holds two");
+    // Closing a replaced stream changes nothing; closing the open one
+    // forgets it.
+    h.repository.close_stream(NS, "b", "c1", old.stream).await.unwrap();
+    assert!(h.repository.claim(&claim(old.stream)).await.is_err(), "the newer stream still fences the old one");
+    h.repository.close_stream(NS, "b", "c1", new.stream).await.unwrap();
+    assert!(h.repository.claim(&claim(old.stream)).await.is_ok(), "no open stream of c1 is left to fence");
 }
 
 async fn deregistering_ends_open_subscriptions(h: Harness) {

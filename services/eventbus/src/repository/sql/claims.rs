@@ -25,7 +25,8 @@ impl SqlEventRepository {
         let mut tx = self.db.begin_relaxed().await?;
         // The handler's lock, which opening a stream takes too: a stream
         // opened after this claim sees its leases, and one opened before it
-        // has a newer number than this claim's.
+        // left another number than this claim's (no row: no stream of the
+        // consumer is open elsewhere).
         let lock = format!(
             "SELECT c.stream FROM eventbus_handlers h LEFT JOIN eventbus_consumers c \
              ON c.namespace = h.namespace AND c.handler = h.name AND c.consumer_id = $3 \
@@ -40,7 +41,7 @@ impl SqlEventRepository {
             .await?;
         match latest {
             None => return Err(EventBusError::HandlerNotFound(name.clone())),
-            Some(latest) if latest != Some(*stream) => {
+            Some(Some(latest)) if latest != *stream => {
                 return Err(EventBusError::StreamSuperseded(consumer_id.clone()));
             }
             Some(_) => {}
@@ -193,15 +194,17 @@ impl SqlEventRepository {
         if found.is_none() {
             return Err(EventBusError::HandlerNotFound(handler.to_owned()));
         }
-        let stream: i64 = sqlx::query_scalar(
-            "INSERT INTO eventbus_consumers (namespace, handler, consumer_id, stream) VALUES ($1, $2, $3, 1) \
-             ON CONFLICT (namespace, handler, consumer_id) DO UPDATE SET stream = eventbus_consumers.stream + 1 \
-             RETURNING stream",
+        // Drawn, not counted: a count would start again once the row went.
+        let stream = i64::from_ne_bytes(uuid::Uuid::new_v4().as_u64_pair().0.to_ne_bytes());
+        sqlx::query(
+            "INSERT INTO eventbus_consumers (namespace, handler, consumer_id, stream) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (namespace, handler, consumer_id) DO UPDATE SET stream = excluded.stream",
         )
         .bind(namespace)
         .bind(handler)
         .bind(consumer_id)
-        .fetch_one(&mut *tx)
+        .bind(stream)
+        .execute(&mut *tx)
         .await?;
         let handlers = load_handlers(&mut tx, namespace).await?;
         let definition = handlers.get(handler).ok_or_else(|| EventBusError::HandlerNotFound(handler.to_owned()))?;
@@ -222,5 +225,25 @@ impl SqlEventRepository {
         let resent = deliveries_with_events(&mut tx, namespace, handler, &sequences).await?;
         tx.commit().await?;
         Ok(OpenedStream { stream, resent })
+    }
+
+    pub(super) async fn close_consumer_stream(
+        &self,
+        namespace: &str,
+        handler: &str,
+        consumer_id: &str,
+        stream: i64,
+    ) -> Result<()> {
+        let mut conn = self.db.acquire().await?;
+        sqlx::query(
+            "DELETE FROM eventbus_consumers WHERE namespace = $1 AND handler = $2 AND consumer_id = $3 AND stream = $4",
+        )
+        .bind(namespace)
+        .bind(handler)
+        .bind(consumer_id)
+        .bind(stream)
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
     }
 }

@@ -61,6 +61,10 @@ impl EventRepository for SqlEventRepository {
         self.open_consumer_stream(namespace, handler, consumer_id, after, now).await
     }
 
+    async fn close_stream(&self, namespace: &str, handler: &str, consumer_id: &str, stream: i64) -> Result<()> {
+        self.close_consumer_stream(namespace, handler, consumer_id, stream).await
+    }
+
     async fn ack(&self, namespace: &str, ids: &[DeliveryId], now: i64) -> Result<()> {
         self.ack_deliveries(namespace, ids, now).await
     }
