@@ -1,7 +1,7 @@
 //! Templates and conditions: one expression language (minijinja), compiled
 //! at definition time, with references checked against earlier steps.
 
-use std::collections::{BTreeSet, HashSet};
+use std::{collections::BTreeSet, sync::LazyLock};
 
 use minijinja::Environment;
 
@@ -33,12 +33,15 @@ pub(crate) struct Expression {
     pub(crate) kind: ExprKind,
     /// Step ids it may refer to: the steps before it on its path.
     pub(crate) visible: BTreeSet<String>,
+    /// The names it uses, or why it does not compile: compiled once, here.
+    pub(crate) variables: Result<BTreeSet<String>, String>,
 }
 
 impl Expression {
     pub(crate) fn at(node: &Node<'_>, field: &str, text: &str, kind: ExprKind, visible: &BTreeSet<String>) -> Self {
         let (line, column) = position(node);
-        Self { field: field.to_owned(), line, column, text: text.to_owned(), kind, visible: visible.clone() }
+        let variables = variables(text, kind);
+        Self { field: field.to_owned(), line, column, text: text.to_owned(), kind, visible: visible.clone(), variables }
     }
 }
 
@@ -59,34 +62,35 @@ pub(crate) fn condition_source(text: &str) -> String {
 }
 
 /// The names an expression uses, or why it does not compile.
-fn variables(env: &Environment<'_>, expression: &Expression) -> Result<HashSet<String>, minijinja::Error> {
-    match expression.kind {
-        ExprKind::Template => env.template_from_str(&expression.text).map(|t| t.undeclared_variables(false)),
+fn variables(text: &str, kind: ExprKind) -> Result<BTreeSet<String>, String> {
+    static ENVIRONMENT: LazyLock<Environment<'static>> = LazyLock::new(Environment::new);
+    let variables = match kind {
+        ExprKind::Template => ENVIRONMENT.template_from_str(text).map(|t| t.undeclared_variables(false)),
         ExprKind::Condition => {
-            env.compile_expression_owned(condition_source(&expression.text)).map(|e| e.undeclared_variables(false))
+            ENVIRONMENT.compile_expression_owned(condition_source(text)).map(|e| e.undeclared_variables(false))
         }
-    }
+    };
+    variables
+        .map(|names| names.into_iter().collect())
+        .map_err(|error| error.detail().map_or_else(|| error.kind().to_string(), str::to_owned))
 }
 
 /// Every name the expressions that compile use.
 pub(crate) fn roots(expressions: &[Expression]) -> BTreeSet<String> {
-    let env = Environment::new();
-    expressions.iter().filter_map(|expression| variables(&env, expression).ok()).flatten().collect()
+    expressions.iter().filter_map(|expression| expression.variables.as_ref().ok()).flatten().cloned().collect()
 }
 
-/// Compiles every expression and checks what each refers to. `declared`
-/// holds every step id of the definition.
+/// Checks what every expression refers to. `declared` holds every step id
+/// of the definition.
 pub(crate) fn check(reader: &mut Reader, expressions: &[Expression], declared: &BTreeSet<String>) {
-    let env = Environment::new();
     for expression in expressions {
-        match variables(&env, expression) {
-            Ok(variables) => references(reader, expression, declared, variables.into_iter().collect()),
-            Err(error) => {
+        match &expression.variables {
+            Ok(variables) => references(reader, expression, declared, variables),
+            Err(detail) => {
                 let what = match expression.kind {
                     ExprKind::Template => "template",
                     ExprKind::Condition => "condition",
                 };
-                let detail = error.detail().map_or_else(|| error.kind().to_string(), str::to_owned);
                 let message = format!("invalid {what} `{}`: {detail}", expression.text);
                 push(reader, expression, "bad_expression", message);
             }
@@ -106,16 +110,15 @@ fn push(reader: &mut Reader, expression: &Expression, code: &str, message: Strin
     });
 }
 
-fn references(reader: &mut Reader, expression: &Expression, declared: &BTreeSet<String>, mut roots: Vec<String>) {
-    roots.sort();
+fn references(reader: &mut Reader, expression: &Expression, declared: &BTreeSet<String>, roots: &BTreeSet<String>) {
     for root in roots {
         if RESERVED_ROOTS.contains(&root.as_str())
             || BUILTIN_GLOBALS.contains(&root.as_str())
-            || expression.visible.contains(&root)
+            || expression.visible.contains(root)
         {
             continue;
         }
-        if declared.contains(&root) {
+        if declared.contains(root) {
             let message = format!(
                 "step `{root}` does not finish before this one (it comes later, or runs in another branch of \
                  the same parallel); expected a reference to an earlier step"
