@@ -70,19 +70,13 @@ impl EventBus {
         let opened = self.repository.open_stream(namespace, handler, consumer_id, *after, now_micros()).await?;
         let (sender, receiver) = mpsc::channel(subscription.max_in_flight.max(1) as usize);
         let bus = self.clone();
-        tokio::spawn(async move {
-            let Subscription { namespace, handler, consumer_id, .. } = subscription.clone();
-            let stream = opened.stream;
-            bus.clone().feed_deliveries(subscription, opened, sender).await;
-            // Its row goes, unless a newer stream replaced it: the table
-            // holds the consumers' open streams, not every one there was.
-            if let Err(error) = bus.repository.close_stream(&namespace, &handler, &consumer_id, stream).await {
-                tracing::debug!(%error, "a closed stream's row stays");
-            }
-        });
+        tokio::spawn(async move { bus.feed_deliveries(subscription, opened, sender).await });
         Ok(ReceiverStream::new(receiver))
     }
 
+    /// Feeds the stream until it ends, then forgets it, unless a newer
+    /// stream replaced it: the table holds the consumers' open streams, not
+    /// every one there was.
     async fn feed_deliveries(
         self,
         subscription: Subscription,
@@ -91,9 +85,6 @@ impl EventBus {
     ) {
         let Subscription { namespace, handler, consumer_id, max_in_flight, .. } = subscription;
         let _guard = ConsumerGuard::new(&self, &namespace, &handler);
-        if !forward(Ok(opened.resent), &sender).await {
-            return;
-        }
         let mut request = ClaimRequest {
             namespace,
             handler,
@@ -102,6 +93,18 @@ impl EventBus {
             max_in_flight: max_in_flight.max(1),
             now: 0,
         };
+        if forward(Ok(opened.resent), &sender).await {
+            self.claim_until_done(&mut request, &sender).await;
+        }
+        let ClaimRequest { namespace, handler, consumer_id, stream, .. } = &request;
+        if let Err(error) = self.repository.close_stream(namespace, handler, consumer_id, *stream).await {
+            tracing::debug!(%error, "a closed stream's row stays");
+        }
+    }
+
+    /// Claims and sends the handler's deliveries as they become ready, until
+    /// the stream fails or its receiver goes, or the service shuts down.
+    async fn claim_until_done(&self, request: &mut ClaimRequest, sender: &mpsc::Sender<Result<Delivery>>) {
         let mut waits_on: Vec<String> = Vec::new();
         loop {
             // Created before the read: a publish or registration, this
@@ -114,7 +117,7 @@ impl EventBus {
                     .map(|key| self.wakeups.waiter(&key))
                     .collect();
             request.now = now_micros();
-            let claim = self.repository.claim(&request).await;
+            let claim = self.repository.claim(request).await;
             let next_due = claim.as_ref().ok().and_then(|claim| claim.next_due);
             // A claim takes everything ready up to the consumer's room, so
             // what it left is waiting for a signal (its own acks, an
@@ -127,7 +130,7 @@ impl EventBus {
                 waits_on.clone_from(&claim.waits_on);
                 again = true;
             }
-            if !forward(claim.map(|claim| claim.deliveries), &sender).await {
+            if !forward(claim.map(|claim| claim.deliveries), sender).await {
                 return;
             }
             if again {

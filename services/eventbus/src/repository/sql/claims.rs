@@ -187,13 +187,12 @@ impl SqlEventRepository {
         now: i64,
     ) -> Result<OpenedStream> {
         let mut tx = self.begin().await?;
+        // The handler's lock, which every claim takes first.
         let lock =
             format!("SELECT name FROM eventbus_handlers WHERE namespace = $1 AND name = $2{}", self.for_update());
-        let found: Option<String> =
-            sqlx::query_scalar(AssertSqlSafe(lock)).bind(namespace).bind(handler).fetch_optional(&mut *tx).await?;
-        if found.is_none() {
-            return Err(EventBusError::HandlerNotFound(handler.to_owned()));
-        }
+        sqlx::query(AssertSqlSafe(lock)).bind(namespace).bind(handler).execute(&mut *tx).await?;
+        let handlers = load_handlers(&mut tx, namespace).await?;
+        let definition = handlers.get(handler).ok_or_else(|| EventBusError::HandlerNotFound(handler.to_owned()))?;
         // Drawn, not counted: a count would start again once the row went.
         let stream = i64::from_ne_bytes(uuid::Uuid::new_v4().as_u64_pair().0.to_ne_bytes());
         sqlx::query(
@@ -206,8 +205,6 @@ impl SqlEventRepository {
         .bind(stream)
         .execute(&mut *tx)
         .await?;
-        let handlers = load_handlers(&mut tx, namespace).await?;
-        let definition = handlers.get(handler).ok_or_else(|| EventBusError::HandlerNotFound(handler.to_owned()))?;
         let mut sequences: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
             "UPDATE eventbus_deliveries SET visible_until = $5, updated_at = $6 WHERE namespace = $1 AND handler = $2 \
              AND {INDEXED} AND consumer_id = $3 AND state = 'in_flight' AND sequence > $4 AND visible_until > $6 \
@@ -234,7 +231,6 @@ impl SqlEventRepository {
         consumer_id: &str,
         stream: i64,
     ) -> Result<()> {
-        let mut conn = self.db.acquire().await?;
         sqlx::query(
             "DELETE FROM eventbus_consumers WHERE namespace = $1 AND handler = $2 AND consumer_id = $3 AND stream = $4",
         )
@@ -242,7 +238,7 @@ impl SqlEventRepository {
         .bind(handler)
         .bind(consumer_id)
         .bind(stream)
-        .execute(&mut *conn)
+        .execute(&mut *self.db.acquire().await?)
         .await?;
         Ok(())
     }
