@@ -258,8 +258,10 @@ impl Gateway {
             metadata: request.metadata.as_ref().map(a2a_pb::pbconv::to_proto_struct),
             spawn_context: pb::SpawnContext::Agent.into(),
             // Every SendMessage makes its own task, as A2A servers do; a
-            // messageId is the sender's, not a request key.
-            idempotency_key: format!("a2a-{}", uuid::Uuid::new_v4()),
+            // messageId is the sender's, not a request key. Time-ordered, so
+            // each key lands at the end of the task store's index of them
+            // rather than in a random page of it.
+            idempotency_key: format!("a2a-{}", uuid::Uuid::now_v7()),
         };
         let task = self.tasks().create_task(create).await.map_err(|status| task_error(&status, ""))?.into_inner();
         if let Some(mut push) = push {
