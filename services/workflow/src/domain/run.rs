@@ -2,6 +2,8 @@
 //! and signals, and the events a watch sees. Times are microseconds since the
 //! Unix epoch.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -80,7 +82,7 @@ impl StepState {
 
 /// One execution of one step. A retry, or a rerun after a gate rejection,
 /// gets a new record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepRecord {
     /// 1, 2, 3, ... in the run.
     pub seq: u32,
@@ -225,8 +227,11 @@ pub struct RunBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_reason: Option<String>,
     pub origin: RunOrigin,
+    /// Shared: a copy of the run (the engine keeps the one it last wrote)
+    /// shares the records neither copy changed, and telling which changed
+    /// compares pointers first ([`RunBody::step_mut`] unshares one).
     #[serde(default)]
-    pub steps: Vec<StepRecord>,
+    pub steps: Vec<Arc<StepRecord>>,
     #[serde(default)]
     pub gate_decisions: Vec<GateDecision>,
     #[serde(default)]
@@ -234,6 +239,14 @@ pub struct RunBody {
     /// The run fails when still unfinished at this time (`state.ttl`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<i64>,
+}
+
+impl RunBody {
+    /// The record at `index`, to change: a copy of it when another copy of
+    /// the run shares it.
+    pub fn step_mut(&mut self, index: usize) -> &mut StepRecord {
+        Arc::make_mut(&mut self.steps[index])
+    }
 }
 
 /// A run to create.
@@ -271,7 +284,7 @@ pub struct Started {
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum RunChange {
     RunStateChanged,
-    StepUpdated { step: StepRecord },
+    StepUpdated { step: Arc<StepRecord> },
     GateDecided { decision: GateDecision },
     SignalReceived { signal: Signal },
 }

@@ -122,19 +122,19 @@ pub(crate) async fn drive(
 /// Records a finished effect on its step record, if the record still waits for it.
 fn apply(planner: &super::plan::Planner<'_>, run: &mut Run, seq: u32, done: &Done) {
     let Some(index) = run.body.steps.iter().position(|record| record.seq == seq) else { return };
-    let record = &mut run.body.steps[index];
+    let record = &run.body.steps[index];
     match done {
         Done::Issued(task_id) if record.state == StepState::Running && record.external_id.is_none() => {
-            record.external_id = Some(task_id.clone());
+            run.body.step_mut(index).external_id = Some(task_id.clone());
         }
         Done::Attempt(result) if record.state == StepState::Running => {
             planner.attempt_ended(run, index, result.clone());
         }
         Done::Announced(sequence) if record.state == StepState::Waiting => {
-            record.external_id = Some(format!("event:{sequence}"));
+            run.body.step_mut(index).external_id = Some(format!("event:{sequence}"));
         }
-        Done::Canceled => record.cancel_pending = false,
-        Done::Issued(_) | Done::Attempt(_) | Done::Announced(_) => {}
+        Done::Canceled if record.cancel_pending => run.body.step_mut(index).cancel_pending = false,
+        Done::Issued(_) | Done::Attempt(_) | Done::Announced(_) | Done::Canceled => {}
     }
 }
 

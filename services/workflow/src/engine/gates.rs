@@ -1,6 +1,8 @@
 //! Gates: AUTO and HITL decisions, reruns of the phase before a rejected
 //! gate, escalation, and the records of gates that wait.
 
+use std::sync::Arc;
+
 use serde_json::{Map, json};
 
 use super::plan::{Located, Planner, Verdict, contains, find, finish};
@@ -22,7 +24,7 @@ impl Planner<'_> {
         let index = usize::try_from(seq - 1).unwrap_or_default();
         let approved = run.body.steps[index].output.as_ref().and_then(|o| o["approved"].as_bool()).unwrap_or(false);
         let Action::Gate(gate) = &step.action else { return };
-        run.body.steps[index].state = StepState::Waiting;
+        run.body.step_mut(index).state = StepState::Waiting;
         let reason = match approved {
             true => "approve_when held".to_owned(),
             false => format!("approve_when `{}` was false", gate.approve_when.as_deref().unwrap_or_default()),
@@ -69,7 +71,7 @@ impl Planner<'_> {
             }
             Decision::Reject => Outcome::Rerun,
         };
-        let record = &mut run.body.steps[index];
+        let record = run.body.step_mut(index);
         record.output = Some(summary);
         if outcome == Outcome::Failed {
             record.error = Some(format!(
@@ -128,7 +130,7 @@ impl Planner<'_> {
         escalated: bool,
     ) {
         let Some(previous) = run.body.steps.iter().rev().find(|r| r.step_id == gate_id) else { return };
-        let mut record = previous.clone();
+        let mut record = StepRecord::clone(previous);
         record.seq = u32::try_from(run.body.steps.len() + 1).unwrap_or(u32::MAX);
         record.iteration += 1;
         record.output = None;
@@ -140,6 +142,6 @@ impl Planner<'_> {
         record.finished_at = None;
         record.input["mode"] = json!("HITL");
         self.park_gate(&mut record, gate, reviewers, escalated);
-        run.body.steps.push(record);
+        run.body.steps.push(Arc::new(record));
     }
 }

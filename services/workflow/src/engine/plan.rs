@@ -4,6 +4,8 @@
 //! [`Planner::advance`] moves the run as far as it can go without a side
 //! effect; the repository commits the result in the same transaction.
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value, json};
 
 use super::render::Scope;
@@ -87,6 +89,16 @@ pub(super) fn contains(step: &Step, id: &str) -> bool {
         }
 }
 
+/// The oldest signal a signal wait can take, one that arrived before the
+/// wait did included; none for any other record.
+fn waiting_signal<'s>(
+    signals: &'s mut [crate::domain::Signal],
+    record: &StepRecord,
+) -> Option<&'s mut crate::domain::Signal> {
+    let name = record.waiting_for_signal.as_deref()?;
+    signals.iter_mut().find(|s| s.name == name && s.consumed_by_step_id.is_none())
+}
+
 pub(super) fn finish(record: &mut StepRecord, state: StepState, now: i64) {
     record.state = state;
     record.finished_at = Some(now);
@@ -138,7 +150,7 @@ impl Planner<'_> {
 
     fn end(&self, run: &mut Run, state: RunState, error: String) {
         for record in run.body.steps.iter_mut().filter(|r| !r.state.is_finished()) {
-            cancel_record(record, self.now);
+            cancel_record(Arc::make_mut(record), self.now);
         }
         if state == RunState::Failed {
             run.body.error = Some(error);
@@ -165,6 +177,7 @@ impl Planner<'_> {
             if record.state != StepState::Waiting || record.wake_at.is_none_or(|at| at > now) {
                 continue;
             }
+            let record = Arc::make_mut(record);
             match record.kind {
                 StepKind::Wait if record.waiting_for_signal.is_some() => {
                     let name = record.waiting_for_signal.clone();
@@ -208,17 +221,14 @@ impl Planner<'_> {
     fn consume_signals(&self, run: &mut Run) {
         let body = &mut run.body;
         for record in body.steps.iter_mut().filter(|r| r.state == StepState::Waiting) {
-            self.take_signal(&mut body.signals, record);
+            if let Some(signal) = waiting_signal(&mut body.signals, record) {
+                self.take_signal(signal, Arc::make_mut(record));
+            }
         }
     }
 
-    /// A signal wait takes the oldest signal of its name not yet taken, if
-    /// any — one that arrived before the wait did included.
-    fn take_signal(&self, signals: &mut [crate::domain::Signal], record: &mut StepRecord) {
-        let Some(name) = record.waiting_for_signal.as_deref() else { return };
-        let Some(signal) = signals.iter_mut().find(|s| s.name == name && s.consumed_by_step_id.is_none()) else {
-            return;
-        };
+    /// A signal wait takes its signal.
+    fn take_signal(&self, signal: &mut crate::domain::Signal, record: &mut StepRecord) {
         signal.consumed_by_step_id = Some(record.step_id.clone());
         record.output = Some(json!({
             "name": signal.name,
@@ -294,14 +304,14 @@ impl Planner<'_> {
         if fail_fast {
             for record in run.body.steps.iter_mut().filter(|r| r.seq > seq && !r.state.is_finished()) {
                 if contains(step, &record.step_id) {
-                    cancel_record(record, self.now);
+                    cancel_record(Arc::make_mut(record), self.now);
                 }
             }
         }
         for state in outcome.values_mut().filter(|state| *state == "active") {
             *state = json!("canceled");
         }
-        let record = &mut run.body.steps[index];
+        let record = run.body.step_mut(index);
         record.output = Some(Value::Object(outcome));
         if failed.is_empty() {
             finish(record, StepState::Completed, self.now);
@@ -361,7 +371,7 @@ impl Planner<'_> {
             finish(&mut record, StepState::Failed, self.now);
         }
         let gate = (record.kind == StepKind::Gate && record.state == StepState::Completed).then_some(record.seq);
-        run.body.steps.push(record);
+        run.body.steps.push(Arc::new(record));
         if let (Some(seq), Action::Gate(gate)) = (gate, &step.action)
             && gate.mode == GateMode::Auto
         {
@@ -416,7 +426,9 @@ impl Planner<'_> {
                 record.state = StepState::Waiting;
                 record.waiting_for_signal = Some(name.clone());
                 record.wake_at = timeout.map(|t| self.now + chorus_runtime::time::micros(t));
-                self.take_signal(&mut run.body.signals, record);
+                if let Some(signal) = waiting_signal(&mut run.body.signals, record) {
+                    self.take_signal(signal, record);
+                }
             }
             Action::Parallel(parallel) => {
                 let branches: Vec<&str> = parallel.branches.iter().map(|b| b.name.as_str()).collect();
@@ -444,7 +456,7 @@ impl Planner<'_> {
     /// Records the end of an attempt of a spawn or delegate: its output, or
     /// its error and, while attempts remain, the next attempt after a backoff.
     pub(crate) fn attempt_ended(&self, run: &mut Run, index: usize, result: Result<Value, String>) {
-        let record = &mut run.body.steps[index];
+        let record = run.body.step_mut(index);
         match result {
             Ok(output) => {
                 record.output = Some(output);
@@ -461,7 +473,7 @@ impl Planner<'_> {
                 let Some(retry) = retry.filter(|retry| record.attempt < retry.max_attempts) else { return };
                 let exponent = record.attempt.saturating_sub(1).min(30);
                 let backoff = retry.backoff.saturating_mul(1 << exponent).min(retry.max_backoff);
-                let mut next = record.clone();
+                let mut next = StepRecord::clone(record);
                 next.seq = u32::try_from(run.body.steps.len() + 1).unwrap_or(u32::MAX);
                 next.attempt += 1;
                 next.state = StepState::Waiting;
@@ -472,7 +484,7 @@ impl Planner<'_> {
                 next.started_at = None;
                 next.finished_at = None;
                 next.wake_at = Some(self.now + chorus_runtime::time::micros(backoff));
-                run.body.steps.push(next);
+                run.body.steps.push(Arc::new(next));
             }
         }
     }

@@ -1,5 +1,7 @@
 //! When a run needs an engine next, and which changes a watch sees.
 
+use std::sync::Arc;
+
 use crate::domain::{Run, RunChange, StepKind, StepState};
 
 /// Whether an engine must hold the run now: a side effect to issue, a task or
@@ -54,7 +56,7 @@ pub(crate) fn changes(before: &Run, after: &Run) -> Vec<RunChange> {
     for step in &after.body.steps {
         let index = usize::try_from(step.seq).unwrap_or(usize::MAX).wrapping_sub(1);
         if before.body.steps.get(index) != Some(step) {
-            changes.push(RunChange::StepUpdated { step: step.clone() });
+            changes.push(RunChange::StepUpdated { step: Arc::clone(step) });
         }
     }
     if before.state != after.state {

@@ -1,5 +1,7 @@
 //! Runs: domain ↔ wire conversions.
 
+use std::sync::Arc;
+
 use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
 use chorus_proto::{
     json::{is_finite, struct_from_json, struct_to_json},
@@ -189,7 +191,7 @@ pub(super) fn run_out(run: Run) -> pb::Run {
         cancel_reason: body.cancel_reason.unwrap_or_default(),
         origin: Some(origin_out(body.origin)),
         idempotency_key: run.idempotency_key.unwrap_or_default(),
-        steps: body.steps.into_iter().map(step_out).collect(),
+        steps: body.steps.into_iter().map(Arc::unwrap_or_clone).map(step_out).collect(),
         gate_decisions: body.gate_decisions.into_iter().map(decision_out).collect(),
         signals: body.signals.into_iter().map(signal_out).collect(),
         created_at: Some(timestamp(run.created_at)),
@@ -211,7 +213,7 @@ pub(super) fn event_out(event: RunEvent) -> pb::RunEvent {
         RunChange::RunStateChanged => out.kind = Kind::RunStateChanged.into(),
         RunChange::StepUpdated { step } => {
             out.kind = Kind::StepUpdated.into();
-            out.step = Some(step_out(step));
+            out.step = Some(step_out(Arc::unwrap_or_clone(step)));
         }
         RunChange::GateDecided { decision } => {
             out.kind = Kind::GateDecided.into();

@@ -9,7 +9,7 @@ use chorus_proto::taskstore::{
 };
 use chorus_workflow::{
     WorkflowConfig,
-    domain::{NewRun, RunBody, RunState},
+    domain::{NewRun, RunBody, RunState, StepRecord},
     repository::{RunRepository, Transition, sql_runs::SqlRunRepository},
 };
 use serde_json::json;
@@ -36,7 +36,7 @@ async fn task_count(h: &Harness) -> i64 {
 async fn a_spawn_issued_before_a_crash_is_found_not_made_twice(h: Harness) {
     h.put("name: once\nsteps:\n- id: work\n  spawn: {agent: coder, input: do it}\n").await;
     let run = h.run("once", json!({})).await;
-    let record = run.body.steps.first().expect("the spawn's record").clone();
+    let record = StepRecord::clone(run.body.steps.first().expect("the spawn's record"));
     assert!(record.external_id.is_none(), "no engine has issued it yet");
     // What a crashed engine left behind: the task exists, the record does not know it.
     let key = record.effect_key(&run.id);
