@@ -145,6 +145,9 @@ fn effect(
     run: &Run,
     record: &StepRecord,
 ) -> Option<BoxFuture<'static, (u32, Done)>> {
+    if !super::schedule::needs_effect(record) {
+        return None;
+    }
     let effects = std::sync::Arc::clone(&workflows.effects);
     let origin = Origin {
         namespace: run.namespace.clone(),
@@ -156,7 +159,7 @@ fn effect(
         key: record.effect_key(&run.id),
     };
     let seq = record.seq;
-    let input = record.input.clone();
+    let input = &record.input;
     if record.cancel_pending {
         let task_id = record.external_id.clone()?;
         let future = async move {
@@ -170,6 +173,7 @@ fn effect(
         (StepKind::Spawn, StepState::Running, Action::Spawn(spawn)) => match record.external_id.clone() {
             None => {
                 let agent = input["agent"].as_str().or(input["role"].as_str()).unwrap_or_default().to_owned();
+                let input = input.clone();
                 let future = async move {
                     let issued = retrying(|| effects.spawn(&origin, &agent, &input)).await;
                     (seq, issued.map_or_else(|error| Done::Attempt(Err(error)), Done::Issued))
@@ -185,6 +189,7 @@ fn effect(
         (StepKind::Delegate, StepState::Running, Action::Delegate(delegate)) => {
             let agent = delegate.agent.clone();
             let timeout = delegate.timeout;
+            let input = input.clone();
             let future = async move {
                 let call = retrying(|| effects.delegate(&origin, &agent, &input));
                 let outcome = match timeout {

@@ -2,23 +2,27 @@
 
 use std::sync::Arc;
 
-use crate::domain::{Run, RunChange, StepKind, StepState};
+use crate::domain::{Run, RunChange, StepKind, StepRecord, StepState};
 
 /// Whether an engine must hold the run now: a side effect to issue, a task or
 /// remote agent to await, a gate to announce, or a task to cancel.
 pub(crate) fn needs_driver(run: &Run) -> bool {
-    run.body.steps.iter().any(|record| {
-        record.cancel_pending
-            || match record.state {
-                StepState::Running => matches!(record.kind, StepKind::Spawn | StepKind::Delegate | StepKind::Message),
-                StepState::Waiting => record.kind == StepKind::Gate && record.external_id.is_none(),
-                StepState::Pending
-                | StepState::Completed
-                | StepState::Failed
-                | StepState::Skipped
-                | StepState::Canceled => false,
-            }
-    })
+    run.body.steps.iter().any(|record| needs_effect(record))
+}
+
+/// Whether a record waits for a side effect of the engine's: one to issue,
+/// a task or remote agent to await, a gate to announce, a task to cancel.
+pub(crate) fn needs_effect(record: &StepRecord) -> bool {
+    record.cancel_pending
+        || match record.state {
+            StepState::Running => matches!(record.kind, StepKind::Spawn | StepKind::Delegate | StepKind::Message),
+            StepState::Waiting => record.kind == StepKind::Gate && record.external_id.is_none(),
+            StepState::Pending
+            | StepState::Completed
+            | StepState::Failed
+            | StepState::Skipped
+            | StepState::Canceled => false,
+        }
 }
 
 /// When an engine must look at the run next: now when it needs a driver,
