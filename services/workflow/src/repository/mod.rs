@@ -25,6 +25,9 @@ pub trait DefinitionRepository: Send + Sync + std::fmt::Debug {
     /// One version (`None`: the latest), with its source.
     async fn get(&self, namespace: &str, name: &str, version: Option<u32>) -> Result<Option<Definition>>;
 
+    /// The number of the latest version of `name`, read without the definition.
+    async fn latest_version(&self, namespace: &str, name: &str) -> Result<Option<u32>>;
+
     /// With `name`: its versions, newest first; else the latest version of
     /// each name, by name. At most `limit`, after `after`.
     async fn list(

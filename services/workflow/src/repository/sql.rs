@@ -42,7 +42,7 @@ fn decode(row: &AnyRow, include_source: bool) -> Result<Definition> {
     Ok(Definition {
         namespace: row.try_get("namespace")?,
         name: row.try_get("name")?,
-        version: u32::try_from(version).map_err(|_| WorkflowError::Corrupt(format!("version {version}")))?,
+        version: stored_version(version)?,
         description: row.try_get("description")?,
         triggers: serde_json::from_str(&triggers).map_err(|error| WorkflowError::Corrupt(error.to_string()))?,
         source: if include_source { row.try_get("source")? } else { String::new() },
@@ -51,6 +51,11 @@ fn decode(row: &AnyRow, include_source: bool) -> Result<Definition> {
         created_by: row.try_get("created_by")?,
         created_at: row.try_get("created_at")?,
     })
+}
+
+/// A version number as stored.
+fn stored_version(version: i64) -> Result<u32> {
+    u32::try_from(version).map_err(|_| WorkflowError::Corrupt(format!("version {version}")))
 }
 
 #[async_trait]
@@ -136,6 +141,16 @@ impl DefinitionRepository for SqlDefinitionRepository {
             }
         };
         row.as_ref().map(|row| decode(row, true)).transpose()
+    }
+
+    async fn latest_version(&self, namespace: &str, name: &str) -> Result<Option<u32>> {
+        let latest: Option<i64> =
+            sqlx::query_scalar("SELECT MAX(version) FROM workflow_definitions WHERE namespace = $1 AND name = $2")
+                .bind(namespace)
+                .bind(name)
+                .fetch_one(&mut *self.db.read().await?)
+                .await?;
+        latest.map(stored_version).transpose()
     }
 
     async fn list(

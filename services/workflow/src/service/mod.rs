@@ -153,6 +153,11 @@ impl Workflows {
         }
     }
 
+    /// The number of the latest version of `name`.
+    pub async fn latest_version(&self, namespace: &str, name: &str) -> Result<u32> {
+        self.repository.latest_version(namespace, name).await?.ok_or_else(|| WorkflowError::NotFound(name.to_owned()))
+    }
+
     pub async fn list(
         &self,
         namespace: &str,

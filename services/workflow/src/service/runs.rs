@@ -126,8 +126,13 @@ impl Workflows {
 
     /// Starts a run, or returns the one started first with the same key.
     pub async fn start_run(&self, call: StartCall) -> Result<Run> {
-        let definition = self.get(&call.namespace, &call.workflow, call.version).await?;
-        let spec = self.spec(&call.namespace, &definition.name, definition.version).await?;
+        // The version's number is all a start needs of its definition: the
+        // parsed spec is cached, and the stored source is not read again.
+        let version = match call.version {
+            Some(version) => version,
+            None => self.latest_version(&call.namespace, &call.workflow).await?,
+        };
+        let spec = self.spec(&call.namespace, &call.workflow, version).await?;
         let input = checked_input(&spec, call.input)?;
         let now = now_micros();
         let id = uuid::Uuid::now_v7().to_string();
@@ -136,8 +141,8 @@ impl Workflows {
         let probe = Run {
             namespace: call.namespace.clone(),
             id: id.clone(),
-            workflow: definition.name.clone(),
-            version: definition.version,
+            workflow: call.workflow.clone(),
+            version,
             state: crate::domain::RunState::Pending,
             idempotency_key: None,
             concurrency_key: None,
@@ -165,8 +170,8 @@ impl Workflows {
         let new = NewRun {
             namespace: call.namespace.clone(),
             id,
-            workflow: definition.name,
-            version: definition.version,
+            workflow: call.workflow,
+            version,
             idempotency_key: call.idempotency_key,
             concurrency_key,
             concurrency_limit: spec.concurrency.as_ref().map(|c| c.max),

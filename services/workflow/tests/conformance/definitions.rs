@@ -46,6 +46,11 @@ async fn get_returns_the_latest_or_a_given_version(h: Harness) {
     assert!(matches!(missing, WorkflowError::VersionNotFound { version: 9, .. }), "{missing}");
     let unknown = h.workflows.get(NS, "nope", None).await.expect_err("unknown");
     assert!(matches!(unknown, WorkflowError::NotFound(_)), "{unknown}");
+    assert_eq!(h.workflows.latest_version(NS, "deploy").await.expect("latest version"), 2);
+    let unknown = h.workflows.latest_version(NS, "nope").await.expect_err("unknown");
+    assert!(matches!(unknown, WorkflowError::NotFound(_)), "{unknown}");
+    let elsewhere = h.workflows.latest_version("team-b", "deploy").await.expect_err("another namespace");
+    assert!(matches!(elsewhere, WorkflowError::NotFound(_)), "{elsewhere}");
 }
 
 async fn list_pages_latest_versions_by_name_and_versions_newest_first(h: Harness) {
