@@ -114,16 +114,11 @@ macro_rules! read_postgres {
 /// seeks the (tx_id, id) index with the row comparison.
 const OUTBOX_POSTGRES: &str = read_postgres!("", "(tx_id, id) > ($1, $2)", "$3");
 
-/// The same on SQLite, whose planner seeks a row comparison by its first
-/// column only: the cursor's own transaction and the later ones are two
-/// ranges, merged in order.
-const OUTBOX_SQLITE: &str = concat!(
-    "SELECT ",
-    event_columns!(),
-    " FROM taskstore_events WHERE tx_id = $1 AND id > $2 UNION ALL SELECT ",
-    event_columns!(),
-    " FROM taskstore_events WHERE tx_id > $1 ORDER BY tx_id, id LIMIT $3"
-);
+/// Every event after the cursor's id ($1), up to $2, on SQLite: there every
+/// tx_id is 0, so commit order is the table's rowid order, read as a range
+/// of it.
+const OUTBOX_SQLITE: &str =
+    concat!("SELECT ", event_columns!(), " FROM taskstore_events WHERE id > $1 ORDER BY id LIMIT $2");
 
 /// The newest event of a task ($2), or of a namespace: each has its own
 /// statement, so each reads its own index backwards.
@@ -170,13 +165,11 @@ impl SqlTaskRepository {
     /// Every namespace's events after `after`, in commit order.
     pub(super) async fn outbox(&self, after: Cursor, limit: u32) -> Result<EventBatch> {
         let postgres = self.backend() == Backend::Postgres;
-        let sql = if postgres { OUTBOX_POSTGRES } else { OUTBOX_SQLITE };
-        let rows = sqlx::query(sql)
-            .bind(after.tx)
-            .bind(after.id)
-            .bind(i64::from(limit))
-            .fetch_all(&mut *self.db.read().await?)
-            .await?;
+        let statement = match postgres {
+            true => sqlx::query(OUTBOX_POSTGRES).bind(after.tx),
+            false => sqlx::query(OUTBOX_SQLITE),
+        };
+        let rows = statement.bind(after.id).bind(i64::from(limit)).fetch_all(&mut *self.db.read().await?).await?;
         batch(&rows, postgres, limit)
     }
 

@@ -33,6 +33,7 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
         (1, "taskstore", "0001_taskstore.sql"),
         (2, "outbox", "0002_outbox.sql"),
         (3, "leaner indexes", "0003_leaner_indexes.sql"),
+        (4, "log by rowid", "0004_log_by_rowid.sql"),
     ]
 );
 

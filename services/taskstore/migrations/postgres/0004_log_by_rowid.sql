@@ -1,0 +1,3 @@
+-- Nothing to change: the PostgreSQL log is read through its primary key
+-- (tx_id, id) since version 3. (On SQLite this version drops an index that
+-- duplicated the table's rowid order.)
