@@ -97,8 +97,8 @@ pub trait RunRepository: Send + Sync + std::fmt::Debug {
     async fn renew(&self, owner: &str, lease_until: i64) -> Result<u64>;
 
     /// A run's events after `after`, at most `limit`, and the run's revision,
-    /// read together.
-    async fn events(&self, run_id: &str, after: i64, limit: u32) -> Result<EventPage>;
+    /// read together; no revision when `namespace` has no such run.
+    async fn events(&self, namespace: &str, run_id: &str, after: i64, limit: u32) -> Result<EventPage>;
 
     /// Deletes finished runs whose retention ended; how many.
     async fn purge(&self, now: i64) -> Result<u64>;

@@ -353,7 +353,7 @@ impl RunRepository for SqlRunRepository {
         self.renew_claims(owner, lease_until).await
     }
 
-    async fn events(&self, run_id: &str, after: i64, limit: u32) -> Result<EventPage> {
+    async fn events(&self, namespace: &str, run_id: &str, after: i64, limit: u32) -> Result<EventPage> {
         #[derive(serde::Deserialize)]
         struct Body {
             state: RunState,
@@ -364,11 +364,12 @@ impl RunRepository for SqlRunRepository {
             "SELECT r.revision, e.id, e.body, e.created_at FROM workflow_runs r \
              LEFT JOIN (SELECT id, body, created_at FROM workflow_run_events WHERE run_id = $1 AND id > $2 \
                         ORDER BY id LIMIT $3) e ON 1 = 1 \
-             WHERE r.id = $1 ORDER BY e.id",
+             WHERE r.id = $1 AND r.namespace = $4 ORDER BY e.id",
         )
         .bind(run_id)
         .bind(after)
         .bind(i64::from(limit))
+        .bind(namespace)
         .fetch_all(&mut *self.db.read().await?)
         .await?;
         let mut page = EventPage::default();

@@ -25,7 +25,7 @@ use crate::{
         schedule::{due_at, needs_driver},
     },
     error::{Result, WorkflowError},
-    repository::{Fence, Transition},
+    repository::{EventPage, Fence, Transition},
 };
 
 /// A run to start.
@@ -281,29 +281,42 @@ impl Workflows {
         run_id: &str,
         after: i64,
     ) -> Result<impl Stream<Item = Result<RunEvent>> + use<>> {
-        self.get_run(namespace, run_id).await?;
-        let (sender, receiver) = mpsc::channel(64);
         // Subscribed before the first read, so no write falls between the two.
         let feed = self.feed.subscribe(run_id);
-        tokio::spawn(follow(self.clone(), feed, run_id.to_owned(), after, sender));
+        // The first read also tells whether the namespace has the run.
+        let first = self.runs.events(namespace, run_id, after, WATCH_BATCH).await?;
+        if first.revision.is_none() {
+            return Err(WorkflowError::RunNotFound(run_id.to_owned()));
+        }
+        let (sender, receiver) = mpsc::channel(64);
+        let (namespace, run_id) = (namespace.to_owned(), run_id.to_owned());
+        tokio::spawn(follow(self.clone(), feed, namespace, run_id, after, first, sender));
         Ok(ReceiverStream::new(receiver))
     }
 }
 
-/// Feeds a watch: reads the run's events from the database, then follows this
-/// process's writes of it while each continues the revision last seen, and
-/// reads again on a gap, or when none came for a while.
+/// Feeds a watch: the run's events from the database (the first page, read
+/// after `cursor`, comes with the call), then this process's writes of it
+/// while each continues the revision last seen, reading again on a gap, or
+/// when none came for a while.
 async fn follow(
     workflows: Workflows,
     mut feed: Subscription,
+    namespace: String,
     run_id: String,
     mut cursor: i64,
+    first: EventPage,
     sender: mpsc::Sender<Result<RunEvent>>,
 ) {
     let ends =
         |events: &[RunEvent]| events.iter().any(|e| e.change == RunChange::RunStateChanged && e.state.is_finished());
+    let mut first = Some(first);
     loop {
-        let (full, mut seen, events) = match workflows.runs.events(&run_id, cursor, WATCH_BATCH).await {
+        let page = match first.take() {
+            Some(page) => Ok(page),
+            None => workflows.runs.events(&namespace, &run_id, cursor, WATCH_BATCH).await,
+        };
+        let (full, mut seen, events) = match page {
             Ok(page) => (page.events.len() == WATCH_BATCH as usize, page.revision, Ok(page.events)),
             Err(error) => (false, None, Err(error)),
         };

@@ -350,6 +350,8 @@ async fn runs_never_cross_namespaces(h: Harness) {
     assert!(matches!(h.workflows.cancel_run(other, &run.id, "", "").await, Err(WorkflowError::RunNotFound(_))));
     let call = SignalCall { name: "x".into(), payload: Map::new(), signal_id: "s".into(), sent_by: String::new() };
     assert!(matches!(h.workflows.signal_run(other, &run.id, call).await, Err(WorkflowError::RunNotFound(_))));
+    assert!(matches!(h.workflows.watch_run(other, &run.id, 0).await.err(), Some(WorkflowError::RunNotFound(_))));
+    assert!(matches!(h.workflows.watch_run(NS, "no-such-run", 0).await.err(), Some(WorkflowError::RunNotFound(_))));
     let page = h.workflows.list_runs(other, &Default::default(), None, 50).await.expect("list");
     assert!(page.runs.is_empty());
     let start = StartCall { namespace: other.into(), workflow: "gated".into(), ..StartCall::default() };
