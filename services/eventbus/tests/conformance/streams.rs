@@ -100,16 +100,8 @@ async fn a_new_stream_of_a_consumer_replaces_its_previous_one(h: Harness) {
     // When the second ends too, no stream of c1 is left to protect: its row
     // goes, and a claim under any number may lease again.
     drop(second);
-    let any_number = |handler: &str| ClaimRequest {
-        namespace: NS.into(),
-        handler: handler.into(),
-        consumer_id: "c1".into(),
-        stream: 42,
-        max_in_flight: 10,
-        now: now_micros(),
-    };
     let deadline = tokio::time::Instant::now() + WAIT;
-    while let Err(error) = h.repository.claim(&any_number("a")).await {
+    while let Err(error) = h.repository.claim(&claim_of_c1("a", 42, 10)).await {
         assert!(matches!(error, EventBusError::StreamSuperseded(_)), "{error}");
         assert!(tokio::time::Instant::now() < deadline, "the ended stream's row stayed");
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -121,14 +113,7 @@ async fn a_new_stream_of_a_consumer_replaces_its_previous_one(h: Harness) {
     let old = open("c1").await.unwrap();
     let new = open("c1").await.unwrap();
     assert_ne!(new.stream, old.stream);
-    let claim = |stream: i64| ClaimRequest {
-        namespace: NS.into(),
-        handler: "b".into(),
-        consumer_id: "c1".into(),
-        stream,
-        max_in_flight: 2,
-        now: now_micros(),
-    };
+    let claim = |stream: i64| claim_of_c1("b", stream, 2);
     let sequences = |claim: Claim| claim.deliveries.iter().map(|delivery| delivery.id.sequence).collect::<Vec<_>>();
     let refused = h.repository.claim(&claim(old.stream)).await.unwrap_err();
     assert!(matches!(&refused, EventBusError::StreamSuperseded(consumer) if consumer == "c1"), "{refused}");
@@ -142,6 +127,18 @@ async fn a_new_stream_of_a_consumer_replaces_its_previous_one(h: Harness) {
     assert!(h.repository.claim(&claim(old.stream)).await.is_err(), "the newer stream still fences the old one");
     h.repository.close_stream(NS, "b", "c1", new.stream).await.unwrap();
     assert!(h.repository.claim(&claim(old.stream)).await.is_ok(), "no open stream of c1 is left to fence");
+}
+
+/// A claim of consumer c1 on `handler`, by its stream numbered `stream`.
+fn claim_of_c1(handler: &str, stream: i64, max_in_flight: u32) -> ClaimRequest {
+    ClaimRequest {
+        namespace: NS.into(),
+        handler: handler.into(),
+        consumer_id: "c1".into(),
+        stream,
+        max_in_flight,
+        now: now_micros(),
+    }
 }
 
 async fn deregistering_ends_open_subscriptions(h: Harness) {

@@ -2,18 +2,14 @@
 //! definition was checked with, over `inputs`, `trigger`, `config`, `run`,
 //! earlier steps, and on a rerun `feedback` and `previous`.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::LazyLock,
-};
+use std::collections::{BTreeMap, BTreeSet};
 
-use minijinja::{Environment, UndefinedBehavior};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::{
     domain::{Decision, Run, StepState},
-    parse::condition_source,
+    parse::{condition_source, environment},
 };
 
 /// What templates of one step see.
@@ -47,19 +43,6 @@ struct Seen<'a> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub(crate) struct RenderError(String);
-
-/// One environment for every render: building one registers every builtin
-/// filter and test, which cost more than rendering a short template.
-fn environment() -> &'static Environment<'static> {
-    static ENVIRONMENT: LazyLock<Environment<'static>> = LazyLock::new(|| {
-        let mut env = Environment::new();
-        // A missing field — of a skipped step, an absent input — renders
-        // empty and tests false, as in the seed's examples, however deep the path.
-        env.set_undefined_behavior(UndefinedBehavior::Chainable);
-        env
-    });
-    &ENVIRONMENT
-}
 
 impl Scope {
     /// The scope of a record of `step_id` in `iteration`, holding only the

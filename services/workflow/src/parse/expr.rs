@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeSet, sync::LazyLock};
 
-use minijinja::Environment;
+use minijinja::{Environment, UndefinedBehavior};
 
 use super::reader::{Node, Reader, position};
 use crate::domain::Severity;
@@ -61,13 +61,27 @@ pub(crate) fn condition_source(text: &str) -> String {
     out
 }
 
+/// The one environment expressions are checked and rendered in: building
+/// one registers every builtin filter and test, which cost more than
+/// rendering a short template.
+pub(crate) fn environment() -> &'static Environment<'static> {
+    static ENVIRONMENT: LazyLock<Environment<'static>> = LazyLock::new(|| {
+        let mut env = Environment::new();
+        // A missing field — of a skipped step, an absent input — renders
+        // empty and tests false, as in the seed's examples, however deep the path.
+        env.set_undefined_behavior(UndefinedBehavior::Chainable);
+        env
+    });
+    &ENVIRONMENT
+}
+
 /// The names an expression uses, or why it does not compile.
 fn variables(text: &str, kind: ExprKind) -> Result<BTreeSet<String>, String> {
-    static ENVIRONMENT: LazyLock<Environment<'static>> = LazyLock::new(Environment::new);
+    let env = environment();
     let variables = match kind {
-        ExprKind::Template => ENVIRONMENT.template_from_str(text).map(|t| t.undeclared_variables(false)),
+        ExprKind::Template => env.template_from_str(text).map(|t| t.undeclared_variables(false)),
         ExprKind::Condition => {
-            ENVIRONMENT.compile_expression_owned(condition_source(text)).map(|e| e.undeclared_variables(false))
+            env.compile_expression_owned(condition_source(text)).map(|e| e.undeclared_variables(false))
         }
     };
     variables

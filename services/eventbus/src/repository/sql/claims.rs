@@ -194,7 +194,7 @@ impl SqlEventRepository {
         let handlers = load_handlers(&mut tx, namespace).await?;
         let definition = handlers.get(handler).ok_or_else(|| EventBusError::HandlerNotFound(handler.to_owned()))?;
         // Drawn, not counted: a count would start again once the row went.
-        let stream = i64::from_ne_bytes(uuid::Uuid::new_v4().as_u64_pair().0.to_ne_bytes());
+        let stream = uuid::Uuid::new_v4().as_u64_pair().0.cast_signed();
         sqlx::query(
             "INSERT INTO eventbus_consumers (namespace, handler, consumer_id, stream) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (namespace, handler, consumer_id) DO UPDATE SET stream = excluded.stream",

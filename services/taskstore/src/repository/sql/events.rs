@@ -165,10 +165,7 @@ impl SqlTaskRepository {
     /// Every namespace's events after `after`, in commit order.
     pub(super) async fn outbox(&self, after: Cursor, limit: u32) -> Result<EventBatch> {
         let postgres = self.backend() == Backend::Postgres;
-        let statement = match postgres {
-            true => sqlx::query(OUTBOX_POSTGRES).bind(after.tx),
-            false => sqlx::query(OUTBOX_SQLITE),
-        };
+        let statement = if postgres { sqlx::query(OUTBOX_POSTGRES).bind(after.tx) } else { sqlx::query(OUTBOX_SQLITE) };
         let rows = statement.bind(after.id).bind(i64::from(limit)).fetch_all(&mut *self.db.read().await?).await?;
         batch(&rows, postgres, limit)
     }
