@@ -5,7 +5,9 @@
 //! start and steer workflow runs.
 //!
 //! They write to the task store like any worker, through its gRPC API; the
-//! task is not leased (no worker claims a built-in agent's tasks).
+//! task is not leased (no worker claims a built-in agent's tasks). A turn
+//! that needs no work (most of the `tck` agent's, and every echo) is the
+//! task's answer: the task is created with it, settled, in one write.
 
 mod remote;
 mod tck;
@@ -117,6 +119,15 @@ impl Runner {
             reply.context_id = Some(message.context_id.clone().unwrap_or_else(a2a::new_context_id));
             reply
         })
+    }
+
+    /// The answer a built-in agent gives `message` at once, when its turn
+    /// needs no work: its task is created with it, already settled.
+    pub(crate) fn answer(agent: &AgentConfig, message: &Message) -> Option<pb::TaskAnswer> {
+        if agent.kind != AgentKind::Builtin {
+            return None;
+        }
+        tck::reply(message).map(tck::Reply::into_answer)
     }
 
     /// Runs `agent`'s turn on `task` for `message` in the background.

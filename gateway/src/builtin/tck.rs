@@ -1,21 +1,23 @@
 //! The TCK scenarios (`scenarios/*.feature` of a2aproject/a2a-tck), keyed
 //! on the messageId prefix of the message that starts or continues a turn.
+//! Most are answered at once ([`reply`]); the streaming ones work in steps.
 
 use std::time::Duration;
 
-use a2a::{Artifact, Message, Part, PartContent};
+use a2a::{Artifact, Message, Part, PartContent, Role};
 use chorus_proto::taskstore as pb;
 use serde_json::json;
 
 use super::{Turn, Written};
+use crate::convert;
 
 /// How long the `test-resubscribe` scenario keeps its task working.
 const RESUBSCRIBE_PAUSE: Duration = Duration::from_secs(4);
 
-/// An artifact named `result`.
-fn result(parts: Vec<Part>, artifact_id: &str) -> Artifact {
+/// An artifact named `result`, with a new id.
+fn result(parts: Vec<Part>) -> Artifact {
     Artifact {
-        artifact_id: artifact_id.to_owned(),
+        artifact_id: uuid::Uuid::new_v4().to_string(),
         name: Some("result".to_owned()),
         description: None,
         parts,
@@ -24,81 +26,123 @@ fn result(parts: Vec<Part>, artifact_id: &str) -> Artifact {
     }
 }
 
-/// One turn of the `tck` agent.
-pub(super) async fn run(mut turn: Turn, message: &Message) -> Written {
-    let id = message.message_id.as_str();
-    let artifact_id = uuid::Uuid::new_v4().to_string();
-    let file = || Part {
+fn file() -> Part {
+    Part {
         content: PartContent::Raw(b"tck".to_vec()),
         filename: Some("output.txt".to_owned()),
         media_type: Some("text/plain".to_owned()),
         metadata: None,
-    };
-    let streamed = [
-        ("tck-stream-artifact-text", "Streamed text content"),
-        ("tck-stream-ordering-001", "Ordered output"),
-        ("tck-stream-001", "Stream hello from TCK"),
-        ("tck-stream-003", "Stream task lifecycle"),
-    ];
-    if let Some((_, text)) = streamed.iter().find(|(prefix, _)| id.starts_with(prefix)) {
-        turn.status(pb::TaskState::Working, None, None).await?;
-        turn.artifact(result(vec![Part::text(*text)], &artifact_id), false, true).await?;
-        return turn.status(pb::TaskState::Completed, None, None).await;
     }
-    if id.starts_with("tck-stream-artifact-chunked") {
-        turn.status(pb::TaskState::Working, None, None).await?;
-        turn.artifact(result(vec![Part::text("chunk-1 ")], &artifact_id), false, false).await?;
-        turn.artifact(result(vec![Part::text("chunk-2")], &artifact_id), true, true).await?;
-        return turn.status(pb::TaskState::Completed, None, None).await;
+}
+
+/// One turn of the `tck` agent on a task that exists.
+pub(super) async fn run(turn: Turn, message: &Message) -> Written {
+    match reply(message) {
+        Some(reply) => reply.write(turn).await,
+        None => in_steps(turn, message).await,
     }
-    if id.starts_with("tck-stream-artifact-file") {
-        turn.status(pb::TaskState::Working, None, None).await?;
-        turn.artifact(result(vec![file()], &artifact_id), false, true).await?;
-        return turn.status(pb::TaskState::Completed, None, None).await;
-    }
+}
+
+/// The scenarios that stream their work: `working` first, then the
+/// artifacts, chunks or pause the scenario asks for, then `completed`.
+async fn in_steps(mut turn: Turn, message: &Message) -> Written {
+    let id = message.message_id.as_str();
+    turn.status(pb::TaskState::Working, None, None).await?;
     if id.starts_with("test-resubscribe-message-id") {
-        turn.status(pb::TaskState::Working, None, None).await?;
         tokio::time::sleep(RESUBSCRIBE_PAUSE).await;
-        return turn.status(pb::TaskState::Completed, None, None).await;
+    } else if id.starts_with("tck-stream-artifact-chunked") {
+        let first = result(vec![Part::text("chunk-1 ")]);
+        let mut second = first.clone();
+        second.parts = vec![Part::text("chunk-2")];
+        turn.artifact(first, false, false).await?;
+        turn.artifact(second, true, true).await?;
+    } else if id.starts_with("tck-stream-artifact-file") {
+        turn.artifact(result(vec![file()]), false, true).await?;
+    } else {
+        let text = STREAMED.iter().find(|(prefix, _)| id.starts_with(prefix)).map_or("", |(_, text)| text);
+        turn.artifact(result(vec![Part::text(text)]), false, true).await?;
     }
+    turn.status(pb::TaskState::Completed, None, None).await
+}
+
+/// The streamed scenarios of one text artifact, and its text.
+const STREAMED: [(&str, &str); 4] = [
+    ("tck-stream-artifact-text", "Streamed text content"),
+    ("tck-stream-ordering-001", "Ordered output"),
+    ("tck-stream-001", "Stream hello from TCK"),
+    ("tck-stream-003", "Stream task lifecycle"),
+];
+
+/// What a turn answers at once, with no work in between: its artifacts,
+/// then its state with its message.
+pub(super) struct Reply {
+    state: pb::TaskState,
+    text: Option<String>,
+    artifacts: Vec<Artifact>,
+}
+
+impl Reply {
+    fn new(state: pb::TaskState, text: Option<&str>, artifacts: Vec<Artifact>) -> Self {
+        Self { state, text: text.map(str::to_owned), artifacts }
+    }
+
+    /// The reply as the answer a task is created with.
+    pub(super) fn into_answer(self) -> pb::TaskAnswer {
+        pb::TaskAnswer {
+            state: self.state.into(),
+            message: self.text.map(|text| convert::message_in(&Message::new(Role::Agent, vec![Part::text(text)]))),
+            artifacts: self.artifacts.iter().map(convert::artifact_in).collect(),
+        }
+    }
+
+    /// The reply written to a task that exists.
+    async fn write(self, mut turn: Turn) -> Written {
+        for artifact in self.artifacts {
+            turn.artifact(artifact, false, true).await?;
+        }
+        turn.status(self.state, self.text.as_deref(), None).await
+    }
+}
+
+/// The `tck` agent's reply to `message`, unless its scenario works in steps.
+/// A message no scenario names is echoed: its text as an artifact and as
+/// the status message.
+pub(super) fn reply(message: &Message) -> Option<Reply> {
+    let id = message.message_id.as_str();
+    let in_steps = ["test-resubscribe-message-id", "tck-stream-artifact-chunked", "tck-stream-artifact-file"];
+    if in_steps.iter().chain(STREAMED.iter().map(|(prefix, _)| prefix)).any(|prefix| id.starts_with(prefix)) {
+        return None;
+    }
+    let completed = |text: Option<&str>, artifacts| Some(Reply::new(pb::TaskState::Completed, text, artifacts));
+    let artifact = |part| completed(None, vec![result(vec![part])]);
     if id.starts_with("tck-stream-002") {
-        return turn.status(pb::TaskState::Completed, None, None).await;
-    }
-    let artifact = if id.starts_with("tck-artifact-file-url") {
-        Some(Part {
+        completed(None, Vec::new())
+    } else if id.starts_with("tck-artifact-file-url") {
+        artifact(Part {
             content: PartContent::Url("https://example.com/output.txt".to_owned()),
             filename: Some("output.txt".to_owned()),
             media_type: Some("text/plain".to_owned()),
             metadata: None,
         })
     } else if id.starts_with("tck-artifact-text") {
-        Some(Part::text("Generated text content"))
+        artifact(Part::text("Generated text content"))
     } else if id.starts_with("tck-artifact-file") {
-        Some(file())
+        artifact(file())
     } else if id.starts_with("tck-artifact-data") {
-        Some(Part {
+        artifact(Part {
             content: PartContent::Data(json!({"key": "value", "count": 42})),
             filename: None,
             media_type: None,
             metadata: None,
         })
+    } else if id.starts_with("tck-input-required") {
+        Some(Reply::new(pb::TaskState::InputRequired, Some("Please provide more input"), Vec::new()))
+    } else if id.starts_with("tck-reject-task") {
+        Some(Reply::new(pb::TaskState::Rejected, Some("rejected"), Vec::new()))
+    } else if id.starts_with("tck-complete-task") {
+        completed(Some("Hello from TCK"), Vec::new())
     } else {
-        None
-    };
-    if let Some(part) = artifact {
-        turn.artifact(result(vec![part], &artifact_id), false, true).await?;
-        return turn.status(pb::TaskState::Completed, None, None).await;
+        let text = message.text().unwrap_or_default();
+        completed(Some(text), vec![result(vec![Part::text(text)])])
     }
-    if id.starts_with("tck-input-required") {
-        return turn.status(pb::TaskState::InputRequired, Some("Please provide more input"), None).await;
-    }
-    if id.starts_with("tck-reject-task") {
-        return turn.status(pb::TaskState::Rejected, Some("rejected"), None).await;
-    }
-    if id.starts_with("tck-complete-task") {
-        return turn.status(pb::TaskState::Completed, Some("Hello from TCK"), None).await;
-    }
-    let text = message.text().unwrap_or_default().to_owned();
-    turn.artifact(result(vec![Part::text(text.clone())], &artifact_id), false, true).await?;
-    turn.status(pb::TaskState::Completed, Some(&text), None).await
 }

@@ -250,6 +250,8 @@ impl Gateway {
         if let Some(push) = &push {
             self.inner.push.check(&push.url).await?;
         }
+        let answer = Runner::answer(agent, &message);
+        let answered = answer.is_some();
         let create = pb::CreateTaskRequest {
             namespace: scope.namespace.clone(),
             agent_id: agent.id.clone(),
@@ -262,13 +264,14 @@ impl Gateway {
             // each key lands at the end of the task store's index of them
             // rather than in a random page of it.
             idempotency_key: format!("a2a-{}", uuid::Uuid::now_v7()),
+            answer,
         };
         let task = self.tasks().create_task(create).await.map_err(|status| task_error(&status, ""))?.into_inner();
         if let Some(mut push) = push {
             push.task_id = task.id.clone();
             self.store_push_config(scope, push, Follow::FromCreation).await?;
         }
-        if matches!(agent.kind, AgentKind::Builtin | AgentKind::Remote | AgentKind::Workflow) {
+        if !answered && matches!(agent.kind, AgentKind::Builtin | AgentKind::Remote | AgentKind::Workflow) {
             self.inner.runner.start(agent, &scope.namespace, &task, message);
         }
         Ok(Started::Task(Box::new(task)))

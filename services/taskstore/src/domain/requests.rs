@@ -18,6 +18,33 @@ pub struct NewTask {
     /// Creates with one key in a namespace make one task; `None`: the
     /// message id is the key.
     pub idempotency_key: Option<String>,
+    /// The agent's answer, when it gives one as the task is made.
+    pub answer: Option<TaskAnswer>,
+}
+
+/// An agent's answer to a task's first message: the task is created with
+/// it, already settled.
+#[derive(Debug, Clone)]
+pub struct TaskAnswer {
+    pub state: TaskState,
+    /// The status message, which the history keeps after the first message.
+    pub message: Option<Message>,
+    pub artifacts: Vec<Artifact>,
+}
+
+impl TaskAnswer {
+    /// A state a new task can be answered with: terminal or interrupted,
+    /// and not `canceled` (nobody canceled it).
+    pub fn can_settle_in(state: TaskState) -> bool {
+        state != TaskState::Canceled && (state.is_terminal() || state.is_interrupted())
+    }
+
+    /// The id given to two of the artifacts, if any: an answer's artifacts
+    /// are whole, one each.
+    pub fn repeated_artifact(&self) -> Option<&str> {
+        let mut seen = std::collections::HashSet::new();
+        self.artifacts.iter().map(|artifact| artifact.artifact_id.as_str()).find(|id| !seen.insert(*id))
+    }
 }
 
 /// A child task to create below a parent.

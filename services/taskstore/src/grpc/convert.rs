@@ -8,7 +8,7 @@ use prost_types::{ListValue, Struct, Value, value::Kind};
 
 use crate::domain::{
     Artifact, Claimed, Cursor, EventKind, InboxKind, InboxMessage, JsonObject, Message, Owner, OwnerKind, Part,
-    PartContent, PushConfig, Role, SpawnContext, Task, TaskEvent, TaskState, TaskStatus,
+    PartContent, PushConfig, Role, SpawnContext, Task, TaskAnswer, TaskEvent, TaskState, TaskStatus,
 };
 
 type Checked<T> = Result<T, FieldViolation>;
@@ -129,6 +129,32 @@ pub(super) fn artifact(field: &str, value: Option<pb::Artifact>) -> Checked<Arti
         metadata: json_object(&format!("{field}.metadata"), value.metadata)?,
         extensions: value.extensions,
     })
+}
+
+pub(super) fn artifacts(field: &str, values: Vec<pb::Artifact>) -> Checked<Vec<Artifact>> {
+    values.into_iter().enumerate().map(|(index, value)| artifact(&format!("{field}[{index}]"), Some(value))).collect()
+}
+
+pub(super) fn answer(value: Option<pb::TaskAnswer>) -> Checked<Option<TaskAnswer>> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let state = task_state("answer.state", value.state)?;
+    if !TaskAnswer::can_settle_in(state) {
+        return Err(FieldViolation::new(
+            "answer.state",
+            "must be completed, failed, rejected, input-required or auth-required",
+        ));
+    }
+    let answer = TaskAnswer {
+        state,
+        message: optional_message("answer.message", value.message)?,
+        artifacts: artifacts("answer.artifacts", value.artifacts)?,
+    };
+    if let Some(id) = answer.repeated_artifact() {
+        return Err(FieldViolation::new("answer.artifacts", format!("gives artifact {id} twice")));
+    }
+    Ok(Some(answer))
 }
 
 pub(super) fn task_state(field: &str, value: i32) -> Checked<TaskState> {
@@ -423,6 +449,32 @@ mod tests {
         value.role = pb::Role::User.into();
         value.message_id.clear();
         assert_eq!(message("message", Some(value)).unwrap_err().field, "message.message_id");
+    }
+
+    #[test]
+    fn an_answer_settles_the_task_and_gives_each_artifact_once() {
+        let artifact = |id: &str| pb::Artifact {
+            artifact_id: id.into(),
+            parts: vec![pb::Part { content: Some(pb::part::Content::Text("x".into())), ..Default::default() }],
+            ..Default::default()
+        };
+        let answer = |state: pb::TaskState, ids: &[&str]| pb::TaskAnswer {
+            state: state.into(),
+            message: None,
+            artifacts: ids.iter().map(|id| artifact(id)).collect(),
+        };
+        let settled = super::answer(Some(answer(pb::TaskState::Completed, &["a", "b"]))).unwrap().unwrap();
+        assert_eq!((settled.state, settled.artifacts.len()), (TaskState::Completed, 2));
+        assert!(super::answer(None).unwrap().is_none());
+        for state in
+            [pb::TaskState::Working, pb::TaskState::Submitted, pb::TaskState::Canceled, pb::TaskState::Unspecified]
+        {
+            assert_eq!(super::answer(Some(answer(state, &[]))).unwrap_err().field, "answer.state", "{state:?}");
+        }
+        let twice = super::answer(Some(answer(pb::TaskState::Completed, &["a", "a"]))).unwrap_err();
+        assert_eq!((twice.field.as_str(), twice.reason.as_str()), ("answer.artifacts", "gives artifact a twice"));
+        let nameless = super::answer(Some(answer(pb::TaskState::Completed, &[""]))).unwrap_err();
+        assert_eq!(nameless.field, "answer.artifacts[0].artifact_id");
     }
 
     #[test]

@@ -62,6 +62,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
             spawn_context: convert::spawn_context(request.spawn_context)?,
             trace_context: current_context_headers(),
             idempotency_key: validate::optional_id("idempotency_key", &request.idempotency_key)?,
+            answer: convert::answer(request.answer)?,
         };
         let task = self.store.create_task(task).await?;
         record_ids(&task.namespace, &task.id);
@@ -252,12 +253,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
         let lease_id = validate::id("lease_id", &request.lease_id)?;
         let message = convert::optional_message("message", request.message)?;
-        let artifacts = request
-            .artifacts
-            .into_iter()
-            .enumerate()
-            .map(|(index, artifact)| convert::artifact(&format!("artifacts[{index}]"), Some(artifact)))
-            .collect::<Result<Vec<_>, _>>()?;
+        let artifacts = convert::artifacts("artifacts", request.artifacts)?;
         let task = self.store.complete_task(&namespace, &task_id, &lease_id, message, artifacts).await?;
         Ok(Response::new(convert::task_out(task)))
     }

@@ -26,7 +26,7 @@ use crate::{
     config::TaskStoreConfig,
     domain::{
         Artifact, ArtifactChunk, Claimed, InboxMessage, Message, NewTask, Notification, Owner, PushConfig, Renewal,
-        StatusUpdate, Task, TaskPage, TaskQuery, TaskState, now_micros,
+        StatusUpdate, Task, TaskPage, TaskQuery, TaskState, new_task_id, now_micros,
     },
     error::{Result, TaskStoreError},
     repository::TaskRepository,
@@ -137,6 +137,13 @@ impl TaskStore {
     }
 
     async fn create_now(&self, task: NewTask) -> Result<Task> {
+        if task.answer.is_some() {
+            // Settled from the start: no worker is offered it, and the
+            // awaits that follow find it finished here.
+            let task = self.repository.create_task(&new_task_id(), task, None).await?.task;
+            self.changed_whole(&task);
+            return Ok(task);
+        }
         let offer = self.streams.offer(&task.namespace, &task.agent_id, now_micros());
         let trace_context = offer.as_ref().map(|_| task.trace_context.clone()).unwrap_or_default();
         let creating = self.creating(&task.namespace);

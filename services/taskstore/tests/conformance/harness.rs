@@ -68,6 +68,7 @@ pub(crate) fn new_task(namespace: &str, agent: &str, text: &str) -> NewTask {
         spawn_context: SpawnContext::Agent,
         trace_context: Default::default(),
         idempotency_key: None,
+        answer: None,
     }
 }
 

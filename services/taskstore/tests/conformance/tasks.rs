@@ -1,11 +1,14 @@
 //! Tasks: create, read, list, converse, the state machine, artifacts, cancel.
 
 use chorus_taskstore::{
-    domain::{Artifact, ArtifactChunk, PageToken, Part, Role, SpawnContext, StatusUpdate, TaskQuery, TaskState},
+    domain::{
+        Artifact, ArtifactChunk, EventKind, PageToken, Part, Role, SpawnContext, StatusUpdate, TaskAnswer, TaskQuery,
+        TaskState,
+    },
     error::TaskStoreError,
 };
 
-use crate::harness::{Harness, agent_message, conformance, new_task, user_message};
+use crate::harness::{Harness, agent_message, conformance, new_task, text_artifact, user_message};
 
 conformance!(
     create_is_idempotent_on_the_first_message_id,
@@ -21,6 +24,8 @@ conformance!(
     unknown_ids_are_not_found,
     cancel_reaches_the_whole_unfinished_subtree,
     a_new_database_gets_its_first_statistics_once_it_holds_tasks,
+    an_answered_task_is_created_settled_with_each_change_logged,
+    a_task_answered_with_a_question_takes_the_reply,
 );
 
 fn status(state: TaskState) -> StatusUpdate {
@@ -305,4 +310,60 @@ async fn a_new_database_gets_its_first_statistics_once_it_holds_tasks(h: Harness
                 .unwrap();
         assert_eq!(history, 3.0, "the other task tables were analysed with it");
     }
+}
+
+async fn an_answered_task_is_created_settled_with_each_change_logged(h: Harness) {
+    use futures_util::StreamExt as _;
+    let mut new = new_task("ns", "echo", "answer me");
+    new.answer = Some(TaskAnswer {
+        state: TaskState::Completed,
+        message: Some(agent_message("answered")),
+        artifacts: vec![text_artifact("a", "one"), text_artifact("b", "two")],
+    });
+    let task = h.store.create_task(new.clone()).await.unwrap();
+    assert_eq!(task.status.state, TaskState::Completed);
+    assert_eq!(task.status.message.as_ref().map(|message| message.joined_text()).as_deref(), Some("answered"));
+    let texts: Vec<String> = task.history.iter().map(|message| message.joined_text()).collect();
+    assert_eq!(texts, ["answer me", "answered"], "the answer follows the first message");
+    assert_eq!(task.history[1].task_id.as_deref(), Some(task.id.as_str()));
+    let ids: Vec<&str> = task.artifacts.iter().map(|artifact| artifact.artifact_id.as_str()).collect();
+    assert_eq!(ids, ["a", "b"]);
+    let stored = h.repository.get_task("ns", &task.id, None).await.unwrap();
+    assert_eq!((&stored.status, &stored.history, &stored.artifacts), (&task.status, &task.history, &task.artifacts));
+    let last_one = h.repository.get_task("ns", &task.id, Some(1)).await.unwrap();
+    assert_eq!(last_one.history, task.history[1..]);
+
+    let events: Vec<_> = h.store.watch_task("ns", &task.id, None).await.unwrap().map(Result::unwrap).collect().await;
+    let kinds: Vec<EventKind> = events.iter().map(|event| event.kind).collect();
+    assert_eq!(
+        kinds,
+        [EventKind::Created, EventKind::ArtifactUpdated, EventKind::ArtifactUpdated, EventKind::StatusChanged],
+        "each change as a turn would have logged it, in order"
+    );
+    assert_eq!(events[0].message.as_ref().unwrap().joined_text(), "answer me");
+    assert_eq!(events[2].artifact.as_ref().unwrap().parts, vec![Part::text("two")]);
+    assert!(events[1].last_chunk && events[1].status.state == TaskState::Submitted);
+    assert_eq!(events[3].status, task.status);
+
+    let again = h.store.create_task(new).await.unwrap();
+    assert_eq!(again.id, task.id, "a retried create returns the first task");
+    let replayed = h.store.watch_task("ns", &task.id, None).await.unwrap().count().await;
+    assert_eq!(replayed, 4, "and logs nothing more");
+    let finished = h.store.update_status("ns", &task.id, status(TaskState::Working)).await;
+    assert!(matches!(finished, Err(TaskStoreError::TaskFinished { .. })), "{finished:?}");
+}
+
+async fn a_task_answered_with_a_question_takes_the_reply(h: Harness) {
+    let mut new = new_task("ns", "echo", "book a flight");
+    new.answer = Some(TaskAnswer {
+        state: TaskState::InputRequired,
+        message: Some(agent_message("where to?")),
+        artifacts: vec![],
+    });
+    let task = h.store.create_task(new).await.unwrap();
+    assert_eq!((task.status.state, task.artifacts.len()), (TaskState::InputRequired, 0));
+    let resumed = h.store.add_message("ns", &task.id, user_message("Lisbon")).await.unwrap();
+    assert_eq!(resumed.status.state, TaskState::Working);
+    let texts: Vec<String> = resumed.history.iter().map(|message| message.joined_text()).collect();
+    assert_eq!(texts, ["book a flight", "where to?", "Lisbon"]);
 }

@@ -71,6 +71,7 @@ impl SqlTaskRepository {
             trace_context: &subtask.trace_context,
             request_key: &subtask.message.message_id,
             handoff: None,
+            answer: None,
         };
         let inserted = insert_task(Writer::In(&mut tx, self.backend()), insert).await?;
         self.commit_insert(tx, inserted, &subtask.namespace, &subtask.message.message_id).await

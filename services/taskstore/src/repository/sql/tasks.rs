@@ -8,13 +8,13 @@ use sqlx::{AnyConnection, Row as _};
 use super::{
     EventDetail, SqlTaskRepository, Tx, append_history, apply_status, check_writable, complete_task_view,
     event_payload, record_event, rows,
-    rows::{TaskRecord, aggregated_parts, task_columns, to_json},
+    rows::{TaskRecord, aggregated_parts, task_columns, to_json, to_json_opt},
     save, set_status,
 };
 use crate::{
     domain::{
         Artifact, ArtifactChunk, Created, EventKind, Handoff, Message, NewTask, Owner, Role, SpawnContext,
-        StatusUpdate, Task, TaskPage, TaskQuery, TaskState, TaskStatus, prompt_fingerprint,
+        StatusUpdate, Task, TaskAnswer, TaskPage, TaskQuery, TaskState, TaskStatus, prompt_fingerprint,
     },
     error::{Result, TaskStoreError},
 };
@@ -54,6 +54,8 @@ pub(super) struct TaskInsert<'a> {
     pub(super) request_key: &'a str,
     /// The lease of the worker that takes the new task at once, if any.
     pub(super) handoff: Option<&'a Handoff>,
+    /// The agent's answer, which settles the task as it is made.
+    pub(super) answer: Option<&'a TaskAnswer>,
 }
 
 /// The task a create with this first message id already made, if any.
@@ -77,15 +79,36 @@ pub(super) async fn find_by_request(
     }
 }
 
+/// A change an insert logs: its kind, and its payload as a lone write would
+/// have logged it.
+#[derive(serde::Serialize)]
+struct Logged {
+    kind: &'static str,
+    payload: String,
+}
+
+impl Logged {
+    fn new(kind: EventKind, status: &TaskStatus, detail: EventDetail<'_>) -> Result<Self> {
+        Ok(Self { kind: kind.as_str(), payload: event_payload(status, detail)? })
+    }
+}
+
+/// An artifact an insert stores (an element of its $26).
+#[derive(serde::Serialize)]
+struct StoredArtifact<'a> {
+    artifact_id: &'a str,
+    artifact: String,
+}
+
 /// Inserts a task with its first message and records `created`: in
-/// `submitted`, or, with a handoff, already `working` under its lease (and
-/// that change recorded too). `None`: a task with the same first message id
-/// exists already.
+/// `submitted`; with a handoff, already `working` under its lease (that
+/// change logged too); with an answer, settled in the answer's state, with
+/// its artifacts and message, each change logged in the order a turn would
+/// have made it. `None`: a task with the same request key exists already.
 pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> Result<Option<Task>> {
     let now = crate::domain::now_micros();
     let id = insert.id.to_owned();
     let first_message = insert.message.clone().bound_to(&id, &insert.context_id);
-    let history = to_json(&first_message)?;
     let mut task = Task {
         namespace: insert.namespace.to_owned(),
         id,
@@ -102,26 +125,46 @@ pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> R
         attempt: 0,
         created_at: now,
     };
-    let detail = EventDetail { message: task.history.first(), ..EventDetail::default() };
-    let payload = event_payload(&task.status, detail)?;
+    let created = EventDetail { message: task.history.first(), ..EventDetail::default() };
+    let mut logged = vec![Logged::new(EventKind::Created, &task.status, created)?];
     let handoff = insert.handoff;
-    // A handed-off task is claimed from the start: the row says so, and the
-    // claim is its second event.
-    let claimed = TaskStatus { state: TaskState::Working, message: None, timestamp: now };
-    let claimed_payload = handoff.map(|_| event_payload(&claimed, EventDetail::default())).transpose()?;
-    let (state, attempt) = if handoff.is_some() { (claimed.state, 1) } else { (task.status.state, 0) };
+    if handoff.is_some() {
+        // A handed-off task is claimed from the start: the row says so, and
+        // the claim is its second event.
+        task.status = TaskStatus { state: TaskState::Working, message: None, timestamp: now };
+        task.attempt = 1;
+        logged.push(Logged::new(EventKind::StatusChanged, &task.status, EventDetail::default())?);
+    }
+    if let Some(answer) = insert.answer {
+        for artifact in &answer.artifacts {
+            let detail = EventDetail { artifact: Some(artifact), last_chunk: true, ..EventDetail::default() };
+            logged.push(Logged::new(EventKind::ArtifactUpdated, &task.status, detail)?);
+        }
+        let message = answer.message.clone().map(|message| message.bound_to(&task.id, &task.context_id));
+        task.history.extend(message.clone());
+        task.artifacts.clone_from(&answer.artifacts);
+        task.status = TaskStatus { state: answer.state, message, timestamp: now };
+        logged.push(Logged::new(EventKind::StatusChanged, &task.status, EventDetail::default())?);
+    }
+    let history = task.history.iter().map(to_json).collect::<Result<Vec<_>>>()?;
+    let artifacts = task
+        .artifacts
+        .iter()
+        .map(|artifact| Ok(StoredArtifact { artifact_id: &artifact.artifact_id, artifact: to_json(artifact)? }))
+        .collect::<Result<Vec<_>>>()?;
+    let with_artifacts = usize::from(!artifacts.is_empty());
     let query = match &writer {
-        Writer::In(_, Backend::Postgres) => sqlx::query(INSERT_TASK_POSTGRES),
-        Writer::In(_, Backend::Sqlite) => sqlx::query(INSERT_TASK_SQLITE),
-        Writer::OwnTransaction(_) => INSERT_TASK_SCRIPT.query(),
+        Writer::In(_, Backend::Postgres) => sqlx::query(INSERT_TASK_POSTGRES[with_artifacts].as_str()),
+        Writer::In(_, Backend::Sqlite) => sqlx::query(INSERT_TASK_SQLITE[with_artifacts].as_str()),
+        Writer::OwnTransaction(_) => INSERT_TASK_SCRIPT[with_artifacts].query(),
     };
-    // One round trip writes the task, its first message and its events.
+    // One round trip writes the task, its history, artifacts and events.
     let query = query
         .bind(insert.namespace)
         .bind(&task.id)
         .bind(&insert.context_id)
         .bind(insert.agent_id)
-        .bind(state.as_str())
+        .bind(task.status.state.as_str())
         .bind(now)
         .bind(rows::metadata_json(insert.metadata)?)
         .bind(insert.parent_id)
@@ -136,53 +179,61 @@ pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> R
         .bind(handoff.map(|handoff| handoff.worker_id.as_str()))
         .bind(handoff.map(|handoff| handoff.lease_id.as_str()))
         .bind(handoff.map(|handoff| handoff.lease_expires_at))
-        .bind(i64::from(attempt))
+        .bind(i64::from(task.attempt))
         .bind(i64::from(handoff.map_or(0, |handoff| handoff.max_retries)))
-        .bind(history)
-        .bind(payload)
-        .bind(claimed_payload);
+        .bind(to_json(&history)?)
+        .bind(to_json(&logged)?)
+        .bind(to_json_opt(task.status.message.as_ref())?)
+        .bind(i64::try_from(task.history.len()).unwrap_or(i64::MAX));
+    let query = if artifacts.is_empty() { query } else { query.bind(to_json(&artifacts)?) };
     // Every statement's results: sqlx stops a script at its first result, a
     // row or not, when asked for one row only.
     let rows = match writer {
         Writer::In(conn, _) => query.fetch_all(conn).await?,
-        Writer::OwnTransaction(db) => db.run_transaction_script(&INSERT_TASK_SCRIPT, query).await?,
+        Writer::OwnTransaction(db) => db.run_transaction_script(&INSERT_TASK_SCRIPT[with_artifacts], query).await?,
     };
     let inserted: i64 = rows.last().map(|row| row.try_get("inserted")).transpose()?.unwrap_or(0);
-    if inserted == 0 {
-        return Ok(None);
-    }
-    if handoff.is_some() {
-        task.status = claimed;
-        task.attempt = attempt;
-    }
-    Ok(Some(task))
+    Ok((inserted != 0).then_some(task))
 }
 
-/// A new task row; $1..$21 as bound in [`insert_task`].
+/// A new task row; $1..$21, $24 and $25 as bound in [`insert_task`].
 macro_rules! insert_task_row {
     () => {
         "INSERT INTO taskstore_tasks (namespace, id, context_id, agent_id, state, status_timestamp, metadata, \
          parent_id, owner_kind, owner_id, depth, spawn_context, prompt_fingerprint, request_message_id, \
-         trace_context, history_count, created_at, worker_id, lease_id, lease_expires_at, attempt, max_retries) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 1, $16, $17, $18, $19, $20, $21) \
-         ON CONFLICT (namespace, request_message_id) DO NOTHING"
+         trace_context, history_count, created_at, worker_id, lease_id, lease_expires_at, attempt, max_retries, \
+         status_message) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $25, $16, $17, $18, $19, $20, $21, \
+         $24) ON CONFLICT (namespace, request_message_id) DO NOTHING"
     };
 }
 
-/// The task row, its first message ($22), its `created` event ($23) and,
-/// when it is handed off, its `status_changed` event ($24).
-const INSERT_TASK_POSTGRES: &str = concat!(
-    "WITH task AS (",
-    insert_task_row!(),
-    " RETURNING namespace, id, context_id, agent_id, created_at), \
-     history AS (INSERT INTO taskstore_history (namespace, task_id, position, message) \
-     SELECT namespace, id, 0, $22 FROM task), \
-     event AS (INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
-     SELECT namespace, id, context_id, agent_id, 'created', $23, created_at FROM task \
-     UNION ALL SELECT namespace, id, context_id, agent_id, 'status_changed', $24, created_at FROM task \
-     WHERE $24 IS NOT NULL) \
-     SELECT COUNT(*) AS inserted FROM task"
-);
+/// The task row, its history ($22: a JSON list of messages, each as JSON
+/// text), its events ($23: a JSON list of `{kind, payload}`, logged in that
+/// order) and, in the second form, its artifacts ($26: a JSON list of
+/// `{artifact_id, artifact}`).
+static INSERT_TASK_POSTGRES: LazyLock<[String; 2]> = LazyLock::new(|| {
+    [false, true].map(|artifacts| {
+        let stored = if artifacts {
+            "stored AS (INSERT INTO taskstore_artifacts (namespace, task_id, artifact_id, position, artifact) \
+             SELECT namespace, id, a.value ->> 'artifact_id', a.ord - 1, a.value ->> 'artifact' \
+             FROM task, json_array_elements($26::json) WITH ORDINALITY AS a(value, ord)), "
+        } else {
+            ""
+        };
+        format!(
+            "WITH task AS ({row} RETURNING namespace, id, context_id, agent_id, created_at), \
+             history AS (INSERT INTO taskstore_history (namespace, task_id, position, message) \
+             SELECT namespace, id, h.ord - 1, h.message \
+             FROM task, json_array_elements_text($22::json) WITH ORDINALITY AS h(message, ord)), {stored}\
+             event AS (INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, \
+             created_at) SELECT namespace, id, context_id, agent_id, e.value ->> 'kind', e.value ->> 'payload', \
+             created_at FROM task, json_array_elements($23::json) WITH ORDINALITY AS e(value, ord) ORDER BY e.ord) \
+             SELECT COUNT(*) AS inserted FROM task",
+            row = insert_task_row!(),
+        )
+    })
+});
 
 /// Where [`insert_task`] writes: in a transaction (or, on PostgreSQL, a
 /// connection) the caller holds, or, on SQLite, as a script that lands whole
@@ -194,30 +245,33 @@ pub(super) enum Writer<'c> {
 
 /// What [`INSERT_TASK_POSTGRES`] writes, as a SQLite script: each insert
 /// after the row's finds it by its new id, which exists only if the row went
-/// in (a repeated request key inserts nothing). `ORDER BY kind` logs
-/// `created` before `status_changed`.
-macro_rules! insert_task_sqlite {
-    () => {
-        concat!(
-            insert_task_row!(),
-            "; INSERT INTO taskstore_history (namespace, task_id, position, message) \
-             SELECT namespace, id, 0, $22 FROM taskstore_tasks WHERE namespace = $1 AND id = $2; \
+/// in (a repeated request key inserts nothing).
+static INSERT_TASK_SQLITE: LazyLock<[String; 2]> = LazyLock::new(|| {
+    [false, true].map(|artifacts| {
+        let stored = if artifacts {
+            "INSERT INTO taskstore_artifacts (namespace, task_id, artifact_id, position, artifact) \
+             SELECT t.namespace, t.id, a.value ->> 'artifact_id', a.key, a.value ->> 'artifact' \
+             FROM taskstore_tasks AS t, json_each($26) AS a WHERE t.namespace = $1 AND t.id = $2; "
+        } else {
+            ""
+        };
+        format!(
+            "{row}; INSERT INTO taskstore_history (namespace, task_id, position, message) \
+             SELECT t.namespace, t.id, h.key, h.value FROM taskstore_tasks AS t, json_each($22) AS h \
+             WHERE t.namespace = $1 AND t.id = $2; {stored}\
              INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
-             SELECT namespace, id, context_id, agent_id, 'created' AS kind, $23, created_at FROM taskstore_tasks \
-             WHERE namespace = $1 AND id = $2 UNION ALL SELECT namespace, id, context_id, agent_id, \
-             'status_changed', $24, created_at FROM taskstore_tasks WHERE namespace = $1 AND id = $2 \
-             AND $24 IS NOT NULL ORDER BY kind; \
-             SELECT COUNT(*) AS inserted FROM taskstore_tasks WHERE namespace = $1 AND id = $2"
+             SELECT t.namespace, t.id, t.context_id, t.agent_id, e.value ->> 'kind', e.value ->> 'payload', \
+             t.created_at FROM taskstore_tasks AS t, json_each($23) AS e WHERE t.namespace = $1 AND t.id = $2 \
+             ORDER BY e.key; \
+             SELECT COUNT(*) AS inserted FROM taskstore_tasks WHERE namespace = $1 AND id = $2",
+            row = insert_task_row!(),
         )
-    };
-}
-
-/// The create's script, run in the caller's transaction.
-const INSERT_TASK_SQLITE: &str = insert_task_sqlite!();
+    })
+});
 
 /// The create's script in a transaction of its own, or of the batch it waits in.
-static INSERT_TASK_SCRIPT: LazyLock<TransactionScript> =
-    LazyLock::new(|| TransactionScript::new(insert_task_sqlite!()));
+static INSERT_TASK_SCRIPT: LazyLock<[TransactionScript; 2]> =
+    LazyLock::new(|| INSERT_TASK_SQLITE.each_ref().map(|sql| TransactionScript::new(sql)));
 
 impl SqlTaskRepository {
     pub(super) async fn create(&self, id: &str, new: NewTask, handoff: Option<Handoff>) -> Result<Created> {
@@ -236,6 +290,7 @@ impl SqlTaskRepository {
             trace_context: &new.trace_context,
             request_key,
             handoff: handoff.as_ref(),
+            answer: new.answer.as_ref(),
         };
         // One round trip: on PostgreSQL a statement, its own transaction; on
         // SQLite a script in a transaction of its own.
