@@ -38,13 +38,13 @@ impl TaskAnswer {
     pub fn can_settle_in(state: TaskState) -> bool {
         state != TaskState::Canceled && (state.is_terminal() || state.is_interrupted())
     }
+}
 
-    /// The id given to two of the artifacts, if any: an answer's artifacts
-    /// are whole, one each.
-    pub fn repeated_artifact(&self) -> Option<&str> {
-        let mut seen = std::collections::HashSet::new();
-        self.artifacts.iter().map(|artifact| artifact.artifact_id.as_str()).find(|id| !seen.insert(*id))
-    }
+/// The id given to two of `artifacts`, if any: artifacts written whole at
+/// once (an answer's, a completion's) are one each.
+pub fn repeated_artifact_id(artifacts: &[Artifact]) -> Option<&str> {
+    let mut seen = std::collections::HashSet::new();
+    artifacts.iter().map(|artifact| artifact.artifact_id.as_str()).find(|id| !seen.insert(*id))
 }
 
 /// A child task to create below a parent.

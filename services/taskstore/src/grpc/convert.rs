@@ -9,6 +9,7 @@ use prost_types::{ListValue, Struct, Value, value::Kind};
 use crate::domain::{
     Artifact, Claimed, Cursor, EventKind, InboxKind, InboxMessage, JsonObject, Message, Owner, OwnerKind, Part,
     PartContent, PushConfig, Role, SpawnContext, Task, TaskAnswer, TaskEvent, TaskState, TaskStatus,
+    repeated_artifact_id,
 };
 
 type Checked<T> = Result<T, FieldViolation>;
@@ -151,7 +152,7 @@ pub(super) fn answer(value: Option<pb::TaskAnswer>) -> Checked<Option<TaskAnswer
         message: optional_message("answer.message", value.message)?,
         artifacts: artifacts("answer.artifacts", value.artifacts)?,
     };
-    if let Some(id) = answer.repeated_artifact() {
+    if let Some(id) = repeated_artifact_id(&answer.artifacts) {
         return Err(FieldViolation::new("answer.artifacts", format!("gives artifact {id} twice")));
     }
     Ok(Some(answer))

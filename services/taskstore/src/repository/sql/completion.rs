@@ -5,7 +5,7 @@
 //! task changed, or was never this lease's) the transaction in `workers`
 //! does, with its precise errors.
 
-use std::{collections::HashSet, sync::LazyLock};
+use std::sync::LazyLock;
 
 use chorus_runtime::storage::{Backend, TransactionScript};
 
@@ -16,7 +16,7 @@ use super::{
     rows::{TaskRecord, aggregated_parts, decode_parts, decode_whole, task_columns, to_json, to_json_opt},
 };
 use crate::{
-    domain::{Artifact, Message, Task, TaskState, TaskStatus, now_micros},
+    domain::{Artifact, Message, Task, TaskState, TaskStatus, now_micros, repeated_artifact_id},
     error::Result,
 };
 
@@ -93,7 +93,8 @@ static COMPLETE_POSTGRES: LazyLock<[[[String; 2]; 2]; 2]> = LazyLock::new(|| {
         .map(|owned| [false, true].map(|message| [false, true].map(|artifacts| statement(owned, message, artifacts))))
 });
 
-/// One artifact of a one-statement completion (an element of its $9).
+/// One artifact of a one-statement completion (an element of its $9), or of
+/// an answered create (of its $26).
 #[derive(serde::Serialize)]
 struct CompletedArtifact<'a> {
     ord: usize,
@@ -102,15 +103,10 @@ struct CompletedArtifact<'a> {
     payload: String,
 }
 
-/// Whether no two artifacts share an id: one statement cannot write a row twice.
-fn distinct_ids(artifacts: &[Artifact]) -> bool {
-    let mut seen = HashSet::new();
-    artifacts.iter().all(|artifact| seen.insert(artifact.artifact_id.as_str()))
-}
-
-/// The artifacts of a completion as its statement's $9, each with the event
-/// it logs (carrying the task's `status` before the completion).
-fn completed_artifacts(status: &TaskStatus, artifacts: &[Artifact]) -> Result<String> {
+/// The artifacts of a completion as its statement's $9 (or of an answered
+/// create, as its $26), each with the event it logs (carrying the task's
+/// `status` before the completion).
+pub(super) fn completed_artifacts(status: &TaskStatus, artifacts: &[Artifact]) -> Result<String> {
     let rows = artifacts
         .iter()
         .enumerate()
@@ -196,7 +192,8 @@ impl SqlTaskRepository {
         message: Option<&Message>,
         artifacts: &[Artifact],
     ) -> Result<Option<Task>> {
-        if !distinct_ids(artifacts) {
+        // One statement cannot write a row twice.
+        if repeated_artifact_id(artifacts).is_some() {
             return Ok(None);
         }
         let read = match held {

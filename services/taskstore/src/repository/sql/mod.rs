@@ -5,6 +5,7 @@
 //! rules, writes them back, and records an event in the same transaction.
 
 mod completion;
+mod create;
 mod events;
 mod held;
 mod outbox;

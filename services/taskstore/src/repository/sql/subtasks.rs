@@ -5,10 +5,11 @@ use chorus_runtime::storage::Backend;
 use sqlx::{AnyConnection, Row as _};
 
 use super::{
-    EventDetail, SqlTaskRepository, append_history, apply_status, check_writable, complete_task_view, record_event,
+    EventDetail, SqlTaskRepository, append_history, apply_status, check_writable, complete_task_view,
+    create::{TaskInsert, Writer, find_by_request, insert_task},
+    record_event,
     rows::{self, TaskRecord, task_columns, to_json},
     save, set_status,
-    tasks::{TaskInsert, Writer, find_by_request, insert_task},
 };
 use crate::{
     domain::{

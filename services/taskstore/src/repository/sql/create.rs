@@ -1,0 +1,315 @@
+//! Creating a task: its row, first message and events (and, for a task
+//! handed to a worker or answered at once, what that changed) in one write.
+
+use std::sync::LazyLock;
+
+use chorus_runtime::storage::{Backend, TransactionScript};
+use sqlx::{AnyConnection, Row as _};
+
+use super::{
+    EventDetail, SqlTaskRepository, Tx, complete_task_view,
+    completion::completed_artifacts,
+    event_payload, rows,
+    rows::{TaskRecord, task_columns, to_json, to_json_opt},
+};
+use crate::{
+    domain::{
+        Created, Handoff, Message, NewTask, Owner, SpawnContext, Task, TaskAnswer, TaskState, TaskStatus,
+        prompt_fingerprint,
+    },
+    error::{Result, TaskStoreError},
+};
+
+/// Everything a new task row needs.
+pub(super) struct TaskInsert<'a> {
+    pub(super) id: &'a str,
+    pub(super) namespace: &'a str,
+    pub(super) agent_id: &'a str,
+    pub(super) context_id: String,
+    pub(super) message: &'a Message,
+    pub(super) metadata: Option<&'a crate::domain::JsonObject>,
+    pub(super) parent_id: Option<&'a str>,
+    pub(super) owner: Option<&'a Owner>,
+    pub(super) depth: u32,
+    pub(super) spawn_context: SpawnContext,
+    pub(super) trace_context: &'a std::collections::HashMap<String, String>,
+    /// Creates with the same key in a namespace make one task.
+    pub(super) request_key: &'a str,
+    /// The lease of the worker that takes the new task at once, if any.
+    pub(super) handoff: Option<&'a Handoff>,
+    /// The agent's answer, which settles the task as it is made.
+    pub(super) answer: Option<&'a TaskAnswer>,
+}
+
+/// The task a create with this first message id already made, if any.
+pub(super) async fn find_by_request(
+    conn: &mut AnyConnection,
+    namespace: &str,
+    message_id: &str,
+) -> Result<Option<Task>> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        task_columns!(),
+        " FROM taskstore_tasks WHERE namespace = $1 AND request_message_id = $2"
+    ))
+    .bind(namespace)
+    .bind(message_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    match row {
+        Some(row) => Ok(Some(complete_task_view(conn, TaskRecord::decode(&row)?, None, true).await?)),
+        None => Ok(None),
+    }
+}
+
+/// Inserts a task with its first message and records `created`: in
+/// `submitted`; with a handoff, already `working` under its lease; with an
+/// answer, settled in the answer's state with its artifacts and message.
+/// Each change is logged as a lone write would have logged it, in the order
+/// a turn would have made it. `None`: a task with the same request key
+/// exists already.
+pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> Result<Option<Task>> {
+    let now = crate::domain::now_micros();
+    let id = insert.id.to_owned();
+    let first_message = insert.message.clone().bound_to(&id, &insert.context_id);
+    let history = to_json(&first_message)?;
+    let mut task = Task {
+        namespace: insert.namespace.to_owned(),
+        id,
+        context_id: insert.context_id.clone(),
+        agent_id: insert.agent_id.to_owned(),
+        status: TaskStatus { state: TaskState::Submitted, message: None, timestamp: now },
+        artifacts: Vec::new(),
+        history: vec![first_message],
+        metadata: insert.metadata.cloned(),
+        parent_id: insert.parent_id.map(str::to_owned),
+        owner: insert.owner.cloned(),
+        depth: insert.depth,
+        spawn_context: insert.spawn_context,
+        attempt: 0,
+        created_at: now,
+    };
+    let detail = EventDetail { message: task.history.first(), ..EventDetail::default() };
+    let payload = event_payload(&task.status, detail)?;
+    let handoff = insert.handoff;
+    if handoff.is_some() {
+        task.status = TaskStatus { state: TaskState::Working, message: None, timestamp: now };
+        task.attempt = 1;
+    }
+    let mut stored = None;
+    if let Some(answer) = insert.answer {
+        if !answer.artifacts.is_empty() {
+            // Each artifact's event carries the status it was added in.
+            stored = Some(completed_artifacts(&task.status, &answer.artifacts)?);
+        }
+        let message = answer.message.clone().map(|message| message.bound_to(&task.id, &task.context_id));
+        task.history.extend(message.clone());
+        task.artifacts.clone_from(&answer.artifacts);
+        task.status = TaskStatus { state: answer.state, message, timestamp: now };
+    }
+    // A task handed off or answered left `submitted` as it was made: that
+    // change is its last event.
+    let changed = (task.status.state != TaskState::Submitted)
+        .then(|| event_payload(&task.status, EventDetail::default()))
+        .transpose()?;
+    let shape = usize::from(stored.is_some());
+    let query = match &writer {
+        Writer::In(_, Backend::Postgres) => sqlx::query(INSERT_TASK_POSTGRES[shape].as_str()),
+        Writer::In(_, Backend::Sqlite) => sqlx::query(INSERT_TASK_SQLITE[shape].as_str()),
+        Writer::OwnTransaction(_) => INSERT_TASK_SCRIPT[shape].query(),
+    };
+    // One round trip writes the task, its history, artifacts and events.
+    let query = query
+        .bind(insert.namespace)
+        .bind(&task.id)
+        .bind(&insert.context_id)
+        .bind(insert.agent_id)
+        .bind(task.status.state.as_str())
+        .bind(now)
+        .bind(rows::metadata_json(insert.metadata)?)
+        .bind(insert.parent_id)
+        .bind(insert.owner.map(|owner| owner.kind.as_str()))
+        .bind(insert.owner.map(|owner| owner.id.as_str()))
+        .bind(i64::from(insert.depth))
+        .bind(insert.spawn_context.as_str())
+        .bind(prompt_fingerprint(insert.agent_id, &insert.message.joined_text()))
+        .bind(insert.request_key)
+        .bind(to_json(insert.trace_context)?)
+        .bind(now)
+        .bind(handoff.map(|handoff| handoff.worker_id.as_str()))
+        .bind(handoff.map(|handoff| handoff.lease_id.as_str()))
+        .bind(handoff.map(|handoff| handoff.lease_expires_at))
+        .bind(i64::from(task.attempt))
+        .bind(i64::from(handoff.map_or(0, |handoff| handoff.max_retries)))
+        .bind(history)
+        .bind(payload)
+        .bind(changed)
+        .bind(to_json_opt(task.status.message.as_ref())?);
+    let query = match stored {
+        Some(stored) => query.bind(stored),
+        None => query,
+    };
+    // Every statement's results: sqlx stops a script at its first result, a
+    // row or not, when asked for one row only.
+    let rows = match writer {
+        Writer::In(conn, _) => query.fetch_all(conn).await?,
+        Writer::OwnTransaction(db) => db.run_transaction_script(&INSERT_TASK_SCRIPT[shape], query).await?,
+    };
+    let inserted: i64 = rows.last().map(|row| row.try_get("inserted")).transpose()?.unwrap_or(0);
+    Ok((inserted != 0).then_some(task))
+}
+
+/// A new task row; $1..$21 and $25 (its status message) as bound in
+/// [`insert_task`].
+macro_rules! insert_task_row {
+    () => {
+        "INSERT INTO taskstore_tasks (namespace, id, context_id, agent_id, state, status_timestamp, metadata, \
+         parent_id, owner_kind, owner_id, depth, spawn_context, prompt_fingerprint, request_message_id, \
+         trace_context, history_count, created_at, worker_id, lease_id, lease_expires_at, attempt, max_retries, \
+         status_message) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
+         CASE WHEN $25 IS NULL THEN 1 ELSE 2 END, $16, $17, $18, $19, $20, $21, $25) \
+         ON CONFLICT (namespace, request_message_id) DO NOTHING"
+    };
+}
+
+/// The task row; its history: the first message ($22), then the status
+/// message ($25) when there is one; its events: `created` ($23), then, in
+/// the second form, the artifacts' (with the artifacts themselves, $26 as
+/// [`completed_artifacts`] makes it), then `status_changed` ($24) when the
+/// task left `submitted` as it was made.
+static INSERT_TASK_POSTGRES: LazyLock<[String; 2]> = LazyLock::new(|| {
+    [false, true].map(|artifacts| {
+        let (stored, artifact_events) = if artifacts {
+            (
+                "stored AS (INSERT INTO taskstore_artifacts (namespace, task_id, artifact_id, position, artifact) \
+                 SELECT namespace, id, a.artifact_id, a.ord, a.artifact \
+                 FROM task, json_to_recordset($26::json) AS a(ord int, artifact_id text, artifact text)), ",
+                "SELECT ord, 'artifact_updated', payload FROM json_to_recordset($26::json) AS a(ord int, payload text) \
+                 UNION ALL ",
+            )
+        } else {
+            ("", "")
+        };
+        format!(
+            "WITH task AS ({row} RETURNING namespace, id, context_id, agent_id, created_at), \
+             history AS (INSERT INTO taskstore_history (namespace, task_id, position, message) \
+             SELECT namespace, id, 0, $22 FROM task \
+             UNION ALL SELECT namespace, id, 1, $25 FROM task WHERE $25 IS NOT NULL), {stored}\
+             event AS (INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, \
+             created_at) SELECT task.namespace, task.id, task.context_id, task.agent_id, e.kind, e.payload, \
+             task.created_at FROM task, (SELECT -1, 'created', $23 UNION ALL {artifact_events}\
+             SELECT 2147483647, 'status_changed', $24 WHERE $24 IS NOT NULL) AS e(ord, kind, payload) \
+             ORDER BY e.ord) \
+             SELECT COUNT(*) AS inserted FROM task",
+            row = insert_task_row!(),
+        )
+    })
+});
+
+/// Where [`insert_task`] writes: in a transaction (or, on PostgreSQL, a
+/// connection) the caller holds, or, on SQLite, as a script that lands whole
+/// (see [`Db::run_transaction_script`](chorus_runtime::storage::Db::run_transaction_script)).
+pub(super) enum Writer<'c> {
+    In(&'c mut AnyConnection, Backend),
+    OwnTransaction(&'c chorus_runtime::storage::Db),
+}
+
+/// What [`INSERT_TASK_POSTGRES`] writes, as a SQLite script: each insert
+/// after the row's finds it by its new id, which exists only if the row went
+/// in (a repeated request key inserts nothing).
+static INSERT_TASK_SQLITE: LazyLock<[String; 2]> = LazyLock::new(|| {
+    [false, true].map(|artifacts| {
+        let (stored, artifact_events) = if artifacts {
+            (
+                "INSERT INTO taskstore_artifacts (namespace, task_id, artifact_id, position, artifact) \
+                 SELECT t.namespace, t.id, a.value ->> 'artifact_id', a.value ->> 'ord', a.value ->> 'artifact' \
+                 FROM taskstore_tasks t, json_each($26) a WHERE t.namespace = $1 AND t.id = $2; ",
+                "SELECT a.value ->> 'ord', 'artifact_updated', a.value ->> 'payload' FROM json_each($26) a UNION ALL ",
+            )
+        } else {
+            ("", "")
+        };
+        format!(
+            "{row}; INSERT INTO taskstore_history (namespace, task_id, position, message) \
+             SELECT namespace, id, 0, $22 FROM taskstore_tasks WHERE namespace = $1 AND id = $2 \
+             UNION ALL SELECT namespace, id, 1, $25 FROM taskstore_tasks \
+             WHERE namespace = $1 AND id = $2 AND $25 IS NOT NULL; {stored}\
+             INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
+             SELECT t.namespace, t.id, t.context_id, t.agent_id, e.kind, e.payload, t.created_at \
+             FROM taskstore_tasks t, (SELECT -1 AS ord, 'created' AS kind, $23 AS payload UNION ALL \
+             {artifact_events}SELECT 2147483647, 'status_changed', $24 WHERE $24 IS NOT NULL) e \
+             WHERE t.namespace = $1 AND t.id = $2 ORDER BY e.ord; \
+             SELECT COUNT(*) AS inserted FROM taskstore_tasks WHERE namespace = $1 AND id = $2",
+            row = insert_task_row!(),
+        )
+    })
+});
+
+/// The create's script in a transaction of its own, or of the batch it waits in.
+static INSERT_TASK_SCRIPT: LazyLock<[TransactionScript; 2]> =
+    LazyLock::new(|| INSERT_TASK_SQLITE.each_ref().map(|sql| TransactionScript::new(sql)));
+
+impl SqlTaskRepository {
+    pub(super) async fn create(&self, id: &str, new: NewTask, handoff: Option<Handoff>) -> Result<Created> {
+        let request_key = new.idempotency_key.as_deref().unwrap_or(&new.message.message_id);
+        let insert = TaskInsert {
+            id,
+            namespace: &new.namespace,
+            agent_id: &new.agent_id,
+            context_id: new.context_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+            message: &new.message,
+            metadata: new.metadata.as_ref(),
+            parent_id: None,
+            owner: None,
+            depth: 0,
+            spawn_context: new.spawn_context,
+            trace_context: &new.trace_context,
+            request_key,
+            handoff: handoff.as_ref(),
+            answer: new.answer.as_ref(),
+        };
+        // One round trip: on PostgreSQL a statement, its own transaction; on
+        // SQLite a script in a transaction of its own.
+        let inserted = match self.backend() {
+            Backend::Postgres => {
+                insert_task(Writer::In(&mut *self.db.acquire().await?, Backend::Postgres), insert).await?
+            }
+            Backend::Sqlite => insert_task(Writer::OwnTransaction(&self.db), insert).await?,
+        };
+        let Some(task) = inserted else {
+            let task = self.existing(&new.namespace, request_key).await?;
+            return Ok(Created { task, handed_off: false });
+        };
+        if let Some(handoff) = &handoff {
+            self.held.hold(&task, &handoff.lease_id);
+        }
+        Ok(Created { task, handed_off: handoff.is_some() })
+    }
+
+    /// Commits a transaction that inserted a task, or, when a task with the
+    /// same first message id existed already, returns that one.
+    pub(super) async fn commit_insert(
+        &self,
+        tx: Tx,
+        inserted: Option<Task>,
+        namespace: &str,
+        message_id: &str,
+    ) -> Result<Task> {
+        if let Some(task) = inserted {
+            tx.commit().await?;
+            return Ok(task);
+        }
+        // Release the connection first: SQLite has only one.
+        drop(tx);
+        self.existing(namespace, message_id).await
+    }
+
+    /// The task an earlier create with this first message id made.
+    async fn existing(&self, namespace: &str, message_id: &str) -> Result<Task> {
+        let mut conn = self.db.read().await?;
+        find_by_request(&mut conn, namespace, message_id)
+            .await?
+            .ok_or_else(|| TaskStoreError::TaskNotFound(message_id.to_owned()))
+    }
+}
