@@ -37,30 +37,45 @@ fn file() -> Part {
 
 /// One turn of the `tck` agent on a task that exists.
 pub(super) async fn run(turn: Turn, message: &Message) -> Written {
-    match reply(message) {
-        Some(reply) => reply.write(turn).await,
-        None => in_steps(turn, message).await,
+    match scenario(message) {
+        Scenario::Reply(reply) => reply.write(turn).await,
+        Scenario::Steps(steps) => in_steps(turn, steps).await,
     }
 }
 
-/// The scenarios that stream their work: `working` first, then the
-/// artifacts, chunks or pause the scenario asks for, then `completed`.
-async fn in_steps(mut turn: Turn, message: &Message) -> Written {
-    let id = message.message_id.as_str();
+/// How the turn a message starts goes.
+enum Scenario {
+    /// Answered at once.
+    Reply(Reply),
+    /// Streamed: `working` first, then the work, then `completed`.
+    Steps(Steps),
+}
+
+/// The work of a streamed scenario.
+enum Steps {
+    /// Working for [`RESUBSCRIBE_PAUSE`], without output.
+    Pause,
+    /// One artifact in two chunks.
+    Chunked,
+    /// One artifact of a file.
+    File,
+    /// One artifact of this text.
+    Text(&'static str),
+}
+
+async fn in_steps(mut turn: Turn, steps: Steps) -> Written {
     turn.status(pb::TaskState::Working, None, None).await?;
-    if id.starts_with("test-resubscribe-message-id") {
-        tokio::time::sleep(RESUBSCRIBE_PAUSE).await;
-    } else if id.starts_with("tck-stream-artifact-chunked") {
-        let first = result(vec![Part::text("chunk-1 ")]);
-        let mut second = first.clone();
-        second.parts = vec![Part::text("chunk-2")];
-        turn.artifact(first, false, false).await?;
-        turn.artifact(second, true, true).await?;
-    } else if id.starts_with("tck-stream-artifact-file") {
-        turn.artifact(result(vec![file()]), false, true).await?;
-    } else {
-        let text = STREAMED.iter().find(|(prefix, _)| id.starts_with(prefix)).map_or("", |(_, text)| text);
-        turn.artifact(result(vec![Part::text(text)]), false, true).await?;
+    match steps {
+        Steps::Pause => tokio::time::sleep(RESUBSCRIBE_PAUSE).await,
+        Steps::Chunked => {
+            let first = result(vec![Part::text("chunk-1 ")]);
+            let mut second = first.clone();
+            second.parts = vec![Part::text("chunk-2")];
+            turn.artifact(first, false, false).await?;
+            turn.artifact(second, true, true).await?;
+        }
+        Steps::File => turn.artifact(result(vec![file()]), false, true).await?,
+        Steps::Text(text) => turn.artifact(result(vec![Part::text(text)]), false, true).await?,
     }
     turn.status(pb::TaskState::Completed, None, None).await
 }
@@ -105,15 +120,31 @@ impl Reply {
 }
 
 /// The `tck` agent's reply to `message`, unless its scenario works in steps.
-/// A message no scenario names is echoed: its text as an artifact and as
-/// the status message.
 pub(super) fn reply(message: &Message) -> Option<Reply> {
-    let id = message.message_id.as_str();
-    let in_steps = ["test-resubscribe-message-id", "tck-stream-artifact-chunked", "tck-stream-artifact-file"];
-    if in_steps.iter().chain(STREAMED.iter().map(|(prefix, _)| prefix)).any(|prefix| id.starts_with(prefix)) {
-        return None;
+    match scenario(message) {
+        Scenario::Reply(reply) => Some(reply),
+        Scenario::Steps(_) => None,
     }
-    let completed = |text: Option<&str>, artifacts| Some(Reply::new(pb::TaskState::Completed, text, artifacts));
+}
+
+/// The scenario a message's id names. A message no scenario names is
+/// echoed: its text as an artifact and as the status message.
+fn scenario(message: &Message) -> Scenario {
+    let id = message.message_id.as_str();
+    let steps = if id.starts_with("test-resubscribe-message-id") {
+        Some(Steps::Pause)
+    } else if id.starts_with("tck-stream-artifact-chunked") {
+        Some(Steps::Chunked)
+    } else if id.starts_with("tck-stream-artifact-file") {
+        Some(Steps::File)
+    } else {
+        STREAMED.iter().find(|(prefix, _)| id.starts_with(prefix)).map(|(_, text)| Steps::Text(text))
+    };
+    if let Some(steps) = steps {
+        return Scenario::Steps(steps);
+    }
+    let completed =
+        |text: Option<&str>, artifacts| Scenario::Reply(Reply::new(pb::TaskState::Completed, text, artifacts));
     let artifact = |part| completed(None, vec![result(vec![part])]);
     if id.starts_with("tck-stream-002") {
         completed(None, Vec::new())
@@ -136,9 +167,9 @@ pub(super) fn reply(message: &Message) -> Option<Reply> {
             metadata: None,
         })
     } else if id.starts_with("tck-input-required") {
-        Some(Reply::new(pb::TaskState::InputRequired, Some("Please provide more input"), Vec::new()))
+        Scenario::Reply(Reply::new(pb::TaskState::InputRequired, Some("Please provide more input"), Vec::new()))
     } else if id.starts_with("tck-reject-task") {
-        Some(Reply::new(pb::TaskState::Rejected, Some("rejected"), Vec::new()))
+        Scenario::Reply(Reply::new(pb::TaskState::Rejected, Some("rejected"), Vec::new()))
     } else if id.starts_with("tck-complete-task") {
         completed(Some("Hello from TCK"), Vec::new())
     } else {
