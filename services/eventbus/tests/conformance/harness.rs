@@ -11,7 +11,7 @@ use chorus_eventbus::{
     },
     repository::{EventRepository, sql::SqlEventRepository},
 };
-use chorus_runtime::{testing::TestDatabase, time::now_micros, wakeup::Wakeups};
+use chorus_runtime::{storage::Db, testing::TestDatabase, time::now_micros, wakeup::Wakeups};
 use tokio_util::sync::CancellationToken;
 
 pub(crate) const NS: &str = "team-a";
@@ -19,6 +19,7 @@ pub(crate) const NS: &str = "team-a";
 pub(crate) struct Harness {
     pub(crate) bus: EventBus,
     pub(crate) repository: Arc<dyn EventRepository>,
+    pub(crate) db: Db,
     shutdown: CancellationToken,
     _database: TestDatabase,
 }
@@ -39,11 +40,11 @@ pub(crate) fn test_config() -> EventBusConfig {
 impl Harness {
     pub(crate) async fn start(database: TestDatabase) -> Self {
         let db = database.open(&[&chorus_eventbus::MIGRATIONS]).await;
-        let repository: Arc<dyn EventRepository> = Arc::new(SqlEventRepository::new(db));
+        let repository: Arc<dyn EventRepository> = Arc::new(SqlEventRepository::new(db.clone()));
         let shutdown = CancellationToken::new();
         let bus = EventBus::new(Arc::clone(&repository), Wakeups::new(), test_config(), shutdown.clone());
         bus.spawn_reaper();
-        Self { bus, repository, shutdown, _database: database }
+        Self { bus, repository, db, shutdown, _database: database }
     }
 
     /// Publishes one event of `event_type` to [`NS`]; returns its sequence.

@@ -20,6 +20,7 @@ conformance!(
     a_subscription_receives_in_order_and_waits_for_more,
     a_reconnecting_consumer_gets_its_leases_again,
     a_new_stream_of_a_consumer_replaces_its_previous_one,
+    a_claim_that_waited_for_a_new_stream_sees_it,
     deregistering_ends_open_subscriptions,
     the_log_streams_from_a_sequence_then_live,
     in_process_handlers_run_in_dependency_order_with_retries,
@@ -127,6 +128,37 @@ async fn a_new_stream_of_a_consumer_replaces_its_previous_one(h: Harness) {
     assert!(h.repository.claim(&claim(old.stream)).await.is_err(), "the newer stream still fences the old one");
     h.repository.close_stream(NS, "b", "c1", new.stream).await.unwrap();
     assert!(h.repository.claim(&claim(old.stream)).await.is_ok(), "no open stream of c1 is left to fence");
+}
+
+/// A claim that waited for the handler's lock while c1's next stream was
+/// being opened must see that stream once it has the lock, and lease nothing.
+async fn a_claim_that_waited_for_a_new_stream_sees_it(h: Harness) {
+    h.handler("a", &[], FailurePolicy::Fail).await;
+    let old = h.repository.open_stream(NS, "a", "c1", None, now_micros()).await.unwrap();
+    h.publish("x").await;
+    // An opening of c1's next stream, caught holding the handler's lock.
+    let mut opening = h.db.begin().await.unwrap();
+    let lock = format!(
+        "SELECT name FROM eventbus_handlers WHERE namespace = $1 AND name = $2{}",
+        h.db.on_postgres(" FOR UPDATE")
+    );
+    sqlx::query(sqlx::AssertSqlSafe(lock)).bind(NS).bind("a").execute(&mut *opening).await.unwrap();
+    let waiting = {
+        let repository = Arc::clone(&h.repository);
+        tokio::spawn(async move { repository.claim(&claim_of_c1("a", old.stream, 2)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    sqlx::query("UPDATE eventbus_consumers SET stream = $1 WHERE namespace = $2 AND handler = $3 AND consumer_id = $4")
+        .bind(old.stream.wrapping_add(1))
+        .bind(NS)
+        .bind("a")
+        .bind("c1")
+        .execute(&mut *opening)
+        .await
+        .unwrap();
+    opening.commit().await.unwrap();
+    let claimed = waiting.await.unwrap();
+    assert!(matches!(claimed, Err(EventBusError::StreamSuperseded(_))), "{claimed:?}");
 }
 
 /// A claim of consumer c1 on `handler`, by its stream numbered `stream`.

@@ -26,25 +26,21 @@ impl SqlEventRepository {
         // The handler's lock, which opening a stream takes too: a stream
         // opened after this claim sees its leases, and one opened before it
         // left another number than this claim's (no row: no stream of the
-        // consumer is open elsewhere).
-        let lock = format!(
-            "SELECT c.stream FROM eventbus_handlers h LEFT JOIN eventbus_consumers c \
-             ON c.namespace = h.namespace AND c.handler = h.name AND c.consumer_id = $3 \
-             WHERE h.namespace = $1 AND h.name = $2{}",
-            self.db.on_postgres(" FOR UPDATE OF h")
-        );
-        let latest: Option<Option<i64>> = sqlx::query_scalar(AssertSqlSafe(lock))
-            .bind(namespace)
-            .bind(name)
-            .bind(consumer_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-        match latest {
-            None => return Err(EventBusError::HandlerNotFound(name.clone())),
-            Some(Some(latest)) if latest != *stream => {
-                return Err(EventBusError::StreamSuperseded(consumer_id.clone()));
-            }
-            Some(_) => {}
+        // consumer is open elsewhere). The number is read after the lock, in
+        // a statement of its own: on PostgreSQL a statement that waited for
+        // the lock still sees the rows it joins as they were before the wait,
+        // and would miss a stream opened meanwhile.
+        self.lock_handler(&mut tx, namespace, name).await?;
+        let latest: Option<i64> = sqlx::query_scalar(
+            "SELECT stream FROM eventbus_consumers WHERE namespace = $1 AND handler = $2 AND consumer_id = $3",
+        )
+        .bind(namespace)
+        .bind(name)
+        .bind(consumer_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if latest.is_some_and(|latest| latest != *stream) {
+            return Err(EventBusError::StreamSuperseded(consumer_id.clone()));
         }
         let handlers = load_handlers(&mut tx, namespace).await?;
         let handler = &handlers[name];
@@ -188,11 +184,9 @@ impl SqlEventRepository {
     ) -> Result<OpenedStream> {
         let mut tx = self.begin().await?;
         // The handler's lock, which every claim takes first.
-        let lock =
-            format!("SELECT name FROM eventbus_handlers WHERE namespace = $1 AND name = $2{}", self.for_update());
-        sqlx::query(AssertSqlSafe(lock)).bind(namespace).bind(handler).execute(&mut *tx).await?;
+        self.lock_handler(&mut tx, namespace, handler).await?;
         let handlers = load_handlers(&mut tx, namespace).await?;
-        let definition = handlers.get(handler).ok_or_else(|| EventBusError::HandlerNotFound(handler.to_owned()))?;
+        let definition = &handlers[handler];
         // Drawn, not counted: a count would start again once the row went.
         let stream = uuid::Uuid::new_v4().as_u64_pair().0.cast_signed();
         sqlx::query(
@@ -222,6 +216,16 @@ impl SqlEventRepository {
         let resent = deliveries_with_events(&mut tx, namespace, handler, &sequences).await?;
         tx.commit().await?;
         Ok(OpenedStream { stream, resent })
+    }
+
+    /// Locks handler `name` for the rest of the transaction (on SQLite, the
+    /// one writer is the lock); [`HandlerNotFound`](EventBusError::HandlerNotFound)
+    /// when there is none.
+    async fn lock_handler(&self, tx: &mut AnyConnection, namespace: &str, name: &str) -> Result<()> {
+        let lock =
+            format!("SELECT name FROM eventbus_handlers WHERE namespace = $1 AND name = $2{}", self.for_update());
+        let found = sqlx::query(AssertSqlSafe(lock)).bind(namespace).bind(name).fetch_optional(&mut *tx).await?;
+        found.map(drop).ok_or_else(|| EventBusError::HandlerNotFound(name.to_owned()))
     }
 
     pub(super) async fn close_consumer_stream(
