@@ -54,6 +54,10 @@ pub struct StorageConfig {
     pub max_connections: u32,
     /// How long a request waits for a pooled connection.
     pub acquire_timeout_ms: u64,
+    /// The scheduling priority (nice, -20 to 19) a SQLite file's connection
+    /// threads ask for on Linux; 0 leaves them as they are.
+    #[serde(deserialize_with = "nice")]
+    pub sqlite_thread_nice: i32,
 }
 
 impl Default for StorageConfig {
@@ -63,7 +67,18 @@ impl Default for StorageConfig {
             data_dir: ".chorus".to_owned(),
             max_connections: 24,
             acquire_timeout_ms: 10_000,
+            sqlite_thread_nice: -10,
         }
+    }
+}
+
+/// A nice value: from -20 (runs soonest) to 19.
+fn nice<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i32, D::Error> {
+    let nice = i32::deserialize(deserializer)?;
+    if (-20..=19).contains(&nice) {
+        Ok(nice)
+    } else {
+        Err(serde::de::Error::custom(format!("{nice} is not a nice value: use -20 to 19")))
     }
 }
 
@@ -74,6 +89,7 @@ impl fmt::Debug for StorageConfig {
             .field("data_dir", &self.data_dir)
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout_ms", &self.acquire_timeout_ms)
+            .field("sqlite_thread_nice", &self.sqlite_thread_nice)
             .finish()
     }
 }
@@ -243,6 +259,7 @@ impl Db {
         let connect_error = |source| StorageError::Connect { url: redact_url(url), source };
         let options = sqlx::any::AnyConnectOptions::from_str(url).map_err(connect_error)?;
         let sqlite_file = backend == Backend::Sqlite && !sqlite::in_memory(url);
+        let nice = config.sqlite_thread_nice;
         let readers =
             sqlite_file.then(|| (sqlite::readers(options.clone(), config), lane::Lane::new(sqlite::READERS as usize)));
         let pool = AnyPoolOptions::new()
@@ -260,6 +277,7 @@ impl Db {
             .after_connect(move |connection, _meta| {
                 Box::pin(async move {
                     if backend == Backend::Sqlite {
+                        sqlite::prioritize_connection_threads(nice);
                         connection.execute("PRAGMA journal_mode = WAL").await?;
                         connection.execute("PRAGMA synchronous = NORMAL").await?;
                         connection.execute("PRAGMA foreign_keys = ON").await?;
@@ -439,6 +457,20 @@ mod tests {
         assert_eq!(redact_url("postgres://u:hunter2@h/db"), "postgres://u:OMITTED@h/db");
         let config = StorageConfig { database_url: "postgres://u:hunter2@h/db".into(), ..Default::default() };
         assert!(!format!("{config:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn a_thread_nice_outside_minus_20_to_19_is_refused() {
+        let parse = |toml: &str| {
+            figment::Figment::from(<figment::providers::Toml as figment::providers::Format>::string(toml))
+                .extract::<StorageConfig>()
+                .map_err(|error| error.to_string())
+        };
+        assert_eq!(parse("sqlite_thread_nice = -20").unwrap().sqlite_thread_nice, -20);
+        assert_eq!(parse("").unwrap().sqlite_thread_nice, -10);
+        let error = parse("sqlite_thread_nice = 20").unwrap_err();
+        assert!(error.contains("not a nice value"), "{error}");
+        assert!(parse("sqlite_thread_nice = -21").is_err());
     }
 
     #[tokio::test]

@@ -32,12 +32,14 @@ pub(super) fn in_memory(url: &str) -> bool {
 /// made as needed. The writer's pool has made the file WAL by then (a setting
 /// the file keeps).
 pub(super) fn readers(options: AnyConnectOptions, config: &StorageConfig) -> AnyPool {
+    let nice = config.sqlite_thread_nice;
     AnyPoolOptions::new()
         .max_connections(READERS)
         .acquire_timeout(Duration::from_millis(config.acquire_timeout_ms))
         .test_before_acquire(false)
-        .after_connect(|connection, _meta| {
+        .after_connect(move |connection, _meta| {
             Box::pin(async move {
+                prioritize_connection_threads(nice);
                 connection.execute("PRAGMA busy_timeout = 5000").await?;
                 connection.execute("PRAGMA query_only = ON").await?;
                 connection.execute(TEMP_STORE).await?;
@@ -46,6 +48,57 @@ pub(super) fn readers(options: AnyConnectOptions, config: &StorageConfig) -> Any
         })
         .connect_lazy_with(options)
 }
+
+/// What the kernel calls sqlx's SQLite connection threads
+/// (`sqlx-sqlite-worker-N`, cut to 15 bytes).
+#[cfg(target_os = "linux")]
+const CONNECTION_THREAD: &str = "sqlx-sqlite-wor";
+
+/// Gives this process's SQLite connection threads the scheduling priority
+/// `nice` (`storage.sqlite_thread_nice`; 0 leaves them as they are). The
+/// writer is the one lane every write takes: when it wakes while the request
+/// threads keep every core busy, it waits its turn on the run queue, and every
+/// write waits with it — a quarter of its time at 64 clients on 2 cores.
+/// Going below 0 needs `CAP_SYS_NICE` (or `RLIMIT_NICE`); without it the
+/// threads keep their priority, which is said once. Linux only: elsewhere a
+/// thread's priority is not its own.
+#[cfg(target_os = "linux")]
+pub(super) fn prioritize_connection_threads(nice: i32) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use rustix::process::{Pid, getpriority_process, setpriority_process};
+
+    static REFUSED: AtomicBool = AtomicBool::new(false);
+    if nice == 0 {
+        return;
+    }
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return };
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != CONNECTION_THREAD {
+            continue;
+        }
+        let Some(tid) = task.file_name().to_str().and_then(|tid| tid.parse().ok()).and_then(Pid::from_raw) else {
+            continue;
+        };
+        if getpriority_process(Some(tid)).is_ok_and(|current| current == nice) {
+            continue;
+        }
+        if let Err(error) = setpriority_process(Some(tid), nice)
+            && !REFUSED.swap(true, Ordering::Relaxed)
+        {
+            tracing::info!(
+                %error,
+                nice,
+                "SQLite's connection threads keep their scheduling priority: below 0 needs CAP_SYS_NICE \
+                 (storage.sqlite_thread_nice = 0 stops asking)"
+            );
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(super) fn prioritize_connection_threads(_nice: i32) {}
 
 /// How often a reader checkpoints the WAL into the database file, when
 /// anything may have been written since the last time. Small checkpoints
