@@ -60,13 +60,15 @@ const CONNECTION_THREAD: &str = "sqlx-sqlite-wor";
 /// threads keep every core busy, it waits its turn on the run queue, and every
 /// write waits with it — a quarter of its time at 64 clients on 2 cores.
 /// Going below 0 needs `CAP_SYS_NICE` (or `RLIMIT_NICE`); without it the
-/// threads keep their priority, which is said once. Linux only: elsewhere a
+/// threads keep their priority, which is said once. Setting a thread to the
+/// nice it has already is allowed and changes nothing, so threads reniced by
+/// an earlier connection are simply set again. Linux only: elsewhere a
 /// thread's priority is not its own.
 #[cfg(target_os = "linux")]
 pub(super) fn prioritize_connection_threads(nice: i32) {
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use rustix::process::{Pid, getpriority_process, setpriority_process};
+    use rustix::process::{Pid, setpriority_process};
 
     static REFUSED: AtomicBool = AtomicBool::new(false);
     if nice == 0 {
@@ -81,9 +83,6 @@ pub(super) fn prioritize_connection_threads(nice: i32) {
         let Some(tid) = task.file_name().to_str().and_then(|tid| tid.parse().ok()).and_then(Pid::from_raw) else {
             continue;
         };
-        if getpriority_process(Some(tid)).is_ok_and(|current| current == nice) {
-            continue;
-        }
         if let Err(error) = setpriority_process(Some(tid), nice)
             && !REFUSED.swap(true, Ordering::Relaxed)
         {
