@@ -104,14 +104,14 @@ impl SqlRunRepository {
     /// Whether a run's row still has the revision and claim of `stored`.
     pub(super) async fn unchanged_since(&self, stored: &Stored) -> Result<bool> {
         let Some(fence) = &stored.lease else { return Ok(false) };
-        let revision: Option<i64> = sqlx::query_scalar(
-            "SELECT revision FROM workflow_runs WHERE id = $1 AND lease_owner = $2 AND lease_token = $3",
-        )
-        .bind(&stored.run.id)
-        .bind(&fence.owner)
-        .bind(fence.token)
-        .fetch_optional(&mut *self.db.read().await?)
-        .await?;
-        Ok(revision == Some(stored.revision))
+        // By the primary key alone (see `sql_runs`).
+        let row: Option<(i64, Option<String>, i64)> =
+            sqlx::query_as("SELECT revision, lease_owner, lease_token FROM workflow_runs WHERE id = $1")
+                .bind(&stored.run.id)
+                .fetch_optional(&mut *self.db.read().await?)
+                .await?;
+        Ok(row.is_some_and(|(revision, owner, token)| {
+            revision == stored.revision && owner.as_ref() == Some(&fence.owner) && token == fence.token
+        }))
     }
 }

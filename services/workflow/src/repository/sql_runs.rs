@@ -6,6 +6,13 @@
 //! and writes it back with its events in the same transaction — except the
 //! changes of the engine that holds the run, which start from its own last
 //! write and land only over it (see `held`).
+//!
+//! A run is looked up by its primary key alone, and whatever else must match
+//! (its namespace, its claim) is checked on the row found. With
+//! `namespace = $1` or `lease_owner = $2` beside `id = $1`, PostgreSQL's
+//! cached plan, made while the table was young, walked `workflow_runs_recent`
+//! (every run of the namespace) or `workflow_runs_owner` (every run the engine
+//! holds) for the one id, a cost that grew with the table.
 
 use async_trait::async_trait;
 use chorus_runtime::storage::{Backend, Db, Tx, placeholders};
@@ -180,13 +187,10 @@ impl RunRepository for SqlRunRepository {
     }
 
     async fn get(&self, namespace: &str, run_id: &str) -> Result<Option<Run>> {
-        let sql = format!("SELECT {COLUMNS} FROM workflow_runs WHERE namespace = $1 AND id = $2");
-        let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(namespace)
-            .bind(run_id)
-            .fetch_optional(&mut *self.db.read().await?)
-            .await?;
-        row.map(|row| decode(&row).map(|stored| stored.run)).transpose()
+        let sql = format!("SELECT {COLUMNS} FROM workflow_runs WHERE id = $1");
+        let row = sqlx::query(AssertSqlSafe(sql)).bind(run_id).fetch_optional(&mut *self.db.read().await?).await?;
+        let run = row.map(|row| decode(&row).map(|stored| stored.run)).transpose()?;
+        Ok(run.filter(|run| run.namespace == namespace))
     }
 
     async fn list(&self, namespace: &str, filter: &RunFilter, after: Option<RunCursor>, limit: u32) -> Result<RunPage> {
@@ -361,19 +365,21 @@ impl RunRepository for SqlRunRepository {
         }
         // One statement, so the revision and the events come from one snapshot.
         let rows = sqlx::query(
-            "SELECT r.revision, e.id, e.body, e.created_at FROM workflow_runs r \
+            "SELECT r.namespace, r.revision, e.id, e.body, e.created_at FROM workflow_runs r \
              LEFT JOIN (SELECT id, body, created_at FROM workflow_run_events WHERE run_id = $1 AND id > $2 \
                         ORDER BY id LIMIT $3) e ON 1 = 1 \
-             WHERE r.id = $1 AND r.namespace = $4 ORDER BY e.id",
+             WHERE r.id = $1 ORDER BY e.id",
         )
         .bind(run_id)
         .bind(after)
         .bind(i64::from(limit))
-        .bind(namespace)
         .fetch_all(&mut *self.db.read().await?)
         .await?;
         let mut page = EventPage::default();
         for row in &rows {
+            if row.try_get::<&str, _>("namespace")? != namespace {
+                break;
+            }
             page.revision = Some(row.try_get("revision")?);
             let Some(cursor) = row.try_get::<Option<i64>, _>("id")? else { continue };
             let body: String = row.try_get("body")?;
