@@ -183,7 +183,10 @@ struct EventRow<'a> {
 }
 
 /// One statement: the rows whose revision and claim still match are
-/// updated, and only their events inserted, in the order given.
+/// updated, and only their events inserted, in the order given. It returns a
+/// row per updated run and a row per event inserted, not the two joined: the
+/// planner, expecting a row or two from each, joined them by a nested loop,
+/// comparing every run with every event.
 ///
 /// The rows are found by primary key (`id = ANY`), and the claim's owner is
 /// compared with `IS NOT DISTINCT FROM`, which no index serves: with a plain
@@ -222,7 +225,7 @@ WITH input AS (
     ORDER BY e.n
     RETURNING run_id, id
 )
-SELECT u.id, i.id AS event_id FROM updated u LEFT JOIN inserted i ON i.run_id = u.id";
+SELECT id, NULL AS event_id FROM updated UNION ALL SELECT run_id, id FROM inserted";
 
 /// What `POSTGRES_BATCH` joins the bodies with.
 const BODY_SEPARATOR: &str = "\u{1e}";
