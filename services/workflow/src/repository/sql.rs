@@ -18,6 +18,7 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
         (2, "workflow runs", "0002_runs.sql"),
         (3, "workflow run revisions", "0003_run_revisions.sql"),
         (4, "lz4 run bodies", "0004_lz4_bodies.sql"),
+        (5, "room for run updates", "0005_run_fillfactor.sql"),
     ]
 );
 

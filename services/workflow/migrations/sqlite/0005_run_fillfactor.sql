@@ -1,0 +1,2 @@
+-- SQLite has no fill factor: nothing to change (the PostgreSQL migration of
+-- this version leaves room in the pages of workflow runs for their updates).
