@@ -79,24 +79,43 @@ impl SqlRunRepository {
         Ok(claims)
     }
 
-    /// Renews first the rows nobody has locked, then the few that were
-    /// (rows the engine's batched writes hold for a moment), waiting for them
-    /// in id order as those writes lock theirs, so the two never deadlock.
-    /// Waiting for every row in one statement held the rows already renewed
-    /// while it waited, and the engine's writes to them queued behind it.
+    /// Renews first the rows nobody has locked, in one statement, then, on
+    /// PostgreSQL, the few that were (rows the engine's batched writes hold
+    /// for a moment) one at a time, each in a statement of its own that waits
+    /// for that row alone. Waiting for them in one statement held every row it
+    /// had renewed until the last wait ended — a third of the engine's rows
+    /// at 64 runs in flight, for 105 ms on average in one bench run — and the
+    /// engine's writes to those rows queued behind it.
     pub(super) async fn renew_claims(&self, owner: &str, lease_until: i64) -> Result<u64> {
-        let renew = |behind: &str, lock: &str| {
-            let rows = format!("id IN (SELECT id FROM workflow_runs WHERE lease_owner = $1{behind} ORDER BY id{lock})");
-            self.relaxed_update("lease_until = $2", &rows, "")
-        };
         let mut connection = self.db.acquire().await?;
-        let free = renew("", self.db.on_postgres(" FOR UPDATE SKIP LOCKED"));
+        let free = self.relaxed_update(
+            "lease_until = $2",
+            &format!(
+                "id IN (SELECT id FROM workflow_runs WHERE lease_owner = $1 ORDER BY id{})",
+                self.db.on_postgres(" FOR UPDATE SKIP LOCKED")
+            ),
+            "",
+        );
         let query = sqlx::query(AssertSqlSafe(free)).bind(owner).bind(lease_until);
         let mut renewed = query.execute(&mut *connection).await?.rows_affected();
         if self.db.backend() == Backend::Postgres {
-            let locked = renew(" AND lease_until < $2", " FOR UPDATE");
-            let query = sqlx::query(AssertSqlSafe(locked)).bind(owner).bind(lease_until);
-            renewed += query.execute(&mut *connection).await?.rows_affected();
+            let behind: Vec<String> = sqlx::query_scalar(
+                "SELECT id FROM workflow_runs WHERE lease_owner = $1 AND lease_until < $2 ORDER BY id",
+            )
+            .bind(owner)
+            .bind(lease_until)
+            .fetch_all(&mut *connection)
+            .await?;
+            // The row by its primary key (`IS NOT DISTINCT FROM` serves no index: see `sql_runs`).
+            let one = self.relaxed_update(
+                "lease_until = $2",
+                "id = $3 AND lease_owner IS NOT DISTINCT FROM $1 AND lease_until < $2",
+                "",
+            );
+            for id in behind {
+                let query = sqlx::query(AssertSqlSafe(one.as_str())).bind(owner).bind(lease_until).bind(id);
+                renewed += query.execute(&mut *connection).await?.rows_affected();
+            }
         }
         Ok(renewed)
     }
