@@ -19,6 +19,7 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
         (3, "workflow run revisions", "0003_run_revisions.sql"),
         (4, "lz4 run bodies", "0004_lz4_bodies.sql"),
         (5, "room for run updates", "0005_run_fillfactor.sql"),
+        (6, "runs by state", "0006_runs_by_state.sql"),
     ]
 );
 
