@@ -376,10 +376,13 @@ impl RunRepository for SqlRunRepository {
         .fetch_all(&mut *self.db.read().await?)
         .await?;
         let mut page = EventPage::default();
+        // Every row is the one run's: another namespace's run is no run here.
+        if let Some(row) = rows.first()
+            && row.try_get::<&str, _>("namespace")? != namespace
+        {
+            return Ok(page);
+        }
         for row in &rows {
-            if row.try_get::<&str, _>("namespace")? != namespace {
-                break;
-            }
             page.revision = Some(row.try_get("revision")?);
             let Some(cursor) = row.try_get::<Option<i64>, _>("id")? else { continue };
             let body: String = row.try_get("body")?;
