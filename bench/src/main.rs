@@ -11,7 +11,7 @@
 //!   NATS JetStream and Redis Streams;
 //! - `gateway`: blocking A2A SendMessage calls through the gateway
 //!   (`chorus dev`) on SQLite and PostgreSQL against the a2a-sdk reference
-//!   server (Python, in memory and on PostgreSQL), and the RSS of 1,000
+//!   server (Python, in memory, on SQLite and on PostgreSQL), and the RSS of 1,000
 //!   open SSE streams;
 //! - `acp`: first-chunk latency through `chorus acp` beside direct A2A streaming;
 //! - `workflow`: durable steps/s of a 10-step workflow at 64 runs in flight,

@@ -5,7 +5,8 @@
 //! the reference Python server (a2a-sdk 1.3.0, `a2a_sdk_echo_server.py`),
 //! in the same run:
 //!
-//! - `sqlite`: chorus on SQLite against the a2a-sdk with its in-memory store;
+//! - `sqlite`: chorus on SQLite against the a2a-sdk with its in-memory store,
+//!   and with its `DatabaseTaskStore` on a SQLite file (aiosqlite);
 //! - `postgres`: both on a scratch PostgreSQL database.
 //!
 //! Then the streaming-memory point ([`streams`]): many `SubscribeToTask`
@@ -26,7 +27,10 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use self::{peer::PeerInfo, send::Point, streams::StreamsResult};
-use self::{peer::PeerSetup, send::GATEWAY_AGENT};
+use self::{
+    peer::{PeerSetup, PeerStore},
+    send::GATEWAY_AGENT,
+};
 use crate::{postgres::Admin, scenario::Backend, server::Server};
 
 /// The `gateway` scenario's flags.
@@ -35,8 +39,8 @@ pub(crate) struct GatewayOptions {
     /// Concurrent SendMessage clients, one measured point each.
     #[arg(long, env = "CHORUS_BENCH_GATEWAY_CLIENTS", value_delimiter = ',', default_values_t = [1, 16, 64])]
     pub(crate) gateway_clients: Vec<usize>,
-    /// Pairings to measure: sqlite (chorus on SQLite, the a2a-sdk in memory),
-    /// postgres (both on PostgreSQL).
+    /// Pairings to measure: sqlite (chorus on SQLite, the a2a-sdk in memory
+    /// and on SQLite), postgres (both on PostgreSQL).
     #[arg(long, env = "CHORUS_BENCH_GATEWAY_BACKENDS", value_enum, value_delimiter = ',', default_values = ["sqlite", "postgres"])]
     pub(crate) gateway_backends: Vec<Backend>,
     /// SSE streams held open against chorus for the memory point (0: none).
@@ -129,6 +133,7 @@ pub(crate) enum System {
     ChorusSqlite,
     ChorusPostgres,
     A2aSdkMemory,
+    A2aSdkSqlite,
     A2aSdkPostgres,
 }
 
@@ -138,6 +143,7 @@ impl System {
             Self::ChorusSqlite => "chorus-sqlite",
             Self::ChorusPostgres => "chorus-postgres",
             Self::A2aSdkMemory => "a2a-sdk-memory",
+            Self::A2aSdkSqlite => "a2a-sdk-sqlite",
             Self::A2aSdkPostgres => "a2a-sdk-postgres",
         }
     }
@@ -178,8 +184,9 @@ pub(crate) async fn run(
     if let (true, Some(setup)) = (options.gateway_backends.contains(&Backend::Sqlite), &setup) {
         let pair = async {
             let chorus = run_chorus(System::ChorusSqlite, binary, None, plan).await?;
-            let peer = run_a2a_sdk(System::A2aSdkMemory, setup, None, plan).await?;
-            Ok::<_, anyhow::Error>([chorus, peer])
+            let memory = run_a2a_sdk(System::A2aSdkMemory, setup, PeerStore::Memory, plan).await?;
+            let sqlite = run_a2a_sdk(System::A2aSdkSqlite, setup, PeerStore::Sqlite, plan).await?;
+            Ok::<_, anyhow::Error>([chorus, memory, sqlite])
         };
         systems.extend(interruptible(pair, interrupt).await?);
     }
@@ -192,7 +199,7 @@ pub(crate) async fn run(
         let peer = admin
             .with_scratch("a2a_sdk", interrupt, |db| async move {
                 let url = peer::asyncpg_url(&db.url)?;
-                run_a2a_sdk(System::A2aSdkPostgres, setup, Some(&url), plan).await
+                run_a2a_sdk(System::A2aSdkPostgres, setup, PeerStore::Postgres(&url), plan).await
             })
             .await?;
         systems.extend([chorus, peer]);
@@ -236,15 +243,15 @@ async fn run_chorus(
     Ok(SystemRuns { system, url, points })
 }
 
-/// The a2a-sdk echo server, on PostgreSQL when `database_url` is given.
+/// The a2a-sdk echo server on `store`.
 async fn run_a2a_sdk(
     system: System,
     setup: &PeerSetup,
-    database_url: Option<&str>,
+    store: PeerStore<'_>,
     plan: &GatewayPlan,
 ) -> anyhow::Result<SystemRuns> {
     let workdir = tempfile::tempdir().context("cannot create a temp dir")?;
-    let mut server = peer::Peer::start(setup, database_url, workdir.path()).await?;
+    let mut server = peer::Peer::start(setup, store, workdir.path()).await?;
     let url = server.url.clone();
     let outcome = async {
         let points = points(system, &url, server.pid, plan).await?;

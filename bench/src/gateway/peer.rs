@@ -98,6 +98,18 @@ pub(crate) fn asyncpg_url(url: &str) -> anyhow::Result<String> {
     Ok(format!("postgresql+asyncpg://{rest}"))
 }
 
+/// Where the server keeps its tasks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum PeerStore<'a> {
+    /// `InMemoryTaskStore`.
+    Memory,
+    /// `DatabaseTaskStore` on a SQLite file in the server's working folder
+    /// (aiosqlite), as chorus's is in its own.
+    Sqlite,
+    /// `DatabaseTaskStore` on this PostgreSQL database (`postgresql+asyncpg://`).
+    Postgres(&'a str),
+}
+
 /// A running a2a-sdk echo server.
 #[derive(Debug)]
 pub(crate) struct Peer {
@@ -109,10 +121,10 @@ pub(crate) struct Peer {
 }
 
 impl Peer {
-    /// Starts the server on a free port (in memory, or on `database_url`)
-    /// and waits until it serves its agent card. Its output goes to a file
-    /// in `workdir`, shown if it fails.
-    pub(crate) async fn start(setup: &PeerSetup, database_url: Option<&str>, workdir: &Path) -> anyhow::Result<Self> {
+    /// Starts the server on a free port with its tasks in `store` and waits
+    /// until it serves its agent card. Its output (and a SQLite store) goes
+    /// to files in `workdir`; the output is shown if it fails.
+    pub(crate) async fn start(setup: &PeerSetup, store: PeerStore<'_>, workdir: &Path) -> anyhow::Result<Self> {
         let port = free_port()?;
         let log_path = workdir.join("a2a-sdk.log");
         let log = std::fs::File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
@@ -126,10 +138,16 @@ impl Peer {
             .stdout(log.try_clone().context("cannot share the log file")?)
             .stderr(log)
             .kill_on_drop(true);
-        if let Some(url) = database_url {
-            // asyncpg, like libpq, tries TLS first; chorus's sqlx has no TLS
-            // backend, so both talk to PostgreSQL in plain text.
-            command.env("A2A_DB_URL", url).env("PGSSLMODE", crate::postgres::PLAIN_TEXT);
+        match store {
+            PeerStore::Memory => {}
+            PeerStore::Sqlite => {
+                command.env("A2A_DB_URL", format!("sqlite+aiosqlite:///{}", workdir.join("tasks.db").display()));
+            }
+            PeerStore::Postgres(url) => {
+                // asyncpg, like libpq, tries TLS first; chorus's sqlx has no
+                // TLS backend, so both talk to PostgreSQL in plain text.
+                command.env("A2A_DB_URL", url).env("PGSSLMODE", crate::postgres::PLAIN_TEXT);
+            }
         }
         let child = command.spawn().with_context(|| format!("cannot start {}", setup.python.display()))?;
         let pid = child.id().context("the a2a-sdk server exited at once")?;

@@ -282,7 +282,11 @@ impl GatewayReport {
 
 /// chorus against its peer at every client count both were measured at.
 fn compare(systems: &[SystemRuns]) -> Vec<Comparison> {
-    let pairs = [(System::ChorusSqlite, System::A2aSdkMemory), (System::ChorusPostgres, System::A2aSdkPostgres)];
+    let pairs = [
+        (System::ChorusSqlite, System::A2aSdkMemory),
+        (System::ChorusSqlite, System::A2aSdkSqlite),
+        (System::ChorusPostgres, System::A2aSdkPostgres),
+    ];
     let find = |system: System| systems.iter().find(|runs| runs.system == system);
     let mut comparisons = Vec::new();
     for (chorus, peer) in pairs {
@@ -369,15 +373,22 @@ mod tests {
         let systems = vec![
             runs(System::ChorusSqlite, vec![point(1, 500.0, 2.0, 0), point(64, 5000.0, 10.0, 0)]),
             runs(System::A2aSdkMemory, vec![point(1, 250.0, 10.0, 0), point(64, 250.0, 400.0, 0)]),
+            runs(System::A2aSdkSqlite, vec![point(64, 100.0, 1000.0, 0)]),
             runs(System::ChorusPostgres, vec![point(64, 1000.0, 100.0, 3)]),
             runs(System::A2aSdkPostgres, vec![point(64, 50.0, 2000.0, 0)]),
         ];
         let report = GatewayReport::new(config(), Measured { systems, peer: None, streams: None });
-        assert_eq!(report.comparisons.len(), 3);
+        assert_eq!(report.comparisons.len(), 4);
         let first = report.comparisons[0];
         assert_eq!((first.clients, first.throughput_ratio, first.p99_ratio), (1, Some(2.0), Some(5.0)));
-        let [sqlite, postgres] = report.goals.pairings.as_slice() else { panic!("two pairings at 64 clients") };
-        assert_eq!((sqlite.throughput_ratio, sqlite.p99_ratio, sqlite.met), (Some(20.0), Some(40.0), Some(true)));
+        let [memory, sqlite, postgres] = report.goals.pairings.as_slice() else {
+            panic!("three pairings at 64 clients")
+        };
+        assert_eq!((memory.throughput_ratio, memory.p99_ratio, memory.met), (Some(20.0), Some(40.0), Some(true)));
+        assert_eq!(
+            (sqlite.peer, sqlite.throughput_ratio, sqlite.p99_ratio),
+            (System::A2aSdkSqlite, Some(50.0), Some(100.0))
+        );
         // 20× and 20× lower, but with errors: not met.
         assert_eq!(
             (postgres.throughput_ratio, postgres.p99_ratio, postgres.met),
