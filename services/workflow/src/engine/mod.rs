@@ -22,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::triggers::TriggerSource;
 use crate::{
-    repository::{Claim, Fence},
+    config::WorkflowConfig,
+    repository::{Claim, Fence, Taker},
     service::{ENGINE_KEY, Workflows},
 };
 
@@ -32,7 +33,38 @@ const PURGE_EVERY: Duration = Duration::from_secs(60);
 /// The drivers of one engine, by run id: each takes newer claims of its run.
 type Drivers = Arc<Mutex<HashMap<String, watch::Sender<Fence>>>>;
 
-/// Starts the engine's loops; they end with `shutdown`.
+/// The engine as the service that spawned it sees it: a run started there
+/// and due at once is created claimed for the engine, when it has room, and
+/// driven from the start, without waiting for the claim loop and its write.
+#[derive(Debug, Clone)]
+pub(crate) struct LocalEngine {
+    owner: String,
+    drivers: Drivers,
+    shutdown: CancellationToken,
+}
+
+impl LocalEngine {
+    /// The claim a run starting now may be created under: none once the
+    /// engine stopped, or while it drives `max_active_runs` runs. Starts in
+    /// flight together may each see the last free place, and take the engine
+    /// that many runs past the limit for a moment; the claim loop then claims
+    /// nothing until it is back under it.
+    pub(crate) fn taker(&self, config: &WorkflowConfig, now: i64) -> Option<Taker> {
+        let active = self.drivers.lock().expect("drivers lock poisoned").len();
+        let room = usize::try_from(config.max_active_runs).unwrap_or(usize::MAX) > active;
+        (room && !self.shutdown.is_cancelled())
+            .then(|| Taker { owner: self.owner.clone(), lease_until: now + micros(config.lease()) })
+    }
+
+    /// Drives a run created claimed for this engine.
+    pub(crate) fn drive(&self, workflows: &Workflows, claim: Claim) {
+        start_driver(workflows, &self.drivers, claim, &self.shutdown);
+    }
+}
+
+/// Starts the engine's loops; they end with `shutdown`. Runs started through
+/// `workflows` (or a clone) go straight to this engine when it has room; the
+/// first engine spawned on it is the one.
 pub fn spawn(workflows: Workflows, triggers: Option<TriggerSource>, shutdown: CancellationToken) {
     let owner = workflows.config().engine_id.clone().unwrap_or_else(|| {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "chorus".into());
@@ -40,6 +72,11 @@ pub fn spawn(workflows: Workflows, triggers: Option<TriggerSource>, shutdown: Ca
     });
     tracing::info!(engine = %owner, "workflow engine started");
     let drivers = Drivers::default();
+    workflows.attach_engine(LocalEngine {
+        owner: owner.clone(),
+        drivers: Arc::clone(&drivers),
+        shutdown: shutdown.clone(),
+    });
     tokio::spawn(claim_loop(workflows.clone(), owner.clone(), Arc::clone(&drivers), shutdown.clone()));
     tokio::spawn(renew_loop(workflows.clone(), owner, shutdown.clone()));
     if let Some(source) = triggers {

@@ -65,14 +65,7 @@ impl SqlRunRepository {
         for row in &rows {
             let stored = decode(row)?;
             let fence = stored.lease.clone().ok_or_else(|| corrupt("a claimed run without its claim"))?;
-            let run = &stored.run;
-            let claim = Claim {
-                namespace: run.namespace.clone(),
-                run_id: run.id.clone(),
-                workflow: run.workflow.clone(),
-                version: run.version,
-                fence,
-            };
+            let claim = Claim::on(&stored.run, fence);
             self.held.hold(&claim.run_id, Some(stored));
             claims.push(claim);
         }

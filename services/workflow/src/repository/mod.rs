@@ -9,7 +9,7 @@ pub mod sql_runs;
 
 use async_trait::async_trait;
 
-pub use self::runs::{Claim, EventPage, Fence, RunRepository, Transition, Written};
+pub use self::runs::{Claim, Created, EventPage, Fence, RunRepository, Taker, Transition, Written};
 use crate::{
     domain::{Definition, DefinitionPage, NewDefinition, PageToken, Put},
     error::Result,

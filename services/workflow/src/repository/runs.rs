@@ -25,6 +25,38 @@ pub struct Claim {
     pub fence: Fence,
 }
 
+impl Claim {
+    /// The claim `fence` on `run`.
+    pub(crate) fn on(run: &Run, fence: Fence) -> Self {
+        Self {
+            namespace: run.namespace.clone(),
+            run_id: run.id.clone(),
+            workflow: run.workflow.clone(),
+            version: run.version,
+            fence,
+        }
+    }
+}
+
+/// The engine a new run is claimed for as it is created: one in the
+/// starting process with room for it, so the run skips the wait for a claim
+/// (and the claim's own write).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taker {
+    pub owner: String,
+    pub lease_until: i64,
+}
+
+/// What a create did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Created {
+    pub run: Run,
+    /// False: the run is the one created first with the same idempotency key.
+    pub created: bool,
+    /// The taker's claim on the run, when it was created for one.
+    pub claim: Option<Claim>,
+}
+
 /// What a transition's change decided about the run's scheduling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transition {
@@ -62,9 +94,10 @@ pub type Change<'a> = dyn FnMut(&mut Run, bool) -> Result<Transition> + Send + '
 /// lock and recorded as events in the same transaction.
 #[async_trait]
 pub trait RunRepository: Send + Sync + std::fmt::Debug {
-    /// Creates a run (pending, due now), or returns the one created first
-    /// with the same idempotency key; the flag says whether it was created.
-    async fn create(&self, run: NewRun, now: i64) -> Result<(Run, bool)>;
+    /// Creates a run (pending, due now; as started when `run.started` says
+    /// so), claimed for `taker` when given, or returns the one created first
+    /// with the same idempotency key.
+    async fn create(&self, run: NewRun, taker: Option<&Taker>, now: i64) -> Result<Created>;
 
     /// A run in a namespace, with everything recorded about it.
     async fn get(&self, namespace: &str, run_id: &str) -> Result<Option<Run>>;

@@ -20,8 +20,8 @@ use sqlx::{AssertSqlSafe, Row as _};
 
 use super::{
     held::{HeldOutcome, HeldRuns, insert_events},
-    run_rows::{COLUMNS, corrupt, decode, encode_body, event_bodies, purge_at, recorded, settle},
-    runs::{Change, Claim, EventPage, Fence, RunRepository, Written},
+    run_rows::{COLUMNS, Stored, corrupt, decode, encode_body, event_bodies, purge_at, recorded, settle},
+    runs::{Change, Claim, Created, EventPage, Fence, RunRepository, Taker, Written},
 };
 use crate::{
     domain::{NewRun, Run, RunChange, RunCursor, RunEvent, RunFilter, RunPage, RunState},
@@ -29,24 +29,24 @@ use crate::{
     error::{Result, WorkflowError},
 };
 
-/// A new run, pending and due now; $1..$11 as [`RunRepository::create`] binds them.
+/// A new run, claimed or not; $1..$15 as [`RunRepository::create`] binds them.
 macro_rules! insert_run {
     () => {
         "INSERT INTO workflow_runs (id, namespace, workflow, version, state, idempotency_key, concurrency_key, \
-         concurrency_limit, body, created_at, updated_at, due_at, retention) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $12, $11) \
+         concurrency_limit, body, created_at, updated_at, due_at, retention, lease_owner, lease_token, lease_until) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $12, $11, $13, $14, $15) \
          ON CONFLICT (namespace, idempotency_key) DO NOTHING"
     };
 }
 
 const INSERT_RUN: &str = insert_run!();
-/// The run and its events ($13, a JSON array of their bodies) in one
+/// The run and its events ($16, a JSON array of their bodies) in one
 /// statement, its own transaction.
 const INSERT_RUN_POSTGRES: &str = concat!(
     "WITH run AS (",
     insert_run!(),
     " RETURNING id) INSERT INTO workflow_run_events (run_id, body, created_at) \
-     SELECT id, e.body, $10 FROM run, json_array_elements_text(CAST($13 AS json)) WITH ORDINALITY AS e(body, n) \
+     SELECT id, e.body, $10 FROM run, json_array_elements_text(CAST($16 AS json)) WITH ORDINALITY AS e(body, n) \
      ORDER BY e.n"
 );
 
@@ -120,7 +120,7 @@ impl SqlRunRepository {
 
 #[async_trait]
 impl RunRepository for SqlRunRepository {
-    async fn create(&self, new: NewRun, now: i64) -> Result<(Run, bool)> {
+    async fn create(&self, new: NewRun, taker: Option<&Taker>, now: i64) -> Result<Created> {
         let mut run = Run {
             namespace: new.namespace,
             id: new.id,
@@ -143,6 +143,8 @@ impl RunRepository for SqlRunRepository {
             events.extend(event_bodies(&run, &started.changes)?);
         }
         let body = encode_body(&run.body)?;
+        // A claim like a claim statement's first on the run (tokens count from 0).
+        let fence = taker.map(|taker| Fence { owner: taker.owner.clone(), token: 1 });
         let bind = |sql: &'static str| {
             sqlx::query(sql)
                 .bind(&run.id)
@@ -157,6 +159,9 @@ impl RunRepository for SqlRunRepository {
                 .bind(now)
                 .bind(new.retention_micros)
                 .bind(due_at)
+                .bind(fence.as_ref().map(|fence| fence.owner.as_str()))
+                .bind(fence.as_ref().map_or(0, |fence| fence.token))
+                .bind(taker.map(|taker| taker.lease_until))
         };
         let inserted = match self.db.backend() {
             Backend::Postgres => {
@@ -181,9 +186,23 @@ impl RunRepository for SqlRunRepository {
                 .bind(key)
                 .fetch_one(&mut *self.db.acquire().await?)
                 .await?;
-            return Ok((decode(&row)?.run, false));
+            return Ok(Created { run: decode(&row)?.run, created: false, claim: None });
         }
-        Ok((run, true))
+        let claim = fence.map(|fence| {
+            let claim = Claim::on(&run, fence.clone());
+            // Held as claimed, so the engine's first change needs no read.
+            let stored = Stored {
+                run: run.clone(),
+                concurrency_limit: new.concurrency_limit.map(i64::from),
+                retention: new.retention_micros,
+                due_at,
+                lease: Some(fence),
+                revision: 0,
+            };
+            self.held.hold(&run.id, Some(stored));
+            claim
+        });
+        Ok(Created { run, created: true, claim })
     }
 
     async fn get(&self, namespace: &str, run_id: &str) -> Result<Option<Run>> {

@@ -7,7 +7,7 @@ mod runs;
 use std::{
     collections::HashMap,
     path::Path,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, OnceLock},
 };
 
 use chorus_runtime::time::now_micros;
@@ -24,6 +24,7 @@ use crate::{
         WorkflowSpec,
     },
     effects::Effects,
+    engine::LocalEngine,
     error::{Result, WorkflowError},
     parse::{Parsed, parse},
     repository::{DefinitionRepository, RunRepository},
@@ -46,6 +47,8 @@ pub struct Workflows {
     specs: Arc<Mutex<SpecCache>>,
     /// This process's writes of runs, for its watches.
     feed: self::feed::RunFeed,
+    /// The engine spawned on this service, which takes the runs started here.
+    engine: Arc<OnceLock<LocalEngine>>,
 }
 
 /// Parsed specs by (namespace, name, version).
@@ -76,6 +79,14 @@ impl Workflows {
             vars: Arc::new(vars),
             specs: Arc::default(),
             feed: self::feed::RunFeed::default(),
+            engine: Arc::default(),
+        }
+    }
+
+    /// Runs started here go to `engine` from now on (to the first engine attached).
+    pub(crate) fn attach_engine(&self, engine: LocalEngine) {
+        if self.engine.set(engine).is_err() {
+            tracing::debug!("another engine already takes the runs started through this service");
         }
     }
 

@@ -180,11 +180,19 @@ impl Workflows {
             started,
         };
         let started_due = new.started.as_ref().map(|started| started.due_at);
-        let (run, created) = self.runs.create(new, now).await?;
-        if !created {
+        // A run to drive at once goes to this process's engine, if it has room.
+        let engine = self.engine.get().filter(|_| started_due.flatten().is_some_and(|at| at <= now));
+        let taker = engine.and_then(|engine| engine.taker(self.config(), now));
+        let created = self.runs.create(new, taker.as_ref(), now).await?;
+        let run = created.run;
+        if !created.created {
             return Ok(run);
         }
         tracing::info!(run_id = %run.id, workflow = %run.workflow, version = run.version, "run started");
+        if let (Some(engine), Some(claim)) = (engine, created.claim) {
+            engine.drive(self, claim);
+            return Ok(run);
+        }
         match started_due {
             Some(due_at) => self.wake_engine_if_due(due_at, now),
             None => return self.transition(&run.namespace, &run.id, &spec, None, |_, _| Ok(())).await,

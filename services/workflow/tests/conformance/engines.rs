@@ -10,7 +10,9 @@ use chorus_proto::taskstore::{
 use chorus_workflow::{
     WorkflowConfig,
     domain::{NewRun, RunBody, RunState, StepRecord},
-    repository::{RunRepository, Transition, sql_runs::SqlRunRepository},
+    error::WorkflowError,
+    repository::{Fence, RunRepository, Taker, Transition, sql_runs::SqlRunRepository},
+    service::StartCall,
 };
 use serde_json::json;
 
@@ -24,6 +26,8 @@ chorus_runtime::backend_suite!(crate::harness::Harness::bare;
     a_run_that_stays_due_keeps_the_time_it_became_due,
     the_engine_writes_the_run_it_holds_without_reading_it,
     a_renewal_extends_every_claim_even_one_locked_meanwhile,
+    a_run_created_for_an_engine_is_its_claim_from_the_start,
+    a_run_started_beside_an_engine_is_created_claimed_for_it,
 );
 
 async fn task_count(h: &Harness) -> i64 {
@@ -102,6 +106,58 @@ async fn webhooks_to_private_addresses_are_refused_unless_allowed(h: Harness) {
     assert!(seen.lock().expect("seen").is_empty(), "nothing was sent");
 }
 
+async fn claim_of(h: &Harness, run_id: &str) -> (Option<String>, i64) {
+    sqlx::query_as("SELECT lease_owner, lease_token FROM workflow_runs WHERE id = $1")
+        .bind(run_id)
+        .fetch_one(&mut *h.db.acquire().await.expect("a connection"))
+        .await
+        .expect("the run's claim")
+}
+
+/// A run created for an engine is claimed from its first write: no other
+/// engine claims it, its engine writes it under that claim (from the copy it
+/// holds), renews it and loses it, once it lapses, like any claim. A second
+/// start with the run's idempotency key claims nothing.
+async fn a_run_created_for_an_engine_is_its_claim_from_the_start(h: Harness) {
+    let engine = SqlRunRepository::new(h.db.clone());
+    let taker = Taker { owner: "engine-a".into(), lease_until: 100 };
+    let new = NewRun { idempotency_key: Some("once".into()), ..bare_run("run-taken") };
+    let created = engine.create(new.clone(), Some(&taker), 1).await.expect("create");
+    assert!(created.created);
+    let claim = created.claim.expect("created claimed");
+    assert_eq!((claim.run_id.as_str(), &claim.fence), ("run-taken", &Fence { owner: "engine-a".into(), token: 1 }));
+    assert_eq!(claim_of(&h, "run-taken").await, (Some("engine-a".into()), 1));
+    assert!(engine.claim_due("engine-b", 50, 200, 10).await.expect("claim").is_empty(), "engine-a holds it");
+    let again = engine.create(NewRun { id: "run-again".into(), ..new }, Some(&taker), 2).await.expect("create again");
+    assert_eq!((again.run.id.as_str(), again.created, again.claim), ("run-taken", false, None));
+    let mut work = |run: &mut chorus_workflow::domain::Run, _: bool| {
+        run.body.input.insert("worked".into(), json!(true));
+        Ok(Transition { due_at: Some(0), release: false })
+    };
+    let written = engine.transition(NS, "run-taken", Some(&claim.fence), 3, &mut work).await.expect("write");
+    assert!(written.wrote && written.run.body.input.contains_key("worked"));
+    assert_eq!(engine.renew("engine-a", 300).await.expect("renew"), 1);
+    assert!(engine.claim_due("engine-b", 250, 400, 10).await.expect("claim").is_empty(), "renewed");
+    let taken = engine.claim_due("engine-b", 350, 400, 10).await.expect("take over");
+    assert_eq!(taken.iter().map(|claim| claim.fence.token).collect::<Vec<_>>(), [2], "lapsed: taken over");
+    let lost = engine.transition(NS, "run-taken", Some(&claim.fence), 351, &mut work).await.expect_err("fenced");
+    assert!(matches!(lost, WorkflowError::LeaseLost(_)), "{lost:?}");
+}
+
+/// A run started through a service an engine was spawned on, due at once,
+/// is created claimed for that engine, which drives it from there.
+async fn a_run_started_beside_an_engine_is_created_claimed_for_it(h: Harness) {
+    // Nobody works for `later` yet: the engine holds the run while it awaits the task.
+    h.put("name: slowish\nsteps:\n- id: a\n  spawn: {agent: later, input: go}\n").await;
+    let (workflows, _stop) = h.spawn_engine(WorkflowConfig { engine_id: Some("engine-a".into()), ..test_config() });
+    let call = StartCall { namespace: NS.into(), workflow: "slowish".into(), ..StartCall::default() };
+    let run = workflows.start_run(call).await.expect("the run starts");
+    assert_eq!(claim_of(&h, &run.id).await, (Some("engine-a".into()), 1), "claimed as it was created");
+    h.start_worker("later").await;
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Completed, "{run:#?}");
+}
+
 /// A run with no definition behind it, for tests of the repository alone.
 fn bare_run(id: &str) -> NewRun {
     NewRun {
@@ -131,7 +187,7 @@ async fn leases(h: &Harness) -> Vec<(String, Option<i64>)> {
 async fn a_renewal_extends_every_claim_even_one_locked_meanwhile(h: Harness) {
     let engine = SqlRunRepository::new(h.db.clone());
     for (at, id) in [(1, "run-a"), (2, "run-b"), (3, "run-c")] {
-        engine.create(bare_run(id), at).await.expect("create");
+        engine.create(bare_run(id), None, at).await.expect("create");
     }
     assert_eq!(engine.claim_due("engine-a", 5, 100, 2).await.expect("claim").len(), 2, "the two due first");
     assert_eq!(engine.claim_due("engine-b", 5, 100, 2).await.expect("claim").len(), 1);
@@ -173,7 +229,7 @@ async fn due_at(h: &Harness, run_id: &str) -> Option<i64> {
 /// alone), and a transition that changes nothing else writes nothing.
 async fn a_run_that_stays_due_keeps_the_time_it_became_due(h: Harness) {
     let engine = SqlRunRepository::new(h.db.clone());
-    engine.create(bare_run("run-due"), 1).await.expect("create");
+    engine.create(bare_run("run-due"), None, 1).await.expect("create");
     assert_eq!(due_at(&h, "run-due").await, Some(1));
     let fence = engine.claim_due("engine-a", 2, 100, 10).await.expect("claim").remove(0).fence;
     let mut due_now = |run: &mut chorus_workflow::domain::Run, _: bool| {
@@ -213,7 +269,7 @@ async fn a_run_that_stays_due_keeps_the_time_it_became_due(h: Harness) {
 /// the batch to fail, the engine would read the row afresh and keep it.
 async fn the_engine_writes_the_run_it_holds_without_reading_it(h: Harness) {
     let engine = SqlRunRepository::new(h.db.clone());
-    engine.create(bare_run("run-blind"), 1).await.expect("create");
+    engine.create(bare_run("run-blind"), None, 1).await.expect("create");
     let fence = engine.claim_due("engine-a", 2, 100, 10).await.expect("claim").remove(0).fence;
     let mark = |key: &'static str| {
         move |run: &mut chorus_workflow::domain::Run, _: bool| {
@@ -249,7 +305,7 @@ async fn the_engine_writes_the_run_it_holds_without_reading_it(h: Harness) {
 async fn an_engine_never_writes_its_copy_of_a_run_over_a_change_made_meanwhile(h: Harness) {
     let engine = SqlRunRepository::new(h.db.clone());
     let api = SqlRunRepository::new(h.db.clone());
-    engine.create(bare_run("run-held"), 1).await.expect("create");
+    engine.create(bare_run("run-held"), None, 1).await.expect("create");
     let claims = engine.claim_due("engine-a", 2, 100, 10).await.expect("claim");
     let fence = claims.into_iter().find(|claim| claim.run_id == "run-held").expect("claimed").fence;
     let keep = Transition { due_at: Some(0), release: false };
