@@ -104,7 +104,9 @@ pub(crate) enum PeerStore<'a> {
     /// `InMemoryTaskStore`.
     Memory,
     /// `DatabaseTaskStore` on a SQLite file in the server's working folder
-    /// (aiosqlite), as chorus's is in its own.
+    /// (aiosqlite), as chorus's is in its own. SQLAlchemy leaves SQLite's
+    /// defaults: a rollback journal and `synchronous=FULL`, stricter than
+    /// chorus's WAL with `synchronous=NORMAL`.
     Sqlite,
     /// `DatabaseTaskStore` on this PostgreSQL database (`postgresql+asyncpg://`).
     Postgres(&'a str),

@@ -157,6 +157,13 @@ impl GatewayReport {
                 peer.uvicorn
             );
         }
+        if self.systems.iter().any(|runs| runs.system == System::A2aSdkSqlite) {
+            let _ = writeln!(
+                out,
+                "  a2a-sdk-sqlite: its DatabaseTaskStore on a SQLite file through aiosqlite, with SQLite's defaults \
+                 (rollback journal, synchronous=FULL: fsyncs at every commit)"
+            );
+        }
     }
 
     fn point_table(&self, out: &mut String) {
@@ -394,7 +401,9 @@ mod tests {
             (postgres.throughput_ratio, postgres.p99_ratio, postgres.met),
             (Some(20.0), Some(20.0), Some(false))
         );
-        assert!(report.table(Path::new("g.json")).contains("NOT met"));
+        let table = report.table(Path::new("g.json"));
+        assert!(table.contains("NOT met"));
+        assert!(table.contains("a2a-sdk-sqlite: its DatabaseTaskStore"), "the peer's SQLite durability is stated");
     }
 
     #[test]
