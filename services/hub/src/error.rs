@@ -24,6 +24,8 @@ pub enum HubError {
     NotTheRecipient { correlation_id: String, recipient: String },
     #[error("no reply to {correlation_id} from {recipient} after {attempts} attempt(s)")]
     DelegationTimedOut { correlation_id: String, recipient: String, attempts: u32 },
+    #[error("a newer inbox stream of consumer {0} replaced this one")]
+    StreamSuperseded(String),
     #[error("the database is unavailable, retry later: {0}")]
     Unavailable(sqlx::Error),
     #[error("storage error: {0}")]
@@ -45,7 +47,7 @@ impl ServiceError for HubError {
         match self {
             Self::InvalidArgument(_) => ErrorCode::InvalidArgument,
             Self::AgentNotFound(_) | Self::KeyNotFound(_) => ErrorCode::NotFound,
-            Self::VersionConflict { .. } => ErrorCode::Aborted,
+            Self::VersionConflict { .. } | Self::StreamSuperseded(_) => ErrorCode::Aborted,
             Self::QueueFull { .. } => ErrorCode::ResourceExhausted,
             Self::NoPendingRequest(_) => ErrorCode::FailedPrecondition,
             Self::NotTheRecipient { .. } => ErrorCode::PermissionDenied,

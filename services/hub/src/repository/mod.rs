@@ -35,7 +35,19 @@ pub struct Take {
     pub lease: Lease,
     /// Most messages the consumer may hold leased at once (streams).
     pub hold_limit: Option<u32>,
+    /// The taking stream's number (streams): a take by a stream its
+    /// consumer has since replaced fails with `StreamSuperseded`.
+    pub stream: Option<i64>,
     pub now: i64,
+}
+
+/// A consumer's new inbox stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenedStream {
+    /// Its number: takes under an older one fail from now on.
+    pub stream: i64,
+    /// The messages still leased to the consumer, to send again.
+    pub resent: Vec<Message>,
 }
 
 /// What a take found.
@@ -91,16 +103,20 @@ pub trait HubRepository: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<(Sent, Vec<String>)>;
     /// Leases available inbox messages matching a filter.
     async fn take(&self, take: &Take) -> Result<Taken>;
-    /// Renews and returns the messages still leased to `consumer_id` above
-    /// `after` (all when `None`), to send them again.
-    async fn reclaim(
+    /// Opens a new stream for `lease.consumer_id`, which replaces its
+    /// previous one: from now on that one's takes fail with
+    /// `StreamSuperseded`. Renews and returns the messages still leased to
+    /// the consumer above `after` (all when `None`), to send them again.
+    async fn open_stream(
         &self,
         namespace: &str,
         agent_id: &str,
         lease: &Lease,
         after: Option<i64>,
         now: i64,
-    ) -> Result<Vec<Message>>;
+    ) -> Result<OpenedStream>;
+    /// Forgets a consumer's stream that ended, unless another replaced it.
+    async fn close_stream(&self, namespace: &str, agent_id: &str, consumer_id: &str, stream: i64) -> Result<()>;
     /// The messages leased to `consumer_id` now: their ids and lease ends.
     async fn held(&self, namespace: &str, agent_id: &str, consumer_id: &str, now: i64) -> Result<Vec<(String, i64)>>;
     /// Removes acked messages from the agent's inbox; returns the ids that

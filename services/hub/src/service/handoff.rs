@@ -24,7 +24,10 @@ use std::{
 };
 
 use chorus_runtime::registry::{Registration, Registry};
-use tokio::sync::mpsc::{OwnedPermit, Sender};
+use tokio::sync::{
+    Notify,
+    mpsc::{OwnedPermit, Sender},
+};
 
 use super::messaging::Inbox;
 use crate::{
@@ -44,6 +47,8 @@ pub(super) struct Live {
     inbox: Inbox,
     sender: Sender<Result<Message>>,
     state: Mutex<LiveState>,
+    /// Signalled when the last hand-off promised by this stream settles.
+    offers_ended: Notify,
 }
 
 #[derive(Debug, Default)]
@@ -55,6 +60,9 @@ struct LiveState {
     caught_up: bool,
     /// Sends that left this stream a message in the inbox.
     misses: u64,
+    /// Its consumer opened another stream here: it takes no more hand-offs
+    /// (its next take fails, which ends it).
+    superseded: bool,
 }
 
 impl LiveState {
@@ -78,6 +86,9 @@ impl Drop for Offer {
     fn drop(&mut self) {
         let mut state = self.live.state();
         state.reserved = state.reserved.saturating_sub(1);
+        if state.reserved == 0 {
+            self.live.offers_ended.notify_waiters();
+        }
     }
 }
 
@@ -103,6 +114,20 @@ impl Live {
     /// from before it opened.
     pub(super) fn hold(&self, leases: impl IntoIterator<Item = (String, i64)>) {
         self.state().held.extend(leases);
+    }
+
+    /// Returns once no send holds a hand-off promised by this stream: each
+    /// such send has committed its message leased to the consumer, or
+    /// failed. A stream replacing this one waits for that before it takes
+    /// back the consumer's leases, so none of those messages is missed.
+    pub(super) async fn offers_settled(&self) {
+        loop {
+            let ended = self.offers_ended.notified();
+            if self.state().reserved == 0 {
+                return;
+            }
+            ended.await;
+        }
     }
 
     /// Room left under `max_in_flight`.
@@ -140,27 +165,35 @@ impl Live {
             return None;
         }
         let mut state = self.state();
-        if !state.caught_up || state.in_flight(now) >= self.inbox.max_in_flight {
+        if state.superseded || !state.caught_up || state.in_flight(now) >= self.inbox.max_in_flight {
             return None;
         }
         let permit = self.sender.clone().try_reserve_owned().ok()?;
         state.reserved += 1;
         drop(state);
-        let until = now.saturating_add(chorus_runtime::time::micros(self.inbox.ack_timeout));
-        Some(Offer {
-            live: Arc::clone(self),
-            permit: Some(permit),
-            lease: Lease { consumer_id: self.inbox.consumer_id.clone(), until },
-        })
+        Some(Offer { live: Arc::clone(self), permit: Some(permit), lease: self.inbox.lease(now) })
     }
 }
 
 impl Streams {
     /// Registers a stream feeding `sender`; it is not caught up until its
-    /// first read says so.
-    pub(super) fn register(&self, inbox: Inbox, sender: Sender<Result<Message>>) -> Registration<Key, Live> {
+    /// first read says so. It replaces the consumer's other streams here,
+    /// which take no more hand-offs: they are returned, for the new stream to
+    /// wait until their promised hand-offs settled.
+    pub(super) fn register(
+        &self,
+        inbox: Inbox,
+        sender: Sender<Result<Message>>,
+    ) -> (Registration<Key, Live>, Vec<Arc<Live>>) {
         let key = (inbox.namespace.clone(), inbox.agent_id.clone());
-        self.0.register(key, Live { inbox, sender, state: Mutex::default() })
+        let replaced: Vec<Arc<Live>> = self.0.lock().get(&key).map_or_else(Vec::new, |lives| {
+            lives.iter().filter(|live| live.inbox.consumer_id == inbox.consumer_id).cloned().collect()
+        });
+        for live in &replaced {
+            live.state().superseded = true;
+        }
+        let live = Live { inbox, sender, state: Mutex::default(), offers_ended: Notify::new() };
+        (self.0.register(key, live), replaced)
     }
 
     /// Hand-offs of `send` promised by caught-up streams, at most one per

@@ -1,7 +1,7 @@
 //! Messaging: sends into inboxes, receives and streams out of them, acks,
 //! and request/response.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use chorus_runtime::{
     feed::forward,
@@ -11,11 +11,11 @@ use chorus_runtime::{
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::{Hub, keys};
+use super::{Hub, handoff::Live, keys};
 use crate::{
     domain::{Audience, Content, InboxFilter, Lease, Message, MessageKind, Outgoing, Sent},
     error::{HubError, Result},
-    repository::{Take, Taken},
+    repository::{OpenedStream, Take, Taken},
 };
 
 /// What a receive got.
@@ -50,6 +50,13 @@ pub struct Inbox {
     pub max_in_flight: u32,
     /// The highest sequence this consumer received on its previous stream.
     pub after: Option<i64>,
+}
+
+impl Inbox {
+    /// A lease taken at `now`.
+    pub(super) fn lease(&self, now: i64) -> Lease {
+        Lease { consumer_id: self.consumer_id.clone(), until: now.saturating_add(micros(self.ack_timeout)) }
+    }
 }
 
 /// What Delegate does when no reply came in time.
@@ -155,6 +162,7 @@ impl Hub {
                 max,
                 lease: Lease { consumer_id: consumer_id.clone(), until: now.saturating_add(micros(ack_timeout)) },
                 hold_limit: None,
+                stream: None,
                 now,
             };
             let missing_senders = match self.repository.take(&take).await? {
@@ -179,19 +187,49 @@ impl Hub {
         Ok(ReceiverStream::new(receiver))
     }
 
+    /// Opens the consumer's stream (replacing its previous one), feeds it,
+    /// and forgets it once it ends.
     async fn feed_inbox(self, inbox: Inbox, sender: mpsc::Sender<Result<Message>>) {
-        let lease = |now: i64| Lease {
-            consumer_id: inbox.consumer_id.clone(),
-            until: now.saturating_add(micros(inbox.ack_timeout)),
-        };
-        let registration = self.streams.register(inbox.clone(), sender.clone());
-        let live = registration.live();
+        let (registration, replaced) = self.streams.register(inbox.clone(), sender.clone());
+        for live in replaced {
+            live.offers_settled().await;
+        }
         let now = now_micros();
-        let resent = self.repository.reclaim(&inbox.namespace, &inbox.agent_id, &lease(now), inbox.after, now).await;
+        let lease = inbox.lease(now);
+        let opened = self.repository.open_stream(&inbox.namespace, &inbox.agent_id, &lease, inbox.after, now).await;
+        let OpenedStream { stream, resent } = match opened {
+            Ok(opened) => opened,
+            Err(error) => {
+                let _ = sender.send(Err(error)).await;
+                return;
+            }
+        };
+        self.feed(&inbox, registration.live(), stream, resent, &sender).await;
+        let closed = self.repository.close_stream(&inbox.namespace, &inbox.agent_id, &inbox.consumer_id, stream).await;
+        if let Err(error) = closed {
+            // Harmless: the consumer's next stream replaces the row.
+            tracing::debug!(%error, consumer_id = %inbox.consumer_id, "cannot forget an ended inbox stream");
+        }
+    }
+
+    /// Sends the messages leased to the consumer again, then takes and sends
+    /// new ones as they come, until the client goes, the hub stops, or the
+    /// consumer opens another stream.
+    async fn feed(
+        &self,
+        inbox: &Inbox,
+        live: &Arc<Live>,
+        stream: i64,
+        resent: Vec<Message>,
+        sender: &mpsc::Sender<Result<Message>>,
+    ) {
         // What it holds now: what was just sent again, and what it kept.
-        let held = self.repository.held(&inbox.namespace, &inbox.agent_id, &inbox.consumer_id, now).await;
-        let resent = held.map(|held| live.hold(held)).and(resent);
-        if !forward(resent, &sender).await {
+        let held = self.repository.held(&inbox.namespace, &inbox.agent_id, &inbox.consumer_id, now_micros()).await;
+        let resent = held.map(|held| {
+            live.hold(held);
+            resent
+        });
+        if !forward(resent, sender).await {
             return;
         }
         loop {
@@ -208,8 +246,9 @@ impl Hub {
                 filter: inbox.filter.clone(),
                 require_all: false,
                 max,
-                lease: lease(now),
+                lease: inbox.lease(now),
                 hold_limit: Some(inbox.max_in_flight),
+                stream: Some(stream),
                 now,
             };
             let taken = self.repository.take(&take).await.map(|taken| match taken {
@@ -220,7 +259,7 @@ impl Hub {
                 live.hold(messages.iter().map(|message| (message.id.clone(), take.lease.until)));
             }
             let got = taken.as_ref().map_or(0, Vec::len);
-            if !forward(taken, &sender).await {
+            if !forward(taken, sender).await {
                 return;
             }
             // A full take may have left more behind: take again while there

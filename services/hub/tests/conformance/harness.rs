@@ -10,13 +10,15 @@ use chorus_hub::{
     repository::sql::SqlHubRepository,
     service::{Receive, Received},
 };
-use chorus_runtime::{testing::TestDatabase, wakeup::Wakeups};
+use chorus_runtime::{storage::Db, testing::TestDatabase, wakeup::Wakeups};
 use tokio_util::sync::CancellationToken;
 
 pub(crate) const NS: &str = "team-a";
 
 pub(crate) struct Harness {
     pub(crate) hub: Hub,
+    /// The hub's database, for tests of its repository alone.
+    pub(crate) db: Db,
     shutdown: CancellationToken,
     _database: TestDatabase,
 }
@@ -43,9 +45,10 @@ impl Harness {
     pub(crate) async fn start(database: TestDatabase) -> Self {
         let db = database.open(&[&chorus_hub::MIGRATIONS]).await;
         let shutdown = CancellationToken::new();
-        let hub = Hub::new(Arc::new(SqlHubRepository::new(db)), Wakeups::new(), test_config(), shutdown.clone());
+        let hub =
+            Hub::new(Arc::new(SqlHubRepository::new(db.clone())), Wakeups::new(), test_config(), shutdown.clone());
         hub.spawn_reaper();
-        Self { hub, shutdown, _database: database }
+        Self { hub, db, shutdown, _database: database }
     }
 
     /// Registers agent `id` of `agent_type` in [`NS`].

@@ -4,9 +4,12 @@
 use std::time::Duration;
 
 use chorus_hub::{
-    domain::{InboxFilter, Message},
+    domain::{InboxFilter, Lease, Message},
+    error::HubError,
+    repository::{HubRepository, Take, Taken, sql::SqlHubRepository},
     service::Inbox,
 };
+use chorus_runtime::{storage::Backend, time::now_micros};
 use futures_util::{Stream, StreamExt as _};
 
 use crate::harness::{Harness, NS, conformance, types_of};
@@ -15,6 +18,8 @@ conformance!(
     a_stream_gets_every_message_once_in_order_within_its_limit,
     a_stream_gets_only_what_its_filter_takes,
     a_message_handed_to_a_stream_that_went_away_comes_back,
+    a_new_stream_of_a_consumer_replaces_its_previous_one,
+    a_take_by_a_replaced_stream_leases_nothing,
 );
 
 fn inbox(max_in_flight: u32, filter: InboxFilter) -> Inbox {
@@ -124,4 +129,102 @@ async fn a_message_handed_to_a_stream_that_went_away_comes_back(h: Harness) {
     tokio::time::sleep(Duration::from_millis(400)).await;
     let taken = h.receive("b", InboxFilter::default(), false, Duration::from_secs(2)).await.messages;
     assert!(taken.iter().any(|m| m.id == sent.message_id), "{:?}", types_of(&taken));
+}
+
+/// A consumer that opens a stream while its previous one still runs (a
+/// process restarted, or reconnected, before the hub saw the old connection
+/// go) gets every message on the new one: the old one takes no hand-off, and
+/// ends with `StreamSuperseded` at its next take, having taken nothing.
+async fn a_new_stream_of_a_consumer_replaces_its_previous_one(h: Harness) {
+    h.agent("a", "worker").await;
+    h.agent("b", "worker").await;
+    let mut old = open(&h, inbox(10, InboxFilter::default())).await;
+    quiet(&mut old).await;
+    let first = stream_number(&h).await;
+    let mut new = open(&h, inbox(10, InboxFilter::default())).await;
+    // Sent as soon as the new stream is open, most likely before the old
+    // one's next take (it polls every 200 ms here) would end it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while stream_number(&h).await == first {
+        assert!(tokio::time::Instant::now() < deadline, "the new stream opens");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    for message_type in ["m0", "m1"] {
+        let sent = h.direct("a", "b", message_type).await;
+        assert_eq!(next(&mut new).await.id, sent.message_id, "the new stream gets {message_type}");
+    }
+    let ended = tokio::time::timeout(Duration::from_secs(5), old.next()).await.expect("the old stream ends");
+    assert!(matches!(ended, Some(Err(HubError::StreamSuperseded(_)))), "{ended:?}");
+    assert!(old.next().await.is_none());
+    quiet(&mut new).await;
+}
+
+async fn stream_number(h: &Harness) -> Option<i64> {
+    sqlx::query_scalar(
+        "SELECT stream FROM hub_consumers WHERE namespace = $1 AND agent_id = 'b' AND consumer_id = 'b-1'",
+    )
+    .bind(NS)
+    .fetch_optional(&mut *h.db.acquire().await.expect("a connection"))
+    .await
+    .expect("the consumer's stream")
+}
+
+/// The repository's fence: a take under a stream number the consumer has
+/// since replaced fails and leases nothing; closing a replaced stream
+/// changes nothing, closing the open one lifts the fence. On PostgreSQL, a
+/// take that waited for a stream being opened sees the new number.
+async fn a_take_by_a_replaced_stream_leases_nothing(h: Harness) {
+    h.agent("a", "worker").await;
+    h.agent("b", "worker").await;
+    let repository = SqlHubRepository::new(h.db.clone());
+    let now = now_micros();
+    let lease = Lease { consumer_id: "b-1".into(), until: now + 60_000_000 };
+    let take = |stream: i64| Take {
+        namespace: NS.into(),
+        agent_id: "b".into(),
+        filter: InboxFilter::default(),
+        require_all: false,
+        max: 10,
+        lease: lease.clone(),
+        hold_limit: Some(10),
+        stream: Some(stream),
+        now,
+    };
+    let taken = |outcome: chorus_hub::error::Result<Taken>| match outcome.expect("a take") {
+        Taken::Messages(messages) => types_of(&messages).into_iter().map(str::to_owned).collect::<Vec<_>>(),
+        Taken::Missing(senders) => panic!("missing {senders:?}"),
+    };
+    let first = repository.open_stream(NS, "b", &lease, None, now).await.expect("open").stream;
+    let second = repository.open_stream(NS, "b", &lease, None, now).await.expect("open again").stream;
+    h.direct("a", "b", "m0").await;
+    let stale = repository.take(&take(first)).await;
+    assert!(matches!(stale, Err(HubError::StreamSuperseded(_))), "{stale:?}");
+    assert_eq!(taken(repository.take(&take(second)).await), ["m0"], "the replaced stream leased nothing");
+    repository.close_stream(NS, "b", "b-1", first).await.expect("close the replaced one");
+    assert!(repository.take(&take(first)).await.is_err(), "still replaced");
+    if h.db.backend() == Backend::Postgres {
+        h.direct("a", "b", "m1").await;
+        // A stream being opened holds the row's lock until it commits.
+        let mut opening = h.db.begin().await.expect("begin");
+        sqlx::query("UPDATE hub_consumers SET stream = 42 WHERE namespace = $1 AND agent_id = 'b'")
+            .bind(NS)
+            .execute(&mut *opening)
+            .await
+            .expect("replace the number");
+        let waiting = {
+            let (repository, take) = (repository.clone(), take(second));
+            tokio::spawn(async move { repository.take(&take).await })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!waiting.is_finished(), "the take waits for the opening");
+        opening.commit().await.expect("commit");
+        let late = waiting.await.expect("join");
+        assert!(matches!(late, Err(HubError::StreamSuperseded(_))), "{late:?}");
+        assert_eq!(taken(repository.take(&take(42)).await), ["m1"], "the late take leased nothing");
+    }
+    repository
+        .close_stream(NS, "b", "b-1", if h.db.backend() == Backend::Postgres { 42 } else { second })
+        .await
+        .expect("close");
+    assert_eq!(taken(repository.take(&take(first)).await), Vec::<String>::new(), "no open stream: no fence");
 }

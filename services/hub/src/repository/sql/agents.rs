@@ -58,6 +58,7 @@ impl SqlHubRepository {
         for sql in [
             "DELETE FROM hub_subscriptions WHERE namespace = $1 AND agent_id = $2",
             "DELETE FROM hub_inbox WHERE namespace = $1 AND recipient = $2",
+            "DELETE FROM hub_consumers WHERE namespace = $1 AND agent_id = $2",
         ] {
             sqlx::query(sql).bind(namespace).bind(agent_id).execute(&mut *tx).await?;
         }

@@ -174,6 +174,7 @@ impl SqlHubRepository {
             return self.lease_in_one_statement(take).await.map(Taken::Messages);
         }
         let mut tx = self.begin_lease().await?;
+        self.check_stream(&mut tx, take).await?;
         let mut max = take.max;
         if let Some(limit) = take.hold_limit {
             let held: i64 = sqlx::query_scalar(
@@ -222,6 +223,11 @@ impl SqlHubRepository {
 
     /// PostgreSQL: picks, leases and returns the next messages in one
     /// statement (one round trip, committed without waiting for the disk).
+    /// A stream's take first shares the lock of its consumer's row, which
+    /// opening a stream takes to replace the number: a stream opened before
+    /// the take leaves another number, which leases nothing (and the take,
+    /// finding nothing, says why); one opened after it waits for the take's
+    /// commit and then sends its leases again.
     async fn lease_in_one_statement(&self, take: &Take) -> Result<Vec<Message>> {
         let held = match take.hold_limit {
             Some(_) => {
@@ -231,10 +237,13 @@ impl SqlHubRepository {
             None => "0",
         };
         let hold_limit = i64::from(take.hold_limit.unwrap_or(take.max));
-        let conditions = filter_conditions(&take.filter, 8);
+        let conditions = filter_conditions(&take.filter, 9);
         let sql = format!(
-            "WITH picked AS (SELECT i.sequence FROM hub_inbox i WHERE i.namespace = $1 AND i.recipient = $2 \
-             AND i.expires_at > $3 AND (i.ack_deadline IS NULL OR i.ack_deadline <= $3){conditions} \
+            "WITH fence AS (SELECT stream FROM hub_consumers WHERE namespace = $1 AND agent_id = $2 \
+             AND consumer_id = $4 FOR SHARE), \
+             picked AS (SELECT i.sequence FROM hub_inbox i WHERE i.namespace = $1 AND i.recipient = $2 \
+             AND i.expires_at > $3 AND (i.ack_deadline IS NULL OR i.ack_deadline <= $3) \
+             AND ($8 IS NULL OR NOT EXISTS (SELECT 1 FROM fence WHERE fence.stream <> $8)){conditions} \
              ORDER BY i.sequence LIMIT LEAST($6, GREATEST(0, $7 - {held})) FOR UPDATE SKIP LOCKED), \
              relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) \
              UPDATE hub_inbox i SET consumer_id = $4, ack_deadline = $5, attempt = i.attempt + 1 \
@@ -250,51 +259,14 @@ impl SqlHubRepository {
             .bind(&take.lease.consumer_id)
             .bind(take.lease.until)
             .bind(i64::from(take.max))
-            .bind(hold_limit);
-        let rows = bind_filter(query, &take.filter).fetch_all(&mut *self.db.acquire().await?).await?;
-        let mut messages = rows.iter().map(rows::decode_message).collect::<Result<Vec<_>>>()?;
-        messages.sort_by_key(|message| message.sequence);
-        Ok(messages)
-    }
-
-    pub(super) async fn releases(
-        &self,
-        namespace: &str,
-        agent_id: &str,
-        lease: &Lease,
-        after: Option<i64>,
-        now: i64,
-    ) -> Result<Vec<Message>> {
-        let mut tx = self.begin().await?;
-        let sequences: Vec<i64> = sqlx::query_scalar(
-            "UPDATE hub_inbox SET ack_deadline = $4, attempt = attempt + 1 WHERE namespace = $1 AND recipient = $2 \
-             AND consumer_id = $3 AND ack_deadline > $5 AND expires_at > $5 AND sequence > $6 RETURNING sequence",
-        )
-        .bind(namespace)
-        .bind(agent_id)
-        .bind(&lease.consumer_id)
-        .bind(lease.until)
-        .bind(now)
-        .bind(after.unwrap_or(0))
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut messages = Vec::with_capacity(sequences.len());
-        for chunk in sequences.chunks(500) {
-            let sql = format!(
-                "SELECT {} FROM hub_inbox i JOIN hub_messages m ON m.namespace = i.namespace AND m.id = i.message_id \
-                 WHERE i.namespace = $1 AND i.recipient = $2 AND i.sequence IN ({}) ORDER BY i.sequence",
-                rows::inbox_columns!(),
-                placeholders(3, chunk.len())
-            );
-            let mut query = sqlx::query(AssertSqlSafe(sql)).bind(namespace).bind(agent_id);
-            for sequence in chunk {
-                query = query.bind(*sequence);
-            }
-            for row in query.fetch_all(&mut *tx).await? {
-                messages.push(rows::decode_message(&row)?);
-            }
+            .bind(hold_limit)
+            .bind(take.stream);
+        let mut connection = self.db.acquire().await?;
+        let rows = bind_filter(query, &take.filter).fetch_all(&mut *connection).await?;
+        if rows.is_empty() {
+            self.check_stream(&mut connection, take).await?;
         }
-        tx.commit().await?;
+        let mut messages = rows.iter().map(rows::decode_message).collect::<Result<Vec<_>>>()?;
         messages.sort_by_key(|message| message.sequence);
         Ok(messages)
     }

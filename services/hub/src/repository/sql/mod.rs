@@ -1,6 +1,7 @@
 //! The SQL hub repository: one implementation for PostgreSQL and SQLite.
 
 mod agents;
+mod consumers;
 mod delegations;
 mod messages;
 mod repository;
@@ -13,7 +14,10 @@ use chorus_runtime::storage::{Backend, Db, ServiceMigrations, Tx, placeholders};
 use crate::error::Result;
 
 /// The hub's embedded migrations.
-pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!("hub", [(1, "hub", "0001_hub.sql")]);
+pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
+    "hub",
+    [(1, "hub", "0001_hub.sql"), (2, "consumer streams", "0002_consumer_streams.sql")]
+);
 
 /// Hub storage on a [`Db`].
 #[derive(Debug, Clone)]

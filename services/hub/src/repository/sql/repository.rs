@@ -9,7 +9,7 @@ use super::SqlHubRepository;
 use crate::{
     domain::{Agent, Content, Lease, Message, Outgoing, Sent, StateEntry, StateWrite},
     error::Result,
-    repository::{Expired, HubRepository, Subscription, Take, Taken},
+    repository::{Expired, HubRepository, OpenedStream, Subscription, Take, Taken},
 };
 
 #[async_trait]
@@ -69,15 +69,19 @@ impl HubRepository for SqlHubRepository {
         self.leases_of(namespace, agent_id, consumer_id, now).await
     }
 
-    async fn reclaim(
+    async fn open_stream(
         &self,
         namespace: &str,
         agent_id: &str,
         lease: &Lease,
         after: Option<i64>,
         now: i64,
-    ) -> Result<Vec<Message>> {
-        self.releases(namespace, agent_id, lease, after, now).await
+    ) -> Result<OpenedStream> {
+        self.open_consumer_stream(namespace, agent_id, lease, after, now).await
+    }
+
+    async fn close_stream(&self, namespace: &str, agent_id: &str, consumer_id: &str, stream: i64) -> Result<()> {
+        self.close_consumer_stream(namespace, agent_id, consumer_id, stream).await
     }
 
     async fn ack(&self, namespace: &str, agent_id: &str, message_ids: &[String]) -> Result<Vec<String>> {
