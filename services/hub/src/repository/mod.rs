@@ -46,8 +46,12 @@ pub struct Take {
 pub struct OpenedStream {
     /// Its number: takes under an older one fail from now on.
     pub stream: i64,
-    /// The messages still leased to the consumer, to send again.
+    /// The messages still leased to the consumer above the stream's resume
+    /// cursor, renewed, to send again.
     pub resent: Vec<Message>,
+    /// Every message leased to the consumer now (those resent, and those it
+    /// kept): their ids and lease ends.
+    pub held: Vec<(String, i64)>,
 }
 
 /// What a take found.
@@ -106,7 +110,8 @@ pub trait HubRepository: Send + Sync + std::fmt::Debug + 'static {
     /// Opens a new stream for `lease.consumer_id`, which replaces its
     /// previous one: from now on that one's takes fail with
     /// `StreamSuperseded`. Renews and returns the messages still leased to
-    /// the consumer above `after` (all when `None`), to send them again.
+    /// the consumer above `after` (all when `None`), to send them again, with
+    /// every lease the consumer holds.
     async fn open_stream(
         &self,
         namespace: &str,
@@ -117,8 +122,6 @@ pub trait HubRepository: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<OpenedStream>;
     /// Forgets a consumer's stream that ended, unless another replaced it.
     async fn close_stream(&self, namespace: &str, agent_id: &str, consumer_id: &str, stream: i64) -> Result<()>;
-    /// The messages leased to `consumer_id` now: their ids and lease ends.
-    async fn held(&self, namespace: &str, agent_id: &str, consumer_id: &str, now: i64) -> Result<Vec<(String, i64)>>;
     /// Removes acked messages from the agent's inbox; returns the ids that
     /// were not there.
     async fn ack(&self, namespace: &str, agent_id: &str, message_ids: &[String]) -> Result<Vec<String>>;

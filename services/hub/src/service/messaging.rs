@@ -197,13 +197,15 @@ impl Hub {
         let now = now_micros();
         let lease = inbox.lease(now);
         let opened = self.repository.open_stream(&inbox.namespace, &inbox.agent_id, &lease, inbox.after, now).await;
-        let OpenedStream { stream, resent } = match opened {
+        let OpenedStream { stream, resent, held } = match opened {
             Ok(opened) => opened,
             Err(error) => {
                 let _ = sender.send(Err(error)).await;
                 return;
             }
         };
+        // What it holds now: what was just sent again, and what it kept.
+        registration.live().hold(held);
         self.feed(&inbox, registration.live(), stream, resent, &sender).await;
         let closed = self.repository.close_stream(&inbox.namespace, &inbox.agent_id, &inbox.consumer_id, stream).await;
         if let Err(error) = closed {
@@ -212,9 +214,9 @@ impl Hub {
         }
     }
 
-    /// Sends the messages leased to the consumer again, then takes and sends
-    /// new ones as they come, until the client goes, the hub stops, or the
-    /// consumer opens another stream.
+    /// Sends `resent` again, then takes and sends new messages as they come,
+    /// until the client goes, the hub stops, or the consumer opens another
+    /// stream.
     async fn feed(
         &self,
         inbox: &Inbox,
@@ -223,13 +225,7 @@ impl Hub {
         resent: Vec<Message>,
         sender: &mpsc::Sender<Result<Message>>,
     ) {
-        // What it holds now: what was just sent again, and what it kept.
-        let held = self.repository.held(&inbox.namespace, &inbox.agent_id, &inbox.consumer_id, now_micros()).await;
-        let resent = held.map(|held| {
-            live.hold(held);
-            resent
-        });
-        if !forward(resent, sender).await {
+        if !forward(Ok(resent), sender).await {
             return;
         }
         loop {

@@ -64,9 +64,21 @@ impl SqlHubRepository {
                 resent.push(rows::decode_message(&row)?);
             }
         }
+        // Everything the consumer holds now: what was just renewed, and what
+        // it kept (at or below `after`).
+        let held = sqlx::query_as(
+            "SELECT message_id, ack_deadline FROM hub_inbox WHERE namespace = $1 AND recipient = $2 \
+             AND consumer_id = $3 AND ack_deadline > $4 AND expires_at > $4 ORDER BY sequence",
+        )
+        .bind(namespace)
+        .bind(agent_id)
+        .bind(&lease.consumer_id)
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await?;
         tx.commit().await?;
         resent.sort_by_key(|message| message.sequence);
-        Ok(OpenedStream { stream, resent })
+        Ok(OpenedStream { stream, resent, held })
     }
 
     pub(super) async fn close_consumer_stream(

@@ -271,25 +271,6 @@ impl SqlHubRepository {
         Ok(messages)
     }
 
-    pub(super) async fn leases_of(
-        &self,
-        namespace: &str,
-        agent_id: &str,
-        consumer_id: &str,
-        now: i64,
-    ) -> Result<Vec<(String, i64)>> {
-        Ok(sqlx::query_as(
-            "SELECT message_id, ack_deadline FROM hub_inbox WHERE namespace = $1 AND recipient = $2 \
-             AND consumer_id = $3 AND ack_deadline > $4 AND expires_at > $4 ORDER BY sequence",
-        )
-        .bind(namespace)
-        .bind(agent_id)
-        .bind(consumer_id)
-        .bind(now)
-        .fetch_all(&mut *self.db.acquire().await?)
-        .await?)
-    }
-
     pub(super) async fn remove_acked(&self, namespace: &str, agent_id: &str, ids: &[String]) -> Result<Vec<String>> {
         if ids.is_empty() {
             return Ok(Vec::new());

@@ -65,10 +65,6 @@ impl HubRepository for SqlHubRepository {
         self.take_messages(take).await
     }
 
-    async fn held(&self, namespace: &str, agent_id: &str, consumer_id: &str, now: i64) -> Result<Vec<(String, i64)>> {
-        self.leases_of(namespace, agent_id, consumer_id, now).await
-    }
-
     async fn open_stream(
         &self,
         namespace: &str,
