@@ -164,6 +164,16 @@ pub struct Lease {
     pub until: i64,
 }
 
+impl Lease {
+    /// `consumer_id`'s lease from `now` until its ack is due.
+    pub fn for_ack(consumer_id: &str, now: i64, ack_timeout: Duration) -> Self {
+        Self {
+            consumer_id: consumer_id.to_owned(),
+            until: now.saturating_add(chorus_runtime::time::micros(ack_timeout)),
+        }
+    }
+}
+
 /// A registered agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Agent {

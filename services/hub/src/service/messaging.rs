@@ -55,7 +55,7 @@ pub struct Inbox {
 impl Inbox {
     /// A lease taken at `now`.
     pub(super) fn lease(&self, now: i64) -> Lease {
-        Lease { consumer_id: self.consumer_id.clone(), until: now.saturating_add(micros(self.ack_timeout)) }
+        Lease::for_ack(&self.consumer_id, now, self.ack_timeout)
     }
 }
 
@@ -160,7 +160,7 @@ impl Hub {
                 filter: filter.clone(),
                 require_all,
                 max,
-                lease: Lease { consumer_id: consumer_id.clone(), until: now.saturating_add(micros(ack_timeout)) },
+                lease: Lease::for_ack(&consumer_id, now, ack_timeout),
                 hold_limit: None,
                 stream: None,
                 now,
