@@ -19,7 +19,7 @@ use std::{
 
 use anyhow::Context as _;
 use chorus_proto::workflow::{
-    GetRunRequest, ListRunsRequest, PutDefinitionRequest, Run, RunState, StartRunRequest, WatchRunRequest,
+    GetRunRequest, ListRunsRequest, PutDefinitionRequest, Run, RunState, StartRunRequest,
     workflow_client::WorkflowClient,
 };
 use serde::Serialize;
@@ -87,15 +87,13 @@ async fn put(client: &mut WorkflowClient<Channel>, source: String) -> anyhow::Re
     Ok(())
 }
 
-/// Starts a run and follows it to its end; the run as it ended.
+/// Starts a run and waits for its end, as a client wanting only its result
+/// would (its events are not streamed); the run as it ended.
 async fn one_run(client: &mut WorkflowClient<Channel>, workflow: &str) -> anyhow::Result<Run> {
     let request =
         StartRunRequest { namespace: "bench".into(), workflow: workflow.into(), ..StartRunRequest::default() };
     let run = client.start_run(request).await?.into_inner();
-    let watch = WatchRunRequest { namespace: "bench".into(), run_id: run.id.clone(), ..WatchRunRequest::default() };
-    let mut events = client.watch_run(watch).await?.into_inner();
-    while events.message().await?.is_some() {}
-    let get = GetRunRequest { namespace: "bench".into(), run_id: run.id };
+    let get = GetRunRequest { namespace: "bench".into(), run_id: run.id, wait_finished: true };
     Ok(client.get_run(get).await?.into_inner())
 }
 

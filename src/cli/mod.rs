@@ -54,6 +54,9 @@ pub(crate) enum RunCommand {
         /// The run as JSON.
         #[arg(long)]
         json: bool,
+        /// Wait until the run has finished, then print it.
+        #[arg(long)]
+        wait: bool,
     },
     /// Runs, newest first.
     List {
@@ -173,7 +176,7 @@ pub(crate) async fn run(target: &Target, command: RunCommand) -> ExitCode {
         let mut client = connect(target).await?;
         match command {
             RunCommand::Start(args) => runs::start(&mut client, target, args).await,
-            RunCommand::Get { run_id, json } => runs::get(&mut client, target, &run_id, json).await,
+            RunCommand::Get { run_id, json, wait } => runs::get(&mut client, target, &run_id, json, wait).await,
             RunCommand::List { workflow, states, limit } => {
                 runs::list(&mut client, target, workflow, &states, limit).await
             }

@@ -72,8 +72,8 @@ pub(super) async fn start(client: &mut Client, target: &Target, args: StartArgs)
     if args.watch { watch(client, target, &run.id).await } else { Ok(()) }
 }
 
-pub(super) async fn get(client: &mut Client, target: &Target, run_id: &str, json: bool) -> Outcome {
-    let request = GetRunRequest { namespace: target.namespace.clone(), run_id: run_id.to_owned() };
+pub(super) async fn get(client: &mut Client, target: &Target, run_id: &str, json: bool, wait: bool) -> Outcome {
+    let request = GetRunRequest { namespace: target.namespace.clone(), run_id: run_id.to_owned(), wait_finished: wait };
     let run = client.get_run(request).await?.into_inner();
     if json {
         println!("{}", serde_json::to_string_pretty(&run_json(&run)).unwrap_or_default());

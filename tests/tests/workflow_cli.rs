@@ -72,6 +72,11 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
         let run_id = run_id.clone();
         async move { chorus(&url, &dir, &["run", "watch", &run_id]).await }
     });
+    let waited = tokio::spawn({
+        let (url, dir) = (url.clone(), dir.to_owned());
+        let run_id = run_id.clone();
+        async move { chorus(&url, &dir, &["run", "get", &run_id, "--wait", "--json"]).await }
+    });
     loop {
         let approved = chorus(&url, dir, &["gate", "approve", &run_id, "signoff"]).await;
         if approved.status.success() {
@@ -88,6 +93,9 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
     assert!(lines.contains("gate signoff#2: approve by ana → continued"), "{lines}");
     assert!(lines.trim_end().ends_with("run completed"), "{lines}");
 
+    let waited = waited.await.expect("get --wait");
+    let waited: serde_json::Value = serde_json::from_str(&stdout(&waited)).expect("the run as JSON");
+    assert_eq!(waited["state"], "RUN_STATE_COMPLETED", "{waited}");
     let shown = stdout(&chorus(&url, dir, &["run", "get", &run_id]).await);
     assert!(shown.contains("completed") && shown.contains("nap") && shown.contains("done"), "{shown}");
     let canceled = chorus(&url, dir, &["run", "cancel", &run_id]).await;

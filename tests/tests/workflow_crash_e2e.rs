@@ -151,7 +151,7 @@ async fn engines_killed_at_random_points_lose_nothing_and_repeat_nothing() {
     let mut spawns = 0;
     for run_id in &runs {
         let run = client
-            .get_run(GetRunRequest { namespace: NS.into(), run_id: run_id.clone() })
+            .get_run(GetRunRequest { namespace: NS.into(), run_id: run_id.clone(), wait_finished: false })
             .await
             .expect("get")
             .into_inner();
@@ -223,7 +223,7 @@ async fn decide_waiting_gates(client: &mut WorkflowClient<Channel>, runs: &[Stri
 
 async fn all_finished(client: &mut WorkflowClient<Channel>, runs: &[String]) -> bool {
     for run_id in runs {
-        let request = GetRunRequest { namespace: NS.into(), run_id: run_id.clone() };
+        let request = GetRunRequest { namespace: NS.into(), run_id: run_id.clone(), wait_finished: false };
         match client.get_run(request).await {
             Ok(run) if matches!(run.get_ref().state(), RunState::Completed | RunState::Failed | RunState::Canceled) => {
             }

@@ -31,7 +31,7 @@ async fn start(client: &mut WorkflowClient<Channel>, workflow: &str, input: &[(&
 }
 
 async fn get(client: &mut WorkflowClient<Channel>, run_id: &str) -> pb::Run {
-    let request = GetRunRequest { namespace: NS.into(), run_id: run_id.into() };
+    let request = GetRunRequest { namespace: NS.into(), run_id: run_id.into(), wait_finished: false };
     client.get_run(request).await.expect("get").into_inner()
 }
 

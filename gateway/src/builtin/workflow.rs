@@ -155,7 +155,11 @@ impl Runner {
                 (Kind::StepUpdated, Some(step))
                     if step.kind() == StepKind::Gate && step.state() == StepState::Waiting =>
                 {
-                    let get = GetRunRequest { namespace: turn.namespace.clone(), run_id: run_id.clone() };
+                    let get = GetRunRequest {
+                        namespace: turn.namespace.clone(),
+                        run_id: run_id.clone(),
+                        wait_finished: false,
+                    };
                     let run = workflows.get_run(get).await?.into_inner();
                     let waiting = run.steps.iter().any(|s| s.seq == step.seq && s.state() == StepState::Waiting);
                     if waiting {
@@ -182,7 +186,11 @@ impl Runner {
                     turn.status(pb::TaskState::Working, Some(&text), None).await?;
                 }
                 (Kind::RunStateChanged, _) if event.state() == RunState::Completed => {
-                    let get = GetRunRequest { namespace: turn.namespace.clone(), run_id: run_id.clone() };
+                    let get = GetRunRequest {
+                        namespace: turn.namespace.clone(),
+                        run_id: run_id.clone(),
+                        wait_finished: false,
+                    };
                     let run = workflows.get_run(get).await?.into_inner();
                     let output = run.output.as_ref().map(chorus_proto::json::struct_to_json).unwrap_or_default();
                     let artifact = Artifact {
@@ -199,7 +207,11 @@ impl Runner {
                         .await;
                 }
                 (Kind::RunStateChanged, _) if event.state() == RunState::Failed => {
-                    let get = GetRunRequest { namespace: turn.namespace.clone(), run_id: run_id.clone() };
+                    let get = GetRunRequest {
+                        namespace: turn.namespace.clone(),
+                        run_id: run_id.clone(),
+                        wait_finished: false,
+                    };
                     let run = workflows.get_run(get).await?.into_inner();
                     return turn
                         .status(pb::TaskState::Failed, Some(&format!("Run {run_id} failed: {}", run.error)), None)

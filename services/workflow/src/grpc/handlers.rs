@@ -141,7 +141,12 @@ impl pb::workflow_server::Workflow for WorkflowGrpc {
     async fn get_run(&self, request: Request<pb::GetRunRequest>) -> Result<Response<pb::Run>, Status> {
         let request = request.into_inner();
         let namespace = namespace(&request.namespace)?;
-        let run = self.workflows.get_run(&namespace, &validate::id("run_id", &request.run_id)?).await?;
+        let run_id = validate::id("run_id", &request.run_id)?;
+        let run = if request.wait_finished {
+            self.workflows.finished_run(&namespace, &run_id).await?
+        } else {
+            self.workflows.get_run(&namespace, &run_id).await?
+        };
         Ok(Response::new(run_out(run)))
     }
 

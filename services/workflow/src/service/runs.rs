@@ -204,6 +204,25 @@ impl Workflows {
         self.runs.get(namespace, run_id).await?.ok_or_else(|| WorkflowError::RunNotFound(run_id.to_owned()))
     }
 
+    /// The run once it has finished: read when a write of this process
+    /// finishes it, or every `WATCH_POLL` (a write of another process).
+    pub async fn finished_run(&self, namespace: &str, run_id: &str) -> Result<Run> {
+        // Subscribed before the first read, so no write falls between the two.
+        let mut feed = self.feed.subscribe(run_id);
+        loop {
+            let run = self.get_run(namespace, run_id).await?;
+            if run.state.is_finished() {
+                return Ok(run);
+            }
+            let poll = tokio::time::Instant::now() + WATCH_POLL;
+            while let Ok(Some(fed)) = tokio::time::timeout_at(poll, feed.next()).await {
+                if ends(&fed.events) {
+                    break;
+                }
+            }
+        }
+    }
+
     pub async fn list_runs(
         &self,
         namespace: &str,
@@ -316,8 +335,6 @@ async fn follow(
     first: EventPage,
     sender: mpsc::Sender<Result<RunEvent>>,
 ) {
-    let ends =
-        |events: &[RunEvent]| events.iter().any(|e| e.change == RunChange::RunStateChanged && e.state.is_finished());
     let mut first = Some(first);
     loop {
         let page = match first.take() {
@@ -367,6 +384,11 @@ async fn follow(
             seen = Some(fed.revision);
         }
     }
+}
+
+/// Whether `events` hold the one that finishes their run.
+fn ends(events: &[RunEvent]) -> bool {
+    events.iter().any(|e| e.change == RunChange::RunStateChanged && e.state.is_finished())
 }
 
 fn finished(run: &Run) -> WorkflowError {

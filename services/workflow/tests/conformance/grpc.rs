@@ -112,8 +112,10 @@ async fn run_rpcs_answer_bad_input_with_the_field_and_unknown_runs_with_not_foun
     let start = pb::StartRunRequest { namespace: NS.into(), workflow: "nope".into(), ..Default::default() };
     let status = grpc.start_run(Request::new(start)).await.expect_err("unknown workflow");
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
-    let get = pb::GetRunRequest { namespace: NS.into(), run_id: "no-such-run".into() };
-    assert_eq!(grpc.get_run(Request::new(get)).await.expect_err("unknown run").code(), Code::NotFound);
+    for wait_finished in [false, true] {
+        let get = pb::GetRunRequest { namespace: NS.into(), run_id: "no-such-run".into(), wait_finished };
+        assert_eq!(grpc.get_run(Request::new(get)).await.expect_err("unknown run").code(), Code::NotFound);
+    }
     let decide = pb::DecideGateRequest {
         namespace: NS.into(),
         run_id: "r".into(),

@@ -27,6 +27,7 @@ conformance!(
     runs_never_cross_namespaces,
     two_engines_share_runs_without_running_a_step_twice,
     a_timer_fires_on_time_while_another_branch_holds_the_engine,
+    a_get_that_waits_answers_once_the_run_has_finished,
 );
 
 async fn spawned_steps_pass_outputs_on_and_a_false_condition_skips(h: Harness) {
@@ -409,4 +410,32 @@ steps:
     assert!(started.elapsed() < std::time::Duration::from_secs(4), "the timer waited for a refresh (5 s)");
     let run = h.workflows.get_run(NS, &run.id).await.expect("run");
     assert_eq!(run.state, RunState::Running, "the spawn still waits for a worker");
+}
+
+async fn a_get_that_waits_answers_once_the_run_has_finished(h: Harness) {
+    h.put("name: held\nsteps:\n- id: hold\n  wait: {signal: go}\n").await;
+    // One run finished by a write of this process (heard at once), one by
+    // another process's (found by polling).
+    let here = h.run("held", json!({})).await;
+    let there = h.run("held", json!({})).await;
+    let other = h.with_config(crate::harness::test_config());
+    for (run, workflows) in [(&here, &h.workflows), (&there, &other)] {
+        h.waiting(&run.id).await;
+        let waiter = {
+            let (workflows, id) = (h.workflows.clone(), run.id.clone());
+            tokio::spawn(async move { workflows.finished_run(NS, &id).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!waiter.is_finished(), "no answer while the run waits");
+        let call = SignalCall { name: "go".into(), payload: Map::new(), signal_id: "g".into(), sent_by: "ops".into() };
+        workflows.signal_run(NS, &run.id, call).await.expect("signal");
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(10), waiter).await;
+        let finished = answer.expect("an answer once finished").expect("the waiter").expect("the run");
+        assert_eq!(finished.state, RunState::Completed, "{finished:#?}");
+        assert_eq!(finished.body.steps[0].state, StepState::Completed);
+    }
+    let again = h.workflows.finished_run(NS, &here.id).await.expect("a finished run at once");
+    assert_eq!(again.state, RunState::Completed);
+    assert!(matches!(h.workflows.finished_run("team-b", &here.id).await, Err(WorkflowError::RunNotFound(_))));
+    assert!(matches!(h.workflows.finished_run(NS, "no-such-run").await, Err(WorkflowError::RunNotFound(_))));
 }
