@@ -20,6 +20,7 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
         (4, "lz4 run bodies", "0004_lz4_bodies.sql"),
         (5, "room for run updates", "0005_run_fillfactor.sql"),
         (6, "runs by state", "0006_runs_by_state.sql"),
+        (7, "events keyed by run", "0007_events_by_run.sql"),
     ]
 );
 

@@ -1,0 +1,4 @@
+-- Nothing to change: in SQLite an event's integer key is its row id, which
+-- takes no index of its own, and (run_id, id) stays the one index (the
+-- PostgreSQL migration of this version keys events by run, dropping a second
+-- index there).
