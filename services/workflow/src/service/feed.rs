@@ -14,7 +14,7 @@ use std::{
 
 use tokio::sync::mpsc;
 
-use crate::domain::RunEvent;
+use crate::domain::{Run, RunEvent};
 
 /// Writes a watch may be behind before it misses one and reads the database.
 const BACKLOG: usize = 64;
@@ -25,6 +25,8 @@ pub(crate) struct Fed {
     /// The run's revision after the write.
     pub(crate) revision: i64,
     pub(crate) events: Vec<RunEvent>,
+    /// The run as the write left it, when the write finished it.
+    pub(crate) finished: Option<Run>,
 }
 
 type Watchers = HashMap<String, Vec<(u64, mpsc::Sender<Arc<Fed>>)>>;
@@ -98,7 +100,7 @@ mod tests {
         let feed = RunFeed::default();
         let mut watch = feed.subscribe("r1");
         let mut other = feed.subscribe("r2");
-        feed.publish("r1", Fed { revision: 3, events: Vec::new() });
+        feed.publish("r1", Fed { revision: 3, events: Vec::new(), finished: None });
         assert_eq!(watch.next().await.expect("a write").revision, 3);
         assert!(other.receiver.try_recv().is_err(), "another run's watch hears nothing");
         drop(watch);
@@ -111,7 +113,7 @@ mod tests {
         let feed = RunFeed::default();
         let mut watch = feed.subscribe("r1");
         for revision in 0..(BACKLOG as i64 + 5) {
-            feed.publish("r1", Fed { revision, events: Vec::new() });
+            feed.publish("r1", Fed { revision, events: Vec::new(), finished: None });
         }
         let mut heard = 0;
         while watch.receiver.try_recv().is_ok() {

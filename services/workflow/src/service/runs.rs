@@ -97,7 +97,8 @@ impl Workflows {
         // processes poll); an engine's driver hears of changes made by
         // others (an API call), in any process, not of its own.
         if written.wrote {
-            self.feed.publish(&run.id, Fed { revision: written.revision, events: written.events });
+            let finished = run.state.is_finished().then(|| run.clone());
+            self.feed.publish(&run.id, Fed { revision: written.revision, events: written.events, finished });
         }
         if fence.is_none() {
             self.wakeups.notify(&drive_key(&run.id));
@@ -204,8 +205,9 @@ impl Workflows {
         self.runs.get(namespace, run_id).await?.ok_or_else(|| WorkflowError::RunNotFound(run_id.to_owned()))
     }
 
-    /// The run once it has finished: read when a write of this process
-    /// finishes it, or every `WATCH_POLL` (a write of another process).
+    /// The run once it has finished: as the write of this process that
+    /// finishes it left it, or read every `WATCH_POLL` (for a write of
+    /// another process, or one this waiter lagged behind and missed).
     pub async fn finished_run(&self, namespace: &str, run_id: &str) -> Result<Run> {
         // Subscribed before the first read, so no write falls between the two.
         let mut feed = self.feed.subscribe(run_id);
@@ -216,8 +218,8 @@ impl Workflows {
             }
             let poll = tokio::time::Instant::now() + WATCH_POLL;
             while let Ok(Some(fed)) = tokio::time::timeout_at(poll, feed.next()).await {
-                if ends(&fed.events) {
-                    break;
+                if let Some(run) = &fed.finished {
+                    return Ok(run.clone());
                 }
             }
         }
