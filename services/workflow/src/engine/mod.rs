@@ -71,33 +71,52 @@ pub fn spawn(workflows: Workflows, triggers: Option<TriggerSource>, shutdown: Ca
         format!("{host}-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8])
     });
     tracing::info!(engine = %owner, "workflow engine started");
+    // Every claim this engine makes from now on ends later than this; one
+    // of its name that ends sooner was made before it started.
+    let claimed_before = now_micros() + micros(workflows.config().lease());
     let drivers = Drivers::default();
     workflows.attach_engine(LocalEngine {
         owner: owner.clone(),
         drivers: Arc::clone(&drivers),
         shutdown: shutdown.clone(),
     });
-    tokio::spawn(claim_loop(workflows.clone(), owner.clone(), Arc::clone(&drivers), shutdown.clone()));
-    tokio::spawn(renew_loop(workflows.clone(), owner, shutdown.clone()));
+    tokio::spawn(claim_loop(workflows.clone(), owner, claimed_before, drivers, shutdown.clone()));
     if let Some(source) = triggers {
         triggers::spawn(workflows, source, shutdown);
     }
 }
 
-async fn claim_loop(workflows: Workflows, owner: String, drivers: Drivers, shutdown: CancellationToken) {
+async fn claim_loop(
+    workflows: Workflows,
+    owner: String,
+    claimed_before: i64,
+    drivers: Drivers,
+    shutdown: CancellationToken,
+) {
     let config = workflows.config().clone();
-    match workflows.runs.adopt(&owner, now_micros() + micros(config.lease())).await {
-        Ok(claims) if !claims.is_empty() => {
-            tracing::info!(runs = claims.len(), "resuming the runs this engine held before it restarted");
-            for claim in claims {
-                start_driver(&workflows, &drivers, claim, &shutdown);
+    // Starts through `workflows` may already have created runs claimed for
+    // this engine, and driven them: those are not taken back. Claims are
+    // renewed only once the runs from before are back: renewed first, their
+    // claims would never lapse, and nobody would drive them.
+    loop {
+        match workflows.runs.adopt(&owner, claimed_before, now_micros() + micros(config.lease())).await {
+            Ok(claims) => {
+                if !claims.is_empty() {
+                    tracing::info!(runs = claims.len(), "resuming the runs this engine held before it restarted");
+                }
+                for claim in claims {
+                    start_driver(&workflows, &drivers, claim, &shutdown);
+                }
+                break;
             }
+            Err(error) => tracing::warn!(%error, "cannot take back this engine's runs yet; retrying"),
         }
-        Ok(_) => {}
-        Err(error) => {
-            tracing::warn!(%error, "cannot take back this engine's runs; they resume when their claims lapse")
+        tokio::select! {
+            () = tokio::time::sleep(config.poll()) => {}
+            () = shutdown.cancelled() => return,
         }
     }
+    tokio::spawn(renew_loop(workflows.clone(), owner.clone(), shutdown.clone()));
     while !shutdown.is_cancelled() {
         let mut waiter = workflows.wakeups.waiter(ENGINE_KEY);
         let active = drivers.lock().expect("drivers lock poisoned").len();

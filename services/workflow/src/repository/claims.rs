@@ -45,13 +45,13 @@ impl SqlRunRepository {
     }
 
     /// Claims anew every run `owner` held before it restarted.
-    pub(super) async fn take_back(&self, owner: &str, lease_until: i64) -> Result<Vec<Claim>> {
+    pub(super) async fn take_back(&self, owner: &str, claimed_before: i64, lease_until: i64) -> Result<Vec<Claim>> {
         let sql = self.relaxed_update(
             "lease_token = lease_token + 1, lease_until = $2",
-            "lease_owner = $1",
+            "lease_owner = $1 AND lease_until < $3",
             &format!(" RETURNING {COLUMNS}"),
         );
-        self.claims(sqlx::query(AssertSqlSafe(sql)).bind(owner).bind(lease_until)).await
+        self.claims(sqlx::query(AssertSqlSafe(sql)).bind(owner).bind(lease_until).bind(claimed_before)).await
     }
 
     /// Runs a claiming statement that returns the claimed rows. The engine

@@ -122,9 +122,12 @@ pub trait RunRepository: Send + Sync + std::fmt::Debug {
     /// engine, until `lease_until`.
     async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: u32) -> Result<Vec<Claim>>;
 
-    /// Takes back, under new claims, the runs `owner` held before it
-    /// restarted (an engine's id is stable across restarts when configured).
-    async fn adopt(&self, owner: &str, lease_until: i64) -> Result<Vec<Claim>>;
+    /// Takes back, under new claims until `lease_until`, the runs `owner`
+    /// held before it restarted (an engine's id is stable across restarts
+    /// when configured): those whose claim ends before `claimed_before`.
+    /// Claims the engine made since it started end later, and are left as
+    /// they are.
+    async fn adopt(&self, owner: &str, claimed_before: i64, lease_until: i64) -> Result<Vec<Claim>>;
 
     /// Extends every claim `owner` holds; the number of runs still held.
     async fn renew(&self, owner: &str, lease_until: i64) -> Result<u64>;

@@ -368,8 +368,8 @@ impl RunRepository for SqlRunRepository {
         self.claim(owner, now, lease_until, limit).await
     }
 
-    async fn adopt(&self, owner: &str, lease_until: i64) -> Result<Vec<Claim>> {
-        self.take_back(owner, lease_until).await
+    async fn adopt(&self, owner: &str, claimed_before: i64, lease_until: i64) -> Result<Vec<Claim>> {
+        self.take_back(owner, claimed_before, lease_until).await
     }
 
     async fn renew(&self, owner: &str, lease_until: i64) -> Result<u64> {

@@ -28,6 +28,7 @@ chorus_runtime::backend_suite!(crate::harness::Harness::bare;
     a_renewal_extends_every_claim_even_one_locked_meanwhile,
     a_run_created_for_an_engine_is_its_claim_from_the_start,
     a_run_started_beside_an_engine_is_created_claimed_for_it,
+    a_restarted_engine_takes_back_only_the_claims_made_before_it_started,
 );
 
 async fn task_count(h: &Harness) -> i64 {
@@ -156,6 +157,25 @@ async fn a_run_started_beside_an_engine_is_created_claimed_for_it(h: Harness) {
     h.start_worker("later").await;
     let run = h.finished(&run.id).await;
     assert_eq!(run.state, RunState::Completed, "{run:#?}");
+}
+
+/// An engine restarted under its name takes back the runs it held before
+/// (their claims end before the new start's first claim could), not those it
+/// was handed since it started: those keep their claim, and a driver that
+/// holds it is not fenced off.
+async fn a_restarted_engine_takes_back_only_the_claims_made_before_it_started(h: Harness) {
+    let engine = SqlRunRepository::new(h.db.clone());
+    for (id, owner, lease_until) in
+        [("run-old", "engine-a", 100), ("run-new", "engine-a", 900), ("run-b", "engine-b", 100)]
+    {
+        let taker = Taker { owner: owner.into(), lease_until };
+        engine.create(bare_run(id), Some(&taker), 1).await.expect("create");
+    }
+    let taken = engine.adopt("engine-a", 500, 1_000).await.expect("adopt");
+    let taken: Vec<(&str, i64)> = taken.iter().map(|claim| (claim.run_id.as_str(), claim.fence.token)).collect();
+    assert_eq!(taken, [("run-old", 2)]);
+    assert_eq!(claim_of(&h, "run-new").await, (Some("engine-a".into()), 1), "claimed since the start: kept");
+    assert_eq!(claim_of(&h, "run-b").await, (Some("engine-b".into()), 1), "another engine's: untouched");
 }
 
 /// A run with no definition behind it, for tests of the repository alone.
