@@ -150,17 +150,13 @@ impl Runner {
         let mut workflows = self.workflows.clone();
         let request = WatchRunRequest { namespace: turn.namespace.clone(), run_id: run_id.clone(), after_cursor };
         let mut events = workflows.watch_run(request).await?.into_inner();
+        let get = GetRunRequest { namespace: turn.namespace.clone(), run_id: run_id.clone(), wait_finished: false };
         while let Some(event) = events.message().await? {
             match (event.kind(), event.step.as_ref()) {
                 (Kind::StepUpdated, Some(step))
                     if step.kind() == StepKind::Gate && step.state() == StepState::Waiting =>
                 {
-                    let get = GetRunRequest {
-                        namespace: turn.namespace.clone(),
-                        run_id: run_id.clone(),
-                        wait_finished: false,
-                    };
-                    let run = workflows.get_run(get).await?.into_inner();
+                    let run = workflows.get_run(get.clone()).await?.into_inner();
                     let waiting = run.steps.iter().any(|s| s.seq == step.seq && s.state() == StepState::Waiting);
                     if waiting {
                         let link = Link {
@@ -186,12 +182,7 @@ impl Runner {
                     turn.status(pb::TaskState::Working, Some(&text), None).await?;
                 }
                 (Kind::RunStateChanged, _) if event.state() == RunState::Completed => {
-                    let get = GetRunRequest {
-                        namespace: turn.namespace.clone(),
-                        run_id: run_id.clone(),
-                        wait_finished: false,
-                    };
-                    let run = workflows.get_run(get).await?.into_inner();
+                    let run = workflows.get_run(get.clone()).await?.into_inner();
                     let output = run.output.as_ref().map(chorus_proto::json::struct_to_json).unwrap_or_default();
                     let artifact = Artifact {
                         artifact_id: a2a::new_artifact_id(),
@@ -207,12 +198,7 @@ impl Runner {
                         .await;
                 }
                 (Kind::RunStateChanged, _) if event.state() == RunState::Failed => {
-                    let get = GetRunRequest {
-                        namespace: turn.namespace.clone(),
-                        run_id: run_id.clone(),
-                        wait_finished: false,
-                    };
-                    let run = workflows.get_run(get).await?.into_inner();
+                    let run = workflows.get_run(get.clone()).await?.into_inner();
                     return turn
                         .status(pb::TaskState::Failed, Some(&format!("Run {run_id} failed: {}", run.error)), None)
                         .await;

@@ -63,8 +63,9 @@ pub struct GateCall {
 }
 
 const WATCH_BATCH: u32 = 256;
-/// How often a watch re-reads while this process writes nothing of its run
-/// (changes committed by another process reach it no other way).
+/// How often a watch, or a get waiting for the run's end, re-reads while
+/// this process writes nothing of its run (changes committed by another
+/// process reach it no other way).
 const WATCH_POLL: Duration = Duration::from_millis(250);
 
 /// The wake-up key of a run's driver.
@@ -337,6 +338,8 @@ async fn follow(
     first: EventPage,
     sender: mpsc::Sender<Result<RunEvent>>,
 ) {
+    let ends =
+        |events: &[RunEvent]| events.iter().any(|e| e.change == RunChange::RunStateChanged && e.state.is_finished());
     let mut first = Some(first);
     loop {
         let page = match first.take() {
@@ -386,11 +389,6 @@ async fn follow(
             seen = Some(fed.revision);
         }
     }
-}
-
-/// Whether `events` hold the one that finishes their run.
-fn ends(events: &[RunEvent]) -> bool {
-    events.iter().any(|e| e.change == RunChange::RunStateChanged && e.state.is_finished())
 }
 
 fn finished(run: &Run) -> WorkflowError {
