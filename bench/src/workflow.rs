@@ -5,8 +5,10 @@
 //! service's commits — is kept at 64 runs in flight. Reported: completed
 //! steps per second beside pgbench's raw commit rate at the same client
 //! count, PostgreSQL commits per step, the per-step overhead (from one step's
-//! end to the next one's start, as the records say), and how soon runs resume
-//! after the engine is killed with SIGKILL and started again.
+//! end to the next one's start, as the records say), the CPU each step costs
+//! chorus, PostgreSQL and this process beside what a pgbench commit costs,
+//! and how soon runs resume after the engine is killed with SIGKILL and
+//! started again.
 
 use std::{
     path::Path,
@@ -27,7 +29,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
-use crate::{pgbench::RawResult, postgres::Admin, server::Server, stats::LatencySummary};
+use crate::{
+    cpu::{CpuSnapshot, CpuUsage},
+    pgbench::RawResult,
+    postgres::Admin,
+    server::Server,
+    stats::LatencySummary,
+};
 
 /// Runs in flight, and pgbench's client count beside them.
 pub(crate) const RUNS_IN_FLIGHT: usize = 64;
@@ -60,6 +68,16 @@ pub(crate) struct WorkflowReport {
     /// kill: under the same engine name, and under a new one.
     pub(crate) resume_same_name: LatencySummary,
     pub(crate) resume_new_name: LatencySummary,
+    /// Where the CPU went while steps were measured (server: chorus), and
+    /// during pgbench's run at the same client count (client: pgbench).
+    pub(crate) cpu: CpuUsage,
+    pub(crate) raw_cpu: CpuUsage,
+}
+
+/// Core time per unit of work, in microseconds: `pct` of one core spent at
+/// `rate` units per second.
+fn micros_per(pct: f64, rate: f64) -> f64 {
+    if rate > 0.0 { pct / 100.0 * 1e6 / rate } else { 0.0 }
 }
 
 fn linear(name: &str, step: &str, count: usize) -> String {
@@ -124,7 +142,8 @@ pub(crate) async fn run(
     raw: &[RawResult],
     interrupt: &CancellationToken,
 ) -> anyhow::Result<WorkflowReport> {
-    let raw_tps = raw.iter().find(|r| r.clients == RUNS_IN_FLIGHT).map_or(0.0, |r| r.tps);
+    let raw_at_runs = raw.iter().find(|r| r.clients == RUNS_IN_FLIGHT);
+    let (raw_tps, raw_cpu) = raw_at_runs.map_or((0.0, CpuUsage::default()), |r| (r.tps, r.cpu));
     admin
         .with_scratch("workflow", interrupt, |db| async move {
             let workdir = tempfile::tempdir()?;
@@ -169,10 +188,12 @@ pub(crate) async fn run(
             tokio::time::sleep(Duration::from_secs(warmup)).await;
             let before = counter.read().await?;
             let xid_before = next_xid(&db.url).await?;
+            let cpu_before = CpuSnapshot::take(Some(server.pid), std::process::id())?;
             measuring.store(true, Ordering::Relaxed);
             let started = Instant::now();
             tokio::time::sleep(Duration::from_secs(seconds)).await;
             let runs = completed.load(Ordering::Relaxed);
+            let cpu = cpu_before.usage_until(&CpuSnapshot::take(Some(server.pid), std::process::id())?);
             let after = counter.read().await?;
             let writes = (next_xid(&db.url).await? - xid_before - 1) as f64;
             let elapsed = started.elapsed().as_secs_f64();
@@ -201,6 +222,8 @@ pub(crate) async fn run(
                 step_latency,
                 resume_same_name,
                 resume_new_name,
+                cpu,
+                raw_cpu,
             })
         })
         .await
@@ -338,6 +361,23 @@ impl std::fmt::Display for WorkflowReport {
             f,
             "| step latency p50 / p99 (webhook + recording) | {:.2} / {:.2} ms | |",
             self.step_latency.p50_ms, self.step_latency.p99_ms
+        )?;
+        let (cpu, raw) = (&self.cpu, &self.raw_cpu);
+        let step = |pct: f64| micros_per(pct, self.steps_per_second);
+        writeln!(
+            f,
+            "| CPU per step: chorus / PostgreSQL / bench (machine {:.0} % busy) | {:.0} / {:.0} / {:.0} µs | |",
+            cpu.machine_busy_pct,
+            step(cpu.server_pct.unwrap_or_default()),
+            step(cpu.postgres_pct),
+            step(cpu.client_pct)
+        )?;
+        writeln!(
+            f,
+            "| CPU per pgbench commit: PostgreSQL / pgbench (machine {:.0} % busy) | {:.0} / {:.0} µs | |",
+            raw.machine_busy_pct,
+            micros_per(raw.postgres_pct, self.raw_tps),
+            micros_per(raw.client_pct, self.raw_tps)
         )?;
         let same = &self.resume_same_name;
         writeln!(
