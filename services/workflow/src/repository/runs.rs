@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 
 use crate::{
-    domain::{NewRun, Run, RunCursor, RunEvent, RunFilter, RunPage},
+    domain::{NewRun, Run, RunCursor, RunEvent, RunFilter, RunPage, RunState},
     error::Result,
 };
 
@@ -101,6 +101,9 @@ pub trait RunRepository: Send + Sync + std::fmt::Debug {
 
     /// A run in a namespace, with everything recorded about it.
     async fn get(&self, namespace: &str, run_id: &str) -> Result<Option<Run>>;
+
+    /// A run's state alone (its body is not read).
+    async fn state(&self, namespace: &str, run_id: &str) -> Result<Option<RunState>>;
 
     /// Newest first, after `after`, at most `limit`.
     async fn list(&self, namespace: &str, filter: &RunFilter, after: Option<RunCursor>, limit: u32) -> Result<RunPage>;

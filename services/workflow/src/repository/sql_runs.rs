@@ -212,6 +212,19 @@ impl RunRepository for SqlRunRepository {
         Ok(run.filter(|run| run.namespace == namespace))
     }
 
+    async fn state(&self, namespace: &str, run_id: &str) -> Result<Option<RunState>> {
+        let row = sqlx::query("SELECT namespace, state FROM workflow_runs WHERE id = $1")
+            .bind(run_id)
+            .fetch_optional(&mut *self.db.read().await?)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        if row.try_get::<String, _>("namespace")? != namespace {
+            return Ok(None);
+        }
+        let state: String = row.try_get("state")?;
+        RunState::parse(&state).map(Some).ok_or_else(|| corrupt(format!("run state {state}")))
+    }
+
     async fn list(&self, namespace: &str, filter: &RunFilter, after: Option<RunCursor>, limit: u32) -> Result<RunPage> {
         let mut sql = format!("SELECT {COLUMNS} FROM workflow_runs WHERE namespace = $1");
         let mut next = 2;

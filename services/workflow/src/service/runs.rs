@@ -207,15 +207,19 @@ impl Workflows {
     }
 
     /// The run once it has finished: as the write of this process that
-    /// finishes it left it, or read every `WATCH_POLL` (for a write of
-    /// another process, or one this waiter lagged behind and missed).
+    /// finishes it left it, or read when its state, looked at every
+    /// `WATCH_POLL`, says it has (a write of another process, or one this
+    /// waiter lagged behind and missed). The look reads the state alone, so
+    /// a wait of hours on a large run costs a key lookup each time.
     pub async fn finished_run(&self, namespace: &str, run_id: &str) -> Result<Run> {
-        // Subscribed before the first read, so no write falls between the two.
+        // Subscribed before the first look, so no write falls between the two.
         let mut feed = self.feed.subscribe(run_id);
         loop {
-            let run = self.get_run(namespace, run_id).await?;
-            if run.state.is_finished() {
-                return Ok(run);
+            let state = self.runs.state(namespace, run_id).await?;
+            match state {
+                None => return Err(WorkflowError::RunNotFound(run_id.to_owned())),
+                Some(state) if state.is_finished() => return self.get_run(namespace, run_id).await,
+                Some(_) => {}
             }
             let poll = tokio::time::Instant::now() + WATCH_POLL;
             while let Ok(Some(fed)) = tokio::time::timeout_at(poll, feed.next()).await {
