@@ -53,13 +53,20 @@ impl LocalEngine {
         let active = self.drivers.lock().expect("drivers lock poisoned").len();
         let room = usize::try_from(config.max_active_runs).unwrap_or(usize::MAX) > active;
         (room && !self.shutdown.is_cancelled())
-            .then(|| Taker { owner: self.owner.clone(), lease_until: now + micros(config.lease()) })
+            .then(|| Taker { owner: self.owner.clone(), lease_until: lease_end(config, now) })
     }
 
     /// Drives a run created claimed for this engine.
     pub(crate) fn drive(&self, workflows: &Workflows, claim: Claim) {
         start_driver(workflows, &self.drivers, claim, &self.shutdown);
     }
+}
+
+/// When a claim this engine makes (or renews) at `now` ends: every claim is
+/// made so, which is what lets a restarted engine tell its claims from before
+/// (see `spawn`).
+fn lease_end(config: &WorkflowConfig, now: i64) -> i64 {
+    now + micros(config.lease())
 }
 
 /// Starts the engine's loops; they end with `shutdown`. Runs started through
@@ -73,7 +80,7 @@ pub fn spawn(workflows: Workflows, triggers: Option<TriggerSource>, shutdown: Ca
     tracing::info!(engine = %owner, "workflow engine started");
     // Every claim this engine makes from now on ends later than this; one
     // of its name that ends sooner was made before it started.
-    let claimed_before = now_micros() + micros(workflows.config().lease());
+    let claimed_before = lease_end(workflows.config(), now_micros());
     let drivers = Drivers::default();
     workflows.attach_engine(LocalEngine {
         owner: owner.clone(),
@@ -99,7 +106,7 @@ async fn claim_loop(
     // renewed only once the runs from before are back: renewed first, their
     // claims would never lapse, and nobody would drive them.
     loop {
-        match workflows.runs.adopt(&owner, claimed_before, now_micros() + micros(config.lease())).await {
+        match workflows.runs.adopt(&owner, claimed_before, lease_end(&config, now_micros())).await {
             Ok(claims) => {
                 if !claims.is_empty() {
                     tracing::info!(runs = claims.len(), "resuming the runs this engine held before it restarted");
@@ -123,7 +130,7 @@ async fn claim_loop(
         let free = config.max_active_runs.saturating_sub(u32::try_from(active).unwrap_or(u32::MAX));
         if free > 0 {
             let now = now_micros();
-            match workflows.runs.claim_due(&owner, now, now + micros(config.lease()), free).await {
+            match workflows.runs.claim_due(&owner, now, lease_end(&config, now), free).await {
                 Ok(claims) => {
                     for claim in claims {
                         start_driver(&workflows, &drivers, claim, &shutdown);
@@ -171,7 +178,7 @@ async fn renew_loop(workflows: Workflows, owner: String, shutdown: CancellationT
             () = tokio::time::sleep(lease / 3) => {}
             () = shutdown.cancelled() => return,
         }
-        if let Err(error) = workflows.runs.renew(&owner, now_micros() + micros(lease)).await {
+        if let Err(error) = workflows.runs.renew(&owner, lease_end(workflows.config(), now_micros())).await {
             tracing::warn!(%error, "cannot renew run claims");
         }
         if last_purge.elapsed() >= PURGE_EVERY {
