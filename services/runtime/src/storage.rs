@@ -27,6 +27,7 @@ use crate::{batch::Batcher, wakeup::Wakeups};
 #[cfg(test)]
 mod demo;
 mod errors;
+mod grouped;
 mod lane;
 mod scripts;
 mod sql;
@@ -227,6 +228,9 @@ pub struct Db {
     /// SQLite's transaction scripts, waiting for the writer in batches
     /// ([`run_transaction_script`](Self::run_transaction_script)).
     scripts: Batcher<scripts::PendingScript, scripts::ScriptAnswer>,
+    /// PostgreSQL's writes of one statement, waiting in batches
+    /// ([`run_grouped`](Self::run_grouped)).
+    statements: Batcher<grouped::PendingStatement, scripts::ScriptAnswer>,
     backend: Backend,
     url: String,
 }
@@ -305,7 +309,8 @@ impl Db {
             sqlite::spawn_checkpoints((readers.clone(), Arc::clone(readers_lane)), Arc::downgrade(&lane));
         }
         let scripts = scripts::script_batcher(pool.clone(), Arc::clone(&lane));
-        Ok(Self { pool, lane, readers, scripts, backend, url: url.to_owned() })
+        let statements = grouped::statement_batcher(pool.clone(), Arc::clone(&lane));
+        Ok(Self { pool, lane, readers, scripts, statements, backend, url: url.to_owned() })
     }
 
     /// A connection for reads outside any transaction. On a SQLite file, one

@@ -303,7 +303,7 @@ async fn undo(connection: &mut Unfinished) -> Result<(), sqlx::Error> {
 
 /// An answer for each of `count` scripts their batch could not write:
 /// unavailable, as each may land when tried again.
-fn each_failed(count: usize, error: &sqlx::Error) -> Vec<ScriptAnswer> {
+pub(super) fn each_failed(count: usize, error: &sqlx::Error) -> Vec<ScriptAnswer> {
     (0..count)
         .map(|_| Err(sqlx::Error::Io(std::io::Error::other(format!("the writes were not committed: {error}")))))
         .collect()

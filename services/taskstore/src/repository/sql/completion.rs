@@ -235,14 +235,14 @@ impl SqlTaskRepository {
         completion: Completion,
         artifacts: &[Artifact],
     ) -> Result<Option<Task>> {
-        let mut conn = self.db.acquire().await?;
         // Most completed tasks have no owner: try that statement first, then
-        // the one that also writes the owner's inbox.
+        // the one that also writes the owner's inbox. Each commits with the
+        // writes that wait with it.
         let with_message = completion.status.message.is_some();
         let mut found = None;
         for statements in COMPLETE_POSTGRES.iter() {
             let statement = &statements[usize::from(with_message)][usize::from(completion.stored.is_some())];
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
+            let mut query = sqlx::query(statement.as_str())
                 .bind(namespace)
                 .bind(task_id)
                 .bind(lease_id)
@@ -256,7 +256,7 @@ impl SqlTaskRepository {
             if let Some(stored) = &completion.stored {
                 query = query.bind(stored.as_str());
             }
-            found = query.fetch_optional(&mut *conn).await?;
+            found = self.db.run_grouped(query).await?.into_iter().next();
             if found.is_some() {
                 break;
             }
@@ -269,7 +269,7 @@ impl SqlTaskRepository {
         history.extend(completion.status.message);
         if i64::try_from(history.len()) != Ok(record.history_count) {
             // A message added while the statement waited for the row.
-            return Ok(Some(complete_task_view(&mut conn, record, None, true).await?));
+            return Ok(Some(complete_task_view(&mut *self.db.read().await?, record, None, true).await?));
         }
         for artifact in artifacts {
             match stored_before.iter_mut().find(|stored| stored.artifact_id == artifact.artifact_id) {

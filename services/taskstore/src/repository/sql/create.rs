@@ -116,7 +116,10 @@ pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> R
     let query = match &writer {
         Writer::In(_, Backend::Postgres) => sqlx::query(INSERT_TASK_POSTGRES[shape].as_str()),
         Writer::In(_, Backend::Sqlite) => sqlx::query(INSERT_TASK_SQLITE[shape].as_str()),
-        Writer::OwnTransaction(_) => INSERT_TASK_SCRIPT[shape].query(),
+        Writer::OwnTransaction(db) => match db.backend() {
+            Backend::Postgres => sqlx::query(INSERT_TASK_POSTGRES[shape].as_str()),
+            Backend::Sqlite => INSERT_TASK_SCRIPT[shape].query(),
+        },
     };
     // One round trip writes the task, its history, artifacts and events.
     let query = query
@@ -153,7 +156,10 @@ pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> R
     // row or not, when asked for one row only.
     let rows = match writer {
         Writer::In(conn, _) => query.fetch_all(conn).await?,
-        Writer::OwnTransaction(db) => db.run_transaction_script(&INSERT_TASK_SCRIPT[shape], query).await?,
+        Writer::OwnTransaction(db) => match db.backend() {
+            Backend::Postgres => db.run_grouped(query).await?,
+            Backend::Sqlite => db.run_transaction_script(&INSERT_TASK_SCRIPT[shape], query).await?,
+        },
     };
     let inserted: i64 = rows.last().map(|row| row.try_get("inserted")).transpose()?.unwrap_or(0);
     Ok((inserted != 0).then_some(task))
@@ -207,9 +213,11 @@ static INSERT_TASK_POSTGRES: LazyLock<[String; 2]> = LazyLock::new(|| {
     })
 });
 
-/// Where [`insert_task`] writes: in a transaction (or, on PostgreSQL, a
-/// connection) the caller holds, or, on SQLite, as a script that lands whole
-/// (see [`Db::run_transaction_script`](chorus_runtime::storage::Db::run_transaction_script)).
+/// Where [`insert_task`] writes: in a transaction the caller holds, or in
+/// one of its own or of the batch it waits in: on PostgreSQL as one
+/// statement (see [`Db::run_grouped`](chorus_runtime::storage::Db::run_grouped)),
+/// on SQLite as a script that lands whole (see
+/// [`Db::run_transaction_script`](chorus_runtime::storage::Db::run_transaction_script)).
 pub(super) enum Writer<'c> {
     In(&'c mut AnyConnection, Backend),
     OwnTransaction(&'c chorus_runtime::storage::Db),
@@ -269,14 +277,9 @@ impl SqlTaskRepository {
             handoff: handoff.as_ref(),
             answer: new.answer.as_ref(),
         };
-        // One round trip: on PostgreSQL a statement, its own transaction; on
-        // SQLite a script in a transaction of its own.
-        let inserted = match self.backend() {
-            Backend::Postgres => {
-                insert_task(Writer::In(&mut *self.db.acquire().await?, Backend::Postgres), insert).await?
-            }
-            Backend::Sqlite => insert_task(Writer::OwnTransaction(&self.db), insert).await?,
-        };
+        // One round trip: on PostgreSQL a statement, on SQLite a script, in
+        // a transaction of its own or of the batch it waits in.
+        let inserted = insert_task(Writer::OwnTransaction(&self.db), insert).await?;
         let Some(task) = inserted else {
             let task = self.existing(&new.namespace, request_key).await?;
             return Ok(Created { task, handed_off: false });
