@@ -41,13 +41,13 @@ macro_rules! insert_run {
 
 const INSERT_RUN: &str = insert_run!();
 /// The run and its events ($16, a JSON array of their bodies) in one
-/// statement, its own transaction.
+/// statement, committed with the writes that wait with it; a row per event.
 const INSERT_RUN_POSTGRES: &str = concat!(
     "WITH run AS (",
     insert_run!(),
     " RETURNING id) INSERT INTO workflow_run_events (run_id, body, created_at) \
      SELECT id, e.body, $10 FROM run, json_array_elements_text(CAST($16 AS json)) WITH ORDINALITY AS e(body, n) \
-     ORDER BY e.n"
+     ORDER BY e.n RETURNING 1"
 );
 
 /// Run storage on a [`Db`].
@@ -165,8 +165,9 @@ impl RunRepository for SqlRunRepository {
         };
         let inserted = match self.db.backend() {
             Backend::Postgres => {
+                // A row per event logged: none when the run was not inserted.
                 let query = bind(INSERT_RUN_POSTGRES).bind(serde_json::to_string(&events).map_err(corrupt)?);
-                query.execute(&mut *self.db.acquire().await?).await?.rows_affected() > 0
+                !self.db.run_grouped(query).await?.is_empty()
             }
             Backend::Sqlite => {
                 let mut tx = self.db.begin().await?;
