@@ -49,7 +49,8 @@ pub(super) fn statement_batcher(pool: AnyPool, lane: Arc<Lane>) -> Batcher<Pendi
     })
 }
 
-/// Runs `statement` once more; its parameters are shared, not copied.
+/// Runs `statement` with a copy of its parameters, so that it can run again
+/// (their values are shared, not copied).
 async fn execute(connection: &mut Unfinished, (sql, arguments): &PendingStatement) -> ScriptAnswer {
     let mut copy = AnyArguments::default();
     copy.values.0.extend(arguments.values.0.iter().cloned());
@@ -86,13 +87,17 @@ async fn together(mut connection: Unfinished, statements: Vec<PendingStatement>)
     }
 }
 
-/// Each statement in a transaction of its own (autocommit).
+/// Each statement in a transaction of its own (autocommit). After an error
+/// the connection is not trusted as it is: it goes back through a rollback,
+/// and is closed if that fails too.
 async fn each_alone(mut connection: Unfinished, statements: Vec<PendingStatement>) -> Vec<ScriptAnswer> {
     let mut answers = Vec::with_capacity(statements.len());
     for statement in &statements {
         answers.push(execute(&mut connection, statement).await);
     }
-    connection.finish();
+    if answers.iter().all(Result::is_ok) {
+        connection.finish();
+    }
     answers
 }
 
