@@ -152,7 +152,9 @@ impl SqlEventRepository {
     /// Creates pending deliveries of the events `first..=last` for every
     /// handler (or only `handler`) that takes them; existing ones are kept.
     /// Events just published have none yet (their sequences are new under
-    /// the head's lock), so their insert skips the conflict check.
+    /// the head's lock), so their insert skips the conflict check. A
+    /// namespace without handlers is seen first, by one probe, and its
+    /// events are not read at all.
     pub(super) async fn fan_out(
         &self,
         conn: &mut sqlx::AnyConnection,
@@ -166,7 +168,8 @@ impl SqlEventRepository {
             "INSERT INTO eventbus_deliveries (namespace, sequence, handler, state, attempt, created_at, updated_at) \
              SELECT DISTINCT e.namespace, e.sequence, t.handler, 'pending', 0, $4, $4 \
              FROM eventbus_events e JOIN eventbus_handler_types t ON t.namespace = e.namespace AND {} \
-             WHERE e.namespace = $1 AND e.sequence >= $2 AND e.sequence <= $3 AND ($5 = '' OR t.handler = $5){}",
+             WHERE e.namespace = $1 AND e.sequence >= $2 AND e.sequence <= $3 AND ($5 = '' OR t.handler = $5) \
+             AND EXISTS (SELECT 1 FROM eventbus_handler_types h WHERE h.namespace = $1){}",
             self.type_match("e.type", "t.matcher"),
             if handler.is_some() { " ON CONFLICT (namespace, sequence, handler) DO NOTHING" } else { "" }
         );
