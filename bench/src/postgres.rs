@@ -88,6 +88,19 @@ impl Admin {
         Ok(settings)
     }
 
+    /// The libraries the server loads into every backend
+    /// (`shared_preload_libraries`); empty when none.
+    pub(crate) async fn preloaded_libraries(&self) -> anyhow::Result<String> {
+        let mut connection = self.connect().await?;
+        let libraries: String =
+            sqlx::query_scalar("SELECT setting FROM pg_settings WHERE name = 'shared_preload_libraries'")
+                .fetch_one(&mut connection)
+                .await
+                .context("reading shared_preload_libraries")?;
+        connection.close().await.context("closing the admin connection")?;
+        Ok(libraries)
+    }
+
     /// Drops the scratch databases of earlier runs whose process has exited.
     pub(crate) async fn drop_stale(&self) -> anyhow::Result<Vec<String>> {
         let mut connection = self.connect().await?;
