@@ -63,42 +63,31 @@ impl Admin {
         PgConnection::connect(&self.url).await.context("cannot connect to PostgreSQL (see --postgres-url)")
     }
 
+    /// One text value read over a connection of its own; `what` names it in errors.
+    async fn text(&self, sql: &'static str, what: &str) -> anyhow::Result<String> {
+        let mut connection = self.connect().await?;
+        let value: String =
+            sqlx::query_scalar(sql).fetch_one(&mut connection).await.with_context(|| format!("reading {what}"))?;
+        connection.close().await.context("closing the admin connection")?;
+        Ok(value)
+    }
+
     /// The server's version string.
     pub(crate) async fn server_version(&self) -> anyhow::Result<String> {
-        let mut connection = self.connect().await?;
-        let version: String = sqlx::query_scalar("SHOW server_version")
-            .fetch_one(&mut connection)
-            .await
-            .context("SHOW server_version")?;
-        connection.close().await.context("closing the admin connection")?;
-        Ok(version)
+        self.text("SHOW server_version", "server_version").await
     }
 
     /// The settings that decide whether a commit waits for the disk.
     pub(crate) async fn durability(&self) -> anyhow::Result<String> {
-        let mut connection = self.connect().await?;
-        let settings: String = sqlx::query_scalar(
-            "SELECT string_agg(name || '=' || setting, ', ' ORDER BY name) FROM pg_settings \
-             WHERE name IN ('fsync', 'synchronous_commit', 'wal_sync_method')",
-        )
-        .fetch_one(&mut connection)
-        .await
-        .context("reading pg_settings")?;
-        connection.close().await.context("closing the admin connection")?;
-        Ok(settings)
+        let sql = "SELECT string_agg(name || '=' || setting, ', ' ORDER BY name) FROM pg_settings \
+                   WHERE name IN ('fsync', 'synchronous_commit', 'wal_sync_method')";
+        self.text(sql, "pg_settings").await
     }
 
     /// The libraries the server loads into every backend
     /// (`shared_preload_libraries`); empty when none.
     pub(crate) async fn preloaded_libraries(&self) -> anyhow::Result<String> {
-        let mut connection = self.connect().await?;
-        let libraries: String =
-            sqlx::query_scalar("SELECT setting FROM pg_settings WHERE name = 'shared_preload_libraries'")
-                .fetch_one(&mut connection)
-                .await
-                .context("reading shared_preload_libraries")?;
-        connection.close().await.context("closing the admin connection")?;
-        Ok(libraries)
+        self.text("SHOW shared_preload_libraries", "shared_preload_libraries").await
     }
 
     /// Drops the scratch databases of earlier runs whose process has exited.

@@ -14,7 +14,7 @@ use sqlx::{Any, AnyPool, Execute as _, SqlStr, any::AnyArguments, query::Query};
 use super::{
     Backend, Db,
     lane::{Lane, Unfinished},
-    scripts::{ScriptAnswer, each_failed},
+    scripts::{ScriptAnswer, each_failed, lane_batcher},
 };
 use crate::batch::Batcher;
 
@@ -33,19 +33,12 @@ const IN_FLIGHT: usize = 4;
 
 /// Serves the statements waiting at the same time in one transaction.
 pub(super) fn statement_batcher(pool: AnyPool, lane: Arc<Lane>) -> Batcher<PendingStatement, ScriptAnswer> {
-    Batcher::new(BATCH, IN_FLIGHT, move |statements: Vec<PendingStatement>| {
-        let (pool, lane) = (pool.clone(), Arc::clone(&lane));
-        async move {
-            let connection = match lane.acquire(&pool).await {
-                Ok(connection) => Unfinished::new(connection),
-                Err(error) => return each_failed(statements.len(), &error),
-            };
-            if statements.len() == 1 {
-                return each_alone(connection, statements).await;
-            }
-            together(connection, statements).await
+    lane_batcher(pool, lane, BATCH, IN_FLIGHT, |connection, statements| {
+        if statements.len() == 1 {
+            each_alone(connection, statements).boxed()
+        } else {
+            together(connection, statements).boxed()
         }
-        .boxed()
     })
 }
 

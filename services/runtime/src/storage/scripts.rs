@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, LazyLock, OnceLock};
 
-use futures_util::{FutureExt as _, TryStreamExt as _};
+use futures_util::{FutureExt as _, TryStreamExt as _, future::BoxFuture};
 use sqlx::{
     Any, AnyPool, Arguments as _, AssertSqlSafe, Either, Execute as _, Executor as _,
     any::{AnyArguments, AnyRow},
@@ -151,17 +151,36 @@ const RUN_SIZES: usize = BATCH.ilog2() as usize + 1;
 /// Serves the scripts waiting for the writer at the same time in one
 /// transaction, one commit for all, a batch at a time (there is one writer).
 pub(super) fn script_batcher(pool: AnyPool, lane: Arc<Lane>) -> Batcher<PendingScript, ScriptAnswer> {
-    Batcher::new(BATCH, 1, move |scripts: Vec<PendingScript>| {
-        let (pool, lane) = (pool.clone(), Arc::clone(&lane));
+    lane_batcher(pool, lane, BATCH, 1, |connection, scripts| {
         async move {
-            let count = scripts.len();
-            let connection = match lane.acquire(&pool).await {
-                Ok(connection) => Unfinished::new(connection),
-                Err(error) => return each_failed(count, &error),
-            };
             match <[PendingScript; 1]>::try_from(scripts) {
                 Ok([(_, query)]) => vec![alone(connection, query).await],
                 Err(scripts) => together(connection, scripts).await,
+            }
+        }
+        .boxed()
+    })
+}
+
+/// A batch of writes served on one of the lane's connections.
+pub(super) type ServeOnLane<T> = fn(Unfinished, Vec<T>) -> BoxFuture<'static, Vec<ScriptAnswer>>;
+
+/// Serves batches of at most `limit` writes, up to `in_flight` at once, each
+/// with `serve` on a connection of the lane; a batch that gets no connection
+/// fails whole.
+pub(super) fn lane_batcher<T: Send + 'static>(
+    pool: AnyPool,
+    lane: Arc<Lane>,
+    limit: usize,
+    in_flight: usize,
+    serve: ServeOnLane<T>,
+) -> Batcher<T, ScriptAnswer> {
+    Batcher::new(limit, in_flight, move |batch: Vec<T>| {
+        let (pool, lane) = (pool.clone(), Arc::clone(&lane));
+        async move {
+            match lane.acquire(&pool).await {
+                Ok(connection) => serve(Unfinished::new(connection), batch).await,
+                Err(error) => each_failed(batch.len(), &error),
             }
         }
         .boxed()
