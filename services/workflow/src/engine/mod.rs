@@ -1,7 +1,10 @@
 //! The engine: claims runs that are due, drives each until it needs no
 //! engine, renews its claims, and purges runs past their retention. Several
 //! engines share one database; a run's claim lapses `lease_ms` after its
-//! engine stops renewing it, and another engine resumes it.
+//! engine stops renewing it, and another engine resumes it. The claim loop
+//! also gives a new database its first statistics (see
+//! `Db::analyze_once_filled`): the batched write of the runs an engine holds
+//! otherwise kept a plan made on the empty table, which read every run.
 
 mod driver;
 mod gates;
@@ -29,6 +32,8 @@ use crate::{
 
 /// How often finished runs past their retention are deleted.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
+/// Runs a new database holds when the claim loop gives it its first statistics.
+const FIRST_STATISTICS_AT: i64 = 100;
 
 /// The drivers of one engine, by run id: each takes newer claims of its run.
 type Drivers = Arc<Mutex<HashMap<String, watch::Sender<Fence>>>>;
@@ -124,6 +129,7 @@ async fn claim_loop(
         }
     }
     tokio::spawn(renew_loop(workflows.clone(), owner.clone(), shutdown.clone()));
+    let mut has_statistics = false;
     while !shutdown.is_cancelled() {
         let mut waiter = workflows.wakeups.waiter(ENGINE_KEY);
         let active = drivers.lock().expect("drivers lock poisoned").len();
@@ -138,6 +144,12 @@ async fn claim_loop(
                 }
                 Err(error) => tracing::warn!(%error, "cannot claim due runs"),
             }
+        }
+        if !has_statistics {
+            has_statistics = workflows.runs.first_statistics(FIRST_STATISTICS_AT).await.unwrap_or_else(|error| {
+                tracing::warn!(%error, "cannot analyse the run tables; retrying");
+                false
+            });
         }
         tokio::select! {
             () = waiter.wait(config.poll()) => {}

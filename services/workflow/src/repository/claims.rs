@@ -79,7 +79,7 @@ impl SqlRunRepository {
         let rows = query.fetch_all(&mut *self.db.acquire().await?).await?;
         let mut claims = Vec::with_capacity(rows.len());
         for row in &rows {
-            let stored = decode(row)?;
+            let stored = Stored { fresh: true, ..decode(row)? };
             let fence = stored.lease.clone().ok_or_else(|| corrupt("a claimed run without its claim"))?;
             let claim = Claim::on(&stored.run, fence);
             self.held.hold(&claim.run_id, Some(stored));

@@ -24,7 +24,10 @@ use super::{
     run_rows::{Stored, encode_body, event_bodies, purge_at, recorded, settle},
     runs::{Change, Fence, Transition, Written},
 };
-use crate::{domain::Run, engine::schedule::changes};
+use crate::{
+    domain::{Run, RunState},
+    engine::schedule::changes,
+};
 
 /// The most writes one batch carries, and batches at once.
 const BATCH: usize = 128;
@@ -96,6 +99,12 @@ impl HeldRuns {
         (stored.run.namespace == namespace && stored.lease.as_ref() == Some(fence)).then_some(stored)
     }
 
+    /// The state of a run this engine holds, as it last wrote it.
+    pub(super) fn state(&self, namespace: &str, run_id: &str) -> Option<RunState> {
+        let held = self.runs.lock().unwrap_or_else(PoisonError::into_inner);
+        held.get(run_id).filter(|stored| stored.run.namespace == namespace).map(|stored| stored.run.state)
+    }
+
     /// Remembers (or, with `None`, forgets) how this engine left a run it holds.
     pub(super) fn hold(&self, run_id: &str, stored: Option<Stored>) {
         let mut held = self.runs.lock().unwrap_or_else(PoisonError::into_inner);
@@ -157,6 +166,7 @@ impl HeldRuns {
             due_at: transition.due_at,
             lease: stored.lease,
             revision,
+            fresh: false,
         });
         self.hold(&run.id, kept);
         revision

@@ -20,6 +20,10 @@ pub(super) struct Stored {
     pub(super) due_at: Option<i64>,
     pub(super) lease: Option<Fence>,
     pub(super) revision: i64,
+    /// The row as a claim or create of this process has just returned or
+    /// written it, not yet looked at by a transition: the engine's first
+    /// transition of the run trusts it without reading the row's revision.
+    pub(super) fresh: bool,
 }
 
 /// Settles a transition's due time and tells whether the transition leaves
@@ -71,6 +75,7 @@ pub(super) fn decode(row: &AnyRow) -> Result<Stored> {
         due_at: row.try_get("due_at")?,
         lease: owner.map(|owner| Fence { owner, token }),
         revision: row.try_get("revision")?,
+        fresh: false,
     })
 }
 

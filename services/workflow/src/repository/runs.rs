@@ -105,6 +105,11 @@ pub trait RunRepository: Send + Sync + std::fmt::Debug {
     /// A run's state alone (its body is not read).
     async fn state(&self, namespace: &str, run_id: &str) -> Result<Option<RunState>>;
 
+    /// The state of a run this process's engine holds, as the engine last
+    /// wrote it, without a read (a change made since by another process is
+    /// not in it); `None` when the engine holds no such run.
+    fn held_state(&self, namespace: &str, run_id: &str) -> Option<RunState>;
+
     /// Newest first, after `after`, at most `limit`.
     async fn list(&self, namespace: &str, filter: &RunFilter, after: Option<RunCursor>, limit: u32) -> Result<RunPage>;
 
@@ -120,6 +125,10 @@ pub trait RunRepository: Send + Sync + std::fmt::Debug {
         now: i64,
         change: &mut Change<'_>,
     ) -> Result<Written>;
+
+    /// Gives the run tables their first statistics once they hold `min_runs`
+    /// runs, if the database has none yet; whether it has now.
+    async fn first_statistics(&self, min_runs: i64) -> Result<bool>;
 
     /// Claims up to `limit` runs that are due and not claimed by a live
     /// engine, until `lease_until`.

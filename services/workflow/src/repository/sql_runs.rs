@@ -199,6 +199,7 @@ impl RunRepository for SqlRunRepository {
                 due_at,
                 lease: Some(fence),
                 revision: 0,
+                fresh: true,
             };
             self.held.hold(&run.id, Some(stored));
             claim
@@ -224,6 +225,10 @@ impl RunRepository for SqlRunRepository {
         }
         let state: String = row.try_get("state")?;
         RunState::parse(&state).map(Some).ok_or_else(|| corrupt(format!("run state {state}")))
+    }
+
+    fn held_state(&self, namespace: &str, run_id: &str) -> Option<RunState> {
+        self.held.state(namespace, run_id)
     }
 
     async fn list(&self, namespace: &str, filter: &RunFilter, after: Option<RunCursor>, limit: u32) -> Result<RunPage> {
@@ -300,15 +305,20 @@ impl RunRepository for SqlRunRepository {
             match self.held.transition(held, now, change).await {
                 HeldOutcome::Written(written) => return Ok(written),
                 // Nothing to write: the copy answers if the row is still the
-                // one it copies, which one read of its revision tells.
-                HeldOutcome::Unchanged(stored) if self.unchanged_since(&stored).await? => {
+                // one it copies, which one read of its revision tells — or,
+                // for the first look at a run just claimed or created here,
+                // the claim or create itself did (every write of it is fenced
+                // by the revision; one made meanwhile by this process's API
+                // dropped the copy, one made elsewhere makes the next write
+                // miss, like one made just after a read).
+                HeldOutcome::Unchanged(stored) if stored.fresh || self.unchanged_since(&stored).await? => {
                     let written = Written {
                         run: stored.run.clone(),
                         revision: stored.revision,
                         wrote: false,
                         events: Vec::new(),
                     };
-                    self.held.hold(run_id, Some(stored));
+                    self.held.hold(run_id, Some(Stored { fresh: false, ..stored }));
                     return Ok(written);
                 }
                 HeldOutcome::Unchanged(_) | HeldOutcome::Missed => {}
@@ -372,10 +382,21 @@ impl RunRepository for SqlRunRepository {
             self.wake_next(&mut tx, &run, now).await?;
         }
         tx.commit().await?;
-        let revision =
-            if fence.is_some() { self.held.hold_written(stored, &run, transition) } else { stored.revision + 1 };
+        let revision = if fence.is_some() {
+            self.held.hold_written(stored, &run, transition)
+        } else {
+            // A change from outside the engine (an API call): the engine's
+            // copy, if it holds the run, is behind the row now.
+            self.held.hold(run_id, None);
+            stored.revision + 1
+        };
         let events = recorded(&run, events, ids, now);
         Ok(Written { run, revision, wrote: true, events })
+    }
+
+    async fn first_statistics(&self, min_runs: i64) -> Result<bool> {
+        const TABLES: [&str; 2] = ["workflow_runs", "workflow_run_events"];
+        Ok(self.db.analyze_once_filled("workflow_runs", &TABLES, min_runs).await?)
     }
 
     async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: u32) -> Result<Vec<Claim>> {

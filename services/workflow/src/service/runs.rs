@@ -210,12 +210,17 @@ impl Workflows {
     /// finishes it left it, or read when its state, looked at every
     /// `WATCH_POLL`, says it has (a write of another process, or one this
     /// waiter lagged behind and missed). The look reads the state alone, so
-    /// a wait of hours on a large run costs a key lookup each time.
+    /// a wait of hours on a large run costs a key lookup each time; the
+    /// first look at a run this process's engine drives reads nothing.
     pub async fn finished_run(&self, namespace: &str, run_id: &str) -> Result<Run> {
         // Subscribed before the first look, so no write falls between the two.
         let mut feed = self.feed.subscribe(run_id);
+        let mut held = self.runs.held_state(namespace, run_id);
         loop {
-            let state = self.runs.state(namespace, run_id).await?;
+            let state = match held.take() {
+                Some(state) => Some(state),
+                None => self.runs.state(namespace, run_id).await?,
+            };
             match state {
                 None => return Err(WorkflowError::RunNotFound(run_id.to_owned())),
                 Some(state) if state.is_finished() => return self.get_run(namespace, run_id).await,

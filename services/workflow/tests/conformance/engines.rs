@@ -23,6 +23,8 @@ chorus_runtime::backend_suite!(crate::harness::Harness::bare;
     an_engine_restarted_under_its_name_resumes_its_runs_at_once,
     webhooks_to_private_addresses_are_refused_unless_allowed,
     an_engine_never_writes_its_copy_of_a_run_over_a_change_made_meanwhile,
+    a_change_made_here_before_the_engines_first_look_is_seen,
+    a_new_database_gets_its_first_statistics_once_it_holds_runs,
     a_run_that_stays_due_keeps_the_time_it_became_due,
     the_engine_writes_the_run_it_holds_without_reading_it,
     a_renewal_extends_every_claim_even_one_locked_meanwhile,
@@ -317,6 +319,54 @@ async fn the_engine_writes_the_run_it_holds_without_reading_it(h: Harness) {
     let mut keys: Vec<&str> = stored.body.input.keys().map(String::as_str).collect();
     keys.sort_unstable();
     assert_eq!(keys, ["first", "second"], "written from the held copy, in one statement");
+}
+
+/// The run tables of a new PostgreSQL database are analysed once they hold
+/// a few runs (SQLite needs no statistics), events with them.
+async fn a_new_database_gets_its_first_statistics_once_it_holds_runs(h: Harness) {
+    let runs = SqlRunRepository::new(h.db.clone());
+    let postgres = h.db.backend() == chorus_runtime::storage::Backend::Postgres;
+    assert_eq!(runs.first_statistics(3).await.expect("look"), !postgres, "no runs yet");
+    for n in 0..3 {
+        runs.create(bare_run(&format!("run-{n}")), None, 1).await.expect("create");
+    }
+    // Row counts reach the activity statistics within a second or so.
+    let started = tokio::time::Instant::now();
+    while !runs.first_statistics(3).await.expect("look") {
+        assert!(started.elapsed() < Duration::from_secs(10), "never analysed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if postgres {
+        let events: f32 =
+            sqlx::query_scalar("SELECT reltuples FROM pg_class WHERE oid = to_regclass('workflow_run_events')")
+                .fetch_one(&mut *h.db.acquire().await.expect("a connection"))
+                .await
+                .expect("reltuples");
+        assert_eq!(events, 3.0, "the events table was analysed with it (a creation event per run)");
+    }
+}
+
+/// The engine's first look at a run created (or claimed) for it trusts the
+/// copy the create left, without a read; a change this process makes before
+/// that look drops the copy, so the look reads the row and sees the change.
+async fn a_change_made_here_before_the_engines_first_look_is_seen(h: Harness) {
+    let runs = SqlRunRepository::new(h.db.clone());
+    let taker = Taker { owner: "engine-a".into(), lease_until: 100 };
+    let created = runs.create(bare_run("run-fresh"), Some(&taker), 1).await.expect("create");
+    let fence = created.claim.expect("created claimed").fence;
+    assert_eq!(runs.held_state(NS, "run-fresh"), Some(RunState::Pending), "held as created");
+    assert_eq!(runs.held_state("elsewhere", "run-fresh"), None, "held in its namespace only");
+    let keep = Transition { due_at: Some(0), release: false };
+    let mut api = |run: &mut chorus_workflow::domain::Run, _: bool| {
+        run.body.input.insert("api".into(), json!(true));
+        Ok(keep)
+    };
+    runs.transition(NS, "run-fresh", None, 2, &mut api).await.expect("the API writes");
+    assert_eq!(runs.held_state(NS, "run-fresh"), None, "the engine's copy is dropped");
+    let mut nothing = |_: &mut chorus_workflow::domain::Run, _: bool| Ok(keep);
+    let seen = runs.transition(NS, "run-fresh", Some(&fence), 3, &mut nothing).await.expect("the first look").run;
+    assert!(seen.body.input.contains_key("api"), "{:?}", seen.body.input);
+    assert_eq!(runs.held_state(NS, "run-fresh"), Some(RunState::Pending), "held again, as read");
 }
 
 /// The engine holding a run writes its changes over its own last write
