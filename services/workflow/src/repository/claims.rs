@@ -32,13 +32,11 @@ impl SqlRunRepository {
     /// `id` among the ids `subquery` locks, skipping rows locked elsewhere.
     ///
     /// On PostgreSQL the ids are an array the rows are then found by, one
-    /// primary-key lookup each. As `id IN (subquery)` the planner joined the
-    /// subquery's rows with the table, and for a claim of up to 450 runs (an
-    /// engine's free room) it expected so many that it read the whole table
-    /// to hash-join them, however few were due: 600 reads of every run ever
-    /// kept in 15 s of one bench run, PostgreSQL's CPU per step up by a
-    /// third. The cached plan kept that choice for the connection's life,
-    /// so whether a process got it was luck: one bench run in four did.
+    /// primary-key lookup each, however many the planner expects. As
+    /// `id IN (subquery)` it joined the subquery's rows with the table, and
+    /// for a claim of up to 450 runs (an engine's free room) it expected so
+    /// many that it read the whole table to hash-join them: a bench run
+    /// caught a claim of the few due runs reading all 10,689, every poll.
     fn among_locked(&self, subquery: &str) -> String {
         match self.db.backend() {
             Backend::Postgres => format!("id = ANY(ARRAY({subquery} FOR UPDATE SKIP LOCKED))"),
