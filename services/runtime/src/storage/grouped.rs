@@ -43,7 +43,7 @@ pub(super) fn statement_batcher(pool: AnyPool, lane: Arc<Lane>) -> Batcher<Pendi
 }
 
 /// Runs `statement` with a copy of its parameters, so that it can run again
-/// (their values are shared, not copied).
+/// alone if its batch fails.
 async fn execute(connection: &mut Unfinished, (sql, arguments): &PendingStatement) -> ScriptAnswer {
     let mut copy = AnyArguments::default();
     copy.values.0.extend(arguments.values.0.iter().cloned());
@@ -80,13 +80,14 @@ async fn together(mut connection: Unfinished, statements: Vec<PendingStatement>)
     }
 }
 
-/// Each statement in a transaction of its own (autocommit). After an error
-/// the connection is not trusted as it is: it goes back through a rollback,
-/// and is closed if that fails too.
+/// Each statement in a transaction of its own (autocommit), its last run:
+/// it takes its parameters as they are. After an error the connection is not
+/// trusted as it is: it goes back through a rollback, and is closed if that
+/// fails too.
 async fn each_alone(mut connection: Unfinished, statements: Vec<PendingStatement>) -> Vec<ScriptAnswer> {
     let mut answers = Vec::with_capacity(statements.len());
-    for statement in &statements {
-        answers.push(execute(&mut connection, statement).await);
+    for (sql, arguments) in statements {
+        answers.push(sqlx::query_with(sql, arguments).fetch_all(&mut *connection).await);
     }
     if answers.iter().all(Result::is_ok) {
         connection.finish();

@@ -113,13 +113,14 @@ pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> R
         .then(|| event_payload(&task.status, EventDetail::default()))
         .transpose()?;
     let shape = usize::from(stored.is_some());
-    let query = match &writer {
-        Writer::In(_, Backend::Postgres) => sqlx::query(INSERT_TASK_POSTGRES[shape].as_str()),
-        Writer::In(_, Backend::Sqlite) => sqlx::query(INSERT_TASK_SQLITE[shape].as_str()),
-        Writer::OwnTransaction(db) => match db.backend() {
-            Backend::Postgres => sqlx::query(INSERT_TASK_POSTGRES[shape].as_str()),
-            Backend::Sqlite => INSERT_TASK_SCRIPT[shape].query(),
-        },
+    let backend = match &writer {
+        Writer::In(_, backend) => *backend,
+        Writer::OwnTransaction(db) => db.backend(),
+    };
+    let query = match (&writer, backend) {
+        (_, Backend::Postgres) => sqlx::query(INSERT_TASK_POSTGRES[shape].as_str()),
+        (Writer::In(..), Backend::Sqlite) => sqlx::query(INSERT_TASK_SQLITE[shape].as_str()),
+        (Writer::OwnTransaction(_), Backend::Sqlite) => INSERT_TASK_SCRIPT[shape].query(),
     };
     // One round trip writes the task, its history, artifacts and events.
     let query = query
@@ -154,12 +155,12 @@ pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> R
     };
     // Every statement's results: sqlx stops a script at its first result, a
     // row or not, when asked for one row only.
-    let rows = match writer {
-        Writer::In(conn, _) => query.fetch_all(conn).await?,
-        Writer::OwnTransaction(db) => match db.backend() {
-            Backend::Postgres => db.run_grouped(query).await?,
-            Backend::Sqlite => db.run_transaction_script(&INSERT_TASK_SCRIPT[shape], query).await?,
-        },
+    let rows = match (writer, backend) {
+        (Writer::In(conn, _), _) => query.fetch_all(conn).await?,
+        (Writer::OwnTransaction(db), Backend::Postgres) => db.run_grouped(query).await?,
+        (Writer::OwnTransaction(db), Backend::Sqlite) => {
+            db.run_transaction_script(&INSERT_TASK_SCRIPT[shape], query).await?
+        }
     };
     let inserted: i64 = rows.last().map(|row| row.try_get("inserted")).transpose()?.unwrap_or(0);
     Ok((inserted != 0).then_some(task))
