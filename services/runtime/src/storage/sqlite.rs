@@ -174,6 +174,19 @@ mod tests {
         assert_eq!(demo_rows(&db).await.len(), 20_000);
     }
 
+    /// `.cargo/config.toml` builds the bundled SQLite without its global
+    /// memory statistics (a process-wide mutex on every allocation).
+    #[tokio::test]
+    async fn the_bundled_sqlite_keeps_no_global_memory_statistics() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = demo_db(&dir).await;
+        let options: Vec<String> = sqlx::query_scalar("SELECT compile_options FROM pragma_compile_options")
+            .fetch_all(&mut *db.acquire().await.unwrap())
+            .await
+            .unwrap();
+        assert!(options.iter().any(|option| option == "DEFAULT_MEMSTATUS=0"), "compiled with {options:?}");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sqlite_reads_beside_an_open_write_and_never_write() {
         let dir = tempfile::tempdir().unwrap();
