@@ -113,11 +113,11 @@ pub(crate) struct Options {
     #[arg(long, env = "CHORUS_BENCH_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     pub(crate) redis_url: String,
     /// The hub JSON summary (default: target/bench/hub.json).
+    #[arg(long, env = "CHORUS_BENCH_HUB_OUTPUT")]
+    pub(crate) hub_output: Option<PathBuf>,
     /// Prompts timed on each path of the `acp` scenario.
     #[arg(long, env = "CHORUS_BENCH_ACP_SAMPLES", default_value_t = 500)]
     pub(crate) acp_samples: usize,
-    #[arg(long, env = "CHORUS_BENCH_HUB_OUTPUT")]
-    pub(crate) hub_output: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) gateway: GatewayOptions,
 }
