@@ -295,6 +295,31 @@ async fn a_follow_up_message_continues_an_input_required_task() {
     assert_eq!(state(&unchanged), "TASK_STATE_INPUT_REQUIRED");
     assert_eq!(unchanged["history"], other["history"], "the refused message was not added");
 
+    let mut elsewhere = message(&unique("tck-complete-task"), "through echo");
+    elsewhere["taskId"] = other["id"].clone();
+    let error = a2a.call_error("echo", "SendMessage", json!({ "message": elsewhere })).await;
+    assert_rpc_error(&error, -32602, "INVALID_PARAMS");
+    assert!(error["message"].as_str().unwrap_or_default().contains("\"tck\""), "names the task's agent: {error:#}");
+    let unchanged = a2a.call("tck", "GetTask", json!({ "id": other["id"] })).await;
+    assert_eq!(unchanged["history"], other["history"], "a message to another agent's URL was not added");
+
+    // Answers sent at once: the first to land continues the task, the others
+    // are refused and leave no trace.
+    let answers = (0..4).map(|n| {
+        let mut answer = message(&unique("plain-answer"), &format!("answer {n}"));
+        answer["taskId"] = other["id"].clone();
+        let request = a2a.rpc("tck", "SendMessage", json!({ "message": answer }));
+        async { json(request).await.1 }
+    });
+    let replies = futures_util::future::join_all(answers).await;
+    let completed = replies.iter().filter(|reply| reply["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED");
+    let refused = replies.iter().filter(|reply| reply["error"]["code"] == -32004);
+    assert_eq!((completed.count(), refused.count()), (1, 3), "{replies:#?}");
+    let settled = a2a.call("tck", "GetTask", json!({ "id": other["id"] })).await;
+    let said = settled["history"].as_array().expect("history").iter().filter(|m| m["role"] == "ROLE_USER").count();
+    assert_eq!(said, 2, "the question's message and one answer: {settled:#}");
+    assert_eq!(settled["artifacts"].as_array().map_or(0, Vec::len), 1, "one turn ran: {settled:#}");
+
     let mut too_late = message(&unique("tck-complete-task"), "and dessert");
     too_late["taskId"] = id.clone();
     let error = a2a.call_error("tck", "SendMessage", json!({ "message": too_late })).await;

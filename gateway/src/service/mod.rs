@@ -294,23 +294,35 @@ impl Gateway {
                 "message.contextId {context_id:?} is not the context of task {task_id}"
             )));
         }
+        if task.agent_id != agent.id {
+            return Err(GatewayError::InvalidParams(format!(
+                "task {task_id} belongs to agent {:?}: continue it at that agent's URL",
+                task.agent_id
+            )));
+        }
         let state = convert::state_out(task.status.as_ref().map_or(0, |status| status.state));
         if state.is_terminal() {
             return Err(GatewayError::UnsupportedOperation(format!(
                 "task {task_id} is {state:?} and accepts no more messages"
             )));
         }
-        let request = pb::AddMessageRequest {
-            namespace: scope.namespace.clone(),
-            task_id: task_id.to_owned(),
-            message: Some(convert::message_in(&message)),
-        };
-        let task = self.tasks().add_message(request).await.map_err(|status| task_error(&status, task_id))?.into_inner();
-        if task.agent_id == agent.id
-            && matches!(agent.kind, AgentKind::Builtin | AgentKind::Remote | AgentKind::Workflow)
-        {
+        let namespace = scope.namespace.clone();
+        let stored = Some(convert::message_in(&message));
+        let mut tasks = self.tasks();
+        let task = if matches!(agent.kind, AgentKind::Builtin | AgentKind::Remote | AgentKind::Workflow) {
+            // The gateway runs this agent's turns: only the message that
+            // answers the task's interruption starts one. A second message
+            // sent meanwhile, or one to a task still working, is refused by
+            // the task store, under the task's lock, and changes nothing.
+            let request = pb::AnswerQuestionRequest { namespace, task_id: task_id.to_owned(), answer: stored };
+            let task = tasks.answer_question(request).await.map_err(|status| task_error(&status, task_id))?;
+            let task = task.into_inner();
             self.inner.runner.start(agent, &scope.namespace, &task, message);
-        }
+            task
+        } else {
+            let request = pb::AddMessageRequest { namespace, task_id: task_id.to_owned(), message: stored };
+            tasks.add_message(request).await.map_err(|status| task_error(&status, task_id))?.into_inner()
+        };
         Ok(Started::Task(Box::new(task)))
     }
 

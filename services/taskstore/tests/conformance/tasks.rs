@@ -21,6 +21,7 @@ conformance!(
     illegal_transitions_fail_and_change_nothing,
     artifacts_are_added_replaced_and_appended_in_chunks,
     a_user_message_resumes_an_interrupted_task,
+    only_the_first_answer_to_an_interruption_lands,
     unknown_ids_are_not_found,
     cancel_reaches_the_whole_unfinished_subtree,
     a_new_database_gets_its_first_statistics_once_it_holds_tasks,
@@ -251,6 +252,22 @@ async fn a_user_message_resumes_an_interrupted_task(h: Harness) {
     assert_eq!(resumed.history.last().unwrap().joined_text(), "main.rs");
     let from_agent = h.store.add_message("ns", &task.id, agent_message("thinking")).await.unwrap();
     assert_eq!(from_agent.status.state, TaskState::Working);
+}
+
+async fn only_the_first_answer_to_an_interruption_lands(h: Harness) {
+    for interruption in [TaskState::InputRequired, TaskState::AuthRequired] {
+        let task = h.task("ns", "echo", "start").await;
+        let working = h.store.answer_question("ns", &task.id, user_message("too early")).await.unwrap_err();
+        assert!(matches!(working, TaskStoreError::NoQuestion { state: TaskState::Submitted, .. }), "{working}");
+        h.store.update_status("ns", &task.id, status(interruption)).await.unwrap();
+        let answered = h.store.answer_question("ns", &task.id, user_message("first")).await.unwrap();
+        assert_eq!(answered.status.state, TaskState::Working);
+        let late = h.store.answer_question("ns", &task.id, user_message("second")).await.unwrap_err();
+        assert!(matches!(late, TaskStoreError::NoQuestion { state: TaskState::Working, .. }), "{late}");
+        let history = h.store.get_task("ns", &task.id, None).await.unwrap().history;
+        let texts: Vec<String> = history.iter().map(|message| message.joined_text()).collect();
+        assert_eq!(texts, ["start", "first"], "after {interruption}");
+    }
 }
 
 async fn unknown_ids_are_not_found(h: Harness) {

@@ -172,7 +172,7 @@ impl SqlTaskRepository {
         let mut tx = self.begin().await?;
         let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
         let state = record.task.status.state;
-        if state != TaskState::InputRequired {
+        if !state.is_interrupted() {
             return Err(TaskStoreError::NoQuestion { task_id: task_id.to_owned(), state });
         }
         let answer = Message { role: Role::User, ..answer }.bound_to(task_id, &record.task.context_id);
