@@ -1,7 +1,13 @@
-//! ProtoJSON leniency on input: parsers accept a field's proto name
-//! (`task_id`) as well as its JSON name (`taskId`). The A2A JSON types
-//! know only the latter, so requests are renamed before they are parsed.
+//! ProtoJSON rules on input that the A2A JSON types do not apply
+//! themselves: parsers accept a field's proto name (`task_id`) as well as
+//! its JSON name (`taskId`), a part sets one member of its `content` oneof,
+//! and bytes come in standard or URL-safe base64, padded or not. Requests
+//! are renamed and their parts checked before they are parsed.
 
+use base64::{
+    Engine as _, alphabet,
+    engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig, general_purpose::STANDARD},
+};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -15,6 +21,11 @@ const FREE_FORM: &[&str] = &["metadata", "data", "params"];
 /// mismatch names the field at fault (`params.message.parts: invalid type …`).
 pub(crate) fn parse<T: DeserializeOwned>(mut value: Value, what: &str) -> Result<T> {
     accept_proto_names(&mut value);
+    check_parts(&mut value).map_err(|(mut path, problem)| {
+        path.push(what.to_owned());
+        path.reverse();
+        GatewayError::InvalidParams(format!("{}: {problem}", path.join(".").replace(".[", "[")))
+    })?;
     serde_path_to_error::deserialize(value).map_err(|error| {
         let path = error.path().to_string();
         let field = if path == "." { what.to_owned() } else { format!("{what}.{path}") };
@@ -46,6 +57,78 @@ pub(crate) fn accept_proto_names(value: &mut Value) {
         }
         Value::Array(items) => items.iter_mut().for_each(accept_proto_names),
         Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {}
+    }
+}
+
+/// The members of `Part`'s `content` oneof.
+const PART_CONTENT: [&str; 4] = ["text", "raw", "url", "data"];
+
+/// Bytes as ProtoJSON reads them: padding optional.
+const ANY_PADDING: GeneralPurposeConfig =
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent);
+const STANDARD_ANY_PADDING: GeneralPurpose = GeneralPurpose::new(&alphabet::STANDARD, ANY_PADDING);
+const URL_SAFE_ANY_PADDING: GeneralPurpose = GeneralPurpose::new(&alphabet::URL_SAFE, ANY_PADDING);
+
+/// A problem found in a request, and the path to it, innermost first.
+type Found = (Vec<String>, String);
+
+/// Checks every part (an element of a `parts` list) outside free-form
+/// fields: see [`check_part`].
+fn check_parts(value: &mut Value) -> std::result::Result<(), Found> {
+    let within = |key: String| {
+        move |(mut path, problem): Found| {
+            path.push(key);
+            (path, problem)
+        }
+    };
+    match value {
+        Value::Object(object) => {
+            for (key, child) in object.iter_mut().filter(|(key, _)| !FREE_FORM.contains(&key.as_str())) {
+                match child {
+                    Value::Array(parts) if key == "parts" => {
+                        for (index, part) in parts.iter_mut().enumerate() {
+                            check_part(part)
+                                .map_err(|problem| (Vec::new(), problem))
+                                .map_err(within(format!("[{index}]")))
+                                .map_err(within(key.clone()))?;
+                        }
+                    }
+                    child => check_parts(child).map_err(within(key.clone()))?,
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (index, item) in items.iter_mut().enumerate() {
+                check_parts(item).map_err(within(format!("[{index}]")))?;
+            }
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {}
+    }
+    Ok(())
+}
+
+/// A part sets exactly one member of its `content` oneof (`null` is unset;
+/// the A2A types would silently keep the first and drop the others), a text,
+/// raw or url member is a string, and `raw` is rewritten to the padded
+/// standard base64 the A2A types read.
+fn check_part(part: &mut Value) -> std::result::Result<(), String> {
+    let Value::Object(part) = part else { return Ok(()) };
+    let set: Vec<&str> =
+        PART_CONTENT.into_iter().filter(|member| part.get(*member).is_some_and(|value| !value.is_null())).collect();
+    if set.len() > 1 {
+        return Err(format!("sets {}: a part holds exactly one of text, raw, url and data", set.join(" and ")));
+    }
+    match set.first().map(|member| (*member, &part[*member])) {
+        Some(("data", _)) | None => Ok(()),
+        Some((member, value)) => {
+            let Value::String(text) = value else { return Err(format!("{member}: must be a string")) };
+            if member == "raw" && (text.len() % 4 != 0 || text.contains(['-', '_'])) {
+                let engine = if text.contains(['-', '_']) { URL_SAFE_ANY_PADDING } else { STANDARD_ANY_PADDING };
+                let bytes = engine.decode(text).map_err(|error| format!("raw: not base64: {error}"))?;
+                part.insert("raw".to_owned(), Value::String(STANDARD.encode(bytes)));
+            }
+            Ok(())
+        }
     }
 }
 
@@ -93,5 +176,52 @@ mod tests {
                 "data": {"snake_key": true},
             })
         );
+    }
+
+    fn part_error(request: Value) -> String {
+        match parse::<a2a::SendMessageRequest>(request, "params") {
+            Err(GatewayError::InvalidParams(message)) => message,
+            other => panic!("expected InvalidParams, got {other:?}"),
+        }
+    }
+
+    fn message(parts: Value) -> Value {
+        json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": parts}})
+    }
+
+    #[test]
+    fn a_part_with_two_contents_is_refused_not_cut() {
+        let error = part_error(message(json!([{"text": "a"}, {"text": "a", "data": {"x": 1}}])));
+        assert_eq!(
+            error,
+            "params.message.parts[1]: sets text and data: a part holds exactly one of text, raw, url and data"
+        );
+        let error = part_error(message(json!([{"text": 5, "data": {"x": 1}}])));
+        assert!(error.starts_with("params.message.parts[0]: sets text and data"), "{error}");
+        assert_eq!(part_error(message(json!([{"url": 5}]))), "params.message.parts[0]: url: must be a string");
+    }
+
+    #[test]
+    fn a_null_member_is_unset() {
+        let request: a2a::SendMessageRequest =
+            parse(message(json!([{"text": null, "data": {"x": 1}}])), "params").expect("parses");
+        assert_eq!(request.message.parts[0].content, a2a::PartContent::Data(json!({"x": 1})));
+    }
+
+    #[test]
+    fn raw_bytes_are_read_in_either_base64_alphabet_padded_or_not() {
+        for raw in ["-_8=", "-_8", "+/8=", "+/8"] {
+            let request: a2a::SendMessageRequest =
+                parse(message(json!([{"raw": raw}])), "params").unwrap_or_else(|error| panic!("{raw}: {error}"));
+            assert_eq!(request.message.parts[0].content, a2a::PartContent::Raw(vec![0xfb, 0xff]), "{raw}");
+        }
+        let error = part_error(message(json!([{"raw": "not base64!"}])));
+        assert!(error.starts_with("params.message.parts[0]: raw: not base64"), "{error}");
+    }
+
+    #[test]
+    fn free_form_fields_keep_what_looks_like_parts() {
+        let request = message(json!([{"data": {"parts": [{"text": "a", "data": 1}]}}]));
+        assert!(parse::<a2a::SendMessageRequest>(request, "params").is_ok());
     }
 }
