@@ -53,7 +53,10 @@ pub fn build(
         let registry = serde_json::to_vec_pretty(&catalog.registry(base_url)).expect("the registry serializes");
         std::fs::write(path, registry).map_err(|error| format!("cannot write {}: {error}", path.display()))?;
     }
-    let tasks = TaskStoreClient::new(taskstore);
+    // The task store's answers are as large as the tasks it keeps, and a
+    // task grows with every message and artifact: past the default 4 MiB
+    // limit, a write that had landed would come back as a decoding error.
+    let tasks = TaskStoreClient::new(taskstore).max_decoding_message_size(usize::MAX);
     let settings = &config.delegate;
     let timeout = Duration::from_millis(settings.timeout_ms);
     let http = reqwest::Client::builder()

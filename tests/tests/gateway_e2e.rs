@@ -5,10 +5,12 @@
 
 use std::time::{Duration, Instant};
 
+use chorus_proto::taskstore::{AddMessageRequest, Role};
 use chorus_runtime::testing::{POSTGRES_URL_VAR, PostgresDatabase, postgres_admin_url};
 use chorus_tests::{
     Sandbox,
     a2a::{A2a, REQUEST_ID, assert_rest_error, assert_rpc_error, describe, events, json, message, state, text, unique},
+    tasks::{create_task, text_message},
 };
 use reqwest::{
     Method, StatusCode,
@@ -348,4 +350,44 @@ async fn chorus_dev_on_postgres_serves_a2a() {
         events(a2a.rpc("tck", "SendStreamingMessage", json!({ "message": message(&unique("tck-stream-001"), "pg") })));
     let described: Vec<String> = streamed.await.iter().map(|event| describe(&event["result"])).collect();
     assert_eq!(described, ["task SUBMITTED", "status WORKING", "artifact", "status COMPLETED"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_larger_than_a_grpc_message_are_read_whole_and_listed_in_pages() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().no_agents().start().await;
+    let a2a = A2a::new(&server);
+    let mut tasks = server.task_store().await.max_decoding_message_size(usize::MAX);
+    let megabyte = "m".repeat(1 << 20);
+
+    // Five messages of 1 MiB: more than the 4 MiB a gRPC answer holds by default.
+    let big = create_task(&mut tasks, "default", "archive", &megabyte).await;
+    for _ in 0..4 {
+        let message = text_message(Role::User, &megabyte);
+        let request =
+            AddMessageRequest { namespace: "default".into(), task_id: big.id.clone(), message: Some(message) };
+        tasks.add_message(request).await.expect("a message of 1 MiB");
+    }
+    let read = a2a.call("tck", "GetTask", json!({ "id": big.id })).await;
+    assert_eq!(read["history"].as_array().map_or(0, Vec::len), 5, "the whole history");
+    for _ in 0..3 {
+        create_task(&mut tasks, "default", "archive", &megabyte).await;
+    }
+
+    // Pages stay under the limit: the 5 MiB task alone, then the others as they fit.
+    let (mut listed, mut pages, mut token) = (Vec::new(), 0, String::new());
+    loop {
+        let page = a2a.call("tck", "ListTasks", json!({ "pageToken": token })).await;
+        pages += 1;
+        let ids = ids(&page["tasks"]);
+        assert!(!ids.is_empty(), "every page holds a task: {}", page["nextPageToken"]);
+        listed.extend(ids);
+        token = page["nextPageToken"].as_str().unwrap_or_default().to_owned();
+        if token.is_empty() {
+            break;
+        }
+    }
+    listed.sort();
+    listed.dedup();
+    assert_eq!((listed.len(), pages > 1), (4, true), "every task once, over {pages} pages");
 }

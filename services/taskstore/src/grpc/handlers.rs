@@ -11,11 +11,14 @@ use chorus_runtime::{
     telemetry::{current_context_headers, record_ids},
     validate::{self, FieldViolation},
 };
+use prost::Message as _;
 use tonic::{Request, Response, Status};
 
 use super::convert;
 use crate::{
-    domain::{ArtifactChunk, ClaimRequest, NewSubtask, NewTask, Notification, StatusUpdate, TaskQuery},
+    domain::{
+        ArtifactChunk, ClaimRequest, NewSubtask, NewTask, Notification, PageToken, StatusUpdate, TaskPage, TaskQuery,
+    },
     service::{TaskStore, WatchFilter, WatchStart},
 };
 
@@ -24,20 +27,54 @@ const MAX_PAGE_SIZE: u32 = 100;
 const DEFAULT_AWAIT_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_AWAIT_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// What a `ListTasksResponse` holds besides its tasks, at most: the page
+/// token, the total and their framing.
+const PAGE_OVERHEAD: usize = 1024;
+
 /// The `chorus.taskstore.v1.TaskStore` service over a [`TaskStore`].
 #[derive(Debug, Clone)]
 pub struct TaskStoreGrpc {
     store: TaskStore,
+    /// The largest message this service takes, and the size a page of
+    /// tasks keeps under, so that a client with the same limit reads it.
+    max_message_bytes: usize,
 }
 
 impl TaskStoreGrpc {
     pub fn new(store: TaskStore) -> Self {
-        Self { store }
+        Self { store, max_message_bytes: 4 << 20 }
     }
 
-    /// The tonic server, accepting requests up to `max_message_bytes`.
+    /// The tonic server, accepting requests up to `max_message_bytes` and
+    /// keeping pages of tasks under it.
     pub fn into_server(self, max_message_bytes: usize) -> TaskStoreServer<Self> {
-        TaskStoreServer::new(self).max_decoding_message_size(max_message_bytes)
+        TaskStoreServer::new(Self { max_message_bytes, ..self }).max_decoding_message_size(max_message_bytes)
+    }
+}
+
+/// The page's tasks on the wire, as many as fit in `budget` bytes (at least
+/// one): a page cut short continues after its last task.
+fn fit_page(page: TaskPage, budget: usize) -> pb::ListTasksResponse {
+    let mut tasks = Vec::with_capacity(page.tasks.len());
+    let (mut used, mut next_page_token) = (0, page.next_page_token);
+    let mut last: Option<PageToken> = None;
+    for task in page.tasks {
+        let after = PageToken { timestamp: task.status.timestamp, id: task.id.clone() };
+        let wire = convert::task_out(task);
+        // The task's bytes and the field's tag and length.
+        let size = wire.encoded_len() + 8;
+        if let Some(last) = last.take().filter(|_| used + size > budget) {
+            next_page_token = Some(last);
+            break;
+        }
+        used += size;
+        last = Some(after);
+        tasks.push(wire);
+    }
+    pb::ListTasksResponse {
+        tasks,
+        next_page_token: next_page_token.map(|token| token.to_string()).unwrap_or_default(),
+        total_size: u32::try_from(page.total_size).unwrap_or(u32::MAX),
     }
 }
 
@@ -122,11 +159,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
             include_artifacts: request.include_artifacts,
         };
         let page = self.store.list_tasks(query).await?;
-        Ok(Response::new(pb::ListTasksResponse {
-            tasks: page.tasks.into_iter().map(convert::task_out).collect(),
-            next_page_token: page.next_page_token.map(|token| token.to_string()).unwrap_or_default(),
-            total_size: u32::try_from(page.total_size).unwrap_or(u32::MAX),
-        }))
+        Ok(Response::new(fit_page(page, self.max_message_bytes.saturating_sub(PAGE_OVERHEAD))))
     }
 
     async fn add_message(&self, request: Request<pb::AddMessageRequest>) -> Result<Response<pb::Task>, Status> {

@@ -54,7 +54,8 @@ impl ClientEffects {
     pub fn new(endpoints: Endpoints) -> Result<Self, EffectError> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         Ok(Self {
-            tasks: TaskStoreClient::new(endpoints.taskstore),
+            // Tasks can outgrow the default 4 MiB answer (see the gateway's client).
+            tasks: TaskStoreClient::new(endpoints.taskstore).max_decoding_message_size(usize::MAX),
             hub: HubClient::new(endpoints.hub),
             bus: EventBusClient::new(endpoints.eventbus),
             gateway: GatewayClient::new(endpoints.gateway),
