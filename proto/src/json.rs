@@ -21,16 +21,30 @@ pub fn struct_from_json(map: Map<String, Json>) -> Struct {
     Struct { fields: map.into_iter().map(|(key, value)| (key, value_from_json(value))).collect() }
 }
 
-/// A protobuf value as JSON; a number that is not finite becomes null.
+/// The largest magnitude up to which every whole number is exact in a double (2^53).
+const MAX_EXACT_INTEGER: f64 = 9_007_199_254_740_992.0;
+
+/// A protobuf value as JSON. A whole number within ±2^53 becomes a JSON
+/// integer (`5`, not `5.0`: ProtoJSON prints it so, and an integer is what
+/// the sender meant, the wire having doubles only); a number that is not
+/// finite becomes null.
 pub fn value_to_json(value: &Value) -> Json {
     match &value.kind {
         None | Some(Kind::NullValue(_)) => Json::Null,
         Some(Kind::BoolValue(flag)) => Json::Bool(*flag),
-        Some(Kind::NumberValue(number)) => serde_json::Number::from_f64(*number).map_or(Json::Null, Json::Number),
+        Some(Kind::NumberValue(number)) => number_to_json(*number),
         Some(Kind::StringValue(text)) => Json::String(text.clone()),
         Some(Kind::ListValue(list)) => Json::Array(list.values.iter().map(value_to_json).collect()),
         Some(Kind::StructValue(object)) => Json::Object(struct_to_json(object)),
     }
+}
+
+fn number_to_json(number: f64) -> Json {
+    if number.fract() == 0.0 && number.abs() <= MAX_EXACT_INTEGER {
+        // Whole and within ±2^53: the conversion is exact.
+        return Json::from(number as i64);
+    }
+    serde_json::Number::from_f64(number).map_or(Json::Null, Json::Number)
 }
 
 /// A protobuf struct as a JSON object.
@@ -54,10 +68,25 @@ mod tests {
 
     #[test]
     fn round_trips() {
-        let json = serde_json::json!({"a": [1.5, "x", null, true], "b": {"c": 2.0}});
+        let json = serde_json::json!({"a": [1.5, "x", null, true], "b": {"c": 2, "d": -7}});
         let value = value_from_json(json.clone());
         assert_eq!(value_to_json(&value), json);
         assert!(is_finite(&value));
         assert!(!is_finite(&Value { kind: Some(Kind::NumberValue(f64::NAN)) }));
+    }
+
+    #[test]
+    fn whole_numbers_become_integers_as_protojson_prints_them() {
+        let number = |n: f64| value_to_json(&Value { kind: Some(Kind::NumberValue(n)) });
+        assert_eq!(number(5.0).to_string(), "5");
+        assert!(number(5.0).is_i64(), "an integer input is an integer");
+        assert_eq!(number(-3.0).to_string(), "-3");
+        assert_eq!(number(-0.0).to_string(), "0");
+        assert_eq!(number(10.5).to_string(), "10.5");
+        assert_eq!(number(9_007_199_254_740_992.0).to_string(), "9007199254740992");
+        assert_eq!(number(-9_007_199_254_740_992.0).to_string(), "-9007199254740992");
+        assert!(number(18_014_398_509_481_984.0).is_f64(), "beyond 2^53 a double is not an exact integer");
+        assert_eq!(number(f64::NAN), Json::Null);
+        assert_eq!(number(f64::INFINITY), Json::Null);
     }
 }

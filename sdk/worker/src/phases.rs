@@ -92,7 +92,7 @@ mod tests {
     #[test]
     fn phases_answer_what_the_example_gates_read() {
         assert_eq!(data(&reply("test", "run the tests", None))["passed"], json!(true));
-        assert_eq!(data(&reply("security", "scan", None))["critical"], json!(0.0));
+        assert_eq!(data(&reply("security", "scan", None))["critical"], json!(0));
         let again = data(&reply("design", "design it", Some("split the API")));
         assert_eq!(again["addressed_feedback"], json!("split the API"));
         assert!(again["summary"].as_str().is_some_and(|s| s.starts_with("design done")));

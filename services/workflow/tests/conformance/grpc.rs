@@ -15,6 +15,7 @@ conformance!(
     put_get_and_list_round_trip,
     validate_answers_problems_in_the_response,
     run_rpcs_answer_bad_input_with_the_field_and_unknown_runs_with_not_found,
+    whole_numbers_from_the_wire_are_integers,
 );
 
 fn put(source: &str, file: &str) -> Request<pb::PutDefinitionRequest> {
@@ -133,4 +134,38 @@ async fn run_rpcs_answer_bad_input_with_the_field_and_unknown_runs_with_not_foun
     let watch = pb::WatchRunRequest { namespace: NS.into(), run_id: "r".into(), after_cursor: "x".into() };
     let status = grpc.watch_run(Request::new(watch)).await.err().expect("bad cursor");
     assert_eq!(status.code(), Code::InvalidArgument);
+}
+
+async fn whole_numbers_from_the_wire_are_integers(h: Harness) {
+    h.put(
+        r#"name: counted
+inputs:
+  count: {type: integer, required: true}
+  size: {type: number, required: true}
+  retries: {type: integer, default: 3}
+steps:
+- id: say
+  message: {topic: news, text: "{{ inputs.count }} of {{ inputs.size }}, {{ inputs.retries }} tries"}
+"#,
+    )
+    .await;
+    let grpc = WorkflowGrpc::new(h.workflows.clone());
+    let number = |n: f64| prost_types::Value { kind: Some(prost_types::value::Kind::NumberValue(n)) };
+    let input = prost_types::Struct {
+        fields: [("count".to_owned(), number(5.0)), ("size".to_owned(), number(10.0))].into_iter().collect(),
+    };
+    let start = pb::StartRunRequest {
+        namespace: NS.into(),
+        workflow: "counted".into(),
+        input: Some(input),
+        ..Default::default()
+    };
+    let run = grpc.start_run(Request::new(start)).await.expect("an integer input of 5 is an integer").into_inner();
+    let whole = serde_json::json!({"count": 5, "retries": 3, "size": 10});
+    let input = chorus_proto::json::struct_to_json(&run.input.expect("the run's input"));
+    assert_eq!(serde_json::Value::Object(input), whole, "integers, not 5.0");
+    let run = h.finished(&run.id).await;
+    let say = &run.body.steps[0];
+    assert_eq!(say.input["text"], "5 of 10, 3 tries", "{run:#?}");
+    assert_eq!(serde_json::Value::Object(run.body.input), whole, "the default is stored as written");
 }

@@ -216,7 +216,7 @@ async fn answer(task: TaskContext) -> Result<Reply, HandlerError> {
     if text.contains("fail") {
         return Err(HandlerError::fatal("asked to fail"));
     }
-    if text.contains("flaky") && metadata.get("attempt") == Some(&json!(1.0)) {
+    if text.contains("flaky") && metadata.get("attempt") == Some(&json!(1)) {
         return Err(HandlerError::fatal("flaky first attempt"));
     }
     if text.contains("slow") {
