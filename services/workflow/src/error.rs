@@ -22,6 +22,11 @@ pub enum WorkflowError {
     RunNotFound(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    #[error(
+        "idempotency key `{key}` is already used by run {run_id} of {workflow} v{version}, which {mismatch}; \
+         reuse a key only to retry the same start"
+    )]
+    KeyInUse { key: String, run_id: String, workflow: String, version: u32, mismatch: String },
     #[error("this engine no longer holds run {0}")]
     LeaseLost(String),
     #[error("workflow {0} was changed concurrently; retry")]
@@ -49,6 +54,7 @@ impl ServiceError for WorkflowError {
         match self {
             Self::InvalidArgument(_) | Self::InvalidDefinition { .. } => ErrorCode::InvalidArgument,
             Self::VersionNotFound { .. } | Self::NotFound(_) | Self::RunNotFound(_) => ErrorCode::NotFound,
+            Self::KeyInUse { .. } => ErrorCode::AlreadyExists,
             Self::FailedPrecondition(_) => ErrorCode::FailedPrecondition,
             Self::Conflict(_) | Self::LeaseLost(_) => ErrorCode::Aborted,
             Self::Unavailable(_) => ErrorCode::Unavailable,

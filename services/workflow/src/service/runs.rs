@@ -126,7 +126,8 @@ impl Workflows {
         Ok((run, spec))
     }
 
-    /// Starts a run, or returns the one started first with the same key.
+    /// Starts a run, or returns the one started first with the same key by
+    /// the same request; another request under the key is `KeyInUse`.
     pub async fn start_run(&self, call: StartCall) -> Result<Run> {
         // The version's number is all a start needs of its definition: the
         // parsed spec is cached, and the stored source is not read again.
@@ -135,6 +136,9 @@ impl Workflows {
             None => self.latest_version(&call.namespace, &call.workflow).await?,
         };
         let spec = self.spec(&call.namespace, &call.workflow, version).await?;
+        // A keyed start keeps what it asked for, to tell its own retry from
+        // another start under the same key.
+        let requested = if call.idempotency_key.is_some() { call.input.clone() } else { Map::new() };
         let input = checked_input(&spec, call.input)?;
         let now = now_micros();
         let id = uuid::Uuid::now_v7().to_string();
@@ -188,7 +192,7 @@ impl Workflows {
         let created = self.runs.create(new, taker.as_ref(), now).await?;
         let run = created.run;
         if !created.created {
-            return Ok(run);
+            return self.retried(run, &probe, call.version, requested).await;
         }
         tracing::info!(run_id = %run.id, workflow = %run.workflow, version = run.version, "run started");
         if let (Some(engine), Some(claim)) = (engine, created.claim) {
@@ -200,6 +204,45 @@ impl Workflows {
             None => return self.transition(&run.namespace, &run.id, &spec, None, |_, _| Ok(())).await,
         }
         Ok(run)
+    }
+
+    /// The run first started under a key, when `probe` (this start, its
+    /// input checked against its version) asks for it again: the same
+    /// workflow, the same version when `pinned`, and the same inputs. Any
+    /// other start under the key is refused, and changes nothing.
+    async fn retried(
+        &self,
+        first: Run,
+        probe: &Run,
+        pinned: Option<u32>,
+        requested: Map<String, Value>,
+    ) -> Result<Run> {
+        let mismatch = if first.workflow != probe.workflow {
+            format!("is not a run of {}", probe.workflow)
+        } else if pinned.is_some_and(|version| version != first.version) {
+            format!("is not on version {}", probe.version)
+        } else if !self.same_input(&first, probe, requested).await? {
+            "was started with other inputs".to_owned()
+        } else {
+            return Ok(first);
+        };
+        Err(WorkflowError::KeyInUse {
+            key: first.idempotency_key.unwrap_or_default(),
+            run_id: first.id,
+            workflow: first.workflow,
+            version: first.version,
+            mismatch,
+        })
+    }
+
+    /// Whether `requested`, checked against the version `first` is on
+    /// (defaults filled in as they were for it), is the input `first` has.
+    async fn same_input(&self, first: &Run, probe: &Run, requested: Map<String, Value>) -> Result<bool> {
+        if first.version == probe.version {
+            return Ok(first.body.input == probe.body.input);
+        }
+        let spec = self.spec_of_run(first).await?;
+        Ok(checked_input(&spec, requested).is_ok_and(|input| input == first.body.input))
     }
 
     pub async fn get_run(&self, namespace: &str, run_id: &str) -> Result<Run> {

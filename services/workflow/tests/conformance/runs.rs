@@ -23,6 +23,7 @@ conformance!(
     a_run_stays_on_its_version,
     concurrency_limits_queue_runs,
     starts_are_idempotent_and_inputs_checked,
+    a_key_reused_by_another_start_is_refused_and_changes_nothing,
     decisions_on_gates_not_waiting_change_nothing,
     runs_never_cross_namespaces,
     two_engines_share_runs_without_running_a_step_twice,
@@ -319,6 +320,44 @@ async fn starts_are_idempotent_and_inputs_checked(h: Harness) {
     assert!(matches!(h.workflows.start_run(missing).await, Err(WorkflowError::NotFound(_))));
     let page = h.workflows.list_runs(NS, &Default::default(), None, 50).await.expect("list");
     assert_eq!(page.runs.len(), 1, "nothing was created by the bad starts");
+}
+
+async fn a_key_reused_by_another_start_is_refused_and_changes_nothing(h: Harness) {
+    const KEYED: &str =
+        "name: keyed\ninputs:\n  n: {type: integer, required: true}\nsteps:\n- id: hold\n  wait: {signal: go}\n";
+    h.put(KEYED).await;
+    h.put("name: other\nsteps:\n- id: hold\n  wait: {signal: go}\n").await;
+    let call = |workflow: &str, input: serde_json::Value| StartCall {
+        namespace: NS.into(),
+        workflow: workflow.into(),
+        input: input.as_object().cloned().unwrap_or_default(),
+        idempotency_key: Some("k1".into()),
+        ..StartCall::default()
+    };
+    let first = h.workflows.start_run(call("keyed", json!({"n": 1}))).await.expect("start");
+    // A new version whose new input has a default: a retry is still the same start.
+    h.put(&KEYED.replace("required: true}", "required: true}\n  m: {type: integer, default: 2}")).await;
+    let retried = h.workflows.start_run(call("keyed", json!({"n": 1}))).await.expect("the same start again");
+    assert_eq!((retried.id.as_str(), retried.version), (first.id.as_str(), 1));
+    let mut pinned = call("keyed", json!({"n": 1}));
+    pinned.version = Some(2);
+    let refused = [
+        (call("other", json!({})), "which is not a run of other"),
+        (call("keyed", json!({"n": 2})), "which was started with other inputs"),
+        (pinned, "which is not on version 2"),
+    ];
+    for (start, mismatch) in refused {
+        let error = h.workflows.start_run(start).await.expect_err("another start under the key");
+        let message = error.to_string();
+        assert!(matches!(error, WorkflowError::KeyInUse { .. }), "{error:?}");
+        assert!(message.contains(&format!("idempotency key `k1` is already used by run {} of keyed v1", first.id)));
+        assert!(message.contains(mismatch), "{message}");
+        assert_eq!(tonic::Status::from(error).code(), tonic::Code::AlreadyExists);
+    }
+    let page = h.workflows.list_runs(NS, &Default::default(), None, 50).await.expect("list");
+    assert_eq!(page.runs.len(), 1, "the refused starts created nothing");
+    let after = h.workflows.get_run(NS, &first.id).await.expect("the first run");
+    assert_eq!(after.body.input, json!({"n": 1}).as_object().cloned().unwrap_or_default());
 }
 
 async fn decisions_on_gates_not_waiting_change_nothing(h: Harness) {
