@@ -217,15 +217,21 @@ impl Reader {
         }
     }
 
-    /// A duration such as `30s`, `5m`, `24h`, `7d` or `500ms`.
+    /// A duration such as `30s`, `5m`, `24h`, `7d` or `500ms`, of at most
+    /// [`MAX_DURATION`].
     pub(crate) fn duration(&mut self, node: &Node<'_>, field: &str) -> Option<Duration> {
         let text = self.string(node, field)?;
-        let parsed = parse_duration(&text);
-        if parsed.is_none() {
+        let Some(parsed) = parse_duration(&text) else {
             let message = format!("expected a duration such as 30s, 5m, 24h or 7d, found `{text}`");
             self.error(Some(node), field, "bad_duration", message);
+            return None;
+        };
+        if parsed > MAX_DURATION {
+            let message = format!("expected a duration of at most 100 years (36500d), found `{text}`");
+            self.error(Some(node), field, "out_of_range", message);
+            return None;
         }
-        parsed
+        Some(parsed)
     }
 
     /// One of `choices`.
@@ -281,6 +287,11 @@ pub(crate) fn position(node: &Node<'_>) -> (u32, u32) {
     let start = node.span.start;
     (u32::try_from(start.line()).unwrap_or(u32::MAX), u32::try_from(start.col() + 1).unwrap_or(u32::MAX))
 }
+
+/// The longest duration a definition may give (100 years of 365 days): far
+/// beyond any wait a run makes, and a time so far ahead stays a date every
+/// client can show.
+const MAX_DURATION: Duration = Duration::from_secs(36_500 * 86_400);
 
 /// `30s`, `5m`, `24h`, `7d`, `500ms`; a positive whole number and a unit.
 pub(crate) fn parse_duration(text: &str) -> Option<Duration> {

@@ -24,6 +24,7 @@ pub(crate) fn top_level(reader: &mut Reader, node: &Node<'_>, walk: &mut Walk) -
 }
 
 /// A list of steps run in order; each sees `visible` plus the steps before it.
+/// A gate can rerun only those steps before it (in this list).
 fn list(
     reader: &mut Reader,
     node: &Node<'_>,
@@ -35,19 +36,26 @@ fn list(
     if items.is_empty() {
         reader.error(Some(node), field, "empty_value", "expected at least one step");
     }
+    let mut earlier = BTreeSet::new();
     let mut steps = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {
         let path = format!("{field}[{index}]");
-        let Some(step) = step(reader, item, &path, &visible, walk) else { continue };
-        visible.insert(step.id.clone());
-        if let Action::Parallel(parallel) = &step.action {
-            for branch in &parallel.branches {
-                collect_ids(&branch.steps, &mut visible);
-            }
-        }
+        let Some(step) = step(reader, item, &path, Seen { visible: &visible, earlier: &earlier }, walk) else {
+            continue;
+        };
+        collect_ids(std::slice::from_ref(&step), &mut earlier);
+        collect_ids(std::slice::from_ref(&step), &mut visible);
         steps.push(step);
     }
     steps
+}
+
+/// The step ids a step may name: those it sees, and those of the steps
+/// before it in its own list (with theirs inside), which a gate can rerun.
+#[derive(Clone, Copy)]
+struct Seen<'v> {
+    visible: &'v BTreeSet<String>,
+    earlier: &'v BTreeSet<String>,
 }
 
 fn collect_ids(steps: &[Step], into: &mut BTreeSet<String>) {
@@ -61,7 +69,7 @@ fn collect_ids(steps: &[Step], into: &mut BTreeSet<String>) {
     }
 }
 
-fn step(reader: &mut Reader, node: &Node<'_>, path: &str, visible: &BTreeSet<String>, walk: &mut Walk) -> Option<Step> {
+fn step(reader: &mut Reader, node: &Node<'_>, path: &str, seen: Seen<'_>, walk: &mut Walk) -> Option<Step> {
     let first_expression = walk.expressions.len();
     let fields = reader.mapping(node, path, &[])?;
     let unknown: Vec<&str> = fields.keys().filter(|key| !STEP_FIELDS.contains(key)).collect();
@@ -78,7 +86,7 @@ fn step(reader: &mut Reader, node: &Node<'_>, path: &str, visible: &BTreeSet<Str
     let condition = fields.get("condition").and_then(|cond| {
         let field = join(path, "condition");
         let text = reader.string(cond, &field)?;
-        walk.expressions.push(Expression::at(cond, &field, &text, ExprKind::Condition, visible));
+        walk.expressions.push(Expression::at(cond, &field, &text, ExprKind::Condition, seen.visible));
         Some(text)
     });
     if kinds.len() > 1 {
@@ -99,7 +107,7 @@ fn step(reader: &mut Reader, node: &Node<'_>, path: &str, visible: &BTreeSet<Str
         Some(kind) => {
             let body = fields.get(kind)?;
             let field = join(path, kind);
-            let mut scope = Scope { reader, walk, visible, field: &field };
+            let mut scope = Scope { reader, walk, seen, field: &field };
             scope.action(kind, body)
         }
     };
@@ -144,7 +152,7 @@ fn step_id(reader: &mut Reader, node: &Node<'_>, path: &str, walk: &mut Walk) ->
 struct Scope<'r, 'w, 'v, 'f> {
     reader: &'r mut Reader,
     walk: &'w mut Walk,
-    visible: &'v BTreeSet<String>,
+    seen: Seen<'v>,
     field: &'f str,
 }
 
@@ -173,7 +181,7 @@ impl Scope<'_, '_, '_, '_> {
         let node = fields.get(key)?;
         let field = self.path(key);
         let text = self.reader.string(node, &field)?;
-        self.walk.expressions.push(Expression::at(node, &field, &text, kind, self.visible));
+        self.walk.expressions.push(Expression::at(node, &field, &text, kind, self.seen.visible));
         Some(text)
     }
 
@@ -185,7 +193,7 @@ impl Scope<'_, '_, '_, '_> {
         let mut strings = Vec::new();
         strings_of(&value, &field, &mut strings);
         for (path, text) in strings {
-            self.walk.expressions.push(Expression::at(node, &path, &text, ExprKind::Template, self.visible));
+            self.walk.expressions.push(Expression::at(node, &path, &text, ExprKind::Template, self.seen.visible));
         }
         value
     }
@@ -329,7 +337,7 @@ impl Scope<'_, '_, '_, '_> {
             let steps_node = self.reader.required(&branch, &path, "steps", "the branch's steps");
             // A branch sees what its parallel step sees, never a sibling branch.
             let steps =
-                steps_node.map(|n| list(self.reader, n, &join(&path, "steps"), self.visible.clone(), self.walk));
+                steps_node.map(|n| list(self.reader, n, &join(&path, "steps"), self.seen.visible.clone(), self.walk));
             let Some(name) = name else { continue };
             if !names.insert(name.clone()) {
                 let node = branch.get("name");
@@ -384,15 +392,17 @@ impl Scope<'_, '_, '_, '_> {
         }
         let rerun_from = self.string(&fields, "rerun_from");
         if let Some(target) = &rerun_from
-            && !self.visible.contains(target)
+            && !self.seen.earlier.contains(target)
         {
-            let node = fields.get("rerun_from");
-            self.reader.error(
-                node,
-                &self.path("rerun_from"),
-                "bad_reference",
-                format!("`{target}` is not a step before this gate; a rejection can only rerun an earlier step"),
-            );
+            let message = if self.seen.visible.contains(target) {
+                format!(
+                    "`{target}` is outside this gate's parallel branch; a gate in a branch can only rerun a step \
+                     before it in the same branch"
+                )
+            } else {
+                format!("`{target}` is not a step before this gate; a rejection can only rerun an earlier step")
+            };
+            self.reader.error(fields.get("rerun_from"), &self.path("rerun_from"), "bad_reference", message);
         }
         let max_rejections = match fields.get("max_rejections") {
             None => 3,

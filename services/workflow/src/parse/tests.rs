@@ -104,3 +104,53 @@ fn a_step_knows_the_names_its_templates_and_condition_use() {
     assert!(steps[0].roots.is_empty(), "{:?}", steps[0].roots);
     assert_eq!(steps[1].roots.iter().map(String::as_str).collect::<Vec<_>>(), ["a", "inputs", "run"]);
 }
+
+#[test]
+fn a_gate_in_a_branch_reruns_only_steps_before_it_in_its_branch() {
+    let source = |target: &str| {
+        format!(
+            "name: x\nsteps:\n  - id: build\n    spawn: {{role: r, input: go}}\n  - id: fan\n    parallel:\n      branches:\n        - name: one\n          steps:\n            - id: work\n              spawn: {{role: r, input: go}}\n            - id: check\n              gate: {{mode: HITL, reviewers: ops, rerun_from: {target}}}\n        - name: two\n          steps: [{{id: other, wait: {{duration: 1s}}}}]\n  - id: release\n    gate: {{mode: HITL, reviewers: ops, rerun_from: work}}\n"
+        )
+    };
+    let parsed = parse(&source("build"), "wf.yaml");
+    let [problem] = parsed.problems.as_slice() else { panic!("one problem expected: {:?}", parsed.problems) };
+    assert_eq!(
+        (problem.code.as_str(), problem.line, problem.field.as_str()),
+        ("bad_reference", 13, "steps[1].parallel.branches[0].steps[1].gate.rerun_from")
+    );
+    assert!(problem.message.contains("`build` is outside this gate's parallel branch"), "{problem}");
+    let sibling = codes(&source("other"));
+    assert_eq!(
+        sibling,
+        [("bad_reference".into(), 13, "steps[1].parallel.branches[0].steps[1].gate.rerun_from".into())]
+    );
+    let within = parse(&source("work"), "wf.yaml");
+    assert!(
+        within.problems.is_empty(),
+        "a step of its own branch, and for a top-level gate a step in an earlier parallel: {:?}",
+        within.problems
+    );
+}
+
+#[test]
+fn durations_past_a_century_are_rejected() {
+    let source = |duration: &str| {
+        format!(
+            "name: x\nsteps:\n  - id: nap\n    wait: {{duration: {duration}}}\n  - id: ok\n    gate: {{mode: HITL, reviewers: ops, expires_after: {duration}}}\n"
+        )
+    };
+    let parsed = parse(&source("99999999d"), "wf.yaml");
+    let found: Vec<(&str, u32, &str)> =
+        parsed.problems.iter().map(|p| (p.code.as_str(), p.line, p.field.as_str())).collect();
+    assert_eq!(
+        found,
+        [("out_of_range", 4, "steps[0].wait.duration"), ("out_of_range", 6, "steps[1].gate.expires_after")]
+    );
+    assert!(
+        parsed.problems[0].message.contains("at most 100 years (36500d), found `99999999d`"),
+        "{}",
+        parsed.problems[0]
+    );
+    assert!(parse(&source("36500d"), "wf.yaml").problems.is_empty());
+    assert_eq!(codes(&source("36501d")).len(), 2);
+}
