@@ -7,7 +7,7 @@ use chorus_proto::workflow::{
     validation_problem::Severity, workflow_client::WorkflowClient,
 };
 use prost::Message as _;
-use tonic::{Code, transport::Channel};
+use tonic::transport::Channel;
 
 use super::{Failure, Outcome, Target, view};
 
@@ -62,39 +62,49 @@ fn definition_files(path: &Path) -> Result<Vec<PathBuf>, Failure> {
 }
 
 pub(super) async fn apply(client: &mut Client, target: &Target, paths: &[PathBuf]) -> Outcome {
-    let mut applied = true;
+    let mut files = Vec::new();
     for path in paths {
-        for file in definition_files(path)? {
-            let request = PutDefinitionRequest {
-                namespace: target.namespace.clone(),
-                source: read(&file)?,
-                file: file.display().to_string(),
-                created_by: view::user(),
-            };
-            match client.put_definition(request).await {
-                Ok(answer) => {
-                    let answer = answer.into_inner();
-                    let definition = answer.definition.unwrap_or_default();
-                    let unchanged = if answer.unchanged { " (unchanged)" } else { "" };
-                    println!("{} v{}{unchanged}", definition.name, definition.version);
-                    for warning in &answer.warnings {
-                        println!("{}", problem_line(warning));
-                    }
+        let found = definition_files(path)?;
+        if found.is_empty() {
+            return Err(Failure::Call(format!("{} has no *.yaml or *.yml files: nothing to apply", path.display())));
+        }
+        files.extend(found);
+    }
+    let mut applied = true;
+    for file in files {
+        let request = PutDefinitionRequest {
+            namespace: target.namespace.clone(),
+            source: read(&file)?,
+            file: file.display().to_string(),
+            created_by: view::user(),
+        };
+        let answer = match client.put_definition(request).await {
+            Ok(answer) => answer.into_inner(),
+            Err(status) => {
+                // Only an invalid definition's problems are the answer "no";
+                // any other refusal (a bad namespace, ...) is the call failing.
+                let problems = problems(&status);
+                if problems.is_empty() {
+                    return Err(status.into());
                 }
-                Err(status) if status.code() == Code::InvalidArgument && !status.details().is_empty() => {
-                    applied = false;
-                    for problem in problems(&status) {
-                        println!("{}", problem_line(&problem));
-                    }
+                applied = false;
+                for problem in &problems {
+                    println!("{}", problem_line(problem));
                 }
-                Err(status) => return Err(status.into()),
+                continue;
             }
+        };
+        let definition = answer.definition.unwrap_or_default();
+        let unchanged = if answer.unchanged { " (unchanged)" } else { "" };
+        println!("{} v{}{unchanged}", definition.name, definition.version);
+        for warning in &answer.warnings {
+            println!("{}", problem_line(warning));
         }
     }
     if applied { Ok(()) } else { Err(Failure::No) }
 }
 
-/// The ValidationProblems detail of a refused put.
+/// The ValidationProblems detail of a put refused for an invalid definition.
 fn problems(status: &tonic::Status) -> Vec<ValidationProblem> {
     let Ok(details) = tonic_types::Status::decode(status.details()) else { return Vec::new() };
     details

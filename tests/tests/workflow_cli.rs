@@ -8,6 +8,8 @@ use chorus_tests::{Sandbox, server::chorus_bin};
 
 const GATED: &str = "name: gated\nsteps:\n- id: nap\n  wait: {duration: 50ms}\n\
                      - id: signoff\n  gate: {mode: HITL, reviewers: ops}\n- id: done\n  condition: \"true\"\n";
+const COUNTED: &str = "name: counted\ninputs:\n  count: {type: integer, required: true}\n\
+                       steps:\n- id: hold\n  wait: {signal: go}\n";
 
 async fn chorus(server: &str, dir: &Path, args: &[&str]) -> Output {
     tokio::process::Command::new(chorus_bin())
@@ -104,4 +106,52 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
     let missing = chorus(&url, dir, &["run", "start", "gated", "--input", "x=1"]).await;
     assert_eq!(missing.status.code(), Some(2));
     assert!(stderr(&missing).contains("input.x"), "{}", stderr(&missing));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_is_told_why_a_call_was_refused() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().no_agents().start().await;
+    let (url, dir) = (server.url().to_owned(), sandbox.path());
+    std::fs::write(dir.join("gated.yaml"), GATED).expect("write");
+    std::fs::write(dir.join("counted.yaml"), COUNTED).expect("write");
+    std::fs::write(dir.join("forever.yaml"), GATED.replace("50ms", "99999999d")).expect("write");
+    std::fs::create_dir(dir.join("empty")).expect("mkdir");
+
+    for (namespace, says) in [("", "error: namespace: is required"), ("BAD", "error: namespace: must be 1-63")] {
+        let refused = chorus(&url, dir, &["workflow", "apply", "--namespace", namespace, "gated.yaml"]).await;
+        assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+        assert!(stderr(&refused).starts_with(says), "{}", stderr(&refused));
+    }
+    let empty = chorus(&url, dir, &["workflow", "apply", "gated.yaml", "empty"]).await;
+    assert_eq!(empty.status.code(), Some(2));
+    assert_eq!(stderr(&empty).trim(), "error: empty has no *.yaml or *.yml files: nothing to apply");
+    assert_eq!(stdout(&empty), "", "nothing was applied");
+    let forever = chorus(&url, dir, &["workflow", "validate", "forever.yaml"]).await;
+    assert_eq!(forever.status.code(), Some(1));
+    assert!(
+        stdout(&forever).contains("forever.yaml:4:20: error in `steps[0].wait.duration` [out_of_range]"),
+        "{}",
+        stdout(&forever)
+    );
+
+    let applied = chorus(&url, dir, &["workflow", "apply", "gated.yaml", "counted.yaml"]).await;
+    assert_eq!(stdout(&applied), "gated v1\ncounted v1\n", "{}", stderr(&applied));
+    let start = ["run", "start", "counted", "--input", "count=5", "--idempotency-key", "k1"];
+    let started = chorus(&url, dir, &start).await;
+    assert_eq!(started.status.code(), Some(0), "an integer input: {}", stderr(&started));
+    let run_id = stdout(&started).trim().to_owned();
+    let again = chorus(&url, dir, &start).await;
+    assert_eq!(stdout(&again).trim(), run_id, "a retry answers the run it started");
+    let other = chorus(&url, dir, &["run", "start", "gated", "--idempotency-key", "k1"]).await;
+    assert_eq!(other.status.code(), Some(2), "{}", stdout(&other));
+    let expected = format!(
+        "error: idempotency key `k1` is already used by run {run_id} of counted v1, which is not a run of gated"
+    );
+    assert!(stderr(&other).starts_with(&expected), "{}", stderr(&other));
+    let shown = chorus(&url, dir, &["run", "get", &run_id, "--json"]).await;
+    let shown: serde_json::Value = serde_json::from_str(&stdout(&shown)).expect("the run as JSON");
+    assert_eq!(shown["input"], serde_json::json!({"count": 5}), "{shown}");
+    let listed = stdout(&chorus(&url, dir, &["run", "list"]).await);
+    assert_eq!(listed.lines().count(), 2, "a header and the one run: {listed}");
 }
