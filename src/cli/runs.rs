@@ -116,6 +116,16 @@ fn run_json(run: &pb::Run) -> Value {
             })
         })
         .collect();
+    let signals: Vec<Value> = run
+        .signals
+        .iter()
+        .map(|signal| {
+            serde_json::json!({
+                "id": signal.id, "name": signal.name, "payload": struct_json(signal.payload.as_ref()),
+                "sent_by": signal.sent_by, "consumed_by_step_id": signal.consumed_by_step_id,
+            })
+        })
+        .collect();
     serde_json::json!({
         "id": run.id,
         "workflow": run.workflow,
@@ -126,6 +136,7 @@ fn run_json(run: &pb::Run) -> Value {
         "error": run.error,
         "steps": steps,
         "gate_decisions": decisions,
+        "signals": signals,
     })
 }
 

@@ -149,9 +149,14 @@ async fn a_person_is_told_why_a_call_was_refused() {
         "error: idempotency key `k1` is already used by run {run_id} of counted v1, which is not a run of gated"
     );
     assert!(stderr(&other).starts_with(&expected), "{}", stderr(&other));
-    let shown = chorus(&url, dir, &["run", "get", &run_id, "--json"]).await;
+    let signaled = chorus(&url, dir, &["run", "signal", &run_id, "go", "--payload", r#"{"by": "ana"}"#]).await;
+    assert_eq!(signaled.status.code(), Some(0), "{}", stderr(&signaled));
+    let shown = chorus(&url, dir, &["run", "get", &run_id, "--wait", "--json"]).await;
     let shown: serde_json::Value = serde_json::from_str(&stdout(&shown)).expect("the run as JSON");
     assert_eq!(shown["input"], serde_json::json!({"count": 5}), "{shown}");
+    let signal = &shown["signals"][0];
+    assert_eq!((&signal["name"], &signal["payload"]["by"]), (&serde_json::json!("go"), &serde_json::json!("ana")));
+    assert_eq!(signal["consumed_by_step_id"], "hold", "{shown}");
     let listed = stdout(&chorus(&url, dir, &["run", "list"]).await);
     assert_eq!(listed.lines().count(), 2, "a header and the one run: {listed}");
 }
