@@ -14,6 +14,9 @@ pub(crate) type Result<T, E = GatewayError> = std::result::Result<T, E>;
 pub enum GatewayError {
     #[error("task {0} not found")]
     TaskNotFound(String),
+    /// An A2A TaskNotFoundError too: the spec has no error of its own for it.
+    #[error("push notification config {id} of task {task_id} not found")]
+    PushConfigNotFound { task_id: String, id: String },
     #[error("task {id} is {state} and cannot be canceled")]
     TaskNotCancelable { id: String, state: String },
     #[error("push notifications are not supported by agent {0}")]
@@ -26,8 +29,9 @@ pub enum GatewayError {
     InvalidAgentResponse(String),
     #[error("no extended agent card is configured")]
     ExtendedCardNotConfigured,
-    #[error("A2A version {0:?} is not supported; this gateway speaks 1.0 and 0.3")]
-    VersionNotSupported(String),
+    /// A version the binding does not speak: the one asked for, and those it does.
+    #[error("A2A version {0:?} is not supported; this binding speaks {1}")]
+    VersionNotSupported(String, &'static str),
     #[error("{0}")]
     Parse(String),
     #[error("{0}")]
@@ -59,14 +63,14 @@ impl GatewayError {
     /// The A2A error name (`ErrorInfo.reason`).
     pub(crate) fn reason(&self) -> &'static str {
         match self {
-            Self::TaskNotFound(_) => "TASK_NOT_FOUND",
+            Self::TaskNotFound(_) | Self::PushConfigNotFound { .. } => "TASK_NOT_FOUND",
             Self::TaskNotCancelable { .. } => "TASK_NOT_CANCELABLE",
             Self::PushNotSupported(_) => "PUSH_NOTIFICATION_NOT_SUPPORTED",
             Self::UnsupportedOperation(_) => "UNSUPPORTED_OPERATION",
             Self::ContentTypeNotSupported(_) => "CONTENT_TYPE_NOT_SUPPORTED",
             Self::InvalidAgentResponse(_) => "INVALID_AGENT_RESPONSE",
             Self::ExtendedCardNotConfigured => "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
-            Self::VersionNotSupported(_) => "VERSION_NOT_SUPPORTED",
+            Self::VersionNotSupported(..) => "VERSION_NOT_SUPPORTED",
             Self::Parse(_) => "PARSE_ERROR",
             Self::InvalidRequest(_) => "INVALID_REQUEST",
             Self::MethodNotFound(_) => "METHOD_NOT_FOUND",
@@ -85,14 +89,14 @@ impl GatewayError {
     /// The JSON-RPC error code (spec §9.5).
     pub(crate) fn jsonrpc_code(&self) -> i32 {
         match self {
-            Self::TaskNotFound(_) => -32001,
+            Self::TaskNotFound(_) | Self::PushConfigNotFound { .. } => -32001,
             Self::TaskNotCancelable { .. } => -32002,
             Self::PushNotSupported(_) => -32003,
             Self::UnsupportedOperation(_) => -32004,
             Self::ContentTypeNotSupported(_) => -32005,
             Self::InvalidAgentResponse(_) => -32006,
             Self::ExtendedCardNotConfigured => -32007,
-            Self::VersionNotSupported(_) => -32009,
+            Self::VersionNotSupported(..) => -32009,
             Self::Parse(_) => -32700,
             Self::InvalidRequest(_) | Self::PayloadTooLarge(_) | Self::Unauthenticated | Self::PermissionDenied(_) => {
                 -32600
@@ -106,17 +110,22 @@ impl GatewayError {
     /// The gRPC code (spec 1.0.1 §10.6).
     pub(crate) fn grpc_code(&self) -> Code {
         match self {
-            Self::TaskNotFound(_) | Self::AgentNotFound(_) => Code::NotFound,
+            // A method is missing only from the JSON-RPC and HTTP+JSON
+            // bindings (gRPC's own are all served): for a REST path, it is a
+            // resource not found, and the body's status says so beside 404.
+            Self::TaskNotFound(_)
+            | Self::PushConfigNotFound { .. }
+            | Self::AgentNotFound(_)
+            | Self::MethodNotFound(_) => Code::NotFound,
             Self::TaskNotCancelable { .. }
             | Self::PushNotSupported(_)
             | Self::UnsupportedOperation(_)
             | Self::ExtendedCardNotConfigured
-            | Self::VersionNotSupported(_)
+            | Self::VersionNotSupported(..)
             | Self::RemoteAgent(_) => Code::FailedPrecondition,
             Self::ContentTypeNotSupported(_) | Self::Parse(_) | Self::InvalidRequest(_) | Self::InvalidParams(_) => {
                 Code::InvalidArgument
             }
-            Self::MethodNotFound(_) => Code::Unimplemented,
             Self::PayloadTooLarge(_) => Code::OutOfRange,
             Self::Unauthenticated => Code::Unauthenticated,
             Self::PermissionDenied(_) => Code::PermissionDenied,
@@ -130,13 +139,16 @@ impl GatewayError {
     pub(crate) fn http_status(&self) -> http::StatusCode {
         use http::StatusCode as S;
         match self {
-            Self::TaskNotFound(_) | Self::AgentNotFound(_) | Self::MethodNotFound(_) => S::NOT_FOUND,
+            Self::TaskNotFound(_)
+            | Self::PushConfigNotFound { .. }
+            | Self::AgentNotFound(_)
+            | Self::MethodNotFound(_) => S::NOT_FOUND,
             Self::TaskNotCancelable { .. }
             | Self::PushNotSupported(_)
             | Self::UnsupportedOperation(_)
             | Self::ContentTypeNotSupported(_)
             | Self::ExtendedCardNotConfigured
-            | Self::VersionNotSupported(_)
+            | Self::VersionNotSupported(..)
             | Self::Parse(_)
             | Self::InvalidRequest(_)
             | Self::InvalidParams(_) => S::BAD_REQUEST,

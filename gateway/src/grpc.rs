@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status, metadata::MetadataMap};
 use crate::{
     auth::Scope,
     error::{GatewayError, Result},
-    http::{Version, parse_version},
+    http::{SPEAKS_1_0, Version, parse_version},
     service::{self, EventStream, Gateway},
 };
 
@@ -36,10 +36,10 @@ impl A2aGrpc {
     fn scope(&self, metadata: &MetadataMap, tenant: &str) -> Result<Scope> {
         let version = metadata.get("a2a-version").map(|value| value.to_str().unwrap_or("<not ASCII>"));
         if let Some(requested) = version
-            && parse_version(requested.trim())? == Version::V03
+            && parse_version(requested.trim(), SPEAKS_1_0)? == Version::V03
             && !requested.trim().is_empty()
         {
-            return Err(GatewayError::VersionNotSupported(requested.to_owned()));
+            return Err(GatewayError::VersionNotSupported(requested.to_owned(), SPEAKS_1_0));
         }
         let principal =
             self.gateway.auth().authenticate(|name| metadata.get(name).and_then(|value| value.to_str().ok()))?;

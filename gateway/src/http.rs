@@ -81,9 +81,14 @@ fn card_response(gateway: &Gateway, agent: &str, headers: &HeaderMap) -> Respons
     response
 }
 
+/// What the JSON-RPC binding speaks; HTTP+JSON and gRPC speak 1.0 only.
+pub(crate) const SPEAKS_1_0_AND_0_3: &str = "1.0 and 0.3";
+pub(crate) const SPEAKS_1_0: &str = "1.0";
+
 /// The version a request asked for (`A2A-Version` header, else query
-/// parameter); the patch number does not count.
-pub(crate) fn version(headers: &HeaderMap, query: Option<&str>) -> Result<Version> {
+/// parameter); the patch number does not count. A version other than 1.0
+/// and 0.3 is refused as one the binding (which `speaks`) does not speak.
+pub(crate) fn version(headers: &HeaderMap, query: Option<&str>, speaks: &'static str) -> Result<Version> {
     let from_query = || {
         query.and_then(|query| {
             query
@@ -92,19 +97,21 @@ pub(crate) fn version(headers: &HeaderMap, query: Option<&str>) -> Result<Versio
         })
     };
     let requested = match headers.get("a2a-version") {
-        Some(value) => value.to_str().map_err(|_| GatewayError::VersionNotSupported("<not ASCII>".to_owned()))?,
+        Some(value) => {
+            value.to_str().map_err(|_| GatewayError::VersionNotSupported("<not ASCII>".to_owned(), speaks))?
+        }
         None => from_query().unwrap_or(""),
     };
-    parse_version(requested.trim())
+    parse_version(requested.trim(), speaks)
 }
 
-pub(crate) fn parse_version(requested: &str) -> Result<Version> {
+pub(crate) fn parse_version(requested: &str, speaks: &'static str) -> Result<Version> {
     let major_minor: Vec<&str> = requested.split('.').take(2).collect();
     match major_minor.as_slice() {
         [""] => Ok(Version::V03),
         ["1", "0"] | ["1"] => Ok(Version::V1),
         ["0", "3"] => Ok(Version::V03),
-        _ => Err(GatewayError::VersionNotSupported(requested.to_owned())),
+        _ => Err(GatewayError::VersionNotSupported(requested.to_owned(), speaks)),
     }
 }
 

@@ -101,7 +101,7 @@ async fn parse(
         Some(params @ Value::Object(_)) => params,
         Some(_) => return Err((id, GatewayError::InvalidParams("params must be an object".to_owned()))),
     };
-    let version = http::version(headers, uri.query()).map_err(|error| (id.clone(), error))?;
+    let version = http::version(headers, uri.query(), http::SPEAKS_1_0_AND_0_3).map_err(|error| (id.clone(), error))?;
     let v1_method = METHODS.iter().copied().find(|known| *known == method);
     let (method, params, version) = match (v1_method, version) {
         (Some(method), _) => (method, params, Version::V1),

@@ -65,8 +65,8 @@ async fn serve(
     body: Body,
 ) -> Result<Response> {
     let principal = http::authenticate(gateway, headers)?;
-    if http::version(headers, uri.query())? == Version::V03 && headers.contains_key("a2a-version") {
-        return Err(GatewayError::VersionNotSupported("0.3".to_owned()));
+    if http::version(headers, uri.query(), http::SPEAKS_1_0)? == Version::V03 && headers.contains_key("a2a-version") {
+        return Err(GatewayError::VersionNotSupported("0.3".to_owned(), http::SPEAKS_1_0));
     }
     let (tenant, operation) = route(method, path)?;
     let scope = gateway.auth().scope(&principal, &tenant)?;
@@ -210,7 +210,11 @@ fn list_request(query: &HashMap<String, String>) -> Result<a2a::ListTasksRequest
                     .parse::<i64>()
                     .map_err(|_| { GatewayError::InvalidParams(format!("{name} must be an integer")) })?
             ),
-            "includeArtifacts" => json!(value == "true"),
+            "includeArtifacts" => match value.as_str() {
+                "true" => json!(true),
+                "false" => json!(false),
+                _ => return Err(GatewayError::InvalidParams(format!("{name} must be true or false, not {value:?}"))),
+            },
             "contextId" | "status" | "pageToken" | "statusTimestampAfter" | "tenant" => json!(value),
             other => return Err(GatewayError::InvalidParams(format!("unknown query parameter {other:?}"))),
         };
@@ -261,5 +265,11 @@ mod tests {
         assert_eq!(request.context_id.as_deref(), Some("a b"));
         assert!(list_request(&url_decode_pairs("pageSize=x")).is_err());
         assert!(list_request(&url_decode_pairs("bogus=1")).is_err());
+        let with = list_request(&url_decode_pairs("includeArtifacts=true")).expect("a flag");
+        assert_eq!(with.include_artifacts, Some(true));
+        for unclear in ["1", "yes", "TRUE", ""] {
+            let error = list_request(&url_decode_pairs(&format!("includeArtifacts={unclear}")));
+            assert!(matches!(error, Err(GatewayError::InvalidParams(_))), "{unclear:?} is not read as false");
+        }
     }
 }

@@ -193,6 +193,14 @@ async fn unknown_task_ids_are_not_found_on_every_binding() {
     let listed = client.list_task_push_notification_configs(grpc_request(list)).await;
     assert_grpc_error(listed, Code::NotFound, "TASK_NOT_FOUND");
     still_serving(&a2a, 0).await;
+
+    // A task that exists, without the config asked for: the error says which is missing.
+    let task = a2a.send("tck", message(&unique("tck-complete-task"), "hello")).await;
+    let error =
+        a2a.call_error("tck", "GetTaskPushNotificationConfig", json!({ "taskId": task["id"], "id": "c1" })).await;
+    assert_rpc_error(&error, -32001, "TASK_NOT_FOUND");
+    let expected = format!("push notification config c1 of task {} not found", task["id"].as_str().unwrap_or_default());
+    assert_eq!(error["message"], expected, "{error:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -234,6 +242,7 @@ async fn rest_errors_have_the_aip_193_shape() {
     {
         let (status, body) = json(a2a.rest(method, "tck", path)).await;
         assert_rest_error(status, &body, StatusCode::NOT_FOUND, "METHOD_NOT_FOUND");
+        assert_eq!(body["error"]["status"], "NOT_FOUND", "the status agrees with 404: {body:#}");
     }
     let send = a2a.rest(Method::POST, "tck", "message:send").header(CONTENT_TYPE, "application/a2a+json");
     let (status, body) = json(send.body(r#"{"message": {"messageId": "#)).await;
@@ -323,9 +332,16 @@ async fn an_unsupported_version_is_refused_on_every_binding() {
 
     let future = |path: &str| a2a.http().post(format!("{}/a2a/tck{path}", a2a.base())).header("A2A-Version", "99.0");
     let request = future("").json(&rpc_request("SendMessage", send()));
-    assert_rpc_error(&rpc_error(request).await, -32009, "VERSION_NOT_SUPPORTED");
+    let error = rpc_error(request).await;
+    assert_rpc_error(&error, -32009, "VERSION_NOT_SUPPORTED");
+    assert!(error["message"].as_str().unwrap_or_default().ends_with("speaks 1.0 and 0.3"), "{error:#}");
     let (status, body) = json(future("/rest/message:send").json(&send())).await;
     assert_rest_error(status, &body, StatusCode::BAD_REQUEST, "VERSION_NOT_SUPPORTED");
+    let older = a2a.http().post(format!("{}/a2a/tck/rest/message:send", a2a.base())).header("A2A-Version", "0.3");
+    let (status, body) = json(older.json(&send())).await;
+    assert_rest_error(status, &body, StatusCode::BAD_REQUEST, "VERSION_NOT_SUPPORTED");
+    let said = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(said.ends_with("this binding speaks 1.0"), "HTTP+JSON does not speak 0.3: {body:#}");
     let by_query = a2a.http().get(format!("{}/a2a/tck/rest/tasks?A2A-Version=99.0", a2a.base()));
     let (status, body) = json(by_query).await;
     assert_rest_error(status, &body, StatusCode::BAD_REQUEST, "VERSION_NOT_SUPPORTED");

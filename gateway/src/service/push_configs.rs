@@ -5,7 +5,11 @@ use a2a::TaskPushNotificationConfig;
 use chorus_proto::taskstore as pb;
 
 use super::{Gateway, task_error};
-use crate::{auth::Scope, error::Result, notify::Follow};
+use crate::{
+    auth::Scope,
+    error::{GatewayError, Result},
+    notify::Follow,
+};
 
 impl Gateway {
     /// `CreateTaskPushNotificationConfig`: notifications cover the changes
@@ -62,8 +66,15 @@ impl Gateway {
             task_id: task_id.to_owned(),
             id: id.to_owned(),
         };
-        let config = self.tasks().get_push_config(request).await.map_err(|status| task_error(&status, task_id))?;
-        Ok(push_config_out(config.into_inner()))
+        match self.tasks().get_push_config(request).await {
+            Ok(config) => Ok(push_config_out(config.into_inner())),
+            Err(status) if status.code() == tonic::Code::NotFound => {
+                // The task, or only its config? Only the task answers that.
+                self.get_task(scope, task_id, Some(0)).await?;
+                Err(GatewayError::PushConfigNotFound { task_id: task_id.to_owned(), id: id.to_owned() })
+            }
+            Err(status) => Err(task_error(&status, task_id)),
+        }
     }
 
     pub(crate) async fn list_push_configs(
