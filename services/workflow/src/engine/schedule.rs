@@ -57,14 +57,52 @@ pub(crate) fn changes(before: &Run, after: &Run) -> Vec<RunChange> {
     for decision in after.body.gate_decisions.iter().skip(before.body.gate_decisions.len()) {
         changes.push(RunChange::GateDecided { decision: decision.clone() });
     }
+    let mut steps: Vec<Arc<StepRecord>> = Vec::new();
     for step in &after.body.steps {
         let index = usize::try_from(step.seq).unwrap_or(usize::MAX).wrapping_sub(1);
         if before.body.steps.get(index) != Some(step) {
-            changes.push(RunChange::StepUpdated { step: Arc::clone(step) });
+            steps.push(Arc::clone(step));
         }
     }
+    finish_after_nested(&mut steps, after);
+    changes.extend(steps.into_iter().map(|step| RunChange::StepUpdated { step }));
     if before.state != after.state {
         changes.push(RunChange::RunStateChanged);
     }
     changes
+}
+
+/// Orders changed records (in sequence order) so that a step finishing in
+/// this change comes after the changes nested in it: a parallel step
+/// finishes with its last branch step, in one write, and has the lower
+/// sequence number, yet a watch should see the branch end first. The
+/// innermost finished step moves first, so nested parallels unwind in order.
+fn finish_after_nested(steps: &mut Vec<Arc<StepRecord>>, run: &Run) {
+    if !steps.iter().any(|step| step.kind == StepKind::Parallel && step.state.is_finished()) {
+        return;
+    }
+    let parent_of = |step_id: &str| {
+        run.body.steps.iter().find(|record| record.step_id == step_id).and_then(|record| record.parent_step_id.clone())
+    };
+    let nested_in = |record: &StepRecord, ancestor: &str| {
+        let mut at = record.parent_step_id.clone();
+        while let Some(step_id) = at {
+            if step_id == ancestor {
+                return true;
+            }
+            at = parent_of(&step_id);
+        }
+        false
+    };
+    let mut finished: Vec<Arc<StepRecord>> =
+        steps.iter().filter(|step| step.kind == StepKind::Parallel && step.state.is_finished()).cloned().collect();
+    finished.sort_by_key(|step| std::cmp::Reverse(step.seq));
+    for parallel in finished {
+        let Some(from) = steps.iter().position(|step| Arc::ptr_eq(step, &parallel)) else { continue };
+        let last_nested = steps.iter().rposition(|step| nested_in(step, &parallel.step_id));
+        if let Some(to) = last_nested.filter(|to| *to > from) {
+            let moved = steps.remove(from);
+            steps.insert(to, moved);
+        }
+    }
 }

@@ -21,6 +21,7 @@ use crate::harness::{Harness, NS, conformance, test_config};
 conformance!(
     messages_reach_hub_topics_and_webhooks_once_with_their_keys,
     a_watch_sees_every_change_and_resumes_after_a_cursor,
+    a_watch_sees_a_parallel_step_finish_after_its_branches,
     matching_events_start_one_run_each,
     cron_schedules_start_runs,
 );
@@ -92,6 +93,49 @@ async fn messages_reach_hub_topics_and_webhooks_once_with_their_keys(h: Harness)
     let message_id = run.body.steps[0].output.as_ref().expect("output")["message_id"].as_str().expect("id").to_owned();
     assert_eq!(body["text"], json!(format!("posted {message_id}")));
     assert_eq!(body["run_id"], json!(run.id));
+}
+
+async fn a_watch_sees_a_parallel_step_finish_after_its_branches(h: Harness) {
+    h.put(
+        r#"name: fanned
+steps:
+- id: fan
+  parallel:
+    branches:
+    - name: a
+      steps:
+      - id: left
+        spawn: {agent: coder, input: l}
+    - name: b
+      steps:
+      - id: inner
+        parallel:
+          branches:
+          - name: c
+            steps:
+            - id: right
+              spawn: {agent: coder, input: r}
+          - name: d
+            steps:
+            - id: far
+              spawn: {agent: coder, input: f}
+"#,
+    )
+    .await;
+    let run = h.run("fanned", json!({})).await;
+    h.finished(&run.id).await;
+    let events = h.workflows.watch_run(NS, &run.id, 0).await.expect("replay").collect::<Vec<_>>().await;
+    let finished: Vec<String> = events
+        .into_iter()
+        .map(|event| event.expect("event").change)
+        .filter_map(|change| match change {
+            RunChange::StepUpdated { step } if step.state.is_finished() => Some(step.step_id.clone()),
+            _ => None,
+        })
+        .collect();
+    let at = |step_id: &str| finished.iter().position(|id| id == step_id).unwrap_or_else(|| panic!("{finished:?}"));
+    let (inner, fan) = (at("inner"), at("fan"));
+    assert!(at("right") < inner && at("far") < inner && inner < fan && at("left") < fan, "{finished:?}");
 }
 
 async fn a_watch_sees_every_change_and_resumes_after_a_cursor(h: Harness) {
