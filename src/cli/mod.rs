@@ -65,7 +65,8 @@ pub(crate) enum RunCommand {
         /// pending, running, waiting, completed, failed or canceled (repeatable).
         #[arg(long = "state")]
         states: Vec<String>,
-        #[arg(long, default_value_t = 50)]
+        /// The most runs shown (at least 1).
+        #[arg(long, default_value_t = 50, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
         limit: usize,
     },
     /// Follows a run live until it ends; exit code 0 when it completed.

@@ -1,8 +1,10 @@
 //! `chorus run start|get|list|watch|cancel|signal`.
 
+use std::collections::HashMap;
+
 use chorus_proto::workflow::{
     self as pb, CancelRunRequest, GetRunRequest, ListRunsRequest, SignalRunRequest, StartRunRequest, WatchRunRequest,
-    workflow_client::WorkflowClient,
+    run_event, workflow_client::WorkflowClient,
 };
 use clap::Args;
 use serde_json::{Map, Value};
@@ -201,9 +203,20 @@ pub(super) async fn watch(client: &mut Client, target: &Target, run_id: &str) ->
     };
     let mut events = client.watch_run(request).await?.into_inner();
     let mut last = pb::RunState::Unspecified;
+    // A record written again with nothing a person sees changed (a gate
+    // waiting, then announced) is printed once.
+    let mut shown: HashMap<(String, u32, u32), String> = HashMap::new();
     while let Some(event) = events.message().await? {
-        println!("{}", view::event(&event));
         last = event.state();
+        let line = view::event(&event);
+        if let Some(step) = event.step.as_ref().filter(|_| event.kind() == run_event::Kind::StepUpdated) {
+            let record = (step.step_id.clone(), step.iteration, step.attempt);
+            if shown.get(&record) == Some(&line) {
+                continue;
+            }
+            shown.insert(record, line.clone());
+        }
+        println!("{}  {line}", view::time(event.time.as_ref()));
     }
     if last == pb::RunState::Completed { Ok(()) } else { Err(Failure::No) }
 }

@@ -140,25 +140,24 @@ fn decision_line(decision: &pb::GateDecision) -> String {
     format!("{verdict} by {} → {outcome}{reason}", decision.decided_by)
 }
 
-/// One line per event of a watch.
+/// What a watch prints for an event, after its time.
 pub(super) fn event(event: &RunEvent) -> String {
-    let at = time(event.time.as_ref());
     match event.kind() {
-        Kind::RunStateChanged => format!("{at}  run {}", run_state(event.state())),
+        Kind::RunStateChanged => format!("run {}", run_state(event.state())),
         Kind::StepUpdated => {
             let step = event.step.clone().unwrap_or_default();
             let detail = step_detail(&step);
             let detail = if detail.is_empty() { String::new() } else { format!("  {detail}") };
-            format!("{at}  {} #{}.{} {}{detail}", step.step_id, step.iteration, step.attempt, step_state(step.state()))
+            format!("{} #{}.{} {}{detail}", step.step_id, step.iteration, step.attempt, step_state(step.state()))
         }
         Kind::GateDecided => {
             let decision = event.gate_decision.clone().unwrap_or_default();
-            format!("{at}  gate {}#{}: {}", decision.step_id, decision.iteration, decision_line(&decision))
+            format!("gate {}#{}: {}", decision.step_id, decision.iteration, decision_line(&decision))
         }
         Kind::SignalReceived => {
             let signal = event.signal.clone().unwrap_or_default();
-            format!("{at}  signal {} from {}", signal.name, signal.sent_by)
+            format!("signal {} from {}", signal.name, signal.sent_by)
         }
-        Kind::Unspecified => format!("{at}  (unknown change)"),
+        Kind::Unspecified => "(unknown change)".to_owned(),
     }
 }

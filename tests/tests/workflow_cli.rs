@@ -94,6 +94,9 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
     assert!(lines.contains("gate signoff#1: reject by ana → rerun: needs numbers"), "{lines}");
     assert!(lines.contains("gate signoff#2: approve by ana → continued"), "{lines}");
     assert!(lines.trim_end().ends_with("run completed"), "{lines}");
+    for waiting in ["signoff #1.1 waiting", "signoff #2.1 waiting"] {
+        assert_eq!(lines.matches(waiting).count(), 1, "announced, the gate is still shown once: {lines}");
+    }
 
     let waited = waited.await.expect("get --wait");
     let waited: serde_json::Value = serde_json::from_str(&stdout(&waited)).expect("the run as JSON");
@@ -159,4 +162,7 @@ async fn a_person_is_told_why_a_call_was_refused() {
     assert_eq!(signal["consumed_by_step_id"], "hold", "{shown}");
     let listed = stdout(&chorus(&url, dir, &["run", "list"]).await);
     assert_eq!(listed.lines().count(), 2, "a header and the one run: {listed}");
+    let none = chorus(&url, dir, &["run", "list", "--limit", "0"]).await;
+    assert_eq!(none.status.code(), Some(2), "{}", stdout(&none));
+    assert!(stderr(&none).contains("--limit"), "{}", stderr(&none));
 }
