@@ -361,21 +361,25 @@ async fn a_key_reused_by_another_start_is_refused_and_changes_nothing(h: Harness
 }
 
 async fn decisions_on_gates_not_waiting_change_nothing(h: Harness) {
-    h.put(GATED).await;
-    let run = h.run("gated", json!({})).await;
+    // The step before the gate waits for a signal, so the gate cannot begin
+    // waiting before the early decision, however slowly this test runs.
+    h.put(
+        "name: held\nsteps:\n- id: hold\n  wait: {signal: go}\n- id: signoff\n  gate: {mode: HITL, reviewers: ops}\n",
+    )
+    .await;
+    let run = h.run("held", json!({})).await;
+    h.waiting(&run.id).await;
     let error = h.workflows.decide_gate(NS, &run.id, gate("signoff", Decision::Approve, "ana", "")).await;
+    assert!(matches!(error, Err(WorkflowError::FailedPrecondition(_))), "{error:?}");
+    signal(&h, &run.id, "go", "s1").await;
     let run =
         h.until(&run.id, "the gate announced", |r| r.body.steps.get(1).is_some_and(|s| s.external_id.is_some())).await;
-    assert!(matches!(error, Err(WorkflowError::FailedPrecondition(_))), "{error:?}");
     let mut stale = gate("signoff", Decision::Approve, "ana", "");
     stale.iteration = Some(7);
     let error = h.workflows.decide_gate(NS, &run.id, stale).await.expect_err("stale iteration");
     assert!(matches!(error, WorkflowError::FailedPrecondition(_)), "{error:?}");
-    let error = h
-        .workflows
-        .decide_gate(NS, &run.id, gate("design", Decision::Approve, "ana", ""))
-        .await
-        .expect_err("not a gate");
+    let error =
+        h.workflows.decide_gate(NS, &run.id, gate("hold", Decision::Approve, "ana", "")).await.expect_err("not a gate");
     assert!(matches!(error, WorkflowError::InvalidArgument(_)), "{error:?}");
     let after = h.workflows.get_run(NS, &run.id).await.expect("run");
     assert_eq!(after.body.gate_decisions.len(), 0);
