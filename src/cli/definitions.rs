@@ -37,10 +37,10 @@ pub(super) async fn validate(client: &mut Client, target: &Target, files: &[Path
         };
         let answer = client.validate_definition(request).await?.into_inner();
         for problem in &answer.problems {
-            println!("{}", problem_line(problem));
+            outln!("{}", problem_line(problem));
         }
         if answer.valid {
-            println!("{}: ok ({})", file.display(), answer.name);
+            outln!("{}: ok ({})", file.display(), answer.name);
         }
         valid &= answer.valid;
     }
@@ -89,16 +89,16 @@ pub(super) async fn apply(client: &mut Client, target: &Target, paths: &[PathBuf
                 }
                 applied = false;
                 for problem in &problems {
-                    println!("{}", problem_line(problem));
+                    outln!("{}", problem_line(problem));
                 }
                 continue;
             }
         };
         let definition = answer.definition.unwrap_or_default();
         let unchanged = if answer.unchanged { " (unchanged)" } else { "" };
-        println!("{} v{}{unchanged}", definition.name, definition.version);
+        outln!("{} v{}{unchanged}", definition.name, definition.version);
         for warning in &answer.warnings {
-            println!("{}", problem_line(warning));
+            outln!("{}", problem_line(warning));
         }
     }
     if applied { Ok(()) } else { Err(Failure::No) }
@@ -143,6 +143,6 @@ pub(super) async fn list(client: &mut Client, target: &Target, name: Option<Stri
         }
         page_token = page.next_page_token;
     }
-    print!("{}", view::table(&rows));
+    out!("{}", view::table(&rows));
     Ok(())
 }

@@ -49,7 +49,7 @@ pub(super) async fn list(client: &mut Client, target: &Target, workflow: Option<
         }
         page_token = page.next_page_token;
     }
-    print!("{}", view::table(&rows));
+    out!("{}", view::table(&rows));
     Ok(())
 }
 
@@ -82,9 +82,9 @@ pub(super) async fn decide(
     match decided {
         Some(decision) => {
             let outcome = decision.outcome().as_str_name().trim_start_matches("OUTCOME_").to_lowercase();
-            println!("{} {step}#{}: {outcome}; run {}", run.id, decision.iteration, view::run_state(run.state()));
+            outln!("{} {step}#{}: {outcome}; run {}", run.id, decision.iteration, view::run_state(run.state()));
         }
-        None => println!("{} {step}: decided; run {}", run.id, view::run_state(run.state())),
+        None => outln!("{} {step}: decided; run {}", run.id, view::run_state(run.state())),
     }
     Ok(())
 }

@@ -3,12 +3,28 @@
 //! 0 done, 1 the answer was "no" (invalid definitions, a run that did not
 //! complete), 2 the call failed.
 
+/// `print!` for the CLI's answers: when the reader has gone away (`chorus
+/// run list | head`), the command ends quietly with 0, as a filter's
+/// writer does, instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(format_args!($($arg)*))
+    };
+}
+
+/// `println!` the same way.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 mod definitions;
 mod gates;
 mod runs;
 mod view;
 
-use std::process::ExitCode;
+use std::{io::Write as _, process::ExitCode};
 
 use chorus_proto::workflow::workflow_client::WorkflowClient;
 use clap::{Args, Subcommand};
@@ -147,6 +163,16 @@ async fn connect(target: &Target) -> Result<WorkflowClient<Channel>, Failure> {
     let channel =
         endpoint.connect().await.map_err(|error| Failure::Call(format!("cannot reach {}: {error}", target.server)))?;
     Ok(WorkflowClient::new(channel))
+}
+
+/// Writes to stdout; see [`out!`].
+fn write_stdout(text: std::fmt::Arguments<'_>) {
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_fmt(text).and_then(|()| stdout.flush()) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(error) => panic!("cannot write to stdout: {error}"),
+    }
 }
 
 fn exit(outcome: Outcome) -> ExitCode {

@@ -70,7 +70,7 @@ pub(super) async fn start(client: &mut Client, target: &Target, args: StartArgs)
         }),
     };
     let run = client.start_run(request).await?.into_inner();
-    println!("{}", run.id);
+    outln!("{}", run.id);
     if args.watch { watch(client, target, &run.id).await } else { Ok(()) }
 }
 
@@ -78,9 +78,9 @@ pub(super) async fn get(client: &mut Client, target: &Target, run_id: &str, json
     let request = GetRunRequest { namespace: target.namespace.clone(), run_id: run_id.to_owned(), wait_finished: wait };
     let run = client.get_run(request).await?.into_inner();
     if json {
-        println!("{}", serde_json::to_string_pretty(&run_json(&run)).unwrap_or_default());
+        outln!("{}", serde_json::to_string_pretty(&run_json(&run)).unwrap_or_default());
     } else {
-        print!("{}", view::run(&run));
+        out!("{}", view::run(&run));
     }
     Ok(())
 }
@@ -191,7 +191,7 @@ pub(super) async fn list(
         }
         page_token = page.next_page_token;
     }
-    print!("{}", view::table(&rows));
+    out!("{}", view::table(&rows));
     Ok(())
 }
 
@@ -216,7 +216,7 @@ pub(super) async fn watch(client: &mut Client, target: &Target, run_id: &str) ->
             }
             shown.insert(record, line.clone());
         }
-        println!("{}  {line}", view::time(event.time.as_ref()));
+        outln!("{}  {line}", view::time(event.time.as_ref()));
     }
     if last == pb::RunState::Completed { Ok(()) } else { Err(Failure::No) }
 }
@@ -229,7 +229,7 @@ pub(super) async fn cancel(client: &mut Client, target: &Target, run_id: &str, r
         canceled_by: view::user(),
     };
     let run = client.cancel_run(request).await?.into_inner();
-    println!("{} {}", run.id, view::run_state(run.state()));
+    outln!("{} {}", run.id, view::run_state(run.state()));
     Ok(())
 }
 
@@ -250,6 +250,6 @@ pub(super) async fn signal(
         ..SignalRunRequest::default()
     };
     let sent = client.signal_run(request).await?.into_inner();
-    println!("{}{}", sent.signal_id, if sent.duplicate { " (duplicate)" } else { "" });
+    outln!("{}{}", sent.signal_id, if sent.duplicate { " (duplicate)" } else { "" });
     Ok(())
 }

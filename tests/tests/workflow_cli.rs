@@ -165,4 +165,18 @@ async fn a_person_is_told_why_a_call_was_refused() {
     let none = chorus(&url, dir, &["run", "list", "--limit", "0"]).await;
     assert_eq!(none.status.code(), Some(2), "{}", stdout(&none));
     assert!(stderr(&none).contains("--limit"), "{}", stderr(&none));
+
+    // A reader that stops reading (`| head`) ends the command quietly.
+    let mut piped = tokio::process::Command::new(chorus_bin())
+        .args(["run", "get", &run_id, "--json"])
+        .env("CHORUS_SERVER", &url)
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the CLI");
+    drop(piped.stdout.take());
+    let ended = piped.wait_with_output().await.expect("the CLI ends");
+    assert_eq!(ended.status.code(), Some(0), "{}", stderr(&ended));
+    assert!(!stderr(&ended).contains("panicked"), "{}", stderr(&ended));
 }
