@@ -135,3 +135,31 @@ async fn the_websocket_endpoint_refuses_a_caller_without_the_gateways_token() {
     let welcome = upgrade(format!("{}/acp?agent=echo&token=s3cret-ide-token", server.url())).await.expect("answer");
     assert_eq!(welcome.status(), 101, "the token lets the upgrade through");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ide_that_fails_a_permission_request_ends_the_turn_and_its_task() {
+    let sandbox = Sandbox::new();
+    acp::write_config(&sandbox, None);
+    let server = sandbox.dev().no_agents().start().await;
+    let _reviewer = acp::reviewer(&sandbox, server.url(), 10);
+    let mut ide = AcpProcess::start(server.url(), "reviewer", sandbox.path(), &[]);
+    ide.initialize(json!({})).await;
+    let session = ide.new_session(1, sandbox.path()).await;
+    let prompt = json!({ "sessionId": session, "prompt": [{ "type": "text", "text": "review this" }] });
+    ide.send(json!({ "jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": prompt })).await;
+    let asked = ide.wait_for(|m| m["method"] == "session/request_permission").await;
+    let error = json!({ "code": -32603, "message": "the IDE broke" });
+    ide.send(json!({ "jsonrpc": "2.0", "id": asked["id"], "error": error })).await;
+    let (failed, _) = ide.response(&json!(2)).await;
+    assert_eq!(error_code(&failed), -32603, "{failed}");
+
+    // Nobody will answer the question: the task is canceled, not left waiting.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let body = json!({ "jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": { "contextId": session } });
+    let request = reqwest::Client::new().post(format!("{}/a2a/reviewer", server.url())).header("A2A-Version", "1.0");
+    let page: Value = request.json(&body).send().await.expect("ListTasks").json().await.expect("JSON");
+    let states: Vec<&Value> =
+        page["result"]["tasks"].as_array().expect("tasks").iter().map(|t| &t["status"]["state"]).collect();
+    assert_eq!(states, [&json!("TASK_STATE_CANCELED")], "{page:#}");
+    assert!(ide.is_running(), "the bridge goes on serving");
+}

@@ -80,10 +80,12 @@ pub(crate) enum Update {
     ToolChange { id: String, status: Option<ToolStatus>, content: Option<Vec<Content>> },
 }
 
-/// The A2A part of one prompt block. A resource link becomes a URL part, an
-/// embedded text resource a text part named by its URI's path; either keeps
-/// the URI in the part's metadata under [`PART_URI`].
-pub(crate) fn part_of(content: &Content) -> Option<Part> {
+/// The A2A part of one prompt block (none for a kind the bridge does not
+/// take). A resource link becomes a URL part, an embedded text resource a
+/// text part named by its URI's path; either keeps the URI in the part's
+/// metadata under [`PART_URI`]. A blob that is not base64 is an error naming
+/// its resource, not a part silently left out.
+pub(crate) fn part_of(content: &Content) -> Result<Option<Part>, String> {
     let with_uri = |content: PartContent, uri: &str, filename: Option<String>, mime: &Option<String>| {
         let mut metadata = HashMap::from([(PART_URI.to_owned(), json!(uri))]);
         if let Some(mime) = mime {
@@ -91,7 +93,7 @@ pub(crate) fn part_of(content: &Content) -> Option<Part> {
         }
         Part { content, filename, media_type: None, metadata: Some(metadata) }
     };
-    match content {
+    Ok(match content {
         Content::Text(text) => Some(Part::text(text.clone())),
         Content::Link { uri, name, mime_type } => {
             Some(with_uri(PartContent::Url(uri.clone()), uri, Some(name.clone()), mime_type))
@@ -100,12 +102,16 @@ pub(crate) fn part_of(content: &Content) -> Option<Part> {
             let filename = Some(file_path(uri).map_or_else(|| uri.clone(), |path| path.display().to_string()));
             let content = match body {
                 Body::Text(text) => PartContent::Text(text.clone()),
-                Body::Blob(blob) => PartContent::Raw(base64::engine::general_purpose::STANDARD.decode(blob).ok()?),
+                Body::Blob(blob) => PartContent::Raw(
+                    base64::engine::general_purpose::STANDARD
+                        .decode(blob)
+                        .map_err(|error| format!("resource {uri}: the blob is not base64: {error}"))?,
+                ),
             };
             Some(with_uri(content, uri, filename, mime_type))
         }
         Content::Unsupported(_) => None,
-    }
+    })
 }
 
 /// What the IDE shows for one A2A part.
@@ -187,7 +193,7 @@ mod tests {
             },
         ];
         for block in blocks {
-            let part = part_of(&block).expect("a part");
+            let part = part_of(&block).expect("a block the bridge takes").expect("a part");
             assert_eq!(part.media_type, None, "the agent's input modes must not refuse it: {part:?}");
             let back = content_of(&part);
             assert_eq!(block, back);
@@ -201,8 +207,19 @@ mod tests {
             mime_type: None,
             body: Body::Text("a".to_owned()),
         };
-        let part = part_of(&block).expect("a part");
+        let part = part_of(&block).expect("a block the bridge takes").expect("a part");
         assert_eq!(part.filename.as_deref(), Some("/home/me/my project/a.txt"));
+    }
+
+    #[test]
+    fn a_blob_that_is_not_base64_is_named_not_dropped() {
+        let block = Content::Resource {
+            uri: "file:///tmp/x.bin".to_owned(),
+            mime_type: None,
+            body: Body::Blob("!!!notbase64!!!".to_owned()),
+        };
+        let error = part_of(&block).expect_err("not base64");
+        assert!(error.starts_with("resource file:///tmp/x.bin: the blob is not base64"), "{error}");
     }
 
     #[test]

@@ -93,7 +93,9 @@ impl Turn {
         if let Some(Content::Unsupported(kind)) = prompt.iter().find(|c| matches!(c, Content::Unsupported(_))) {
             return Err(AcpError::InvalidParams(format!("this agent takes no {kind} content")));
         }
-        let parts: Vec<Part> = prompt.iter().filter_map(part_of).collect();
+        let parts: Vec<Option<Part>> =
+            prompt.iter().map(part_of).collect::<Result<_, _>>().map_err(AcpError::InvalidParams)?;
+        let parts: Vec<Part> = parts.into_iter().flatten().collect();
         if parts.is_empty() {
             return Err(AcpError::InvalidParams("the prompt is empty".to_owned()));
         }
@@ -116,9 +118,15 @@ impl Turn {
                 can_read_files: self.can_read_files,
                 cancel: &self.cancel,
             };
-            match question.answer(status.message.as_ref()).await? {
-                Answer::Reply(parts, metadata) => message = self.message(parts, Some(metadata)),
-                Answer::Cancelled => return Ok(self.cancelled().await),
+            let answered = question.answer(status.message.as_ref()).await;
+            match answered {
+                Ok(Answer::Reply(parts, metadata)) => message = self.message(parts, Some(metadata)),
+                Ok(Answer::Cancelled) => return Ok(self.cancelled().await),
+                Err(error) => {
+                    // No answer will come: the task would wait for one for good.
+                    self.cancelled().await;
+                    return Err(error);
+                }
             }
         }
     }

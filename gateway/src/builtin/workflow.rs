@@ -2,7 +2,8 @@
 //! run's progress becomes the task's status. A HITL gate waiting for a
 //! decision shows as `input-required`, its reviewers and artifacts in the
 //! status message; the reply (`approve`, or `reject: <feedback>`, or a data
-//! part `{"decision": …, "reason": …}`) decides it and the turn follows the
+//! part `{"decision": …, "reason": …}`, or an IDE's answer to the question
+//! through `chorus acp`: allow or reject) decides it and the turn follows the
 //! run on. Canceling the task cancels the run.
 //!
 //! The status message of an interruption carries the run, the gate and the
@@ -20,7 +21,7 @@ use chorus_proto::{
 use serde_json::{Value, json};
 
 use super::{Runner, Turn, Written};
-use crate::{config::AgentConfig, convert};
+use crate::{acp, config::AgentConfig, convert};
 
 /// The metadata key linking a task to its run.
 const LINK: &str = "chorus.workflow";
@@ -59,8 +60,20 @@ fn run_of(task: &pb::Task) -> Option<String> {
     links(task).find_map(|link| Some(link.get("runId")?.as_str()?.to_owned()))
 }
 
+/// What a rejection from an IDE (which offers allow or reject, no
+/// feedback) gives the rerun phase as its feedback.
+const IDE_REJECTION: &str = "rejected in the IDE";
+
 /// A reply to a waiting gate: the decision and its reason.
 fn verdict(message: &Message) -> Option<(wf::Decision, String)> {
+    let ide_answer = message.metadata.as_ref().and_then(|metadata| metadata.get(acp::PERMISSION));
+    if let Some(chosen) = ide_answer.and_then(Value::as_str) {
+        return match chosen {
+            acp::ALLOW => Some((wf::Decision::Approve, String::new())),
+            acp::REJECT => Some((wf::Decision::Reject, IDE_REJECTION.to_owned())),
+            _ => None,
+        };
+    }
     for part in &message.parts {
         if let PartContent::Data(data) = &part.content {
             let reason = data.get("reason").and_then(Value::as_str).unwrap_or_default().to_owned();
@@ -262,5 +275,18 @@ mod tests {
         assert_eq!(verdict(&text("maybe")), None);
         let data = Message::new(Role::User, vec![Part::data(json!({"decision": "reject", "reason": "too slow"}))]);
         assert_eq!(verdict(&data), Some((wf::Decision::Reject, "too slow".into())));
+    }
+
+    #[test]
+    fn an_ide_s_answer_decides_gates() {
+        let answered = |option: &str| {
+            let mut message = text(option);
+            message.metadata = Some([(acp::PERMISSION.to_owned(), json!(option))].into_iter().collect());
+            verdict(&message)
+        };
+        assert_eq!(answered(acp::ALLOW), Some((wf::Decision::Approve, String::new())));
+        assert_eq!(answered(acp::REJECT), Some((wf::Decision::Reject, IDE_REJECTION.into())));
+        assert_eq!(answered("something else"), None);
+        assert_eq!(verdict(&text(acp::ALLOW)), None, "only the IDE's answer, not the word, decides");
     }
 }
