@@ -29,6 +29,12 @@ pub struct TaskStoreConfig {
     /// How long a replica keeps the outbox relay without renewing: when it
     /// stops, another replica takes over after this.
     pub outbox_lease_ms: u64,
+    /// The largest event payload the relay publishes whole: a larger one
+    /// (a big message or artifact) goes without its content, flagged
+    /// `content_omitted`. Keep it at most the event bus's
+    /// `max_payload_bytes`, or the bus refuses such events and the relay
+    /// offers them again and again, holding up every event after them.
+    pub outbox_max_payload_bytes: usize,
     pub limits: Limits,
 }
 
@@ -43,6 +49,7 @@ impl Default for TaskStoreConfig {
             eventbus_url: None,
             outbox_batch_size: 500,
             outbox_lease_ms: 10_000,
+            outbox_max_payload_bytes: 1 << 20,
             limits: Limits::default(),
         }
     }

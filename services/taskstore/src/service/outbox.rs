@@ -147,7 +147,7 @@ impl Relay {
         let Some(last) = batch.events.last().map(|event| event.cursor) else {
             return Ok(next);
         };
-        for (namespace, events) in by_namespace(&batch.events)? {
+        for (namespace, events) in by_namespace(&batch.events, self.store.config.outbox_max_payload_bytes)? {
             self.publish(namespace, events, lease).await?;
         }
         self.store.repository.save_outbox_cursor(RELAY, &self.owner, last, now_micros()).await?;
@@ -189,10 +189,10 @@ impl Relay {
 
 /// The bus events of `events`, by namespace (in order of first appearance),
 /// each namespace's in commit order.
-fn by_namespace(events: &[TaskEvent]) -> Result<Vec<(String, Vec<NewEvent>)>> {
+fn by_namespace(events: &[TaskEvent], max_payload: usize) -> Result<Vec<(String, Vec<NewEvent>)>> {
     let mut groups: Vec<(String, Vec<NewEvent>)> = Vec::new();
     for event in events {
-        let published = bus_events(event)?;
+        let published = bus_events(event, max_payload)?;
         match groups.iter_mut().find(|(namespace, _)| *namespace == event.namespace) {
             Some((_, group)) => group.extend(published),
             None => groups.push((event.namespace.clone(), published)),
@@ -214,12 +214,23 @@ struct Payload<'a> {
     last_chunk: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     message: Option<&'a Message>,
+    /// The change's message and artifact (and the status message) were left
+    /// out: with them, the event was larger than the bus takes.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    content_omitted: bool,
 }
 
 /// One task event as bus events: `task.<kind>`, and for a move into a final
-/// state also `task.<state>` under its own idempotency key.
-fn bus_events(event: &TaskEvent) -> Result<Vec<NewEvent>> {
-    let payload = Payload {
+/// state also `task.<state>` under its own idempotency key. A payload larger
+/// than `max_payload` goes without the change's content (`content_omitted`;
+/// the task has it): the bus would refuse it, and the relay would offer it
+/// again and again, holding up every event after it.
+fn bus_events(event: &TaskEvent, max_payload: usize) -> Result<Vec<NewEvent>> {
+    let encode = |payload: &Payload<'_>| {
+        serde_json::to_vec(payload)
+            .map_err(|error| TaskStoreError::Corrupt(format!("cannot encode event {}: {error}", event.cursor)))
+    };
+    let whole = Payload {
         task_id: &event.task_id,
         context_id: &event.context_id,
         agent_id: &event.agent_id,
@@ -228,9 +239,15 @@ fn bus_events(event: &TaskEvent) -> Result<Vec<NewEvent>> {
         append: event.append,
         last_chunk: event.last_chunk,
         message: event.message.as_ref(),
+        content_omitted: false,
     };
-    let payload = serde_json::to_vec(&payload)
-        .map_err(|error| TaskStoreError::Corrupt(format!("cannot encode event {}: {error}", event.cursor)))?;
+    let mut payload = encode(&whole)?;
+    if payload.len() > max_payload {
+        let status = TaskStatus { message: None, ..event.status.clone() };
+        let bare = Payload { status: &status, artifact: None, message: None, content_omitted: true, ..whole };
+        payload = encode(&bare)?;
+        tracing::debug!(cursor = %event.cursor, "a task event too large for the event bus goes without its content");
+    }
     let attributes = HashMap::from([
         ("task_id".to_owned(), event.task_id.clone()),
         ("context_id".to_owned(), event.context_id.clone()),
@@ -300,6 +317,33 @@ mod tests {
         }
     }
 
+    /// The bus's default payload limit.
+    const LIMIT: usize = 1 << 20;
+
+    #[test]
+    fn an_event_too_large_for_the_bus_goes_without_its_content() {
+        let mut added = event(9, "ns", EventKind::MessageAdded, TaskState::Working);
+        added.message = Some(Message::text("m9", Role::User, "x".repeat(LIMIT)));
+        added.status.message = Some(Message::text("s9", Role::Agent, "working on it"));
+        let published = bus_events(&added, LIMIT).unwrap();
+        let bus = &published[0];
+        assert!(bus.payload.len() <= LIMIT, "{} bytes", bus.payload.len());
+        let payload: serde_json::Value = serde_json::from_slice(&bus.payload).unwrap();
+        assert_eq!(payload["content_omitted"], true);
+        assert!(payload["message"].is_null() && payload["status"]["message"].is_null(), "{payload}");
+        assert_eq!(
+            (payload["task_id"].as_str(), payload["status"]["state"].as_str()),
+            (Some("task-9"), Some("working"))
+        );
+        assert_eq!(bus.idempotency_key, "taskstore/9", "still the change's event, once");
+
+        added.message = Some(Message::text("m9", Role::User, "small"));
+        let payload: serde_json::Value =
+            serde_json::from_slice(&bus_events(&added, LIMIT).unwrap()[0].payload).unwrap();
+        assert_eq!(payload.get("content_omitted"), None, "a payload that fits is whole: {payload}");
+        assert_eq!(payload["message"]["parts"][0]["content"]["text"], "small");
+    }
+
     #[test]
     fn backoff_doubles_up_to_its_ceiling_until_reset() {
         let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
@@ -313,7 +357,7 @@ mod tests {
     fn a_change_is_one_event_about_its_task() {
         let mut created = event(7, "ns", EventKind::Created, TaskState::Submitted);
         created.message = Some(Message::text("m1", Role::User, "hello"));
-        let published = bus_events(&created).unwrap();
+        let published = bus_events(&created, LIMIT).unwrap();
         assert_eq!(published.len(), 1);
         let bus = &published[0];
         assert_eq!(bus.r#type, "task.created");
@@ -342,12 +386,12 @@ mod tests {
             (EventKind::MessageAdded, "task.message_added"),
         ];
         for (kind, name) in kinds {
-            let published = bus_events(&event(1, "ns", kind, TaskState::Working)).unwrap();
+            let published = bus_events(&event(1, "ns", kind, TaskState::Working), LIMIT).unwrap();
             assert_eq!(published.iter().map(|bus| bus.r#type.as_str()).collect::<Vec<_>>(), [name]);
         }
         // An artifact written to a finished task's event carries the final
         // status too, but only the status change announces the ending.
-        let late = bus_events(&event(1, "ns", EventKind::ArtifactUpdated, TaskState::Completed)).unwrap();
+        let late = bus_events(&event(1, "ns", EventKind::ArtifactUpdated, TaskState::Completed), LIMIT).unwrap();
         assert_eq!(late.len(), 1);
     }
 
@@ -360,7 +404,7 @@ mod tests {
             (TaskState::Rejected, "task.rejected"),
         ];
         for (state, name) in endings {
-            let published = bus_events(&event(42, "ns", EventKind::StatusChanged, state)).unwrap();
+            let published = bus_events(&event(42, "ns", EventKind::StatusChanged, state), LIMIT).unwrap();
             let types: Vec<&str> = published.iter().map(|bus| bus.r#type.as_str()).collect();
             assert_eq!(types, ["task.status_changed", name]);
             assert_eq!(published[0].idempotency_key, "taskstore/42");
@@ -378,7 +422,7 @@ mod tests {
             event(3, "a", EventKind::StatusChanged, TaskState::Completed),
             event(4, "b", EventKind::StatusChanged, TaskState::Working),
         ];
-        let groups = by_namespace(&events).unwrap();
+        let groups = by_namespace(&events, LIMIT).unwrap();
         let keys: Vec<(&str, Vec<&str>)> = groups
             .iter()
             .map(|(namespace, events)| {
