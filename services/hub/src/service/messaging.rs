@@ -15,7 +15,7 @@ use super::{Hub, handoff::Live, keys};
 use crate::{
     domain::{Audience, Content, InboxFilter, Lease, Message, MessageKind, Outgoing, Sent},
     error::{HubError, Result},
-    repository::{OpenedStream, Take, Taken},
+    repository::{HubRepository, OpenedStream, Take, Taken},
 };
 
 /// What a receive got.
@@ -310,11 +310,16 @@ impl Hub {
         };
         let expires_at = now_micros().saturating_add(micros(timeout.saturating_mul(attempts_allowed)));
         self.repository.open_delegation(&namespace, &correlation_id, &sender, &recipient, expires_at).await?;
+        let open = OpenDelegation {
+            repository: Arc::clone(&self.repository),
+            namespace: namespace.clone(),
+            correlation_id: correlation_id.clone(),
+            open: true,
+        };
         let outcome = self
             .await_reply(&namespace, &sender, &recipient, &content, &correlation_id, timeout, attempts_allowed)
             .await;
-        // However it ended, withdraw what is still queued.
-        self.repository.close_delegation(&namespace, &correlation_id).await?;
+        open.close().await?;
         let (reply, attempts) = outcome?;
         match (reply, on_timeout) {
             (Some(reply), _) => Ok(Delegated { correlation_id, reply: Some(reply), attempts }),
@@ -375,5 +380,45 @@ impl Hub {
         let reply = self.repository.reply(namespace, sender, correlation_id, content, now_micros()).await?;
         self.wakeups.notify(&keys::reply(namespace, correlation_id));
         Ok(reply)
+    }
+}
+
+/// A delegation open in the repository, closed — its requests still queued
+/// withdrawn, later replies refused — however the call ends. A caller that
+/// hangs up, or whose deadline passes, drops the call before its end: then
+/// the close is spawned from here.
+struct OpenDelegation {
+    repository: Arc<dyn HubRepository>,
+    namespace: String,
+    correlation_id: String,
+    /// Still open, as far as this call knows.
+    open: bool,
+}
+
+impl OpenDelegation {
+    /// Closes it now, at the call's end.
+    async fn close(mut self) -> Result<()> {
+        self.repository.close_delegation(&self.namespace, &self.correlation_id).await?;
+        self.open = false;
+        Ok(())
+    }
+}
+
+impl Drop for OpenDelegation {
+    fn drop(&mut self) {
+        if !self.open {
+            return;
+        }
+        let (repository, namespace, id) = (
+            Arc::clone(&self.repository),
+            std::mem::take(&mut self.namespace),
+            std::mem::take(&mut self.correlation_id),
+        );
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        runtime.spawn(async move {
+            if let Err(error) = repository.close_delegation(&namespace, &id).await {
+                tracing::warn!(%namespace, correlation_id = %id, %error, "cannot close an abandoned delegation");
+            }
+        });
     }
 }

@@ -15,6 +15,7 @@ conformance!(
     a_reply_to_another_call_reaches_its_own_waiter_only,
     timeout_policies_raise_retry_and_fall_back,
     only_the_recipient_may_reply_and_only_while_the_call_waits,
+    a_call_its_caller_abandons_is_closed,
 );
 
 fn delegation(recipient: &str, timeout: Duration, on_timeout: TimeoutPolicy) -> Delegation {
@@ -137,4 +138,23 @@ async fn only_the_recipient_may_reply_and_only_while_the_call_waits(h: Harness) 
     assert!(matches!(error, HubError::NoPendingRequest(_)), "{error}");
     let error = h.hub.delegate(delegation("ghost", Duration::from_secs(1), TimeoutPolicy::Raise)).await.unwrap_err();
     assert!(matches!(error, HubError::AgentNotFound(_)), "{error}");
+}
+
+async fn a_call_its_caller_abandons_is_closed(h: Harness) {
+    h.agent("boss", "coordinator").await;
+    h.agent("w1", "worker").await;
+    let hub = h.hub.clone();
+    let call =
+        tokio::spawn(
+            async move { hub.delegate(delegation("w1", Duration::from_secs(60), TimeoutPolicy::Raise)).await },
+        );
+    let correlation_id = next_request(&h, "w1").await;
+    // The caller hangs up (a gRPC client cancels, or its deadline passes):
+    // the call's future is dropped mid-wait, and the call is closed for it.
+    // A reply would land while the call is open, so it is tried once, after
+    // the close (spawned as the call is dropped) has had ample time.
+    call.abort();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let late = h.hub.reply(NS, "w1", &correlation_id, answer("too late")).await;
+    assert!(matches!(late, Err(HubError::NoPendingRequest(_))), "the abandoned call is still open: {late:?}");
 }
