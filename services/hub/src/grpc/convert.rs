@@ -84,8 +84,10 @@ pub(super) fn ttl(field: &str, value: Option<prost_types::Duration>, config: &Hu
     Ok(ttl)
 }
 
-/// A state TTL: unset means none.
+/// A state TTL: unset or zero means none (a message's zero TTL means the
+/// default one; a key's default is to live for ever).
 pub(super) fn state_ttl(value: Option<prost_types::Duration>, config: &HubConfig) -> Checked<Option<Duration>> {
+    let value = value.filter(|value| value.seconds != 0 || value.nanos != 0);
     value.map(|value| ttl("ttl", Some(value), config)).transpose()
 }
 
@@ -287,6 +289,15 @@ mod tests {
         assert_eq!(ttl("ttl", None, &config).unwrap(), config.default_ttl());
         let long = prost_types::Duration { seconds: i64::try_from(config.max_ttl().as_secs()).unwrap() + 1, nanos: 0 };
         assert_eq!(ttl("ttl", Some(long), &config).unwrap_err().field, "ttl");
+    }
+
+    #[test]
+    fn a_zero_state_ttl_is_none_not_the_message_default() {
+        let config = HubConfig::default();
+        assert_eq!(state_ttl(None, &config).unwrap(), None);
+        assert_eq!(state_ttl(Some(prost_types::Duration::default()), &config).unwrap(), None);
+        let minute = prost_types::Duration { seconds: 60, nanos: 0 };
+        assert_eq!(state_ttl(Some(minute), &config).unwrap(), Some(Duration::from_secs(60)));
     }
 
     #[test]
