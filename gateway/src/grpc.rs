@@ -43,7 +43,22 @@ impl A2aGrpc {
         }
         let principal =
             self.gateway.auth().authenticate(|name| metadata.get(name).and_then(|value| value.to_str().ok()))?;
-        self.gateway.auth().scope(&principal, tenant)
+        let scope = self.gateway.auth().scope(&principal, tenant)?;
+        // A tenant naming an agent names one of the catalog, whatever the call.
+        self.gateway.agent(None, &scope)?;
+        Ok(scope)
+    }
+}
+
+/// What ProtoJSON refuses and the proto types let through: a part without
+/// content (the A2A model would take it as an empty text).
+fn check_parts(message: Option<&pb::Message>) -> Result<()> {
+    let parts = message.map(|message| message.parts.as_slice()).unwrap_or_default();
+    match parts.iter().position(|part| part.content.is_none()) {
+        Some(index) => Err(GatewayError::InvalidParams(format!(
+            "message.parts[{index}]: a part holds exactly one of text, raw, url and data"
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -59,6 +74,7 @@ impl pb::a2a_service_server::A2aService for A2aGrpc {
         request: Request<pb::SendMessageRequest>,
     ) -> Result<Response<pb::SendMessageResponse>, Status> {
         let scope = self.scope(request.metadata(), &request.get_ref().tenant)?;
+        check_parts(request.get_ref().message.as_ref())?;
         let request = pbc::from_proto_send_message_request(request.get_ref());
         let agent = self.gateway.agent(None, &scope)?;
         let response = self.gateway.send(&scope, agent, request).await?;
@@ -72,6 +88,7 @@ impl pb::a2a_service_server::A2aService for A2aGrpc {
         request: Request<pb::SendMessageRequest>,
     ) -> Result<Response<Self::SendStreamingMessageStream>, Status> {
         let scope = self.scope(request.metadata(), &request.get_ref().tenant)?;
+        check_parts(request.get_ref().message.as_ref())?;
         let request = pbc::from_proto_send_message_request(request.get_ref());
         let agent = self.gateway.agent(None, &scope)?;
         Ok(stream(self.gateway.send_streaming(&scope, agent, request).await?))
@@ -89,7 +106,14 @@ impl pb::a2a_service_server::A2aService for A2aGrpc {
         request: Request<pb::ListTasksRequest>,
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
         let scope = self.scope(request.metadata(), &request.get_ref().tenant)?;
-        let request = pbc::from_proto_list_tasks_request(request.get_ref());
+        let status = request.get_ref().status;
+        if pb::TaskState::try_from(status).is_err() {
+            return Err(GatewayError::InvalidParams(format!("status {status} is not a task state")).into());
+        }
+        // An explicit page size is checked as the other bindings check it;
+        // the conversion would read a non-positive one as unset.
+        let page_size = request.get_ref().page_size;
+        let request = a2a::ListTasksRequest { page_size, ..pbc::from_proto_list_tasks_request(request.get_ref()) };
         let response = self.gateway.list_tasks(&scope, request).await?;
         Ok(Response::new(pbc::to_proto_list_tasks_response(&response)))
     }

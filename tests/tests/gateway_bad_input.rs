@@ -397,3 +397,29 @@ async fn page_sizes_and_history_lengths_out_of_range_are_invalid() {
     assert_grpc_error(sent, Code::InvalidArgument, "INVALID_PARAMS");
     still_serving(&a2a, 1).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpc_binding_refuses_what_json_rpc_refuses() {
+    let sandbox = Sandbox::new();
+    let server = dev_server(&sandbox).await;
+    let a2a = A2a::new(&server);
+    let mut client = A2a::grpc(&server).await;
+
+    let empty_part = pb::Message {
+        message_id: unique("tck-complete-task"),
+        role: pb::Role::User.into(),
+        parts: vec![pb::Part::default()],
+        ..pb::Message::default()
+    };
+    let send = pb::SendMessageRequest { message: Some(empty_part), ..pb::SendMessageRequest::default() };
+    assert_grpc_error(client.send_message(grpc_request(send)).await, Code::InvalidArgument, "INVALID_PARAMS");
+    for page_size in [0, -5] {
+        let list = pb::ListTasksRequest { page_size: Some(page_size), ..pb::ListTasksRequest::default() };
+        assert_grpc_error(client.list_tasks(grpc_request(list)).await, Code::InvalidArgument, "INVALID_PARAMS");
+    }
+    let list = pb::ListTasksRequest { status: 99, ..pb::ListTasksRequest::default() };
+    assert_grpc_error(client.list_tasks(grpc_request(list)).await, Code::InvalidArgument, "INVALID_PARAMS");
+    let get = pb::GetTaskRequest { tenant: "default/nope".into(), id: "x".into(), ..pb::GetTaskRequest::default() };
+    assert_grpc_error(client.get_task(grpc_request(get)).await, Code::NotFound, "AGENT_NOT_FOUND");
+    still_serving(&a2a, 0).await;
+}
