@@ -163,3 +163,27 @@ async fn an_ide_that_fails_a_permission_request_ends_the_turn_and_its_task() {
     assert_eq!(states, [&json!("TASK_STATE_CANCELED")], "{page:#}");
     assert!(ide.is_running(), "the bridge goes on serving");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_with_one_agent_is_not_loaded_by_another() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().start().await;
+    let mut echo = AcpProcess::start(server.url(), "echo", sandbox.path(), &[]);
+    echo.initialize(json!({})).await;
+    let session = echo.new_session(1, sandbox.path()).await;
+    let prompt = json!({ "sessionId": session, "prompt": [{ "type": "text", "text": "mine" }] });
+    let (answer, _) = echo.call(2, "session/prompt", prompt).await;
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+
+    let mut other = AcpProcess::start(server.url(), "tck", sandbox.path(), &[]);
+    other.initialize(json!({})).await;
+    let load = json!({ "sessionId": session, "cwd": sandbox.path(), "mcpServers": [] });
+    let (refused, replayed) = other.call(1, "session/load", load.clone()).await;
+    assert_eq!(error_code(&refused), -32002, "echo's session is not tck's: {refused}");
+    assert!(replayed.is_empty(), "nothing of echo's conversation was replayed: {replayed:#?}");
+    let (refused, _) = other.call(2, "session/resume", load.clone()).await;
+    assert_eq!(error_code(&refused), -32002, "{refused}");
+    let (loaded, replayed) = echo.call(3, "session/load", load).await;
+    assert!(loaded.get("result").is_some(), "its own agent loads it: {loaded}");
+    assert!(!replayed.is_empty(), "and replays it");
+}

@@ -31,14 +31,15 @@ pub(crate) struct SessionSummary {
     pub(crate) updated_at: Option<String>,
 }
 
-/// Every task of context `context_id`, oldest first, with history and artifacts.
+/// Every task the bridge made in context `context_id` for its agent, oldest
+/// first, with history and artifacts.
 pub(crate) async fn tasks_of(upstream: &Upstream, context_id: &str) -> Result<Vec<Task>> {
     let mut tasks = Vec::new();
     let mut page_token = None;
     loop {
         let request = query(Some(context_id), PAGE_SIZE, page_token.take(), None, true);
         let page = upstream.list(request).await?;
-        tasks.extend(page.tasks);
+        tasks.extend(page.tasks.into_iter().filter(|task| made_for(upstream.agent(), task)));
         if page.next_page_token.is_empty() {
             break;
         }
@@ -70,10 +71,11 @@ fn query(
     }
 }
 
-/// Whether context `context_id` has any task.
+/// Whether context `context_id` has a task the bridge made for its agent
+/// (among its newest hundred).
 pub(crate) async fn exists(upstream: &Upstream, context_id: &str) -> Result<bool> {
-    let request = query(Some(context_id), 1, None, Some(0), false);
-    Ok(!upstream.list(request).await?.tasks.is_empty())
+    let request = query(Some(context_id), PAGE_SIZE, None, Some(0), false);
+    Ok(upstream.list(request).await?.tasks.iter().any(|task| made_for(upstream.agent(), task)))
 }
 
 /// `session/load`: the conversation of `tasks` as `session/update`s, in order.
@@ -177,12 +179,19 @@ pub(crate) async fn list(upstream: &Upstream, cwd: Option<&PathBuf>) -> Result<V
     Ok(sessions)
 }
 
+/// Whether the bridge made `task` for `agent`: a session is one agent's,
+/// and another agent's bridge neither lists, loads nor resumes it.
+fn made_for(agent: &str, task: &Task) -> bool {
+    let session = task.metadata.as_ref().and_then(|metadata| metadata.get(SESSION_METADATA));
+    session.and_then(|session| session.get("agent")).and_then(Value::as_str) == Some(agent)
+}
+
 /// The session a task belongs to, if the bridge made it for `agent`.
 fn summary(agent: &str, task: &Task) -> Option<SessionSummary> {
-    let session = task.metadata.as_ref()?.get(SESSION_METADATA)?;
-    if session.get("agent").and_then(Value::as_str) != Some(agent) {
+    if !made_for(agent, task) {
         return None;
     }
+    let session = task.metadata.as_ref()?.get(SESSION_METADATA)?;
     let paths = |value: Option<&Value>| -> Vec<PathBuf> {
         value.and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(PathBuf::from).collect()
     };
