@@ -6,8 +6,8 @@ use a2a::{
     TaskStatusUpdateEvent,
 };
 use a2a_pb::pbconv::{from_proto_timestamp, json_value_to_proto_value};
+use chorus_proto::json::value_to_json;
 use chorus_proto::taskstore::{self as pb, part::Content, task_event::Kind};
-use prost_types::value::Kind as ValueKind;
 
 pub(crate) fn state_in(state: &TaskState) -> pb::TaskState {
     match state {
@@ -54,33 +54,8 @@ fn metadata_in(metadata: Option<&std::collections::HashMap<String, serde_json::V
 
 fn metadata_out(metadata: Option<prost_types::Struct>) -> Option<std::collections::HashMap<String, serde_json::Value>> {
     metadata
-        .map(|metadata| metadata.fields.iter().map(|(key, value)| (key.clone(), value_out(value))).collect())
+        .map(|metadata| metadata.fields.iter().map(|(key, value)| (key.clone(), value_to_json(value))).collect())
         .filter(|metadata: &std::collections::HashMap<_, _>| !metadata.is_empty())
-}
-
-/// A protobuf `Value` as JSON. Numbers are doubles there; a whole one is
-/// written as an integer (`42`, not `42.0`), as ProtoJSON writers do.
-pub(crate) fn value_out(value: &prost_types::Value) -> serde_json::Value {
-    use serde_json::Value as J;
-    match &value.kind {
-        None | Some(ValueKind::NullValue(_)) => J::Null,
-        Some(ValueKind::BoolValue(flag)) => J::Bool(*flag),
-        Some(ValueKind::NumberValue(number)) => {
-            let whole = number.fract() == 0.0 && number.abs() < 9_007_199_254_740_992.0;
-            #[expect(clippy::cast_possible_truncation, reason = "a whole number within ±2^53 converts exactly")]
-            let json = if whole {
-                J::from(*number as i64)
-            } else {
-                serde_json::Number::from_f64(*number).map_or(J::Null, J::Number)
-            };
-            json
-        }
-        Some(ValueKind::StringValue(text)) => J::String(text.clone()),
-        Some(ValueKind::ListValue(list)) => J::Array(list.values.iter().map(value_out).collect()),
-        Some(ValueKind::StructValue(object)) => {
-            J::Object(object.fields.iter().map(|(key, value)| (key.clone(), value_out(value))).collect())
-        }
-    }
 }
 
 fn non_empty(text: String) -> Option<String> {
@@ -111,7 +86,7 @@ fn part_out(part: pb::Part) -> Part {
         Some(Content::Text(text)) => PartContent::Text(text),
         Some(Content::Raw(bytes)) => PartContent::Raw(bytes),
         Some(Content::Url(url)) => PartContent::Url(url),
-        Some(Content::Data(value)) => PartContent::Data(value_out(&value)),
+        Some(Content::Data(value)) => PartContent::Data(value_to_json(&value)),
         None => PartContent::Text(String::new()),
     };
     Part {

@@ -32,19 +32,21 @@ pub fn value_to_json(value: &Value) -> Json {
     match &value.kind {
         None | Some(Kind::NullValue(_)) => Json::Null,
         Some(Kind::BoolValue(flag)) => Json::Bool(*flag),
-        Some(Kind::NumberValue(number)) => number_to_json(*number),
+        Some(Kind::NumberValue(number)) => json_number(*number).map_or(Json::Null, Json::Number),
         Some(Kind::StringValue(text)) => Json::String(text.clone()),
         Some(Kind::ListValue(list)) => Json::Array(list.values.iter().map(value_to_json).collect()),
         Some(Kind::StructValue(object)) => Json::Object(struct_to_json(object)),
     }
 }
 
-fn number_to_json(number: f64) -> Json {
+/// A protobuf number as a JSON number: an integer when whole within ±2^53
+/// (see [`value_to_json`]); `None` when it is not finite.
+pub fn json_number(number: f64) -> Option<serde_json::Number> {
     if number.fract() == 0.0 && number.abs() <= MAX_EXACT_INTEGER {
         // Whole and within ±2^53: the conversion is exact.
-        return Json::from(number as i64);
+        return Some((number as i64).into());
     }
-    serde_json::Number::from_f64(number).map_or(Json::Null, Json::Number)
+    serde_json::Number::from_f64(number)
 }
 
 /// A protobuf struct as a JSON object.

@@ -26,7 +26,7 @@ const REMOTE: &str = "chorus.remote";
 fn remote_of(task: &pb::Task) -> Option<(String, String)> {
     task.history.iter().rev().find_map(|message| {
         let link = message.metadata.as_ref()?.fields.get(REMOTE)?;
-        let link = convert::value_out(link);
+        let link = chorus_proto::json::value_to_json(link);
         let task_id = link.get("taskId")?.as_str()?.to_owned();
         let context_id = link.get("contextId")?.as_str()?.to_owned();
         Some((task_id, context_id))

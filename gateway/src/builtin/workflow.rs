@@ -21,7 +21,7 @@ use chorus_proto::{
 use serde_json::{Value, json};
 
 use super::{Runner, Turn, Written};
-use crate::{acp, config::AgentConfig, convert};
+use crate::{acp, config::AgentConfig};
 
 /// The metadata key linking a task to its run.
 const LINK: &str = "chorus.workflow";
@@ -40,7 +40,7 @@ fn links(task: &pb::Task) -> impl Iterator<Item = Value> + '_ {
     task.history
         .iter()
         .rev()
-        .filter_map(|message| Some(convert::value_out(message.metadata.as_ref()?.fields.get(LINK)?)))
+        .filter_map(|message| Some(chorus_proto::json::value_to_json(message.metadata.as_ref()?.fields.get(LINK)?)))
 }
 
 /// The gate the task's last interruption waits on, if it was one: the

@@ -36,7 +36,7 @@ fn value_to_json(field: &str, value: Value) -> Checked<serde_json::Value> {
         None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
         Some(Kind::BoolValue(flag)) => serde_json::Value::Bool(flag),
         Some(Kind::StringValue(text)) => serde_json::Value::String(text),
-        Some(Kind::NumberValue(number)) => serde_json::Number::from_f64(number)
+        Some(Kind::NumberValue(number)) => chorus_proto::json::json_number(number)
             .map(serde_json::Value::Number)
             .ok_or_else(|| FieldViolation::new(field, "numbers must be finite (JSON has no NaN or Infinity)"))?,
         Some(Kind::StructValue(object)) => serde_json::Value::Object(struct_to_json(field, object)?),
@@ -436,6 +436,16 @@ mod tests {
         };
         let error = json_object("metadata", Some(object)).unwrap_err();
         assert_eq!(error.field, "metadata.score");
+    }
+
+    #[test]
+    fn whole_numbers_are_kept_as_integers() {
+        let number = |n: f64| Value { kind: Some(Kind::NumberValue(n)) };
+        let object = Struct {
+            fields: [("count".to_owned(), number(5.0)), ("ratio".to_owned(), number(0.5))].into_iter().collect(),
+        };
+        let json = json_object("data", Some(object)).unwrap().unwrap_or_default();
+        assert_eq!(serde_json::Value::Object(json).to_string(), r#"{"count":5,"ratio":0.5}"#);
     }
 
     #[test]
