@@ -159,10 +159,15 @@ impl pb::a2a_service_server::A2aService for A2aGrpc {
         request: Request<pb::ListTaskPushNotificationConfigsRequest>,
     ) -> Result<Response<pb::ListTaskPushNotificationConfigsResponse>, Status> {
         let scope = self.scope(request.metadata(), &request.get_ref().tenant)?;
-        let configs = self.gateway.list_push_configs(&scope, &request.get_ref().task_id).await?;
+        let request = request.into_inner();
+        let page_token = Some(request.page_token.as_str()).filter(|token| !token.is_empty());
+        // A plain int32 here: 0 is unset.
+        let page_size = (request.page_size != 0).then_some(request.page_size);
+        let (configs, next_page_token) =
+            self.gateway.list_push_configs(&scope, &request.task_id, page_size, page_token).await?;
         Ok(Response::new(pb::ListTaskPushNotificationConfigsResponse {
             configs: configs.iter().map(pbc::to_proto_task_push_notification_config).collect(),
-            next_page_token: String::new(),
+            next_page_token,
         }))
     }
 

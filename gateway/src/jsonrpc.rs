@@ -162,8 +162,10 @@ async fn dispatch(gateway: &Gateway, agent: &str, call: Call) -> Result<Reply> {
         }
         "ListTaskPushNotificationConfigs" => {
             let request: a2a::ListTaskPushNotificationConfigsRequest = params(call.params)?;
-            let configs = gateway.list_push_configs(&scope, &request.task_id).await?;
-            json!({ "configs": configs, "nextPageToken": "" })
+            let page_token = request.page_token.as_deref();
+            let (configs, next) =
+                gateway.list_push_configs(&scope, &request.task_id, request.page_size, page_token).await?;
+            json!({ "configs": configs, "nextPageToken": next })
         }
         "DeleteTaskPushNotificationConfig" => {
             let request: a2a::DeleteTaskPushNotificationConfigRequest = params(call.params)?;

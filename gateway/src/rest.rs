@@ -105,7 +105,10 @@ async fn serve(
             to_value(gateway.create_push_config(&scope, config).await?)
         }
         Operation::ListPushConfigs(task_id) => {
-            json!({ "configs": gateway.list_push_configs(&scope, &task_id).await?, "nextPageToken": "" })
+            let page_token = query.get("pageToken").map(String::as_str);
+            let (configs, next) =
+                gateway.list_push_configs(&scope, &task_id, number(&query, "pageSize")?, page_token).await?;
+            json!({ "configs": configs, "nextPageToken": next })
         }
         Operation::GetPushConfig(task_id, id) => to_value(gateway.get_push_config(&scope, &task_id, &id).await?),
         Operation::DeletePushConfig(task_id, id) => {

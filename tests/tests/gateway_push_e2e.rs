@@ -145,3 +145,39 @@ async fn without_allow_private_a_loopback_push_url_is_refused_and_nothing_is_cre
     let listed = a2a.call("tck", "ListTasks", json!({})).await;
     assert_eq!(a2a.task_count().await, before, "a refused SendMessage leaves no task behind: {listed:#}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_configs_are_listed_in_pages() {
+    let webhook = Webhook::start().await;
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().no_agents().env("CHORUS_GATEWAY__PUSH__ALLOW_PRIVATE", "true").start().await;
+    let a2a = A2a::new(&server);
+    let waiting = a2a.send("tck", message(&unique("tck-input-required"), "hold on")).await;
+    let id = waiting["id"].clone();
+    for config_id in ["c3", "c1", "c2"] {
+        let config = json!({ "taskId": id, "id": config_id, "url": webhook.url() });
+        a2a.call("tck", "CreateTaskPushNotificationConfig", config).await;
+    }
+
+    let list = |page: Value| {
+        let mut params = json!({ "taskId": id });
+        params.as_object_mut().expect("an object").extend(page.as_object().cloned().unwrap_or_default());
+        a2a.call("tck", "ListTaskPushNotificationConfigs", params)
+    };
+    let ids = |page: &Value| -> Vec<String> {
+        let configs = page["configs"].as_array().cloned().unwrap_or_default();
+        configs.iter().map(|config| config["id"].as_str().unwrap_or_default().to_owned()).collect()
+    };
+    let all = list(json!({})).await;
+    assert_eq!((ids(&all), &all["nextPageToken"]), (vec!["c1".into(), "c2".into(), "c3".into()], &json!("")));
+    let first = list(json!({ "pageSize": 2 })).await;
+    assert_eq!((ids(&first), &first["nextPageToken"]), (vec!["c1".into(), "c2".into()], &json!("c2")));
+    let second = list(json!({ "pageSize": 2, "pageToken": "c2" })).await;
+    assert_eq!((ids(&second), &second["nextPageToken"]), (vec!["c3".to_owned()], &json!("")));
+
+    let path = format!("tasks/{}/pushNotificationConfigs?pageSize=1&pageToken=c1", id.as_str().unwrap_or_default());
+    let (status, rest) = json(a2a.rest(Method::GET, "tck", &path)).await;
+    assert_eq!((status, ids(&rest), &rest["nextPageToken"]), (StatusCode::OK, vec!["c2".to_owned()], &json!("c2")));
+    let error = a2a.call_error("tck", "ListTaskPushNotificationConfigs", json!({ "taskId": id, "pageSize": 0 })).await;
+    assert_rpc_error(&error, -32602, "INVALID_PARAMS");
+}

@@ -4,7 +4,7 @@
 use a2a::TaskPushNotificationConfig;
 use chorus_proto::taskstore as pb;
 
-use super::{Gateway, task_error};
+use super::{Gateway, MAX_PAGE_SIZE, task_error};
 use crate::{
     auth::Scope,
     error::{GatewayError, Result},
@@ -77,15 +77,36 @@ impl Gateway {
         }
     }
 
+    /// `ListTaskPushNotificationConfigs`: the task's configs in id order,
+    /// `page_size` at a time (all when unset), after `page_token` (the last
+    /// id of the page before); and the next page's token, empty on the last.
     pub(crate) async fn list_push_configs(
         &self,
         scope: &Scope,
         task_id: &str,
-    ) -> Result<Vec<TaskPushNotificationConfig>> {
+        page_size: Option<i32>,
+        page_token: Option<&str>,
+    ) -> Result<(Vec<TaskPushNotificationConfig>, String)> {
+        let page_size = match page_size {
+            None => usize::MAX,
+            Some(size @ 1..=MAX_PAGE_SIZE) => size.unsigned_abs() as usize,
+            Some(_) => {
+                return Err(GatewayError::InvalidParams(format!("pageSize must be between 1 and {MAX_PAGE_SIZE}")));
+            }
+        };
         self.get_task(scope, task_id, Some(0)).await?;
         let request = pb::ListPushConfigsRequest { namespace: scope.namespace.clone(), task_id: task_id.to_owned() };
         let configs = self.tasks().list_push_configs(request).await.map_err(|status| task_error(&status, task_id))?;
-        Ok(configs.into_inner().configs.into_iter().map(push_config_out).collect())
+        let mut configs = configs.into_inner().configs;
+        configs.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        let after = page_token.unwrap_or_default();
+        let mut rest = configs.into_iter().filter(|config| after.is_empty() || config.id.as_str() > after).peekable();
+        let page: Vec<pb::PushConfig> = rest.by_ref().take(page_size).collect();
+        let next = match (rest.peek(), page.last()) {
+            (Some(_), Some(last)) => last.id.clone(),
+            _ => String::new(),
+        };
+        Ok((page.into_iter().map(push_config_out).collect(), next))
     }
 
     /// Idempotent: deleting a config that is gone already succeeds, on a
