@@ -107,18 +107,30 @@ impl StorageConfig {
     }
 }
 
-/// Replaces the password in a URL, for logs and `Debug`.
+/// Replaces the password in a URL, for logs and `Debug`: the one in its
+/// user info (`user:password@`) and a `password` query parameter, which
+/// PostgreSQL's URLs also take.
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+    let (address, query) = match url.split_once('?') {
+        Some((address, query)) => (address, Some(query)),
+        None => (url, None),
     };
-    let Some((userinfo, host)) = rest.split_once('@') else {
-        return url.to_owned();
+    let address = match address.split_once("://").and_then(|(scheme, rest)| Some((scheme, rest.split_once('@')?))) {
+        Some((scheme, (userinfo, host))) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:OMITTED@{host}"),
+            None => address.to_owned(),
+        },
+        None => address.to_owned(),
     };
-    match userinfo.split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:OMITTED@{host}"),
-        None => url.to_owned(),
-    }
+    let Some(query) = query else { return address };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _password)) if key.eq_ignore_ascii_case("password") => format!("{key}=OMITTED"),
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{address}?{}", pairs.join("&"))
 }
 
 /// Which database a [`Db`] talks to.
@@ -460,6 +472,20 @@ mod tests {
     #[test]
     fn passwords_never_show() {
         assert_eq!(redact_url("postgres://u:hunter2@h/db"), "postgres://u:OMITTED@h/db");
+        assert_eq!(
+            redact_url("postgres://u@h/db?password=hunter2&sslmode=disable"),
+            "postgres://u@h/db?password=OMITTED&sslmode=disable"
+        );
+        assert_eq!(
+            redact_url("postgres://u:x@h/db?sslmode=disable&PASSWORD=hunter2"),
+            "postgres://u:OMITTED@h/db?sslmode=disable&PASSWORD=OMITTED"
+        );
+        assert_eq!(
+            redact_url("postgres://h/db?user=a@b"),
+            "postgres://h/db?user=a@b",
+            "an @ in the query is no user info"
+        );
+        assert_eq!(redact_url("sqlite://.chorus/chorus.db?mode=rwc"), "sqlite://.chorus/chorus.db?mode=rwc");
         let config = StorageConfig { database_url: "postgres://u:hunter2@h/db".into(), ..Default::default() };
         assert!(!format!("{config:?}").contains("hunter2"));
     }
