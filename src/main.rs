@@ -173,9 +173,11 @@ fn service_label(service: Service) -> &'static str {
 async fn run(command: Command, config: &ChorusConfig, shutdown: CancellationToken) -> anyhow::Result<ExitCode> {
     let done = |()| ExitCode::SUCCESS;
     match command {
-        Command::Workflow { command, target } => Ok(cli::workflow(&target, command).await),
-        Command::Run { command, target } => Ok(cli::run(&target, command).await),
-        Command::Gate { command, target } => Ok(cli::gate(&target, command).await),
+        Command::Workflow { command, target } => {
+            Ok(cli::interruptible(cli::workflow(&target, command), &shutdown).await)
+        }
+        Command::Run { command, target } => Ok(cli::interruptible(cli::run(&target, command), &shutdown).await),
+        Command::Gate { command, target } => Ok(cli::interruptible(cli::gate(&target, command), &shutdown).await),
         Command::Dev { no_agents, .. } => {
             let stack = Stack::build(config, ALL_SERVICES, &shutdown).await?;
             let address = stack.address;

@@ -175,6 +175,19 @@ fn write_stdout(text: std::fmt::Arguments<'_>) {
     }
 }
 
+/// Runs a command until it ends or the user stops it (Ctrl-C, SIGTERM):
+/// then at once, with 130 as a shell reports an interrupted command. A
+/// watch or a wait would otherwise go on until its run ended.
+pub(crate) async fn interruptible(
+    command: impl std::future::Future<Output = ExitCode>,
+    stop: &tokio_util::sync::CancellationToken,
+) -> ExitCode {
+    tokio::select! {
+        code = command => code,
+        () = stop.cancelled() => ExitCode::from(130),
+    }
+}
+
 fn exit(outcome: Outcome) -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -179,4 +179,28 @@ async fn a_person_is_told_why_a_call_was_refused() {
     let ended = piped.wait_with_output().await.expect("the CLI ends");
     assert_eq!(ended.status.code(), Some(0), "{}", stderr(&ended));
     assert!(!stderr(&ended).contains("panicked"), "{}", stderr(&ended));
+
+    // A watch of a run that waits is stopped by SIGTERM (or Ctrl-C) at once.
+    let started = chorus(&url, dir, &["run", "start", "counted", "--input", "count=1"]).await;
+    let waiting = stdout(&started).trim().to_owned();
+    let mut watch = tokio::process::Command::new(chorus_bin())
+        .args(["run", "watch", &waiting])
+        .env("CHORUS_SERVER", &url)
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the CLI");
+    // Once it prints, it is watching (and handles its signals).
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(watch.stdout.take().expect("stdout")));
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), lines.next_line()).await;
+    assert!(matches!(first, Ok(Ok(Some(_)))), "the watch printed the run's first event: {first:?}");
+    let pid = watch.id().expect("a pid").to_string();
+    let killed = std::process::Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
+    assert!(killed.success());
+    let stopped = tokio::time::timeout(std::time::Duration::from_secs(10), watch.wait_with_output())
+        .await
+        .expect("the watch stops on SIGTERM")
+        .expect("the CLI ends");
+    assert_eq!(stopped.status.code(), Some(130), "{}", stderr(&stopped));
 }
