@@ -99,6 +99,37 @@ async fn open_storage(config: &ChorusConfig, server: &mut ServerBuilder) -> anyh
     Ok(db)
 }
 
+/// Checks that what this process's services call is here or has its
+/// address configured. A gateway without a task store is refused: it would
+/// start, answer `/healthz`, and fail every call. A workflow engine may run
+/// alone (webhook, wait and gate steps need no other service), so the
+/// services it cannot reach are named in a warning, each step kind that
+/// needs one failing at run time.
+fn check_reachable(config: &ChorusConfig, services: &[Service]) -> anyhow::Result<()> {
+    let here = |service: Service| services.contains(&service);
+    anyhow::ensure!(
+        !here(Service::Gateway) || here(Service::Taskstore) || config.gateway.taskstore_url.is_some(),
+        "the gateway keeps its tasks in a task store, and this process serves none: set gateway.taskstore_url \
+         (CHORUS_GATEWAY__TASKSTORE_URL) to the task store's address"
+    );
+    let workflow = &config.workflow;
+    let calls = [
+        (Service::Taskstore, &workflow.taskstore_url, "workflow.taskstore_url (spawn steps)"),
+        (Service::Hub, &workflow.hub_url, "workflow.hub_url (message steps to topics and agents)"),
+        (Service::Eventbus, &workflow.eventbus_url, "workflow.eventbus_url (event triggers, gate events)"),
+        (Service::Gateway, &workflow.gateway_url, "workflow.gateway_url (delegate steps)"),
+    ];
+    let unreachable: Vec<&str> =
+        calls.into_iter().filter(|(callee, url, _)| !here(*callee) && url.is_none()).map(|(.., what)| what).collect();
+    if here(Service::Workflow) && !unreachable.is_empty() {
+        tracing::warn!(
+            unset = %unreachable.join(", "),
+            "the workflow engine calls services this process does not serve; steps that need them will fail"
+        );
+    }
+    Ok(())
+}
+
 /// The database of a process whose services need one.
 fn opened(db: Option<&Db>) -> anyhow::Result<&Db> {
     db.context("the database was not opened")
@@ -132,6 +163,7 @@ impl Stack {
         services: &[Service],
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Self> {
+        check_reachable(config, services)?;
         let listener =
             TcpListener::bind(&config.listen).await.with_context(|| format!("cannot listen on {}", config.listen))?;
         let address = listener.local_addr()?;
@@ -265,5 +297,26 @@ impl Stack {
     /// Serves until `shutdown`.
     pub(crate) async fn serve(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         self.server.serve(self.listener, shutdown).await.context("server failed")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gateway_without_a_task_store_is_refused() {
+        let mut config = ChorusConfig::default();
+        let error = check_reachable(&config, &[Service::Gateway]).expect_err("no task store to call");
+        assert!(error.to_string().contains("gateway.taskstore_url"), "{error}");
+        assert!(check_reachable(&config, &[Service::Taskstore, Service::Gateway]).is_ok());
+        assert!(check_reachable(&config, ALL_SERVICES).is_ok());
+        config.gateway.taskstore_url = Some("http://tasks:7800".to_owned());
+        assert!(check_reachable(&config, &[Service::Gateway]).is_ok());
+    }
+
+    #[test]
+    fn a_workflow_engine_may_run_alone() {
+        assert!(check_reachable(&ChorusConfig::default(), &[Service::Workflow]).is_ok());
     }
 }
