@@ -46,7 +46,10 @@ pub fn build(
 ) -> Result<Gateway, String> {
     push::install_crypto_provider();
     let own_url = base_url;
-    let base_url = config.public_url.clone().unwrap_or_else(|| base_url.to_owned());
+    let base_url = match &config.public_url {
+        Some(public) => checked_public_url(public)?,
+        None => base_url.to_owned(),
+    };
     let base_url = base_url.trim_end_matches('/');
     let catalog = catalog::Catalog::new(&config, base_url)?;
     if let Some(path) = &config.registry_file {
@@ -82,4 +85,28 @@ pub fn build(
     let push = notify::PushDispatcher::new(tasks.clone(), &config.push, shutdown)?;
     let delegation = delegation::DelegateGrpc::new(client, timeout);
     Ok(Gateway::new(tasks, catalog, runner, push, delegation, config))
+}
+
+/// `gateway.public_url`, which every card advertises: an http or https URL
+/// with a host (a typo there would send every client nowhere).
+fn checked_public_url(public: &str) -> Result<String, String> {
+    let parsed =
+        reqwest::Url::parse(public).map_err(|error| format!("gateway.public_url {public:?} is not a URL: {error}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
+        return Err(format!("gateway.public_url {public:?} must be an http or https URL with a host"));
+    }
+    Ok(public.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_public_url_is_an_http_url_with_a_host() {
+        assert_eq!(checked_public_url("https://agents.example.com/").as_deref(), Ok("https://agents.example.com/"));
+        for bad in ["::nope", "agents.example.com", "ftp://agents.example.com", "file:///tmp"] {
+            assert!(checked_public_url(bad).is_err(), "{bad} is refused");
+        }
+    }
 }
