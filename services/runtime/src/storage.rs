@@ -306,9 +306,24 @@ impl Db {
                     Ok(())
                 })
             })
-            .connect_with(options)
-            .await
-            .map_err(connect_error)?;
+            .connect_with(options.clone())
+            .await;
+        let pool = match pool {
+            Ok(pool) => pool,
+            // The pool retries until its timeout, then says only that it
+            // timed out; one direct attempt tells why (refused, no such host
+            // or database, a wrong password).
+            Err(sqlx::Error::PoolTimedOut) => {
+                let timeout = Duration::from_millis(config.acquire_timeout_ms);
+                let attempt = tokio::time::timeout(timeout, sqlx::AnyConnection::connect_with(&options)).await;
+                let why = match attempt {
+                    Ok(Err(error)) => error,
+                    Ok(Ok(_)) | Err(_) => sqlx::Error::PoolTimedOut,
+                };
+                return Err(connect_error(why));
+            }
+            Err(error) => return Err(connect_error(error)),
+        };
         // On PostgreSQL the lane may hold up to half the pool between
         // statements; the rest stays free for transactions. SQLite's one
         // writing connection is lent through the lane only, transactions
@@ -467,6 +482,15 @@ mod tests {
         assert_eq!(Backend::from_url("postgres://u@h/db").unwrap(), Backend::Postgres);
         assert_eq!(Backend::from_url("sqlite::memory:").unwrap(), Backend::Sqlite);
         assert!(Backend::from_url("mysql://x").is_err());
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_server_is_named_with_why() {
+        let config = StorageConfig { acquire_timeout_ms: 300, ..StorageConfig::default() };
+        let error = Db::connect("postgres://u:hunter2@127.0.0.1:1/db", &config).await.expect_err("nothing listens");
+        let text = error.to_string();
+        assert!(text.to_lowercase().contains("refused"), "the cause, not only a timeout: {text}");
+        assert!(!text.contains("hunter2"), "{text}");
     }
 
     #[test]
