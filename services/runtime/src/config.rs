@@ -25,8 +25,32 @@ const NOT_CONFIG: &[&str] = &["config", "server", "gateway_url", "token", "url",
 pub enum ConfigError {
     #[error("config file {0} does not exist")]
     MissingFile(String),
-    #[error("invalid configuration: {0}")]
-    Invalid(#[from] Box<figment::Error>),
+    /// Said once (not again as its own cause), each problem on a line.
+    #[error("invalid configuration: {}", describe(.0))]
+    Invalid(Box<figment::Error>),
+}
+
+/// Each problem of a figment error: what is wrong, the key as it is written
+/// in the file (`taskstore.default_lease_ms`, without figment's profile
+/// name before it) and where it came from.
+fn describe(error: &figment::Error) -> String {
+    let lines: Vec<String> = error
+        .clone()
+        .into_iter()
+        .map(|problem| {
+            let key =
+                if problem.path.is_empty() { String::new() } else { format!(" for key `{}`", problem.path.join(".")) };
+            let origin = match &problem.metadata {
+                Some(metadata) => match &metadata.source {
+                    Some(source) => format!(" in {source} {}", metadata.name),
+                    None => format!(" in {}", metadata.name),
+                },
+                None => String::new(),
+            };
+            format!("{}{key}{origin}", problem.kind)
+        })
+        .collect();
+    lines.join("\n")
 }
 
 /// Loads a `T` from its defaults, then `file` (or `chorus.toml` when present),
@@ -106,7 +130,13 @@ mod tests {
 
             jail.set_env("CHORUS_INNER__SIZZE", "3");
             let error = load::<Demo, _>(Some(Path::new("c.toml")), &no_flags).unwrap_err();
-            assert!(error.to_string().contains("sizze"), "{error}");
+            assert!(error.to_string().contains("for key `inner.sizze`"), "{error}");
+            assert!(std::error::Error::source(&error).is_none(), "said once, not again as its cause");
+
+            jail.create_file("bad.toml", "[inner]\nsize = \"five\"")?;
+            let error = load::<Demo, _>(Some(Path::new("bad.toml")), &no_flags).unwrap_err().to_string();
+            assert!(error.contains("for key `inner.size`") && error.contains("bad.toml"), "{error}");
+            assert!(!error.contains("default."), "no profile name before the key: {error}");
             Ok(())
         });
     }
