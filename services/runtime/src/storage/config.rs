@@ -1,0 +1,164 @@
+//! Storage settings, the database a URL selects, and URLs as logs may show them.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::StorageError;
+
+/// Storage settings.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// `postgres://…` or `sqlite://path`; empty: SQLite in `data_dir`.
+    pub database_url: String,
+    /// Where the embedded SQLite file lives when no URL is given.
+    pub data_dir: String,
+    /// Pool size on PostgreSQL (a SQLite file has one writer connection and
+    /// four read-only ones).
+    pub max_connections: u32,
+    /// How long a request waits for a pooled connection.
+    pub acquire_timeout_ms: u64,
+    /// The scheduling priority (nice, -20 to 19) a SQLite file's connection
+    /// threads ask for on Linux; 0 leaves them as they are.
+    #[serde(deserialize_with = "nice")]
+    pub sqlite_thread_nice: i32,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            database_url: String::new(),
+            data_dir: ".chorus".to_owned(),
+            max_connections: 24,
+            acquire_timeout_ms: 10_000,
+            sqlite_thread_nice: -10,
+        }
+    }
+}
+
+/// A nice value: from -20 (runs soonest) to 19.
+fn nice<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i32, D::Error> {
+    let nice = i32::deserialize(deserializer)?;
+    if (-20..=19).contains(&nice) {
+        Ok(nice)
+    } else {
+        Err(serde::de::Error::custom(format!("{nice} is not a nice value: use -20 to 19")))
+    }
+}
+
+impl fmt::Debug for StorageConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StorageConfig")
+            .field("database_url", &redact_url(&self.database_url))
+            .field("data_dir", &self.data_dir)
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout_ms", &self.acquire_timeout_ms)
+            .field("sqlite_thread_nice", &self.sqlite_thread_nice)
+            .finish()
+    }
+}
+
+impl StorageConfig {
+    /// The URL to connect to: the configured one, or SQLite under `data_dir`.
+    pub fn effective_url(&self) -> Result<String, StorageError> {
+        if !self.database_url.is_empty() {
+            return Ok(self.database_url.clone());
+        }
+        std::fs::create_dir_all(&self.data_dir)
+            .map_err(|source| StorageError::DataDir { dir: self.data_dir.clone(), source })?;
+        Ok(format!("sqlite://{}/chorus.db?mode=rwc", self.data_dir))
+    }
+}
+
+/// Replaces the password in a URL, for logs and `Debug`: the one in its
+/// user info (`user:password@`) and a `password` query parameter, which
+/// PostgreSQL's URLs also take.
+pub fn redact_url(url: &str) -> String {
+    let (address, query) = match url.split_once('?') {
+        Some((address, query)) => (address, Some(query)),
+        None => (url, None),
+    };
+    let address = match address.split_once("://").and_then(|(scheme, rest)| Some((scheme, rest.split_once('@')?))) {
+        Some((scheme, (userinfo, host))) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:OMITTED@{host}"),
+            None => address.to_owned(),
+        },
+        None => address.to_owned(),
+    };
+    let Some(query) = query else { return address };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _password)) if key.eq_ignore_ascii_case("password") => format!("{key}=OMITTED"),
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{address}?{}", pairs.join("&"))
+}
+
+/// Which database a [`Db`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+impl Backend {
+    pub fn from_url(url: &str) -> Result<Self, StorageError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Self::Postgres)
+        } else if url.starts_with("sqlite:") {
+            Ok(Self::Sqlite)
+        } else {
+            Err(StorageError::UnsupportedUrl { url: redact_url(url) })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_select_backends() {
+        assert_eq!(Backend::from_url("postgres://u@h/db").unwrap(), Backend::Postgres);
+        assert_eq!(Backend::from_url("sqlite::memory:").unwrap(), Backend::Sqlite);
+        assert!(Backend::from_url("mysql://x").is_err());
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(redact_url("postgres://u:hunter2@h/db"), "postgres://u:OMITTED@h/db");
+        assert_eq!(
+            redact_url("postgres://u@h/db?password=hunter2&sslmode=disable"),
+            "postgres://u@h/db?password=OMITTED&sslmode=disable"
+        );
+        assert_eq!(
+            redact_url("postgres://u:x@h/db?sslmode=disable&PASSWORD=hunter2"),
+            "postgres://u:OMITTED@h/db?sslmode=disable&PASSWORD=OMITTED"
+        );
+        assert_eq!(
+            redact_url("postgres://h/db?user=a@b"),
+            "postgres://h/db?user=a@b",
+            "an @ in the query is no user info"
+        );
+        assert_eq!(redact_url("sqlite://.chorus/chorus.db?mode=rwc"), "sqlite://.chorus/chorus.db?mode=rwc");
+        let config = StorageConfig { database_url: "postgres://u:hunter2@h/db".into(), ..Default::default() };
+        assert!(!format!("{config:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn a_thread_nice_outside_minus_20_to_19_is_refused() {
+        let parse = |toml: &str| {
+            figment::Figment::from(<figment::providers::Toml as figment::providers::Format>::string(toml))
+                .extract::<StorageConfig>()
+                .map_err(|error| error.to_string())
+        };
+        assert_eq!(parse("sqlite_thread_nice = -20").unwrap().sqlite_thread_nice, -20);
+        assert_eq!(parse("").unwrap().sqlite_thread_nice, -10);
+        let error = parse("sqlite_thread_nice = 20").unwrap_err();
+        assert!(error.contains("not a nice value"), "{error}");
+        assert!(parse("sqlite_thread_nice = -21").is_err());
+    }
+}
