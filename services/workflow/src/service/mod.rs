@@ -3,6 +3,7 @@
 
 mod feed;
 mod runs;
+mod watch;
 
 use std::{
     collections::HashMap,

@@ -1,23 +1,17 @@
-//! Runs: start, read, list, cancel, signal, decide gates, watch. Every change
+//! Runs: start, read, list, cancel, signal, decide gates (watches: `watch.rs`). Every change
 //! goes through [`Workflows::transition`], which applies it and the engine's
 //! rules under the run's lock and commits both at once.
 
 use std::{sync::Arc, time::Duration};
 
 use chorus_runtime::{time::now_micros, validate::FieldViolation};
-use futures_util::Stream;
 use serde_json::{Map, Value};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
-use super::{
-    ENGINE_KEY, Workflows,
-    feed::{Fed, Subscription},
-};
+use super::{ENGINE_KEY, Workflows, feed::Fed};
 use crate::{
     domain::{
-        Decision, NewRun, Outcome, Run, RunBody, RunChange, RunCursor, RunEvent, RunFilter, RunOrigin, RunPage, Signal,
-        Started, StepKind, StepState, WorkflowSpec,
+        Decision, NewRun, Outcome, Run, RunBody, RunCursor, RunFilter, RunOrigin, RunPage, Signal, Started, StepKind,
+        StepState, WorkflowSpec,
     },
     engine::{
         plan::{Planner, Verdict},
@@ -25,7 +19,7 @@ use crate::{
         schedule::{due_at, needs_driver},
     },
     error::{Result, WorkflowError},
-    repository::{EventPage, Fence, Transition},
+    repository::{Fence, Transition},
 };
 
 /// A run to start.
@@ -62,11 +56,10 @@ pub struct GateCall {
     pub iteration: Option<u32>,
 }
 
-const WATCH_BATCH: u32 = 256;
 /// How often a watch, or a get waiting for the run's end, re-reads while
 /// this process writes nothing of its run (changes committed by another
 /// process reach it no other way).
-const WATCH_POLL: Duration = Duration::from_millis(250);
+pub(super) const WATCH_POLL: Duration = Duration::from_millis(250);
 
 /// The wake-up key of a run's driver.
 pub(crate) fn drive_key(run_id: &str) -> String {
@@ -353,93 +346,6 @@ impl Workflows {
             .await?;
         tracing::info!(run_id, step_id = %call.step_id, decided_by = %call.decided_by, ?outcome, "gate decided");
         Ok((run, outcome))
-    }
-
-    /// A run's events after `after` (0: from the first), then each as it is
-    /// committed, until the event that finishes the run.
-    pub async fn watch_run(
-        &self,
-        namespace: &str,
-        run_id: &str,
-        after: i64,
-    ) -> Result<impl Stream<Item = Result<RunEvent>> + use<>> {
-        // Subscribed before the first read, so no write falls between the two.
-        let feed = self.feed.subscribe(run_id);
-        // The first read also tells whether the namespace has the run.
-        let first = self.runs.events(namespace, run_id, after, WATCH_BATCH).await?;
-        if first.revision.is_none() {
-            return Err(WorkflowError::RunNotFound(run_id.to_owned()));
-        }
-        let (sender, receiver) = mpsc::channel(64);
-        let (namespace, run_id) = (namespace.to_owned(), run_id.to_owned());
-        tokio::spawn(follow(self.clone(), feed, namespace, run_id, after, first, sender));
-        Ok(ReceiverStream::new(receiver))
-    }
-}
-
-/// Feeds a watch: the run's events from the database (the first page, read
-/// after `cursor`, comes with the call), then this process's writes of it
-/// while each continues the revision last seen, reading again on a gap, or
-/// when none came for a while.
-async fn follow(
-    workflows: Workflows,
-    mut feed: Subscription,
-    namespace: String,
-    run_id: String,
-    mut cursor: i64,
-    first: EventPage,
-    sender: mpsc::Sender<Result<RunEvent>>,
-) {
-    let ends =
-        |events: &[RunEvent]| events.iter().any(|e| e.change == RunChange::RunStateChanged && e.state.is_finished());
-    let mut first = Some(first);
-    loop {
-        let page = match first.take() {
-            Some(page) => Ok(page),
-            None => workflows.runs.events(&namespace, &run_id, cursor, WATCH_BATCH).await,
-        };
-        let (full, mut seen, events) = match page {
-            Ok(page) => (page.events.len() == WATCH_BATCH as usize, page.revision, Ok(page.events)),
-            Err(error) => (false, None, Err(error)),
-        };
-        let ended = events.as_deref().is_ok_and(ends);
-        if let Ok(events) = &events {
-            cursor = events.last().map_or(cursor, |e| e.cursor);
-        }
-        if !chorus_runtime::feed::forward(events, &sender).await || ended {
-            return;
-        }
-        if full {
-            // More wait: the revision read is not yet the watch's.
-            continue;
-        }
-        if seen.is_none() {
-            // The run is gone (purged): nothing will be written; poll anyway.
-            tokio::select! {
-                () = tokio::time::sleep(WATCH_POLL) => {}
-                () = sender.closed() => return,
-            }
-        }
-        while let Some(revision) = seen {
-            let fed = tokio::select! {
-                fed = tokio::time::timeout(WATCH_POLL, feed.next()) => fed,
-                () = sender.closed() => return,
-            };
-            let Ok(Some(fed)) = fed else { break };
-            if fed.revision <= revision {
-                continue;
-            }
-            if fed.revision != revision + 1 {
-                break;
-            }
-            let events: Vec<RunEvent> = fed.events.iter().filter(|e| e.cursor > cursor).cloned().collect();
-            let ended = ends(&events);
-            cursor = events.last().map_or(cursor, |e| e.cursor);
-            if !chorus_runtime::feed::forward(Ok(events), &sender).await || ended {
-                return;
-            }
-            seen = Some(fed.revision);
-        }
     }
 }
 
