@@ -3,8 +3,9 @@
 //! JSON-RPC error, and the process goes on serving.
 
 use chorus_tests::{
-    Sandbox,
+    Sandbox, Server,
     acp::{self, AcpProcess, agent_texts, error_code},
+    process::ChildProcess,
 };
 use serde_json::{Value, json};
 
@@ -54,17 +55,25 @@ async fn malformed_lines_unknown_methods_and_unknown_sessions_get_errors_and_the
     assert!(ide.close().await.success(), "chorus acp exits cleanly when the IDE closes stdin");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateway_that_goes_away_mid_turn_fails_that_prompt_and_the_bridge_keeps_serving() {
+/// A stack with the reviewer agent (`pace_ms` between its steps) and a
+/// `chorus acp` for it, whose session's prompt `text` (request 2) is under
+/// way; and the session's id.
+async fn prompting_the_reviewer(pace_ms: u64, text: &str) -> (Sandbox, Server, ChildProcess, AcpProcess, String) {
     let sandbox = Sandbox::new();
     acp::write_config(&sandbox, None);
     let server = sandbox.dev().no_agents().start().await;
-    let _reviewer = acp::reviewer(&sandbox, server.url(), 2_000);
+    let reviewer = acp::reviewer(&sandbox, server.url(), pace_ms);
     let mut ide = AcpProcess::start(server.url(), "reviewer", sandbox.path(), &[]);
     ide.initialize(json!({})).await;
     let session = ide.new_session(1, sandbox.path()).await;
-    let prompt = json!({ "sessionId": session, "prompt": [{ "type": "text", "text": "slowly, please" }] });
+    let prompt = json!({ "sessionId": session, "prompt": [{ "type": "text", "text": text }] });
     ide.send(json!({ "jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": prompt })).await;
+    (sandbox, server, reviewer, ide, session)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_that_goes_away_mid_turn_fails_that_prompt_and_the_bridge_keeps_serving() {
+    let (sandbox, server, _reviewer, mut ide, _session) = prompting_the_reviewer(2_000, "slowly, please").await;
     let first = ide.wait_for(|m| m["params"]["update"]["sessionUpdate"] == "agent_message_chunk").await;
     assert_eq!(first["params"]["update"]["content"]["text"], "Reviewing the message.", "{first}");
 
@@ -138,15 +147,7 @@ async fn the_websocket_endpoint_refuses_a_caller_without_the_gateways_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ide_that_fails_a_permission_request_ends_the_turn_and_its_task() {
-    let sandbox = Sandbox::new();
-    acp::write_config(&sandbox, None);
-    let server = sandbox.dev().no_agents().start().await;
-    let _reviewer = acp::reviewer(&sandbox, server.url(), 10);
-    let mut ide = AcpProcess::start(server.url(), "reviewer", sandbox.path(), &[]);
-    ide.initialize(json!({})).await;
-    let session = ide.new_session(1, sandbox.path()).await;
-    let prompt = json!({ "sessionId": session, "prompt": [{ "type": "text", "text": "review this" }] });
-    ide.send(json!({ "jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": prompt })).await;
+    let (_sandbox, server, _reviewer, mut ide, session) = prompting_the_reviewer(10, "review this").await;
     let asked = ide.wait_for(|m| m["method"] == "session/request_permission").await;
     let error = json!({ "code": -32603, "message": "the IDE broke" });
     ide.send(json!({ "jsonrpc": "2.0", "id": asked["id"], "error": error })).await;

@@ -4,22 +4,40 @@
 
 use std::{path::Path, process::Output};
 
-use chorus_tests::{Sandbox, server::chorus_bin};
+use chorus_tests::{Sandbox, Server, server::chorus_bin};
 
 const GATED: &str = "name: gated\nsteps:\n- id: nap\n  wait: {duration: 50ms}\n\
                      - id: signoff\n  gate: {mode: HITL, reviewers: ops}\n- id: done\n  condition: \"true\"\n";
 const COUNTED: &str = "name: counted\ninputs:\n  count: {type: integer, required: true}\n\
                        steps:\n- id: hold\n  wait: {signal: go}\n";
 
+/// The CLI with `args`, pointed at `server`, run in `dir` as user ana.
+fn command(server: &str, dir: &Path, args: &[&str]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(chorus_bin());
+    command.args(args).env("CHORUS_SERVER", server).env("USER", "ana").current_dir(dir);
+    command
+}
+
 async fn chorus(server: &str, dir: &Path, args: &[&str]) -> Output {
-    tokio::process::Command::new(chorus_bin())
-        .args(args)
-        .env("CHORUS_SERVER", server)
-        .env("USER", "ana")
-        .current_dir(dir)
-        .output()
-        .await
-        .expect("run the CLI")
+    command(server, dir, args).output().await.expect("run the CLI")
+}
+
+/// The CLI with `args`, its output piped for the test to read (or not).
+fn spawn(server: &str, dir: &Path, args: &[&str]) -> tokio::process::Child {
+    let mut command = command(server, dir, args);
+    command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    command.spawn().expect("run the CLI")
+}
+
+/// `chorus dev` without agents, and its address and folder, with `files` written there.
+async fn stack(files: &[(&str, &str)]) -> (Sandbox, Server, String) {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().no_agents().start().await;
+    for (name, text) in files {
+        std::fs::write(sandbox.path().join(name), text).expect("write");
+    }
+    let url = server.url().to_owned();
+    (sandbox, server, url)
 }
 
 fn stdout(output: &Output) -> String {
@@ -32,11 +50,9 @@ fn stderr(output: &Output) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_applies_starts_decides_and_watches_a_workflow() {
-    let sandbox = Sandbox::new();
-    let server = sandbox.dev().no_agents().start().await;
-    let (url, dir) = (server.url().to_owned(), sandbox.path());
-    std::fs::write(dir.join("gated.yaml"), GATED).expect("write");
-    std::fs::write(dir.join("bad.yaml"), "name: bad\nsteps:\n- id: a\n  spawn: {agent: x}\n").expect("write");
+    let bad = "name: bad\nsteps:\n- id: a\n  spawn: {agent: x}\n";
+    let (sandbox, _server, url) = stack(&[("gated.yaml", GATED), ("bad.yaml", bad)]).await;
+    let dir = sandbox.path();
 
     let bad = chorus(&url, dir, &["workflow", "validate", "bad.yaml"]).await;
     assert_eq!(bad.status.code(), Some(1), "{}", stderr(&bad));
@@ -113,12 +129,10 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_is_told_why_a_call_was_refused() {
-    let sandbox = Sandbox::new();
-    let server = sandbox.dev().no_agents().start().await;
-    let (url, dir) = (server.url().to_owned(), sandbox.path());
-    std::fs::write(dir.join("gated.yaml"), GATED).expect("write");
-    std::fs::write(dir.join("counted.yaml"), COUNTED).expect("write");
-    std::fs::write(dir.join("forever.yaml"), GATED.replace("50ms", "99999999d")).expect("write");
+    let forever = GATED.replace("50ms", "99999999d");
+    let files = [("gated.yaml", GATED), ("counted.yaml", COUNTED), ("forever.yaml", forever.as_str())];
+    let (sandbox, _server, url) = stack(&files).await;
+    let dir = sandbox.path();
     std::fs::create_dir(dir.join("empty")).expect("mkdir");
 
     for (namespace, says) in [("", "error: namespace: is required"), ("BAD", "error: namespace: must be 1-63")] {
@@ -167,14 +181,7 @@ async fn a_person_is_told_why_a_call_was_refused() {
     assert!(stderr(&none).contains("--limit"), "{}", stderr(&none));
 
     // A reader that stops reading (`| head`) ends the command quietly.
-    let mut piped = tokio::process::Command::new(chorus_bin())
-        .args(["run", "get", &run_id, "--json"])
-        .env("CHORUS_SERVER", &url)
-        .current_dir(dir)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run the CLI");
+    let mut piped = spawn(&url, dir, &["run", "get", &run_id, "--json"]);
     drop(piped.stdout.take());
     let ended = piped.wait_with_output().await.expect("the CLI ends");
     assert_eq!(ended.status.code(), Some(0), "{}", stderr(&ended));
@@ -183,14 +190,7 @@ async fn a_person_is_told_why_a_call_was_refused() {
     // A watch of a run that waits is stopped by SIGTERM (or Ctrl-C) at once.
     let started = chorus(&url, dir, &["run", "start", "counted", "--input", "count=1"]).await;
     let waiting = stdout(&started).trim().to_owned();
-    let mut watch = tokio::process::Command::new(chorus_bin())
-        .args(["run", "watch", &waiting])
-        .env("CHORUS_SERVER", &url)
-        .current_dir(dir)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run the CLI");
+    let mut watch = spawn(&url, dir, &["run", "watch", &waiting]);
     // Once it prints, it is watching (and handles its signals).
     let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(watch.stdout.take().expect("stdout")));
     let first = tokio::time::timeout(std::time::Duration::from_secs(10), lines.next_line()).await;

@@ -200,24 +200,20 @@ mod tests {
         }
     }
 
+    fn resource(uri: &str, body: Body) -> Content {
+        Content::Resource { uri: uri.to_owned(), mime_type: None, body }
+    }
+
     #[test]
     fn embedded_resources_are_named_by_their_path() {
-        let block = Content::Resource {
-            uri: "file:///home/me/my%20project/a.txt".to_owned(),
-            mime_type: None,
-            body: Body::Text("a".to_owned()),
-        };
+        let block = resource("file:///home/me/my%20project/a.txt", Body::Text("a".to_owned()));
         let part = part_of(&block).expect("a block the bridge takes").expect("a part");
         assert_eq!(part.filename.as_deref(), Some("/home/me/my project/a.txt"));
     }
 
     #[test]
     fn a_blob_that_is_not_base64_is_named_not_dropped() {
-        let block = Content::Resource {
-            uri: "file:///tmp/x.bin".to_owned(),
-            mime_type: None,
-            body: Body::Blob("!!!notbase64!!!".to_owned()),
-        };
+        let block = resource("file:///tmp/x.bin", Body::Blob("!!!notbase64!!!".to_owned()));
         let error = part_of(&block).expect_err("not base64");
         assert!(error.starts_with("resource file:///tmp/x.bin: the blob is not base64"), "{error}");
     }
