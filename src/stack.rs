@@ -112,6 +112,9 @@ fn check_reachable(config: &ChorusConfig, services: &[Service]) -> anyhow::Resul
         "the gateway keeps its tasks in a task store, and this process serves none: set gateway.taskstore_url \
          (CHORUS_GATEWAY__TASKSTORE_URL) to the task store's address"
     );
+    if !here(Service::Workflow) {
+        return Ok(());
+    }
     let workflow = &config.workflow;
     let calls = [
         (Service::Taskstore, &workflow.taskstore_url, "workflow.taskstore_url (spawn steps)"),
@@ -121,7 +124,7 @@ fn check_reachable(config: &ChorusConfig, services: &[Service]) -> anyhow::Resul
     ];
     let unreachable: Vec<&str> =
         calls.into_iter().filter(|(callee, url, _)| !here(*callee) && url.is_none()).map(|(.., what)| what).collect();
-    if here(Service::Workflow) && !unreachable.is_empty() {
+    if !unreachable.is_empty() {
         tracing::warn!(
             unset = %unreachable.join(", "),
             "the workflow engine calls services this process does not serve; steps that need them will fail"

@@ -63,8 +63,8 @@ fn fit_page(page: TaskPage, budget: usize) -> pb::ListTasksResponse {
         let wire = convert::task_out(task);
         // The task's bytes and the field's tag and length.
         let size = wire.encoded_len() + 8;
-        if let Some(last) = last.take().filter(|_| used + size > budget) {
-            next_page_token = Some(last);
+        if used + size > budget && last.is_some() {
+            next_page_token = last;
             break;
         }
         used += size;
