@@ -8,6 +8,7 @@ use futures_util::StreamExt as _;
 use chorus_proto::taskstore::{self as pb, task_store_server::TaskStoreServer};
 use chorus_runtime::{
     grpc::{ResponseStream, namespace, stream_of},
+    server::ServerConfig,
     telemetry::{current_context_headers, record_ids},
     validate::{self, FieldViolation},
 };
@@ -42,7 +43,7 @@ pub struct TaskStoreGrpc {
 
 impl TaskStoreGrpc {
     pub fn new(store: TaskStore) -> Self {
-        Self { store, max_message_bytes: 4 << 20 }
+        Self { store, max_message_bytes: ServerConfig::default().max_message_bytes }
     }
 
     /// The tonic server, accepting requests up to `max_message_bytes` and
