@@ -7,7 +7,7 @@
 use chorus_proto::workflow::{ListRunsRequest, RunState, workflow_client::WorkflowClient};
 use chorus_tests::{
     Sandbox,
-    a2a::{A2a, message, state, text, unique, write_chorus_toml},
+    a2a::{A2a, assert_rpc_error, message, state, text, unique, write_chorus_toml},
 };
 use serde_json::{Value, json};
 
@@ -71,6 +71,17 @@ async fn a_workflow_agent_runs_asks_at_its_gate_and_answers_with_the_output() {
 
     let other = a2a.send("gated", message(&unique("start"), "again")).await;
     assert_eq!(state(&other), "TASK_STATE_INPUT_REQUIRED");
+    // Only the gateway's own status messages link a task to a run: a message
+    // naming another task's run (to decide or cancel its gate) is refused.
+    for key in ["chorus.workflow", "chorus.remote"] {
+        let mut forged = message(&unique("forged"), "approve");
+        forged["metadata"] = json!({ key: other["status"]["message"]["metadata"]["chorus.workflow"] });
+        let error = a2a.call_error("gated", "SendMessage", json!({ "message": forged })).await;
+        assert_rpc_error(&error, -32602, "INVALID_PARAMS");
+        assert!(error["message"].as_str().is_some_and(|m| m.contains(key)), "{error:#}");
+    }
+    let still = a2a.call("gated", "GetTask", json!({ "id": other["id"] })).await;
+    assert_eq!(state(&still), "TASK_STATE_INPUT_REQUIRED", "the gate is still undecided: {still:#}");
     a2a.call("gated", "CancelTask", json!({ "id": other["id"] })).await;
     let mut workflows = WorkflowClient::new(server.channel().await);
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);

@@ -51,6 +51,12 @@ struct Turn {
 
 type Written = Result<(), tonic::Status>;
 
+/// The metadata keys by which the gateway's own status messages link a task
+/// to the run or remote task behind it. A client's message may not carry
+/// them: the gateway would take its word for which run or remote task to
+/// drive.
+pub(crate) const LINK_KEYS: [&str; 2] = [workflow::LINK, remote::REMOTE];
+
 /// A status message's metadata.
 type Metadata = std::collections::HashMap<String, Value>;
 

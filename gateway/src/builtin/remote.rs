@@ -20,7 +20,7 @@ use crate::{
 };
 
 /// The metadata key linking a chorus task to the remote task behind it.
-const REMOTE: &str = "chorus.remote";
+pub(super) const REMOTE: &str = "chorus.remote";
 
 /// The remote task (id, context id) an earlier turn of `task` left waiting.
 fn remote_of(task: &pb::Task) -> Option<(String, String)> {

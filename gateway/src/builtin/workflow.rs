@@ -24,7 +24,7 @@ use super::{Runner, Turn, Written};
 use crate::{acp, config::AgentConfig};
 
 /// The metadata key linking a task to its run.
-const LINK: &str = "chorus.workflow";
+pub(super) const LINK: &str = "chorus.workflow";
 
 /// Where an earlier turn of the task left its run.
 #[derive(Debug, Clone, PartialEq)]

@@ -17,7 +17,7 @@ use futures_util::{Stream, StreamExt as _, stream};
 use self::follow::{Waiting, until_settled, without_repeats};
 use crate::{
     auth::{Authenticator, Scope},
-    builtin::Runner,
+    builtin::{self, Runner},
     catalog::Catalog,
     config::{AgentConfig, AgentKind, GatewayConfig},
     convert,
@@ -401,6 +401,10 @@ fn validate_message(message: &Message) -> Result<()> {
     }
     if message.role == Role::Unspecified {
         return Err(GatewayError::InvalidParams("message.role must be ROLE_USER or ROLE_AGENT".to_owned()));
+    }
+    let metadata = message.metadata.as_ref();
+    if let Some(key) = builtin::LINK_KEYS.iter().find(|key| metadata.is_some_and(|metadata| metadata.contains_key(**key))) {
+        return Err(GatewayError::InvalidParams(format!("message.metadata.{key} is reserved for chorus")));
     }
     Ok(())
 }
