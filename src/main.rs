@@ -73,6 +73,11 @@ enum Command {
         /// The reviewer's pause between two steps, in milliseconds.
         #[arg(long, default_value_t = 100)]
         pace_ms: u64,
+        /// A file holding a bearer token, for a task store whose gateway
+        /// checks credentials (default: the `CHORUS_TOKEN` environment
+        /// variable, if set).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
     },
     /// Workflow definitions: validate, apply, list.
     Workflow {
@@ -194,21 +199,21 @@ async fn run(command: Command, config: &ChorusConfig, shutdown: CancellationToke
             announce(stack.address);
             stack.serve(shutdown).await.map(done)
         }
-        Command::Agent { agent: Agent::Echo, server, namespace, .. } => {
-            let client = chorus_worker::connect(&server).await?;
+        Command::Agent { agent: Agent::Echo, server, namespace, token_file, .. } => {
+            let client = worker_client(&server, token_file.as_deref()).await?;
             tracing::info!(%server, %namespace, "echo agent working");
             chorus_worker::echo::run(client, &namespace, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Agent { agent: Agent::Reviewer, server, namespace, pace_ms } => {
-            let client = chorus_worker::connect(&server).await?;
+        Command::Agent { agent: Agent::Reviewer, server, namespace, pace_ms, token_file } => {
+            let client = worker_client(&server, token_file.as_deref()).await?;
             tracing::info!(%server, %namespace, "reviewer agent working");
             let pace = std::time::Duration::from_millis(pace_ms);
             chorus_worker::reviewer::run(client, &namespace, pace, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Agent { agent: Agent::Phases, server, namespace, .. } => {
-            let client = chorus_worker::connect(&server).await?;
+        Command::Agent { agent: Agent::Phases, server, namespace, token_file, .. } => {
+            let client = worker_client(&server, token_file.as_deref()).await?;
             tracing::info!(%server, %namespace, "phase agents working");
             chorus_worker::phases::run(client, &namespace, shutdown).await?;
             Ok(ExitCode::SUCCESS)
@@ -221,6 +226,15 @@ async fn run(command: Command, config: &ChorusConfig, shutdown: CancellationToke
             }
         }
     }
+}
+
+/// A built-in agent's client of the task store at `server`, with the
+/// bearer token of `token_file` or `CHORUS_TOKEN` when there is one.
+async fn worker_client(server: &str, token_file: Option<&std::path::Path>) -> anyhow::Result<chorus_worker::Client> {
+    Ok(match cli::bearer_token(token_file)? {
+        Some(token) => chorus_worker::connect_with_token(server, &token).await?,
+        None => chorus_worker::connect(server).await?,
+    })
 }
 
 /// One line on stdout saying where chorus listens (tests and scripts read it).

@@ -177,6 +177,10 @@ impl Stack {
         };
         let mut local_taskstore = None;
         let mut local_eventbus = None;
+        let mut local_hub = None;
+        let mut local_delegation = None;
+        // The gateway, built before the workflow engine, starts its runs.
+        let mut local_workflows = services.contains(&Service::Workflow).then(Transport::later);
         // The task store whose changes go to the event bus, once every
         // service is built.
         let mut relay: Option<TaskStore> = None;
@@ -214,6 +218,9 @@ impl Stack {
                         address,
                         "gateway.taskstore_url",
                     )?;
+                    let local = local_workflows.as_ref().map(|(transport, _)| transport);
+                    let (workflows, _) =
+                        reach(config.gateway.workflow_url.as_ref(), local, address, "gateway.workflow_url")?;
                     let mut gateway_config = config.gateway.clone();
                     if gateway_config.registry_file.is_none() && db.is_some() && config.storage.database_url.is_empty()
                     {
@@ -223,14 +230,22 @@ impl Stack {
                     let gateway = chorus_gateway::build(
                         gateway_config,
                         taskstore,
+                        workflows,
                         &format!("http://{address}"),
                         shutdown.clone(),
                     )
                     .map_err(|error| anyhow::anyhow!("gateway: {error}"))?;
                     server.add_grpc_service(A2aGrpc::new(gateway.clone()).into_server(config.server.max_message_bytes));
-                    server.add_grpc_service(gateway.delegation().into_server(config.server.max_message_bytes));
-                    server.merge_http(chorus_gateway::router(gateway));
-                    server.enable_grpc_web(&config.gateway.cors_origins);
+                    let delegation = gateway.delegation().into_server(config.server.max_message_bytes);
+                    local_delegation = Some(Transport::in_process(delegation.clone()));
+                    server.add_grpc_service(delegation);
+                    server.merge_http(chorus_gateway::router(gateway.clone()));
+                    server.enable_grpc_web(&config.gateway.cors_origins, vec![gateway.api_key_header()]);
+                    // The gateway's port is the public one: where it checks
+                    // credentials, the services beside it check them too.
+                    if let Some(guard) = gateway.operator_guard() {
+                        server.guard_own_services(guard);
+                    }
                     tracing::info!(taskstore = %target, "A2A gateway mounted");
                 }
                 Service::Hub => {
@@ -241,7 +256,9 @@ impl Stack {
                     let repository = Arc::new(SqlHubRepository::new(db.clone()));
                     let hub = Hub::new(repository, wakeups, config.hub.clone(), shutdown.clone());
                     hub.spawn_reaper();
-                    server.add_grpc_service(HubGrpc::new(hub).into_server(config.server.max_message_bytes));
+                    let grpc = HubGrpc::new(hub).into_server(config.server.max_message_bytes);
+                    local_hub = Some(Transport::in_process(grpc.clone()));
+                    server.add_grpc_service(grpc);
                 }
                 Service::Workflow => {
                     let db = opened(db.as_ref())?;
@@ -251,20 +268,24 @@ impl Stack {
                     let mut workflow = config.workflow.clone();
                     workflow.engine_id.get_or_insert_with(|| format!("{}/{address}", host_name()));
                     let workflow = &workflow;
-                    let own = format!("http://{address}");
-                    let channel = |url: &Option<String>, key: &str| -> anyhow::Result<Channel> {
-                        let url = url.clone().unwrap_or_else(|| own.clone());
-                        Ok(Channel::from_shared(url.clone())
-                            .with_context(|| format!("workflow.{key} {url:?} is not a URL"))?
-                            .connect_lazy())
+                    // A service of this process is called in process; one
+                    // elsewhere over the network, with the engine's token.
+                    let callee = |url: &Option<String>, local: Option<&Transport>, key: &str| {
+                        let (transport, _) = reach(url.as_ref(), local, address, &format!("workflow.{key}"))?;
+                        match (&workflow.token, url.is_some() || local.is_none()) {
+                            (Some(token), true) => {
+                                transport.with_bearer(token).context("workflow.token cannot be sent in a header")
+                            }
+                            _ => Ok(transport),
+                        }
                     };
-                    let eventbus = channel(&workflow.eventbus_url, "eventbus_url")?;
+                    let eventbus = callee(&workflow.eventbus_url, local_eventbus.as_ref(), "eventbus_url")?;
                     let endpoints = Endpoints {
-                        taskstore: channel(&workflow.taskstore_url, "taskstore_url")?,
-                        hub: channel(&workflow.hub_url, "hub_url")?,
+                        taskstore: callee(&workflow.taskstore_url, local_taskstore.as_ref(), "taskstore_url")?,
+                        hub: callee(&workflow.hub_url, local_hub.as_ref(), "hub_url")?,
                         eventbus: eventbus.clone(),
-                        gateway: channel(&workflow.gateway_url, "gateway_url")?,
-                        gateway_url: workflow.gateway_url.clone().unwrap_or_else(|| own.clone()),
+                        gateway: callee(&workflow.gateway_url, local_delegation.as_ref(), "gateway_url")?,
+                        gateway_url: workflow.gateway_url.clone().unwrap_or_else(|| format!("http://{address}")),
                         allow_private_webhooks: workflow.allow_private_webhooks,
                         webhook_timeout: std::time::Duration::from_millis(workflow.webhook_timeout_ms),
                     };
@@ -280,7 +301,11 @@ impl Stack {
                     workflows.load_definitions_dir().await.map_err(startup_error)?;
                     let triggers = TriggerSource { bus: EventBusClient::new(eventbus) };
                     chorus_workflow::engine::spawn(workflows.clone(), Some(triggers), shutdown.clone());
-                    server.add_grpc_service(WorkflowGrpc::new(workflows).into_server(config.server.max_message_bytes));
+                    let grpc = WorkflowGrpc::new(workflows).into_server(config.server.max_message_bytes);
+                    if let Some((_, later)) = local_workflows.take() {
+                        later.set(Transport::in_process(grpc.clone()));
+                    }
+                    server.add_grpc_service(grpc);
                 }
             }
         }

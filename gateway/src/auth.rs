@@ -18,6 +18,14 @@ pub(crate) struct Principal {
     namespaces: Option<Vec<String>>,
 }
 
+impl Principal {
+    /// Whether the caller may act in every namespace, as chorus's own gRPC
+    /// services (which act in whatever namespace a request names) require.
+    pub(crate) fn every_namespace(&self) -> bool {
+        self.namespaces.is_none()
+    }
+}
+
 /// Where a request acts: a namespace, and an agent when the tenant names one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Scope {
@@ -65,9 +73,11 @@ impl Authenticator {
         if !self.enabled() {
             return Ok(Principal { namespaces: None });
         }
+        // The scheme's name is case-insensitive (RFC 9110 §11.1).
         let bearer = lookup("authorization")
-            .and_then(|value| value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer ")))
-            .map(|token| (token.trim(), &self.bearer_tokens));
+            .and_then(|value| value.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| (token.trim(), &self.bearer_tokens));
         let api_key = lookup(&self.api_key_header).map(|key| (key.trim(), &self.api_keys));
         for (secret, known) in bearer.into_iter().chain(api_key) {
             let presented = digest(secret);
@@ -134,6 +144,18 @@ mod tests {
         let scope = auth.scope(&ops, "team-b/tck").expect("any namespace");
         assert_eq!(scope, Scope { namespace: "team-b".into(), agent: Some("tck".into()) });
         assert!(matches!(auth.scope(&ops, "Bad Tenant"), Err(GatewayError::InvalidParams(_))));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        let auth = authenticator();
+        for header in ["Bearer token-ops", "bearer token-ops", "BEARER token-ops", "Bearer  token-ops "] {
+            let principal = auth.authenticate(|name| (name == "authorization").then_some(header));
+            assert!(principal.is_ok_and(|principal| principal.every_namespace()), "{header:?}");
+        }
+        assert!(auth.authenticate(|name| (name == "authorization").then_some("Basic token-ops")).is_err());
+        let team = auth.authenticate(|name| (name == "x-api-key").then_some("key-a")).expect("api key");
+        assert!(!team.every_namespace());
     }
 
     #[test]

@@ -184,6 +184,36 @@ impl AuthConfig {
     pub fn enabled(&self) -> bool {
         !self.api_keys.is_empty() || !self.bearer_tokens.is_empty()
     }
+
+    /// Refuses credentials that could never be presented as written (an
+    /// empty secret, one with spaces around it, a namespace no request can
+    /// name) or that would let anyone in.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if http::HeaderName::from_bytes(self.api_key_header.as_bytes()).is_err() {
+            return Err(format!("gateway.auth.api_key_header {:?} is not a header name", self.api_key_header));
+        }
+        let listed = [("api_keys", &self.api_keys), ("bearer_tokens", &self.bearer_tokens)];
+        for (list, credentials) in listed {
+            for credential in credentials.iter() {
+                let at = format!("gateway.auth.{list} {:?}", credential.name);
+                if credential.secret.trim().is_empty() {
+                    return Err(format!("{at}: the secret must not be empty"));
+                }
+                if credential.secret.trim() != credential.secret || credential.secret.contains(['\r', '\n']) {
+                    return Err(format!("{at}: the secret must not start or end with spaces or hold line breaks"));
+                }
+                if credential.namespaces.is_empty() {
+                    return Err(format!("{at}: namespaces must list at least one namespace, or \"*\" for all"));
+                }
+                for namespace in credential.namespaces.iter().filter(|namespace| *namespace != "*") {
+                    if let Err(violation) = chorus_runtime::validate::namespace(namespace) {
+                        return Err(format!("{at}: namespace {namespace:?} {}", violation.reason));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A secret and the namespaces it may act in (`*` for all).

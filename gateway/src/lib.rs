@@ -31,21 +31,21 @@ use std::time::Duration;
 use chorus_proto::taskstore::task_store_client::TaskStoreClient;
 use chorus_runtime::transport::Transport;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 pub use crate::{config::GatewayConfig, delegation::DelegateGrpc, grpc::A2aGrpc, http::router, service::Gateway};
 
-/// Builds the gateway over the task store behind `taskstore` (in this
-/// process or not), advertising `base_url` (`http://host:port`) in its cards
-/// unless `public_url` is set.
+/// Builds the gateway over the task store behind `taskstore` and the
+/// workflow engine behind `workflows` (in this process or not), advertising
+/// `base_url` (`http://host:port`) in its cards unless `public_url` is set.
 pub fn build(
     config: GatewayConfig,
     taskstore: Transport,
+    workflows: Transport,
     base_url: &str,
     shutdown: CancellationToken,
 ) -> Result<Gateway, String> {
     push::install_crypto_provider();
-    let own_url = base_url;
+    config.auth.check()?;
     let base_url = match &config.public_url {
         Some(public) => checked_public_url(public)?,
         None => base_url.to_owned(),
@@ -71,10 +71,6 @@ pub fn build(
             Duration::from_millis(settings.poll_initial_ms),
             Duration::from_millis(settings.poll_max_ms),
         );
-    let workflow_url = config.workflow_url.clone().unwrap_or_else(|| own_url.to_owned());
-    let workflows = Channel::from_shared(workflow_url.clone())
-        .map_err(|error| format!("gateway.workflow_url {workflow_url:?} is not a URL: {error}"))?
-        .connect_lazy();
     let runner = builtin::Runner::new(
         tasks.clone(),
         chorus_proto::workflow::workflow_client::WorkflowClient::new(workflows),

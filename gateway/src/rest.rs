@@ -68,9 +68,7 @@ async fn serve(
     if http::version(headers, uri.query(), http::SPEAKS_1_0)? == Version::V03 && headers.contains_key("a2a-version") {
         return Err(GatewayError::VersionNotSupported("0.3".to_owned(), http::SPEAKS_1_0));
     }
-    let (tenant, operation) = route(method, path)?;
-    let scope = gateway.auth().scope(&principal, &tenant)?;
-    let agent = gateway.agent(Some(agent), &scope)?;
+    let (path_tenant, operation) = route(method, path)?;
     let query = query(uri.query());
     let body = http::read_body(gateway, body).await?;
     let json_body = || -> Result<Value> {
@@ -82,9 +80,16 @@ async fn serve(
         }
         serde_json::from_slice(&body).map_err(|error| GatewayError::Parse(format!("the body is not JSON: {error}")))
     };
+    let json = match operation {
+        Operation::Send | Operation::Stream | Operation::CreatePushConfig(_) => json_body()?,
+        _ => Value::Null,
+    };
+    let named = json.get("tenant").and_then(Value::as_str).or(query.get("tenant").map(String::as_str));
+    let scope = gateway.auth().scope(&principal, &tenant_of(path_tenant, named)?)?;
+    let agent = gateway.agent(Some(agent), &scope)?;
     let result = match operation {
         Operation::Send | Operation::Stream => {
-            let request: a2a::SendMessageRequest = from_json(json_body()?)?;
+            let request: a2a::SendMessageRequest = from_json(json)?;
             if operation == Operation::Send {
                 to_value(gateway.send(&scope, agent, request).await?)
             } else {
@@ -100,7 +105,7 @@ async fn serve(
         Operation::ListTasks => to_value(gateway.list_tasks(&scope, list_request(&query)?).await?),
         Operation::CancelTask(id) => to_value(gateway.cancel_task(&scope, &id).await?),
         Operation::CreatePushConfig(task_id) => {
-            let mut config: a2a::TaskPushNotificationConfig = from_json(json_body()?)?;
+            let mut config: a2a::TaskPushNotificationConfig = from_json(json)?;
             config.task_id = task_id;
             to_value(gateway.create_push_config(&scope, config).await?)
         }
@@ -120,6 +125,19 @@ async fn serve(
     let mut response = (StatusCode::OK, axum::Json(result)).into_response();
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/a2a+json"));
     Ok(response)
+}
+
+/// The tenant a request acts in: its path's, else the one its body or query
+/// names (the request message's `tenant` field, as JSON-RPC takes it). A
+/// request naming another tenant than its path is refused.
+fn tenant_of(path: String, named: Option<&str>) -> Result<String> {
+    match named.filter(|named| !named.is_empty()) {
+        Some(named) if !path.is_empty() && named != path => {
+            Err(GatewayError::InvalidParams(format!("the request names tenant {named:?}, its path tenant {path:?}")))
+        }
+        Some(named) => Ok(named.to_owned()),
+        None => Ok(path),
+    }
 }
 
 /// The tenant (empty when the path has none) and the operation of `path`.

@@ -6,12 +6,12 @@ use chorus_proto::workflow::{
     ListDefinitionsRequest, PutDefinitionRequest, ValidateDefinitionRequest, ValidationProblem, ValidationProblems,
     validation_problem::Severity, workflow_client::WorkflowClient,
 };
+use chorus_runtime::transport::Transport;
 use prost::Message as _;
-use tonic::transport::Channel;
 
 use super::{Failure, Outcome, Target, view};
 
-type Client = WorkflowClient<Channel>;
+type Client = WorkflowClient<Transport>;
 
 fn read(path: &Path) -> Result<String, Failure> {
     std::fs::read_to_string(path).map_err(|error| Failure::Call(format!("cannot read {}: {error}", path.display())))

@@ -3,11 +3,11 @@
 use chorus_proto::workflow::{
     self as pb, DecideGateRequest, ListRunsRequest, StepKind, StepState, workflow_client::WorkflowClient,
 };
-use tonic::transport::Channel;
+use chorus_runtime::transport::Transport;
 
 use super::{Failure, Outcome, Target, view};
 
-type Client = WorkflowClient<Channel>;
+type Client = WorkflowClient<Transport>;
 
 /// A decision from the command line.
 #[derive(Debug)]

@@ -24,9 +24,15 @@ mod gates;
 mod runs;
 mod view;
 
-use std::{io::Write as _, process::ExitCode};
+use std::{
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::ExitCode,
+};
 
+use anyhow::Context as _;
 use chorus_proto::workflow::workflow_client::WorkflowClient;
+use chorus_runtime::transport::Transport;
 use clap::{Args, Subcommand};
 use tonic::transport::Channel;
 use tonic_types::StatusExt as _;
@@ -39,6 +45,24 @@ pub(crate) struct Target {
     server: String,
     #[arg(long, global = true, default_value = "default")]
     namespace: String,
+    /// A file holding a bearer token, for a server whose gateway checks
+    /// credentials (default: the `CHORUS_TOKEN` environment variable, if set).
+    #[arg(long, global = true)]
+    token_file: Option<PathBuf>,
+}
+
+/// The environment variable a token is read from without `--token-file`.
+const TOKEN_ENV: &str = "CHORUS_TOKEN";
+
+/// The bearer token in `file`, else in `CHORUS_TOKEN`; none when neither
+/// holds one.
+pub(crate) fn bearer_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
+    let token = match file {
+        Some(file) => std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?,
+        None => std::env::var(TOKEN_ENV).unwrap_or_default(),
+    };
+    let token = token.trim();
+    Ok((!token.is_empty()).then(|| token.to_owned()))
 }
 
 #[derive(Debug, Subcommand)]
@@ -157,12 +181,19 @@ impl From<tonic::Status> for Failure {
 
 type Outcome = Result<(), Failure>;
 
-async fn connect(target: &Target) -> Result<WorkflowClient<Channel>, Failure> {
+async fn connect(target: &Target) -> Result<WorkflowClient<Transport>, Failure> {
+    let token = bearer_token(target.token_file.as_deref()).map_err(|error| Failure::Call(format!("{error:#}")))?;
     let endpoint = Channel::from_shared(target.server.clone())
         .map_err(|error| Failure::Call(format!("--server {}: {error}", target.server)))?;
     let channel =
         endpoint.connect().await.map_err(|error| Failure::Call(format!("cannot reach {}: {error}", target.server)))?;
-    Ok(WorkflowClient::new(channel))
+    let transport = match token {
+        Some(token) => Transport::remote(channel)
+            .with_bearer(&token)
+            .map_err(|_| Failure::Call("the token cannot be sent in a header".to_owned()))?,
+        None => Transport::remote(channel),
+    };
+    Ok(WorkflowClient::new(transport))
 }
 
 /// Writes to stdout; see [`out!`].

@@ -6,13 +6,13 @@ use chorus_proto::workflow::{
     self as pb, CancelRunRequest, GetRunRequest, ListRunsRequest, SignalRunRequest, StartRunRequest, WatchRunRequest,
     run_event, workflow_client::WorkflowClient,
 };
+use chorus_runtime::transport::Transport;
 use clap::Args;
 use serde_json::{Map, Value};
-use tonic::transport::Channel;
 
 use super::{Failure, Outcome, Target, view};
 
-type Client = WorkflowClient<Channel>;
+type Client = WorkflowClient<Transport>;
 
 #[derive(Debug, Args)]
 pub(crate) struct StartArgs {

@@ -73,6 +73,17 @@ async fn credentials_are_required_and_scoped_to_their_namespaces() {
     assert_refused(elsewhere, StatusCode::FORBIDDEN, "PERMISSION_DENIED").await;
     let (status, body) = json(team_a(a2a.rest(Method::GET, "tck", "team-b/tasks"))).await;
     assert_rest_error(status, &body, StatusCode::FORBIDDEN, "PERMISSION_DENIED");
+    // Over REST the tenant may also be the request's field, in the query or
+    // the body; one that contradicts the path is refused.
+    let (status, body) = json(team_a(a2a.rest(Method::GET, "tck", "tasks?tenant=team-b"))).await;
+    assert_rest_error(status, &body, StatusCode::FORBIDDEN, "PERMISSION_DENIED");
+    let (status, body) = json(ops(a2a.rest(Method::GET, "tck", "tasks?tenant=team-a"))).await;
+    assert_eq!(status, StatusCode::OK, "{body:#}");
+    assert!(body.to_string().contains(PLANS), "the operator lists team A's tasks by the field: {body:#}");
+    let mut named = send.clone();
+    named["tenant"] = json!("team-b");
+    let (status, body) = json(ops(a2a.rest(Method::POST, "tck", "team-a/message:send")).json(&named)).await;
+    assert_rest_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMS");
 
     // A task lives in its namespace only: other namespaces do not see it.
     for other in [json!({ "id": id, "tenant": "team-b" }), json!({ "id": id })] {
@@ -160,4 +171,100 @@ async fn a_config_file_named_by_chorus_config_is_read() {
     assert!(card["securitySchemes"]["bearer"].is_object(), "the file's credentials are in force: {card:#}");
     let (status, _) = json(a2a.rpc("tck", "ListTasks", json!({}))).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+const SPAWNS: &str = "name: spawns\nsteps:\n- id: ask\n  spawn: {agent: echo, input: \"hello\"}\n";
+
+const SPAWNS_AGENT: &str = r#"
+[gateway]
+default_agent = "spawns"
+
+[[gateway.agents]]
+id = "spawns"
+name = "Spawns"
+description = "A workflow that asks the echo agent"
+kind = "workflow"
+"#;
+
+fn authorized<T>(message: T, header: &'static str, value: &'static str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(header, MetadataValue::from_static(value));
+    request
+}
+
+/// The workflow CLI against `server` with `env`: its exit code and stderr.
+async fn workflow_list(server: &chorus_tests::Server, env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut command = tokio::process::Command::new(chorus_tests::server::chorus_bin());
+    command.args(["workflow", "list", "--server", server.url()]).env_remove("CHORUS_TOKEN").envs(env.iter().copied());
+    let output = command.output().await.expect("run the CLI");
+    (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chorus_own_services_beside_the_gateway_take_a_credential_for_every_namespace() {
+    use chorus_proto::{
+        taskstore::ListTasksRequest,
+        workflow::{GetRunRequest, RunState, StartRunRequest, workflow_client::WorkflowClient},
+    };
+    let sandbox = Sandbox::new();
+    std::fs::create_dir(sandbox.path().join("workflows")).expect("dir");
+    std::fs::write(sandbox.path().join("workflows/spawns.yaml"), SPAWNS).expect("write");
+    write_chorus_toml(sandbox.path(), &format!("{AUTH}{SPAWNS_AGENT}"));
+    let server = sandbox.dev().start().await;
+
+    let mut tasks = server.task_store().await;
+    let list = || ListTasksRequest { namespace: "team-a".into(), ..Default::default() };
+    assert_eq!(tasks.list_tasks(list()).await.expect_err("no credentials").code(), Code::Unauthenticated);
+    let team = tasks.list_tasks(authorized(list(), "x-api-key", "key-a")).await.expect_err("one namespace only");
+    assert_eq!(team.code(), Code::PermissionDenied, "{team:?}");
+    assert!(team.message().contains("every namespace"), "{team:?}");
+    tasks.list_tasks(authorized(list(), "authorization", "Bearer s3cret")).await.expect("the operator lists");
+
+    // Health stays open for probes.
+    let mut health = tonic_health::pb::health_client::HealthClient::new(server.channel().await);
+    health.check(tonic_health::pb::HealthCheckRequest::default()).await.expect("health needs no credentials");
+
+    // A browser's grpc-web call is checked the same way.
+    let frame = {
+        let body = prost::Message::encode_to_vec(&list());
+        let mut frame = vec![0u8];
+        frame.extend_from_slice(&u32::try_from(body.len()).expect("small").to_be_bytes());
+        frame.extend_from_slice(&body);
+        frame
+    };
+    let a2a = A2a::new(&server);
+    let browser = a2a
+        .http()
+        .post(format!("{}/chorus.taskstore.v1.TaskStore/ListTasks", server.url()))
+        .header("content-type", "application/grpc-web+proto")
+        .header("x-grpc-web", "1")
+        .header("origin", "https://elsewhere.example")
+        .body(frame)
+        .send()
+        .await
+        .expect("grpc-web call");
+    assert_eq!(browser.headers().get("grpc-status").map(|value| value.as_bytes()), Some(&b"16"[..]), "{browser:?}");
+
+    // The operator's run: the engine spawns the echo task in process.
+    let channel = server.channel().await;
+    let transport = chorus_runtime::transport::Transport::remote(channel).with_bearer("s3cret").expect("header");
+    let mut workflows = WorkflowClient::new(transport);
+    let start = StartRunRequest { namespace: "default".into(), workflow: "spawns".into(), ..Default::default() };
+    let run = workflows.start_run(start).await.expect("start").into_inner();
+    let get = GetRunRequest { namespace: "default".into(), run_id: run.id.clone(), wait_finished: true };
+    let done = workflows.get_run(get).await.expect("get").into_inner();
+    assert_eq!(done.state(), RunState::Completed, "{done:?}");
+
+    // The gateway starts a workflow agent's run in process too.
+    let send = json!({ "message": message(&unique("start"), "go") });
+    let (status, answer) = json(ops(a2a.rpc("spawns", "SendMessage", send))).await;
+    assert_eq!(status, StatusCode::OK, "{answer:#}");
+    assert_eq!(state(&answer["result"]["task"]), "TASK_STATE_COMPLETED", "{answer:#}");
+
+    // The CLI sends the token of CHORUS_TOKEN (or --token-file).
+    let (code, stderr) = workflow_list(&server, &[]).await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("credentials"), "{stderr}");
+    let (code, stderr) = workflow_list(&server, &[("CHORUS_TOKEN", "s3cret")]).await;
+    assert_eq!(code, Some(0), "{stderr}");
 }

@@ -98,3 +98,45 @@ async fn a_workflow_agent_runs_asks_at_its_gate_and_answers_with_the_output() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_whose_gate_was_decided_elsewhere_catches_up_with_its_run() {
+    use chorus_proto::workflow::{CancelRunRequest, DecideGateRequest, Decision};
+    let sandbox = Sandbox::new();
+    std::fs::create_dir(sandbox.path().join("workflows")).expect("dir");
+    std::fs::write(sandbox.path().join("workflows/gated.yaml"), GATED).expect("write");
+    write_chorus_toml(sandbox.path(), CATALOG);
+    let server = sandbox.dev().no_agents().start().await;
+    let a2a = A2a::new(&server);
+    let mut workflows = WorkflowClient::new(server.channel().await);
+    let run_of =
+        |task: &Value| task["status"]["message"]["metadata"]["chorus.workflow"]["runId"].as_str().map(str::to_owned);
+
+    // Approved with the API (as `chorus gate approve` does): the next reply
+    // finds the run done and so is the task.
+    let approved = a2a.send("gated", message(&unique("start"), "review")).await;
+    assert_eq!(state(&approved), "TASK_STATE_INPUT_REQUIRED", "{approved:#}");
+    let decide = DecideGateRequest {
+        namespace: "default".into(),
+        run_id: run_of(&approved).expect("a run"),
+        step_id: "signoff".into(),
+        decision: Decision::Approve.into(),
+        decided_by: "ana".into(),
+        ..Default::default()
+    };
+    workflows.decide_gate(decide).await.expect("decided with the API");
+    let done = a2a.send("gated", reply(&approved, "approve")).await;
+    assert_eq!(state(&done), "TASK_STATE_COMPLETED", "{done:#}");
+
+    // A run canceled with the API: the task ends canceled.
+    let canceled = a2a.send("gated", message(&unique("start"), "review")).await;
+    let cancel = CancelRunRequest {
+        namespace: "default".into(),
+        run_id: run_of(&canceled).expect("a run"),
+        reason: "not needed".into(),
+        canceled_by: "ana".into(),
+    };
+    workflows.cancel_run(cancel).await.expect("canceled with the API");
+    let ended = a2a.send("gated", reply(&canceled, "approve")).await;
+    assert_eq!(state(&ended), "TASK_STATE_CANCELED", "{ended:#}");
+}

@@ -127,7 +127,18 @@ impl Upstream {
         };
         let response = request.send().await.map_err(|source| DelegateError::Http { url: url.clone(), source })?;
         match response.status().as_u16() {
-            401 | 403 => Err(AcpError::AuthRequired(match self.credentials() {
+            // A token for several namespaces, none of them the default one:
+            // the bridge names no tenant, so it acts in the default one.
+            403 => {
+                let body: serde_json::Value = response.json().await.unwrap_or_default();
+                let reason = body["error"]["message"].as_str().unwrap_or("access denied").to_owned();
+                Err(AcpError::AuthRequired(format!(
+                    "the gateway took the token but refused agent {}: {reason}; a token for several namespaces \
+                     acts in the gateway's default namespace, so it must include it (or name one namespace only)",
+                    self.agent()
+                )))
+            }
+            401 => Err(AcpError::AuthRequired(match self.credentials() {
                 Some(_) => {
                     format!("the gateway refused the token for agent {}; fix it and authenticate again", self.agent())
                 }

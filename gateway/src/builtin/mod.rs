@@ -23,7 +23,6 @@ use chorus_proto::{
 use chorus_runtime::transport::Transport;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 use crate::{
     catalog::TCK,
@@ -36,7 +35,7 @@ use crate::{
 #[derive(Debug, Clone)]
 pub(crate) struct Runner {
     tasks: TaskStoreClient<Transport>,
-    workflows: WorkflowClient<Channel>,
+    workflows: WorkflowClient<Transport>,
     delegate: A2aClient,
     remote_timeout: Duration,
     shutdown: CancellationToken,
@@ -107,7 +106,7 @@ impl Turn {
 impl Runner {
     pub(crate) fn new(
         tasks: TaskStoreClient<Transport>,
-        workflows: WorkflowClient<Channel>,
+        workflows: WorkflowClient<Transport>,
         delegate: A2aClient,
         remote_timeout: Duration,
         shutdown: CancellationToken,

@@ -123,9 +123,18 @@ impl Runner {
                     iteration: Some(link.iteration),
                     ..DecideGateRequest::default()
                 };
-                if let Err(status) = workflows.decide_gate(request).await {
-                    let text = format!("The gate was not decided: {}", status.message());
-                    return turn.status(pb::TaskState::InputRequired, Some(&text), Some(linked(&link, None))).await;
+                match workflows.decide_gate(request).await {
+                    Ok(_) => {}
+                    // Decided elsewhere (the CLI, the API), or its run
+                    // ended: the task catches up with the run instead.
+                    Err(status) if status.code() == tonic::Code::FailedPrecondition => {
+                        let text = format!("{} Following the run.", status.message());
+                        turn.status(pb::TaskState::Working, Some(&text), None).await?;
+                    }
+                    Err(status) => {
+                        let text = format!("The gate was not decided: {}", status.message());
+                        return turn.status(pb::TaskState::InputRequired, Some(&text), Some(linked(&link, None))).await;
+                    }
                 }
                 (link.run_id, link.cursor)
             }

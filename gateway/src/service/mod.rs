@@ -103,6 +103,34 @@ impl Gateway {
         }
     }
 
+    /// What a call to chorus's own gRPC services (task store, event bus,
+    /// hub, workflow engine, delegation) on the gateway's port must pass
+    /// where credentials are configured: they act in whatever namespace a
+    /// request names, so they take a credential for every namespace.
+    /// `None`: no credentials are configured.
+    pub fn operator_guard(&self) -> Option<chorus_runtime::server::Guard> {
+        if !self.inner.auth.enabled() {
+            return None;
+        }
+        let gateway = self.clone();
+        Some(Arc::new(move |headers: &http::HeaderMap| {
+            let principal =
+                gateway.auth().authenticate(|name| headers.get(name).and_then(|value| value.to_str().ok()))?;
+            match principal.every_namespace() {
+                true => Ok(()),
+                false => Err(tonic::Status::permission_denied(
+                    "chorus's own gRPC services take a credential for every namespace (namespaces = [\"*\"])",
+                )),
+            }
+        }))
+    }
+
+    /// The header API keys travel in.
+    pub fn api_key_header(&self) -> http::HeaderName {
+        http::HeaderName::from_bytes(self.inner.config.auth.api_key_header.as_bytes())
+            .expect("checked when the gateway was built")
+    }
+
     /// `GetExtendedAgentCard`: the card an authenticated caller sees. There is
     /// one only where credentials are configured.
     pub(crate) fn extended_card(&self, agent: &str) -> Result<a2a::AgentCard> {
@@ -403,7 +431,9 @@ fn validate_message(message: &Message) -> Result<()> {
         return Err(GatewayError::InvalidParams("message.role must be ROLE_USER or ROLE_AGENT".to_owned()));
     }
     let metadata = message.metadata.as_ref();
-    if let Some(key) = builtin::LINK_KEYS.iter().find(|key| metadata.is_some_and(|metadata| metadata.contains_key(**key))) {
+    if let Some(key) =
+        builtin::LINK_KEYS.iter().find(|key| metadata.is_some_and(|metadata| metadata.contains_key(**key)))
+    {
         return Err(GatewayError::InvalidParams(format!("message.metadata.{key} is reserved for chorus")));
     }
     Ok(())

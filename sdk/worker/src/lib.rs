@@ -69,6 +69,20 @@ pub type Client = TaskStoreClient<InterceptedService<Transport, TracePropagation
 /// The connection is kept alive with HTTP/2 pings so that a vanished server is
 /// noticed, and is re-established on demand after it breaks.
 pub async fn connect(url: &str) -> Result<Client, WorkerError> {
+    Ok(client_from_channel(channel(url).await?))
+}
+
+/// Connects as [`connect`] does, every call carrying `token` as a bearer
+/// token: a task store served beside a gateway that checks credentials
+/// takes one for every namespace.
+pub async fn connect_with_token(url: &str, token: &str) -> Result<Client, WorkerError> {
+    let transport = Transport::remote(channel(url).await?)
+        .with_bearer(token)
+        .map_err(|_| WorkerError::Config("the token cannot be sent in a header"))?;
+    Ok(client_over(transport))
+}
+
+async fn channel(url: &str) -> Result<Channel, WorkerError> {
     let connect_error = |source| WorkerError::Connect { url: url.to_owned(), source };
     let endpoint = Endpoint::from_shared(url.to_owned())
         .map_err(connect_error)?
@@ -76,8 +90,7 @@ pub async fn connect(url: &str) -> Result<Client, WorkerError> {
         .http2_keep_alive_interval(Duration::from_secs(20))
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
-    let channel = endpoint.connect().await.map_err(connect_error)?;
-    Ok(client_from_channel(channel))
+    endpoint.connect().await.map_err(connect_error)
 }
 
 /// A client over an existing channel (a lazy one, one with TLS, ...).

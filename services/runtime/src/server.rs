@@ -4,7 +4,7 @@
 
 use std::{convert::Infallible, future::Future, pin::Pin, sync::Arc, time::Duration};
 
-use axum::{Router, http::StatusCode, response::IntoResponse as _, routing::get};
+use axum::{Router, http::StatusCode, middleware::Next, response::IntoResponse as _, routing::get};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -46,6 +46,13 @@ impl Default for ServerConfig {
 /// A readiness check: `Err(reason)` keeps `/healthz` at 503.
 pub type ReadinessProbe = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
 
+/// A check of a call's credentials (its headers): `Err` is the call's answer.
+pub type Guard = Arc<dyn Fn(&http::HeaderMap) -> Result<(), tonic::Status> + Send + Sync>;
+
+/// The path prefix of chorus's own gRPC services (`/chorus.taskstore.v1…`),
+/// which a [`Guard`] covers; health, reflection and A2A are not theirs.
+const OWN_SERVICES: &str = "/chorus.";
+
 /// Collects services and routes, then serves them.
 pub struct ServerBuilder {
     config: ServerConfig,
@@ -56,6 +63,10 @@ pub struct ServerBuilder {
     health: HealthReporter,
     /// Origins browsers may call from over grpc-web; `None`: no grpc-web.
     grpc_web_origins: Option<Vec<String>>,
+    /// Request headers grpc-web callers may send beyond the standard ones.
+    grpc_web_headers: Vec<http::HeaderName>,
+    /// What a call to chorus's own services must pass; `None`: nothing.
+    guard: Option<Guard>,
 }
 
 impl std::fmt::Debug for ServerBuilder {
@@ -77,6 +88,8 @@ impl ServerBuilder {
             probes: Vec::new(),
             health,
             grpc_web_origins: None,
+            grpc_web_headers: Vec::new(),
+            guard: None,
         }
     }
 
@@ -103,9 +116,19 @@ impl ServerBuilder {
     }
 
     /// Lets browsers call every gRPC service over grpc-web (HTTP/1.1 or 2),
-    /// from `origins` (`*` for any) under CORS.
-    pub fn enable_grpc_web(&mut self, origins: &[String]) -> &mut Self {
+    /// from `origins` (`*` for any) under CORS, sending `headers` beside the
+    /// standard ones.
+    pub fn enable_grpc_web(&mut self, origins: &[String], headers: Vec<http::HeaderName>) -> &mut Self {
         self.grpc_web_origins = Some(origins.to_vec());
+        self.grpc_web_headers = headers;
+        self
+    }
+
+    /// Every call to chorus's own gRPC services must pass `guard` (over
+    /// grpc-web too); health, reflection, other services and HTTP routes
+    /// are left to check their callers themselves.
+    pub fn guard_own_services(&mut self, guard: Guard) -> &mut Self {
+        self.guard = Some(guard);
         self
     }
 
@@ -135,9 +158,24 @@ impl ServerBuilder {
             .route("/healthz", get(move || healthz(Arc::clone(&probes))))
             .layer(RequestBodyLimitLayer::new(self.config.max_message_bytes));
         let mut grpc = self.grpc.routes().into_axum_router();
+        if let Some(guard) = self.guard.take() {
+            grpc = grpc.layer(axum::middleware::from_fn(move |request: axum::extract::Request, next: Next| {
+                let checked = match request.uri().path().starts_with(OWN_SERVICES) {
+                    true => guard(request.headers()),
+                    false => Ok(()),
+                };
+                async move {
+                    match checked {
+                        Ok(()) => next.run(request).await,
+                        Err(status) => status.into_http(),
+                    }
+                }
+            }));
+        }
         if let Some(origins) = &self.grpc_web_origins {
             // Only the gRPC routes speak grpc-web; HTTP routes stay as they are.
-            grpc = grpc.layer(tonic_web::GrpcWebLayer::new()).layer(cors(origins));
+            let headers = std::mem::take(&mut self.grpc_web_headers);
+            grpc = grpc.layer(tonic_web::GrpcWebLayer::new()).layer(cors(origins, headers));
         }
         let router = grpc.merge(http).fallback(not_found);
         let layers = ServiceBuilder::new()
@@ -222,9 +260,9 @@ impl<S> ReflectionService for S where
 {
 }
 
-/// CORS for grpc-web callers from `origins`: the headers grpc-web sends and
-/// the trailers-as-headers it reads.
-fn cors(origins: &[String]) -> CorsLayer {
+/// CORS for grpc-web callers from `origins`: the headers grpc-web sends (and
+/// `extra`) and the trailers-as-headers it reads.
+fn cors(origins: &[String], extra: Vec<http::HeaderName>) -> CorsLayer {
     let allow_origin = if origins.iter().any(|origin| origin == "*") {
         AllowOrigin::any()
     } else {
@@ -234,16 +272,21 @@ fn cors(origins: &[String]) -> CorsLayer {
     CorsLayer::new()
         .allow_origin(allow_origin)
         .allow_methods([http::Method::POST, http::Method::GET, http::Method::OPTIONS])
-        .allow_headers([
-            http::header::CONTENT_TYPE,
-            http::header::AUTHORIZATION,
-            header("x-grpc-web"),
-            header("x-user-agent"),
-            header("grpc-timeout"),
-            header("a2a-version"),
-            header("x-api-key"),
-            header("connect-protocol-version"),
-        ])
+        .allow_headers(
+            [
+                http::header::CONTENT_TYPE,
+                http::header::AUTHORIZATION,
+                header("x-grpc-web"),
+                header("x-user-agent"),
+                header("grpc-timeout"),
+                header("a2a-version"),
+                header("x-api-key"),
+                header("connect-protocol-version"),
+            ]
+            .into_iter()
+            .chain(extra)
+            .collect::<Vec<_>>(),
+        )
         .expose_headers([header("grpc-status"), header("grpc-message"), header("grpc-status-details-bin")])
         .max_age(Duration::from_secs(3600))
 }

@@ -9,6 +9,7 @@
 
 use std::{
     convert::Infallible,
+    sync::{Arc, OnceLock},
     task::{Context, Poll},
 };
 
@@ -38,6 +39,47 @@ impl Transport {
         S::Future: Send + 'static,
     {
         Self(BoxCloneSyncService::new(server.map_err(|never| match never {})))
+    }
+
+    /// A transport to a server of this process that is built after its
+    /// client: two services that call each other. [`Later::set`] names the
+    /// server; a call before then fails.
+    pub fn later() -> (Self, Later) {
+        let slot = Arc::new(OnceLock::<Transport>::new());
+        let server = Arc::clone(&slot);
+        let service = tower::service_fn(move |request: http::Request<Body>| {
+            let server = server.get().cloned();
+            async move {
+                match server {
+                    Some(server) => server.oneshot(request).await,
+                    None => Err(BoxError::from("the service this process serves is not built yet")),
+                }
+            }
+        });
+        (Self(BoxCloneSyncService::new(service)), Later(slot))
+    }
+
+    /// The same transport, each call carrying `authorization: Bearer {token}`.
+    pub fn with_bearer(self, token: &str) -> Result<Self, http::header::InvalidHeaderValue> {
+        let mut value = http::HeaderValue::from_str(&format!("Bearer {token}"))?;
+        value.set_sensitive(true);
+        let authorized = self.0.map_request(move |mut request: http::Request<Body>| {
+            request.headers_mut().insert(http::header::AUTHORIZATION, value.clone());
+            request
+        });
+        Ok(Self(BoxCloneSyncService::new(authorized)))
+    }
+}
+
+/// Where a [`Transport::later`] learns its server.
+#[derive(Debug)]
+pub struct Later(Arc<OnceLock<Transport>>);
+
+impl Later {
+    /// Calls go to `server` from now on.
+    pub fn set(self, server: Transport) {
+        // A `Later` is consumed here, so its slot is set at most once.
+        let _ = self.0.set(server);
     }
 }
 
@@ -89,5 +131,40 @@ mod tests {
 
         let unknown = client.check(HealthCheckRequest { service: "nothing".to_owned() }).await.unwrap_err();
         assert_eq!(unknown.code(), tonic::Code::NotFound, "the server's own errors come through");
+    }
+
+    #[tokio::test]
+    async fn a_later_transport_calls_its_server_once_it_is_set() {
+        let (transport, later) = Transport::later();
+        let mut client = HealthClient::new(transport);
+        let request = || HealthCheckRequest { service: String::new() };
+        assert!(client.check(request()).await.is_err(), "no server yet");
+        let (_reporter, server) = tonic_health::server::health_reporter();
+        later.set(Transport::in_process(server));
+        let status = client.check(request()).await.unwrap().into_inner().status;
+        assert_eq!(status, Wire::Serving as i32);
+    }
+
+    #[tokio::test]
+    async fn a_bearer_transport_sends_its_token_on_every_call() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recorded = Arc::clone(&seen);
+        let (_reporter, server) = tonic_health::server::health_reporter();
+        let server = tower::ServiceBuilder::new()
+            .map_request(move |request: http::Request<Body>| {
+                let header = request.headers().get(http::header::AUTHORIZATION).cloned();
+                recorded.lock().unwrap().push(header);
+                request
+            })
+            .service(server);
+        let transport = Transport::in_process(server).with_bearer("s3cret").unwrap();
+        let mut client = HealthClient::new(transport);
+        for _ in 0..2 {
+            client.check(HealthCheckRequest { service: String::new() }).await.unwrap();
+        }
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 2);
+        assert!(seen.iter().all(|header| header.as_ref().is_some_and(|value| value == "Bearer s3cret")), "{seen:?}");
+        assert!(Transport::remote(Channel::from_static("http://x").connect_lazy()).with_bearer("bad\nline").is_err());
     }
 }

@@ -26,11 +26,16 @@ pub struct WorkflowConfig {
     /// Default for `chorus dev` / `serve`: the host name and listen address
     /// (unique among live processes, stable across restarts on a fixed port).
     pub engine_id: Option<String>,
-    /// The services steps call; unset: this process's own address.
+    /// The services steps call; unset: this process's own (called in
+    /// process when it serves them, else at its own address).
     pub taskstore_url: Option<String>,
     pub hub_url: Option<String>,
     pub eventbus_url: Option<String>,
     pub gateway_url: Option<String>,
+    /// A bearer token the engine's calls to other processes carry: a
+    /// gateway that checks credentials (`gateway.auth`) takes one for every
+    /// namespace on the services beside it, Delegate included.
+    pub token: Option<String>,
     /// Webhook steps may call loopback and private addresses.
     pub allow_private_webhooks: bool,
     pub webhook_timeout_ms: u64,
@@ -50,6 +55,7 @@ impl Default for WorkflowConfig {
             hub_url: None,
             eventbus_url: None,
             gateway_url: None,
+            token: None,
             allow_private_webhooks: false,
             webhook_timeout_ms: 10_000,
         }

@@ -14,8 +14,9 @@ use chorus_proto::{
     json::struct_from_json,
     taskstore::{self as ts, task_event::Kind as EventKind, task_store_client::TaskStoreClient},
 };
+use chorus_runtime::transport::Transport;
 use serde_json::{Value, json};
-use tonic::{Code, Status, transport::Channel};
+use tonic::{Code, Status};
 
 use super::{
     Destination, EffectError, Effects, Origin, TaskOutcome,
@@ -25,10 +26,10 @@ use super::{
 /// Where the services the engine calls are.
 #[derive(Debug, Clone)]
 pub struct Endpoints {
-    pub taskstore: Channel,
-    pub hub: Channel,
-    pub eventbus: Channel,
-    pub gateway: Channel,
+    pub taskstore: Transport,
+    pub hub: Transport,
+    pub eventbus: Transport,
+    pub gateway: Transport,
     /// The gateway's base URL: an agent id `x` is `{gateway_url}/a2a/x`.
     pub gateway_url: String,
     /// Webhook steps may call loopback and private addresses.
@@ -39,10 +40,10 @@ pub struct Endpoints {
 /// The engine's side effects over gRPC and HTTP.
 #[derive(Debug, Clone)]
 pub struct ClientEffects {
-    tasks: TaskStoreClient<Channel>,
-    hub: HubClient<Channel>,
-    bus: EventBusClient<Channel>,
-    gateway: GatewayClient<Channel>,
+    tasks: TaskStoreClient<Transport>,
+    hub: HubClient<Transport>,
+    bus: EventBusClient<Transport>,
+    gateway: GatewayClient<Transport>,
     gateway_url: String,
     allow_private_webhooks: bool,
     http: reqwest::Client,

@@ -11,10 +11,10 @@ use std::{
 };
 
 use chorus_proto::eventbus::{self as bus, event_bus_client::EventBusClient};
+use chorus_runtime::transport::Transport;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 use super::render::Scope;
 use crate::{
@@ -25,7 +25,7 @@ use crate::{
 /// Where event triggers read events from.
 #[derive(Debug, Clone)]
 pub struct TriggerSource {
-    pub bus: EventBusClient<Channel>,
+    pub bus: EventBusClient<Transport>,
 }
 
 const TICK: Duration = Duration::from_secs(1);
@@ -156,7 +156,7 @@ fn refresh_readers(
 
 async fn read_events(
     workflows: Workflows,
-    mut bus: EventBusClient<Channel>,
+    mut bus: EventBusClient<Transport>,
     namespace: String,
     listeners: Vec<Listener>,
     shutdown: CancellationToken,

@@ -8,6 +8,7 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 use chorus_eventbus::{EventBus, EventBusConfig, grpc::EventBusGrpc, repository::sql::SqlEventRepository};
 use chorus_hub::{Hub, HubConfig, grpc::HubGrpc, repository::sql::SqlHubRepository};
 use chorus_proto::taskstore::{Part, part::Content};
+use chorus_runtime::transport::Transport;
 use chorus_runtime::{
     server::{ServerBuilder, ServerConfig},
     testing::TestDatabase,
@@ -118,7 +119,7 @@ impl Harness {
     /// Event triggers read the harness's bus.
     fn triggers(&self) -> TriggerSource {
         let channel = Channel::from_shared(self.url()).expect("url").connect_lazy();
-        TriggerSource { bus: chorus_proto::eventbus::event_bus_client::EventBusClient::new(channel) }
+        TriggerSource { bus: chorus_proto::eventbus::event_bus_client::EventBusClient::new(Transport::remote(channel)) }
     }
 
     pub(crate) fn url(&self) -> String {
@@ -181,7 +182,7 @@ impl Harness {
 }
 
 fn build(db: &chorus_runtime::storage::Db, address: SocketAddr, config: WorkflowConfig) -> Workflows {
-    let channel = Channel::from_shared(format!("http://{address}")).expect("url").connect_lazy();
+    let channel = Transport::remote(Channel::from_shared(format!("http://{address}")).expect("url").connect_lazy());
     let endpoints = Endpoints {
         taskstore: channel.clone(),
         hub: channel.clone(),
