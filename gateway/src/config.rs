@@ -231,3 +231,33 @@ impl std::fmt::Debug for Credential {
         f.debug_struct("Credential").field("name", &self.name).field("namespaces", &self.namespaces).finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_key(secret: &str, namespaces: &[&str]) -> AuthConfig {
+        let namespaces = namespaces.iter().map(|namespace| (*namespace).to_owned()).collect();
+        let key = Credential { name: "k".to_owned(), secret: secret.to_owned(), namespaces };
+        AuthConfig { api_keys: vec![key], ..AuthConfig::default() }
+    }
+
+    #[test]
+    fn credentials_that_could_never_be_presented_are_refused() {
+        assert!(with_key("s3cret", &["team-a", "*"]).check().is_ok());
+        let refused = [
+            (with_key("", &["team-a"]), "must not be empty"),
+            (with_key("  ", &["team-a"]), "must not be empty"),
+            (with_key(" s3cret", &["team-a"]), "spaces"),
+            (with_key("s3\ncret", &["team-a"]), "line breaks"),
+            (with_key("s3cret", &[]), "at least one namespace"),
+            (with_key("s3cret", &["Team-A"]), "\"Team-A\""),
+        ];
+        for (config, expected) in refused {
+            let error = config.check().expect_err(expected);
+            assert!(error.contains(expected) && error.contains("gateway.auth.api_keys \"k\""), "{error}");
+        }
+        let header = AuthConfig { api_key_header: "x key".to_owned(), ..AuthConfig::default() };
+        assert!(header.check().is_err());
+    }
+}

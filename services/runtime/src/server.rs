@@ -364,4 +364,28 @@ mod tests {
         shutdown.cancel();
         server.await.unwrap().unwrap();
     }
+
+    #[tokio::test]
+    async fn grpc_web_preflights_allow_the_extra_headers() {
+        let mut builder = ServerBuilder::new(ServerConfig::default());
+        builder.enable_grpc_web(&["*".to_owned()], vec![http::HeaderName::from_static("x-team-key")]);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(builder.serve(listener, shutdown.clone()));
+
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let preflight = "OPTIONS /grpc.health.v1.Health/Check HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\
+                         origin: https://app.example\r\naccess-control-request-method: POST\r\n\
+                         access-control-request-headers: x-team-key\r\n\r\n";
+        stream.write_all(preflight.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        let allowed =
+            response.lines().find(|line| line.to_ascii_lowercase().starts_with("access-control-allow-headers"));
+        assert!(allowed.is_some_and(|line| line.contains("x-team-key") && line.contains("x-api-key")), "{response}");
+
+        shutdown.cancel();
+        server.await.unwrap().unwrap();
+    }
 }
