@@ -26,6 +26,7 @@ conformance!(
     a_completion_without_a_message_reaches_the_owner,
     questions_interrupt_the_child_until_answered,
     each_completion_reaches_the_parent_exactly_once,
+    concurrent_awaits_and_inbox_reads_report_each_completion_once,
     depth_is_limited_by_where_the_tree_started,
     concurrent_and_total_subtasks_are_limited,
     spawn_rate_is_limited,
@@ -257,6 +258,29 @@ async fn each_completion_reaches_the_parent_exactly_once(h: Harness) {
     assert_eq!(delivered, children, "one completion per child");
     let outcome = h.store.await_subtasks("ns", &parent.id, &[], false, Duration::ZERO).await.unwrap();
     assert!(outcome.finished.is_empty(), "nothing is delivered a second time");
+}
+
+async fn concurrent_awaits_and_inbox_reads_report_each_completion_once(h: Harness) {
+    for round in 0..5 {
+        let parent = orchestrator_root(&h).await;
+        let mut children = Vec::new();
+        for index in 0..3 {
+            children.push(spawn(&h, &parent.id, "coder", &format!("round {round} part {index}")).await.id);
+        }
+        complete_in_background(&h, "coder", 3).await.unwrap();
+        let (owner, wait) = (owner_of(&parent), Duration::from_secs(1));
+        let (first, second, inbox) = tokio::join!(
+            h.store.await_subtasks("ns", &parent.id, &[], false, wait),
+            h.store.await_subtasks("ns", &parent.id, &[], false, wait),
+            h.store.read_inbox("ns", &owner, 10, Duration::ZERO, false),
+        );
+        let awaited = [first.unwrap(), second.unwrap()].into_iter().flat_map(|outcome| outcome.finished);
+        let mut reported: Vec<String> = awaited.map(|task| task.id).collect();
+        reported.extend(inbox.unwrap().into_iter().map(|message| message.task_id));
+        reported.sort();
+        children.sort();
+        assert_eq!(reported, children, "round {round}: each child reported once");
+    }
 }
 
 async fn depth_is_limited_by_where_the_tree_started(h: Harness) {
