@@ -60,6 +60,13 @@ async fn an_idempotency_key_replaces_the_message_id_as_the_create_key(h: Harness
     new.idempotency_key = Some("request-1".into());
     let first = h.store.create_task(new.clone()).await.unwrap();
     assert_eq!(h.store.create_task(new.clone()).await.unwrap().id, first.id, "a retry with the key");
+    let mut retried = new.clone();
+    retried.message.message_id = uuid::Uuid::new_v4().to_string();
+    assert_eq!(h.store.create_task(retried).await.unwrap().id, first.id, "the key names the request");
+    let mut other = new.clone();
+    other.message.parts = vec![Part::text("another message")];
+    let error = h.store.create_task(other).await.unwrap_err();
+    assert!(matches!(&error, TaskStoreError::RequestKeyInUse { task_id, .. } if task_id == &first.id), "{error}");
     new.idempotency_key = Some("request-2".into());
     let second = h.store.create_task(new).await.unwrap();
     assert_ne!(second.id, first.id, "the same message id under another key is another task");
