@@ -14,6 +14,11 @@ pub enum TaskStoreError {
     InvalidArgument(#[from] FieldViolation),
     #[error("task {0} not found")]
     TaskNotFound(String),
+    #[error(
+        "request key {key} already made task {task_id}, which {mismatch}; reuse a message id or idempotency key \
+         only to retry the same request"
+    )]
+    RequestKeyInUse { key: String, task_id: String, mismatch: String },
     #[error("push notification config {id} of task {task_id} not found")]
     PushConfigNotFound { task_id: String, id: String },
     #[error("task {task_id} cannot move from {from} to {to}")]
@@ -65,6 +70,7 @@ impl ServiceError for TaskStoreError {
         match self {
             Self::InvalidArgument(_) => ErrorCode::InvalidArgument,
             Self::TaskNotFound(_) | Self::PushConfigNotFound { .. } => ErrorCode::NotFound,
+            Self::RequestKeyInUse { .. } => ErrorCode::AlreadyExists,
             Self::IllegalTransition { .. }
             | Self::TaskFinished { .. }
             | Self::LeaseRequired { .. }

@@ -3,9 +3,11 @@
 use std::time::Duration;
 
 use chorus_hub::{
-    domain::{Audience, InboxFilter, MessageKind},
+    domain::{Audience, InboxFilter, MessageKind, Outgoing},
     error::HubError,
 };
+use chorus_runtime::storage::Backend;
+use tokio::task::JoinHandle;
 
 use crate::harness::{Harness, NS, conformance, outgoing, types_of};
 
@@ -18,6 +20,8 @@ conformance!(
     idempotent_sends_queue_once,
     concurrent_sends_keep_keys_and_limits,
     topics_and_broadcasts_stay_in_their_namespace,
+    a_send_in_flight_is_dropped_by_the_unsubscribe_that_follows,
+    a_send_in_flight_is_dropped_by_the_deregistration_that_follows,
 );
 
 fn publish(sender: &str, topic: &str, message_type: &str) -> chorus_hub::domain::Outgoing {
@@ -185,4 +189,80 @@ async fn topics_and_broadcasts_stay_in_their_namespace(h: Harness) {
     assert!(inbox.messages.is_empty());
     let error = h.hub.subscribe("other", "pub", "t").await.unwrap_err();
     assert!(matches!(error, HubError::AgentNotFound(_)), "{error}");
+}
+
+/// A publish that has read its recipients but not committed as one of them
+/// unsubscribes lands first, and the unsubscribe drops it.
+async fn a_send_in_flight_is_dropped_by_the_unsubscribe_that_follows(h: Harness) {
+    h.agent("pub", "worker").await;
+    h.agent("sub", "worker").await;
+    h.hub.subscribe(NS, "sub", "t").await.unwrap();
+    let hub = h.hub.clone();
+    let leave = move || tokio::spawn(async move { hub.unsubscribe(NS, "sub", "t").await });
+    send_while_leaving(&h, publish("pub", "t", "in flight"), leave).await;
+    assert!(h.drain("sub").await.is_empty(), "nothing of the topic outlives the unsubscribe");
+}
+
+/// The same for a direct message and its recipient's deregistration: the
+/// agent registered again gets nothing its first registration was sent.
+async fn a_send_in_flight_is_dropped_by_the_deregistration_that_follows(h: Harness) {
+    h.agent("a", "worker").await;
+    h.agent("b", "worker").await;
+    let hub = h.hub.clone();
+    let leave = move || tokio::spawn(async move { hub.deregister_agent(NS, "b").await });
+    send_while_leaving(&h, outgoing("a", Audience::Agent("b".into()), MessageKind::Direct, "in flight"), leave).await;
+    h.agent("b", "worker").await;
+    assert!(h.drain("b").await.is_empty(), "nothing sent to the old registration");
+}
+
+/// Runs `send` and, while it is between reading its recipients and
+/// committing, `leave`; returns once both are done.
+async fn send_while_leaving(
+    h: &Harness,
+    mut send: Outgoing,
+    leave: impl FnOnce() -> JoinHandle<chorus_hub::error::Result<()>>,
+) {
+    if h.db.backend() == Backend::Sqlite {
+        // One writer: no send is in flight while an agent leaves.
+        return;
+    }
+    // An open transaction holds a message under the send's idempotency key,
+    // so the send, having read its recipients, waits at its insert.
+    send.idempotency_key = Some("held".into());
+    let mut holder = h.db.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO hub_messages (namespace, id, sequence, kind, sender, type, payload, content_type, sent_at, \
+         expires_at, idempotency_key, recipients) VALUES ($1, 'holder', 0, 'direct', '', '', '', '', 0, 0, 'held', 0)",
+    )
+    .bind(NS)
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let hub = h.hub.clone();
+    let sending = tokio::spawn(async move { hub.send(send).await });
+    until_waiting_for_locks(h, 1, || false).await;
+    let leaving = leave();
+    until_waiting_for_locks(h, 2, || leaving.is_finished()).await;
+    holder.rollback().await.unwrap();
+    sending.await.unwrap().expect("the send went first");
+    leaving.await.unwrap().unwrap();
+}
+
+/// Returns once `count` transactions of the test's PostgreSQL database wait
+/// for a lock, or `done`.
+async fn until_waiting_for_locks(h: &Harness, count: i64, done: impl Fn() -> bool) {
+    let started = tokio::time::Instant::now();
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut *h.db.acquire().await.unwrap())
+        .await
+        .unwrap();
+        if waiting >= count || done() {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{waiting} of {count} transactions wait for a lock");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

@@ -23,8 +23,10 @@ use crate::{
 #[async_trait]
 pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// Creates task `id` in `submitted`, or, with a `handoff`, already
-    /// claimed under its lease (`working`, both events recorded). A second
-    /// create with the same first message id returns the task of the first.
+    /// claimed under its lease (`working`, both events recorded). A retry
+    /// (the same request under the same key: the first message id, or the
+    /// idempotency key) returns the task of the first; another request under
+    /// the key is `RequestKeyInUse` and changes nothing.
     async fn create_task(&self, id: &str, task: NewTask, handoff: Option<Handoff>) -> Result<Created>;
 
     /// `history_length`: `None` the whole history, `Some(n)` the last n messages.
@@ -87,8 +89,10 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// `min_tasks` tasks, if the database has none yet; whether it has now.
     async fn first_statistics(&self, min_tasks: i64) -> Result<bool>;
 
-    /// Creates child task `id` after the safety limits. A second spawn with
-    /// the same first message id returns the child of the first.
+    /// Creates child task `id` after the safety limits. A retry (the same
+    /// request under the same first message id) returns the child of the
+    /// first; another request under the id is `RequestKeyInUse` and changes
+    /// nothing.
     async fn spawn_subtask(&self, id: &str, subtask: NewSubtask, limits: &Limits) -> Result<Task>;
 
     /// The parent's children that are still of interest: `task_ids` when

@@ -128,6 +128,8 @@ impl TaskStore {
 
     /// Waits for children of `parent_id` (all outstanding ones, or `task_ids`)
     /// until all — or, with `any`, one — have finished, or `timeout` passes.
+    /// Of the outstanding ones, a finished child is reported only by the
+    /// await that consumes its completion, so only once.
     pub async fn await_subtasks(
         &self,
         namespace: &str,
@@ -141,20 +143,35 @@ impl TaskStore {
             let mut waiters = vec![self.wakeups.waiter(&keys::task(namespace, parent_id))];
             let children = self.repository.children(namespace, parent_id, task_ids).await?;
             waiters.extend(children.iter().map(|child| self.wakeups.waiter(&keys::task(namespace, &child.id))));
-            let (finished, pending): (Vec<Task>, Vec<Task>) =
+            let (mut finished, pending): (Vec<Task>, Vec<Task>) =
                 children.into_iter().partition(|child| child.status.state.is_terminal());
-            let done = if any { !finished.is_empty() || pending.is_empty() } else { pending.is_empty() };
             let now = Instant::now();
-            if done || now >= deadline || self.shutdown.is_cancelled() {
+            let out_of_time = now >= deadline || self.shutdown.is_cancelled();
+            if out_of_time || is_done(any, &finished, &pending) {
                 let finished_ids: Vec<String> = finished.iter().map(|task| task.id.clone()).collect();
-                self.repository.take_completions(namespace, &finished_ids).await?;
-                return Ok(AwaitOutcome {
-                    finished,
-                    pending: pending.into_iter().map(|task| task.id).collect(),
-                    timed_out: !done,
-                });
+                let taken = self.repository.take_completions(namespace, &finished_ids).await?;
+                if task_ids.is_empty() {
+                    // Unnamed, a child is reported by whoever consumes its
+                    // completion: a concurrent await or inbox read may have.
+                    finished.retain(|task| taken.contains(&task.id));
+                }
+                let done = is_done(any, &finished, &pending);
+                if done || out_of_time {
+                    return Ok(AwaitOutcome {
+                        finished,
+                        pending: pending.into_iter().map(|task| task.id).collect(),
+                        timed_out: !done,
+                    });
+                }
+                continue;
             }
             wait_any(&mut waiters, self.config.poll_interval().min(deadline - now)).await;
         }
     }
+}
+
+/// Whether an await has what it waits for: every child finished, or, with
+/// `any`, one (or none is left to wait for).
+fn is_done(any: bool, finished: &[Task], pending: &[Task]) -> bool {
+    pending.is_empty() || (any && !finished.is_empty())
 }

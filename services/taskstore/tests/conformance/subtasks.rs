@@ -3,10 +3,12 @@
 
 use std::time::Duration;
 
+use chorus_runtime::error::{ErrorCode, ServiceError as _};
 use chorus_taskstore::{
     TaskStore, TaskStoreConfig,
     domain::{
-        InboxKind, Limits, NewSubtask, Notification, Owner, OwnerKind, SpawnContext, Task, TaskState, new_task_id,
+        InboxKind, Limits, Message, NewSubtask, Notification, Owner, OwnerKind, Part, SpawnContext, Task, TaskQuery,
+        TaskState, new_task_id,
     },
     error::TaskStoreError,
 };
@@ -26,6 +28,8 @@ conformance!(
     a_completion_without_a_message_reaches_the_owner,
     questions_interrupt_the_child_until_answered,
     each_completion_reaches_the_parent_exactly_once,
+    concurrent_awaits_and_inbox_reads_report_each_completion_once,
+    a_message_id_is_reused_only_to_retry_the_same_request,
     depth_is_limited_by_where_the_tree_started,
     concurrent_and_total_subtasks_are_limited,
     spawn_rate_is_limited,
@@ -257,6 +261,84 @@ async fn each_completion_reaches_the_parent_exactly_once(h: Harness) {
     assert_eq!(delivered, children, "one completion per child");
     let outcome = h.store.await_subtasks("ns", &parent.id, &[], false, Duration::ZERO).await.unwrap();
     assert!(outcome.finished.is_empty(), "nothing is delivered a second time");
+}
+
+async fn concurrent_awaits_and_inbox_reads_report_each_completion_once(h: Harness) {
+    for round in 0..5 {
+        let parent = orchestrator_root(&h).await;
+        let mut children = Vec::new();
+        for index in 0..3 {
+            children.push(spawn(&h, &parent.id, "coder", &format!("round {round} part {index}")).await.id);
+        }
+        complete_in_background(&h, "coder", 3).await.unwrap();
+        let (owner, wait) = (owner_of(&parent), Duration::from_secs(1));
+        let (first, second, inbox) = tokio::join!(
+            h.store.await_subtasks("ns", &parent.id, &[], false, wait),
+            h.store.await_subtasks("ns", &parent.id, &[], false, wait),
+            h.store.read_inbox("ns", &owner, 10, Duration::ZERO, false),
+        );
+        let awaited = [first.unwrap(), second.unwrap()].into_iter().flat_map(|outcome| outcome.finished);
+        let mut reported: Vec<String> = awaited.map(|task| task.id).collect();
+        reported.extend(inbox.unwrap().into_iter().map(|message| message.task_id));
+        reported.sort();
+        children.sort();
+        assert_eq!(reported, children, "round {round}: each child reported once");
+    }
+}
+
+async fn a_message_id_is_reused_only_to_retry_the_same_request(h: Harness) {
+    let parent = orchestrator_root(&h).await;
+    let mut asked = subtask(&parent.id, "coder", "write the parser");
+    // A float that JSON gives back a bit off: a retry is still the same request.
+    let score = serde_json::json!({ "score": 3.8003450846204196e-5 });
+    asked.message.metadata = score.as_object().cloned();
+    let (child, _) = h.store.spawn_subtask(asked.clone(), false, None).await.unwrap();
+    let (again, _) = h.store.spawn_subtask(asked.clone(), false, None).await.unwrap();
+    assert_eq!(again.id, child.id, "a retry gets the child of the first spawn");
+    let other_root = orchestrator_root(&h).await;
+    let tasks = task_count(&h).await;
+    let holder = |error: TaskStoreError| {
+        assert_eq!(error.error_code(), ErrorCode::AlreadyExists, "{error}");
+        match error {
+            TaskStoreError::RequestKeyInUse { task_id, .. } => task_id,
+            other => panic!("{other}"),
+        }
+    };
+    let other_text = Message { parts: vec![Part::text("write the lexer")], ..asked.message.clone() };
+    let reuses = [
+        NewSubtask { agent_id: "reviewer".into(), ..asked.clone() },
+        NewSubtask { parent_id: other_root.id.clone(), ..asked.clone() },
+        NewSubtask { message: other_text, ..asked.clone() },
+    ];
+    for reuse in reuses {
+        let error = h.store.spawn_subtask(reuse, true, None).await.unwrap_err();
+        assert_eq!(holder(error), child.id);
+    }
+    // The parent's own first message, for its own agent: refused at once,
+    // not a blocking wait on the parent itself.
+    let own = NewSubtask { agent_id: "planner".into(), message: parent.history[0].clone(), ..asked.clone() };
+    assert_eq!(holder(h.store.spawn_subtask(own, true, None).await.unwrap_err()), parent.id);
+    let mut create = new_task("ns", "coder", "write the parser");
+    create.message = asked.message.clone();
+    assert_eq!(holder(h.store.create_task(create).await.unwrap_err()), child.id, "a subtask's id");
+    assert_eq!(task_count(&h).await, tasks, "nothing was created");
+    let children = h.repository.children("ns", &parent.id, &[]).await.unwrap();
+    assert_eq!(children.iter().map(|task| &task.id).collect::<Vec<_>>(), [&child.id], "nor changed");
+}
+
+async fn task_count(h: &Harness) -> u64 {
+    let query = TaskQuery {
+        namespace: "ns".into(),
+        context_id: None,
+        state: None,
+        agent_id: None,
+        updated_after: None,
+        page_size: 1,
+        page_token: None,
+        history_length: Some(0),
+        include_artifacts: false,
+    };
+    h.store.list_tasks(query).await.unwrap().total_size
 }
 
 async fn depth_is_limited_by_where_the_tree_started(h: Harness) {

@@ -1,5 +1,8 @@
 //! Tasks: create, read, list, converse, the state machine, artifacts, cancel.
 
+use std::time::Duration;
+
+use chorus_runtime::storage::Backend;
 use chorus_taskstore::{
     domain::{
         Artifact, ArtifactChunk, EventKind, PageToken, Part, Role, SpawnContext, StatusUpdate, TaskAnswer, TaskQuery,
@@ -24,6 +27,7 @@ conformance!(
     only_the_first_answer_to_an_interruption_lands,
     unknown_ids_are_not_found,
     cancel_reaches_the_whole_unfinished_subtree,
+    a_spawn_in_flight_below_a_cancel_lands_before_it_and_is_canceled,
     a_new_database_gets_its_first_statistics_once_it_holds_tasks,
     an_answered_task_is_created_settled_with_each_change_logged,
     a_task_answered_with_a_question_takes_the_reply,
@@ -56,6 +60,13 @@ async fn an_idempotency_key_replaces_the_message_id_as_the_create_key(h: Harness
     new.idempotency_key = Some("request-1".into());
     let first = h.store.create_task(new.clone()).await.unwrap();
     assert_eq!(h.store.create_task(new.clone()).await.unwrap().id, first.id, "a retry with the key");
+    let mut retried = new.clone();
+    retried.message.message_id = uuid::Uuid::new_v4().to_string();
+    assert_eq!(h.store.create_task(retried).await.unwrap().id, first.id, "the key names the request");
+    let mut other = new.clone();
+    other.message.parts = vec![Part::text("another message")];
+    let error = h.store.create_task(other).await.unwrap_err();
+    assert!(matches!(&error, TaskStoreError::RequestKeyInUse { task_id, .. } if task_id == &first.id), "{error}");
     new.idempotency_key = Some("request-2".into());
     let second = h.store.create_task(new).await.unwrap();
     assert_ne!(second.id, first.id, "the same message id under another key is another task");
@@ -304,11 +315,68 @@ async fn cancel_reaches_the_whole_unfinished_subtree(h: Harness) {
     assert!(matches!(again, TaskStoreError::TaskFinished { state: TaskState::Canceled, .. }));
 }
 
+/// A spawn below the tree that has locked its parent but not committed as
+/// the cancel starts lands first, and its child is canceled with the tree.
+async fn a_spawn_in_flight_below_a_cancel_lands_before_it_and_is_canceled(h: Harness) {
+    let mut root = new_task("ns", "planner", "plan");
+    root.spawn_context = SpawnContext::Orchestrator;
+    let root = h.store.create_task(root).await.unwrap();
+    let child = crate::subtasks::spawn(&h, &root.id, "coder", "code it").await;
+    if h.db.backend() == Backend::Sqlite {
+        // One writer: no spawn is in flight while a cancel runs.
+        return;
+    }
+    // An open transaction holds a row under the spawn's request key, so the
+    // spawn, having locked its parent, waits at its insert.
+    let in_flight = crate::subtasks::subtask(&child.id, "tester", "test it");
+    let mut holder = h.db.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO taskstore_tasks (namespace, id, context_id, agent_id, state, status_timestamp, depth, \
+         spawn_context, prompt_fingerprint, request_message_id, trace_context, created_at) \
+         VALUES ('ns', 'holder', '', '', 'submitted', 0, 0, 'agent', '', $1, '{}', 0)",
+    )
+    .bind(&in_flight.message.message_id)
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let store = h.store.clone();
+    let spawn = tokio::spawn(async move { store.spawn_subtask(in_flight, false, None).await });
+    until_waiting_for_locks(&h, 1).await;
+    let store = h.store.clone();
+    let root_id = root.id.clone();
+    let cancel = tokio::spawn(async move { store.cancel_task("ns", &root_id, None).await });
+    until_waiting_for_locks(&h, 2).await;
+    holder.rollback().await.unwrap();
+    let (grandchild, _) = spawn.await.unwrap().expect("the spawn went first");
+    let (_, canceled) = cancel.await.unwrap().unwrap();
+    assert_eq!(canceled, [root.id, child.id, grandchild.id.clone()]);
+    let grandchild = h.store.get_task("ns", &grandchild.id, Some(0)).await.unwrap();
+    assert_eq!(grandchild.status.state, TaskState::Canceled, "nothing lives on under a canceled tree");
+}
+
+/// Returns once `count` transactions of the test's PostgreSQL database wait for a lock.
+async fn until_waiting_for_locks(h: &Harness, count: i64) {
+    let started = tokio::time::Instant::now();
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut *h.db.acquire().await.unwrap())
+        .await
+        .unwrap();
+        if waiting >= count {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{waiting} of {count} transactions wait for a lock");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A new PostgreSQL database gets its first statistics once it holds enough
 /// tasks, every task table at once, without waiting for autovacuum (SQLite
 /// keeps no plans that need them).
 async fn a_new_database_gets_its_first_statistics_once_it_holds_tasks(h: Harness) {
-    let postgres = h.db.backend() == chorus_runtime::storage::Backend::Postgres;
+    let postgres = h.db.backend() == Backend::Postgres;
     assert_eq!(h.repository.first_statistics(3).await.unwrap(), !postgres, "no tasks yet");
     for n in 0..3 {
         h.task("ns", "echo", &format!("task {n}")).await;
@@ -316,8 +384,8 @@ async fn a_new_database_gets_its_first_statistics_once_it_holds_tasks(h: Harness
     // Row counts reach the activity statistics within a second or so.
     let started = tokio::time::Instant::now();
     while !h.repository.first_statistics(3).await.unwrap() {
-        assert!(started.elapsed() < std::time::Duration::from_secs(10), "never analysed");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(started.elapsed() < Duration::from_secs(10), "never analysed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     if postgres {
         let history: f32 =

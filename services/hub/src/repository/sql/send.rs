@@ -32,16 +32,23 @@ impl SqlHubRepository {
         now: i64,
     ) -> Result<(Sent, Vec<String>)> {
         // Who the send reaches; the audience's own value, if any, is $15.
+        // Their rows stay locked until the send commits: an unsubscribe or a
+        // deregistration waits for it, then drops what it queued; one that
+        // committed first leaves its rows out, though this statement's
+        // snapshot still holds them.
         let (recipients, audience) = match &send.audience {
             Audience::Topic(_) => (
-                "SELECT agent_id AS recipient FROM hub_subscriptions WHERE namespace = $1 AND topic = $5 AND agent_id <> $3",
+                "SELECT agent_id AS recipient FROM hub_subscriptions WHERE namespace = $1 AND topic = $5 \
+                 AND agent_id <> $3 FOR KEY SHARE",
                 None,
             ),
-            Audience::Agent(recipient) => {
-                ("SELECT id AS recipient FROM hub_agents WHERE namespace = $1 AND id = $15", Some(recipient.as_str()))
-            }
+            Audience::Agent(recipient) => (
+                "SELECT id AS recipient FROM hub_agents WHERE namespace = $1 AND id = $15 FOR KEY SHARE",
+                Some(recipient.as_str()),
+            ),
             Audience::Everyone { agent_type } => (
-                "SELECT id AS recipient FROM hub_agents WHERE namespace = $1 AND id <> $3 AND ($15 = '' OR agent_type = $15)",
+                "SELECT id AS recipient FROM hub_agents WHERE namespace = $1 AND id <> $3 \
+                 AND ($15 = '' OR agent_type = $15) FOR KEY SHARE",
                 Some(agent_type.as_deref().unwrap_or_default()),
             ),
         };

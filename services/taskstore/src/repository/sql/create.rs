@@ -41,25 +41,65 @@ pub(super) struct TaskInsert<'a> {
     pub(super) answer: Option<&'a TaskAnswer>,
 }
 
-/// The task a create with this first message id already made, if any.
-pub(super) async fn find_by_request(
-    conn: &mut AnyConnection,
-    namespace: &str,
-    message_id: &str,
-) -> Result<Option<Task>> {
+/// What a create or spawn asks for under its request key (its first
+/// message's id, or a create's idempotency key).
+pub(super) struct Request<'a> {
+    pub(super) namespace: &'a str,
+    pub(super) key: &'a str,
+    pub(super) agent_id: &'a str,
+    pub(super) parent_id: Option<&'a str>,
+    pub(super) message: &'a Message,
+}
+
+/// The task an earlier request under this one's key made, if any, when this
+/// one is a retry of it; a different request under the key is
+/// [`RequestKeyInUse`](TaskStoreError::RequestKeyInUse).
+pub(super) async fn find_by_request(conn: &mut AnyConnection, request: &Request<'_>) -> Result<Option<Task>> {
     let row = sqlx::query(concat!(
         "SELECT ",
         task_columns!(),
         " FROM taskstore_tasks WHERE namespace = $1 AND request_message_id = $2"
     ))
-    .bind(namespace)
-    .bind(message_id)
+    .bind(request.namespace)
+    .bind(request.key)
     .fetch_optional(&mut *conn)
     .await?;
-    match row {
-        Some(row) => Ok(Some(complete_task_view(conn, TaskRecord::decode(&row)?, None, true).await?)),
-        None => Ok(None),
-    }
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let task = complete_task_view(conn, TaskRecord::decode(&row)?, None, true).await?;
+    retry_of(task, request).map(Some)
+}
+
+/// `task`, made under the request's key, if the request asks for what it was
+/// made for: the same agent, below the same parent (or none), with the same
+/// first message, whatever that message's id (under an idempotency key a
+/// retry need not repeat it).
+fn retry_of(task: Task, request: &Request<'_>) -> Result<Task> {
+    let mismatch = if task.agent_id != request.agent_id {
+        format!("is for agent {}", task.agent_id)
+    } else if task.parent_id.as_deref() != request.parent_id {
+        task.parent_id
+            .as_ref()
+            .map_or_else(|| "is not a subtask".to_owned(), |parent| format!("is a subtask of {parent}"))
+    } else if !same_first_message(&task, request.message)? {
+        "began with another message".to_owned()
+    } else {
+        return Ok(task);
+    };
+    Err(TaskStoreError::RequestKeyInUse { key: request.key.to_owned(), task_id: task.id, mismatch })
+}
+
+/// Whether the task's first message is `message`, its id aside. Compared as
+/// stored: serde_json may read a float back a bit off (it has no
+/// `float_roundtrip` here), so `message` takes the same round trip.
+fn same_first_message(task: &Task, message: &Message) -> Result<bool> {
+    let Some(first) = task.history.first() else {
+        return Ok(false);
+    };
+    let asked =
+        Message { message_id: first.message_id.clone(), ..message.clone() }.bound_to(&task.id, &task.context_id);
+    Ok(rows::from_json::<Message>(&to_json(&asked)?)? == *first)
 }
 
 /// Inserts a task with its first message and records `created`: in
@@ -261,7 +301,13 @@ static INSERT_TASK_SCRIPT: LazyLock<[TransactionScript; 2]> =
 
 impl SqlTaskRepository {
     pub(super) async fn create(&self, id: &str, new: NewTask, handoff: Option<Handoff>) -> Result<Created> {
-        let request_key = new.idempotency_key.as_deref().unwrap_or(&new.message.message_id);
+        let request = Request {
+            namespace: &new.namespace,
+            key: new.idempotency_key.as_deref().unwrap_or(&new.message.message_id),
+            agent_id: &new.agent_id,
+            parent_id: None,
+            message: &new.message,
+        };
         let insert = TaskInsert {
             id,
             namespace: &new.namespace,
@@ -274,7 +320,7 @@ impl SqlTaskRepository {
             depth: 0,
             spawn_context: new.spawn_context,
             trace_context: &new.trace_context,
-            request_key,
+            request_key: request.key,
             handoff: handoff.as_ref(),
             answer: new.answer.as_ref(),
         };
@@ -282,7 +328,7 @@ impl SqlTaskRepository {
         // a transaction of its own or of the batch it waits in.
         let inserted = insert_task(Writer::OwnTransaction(&self.db), insert).await?;
         let Some(task) = inserted else {
-            let task = self.existing(&new.namespace, request_key).await?;
+            let task = self.existing(&request).await?;
             return Ok(Created { task, handed_off: false });
         };
         if let Some(handoff) = &handoff {
@@ -291,29 +337,23 @@ impl SqlTaskRepository {
         Ok(Created { task, handed_off: handoff.is_some() })
     }
 
-    /// Commits a transaction that inserted a task, or, when a task with the
-    /// same first message id existed already, returns that one.
-    pub(super) async fn commit_insert(
-        &self,
-        tx: Tx,
-        inserted: Option<Task>,
-        namespace: &str,
-        message_id: &str,
-    ) -> Result<Task> {
+    /// Commits a transaction that inserted a task, or, when an earlier
+    /// request under the same key made one, returns that one if this request
+    /// is a retry of it.
+    pub(super) async fn commit_insert(&self, tx: Tx, inserted: Option<Task>, request: &Request<'_>) -> Result<Task> {
         if let Some(task) = inserted {
             tx.commit().await?;
             return Ok(task);
         }
         // Release the connection first: SQLite has only one.
         drop(tx);
-        self.existing(namespace, message_id).await
+        self.existing(request).await
     }
 
-    /// The task an earlier create with this first message id made.
-    async fn existing(&self, namespace: &str, message_id: &str) -> Result<Task> {
+    /// The task an earlier request under this one's key made, if this one
+    /// is a retry of it.
+    async fn existing(&self, request: &Request<'_>) -> Result<Task> {
         let mut conn = self.db.read().await?;
-        find_by_request(&mut conn, namespace, message_id)
-            .await?
-            .ok_or_else(|| TaskStoreError::TaskNotFound(message_id.to_owned()))
+        find_by_request(&mut conn, request).await?.ok_or_else(|| TaskStoreError::TaskNotFound(request.key.to_owned()))
     }
 }

@@ -6,7 +6,7 @@ use sqlx::{AnyConnection, Row as _};
 
 use super::{
     EventDetail, SqlTaskRepository, append_history, apply_status, check_writable, complete_task_view,
-    create::{TaskInsert, Writer, find_by_request, insert_task},
+    create::{Request, TaskInsert, Writer, find_by_request, insert_task},
     record_event,
     rows::{self, TaskRecord, task_columns, to_json},
     save, set_status,
@@ -49,8 +49,15 @@ const ONE_MINUTE_MICROS: i64 = 60_000_000;
 
 impl SqlTaskRepository {
     pub(super) async fn spawn(&self, id: &str, subtask: NewSubtask, limits: &Limits) -> Result<Task> {
+        let request = Request {
+            namespace: &subtask.namespace,
+            key: &subtask.message.message_id,
+            agent_id: &subtask.agent_id,
+            parent_id: Some(&subtask.parent_id),
+            message: &subtask.message,
+        };
         let mut tx = self.begin().await?;
-        if let Some(existing) = find_by_request(&mut tx, &subtask.namespace, &subtask.message.message_id).await? {
+        if let Some(existing) = find_by_request(&mut tx, &request).await? {
             return Ok(existing);
         }
         // Locking the parent serialises its spawns, so the counts below hold.
@@ -70,12 +77,12 @@ impl SqlTaskRepository {
             depth: parent.task.depth + 1,
             spawn_context: parent.task.spawn_context,
             trace_context: &subtask.trace_context,
-            request_key: &subtask.message.message_id,
+            request_key: request.key,
             handoff: None,
             answer: None,
         };
         let inserted = insert_task(Writer::In(&mut tx, self.backend()), insert).await?;
-        self.commit_insert(tx, inserted, &subtask.namespace, &subtask.message.message_id).await
+        self.commit_insert(tx, inserted, &request).await
     }
 
     pub(super) async fn children_of(&self, namespace: &str, parent_id: &str, task_ids: &[String]) -> Result<Vec<Task>> {

@@ -1,6 +1,8 @@
 //! Tasks: read, list, converse, move through states, artifacts, cancel
 //! (creating one is in `create`).
 
+use std::collections::VecDeque;
+
 use sqlx::AnyConnection;
 
 use super::{
@@ -139,35 +141,44 @@ impl SqlTaskRepository {
 
     pub(super) async fn cancel(&self, namespace: &str, id: &str, reason: Option<String>) -> Result<Vec<Task>> {
         let mut tx = self.begin().await?;
-        let root = self.lock_record(&mut tx, namespace, id).await?;
-        if root.task.status.state.is_terminal() {
-            return Err(TaskStoreError::TaskFinished { task_id: id.to_owned(), state: root.task.status.state });
-        }
-        let subtree: Vec<String> = sqlx::query_scalar(
-            "WITH RECURSIVE subtree(id) AS (SELECT $2 UNION ALL SELECT t.id FROM taskstore_tasks t \
-             JOIN subtree s ON t.parent_id = s.id WHERE t.namespace = $1) SELECT id FROM subtree",
-        )
-        .bind(namespace)
-        .bind(id)
-        .fetch_all(&mut *tx)
-        .await?;
         let text = reason.map_or_else(|| "canceled".to_owned(), |reason| format!("canceled: {reason}"));
         let mut canceled = Vec::new();
-        for task_id in subtree {
+        // Top down, each task's children are read only once it is locked: a
+        // spawn below it has then either committed, and its child is read
+        // here, or waits for the lock and finds its parent finished.
+        let mut subtree = VecDeque::from([id.to_owned()]);
+        while let Some(task_id) = subtree.pop_front() {
             let mut record = self.lock_record(&mut tx, namespace, &task_id).await?;
-            if record.task.status.state.is_terminal() {
+            let whole = task_id == id;
+            let state = record.task.status.state;
+            if whole && state.is_terminal() {
+                return Err(TaskStoreError::TaskFinished { task_id, state });
+            }
+            subtree.extend(children_ids(&mut tx, namespace, &task_id).await?);
+            if state.is_terminal() {
                 continue;
             }
             let message = Message::text(uuid::Uuid::new_v4().to_string(), Role::Agent, text.clone());
             set_status(&mut tx, &mut record, TaskState::Canceled, Some(message)).await?;
             // The root comes back whole (the caller answers with it); the rest as ids.
-            let whole = task_id == id;
             let history_length = if whole { None } else { Some(0) };
             canceled.push(complete_task_view(&mut tx, record, history_length, whole).await?);
         }
         tx.commit().await?;
         Ok(canceled)
     }
+}
+
+/// The ids of a task's children, oldest first.
+async fn children_ids(conn: &mut AnyConnection, namespace: &str, parent_id: &str) -> Result<Vec<String>> {
+    let ids = sqlx::query_scalar(
+        "SELECT id FROM taskstore_tasks WHERE namespace = $1 AND parent_id = $2 ORDER BY created_at, id",
+    )
+    .bind(namespace)
+    .bind(parent_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(ids)
 }
 
 /// Adds, replaces or extends one artifact of a task.
