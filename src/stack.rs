@@ -55,6 +55,8 @@ pub(crate) struct Stack {
     pub(crate) address: SocketAddr,
     /// The task store this process serves, for clients in the same process.
     pub(crate) local_taskstore: Option<Transport>,
+    /// The embedded database's directory, held while this process serves.
+    _data_dir_lock: Option<std::fs::File>,
 }
 
 /// How a service reaches another: the one its configuration names (`key`
@@ -82,6 +84,29 @@ impl Service {
         match self {
             Self::Taskstore | Self::Eventbus | Self::Hub | Self::Workflow => true,
             Self::Gateway => false,
+        }
+    }
+}
+
+/// Holds the data directory for this process: two processes writing one
+/// SQLite file would fail each other's writes as "database is locked".
+/// Released when the process ends, however it ends.
+fn lock_data_dir(data_dir: &str) -> anyhow::Result<std::fs::File> {
+    let path = PathBuf::from(data_dir).join("chorus.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "the data directory {data_dir} is in use by another chorus process; stop it, or give this one \
+             another --data-dir"
+        ),
+        Err(std::fs::TryLockError::Error(error)) => {
+            Err(error).with_context(|| format!("cannot lock {}", path.display()))
         }
     }
 }
@@ -171,7 +196,15 @@ impl Stack {
             TcpListener::bind(&config.listen).await.with_context(|| format!("cannot listen on {}", config.listen))?;
         let address = listener.local_addr()?;
         let mut server = ServerBuilder::new(config.server.clone());
-        let db = match services.iter().any(|service| service.needs_storage()) {
+        let storage = services.iter().any(|service| service.needs_storage());
+        let data_dir_lock = match storage && config.storage.database_url.is_empty() {
+            true => {
+                config.storage.effective_url()?;
+                Some(lock_data_dir(&config.storage.data_dir)?)
+            }
+            false => None,
+        };
+        let db = match storage {
             true => Some(open_storage(config, &mut server).await?),
             false => None,
         };
@@ -316,10 +349,10 @@ impl Stack {
             && (eventbus_url.is_some() || local_eventbus.is_some())
         {
             let (bus, target) = reach(eventbus_url, local_eventbus.as_ref(), address, "taskstore.eventbus_url")?;
-            store.spawn_outbox_relay(EventBusClient::new(bus));
+            store.spawn_outbox_relay(EventBusClient::new(bus), format!("{}/{address}", host_name()));
             tracing::info!(eventbus = %target, "task changes are published to the event bus");
         }
-        Ok(Self { listener, server, address, local_taskstore })
+        Ok(Self { listener, server, address, local_taskstore, _data_dir_lock: data_dir_lock })
     }
 
     /// Serves until `shutdown`.

@@ -35,7 +35,7 @@ mod sqlite;
 mod tx;
 
 pub use self::{
-    config::{Backend, StorageConfig, redact_url},
+    config::{Backend, SqliteSynchronous, StorageConfig, redact_url},
     errors::{DbErrorKind, classify, storage_error},
     lane::DbConnection,
     scripts::TransactionScript,
@@ -167,8 +167,17 @@ impl Db {
         let options = sqlx::any::AnyConnectOptions::from_str(url).map_err(connect_error)?;
         let sqlite_file = backend == Backend::Sqlite && !sqlite::in_memory(url);
         let nice = config.sqlite_thread_nice;
+        let synchronous = config.sqlite_synchronous;
         let readers =
             sqlite_file.then(|| (sqlite::readers(options.clone(), config), lane::Lane::new(sqlite::READERS as usize)));
+        if sqlite_file {
+            // A file SQLite cannot set up (a read-only folder, a folder in
+            // the WAL's place) fails every pooled connection's set-up until
+            // the pool gives up; one direct try says why, at once.
+            let mut first = sqlx::AnyConnection::connect_with(&options).await.map_err(connect_error)?;
+            first.execute("PRAGMA journal_mode = WAL").await.map_err(connect_error)?;
+            first.close().await.map_err(connect_error)?;
+        }
         let pool = AnyPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_millis(config.acquire_timeout_ms))
@@ -186,7 +195,7 @@ impl Db {
                     if backend == Backend::Sqlite {
                         sqlite::prioritize_connection_threads(nice);
                         connection.execute("PRAGMA journal_mode = WAL").await?;
-                        connection.execute("PRAGMA synchronous = NORMAL").await?;
+                        connection.execute(synchronous.pragma()).await?;
                         connection.execute("PRAGMA foreign_keys = ON").await?;
                         connection.execute("PRAGMA busy_timeout = 5000").await?;
                         connection.execute(sqlite::TEMP_STORE).await?;
@@ -375,6 +384,19 @@ mod tests {
         let text = error.to_string();
         assert!(text.to_lowercase().contains("refused"), "the cause, not only a timeout: {text}");
         assert!(!text.contains("hunter2"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn sqlite_commits_wait_for_the_disk_when_configured_to() {
+        let dir = tempfile::tempdir().unwrap();
+        for (synchronous, pragma) in [(SqliteSynchronous::Normal, 1), (SqliteSynchronous::Full, 2)] {
+            let data_dir = dir.path().join(format!("{synchronous:?}")).display().to_string();
+            let config = StorageConfig { data_dir, sqlite_synchronous: synchronous, ..Default::default() };
+            let db = Db::connect(&config.effective_url().unwrap(), &config).await.unwrap();
+            let mut connection = db.acquire().await.unwrap();
+            let level: i64 = sqlx::query_scalar("PRAGMA synchronous").fetch_one(&mut *connection).await.unwrap();
+            assert_eq!(level, pragma, "{synchronous:?}");
+        }
     }
 
     #[tokio::test]

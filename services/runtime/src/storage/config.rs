@@ -23,6 +23,27 @@ pub struct StorageConfig {
     /// threads ask for on Linux; 0 leaves them as they are.
     #[serde(deserialize_with = "nice")]
     pub sqlite_thread_nice: i32,
+    /// When a SQLite commit is answered: once in the WAL (`normal`: a crash
+    /// of chorus loses nothing, one of the machine may lose the last
+    /// commits), or once the WAL is synced to disk (`full`).
+    pub sqlite_synchronous: SqliteSynchronous,
+}
+
+/// SQLite's `PRAGMA synchronous` in WAL mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SqliteSynchronous {
+    Normal,
+    Full,
+}
+
+impl SqliteSynchronous {
+    pub(crate) fn pragma(self) -> &'static str {
+        match self {
+            Self::Normal => "PRAGMA synchronous = NORMAL",
+            Self::Full => "PRAGMA synchronous = FULL",
+        }
+    }
 }
 
 impl Default for StorageConfig {
@@ -33,6 +54,7 @@ impl Default for StorageConfig {
             max_connections: 24,
             acquire_timeout_ms: 10_000,
             sqlite_thread_nice: -10,
+            sqlite_synchronous: SqliteSynchronous::Normal,
         }
     }
 }
@@ -55,6 +77,7 @@ impl fmt::Debug for StorageConfig {
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout_ms", &self.acquire_timeout_ms)
             .field("sqlite_thread_nice", &self.sqlite_thread_nice)
+            .field("sqlite_synchronous", &self.sqlite_synchronous)
             .finish()
     }
 }

@@ -36,9 +36,13 @@ pub fn classify(error: &sqlx::Error) -> DbErrorKind {
                 return DbErrorKind::ForeignKeyViolation;
             }
             // 40001 serialization failure, 40P01 deadlock, 55P03 lock not
-            // available (PostgreSQL); 5 busy, 6 locked (SQLite).
+            // available (PostgreSQL); 5 busy, 6 locked (SQLite), with their
+            // extended codes (517 busy snapshot, ...) in the high bits.
             match database_error.code().as_deref() {
-                Some("40001" | "40P01" | "55P03" | "5" | "6") => DbErrorKind::Unavailable,
+                Some("40001" | "40P01" | "55P03") => DbErrorKind::Unavailable,
+                Some(code) if code.parse::<u32>().is_ok_and(|code| matches!(code & 0xff, 5 | 6)) => {
+                    DbErrorKind::Unavailable
+                }
                 _ => DbErrorKind::Other,
             }
         }

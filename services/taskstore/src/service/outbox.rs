@@ -38,9 +38,12 @@ impl TaskStore {
     /// Publishes every change the store records to the event bus behind
     /// `client`, until shutdown; on first use from the start of the log.
     /// Every replica may run one: the one holding the relay's lease
-    /// publishes, the others stand by to take over.
-    pub fn spawn_outbox_relay(&self, client: EventBusClient<Transport>) -> JoinHandle<()> {
-        let relay = Relay { store: self.clone(), client, owner: uuid::Uuid::new_v4().to_string(), leader: false };
+    /// publishes, the others stand by to take over. `owner` names this
+    /// replica in the lease, unique among live replicas and the same across
+    /// its restarts (a restarted replica then takes its lease back at once
+    /// instead of waiting for it to run out).
+    pub fn spawn_outbox_relay(&self, client: EventBusClient<Transport>, owner: String) -> JoinHandle<()> {
+        let relay = Relay { store: self.clone(), client, owner, leader: false };
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             tokio::select! {

@@ -19,6 +19,7 @@ conformance!(
     start = crate::relay::start;
     each_change_reaches_the_bus_once_per_namespace_in_order,
     a_publish_whose_answer_is_lost_is_repeated_and_logged_once,
+    a_relay_restarted_under_its_name_takes_its_lease_back_at_once,
 );
 
 pub(crate) fn slow_config() -> TaskStoreConfig {
@@ -28,8 +29,8 @@ pub(crate) fn slow_config() -> TaskStoreConfig {
 async fn each_change_reaches_the_bus_once_per_namespace_in_order(h: Harness) {
     let (bus, client) = Bus::start().await;
     // Two replicas' relays: one holds the lease, the other stands by.
-    h.store.spawn_outbox_relay(client.clone());
-    h.store.spawn_outbox_relay(client);
+    h.store.spawn_outbox_relay(client.clone(), "replica-1".to_owned());
+    h.store.spawn_outbox_relay(client, "replica-2".to_owned());
     let task = h.task("a", "echo", "one").await;
     bus.wait_for("a", 1).await;
 
@@ -71,7 +72,7 @@ async fn a_publish_whose_answer_is_lost_is_repeated_and_logged_once(h: Harness) 
     let (bus, client) = Bus::start().await;
     bus.lose_answers(2);
     let first = h.task("ns", "echo", "one").await;
-    h.store.spawn_outbox_relay(client);
+    h.store.spawn_outbox_relay(client, "replica-1".to_owned());
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     while bus.calls() < 3 {
         assert!(tokio::time::Instant::now() < deadline, "the relay did not repeat the publish");
@@ -89,4 +90,17 @@ async fn a_publish_whose_answer_is_lost_is_repeated_and_logged_once(h: Harness) 
 
 async fn start(database: chorus_runtime::testing::TestDatabase) -> Harness {
     Harness::start_with(database, slow_config()).await
+}
+
+async fn a_relay_restarted_under_its_name_takes_its_lease_back_at_once(h: Harness) {
+    let (bus, client) = Bus::start().await;
+    let relay = h.store.spawn_outbox_relay(client.clone(), "replica-1".to_owned());
+    h.task("ns", "echo", "one").await;
+    bus.wait_for("ns", 1).await;
+    // Stopped while it holds a lease that runs ten minutes (slow_config).
+    relay.abort();
+    let _ = relay.await;
+    h.store.spawn_outbox_relay(client, "replica-1".to_owned());
+    h.task("ns", "echo", "two").await;
+    bus.wait_for("ns", 2).await;
 }
