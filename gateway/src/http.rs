@@ -120,6 +120,15 @@ pub(crate) fn authenticate(gateway: &Gateway, headers: &HeaderMap) -> Result<Pri
     gateway.auth().authenticate(|name| headers.get(name).and_then(|value| value.to_str().ok()))
 }
 
+/// An error answer with what HTTP asks of a 401: a `WWW-Authenticate`
+/// challenge naming the scheme to use (RFC 9110 §11.6.1).
+pub(crate) fn challenged(mut response: Response, error: &GatewayError) -> Response {
+    if matches!(error, GatewayError::Unauthenticated) {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"chorus\""));
+    }
+    response
+}
+
 /// The body, refused past the configured limit.
 pub(crate) async fn read_body(gateway: &Gateway, body: Body) -> Result<Bytes> {
     let limit = gateway.config().max_body_bytes;

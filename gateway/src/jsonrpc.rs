@@ -202,5 +202,6 @@ fn error_response(id: &Value, error: &GatewayError) -> Response {
         status @ (StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN | StatusCode::PAYLOAD_TOO_LARGE) => status,
         _ => StatusCode::OK,
     };
-    (status, axum::Json(json!({ "jsonrpc": "2.0", "id": id, "error": error.jsonrpc_error() }))).into_response()
+    let body = json!({ "jsonrpc": "2.0", "id": id, "error": error.jsonrpc_error() });
+    http::challenged((status, axum::Json(body)).into_response(), error)
 }

@@ -52,7 +52,7 @@ pub(crate) async fn handle(
 
 /// The error body and status of spec 1.0.1 §11.6.
 pub(crate) fn error_response(error: &GatewayError) -> Response {
-    (error.http_status(), axum::Json(error.rest_body())).into_response()
+    http::challenged((error.http_status(), axum::Json(error.rest_body())).into_response(), error)
 }
 
 async fn serve(

@@ -63,6 +63,11 @@ async fn credentials_are_required_and_scoped_to_their_namespaces() {
     assert_refused(wrong_token, StatusCode::UNAUTHORIZED, "UNAUTHENTICATED").await;
     let wrong_key = a2a.rpc("tck", "GetTask", in_team_a.clone()).header("X-API-Key", "key-b");
     assert_refused(wrong_key, StatusCode::UNAUTHORIZED, "UNAUTHENTICATED").await;
+    for anonymous in [a2a.rpc("tck", "GetTask", in_team_a.clone()), a2a.rest(Method::GET, "tck", "tasks")] {
+        let answer = anonymous.send().await.expect("answered");
+        let challenge = answer.headers().get("www-authenticate").and_then(|value| value.to_str().ok());
+        assert_eq!(challenge, Some("Bearer realm=\"chorus\""), "a 401 says how to authenticate");
+    }
     let path = format!("team-a/tasks/{}", id.as_str().unwrap_or_default());
     let (status, body) = json(a2a.rest(Method::GET, "tck", &path)).await;
     assert_rest_error(status, &body, StatusCode::UNAUTHORIZED, "UNAUTHENTICATED");
