@@ -26,6 +26,8 @@ pub enum HubError {
     DelegationTimedOut { correlation_id: String, recipient: String, attempts: u32 },
     #[error("a newer inbox stream of consumer {0} replaced this one")]
     StreamSuperseded(String),
+    #[error("the hub is shutting down; call again (another replica, or this one once restarted)")]
+    ShuttingDown,
     #[error("the database is unavailable, retry later: {0}")]
     Unavailable(sqlx::Error),
     #[error("storage error: {0}")]
@@ -52,7 +54,7 @@ impl ServiceError for HubError {
             Self::NoPendingRequest(_) => ErrorCode::FailedPrecondition,
             Self::NotTheRecipient { .. } => ErrorCode::PermissionDenied,
             Self::DelegationTimedOut { .. } => ErrorCode::DeadlineExceeded,
-            Self::Unavailable(_) => ErrorCode::Unavailable,
+            Self::Unavailable(_) | Self::ShuttingDown => ErrorCode::Unavailable,
             Self::Storage(_) | Self::Corrupt(_) => ErrorCode::Internal,
         }
     }

@@ -49,6 +49,8 @@ pub enum TaskStoreError {
     OutboxLeaseLost { relay: String, owner: String },
     #[error("the event bus did not take the events ({:?}): {}", .0.code(), .0.message())]
     EventBus(Box<tonic::Status>),
+    #[error("the task store is shutting down; call again (another replica, or this one once restarted)")]
+    ShuttingDown,
     #[error("the database is unavailable, retry later: {0}")]
     Unavailable(sqlx::Error),
     #[error("storage error: {0}")]
@@ -84,7 +86,7 @@ impl ServiceError for TaskStoreError {
             Self::ConcurrencyLimit { .. } | Self::TotalLimit { .. } | Self::RateLimit { .. } => {
                 ErrorCode::ResourceExhausted
             }
-            Self::Unavailable(_) | Self::EventBus(_) => ErrorCode::Unavailable,
+            Self::Unavailable(_) | Self::EventBus(_) | Self::ShuttingDown => ErrorCode::Unavailable,
             Self::Storage(_) | Self::Corrupt(_) => ErrorCode::Internal,
         }
     }

@@ -124,22 +124,26 @@ impl Hub {
             if !self.repository.is_queued(&namespace, &recipient, &sent.message_id).await? {
                 return Ok((sent, true));
             }
-            if !self.pause(&mut waiter, deadline).await {
+            if !self.pause(&mut waiter, deadline).await? {
                 return Ok((sent, false));
             }
         }
     }
 
     /// Waits until `deadline` at most for a signal on `waiter` (or the poll
-    /// interval); false when the deadline passed or the service is stopping.
-    async fn pause(&self, waiter: &mut Waiter, deadline: tokio::time::Instant) -> bool {
+    /// interval); false when the deadline passed. A wait the service's
+    /// shutdown cuts short is [`HubError::ShuttingDown`], not a timeout.
+    async fn pause(&self, waiter: &mut Waiter, deadline: tokio::time::Instant) -> Result<bool> {
         let now = tokio::time::Instant::now();
-        if now >= deadline || self.shutdown.is_cancelled() {
-            return false;
+        if self.shutdown.is_cancelled() {
+            return Err(HubError::ShuttingDown);
+        }
+        if now >= deadline {
+            return Ok(false);
         }
         tokio::select! {
-            () = self.shutdown.cancelled() => false,
-            () = waiter.wait(self.config.poll_interval().min(deadline - now)) => true,
+            () = self.shutdown.cancelled() => Err(HubError::ShuttingDown),
+            () = waiter.wait(self.config.poll_interval().min(deadline - now)) => Ok(true),
         }
     }
 
@@ -172,7 +176,7 @@ impl Hub {
                 Taken::Messages(_) => Vec::new(),
                 Taken::Missing(senders) => senders,
             };
-            if !self.pause(&mut waiter, deadline).await {
+            if !self.pause(&mut waiter, deadline).await? {
                 return Ok(Received { messages: Vec::new(), timed_out: true, missing_senders });
             }
         }
@@ -361,7 +365,7 @@ impl Hub {
                 if let Some(reply) = self.repository.delegation_reply(namespace, correlation_id).await? {
                     return Ok((Some(reply), attempt));
                 }
-                if !self.pause(&mut waiter, deadline).await {
+                if !self.pause(&mut waiter, deadline).await? {
                     break;
                 }
             }

@@ -20,6 +20,7 @@ conformance!(
     delivery_confirmation_waits_for_the_ack,
     an_inbox_stream_resumes_from_its_cursor,
     direct_messages_stay_in_their_namespace,
+    a_receive_cut_short_by_shutdown_says_so_rather_than_timed_out,
 );
 
 async fn an_unknown_recipient_is_an_error_not_a_drop(h: Harness) {
@@ -169,4 +170,25 @@ async fn direct_messages_stay_in_their_namespace(h: Harness) {
     let unknown = h.hub.ack("other", "b", std::slice::from_ref(&sent.message_id)).await.unwrap();
     assert_eq!(unknown, [sent.message_id], "another namespace cannot ack it");
     assert_eq!(h.drain("b").await.len(), 1);
+}
+
+/// A wait the hub's shutdown ends is UNAVAILABLE (call again), not a
+/// `timed_out` answer claiming the timeout passed.
+async fn a_receive_cut_short_by_shutdown_says_so_rather_than_timed_out(h: Harness) {
+    h.agent("me", "worker").await;
+    let hub = h.hub.clone();
+    let receive = Receive {
+        namespace: NS.into(),
+        agent_id: "me".into(),
+        filter: InboxFilter::default(),
+        require_all: false,
+        max: 10,
+        timeout: Duration::from_secs(30),
+        ack_timeout: Duration::from_secs(2),
+    };
+    let waiting = tokio::spawn(async move { hub.receive(receive).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    h.shutdown.cancel();
+    let outcome = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("ended by the shutdown").unwrap();
+    assert!(matches!(outcome, Err(HubError::ShuttingDown)), "{outcome:?}");
 }

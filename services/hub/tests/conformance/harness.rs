@@ -19,7 +19,7 @@ pub(crate) struct Harness {
     pub(crate) hub: Hub,
     /// The hub's database, for tests of its repository alone.
     pub(crate) db: Db,
-    shutdown: CancellationToken,
+    pub(crate) shutdown: CancellationToken,
     _database: TestDatabase,
 }
 

@@ -297,8 +297,11 @@ impl TaskStore {
             let mut waiter = self.wakeups.waiter(&keys::inbox(namespace, owner));
             let messages = self.repository.read_inbox(namespace, owner, max, peek).await?;
             let now = tokio::time::Instant::now();
-            if !messages.is_empty() || now >= deadline || self.shutdown.is_cancelled() {
+            if !messages.is_empty() || now >= deadline {
                 return Ok(messages);
+            }
+            if self.shutdown.is_cancelled() {
+                return Err(TaskStoreError::ShuttingDown);
             }
             waiter.wait(self.config.poll_interval().min(deadline - now)).await;
         }

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::{TaskStore, keys};
 use crate::{
     domain::{NewSubtask, Task, new_task_id},
-    error::Result,
+    error::{Result, TaskStoreError},
 };
 
 /// The longest any call here waits, whatever it asks for (beyond it, a
@@ -119,7 +119,10 @@ impl TaskStore {
                 return Ok((task, false));
             }
             let now = Instant::now();
-            if now >= deadline || self.shutdown.is_cancelled() {
+            if self.shutdown.is_cancelled() {
+                return Err(TaskStoreError::ShuttingDown);
+            }
+            if now >= deadline {
                 return Ok((task, true));
             }
             waiter.wait(self.config.poll_interval().min(deadline - now)).await;
@@ -146,7 +149,10 @@ impl TaskStore {
             let (mut finished, pending): (Vec<Task>, Vec<Task>) =
                 children.into_iter().partition(|child| child.status.state.is_terminal());
             let now = Instant::now();
-            let out_of_time = now >= deadline || self.shutdown.is_cancelled();
+            if self.shutdown.is_cancelled() {
+                return Err(TaskStoreError::ShuttingDown);
+            }
+            let out_of_time = now >= deadline;
             if out_of_time || is_done(any, &finished, &pending) {
                 let finished_ids: Vec<String> = finished.iter().map(|task| task.id.clone()).collect();
                 let taken = self.repository.take_completions(namespace, &finished_ids).await?;

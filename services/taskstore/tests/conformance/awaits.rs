@@ -8,6 +8,7 @@ use chorus_runtime::wakeup::Wakeups;
 use chorus_taskstore::{
     TaskStore,
     domain::{StatusUpdate, Task, TaskState},
+    error::TaskStoreError,
     repository::sql::SqlTaskRepository,
 };
 use tokio_util::sync::CancellationToken;
@@ -32,6 +33,7 @@ conformance!(
     an_await_after_a_retried_create_sees_the_first_create_s_task_as_it_is,
     a_blocking_spawn_here_wakes_when_another_replica_finishes_the_child,
     a_retried_blocking_spawn_sees_the_first_spawn_s_child_as_it_is,
+    an_await_cut_short_by_shutdown_says_so_rather_than_timed_out,
 );
 
 const LONG: Duration = Duration::from_secs(30);
@@ -117,6 +119,21 @@ async fn an_await_sees_a_task_another_replica_finished(h: Harness) {
     assert_eq!(awaited.status.state, TaskState::Completed);
     assert_eq!(awaited, read(&h, &task.id, None).await);
     shutdown.cancel();
+}
+
+/// A wait the store's shutdown ends is UNAVAILABLE (call again), not a
+/// `timed_out` answer claiming the timeout passed.
+async fn an_await_cut_short_by_shutdown_says_so_rather_than_timed_out(h: Harness) {
+    let shutdown = CancellationToken::new();
+    let replica =
+        TaskStore::new(Arc::new(SqlTaskRepository::new(h.db.clone())), Wakeups::new(), test_config(), shutdown.clone());
+    let task = h.task("ns", "echo", "nobody works on this").await;
+    let id = task.id.clone();
+    let waiting = tokio::spawn(async move { replica.await_task("ns", &id, None, LONG).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    shutdown.cancel();
+    let outcome = tokio::time::timeout(WOKEN_WITHIN, waiting).await.expect("ended by the shutdown").unwrap();
+    assert!(matches!(outcome, Err(TaskStoreError::ShuttingDown)), "{outcome:?}");
 }
 
 /// The worker asks for input.
