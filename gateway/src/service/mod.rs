@@ -14,7 +14,7 @@ use chorus_proto::taskstore::{self as pb, task_store_client::TaskStoreClient};
 use chorus_runtime::transport::Transport;
 use futures_util::{Stream, StreamExt as _, stream};
 
-use self::follow::{Waiting, until_settled, without_repeats};
+use self::follow::{Waiting, until_settled};
 use crate::{
     auth::{Authenticator, Scope},
     builtin::{self, Runner},
@@ -344,7 +344,8 @@ impl Gateway {
         Ok(convert::task_out(task, true))
     }
 
-    /// The task as it is now, then its changes until it settles.
+    /// The task as it is now, then its changes until it settles: the task
+    /// store's snapshot holds exactly the changes before those that follow.
     async fn follow(&self, scope: &Scope, task_id: &str, waiting: Waiting) -> Result<EventStream> {
         let request = pb::WatchTaskRequest {
             namespace: scope.namespace.clone(),
@@ -352,7 +353,7 @@ impl Gateway {
             snapshot: true,
             ..pb::WatchTaskRequest::default()
         };
-        let events = without_repeats(self.watch(request, task_id).await?);
+        let events = self.watch(request, task_id).await?;
         Ok(Box::pin(until_settled(events, waiting)))
     }
 
