@@ -181,3 +181,159 @@ async fn push_configs_are_listed_in_pages() {
     let error = a2a.call_error("tck", "ListTaskPushNotificationConfigs", json!({ "taskId": id, "pageSize": 0 })).await;
     assert_rpc_error(&error, -32602, "INVALID_PARAMS");
 }
+
+/// A `tck` server that may deliver to loopback, with `env` on top.
+async fn push_server(sandbox: &Sandbox, env: &[(&str, &str)]) -> chorus_tests::Server {
+    let mut builder = sandbox.dev().no_agents().env("CHORUS_GATEWAY__PUSH__ALLOW_PRIVATE", "true");
+    for (key, value) in env {
+        builder = builder.env(key, value);
+    }
+    builder.start().await
+}
+
+/// `SendMessage` params for a message with `config` as its push config.
+fn with_push(message: Value, config: Value) -> Value {
+    json!({ "message": message, "configuration": { "taskPushNotificationConfig": config } })
+}
+
+/// Each task's notifications, described, once `tasks` tasks completed.
+async fn per_task(webhook: &mut Webhook, tasks: usize) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut seen = std::collections::BTreeMap::<String, Vec<String>>::new();
+    while seen.values().filter(|changes| changes.last().is_some_and(|last| last == "status COMPLETED")).count() < tasks
+    {
+        let body = webhook.next().await.body;
+        let update = body.get("statusUpdate").or_else(|| body.get("artifactUpdate")).cloned().unwrap_or_default();
+        let task_id = update["taskId"].as_str().unwrap_or_default().to_owned();
+        seen.entry(task_id).or_default().push(describe(&body));
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_sent_with_the_message_receives_every_change_from_the_first() {
+    let mut webhook = Webhook::start().await;
+    let sandbox = Sandbox::new();
+    let server = push_server(&sandbox, &[]).await;
+    let a2a = A2a::new(&server);
+
+    // Each task is created complete, and so before its config is stored:
+    // that change must reach the config too.
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        let message = message(&unique("tck-complete-task"), "hi");
+        let task = a2a.call("tck", "SendMessage", with_push(message, json!({ "url": webhook.url() }))).await;
+        ids.push(task["task"]["id"].as_str().unwrap_or_default().to_owned());
+    }
+    let seen = per_task(&mut webhook, ids.len()).await;
+    for id in &ids {
+        assert_eq!(seen.get(id).cloned().unwrap_or_default(), ["status COMPLETED"], "task {id}");
+    }
+    webhook.assert_quiet(Duration::from_millis(300)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_sent_with_a_message_that_continues_a_task_receives_that_turn() {
+    let mut webhook = Webhook::start().await;
+    let sandbox = Sandbox::new();
+    let server = push_server(&sandbox, &[]).await;
+    let a2a = A2a::new(&server);
+    let waiting = a2a.send("tck", message(&unique("tck-input-required"), "and then?")).await;
+    let id = waiting["id"].clone();
+
+    let mut follow_up = message(&unique("tck-complete-task"), "dessert");
+    follow_up["taskId"] = id.clone();
+    let push = json!({ "url": webhook.url(), "id": "on-continue", "token": TOKEN,
+        "authentication": { "scheme": "Bearer", "credentials": CREDENTIALS } });
+    let task = a2a.call("tck", "SendMessage", with_push(follow_up, push)).await["task"].clone();
+    assert_eq!(state(&task), "TASK_STATE_COMPLETED", "{task:#}");
+
+    let received = notifications(&mut webhook, &id, TOKEN).await;
+    assert_eq!(described(&received), ["status WORKING", "status COMPLETED"]);
+    let listed = a2a.call("tck", "ListTaskPushNotificationConfigs", json!({ "taskId": id })).await;
+    assert_eq!(listed["configs"][0]["id"], "on-continue", "{listed:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_config_the_store_or_a_webhook_would_refuse_is_refused_before_the_task_is_made() {
+    let mut webhook = Webhook::start().await;
+    let sandbox = Sandbox::new();
+    let server = push_server(&sandbox, &[]).await;
+    let a2a = A2a::new(&server);
+
+    let refused = [
+        (json!({ "url": webhook.url(), "id": "x".repeat(201) }), "configuration.taskPushNotificationConfig.id"),
+        (
+            json!({ "url": webhook.url(), "token": "a\r\nX-Injected: 1" }),
+            "configuration.taskPushNotificationConfig.token",
+        ),
+        (
+            json!({ "url": webhook.url(), "authentication": { "scheme": "Bearer", "credentials": "a\nb" } }),
+            "configuration.taskPushNotificationConfig.authentication",
+        ),
+    ];
+    for (config, field) in refused {
+        let before = a2a.task_count().await;
+        let error =
+            a2a.call_error("tck", "SendMessage", with_push(message(&unique("tck-complete-task"), "hi"), config)).await;
+        assert_rpc_error(&error, -32602, "INVALID_PARAMS");
+        assert!(error["message"].as_str().unwrap_or_default().contains(field), "{field}: {error:#}");
+        assert_eq!(a2a.task_count().await, before, "a refused SendMessage leaves no task behind ({field})");
+    }
+    webhook.assert_quiet(Duration::from_millis(300)).await;
+
+    // Registered on its own, a config with a token that cannot be sent is
+    // refused naming the field, and one without a task names taskId.
+    let waiting = a2a.send("tck", message(&unique("tck-input-required"), "waiting")).await;
+    let config = json!({ "taskId": waiting["id"], "url": webhook.url(), "token": "a\nb" });
+    let error = a2a.call_error("tck", "CreateTaskPushNotificationConfig", config).await;
+    assert_rpc_error(&error, -32602, "INVALID_PARAMS");
+    assert!(error["message"].as_str().unwrap_or_default().starts_with("token"), "{error:#}");
+    let error = a2a.call_error("tck", "CreateTaskPushNotificationConfig", json!({ "url": webhook.url() })).await;
+    assert_rpc_error(&error, -32602, "INVALID_PARAMS");
+    assert_eq!(error["message"], "taskId is required", "{error:#}");
+
+    // A scheme is case-insensitive: `Http://` is an http URL, and is served.
+    let shouting = webhook.url().replacen("http", "Http", 1);
+    let params = with_push(message(&unique("tck-complete-task"), "hi"), json!({ "url": shouting }));
+    let task = a2a.call("tck", "SendMessage", params).await["task"].clone();
+    let seen = per_task(&mut webhook, 1).await;
+    assert_eq!(seen.keys().collect::<Vec<_>>(), [task["id"].as_str().unwrap_or_default()]);
+}
+
+/// A webhook that accepts connections and never answers.
+async fn silent_webhook() -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("address"));
+    let held = tokio::spawn(async move {
+        let mut connections = Vec::new();
+        while let Ok((connection, _)) = listener.accept().await {
+            connections.push(connection);
+        }
+    });
+    (url, held)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_webhook_does_not_delay_the_other_webhooks_of_the_task() {
+    let mut webhook = Webhook::start().await;
+    let (silent, _held) = silent_webhook().await;
+    let sandbox = Sandbox::new();
+    let env = [("CHORUS_GATEWAY__PUSH__TIMEOUT_MS", "5000"), ("CHORUS_GATEWAY__PUSH__MAX_ATTEMPTS", "1")];
+    let server = push_server(&sandbox, &env).await;
+    let a2a = A2a::new(&server);
+    let waiting = a2a.send("tck", message(&unique("tck-input-required"), "waiting")).await;
+    let id = waiting["id"].clone();
+    // Listed (and, before each config had its own follower, served) first.
+    for (config_id, url) in [("a-silent", silent), ("b-listening", webhook.url())] {
+        a2a.call("tck", "CreateTaskPushNotificationConfig", json!({ "taskId": id, "id": config_id, "url": url })).await;
+    }
+
+    let mut follow_up = message(&unique("tck-complete-task"), "go on");
+    follow_up["taskId"] = id.clone();
+    let sent = std::time::Instant::now();
+    assert_eq!(state(&a2a.send("tck", follow_up).await), "TASK_STATE_COMPLETED");
+    let seen = per_task(&mut webhook, 1).await;
+    assert_eq!(seen.get(id.as_str().unwrap_or_default()).map(Vec::len), Some(2), "{seen:#?}");
+    let took = sent.elapsed();
+    assert!(took < Duration::from_secs(3), "the listening webhook waited {took:?} for the silent one");
+}

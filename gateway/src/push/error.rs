@@ -35,6 +35,8 @@ pub(crate) enum PushError {
     Redirect(StatusCode),
     #[error("push receiver answered HTTP {0}")]
     Status(StatusCode),
+    #[error("the push config was deleted")]
+    Withdrawn,
     #[error("push notification not delivered after {attempts} attempt(s): {cause}")]
     Undelivered { attempts: u32, cause: Box<PushError> },
 }

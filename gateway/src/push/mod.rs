@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 pub(crate) use chorus_runtime::egress::AddressKind;
 pub(crate) use error::PushError;
 pub(crate) use guard::UrlGuard;
-pub(crate) use sender::{PushSender, PushTarget};
+pub(crate) use sender::{PushSender, PushTarget, backoff, notification_headers};
 
 /// Push notification settings (`[gateway.push]` in `chorus.toml`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

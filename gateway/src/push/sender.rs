@@ -96,9 +96,15 @@ impl PushSender {
     }
 
     /// POSTs `body` to `target` until a 2xx answer, a permanent failure (a
-    /// refused address, a redirect, a 4xx other than 408 and 429) or
-    /// `max_attempts` attempts. Returns the number of attempts made.
-    pub(crate) async fn deliver(&self, target: &PushTarget, body: &serde_json::Value) -> Result<u32, PushError> {
+    /// refused address, a redirect, a 4xx other than 408 and 429),
+    /// `max_attempts` attempts, or `still_wanted` (asked before each retry)
+    /// answering false. Returns the number of attempts made.
+    pub(crate) async fn deliver<Wanted: Future<Output = bool>>(
+        &self,
+        target: &PushTarget,
+        body: &serde_json::Value,
+        mut still_wanted: impl FnMut() -> Wanted,
+    ) -> Result<u32, PushError> {
         let url = self.guard.check(&target.url)?;
         self.guard.check_literal(&url)?;
         let headers = notification_headers(target)?;
@@ -118,6 +124,9 @@ impl PushSender {
             let delay = backoff(&self.policy, attempt, retry_after);
             debug!(host = url.host_str(), attempt, delay_ms = delay.as_millis(), %error, "push delivery failed, retrying");
             tokio::time::sleep(delay).await;
+            if !still_wanted().await {
+                return Err(undelivered(attempt, PushError::Withdrawn));
+            }
         }
     }
 
@@ -157,8 +166,9 @@ impl PushSender {
     }
 }
 
-/// The headers of every notification to `target`, secrets marked sensitive.
-fn notification_headers(target: &PushTarget) -> Result<HeaderMap, PushError> {
+/// The headers of every notification to `target`, secrets marked sensitive;
+/// refuses a token or credentials that cannot be sent.
+pub(crate) fn notification_headers(target: &PushTarget) -> Result<HeaderMap, PushError> {
     let mut headers = HeaderMap::new();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(A2A_JSON));
     if let Some((scheme, Some(credentials))) = &target.authentication {
@@ -202,7 +212,7 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 /// The wait after `failed` attempts: the receiver's `Retry-After` when
 /// given, else a uniformly random duration up to `initial * 2^(failed-1)`;
 /// either way at most `max_backoff`.
-pub(super) fn backoff(policy: &PushPolicy, failed: u32, retry_after: Option<Duration>) -> Duration {
+pub(crate) fn backoff(policy: &PushPolicy, failed: u32, retry_after: Option<Duration>) -> Duration {
     let max = policy.max_backoff();
     if let Some(after) = retry_after {
         return after.min(max);

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use a2a::{StreamResponse, Task};
+use a2a::StreamResponse;
 use futures_util::{Stream, StreamExt as _, stream};
 
 use super::EventStream;
@@ -11,32 +11,6 @@ use crate::{
     convert::{is_interrupted, is_settled},
     error::Result,
 };
-
-/// Drops the changes a snapshot already holds. The task store may repeat a
-/// few after the snapshot (at least once, never lost); a status no newer
-/// than the snapshot's, or an artifact it holds as is, is one of those.
-pub(super) fn without_repeats(
-    events: impl Stream<Item = Result<StreamResponse>> + Send + 'static,
-) -> impl Stream<Item = Result<StreamResponse>> + Send + 'static {
-    let mut snapshot: Option<Task> = None;
-    events.filter(move |event| {
-        let repeated = match (event, &snapshot) {
-            (Ok(StreamResponse::Task(task)), _) => {
-                snapshot = Some(task.clone());
-                false
-            }
-            (Ok(StreamResponse::StatusUpdate(update)), Some(task)) => {
-                update.status.timestamp.is_some() && update.status.timestamp <= task.status.timestamp
-            }
-            (Ok(StreamResponse::ArtifactUpdate(update)), Some(task)) => {
-                update.append != Some(true)
-                    && task.artifacts.iter().flatten().any(|artifact| *artifact == update.artifact)
-            }
-            (Ok(_) | Err(_), _) => false,
-        };
-        std::future::ready(!repeated)
-    })
-}
 
 /// How a stream treats a first snapshot of a task waiting for input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

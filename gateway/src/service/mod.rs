@@ -9,12 +9,13 @@ use std::{pin::Pin, sync::Arc, time::Duration};
 
 use a2a::{
     ListTasksRequest, ListTasksResponse, Message, Role, SendMessageRequest, SendMessageResponse, StreamResponse, Task,
+    TaskPushNotificationConfig,
 };
 use chorus_proto::taskstore::{self as pb, task_store_client::TaskStoreClient};
 use chorus_runtime::transport::Transport;
 use futures_util::{Stream, StreamExt as _, stream};
 
-use self::follow::{Waiting, until_settled, without_repeats};
+use self::follow::{Waiting, until_settled};
 use crate::{
     auth::{Authenticator, Scope},
     builtin::{self, Runner},
@@ -268,15 +269,15 @@ impl Gateway {
         let message = request.message;
         validate_message(&message)?;
         check_input_modes(agent, &message)?;
+        let push = request.configuration.and_then(|configuration| configuration.task_push_notification_config);
+        if let Some(push) = &push {
+            self.check_push_config(push, push_configs::SENT_CONFIG).await?;
+        }
         if let Some(task_id) = message.task_id.clone() {
-            return self.continue_task(scope, agent, &task_id, message).await;
+            return self.continue_task(scope, agent, &task_id, message, push).await;
         }
         if let Some(reply) = Runner::direct_reply(agent, &message) {
             return Ok(Started::Reply(Box::new(reply)));
-        }
-        let push = request.configuration.and_then(|configuration| configuration.task_push_notification_config);
-        if let Some(push) = &push {
-            self.inner.push.check(&push.url).await?;
         }
         let answer = Runner::answer(agent, &message);
         let answered = answer.is_some();
@@ -297,7 +298,8 @@ impl Gateway {
         let task = self.tasks().create_task(create).await.map_err(|status| task_error(&status, ""))?.into_inner();
         if let Some(mut push) = push {
             push.task_id = task.id.clone();
-            self.store_push_config(scope, push, Follow::FromCreation).await?;
+            let changes = self.inner.push.open(&scope.namespace, &task.id, Follow::FromCreation).await?;
+            self.store_push_config(scope, push, changes).await?;
         }
         if !answered && matches!(agent.kind, AgentKind::Builtin | AgentKind::Remote | AgentKind::Workflow) {
             self.inner.runner.start(agent, &scope.namespace, &task, message);
@@ -305,12 +307,15 @@ impl Gateway {
         Ok(Started::Task(Box::new(task)))
     }
 
+    /// Adds the message to the task; a push config sent with it receives
+    /// the changes from before the message on.
     async fn continue_task(
         &self,
         scope: &Scope,
         agent: &AgentConfig,
         task_id: &str,
         message: Message,
+        push: Option<TaskPushNotificationConfig>,
     ) -> Result<Started> {
         let request =
             pb::GetTaskRequest { namespace: scope.namespace.clone(), id: task_id.to_owned(), history_length: Some(0) };
@@ -334,6 +339,10 @@ impl Gateway {
                 "task {task_id} is {state:?} and accepts no more messages"
             )));
         }
+        let changes = match &push {
+            Some(_) => Some(self.inner.push.open(&scope.namespace, task_id, Follow::FromNow).await?),
+            None => None,
+        };
         let namespace = scope.namespace.clone();
         let stored = Some(convert::message_in(&message));
         let mut tasks = self.tasks();
@@ -351,6 +360,10 @@ impl Gateway {
             let request = pb::AddMessageRequest { namespace, task_id: task_id.to_owned(), message: stored };
             tasks.add_message(request).await.map_err(|status| task_error(&status, task_id))?.into_inner()
         };
+        if let (Some(mut push), Some(changes)) = (push, changes) {
+            push.task_id = task.id.clone();
+            self.store_push_config(scope, push, changes).await?;
+        }
         Ok(Started::Task(Box::new(task)))
     }
 
@@ -372,7 +385,8 @@ impl Gateway {
         Ok(convert::task_out(task, true))
     }
 
-    /// The task as it is now, then its changes until it settles.
+    /// The task as it is now, then its changes until it settles: the task
+    /// store's snapshot holds exactly the changes before those that follow.
     async fn follow(&self, scope: &Scope, task_id: &str, waiting: Waiting) -> Result<EventStream> {
         let request = pb::WatchTaskRequest {
             namespace: scope.namespace.clone(),
@@ -380,7 +394,7 @@ impl Gateway {
             snapshot: true,
             ..pb::WatchTaskRequest::default()
         };
-        let events = without_repeats(self.watch(request, task_id).await?);
+        let events = self.watch(request, task_id).await?;
         Ok(Box::pin(until_settled(events, waiting)))
     }
 

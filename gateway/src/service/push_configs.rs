@@ -3,13 +3,18 @@
 
 use a2a::TaskPushNotificationConfig;
 use chorus_proto::taskstore as pb;
+use chorus_runtime::validate::{self, FieldViolation};
 
 use super::{Gateway, MAX_PAGE_SIZE, task_error};
 use crate::{
     auth::Scope,
     error::{GatewayError, Result},
-    notify::Follow,
+    notify::{Changes, Follow, target},
+    push::{self, PushError},
 };
+
+/// Where a config sent with a message sits in its request, for errors.
+pub(super) const SENT_CONFIG: &str = "configuration.taskPushNotificationConfig.";
 
 impl Gateway {
     /// `CreateTaskPushNotificationConfig`: notifications cover the changes
@@ -19,40 +24,45 @@ impl Gateway {
         scope: &Scope,
         config: TaskPushNotificationConfig,
     ) -> Result<TaskPushNotificationConfig> {
-        self.get_task(scope, &config.task_id, Some(0)).await?;
-        self.inner.push.check(&config.url).await?;
-        self.store_push_config(scope, config, Follow::FromNow).await
+        if config.task_id.is_empty() {
+            return Err(GatewayError::InvalidParams("taskId is required".to_owned()));
+        }
+        self.check_push_config(&config, "").await?;
+        let changes = self.inner.push.open(&scope.namespace, &config.task_id, Follow::FromNow).await?;
+        self.store_push_config(scope, config, changes).await
     }
 
-    /// Stores a checked config and makes sure the task's changes are
-    /// delivered to it (`follow` says from where).
+    /// Refuses a config the task store would refuse or that no notification
+    /// could be sent to; `field` is where the config sits in the request.
+    pub(super) async fn check_push_config(&self, config: &TaskPushNotificationConfig, field: &str) -> Result<()> {
+        let invalid = |violation: FieldViolation| GatewayError::InvalidParams(violation.to_string());
+        if let Some(id) = config.id.as_deref().filter(|id| !id.is_empty()) {
+            validate::id(&format!("{field}id"), id).map_err(invalid)?;
+        }
+        push::notification_headers(&target(&config_in(config))).map_err(|error| match error {
+            PushError::InvalidHeader(what) => invalid(FieldViolation::new(
+                format!("{field}{}", if what == "token" { "token" } else { "authentication" }),
+                "must be a valid HTTP header value (no CR, LF or other control characters)",
+            )),
+            other => GatewayError::InvalidParams(other.to_string()),
+        })?;
+        self.inner.push.check(&config.url).await
+    }
+
+    /// Stores a checked config and delivers the task's `changes` to it.
     pub(super) async fn store_push_config(
         &self,
         scope: &Scope,
         config: TaskPushNotificationConfig,
-        follow: Follow,
+        changes: Changes,
     ) -> Result<TaskPushNotificationConfig> {
-        // Followed before the config is stored: a change in between reaches
-        // it (at least once), none is lost.
-        self.inner.push.follow(&scope.namespace, &config.task_id, follow).await;
-        let request = pb::CreatePushConfigRequest {
-            namespace: scope.namespace.clone(),
-            config: Some(pb::PushConfig {
-                id: config.id.clone().filter(|id| !id.is_empty()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
-                task_id: config.task_id.clone(),
-                url: config.url.clone(),
-                token: config.token.clone().unwrap_or_default(),
-                auth_scheme: config.authentication.as_ref().map(|auth| auth.scheme.clone()).unwrap_or_default(),
-                auth_credentials: config
-                    .authentication
-                    .as_ref()
-                    .and_then(|auth| auth.credentials.clone())
-                    .unwrap_or_default(),
-            }),
-        };
+        let request =
+            pb::CreatePushConfigRequest { namespace: scope.namespace.clone(), config: Some(config_in(&config)) };
         let created =
             self.tasks().create_push_config(request).await.map_err(|status| task_error(&status, &config.task_id))?;
-        Ok(push_config_out(created.into_inner()))
+        let created = created.into_inner();
+        self.inner.push.start(&scope.namespace, &created.task_id, &created.id, changes);
+        Ok(push_config_out(created))
     }
 
     pub(crate) async fn get_push_config(
@@ -123,6 +133,19 @@ impl Gateway {
             Err(status) if status.code() == tonic::Code::NotFound => Ok(()),
             Err(status) => Err(task_error(&status, task_id)),
         }
+    }
+}
+
+/// A config as the task store keeps it; a config without an id gets one.
+fn config_in(config: &TaskPushNotificationConfig) -> pb::PushConfig {
+    let authentication = config.authentication.as_ref();
+    pb::PushConfig {
+        id: config.id.clone().filter(|id| !id.is_empty()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+        task_id: config.task_id.clone(),
+        url: config.url.clone(),
+        token: config.token.clone().unwrap_or_default(),
+        auth_scheme: authentication.map(|auth| auth.scheme.clone()).unwrap_or_default(),
+        auth_credentials: authentication.and_then(|auth| auth.credentials.clone()).unwrap_or_default(),
     }
 }
 

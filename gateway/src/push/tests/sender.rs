@@ -117,7 +117,7 @@ async fn delivers_body_and_headers() {
         token: Some("tok-1".into()),
         authentication: Some(("Bearer".into(), Some("s3cret".into()))),
     };
-    let attempts = sender(policy()).deliver(&target, &status_update()).await.expect("delivered");
+    let attempts = sender(policy()).deliver(&target, &status_update(), || async { true }).await.expect("delivered");
     assert_eq!(attempts, 1);
     let seen = receiver.seen();
     assert_eq!(seen.len(), 1);
@@ -133,7 +133,7 @@ async fn delivers_body_and_headers() {
 async fn omits_absent_token_and_credentials() {
     let receiver = Receiver::start(vec![Reply::Status(204)]).await;
     let target = PushTarget { authentication: Some(("Bearer".into(), None)), ..target(receiver.url("127.0.0.1")) };
-    sender(policy()).deliver(&target, &status_update()).await.expect("delivered");
+    sender(policy()).deliver(&target, &status_update(), || async { true }).await.expect("delivered");
     let seen = receiver.seen();
     assert_eq!(header(&seen[0], "authorization"), None);
     assert_eq!(header(&seen[0], "x-a2a-notification-token"), None);
@@ -142,7 +142,8 @@ async fn omits_absent_token_and_credentials() {
 #[tokio::test]
 async fn retries_server_errors_until_delivered() {
     let receiver = Receiver::start(vec![Reply::Status(503), Reply::Status(503), Reply::Status(200)]).await;
-    let attempts = sender(policy()).deliver(&target(receiver.url("127.0.0.1")), &status_update()).await;
+    let attempts =
+        sender(policy()).deliver(&target(receiver.url("127.0.0.1")), &status_update(), || async { true }).await;
     assert_eq!(attempts.expect("delivered"), 3);
     let seen = receiver.seen();
     assert_eq!(seen.len(), 3);
@@ -153,7 +154,8 @@ async fn retries_server_errors_until_delivered() {
 #[tokio::test]
 async fn retries_408_and_429() {
     let receiver = Receiver::start(vec![Reply::Status(429), Reply::Status(408), Reply::Status(200)]).await;
-    let attempts = sender(policy()).deliver(&target(receiver.url("127.0.0.1")), &status_update()).await;
+    let attempts =
+        sender(policy()).deliver(&target(receiver.url("127.0.0.1")), &status_update(), || async { true }).await;
     assert_eq!(attempts.expect("delivered"), 3);
 }
 
@@ -161,7 +163,10 @@ async fn retries_408_and_429() {
 async fn gives_up_after_max_attempts() {
     let receiver = Receiver::start(vec![Reply::Status(500)]).await;
     let policy = PushPolicy { max_attempts: 3, ..policy() };
-    let error = sender(policy).deliver(&target(receiver.url("127.0.0.1")), &status_update()).await.expect_err("500");
+    let error = sender(policy)
+        .deliver(&target(receiver.url("127.0.0.1")), &status_update(), || async { true })
+        .await
+        .expect_err("500");
     let PushError::Undelivered { attempts: 3, cause } = &error else { panic!("expected 3 attempts, got {error:?}") };
     assert!(matches!(**cause, PushError::Status(StatusCode::INTERNAL_SERVER_ERROR)), "{cause:?}");
     assert_eq!(receiver.seen().len(), 3);
@@ -172,9 +177,27 @@ async fn gives_up_after_max_attempts() {
 }
 
 #[tokio::test]
+async fn stops_retrying_once_the_notification_is_no_longer_wanted() {
+    let receiver = Receiver::start(vec![Reply::Status(503)]).await;
+    let mut asked = 0;
+    let still_wanted = || {
+        asked += 1;
+        std::future::ready(asked < 2)
+    };
+    let error = sender(policy()).deliver(&target(receiver.url("127.0.0.1")), &status_update(), still_wanted).await;
+    let error = error.expect_err("withdrawn");
+    let PushError::Undelivered { attempts: 2, cause } = &error else { panic!("expected 2 attempts, got {error:?}") };
+    assert!(matches!(**cause, PushError::Withdrawn), "{cause:?}");
+    assert_eq!(receiver.seen().len(), 2, "no attempt after the config was withdrawn");
+}
+
+#[tokio::test]
 async fn does_not_retry_client_errors() {
     let receiver = Receiver::start(vec![Reply::Status(400), Reply::Status(200)]).await;
-    let error = sender(policy()).deliver(&target(receiver.url("127.0.0.1")), &status_update()).await.expect_err("400");
+    let error = sender(policy())
+        .deliver(&target(receiver.url("127.0.0.1")), &status_update(), || async { true })
+        .await
+        .expect_err("400");
     let PushError::Undelivered { attempts: 1, cause } = &error else { panic!("expected 1 attempt, got {error:?}") };
     assert!(matches!(**cause, PushError::Status(StatusCode::BAD_REQUEST)), "{cause:?}");
     assert_eq!(receiver.seen().len(), 1);
@@ -184,8 +207,10 @@ async fn does_not_retry_client_errors() {
 async fn does_not_follow_redirects() {
     let receiver = Receiver::start(vec![Reply::Status(200)]).await;
     let redirecting = Receiver::start(vec![Reply::Redirect(receiver.url("127.0.0.1"))]).await;
-    let error =
-        sender(policy()).deliver(&target(redirecting.url("127.0.0.1")), &status_update()).await.expect_err("307");
+    let error = sender(policy())
+        .deliver(&target(redirecting.url("127.0.0.1")), &status_update(), || async { true })
+        .await
+        .expect_err("307");
     let PushError::Undelivered { attempts: 1, cause } = &error else { panic!("expected 1 attempt, got {error:?}") };
     assert!(matches!(**cause, PushError::Redirect(StatusCode::TEMPORARY_REDIRECT)), "{cause:?}");
     assert_eq!(redirecting.seen().len(), 1);
@@ -197,7 +222,8 @@ async fn times_out_a_hanging_receiver_and_retries() {
     let receiver = Receiver::start(vec![Reply::Hang, Reply::Status(200)]).await;
     let policy = PushPolicy { timeout_ms: 300, ..policy() };
     let started = Instant::now();
-    let attempts = sender(policy).deliver(&target(receiver.url("127.0.0.1")), &status_update()).await;
+    let attempts =
+        sender(policy).deliver(&target(receiver.url("127.0.0.1")), &status_update(), || async { true }).await;
     assert_eq!(attempts.expect("delivered on the second attempt"), 2);
     assert!(started.elapsed() >= Duration::from_millis(300), "{:?}", started.elapsed());
     assert_eq!(receiver.seen().len(), 2);
@@ -207,7 +233,10 @@ async fn times_out_a_hanging_receiver_and_retries() {
 async fn reports_a_timeout_when_the_receiver_never_answers() {
     let receiver = Receiver::start(vec![Reply::Hang]).await;
     let policy = PushPolicy { timeout_ms: 100, max_attempts: 2, ..policy() };
-    let error = sender(policy).deliver(&target(receiver.url("127.0.0.1")), &status_update()).await.expect_err("hang");
+    let error = sender(policy)
+        .deliver(&target(receiver.url("127.0.0.1")), &status_update(), || async { true })
+        .await
+        .expect_err("hang");
     let PushError::Undelivered { attempts: 2, cause } = &error else { panic!("expected 2 attempts, got {error:?}") };
     assert_eq!(cause.to_string(), "push receiver did not answer within 100 ms");
 }
@@ -219,7 +248,8 @@ async fn retries_refused_connections() {
     drop(listener);
     let policy = PushPolicy { max_attempts: 2, ..policy() };
     let url = format!("http://127.0.0.1:{port}/hook");
-    let error = sender(policy).deliver(&target(url), &status_update()).await.expect_err("nothing listens");
+    let error =
+        sender(policy).deliver(&target(url), &status_update(), || async { true }).await.expect_err("nothing listens");
     let PushError::Undelivered { attempts: 2, cause } = &error else { panic!("expected 2 attempts, got {error:?}") };
     assert!(matches!(**cause, PushError::Transport(_)), "{cause:?}");
 }
@@ -229,7 +259,8 @@ async fn honours_retry_after_up_to_max_backoff() {
     let receiver = Receiver::start(vec![Reply::RetryAfter(503, "60"), Reply::Status(200)]).await;
     let policy = PushPolicy { initial_backoff_ms: 1, max_backoff_ms: 300, ..policy() };
     let started = Instant::now();
-    let attempts = sender(policy).deliver(&target(receiver.url("127.0.0.1")), &status_update()).await;
+    let attempts =
+        sender(policy).deliver(&target(receiver.url("127.0.0.1")), &status_update(), || async { true }).await;
     assert_eq!(attempts.expect("delivered"), 2);
     let elapsed = started.elapsed();
     assert!(elapsed >= Duration::from_millis(300), "Retry-After ignored: {elapsed:?}");
@@ -240,8 +271,10 @@ async fn honours_retry_after_up_to_max_backoff() {
 async fn refuses_loopback_before_any_request() {
     let receiver = Receiver::start(vec![Reply::Status(200)]).await;
     let policy = PushPolicy { allow_private: false, ..policy() };
-    let error =
-        sender(policy).deliver(&target(receiver.url("127.0.0.1")), &status_update()).await.expect_err("loopback");
+    let error = sender(policy)
+        .deliver(&target(receiver.url("127.0.0.1")), &status_update(), || async { true })
+        .await
+        .expect_err("loopback");
     assert!(matches!(error, PushError::Blocked { kind: AddressKind::Loopback, .. }), "{error:?}");
     assert!(receiver.seen().is_empty());
 }
@@ -252,8 +285,10 @@ async fn refuses_loopback_before_any_request() {
 async fn refuses_names_resolving_to_loopback_when_connecting() {
     let receiver = Receiver::start(vec![Reply::Status(200)]).await;
     let policy = PushPolicy { allow_private: false, ..policy() };
-    let error =
-        sender(policy).deliver(&target(receiver.url("localhost")), &status_update()).await.expect_err("refused");
+    let error = sender(policy)
+        .deliver(&target(receiver.url("localhost")), &status_update(), || async { true })
+        .await
+        .expect_err("refused");
     let PushError::Undelivered { attempts: 1, cause } = &error else { panic!("expected 1 attempt, got {error:?}") };
     let PushError::Blocked { host, kind, .. } = &**cause else { panic!("expected a refusal, got {cause:?}") };
     assert_eq!((host.as_str(), *kind), ("localhost", AddressKind::Loopback));
@@ -264,7 +299,8 @@ async fn refuses_names_resolving_to_loopback_when_connecting() {
 async fn allowed_hosts_admit_a_listed_name() {
     let receiver = Receiver::start(vec![Reply::Status(200)]).await;
     let policy = PushPolicy { allow_private: false, allowed_hosts: vec!["localhost".into()], ..policy() };
-    let attempts = sender(policy).deliver(&target(receiver.url("localhost")), &status_update()).await;
+    let attempts =
+        sender(policy).deliver(&target(receiver.url("localhost")), &status_update(), || async { true }).await;
     assert_eq!(attempts.expect("delivered"), 1);
     assert_eq!(receiver.seen().len(), 1);
 }
@@ -273,7 +309,7 @@ async fn allowed_hosts_admit_a_listed_name() {
 async fn refuses_header_values_that_are_not_valid() {
     let receiver = Receiver::start(vec![Reply::Status(200)]).await;
     let target = PushTarget { token: Some("a\nb".into()), ..target(receiver.url("127.0.0.1")) };
-    let error = sender(policy()).deliver(&target, &status_update()).await.expect_err("bad token");
+    let error = sender(policy()).deliver(&target, &status_update(), || async { true }).await.expect_err("bad token");
     assert!(matches!(error, PushError::InvalidHeader("token")), "{error:?}");
     assert!(receiver.seen().is_empty());
 }

@@ -231,7 +231,8 @@ pub(super) fn cursor(field: &str, value: &str) -> Checked<Option<Cursor>> {
 pub(super) fn push_config(namespace_task: &str, value: Option<pb::PushConfig>) -> Checked<PushConfig> {
     let value = value.ok_or_else(|| FieldViolation::required("config"))?;
     let url = value.url.trim();
-    if !(url.starts_with("https://") || url.starts_with("http://")) {
+    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+    if !scheme.is_some_and(|scheme| scheme.eq_ignore_ascii_case("https") || scheme.eq_ignore_ascii_case("http")) {
         return Err(FieldViolation::new("config.url", "must be an http(s) URL"));
     }
     let id = match value.id.as_str() {
@@ -486,6 +487,17 @@ mod tests {
         assert_eq!((twice.field.as_str(), twice.reason.as_str()), ("answer.artifacts", "gives artifact a twice"));
         let nameless = super::answer(Some(answer(pb::TaskState::Completed, &[""]))).unwrap_err();
         assert_eq!(nameless.field, "answer.artifacts[0].artifact_id");
+    }
+
+    #[test]
+    fn push_urls_are_http_or_https_in_any_case() {
+        let config = |url: &str| Some(pb::PushConfig { url: url.into(), ..Default::default() });
+        for url in ["https://a.example/hook", "Https://a.example/hook", "HTTP://a.example/hook"] {
+            assert_eq!(push_config("t", config(url)).expect(url).url, url);
+        }
+        for url in ["ftp://a.example/hook", "https:/a.example", "a.example/hook"] {
+            assert_eq!(push_config("t", config(url)).unwrap_err().field, "config.url", "{url}");
+        }
     }
 
     #[test]

@@ -140,18 +140,35 @@ impl TaskStore {
     }
 
     /// The task as it is now, the cursor of the latest change it includes,
-    /// and its changes after that cursor. The cursor is read before the task:
-    /// a change committed in between is both in the task and in the stream,
-    /// never in neither.
+    /// and its changes after that cursor. The task holds exactly the changes
+    /// up to the cursor: a change committed between reading the cursor and
+    /// the task (found after the cursor once the task is read, or held back
+    /// behind an older transaction) makes it read both again.
     pub async fn watch_task_from_snapshot(
         &self,
         namespace: &str,
         task_id: &str,
     ) -> Result<(Task, Option<Cursor>, ReceiverStream<Result<TaskEvent>>)> {
-        let cursor = self.repository.latest_event(namespace, Some(task_id)).await?.map(|event| event.cursor);
-        let task = self.repository.get_task(namespace, task_id, None).await?;
-        let events = self.watch_task(namespace, task_id, cursor).await?;
-        Ok((task, cursor, events))
+        loop {
+            let cursor = self.repository.latest_event(namespace, Some(task_id)).await?.map(|event| event.cursor);
+            let task = self.repository.get_task(namespace, task_id, None).await?;
+            let query = EventQuery {
+                namespace: namespace.to_owned(),
+                task_id: Some(task_id.to_owned()),
+                agent_id: None,
+                context_id: None,
+                after: cursor.unwrap_or_default(),
+                limit: 1,
+            };
+            let since = self.repository.read_events(&query).await?;
+            if since.events.is_empty() && !since.held_back {
+                let events = self.watch_task(namespace, task_id, cursor).await?;
+                return Ok((task, cursor, events));
+            }
+            if since.held_back {
+                tokio::time::sleep(HELD_BACK_RETRY).await;
+            }
+        }
     }
 
     async fn feed_task_events(self, mut query: EventQuery, sender: mpsc::Sender<Result<TaskEvent>>) {
