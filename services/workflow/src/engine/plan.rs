@@ -136,7 +136,10 @@ impl Planner<'_> {
             Flow::Done => self.complete(run),
             Flow::Failed(error) => self.end(run, RunState::Failed, error),
             Flow::Active => {
-                let working = run.body.steps.iter().any(|r| matches!(r.state, StepState::Running | StepState::Pending));
+                // A parallel step is active while its branches are: what they do decides.
+                let working = run.body.steps.iter().any(|r| {
+                    r.kind != StepKind::Parallel && matches!(r.state, StepState::Running | StepState::Pending)
+                });
                 run.state = if working { RunState::Running } else { RunState::Waiting };
             }
         }
