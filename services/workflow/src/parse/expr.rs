@@ -3,7 +3,10 @@
 
 use std::{collections::BTreeSet, sync::LazyLock};
 
-use minijinja::{Environment, UndefinedBehavior};
+use minijinja::{
+    Environment, ErrorKind, UndefinedBehavior,
+    machinery::{self, Instruction, Instructions},
+};
 
 use super::reader::{Node, Reader, position};
 use crate::domain::Severity;
@@ -33,15 +36,25 @@ pub(crate) struct Expression {
     pub(crate) kind: ExprKind,
     /// Step ids it may refer to: the steps before it on its path.
     pub(crate) visible: BTreeSet<String>,
-    /// The names it uses, or why it does not compile: compiled once, here.
-    pub(crate) variables: Result<BTreeSet<String>, String>,
+    /// What it uses, or why it does not compile: compiled once, here.
+    pub(crate) compiled: Result<Compiled, String>,
+}
+
+/// What an expression that compiles uses.
+#[derive(Debug, Clone)]
+pub(crate) struct Compiled {
+    /// The names it refers to.
+    pub(crate) variables: BTreeSet<String>,
+    /// The filters and tests it applies that do not exist: (`filter` or
+    /// `test`, name).
+    pub(crate) unknown: BTreeSet<(&'static str, String)>,
 }
 
 impl Expression {
     pub(crate) fn at(node: &Node<'_>, field: &str, text: &str, kind: ExprKind, visible: &BTreeSet<String>) -> Self {
         let (line, column) = position(node);
-        let variables = variables(text, kind);
-        Self { field: field.to_owned(), line, column, text: text.to_owned(), kind, visible: visible.clone(), variables }
+        let compiled = compile(text, kind);
+        Self { field: field.to_owned(), line, column, text: text.to_owned(), kind, visible: visible.clone(), compiled }
     }
 }
 
@@ -75,31 +88,78 @@ pub(crate) fn environment() -> &'static Environment<'static> {
     &ENVIRONMENT
 }
 
-/// The names an expression uses, or why it does not compile.
-fn variables(text: &str, kind: ExprKind) -> Result<BTreeSet<String>, String> {
+/// What an expression uses, or why it does not compile. Filters and tests
+/// are looked up only as a template runs: the ones it applies are read from
+/// its compiled instructions, and looked up here.
+fn compile(text: &str, kind: ExprKind) -> Result<Compiled, String> {
     let env = environment();
-    let variables = match kind {
-        ExprKind::Template => env.template_from_str(text).map(|t| t.undeclared_variables(false)),
+    let describe = |error: minijinja::Error| error.detail().map_or_else(|| error.kind().to_string(), str::to_owned);
+    let (variables, unknown) = match kind {
+        ExprKind::Template => {
+            let template = env.template_from_str(text).map_err(describe)?;
+            let compiled = machinery::get_compiled_template(&template);
+            let unknown =
+                std::iter::once(&compiled.instructions).chain(compiled.blocks.values()).flat_map(unknown_calls);
+            (template.undeclared_variables(false), unknown.collect())
+        }
         ExprKind::Condition => {
-            env.compile_expression_owned(condition_source(text)).map(|e| e.undeclared_variables(false))
+            let source = condition_source(text);
+            let expression = env.compile_expression(&source).map_err(describe)?;
+            // The same compilation as `compile_expression`'s, whose instructions are private.
+            let mut generator = machinery::CodeGenerator::new("<expression>", &source);
+            generator.compile_expr(&machinery::parse_expr(&source).map_err(describe)?);
+            (expression.undeclared_variables(false), unknown_calls(&generator.finish().0).into_iter().collect())
         }
     };
-    variables
-        .map(|names| names.into_iter().collect())
-        .map_err(|error| error.detail().map_or_else(|| error.kind().to_string(), str::to_owned))
+    Ok(Compiled { variables: variables.into_iter().collect(), unknown })
+}
+
+/// The filters and tests `instructions` apply that the environment lacks.
+fn unknown_calls(instructions: &Instructions<'_>) -> Vec<(&'static str, String)> {
+    let template = environment().template_from_str("").expect("an empty template compiles");
+    let mut state = template.new_state();
+    // Applying one the environment lacks fails with that kind of error before
+    // anything runs; one it has runs on no arguments, and builtins are pure.
+    let mut unknown = Vec::new();
+    for instruction in (0..).map_while(|index| instructions.get(index)) {
+        let (what, name, outcome, lacking) = match instruction {
+            Instruction::ApplyFilter(name, ..) => {
+                ("filter", name, state.apply_filter(name, &[]).map(drop), ErrorKind::UnknownFilter)
+            }
+            Instruction::PerformTest(name, ..) => {
+                ("test", name, state.perform_test(name, &[]).map(drop), ErrorKind::UnknownTest)
+            }
+            _ => continue,
+        };
+        if outcome.is_err_and(|error| error.kind() == lacking) {
+            unknown.push((what, (*name).to_owned()));
+        }
+    }
+    unknown
 }
 
 /// Every name the expressions that compile use.
 pub(crate) fn roots(expressions: &[Expression]) -> BTreeSet<String> {
-    expressions.iter().filter_map(|expression| expression.variables.as_ref().ok()).flatten().cloned().collect()
+    expressions
+        .iter()
+        .filter_map(|expression| expression.compiled.as_ref().ok())
+        .flat_map(|c| &c.variables)
+        .cloned()
+        .collect()
 }
 
 /// Checks what every expression refers to. `declared` holds every step id
 /// of the definition.
 pub(crate) fn check(reader: &mut Reader, expressions: &[Expression], declared: &BTreeSet<String>) {
     for expression in expressions {
-        match &expression.variables {
-            Ok(variables) => references(reader, expression, declared, variables),
+        match &expression.compiled {
+            Ok(compiled) => {
+                references(reader, expression, declared, &compiled.variables);
+                for (what, name) in &compiled.unknown {
+                    let message = format!("unknown {what} `{name}` in `{}`", expression.text);
+                    push(reader, expression, &format!("unknown_{what}"), message);
+                }
+            }
             Err(detail) => {
                 let what = match expression.kind {
                     ExprKind::Template => "template",
