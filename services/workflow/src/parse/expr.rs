@@ -1,10 +1,13 @@
 //! Templates and conditions: one expression language (minijinja), compiled
 //! at definition time, with references checked against earlier steps.
 
-use std::{collections::BTreeSet, sync::LazyLock};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::LazyLock,
+};
 
 use minijinja::{
-    Environment, ErrorKind, UndefinedBehavior,
+    AutoEscape, Environment, ErrorKind, UndefinedBehavior, Value,
     machinery::{self, Instruction, Instructions},
 };
 
@@ -74,6 +77,23 @@ pub(crate) fn condition_source(text: &str) -> String {
     out
 }
 
+/// A comparison of two values that are both there.
+type Compare = fn(&Value, &Value) -> bool;
+
+/// What a condition's comparisons call instead of minijinja's operators
+/// (see [`condition_instructions`]): a comparison with a missing side is
+/// false, whatever the operator; minijinja orders a missing value before
+/// any other (`missing < 0.8` held). No template can call them: their names
+/// are not identifiers.
+const COMPARISONS: [(&str, Compare); 6] = [
+    ("chorus:==", |a, b| a == b),
+    ("chorus:!=", |a, b| a != b),
+    ("chorus:<", |a, b| a < b),
+    ("chorus:<=", |a, b| a <= b),
+    ("chorus:>", |a, b| a > b),
+    ("chorus:>=", |a, b| a >= b),
+];
+
 /// The one environment expressions are checked and rendered in: building
 /// one registers every builtin filter and test, which cost more than
 /// rendering a short template.
@@ -81,11 +101,49 @@ pub(crate) fn environment() -> &'static Environment<'static> {
     static ENVIRONMENT: LazyLock<Environment<'static>> = LazyLock::new(|| {
         let mut env = Environment::new();
         // A missing field — of a skipped step, an absent input — renders
-        // empty and tests false, as in the seed's examples, however deep the path.
+        // empty and tests false, as in the seed's examples, however deep the
+        // path; a condition that compares one is false.
         env.set_undefined_behavior(UndefinedBehavior::Chainable);
+        for (name, compare) in COMPARISONS {
+            env.add_function(name, move |a: &Value, b: &Value| !a.is_undefined() && !b.is_undefined() && compare(a, b));
+        }
         env
     });
     &ENVIRONMENT
+}
+
+/// A condition's minijinja `source` compiled as minijinja does, except that
+/// each comparison (`==`, `!=`, `<`, `<=`, `>`, `>=`) calls its function in
+/// [`COMPARISONS`]. In a chained comparison (`a < b < c`) only the last link
+/// does; the others keep minijinja's order.
+pub(crate) fn condition_instructions(source: &str) -> Result<Instructions<'_>, minijinja::Error> {
+    let mut generator = machinery::CodeGenerator::new("<condition>", source);
+    generator.compile_expr(&machinery::parse_expr(source)?);
+    let (mut instructions, _) = generator.finish();
+    for index in 0.. {
+        let Some(instruction) = instructions.get_mut(index) else { break };
+        let name = match instruction {
+            Instruction::Eq => "chorus:==",
+            Instruction::Ne => "chorus:!=",
+            Instruction::Lt => "chorus:<",
+            Instruction::Lte => "chorus:<=",
+            Instruction::Gt => "chorus:>",
+            Instruction::Gte => "chorus:>=",
+            _ => continue,
+        };
+        *instruction = Instruction::CallFunction(name, Some(2));
+    }
+    Ok(instructions)
+}
+
+/// Whether a condition's minijinja `source` holds in `context`.
+pub(crate) fn condition_holds(source: &str, context: &Value) -> Result<bool, minijinja::Error> {
+    let instructions = condition_instructions(source)?;
+    let mut printed = String::new();
+    let output = &mut machinery::make_string_output(&mut printed);
+    let (value, _) =
+        machinery::eval(environment(), &instructions, context.clone(), &BTreeMap::new(), output, AutoEscape::None)?;
+    Ok(value.is_some_and(|value| value.is_true()))
 }
 
 /// What an expression uses, or why it does not compile. Filters and tests
@@ -105,10 +163,8 @@ fn compile(text: &str, kind: ExprKind) -> Result<Compiled, String> {
         ExprKind::Condition => {
             let source = condition_source(text);
             let expression = env.compile_expression(&source).map_err(describe)?;
-            // The same compilation as `compile_expression`'s, whose instructions are private.
-            let mut generator = machinery::CodeGenerator::new("<expression>", &source);
-            generator.compile_expr(&machinery::parse_expr(&source).map_err(describe)?);
-            (expression.undeclared_variables(false), unknown_calls(&generator.finish().0).into_iter().collect())
+            let instructions = condition_instructions(&source).map_err(describe)?;
+            (expression.undeclared_variables(false), unknown_calls(&instructions).into_iter().collect())
         }
     };
     Ok(Compiled { variables: variables.into_iter().collect(), unknown })

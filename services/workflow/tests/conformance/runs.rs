@@ -13,6 +13,7 @@ use crate::harness::{Harness, NS, conformance};
 
 conformance!(
     spawned_steps_pass_outputs_on_and_a_false_condition_skips,
+    comparisons_with_a_missing_value_are_false_and_a_skipped_output_renders_empty,
     parallel_fail_fast_cancels_and_all_settled_waits,
     a_parallel_step_whose_branches_all_wait_leaves_the_run_waiting,
     a_rejected_gate_reruns_its_phase_with_feedback_then_approves,
@@ -60,6 +61,35 @@ async fn spawned_steps_pass_outputs_on_and_a_false_condition_skips(h: Harness) {
     assert!(run.body.steps[2].skip_reason.as_deref().unwrap_or_default().contains("was false"));
     let output = run.body.output.expect("output");
     assert_eq!(output["first"]["confidence"], json!(0.5));
+}
+
+async fn comparisons_with_a_missing_value_are_false_and_a_skipped_output_renders_empty(h: Harness) {
+    h.put(
+        "name: missing\ninputs:\n  n: {type: number}\nsteps:\n\
+         - id: review\n  condition: \"false\"\n  spawn: {agent: coder, input: never}\n\
+         - id: unsure\n  condition: \"{{ review.output.confidence }} < 0.8\"\n\
+         - id: sure\n  condition: \"{{ review.output.confidence }} >= 0.8\"\n\
+         - id: other\n  condition: \"{{ inputs.n }} != 1\"\n\
+         - id: guarded\n  condition: \"{{ inputs.n is not defined or inputs.n < 1 }}\"\n\
+         - id: note\n  message: {topic: news, text: \"review: [{{ review.output }}]\"}\n",
+    )
+    .await;
+    let run = h.run("missing", json!({})).await;
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Completed, "{run:#?}");
+    let states: Vec<(&str, StepState)> = run.body.steps.iter().map(|s| (s.step_id.as_str(), s.state)).collect();
+    assert_eq!(
+        states,
+        [
+            ("review", StepState::Skipped),
+            ("unsure", StepState::Skipped),
+            ("sure", StepState::Skipped),
+            ("other", StepState::Skipped),
+            ("guarded", StepState::Completed),
+            ("note", StepState::Completed)
+        ]
+    );
+    assert_eq!(run.body.steps[5].input["text"], json!("review: []"));
 }
 
 async fn parallel_fail_fast_cancels_and_all_settled_waits(h: Harness) {
