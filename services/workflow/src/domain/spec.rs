@@ -158,6 +158,7 @@ pub struct MessageStep {
     /// A template.
     pub text: String,
     pub message_type: Option<String>,
+    pub retry: Option<Retry>,
 }
 
 /// A durable timer or a named external signal.

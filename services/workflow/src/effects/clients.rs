@@ -273,7 +273,7 @@ impl ClientEffects {
             self.http.post(parsed.clone()).header("Idempotency-Key", &origin.key).json(&body).send().await.map_err(
                 |error| match refusal(&error) {
                     Some(why) => failed(why),
-                    None => EffectError::Transient(format!("webhook {url}: {error}")),
+                    None => EffectError::Transient(format!("webhook {url}: {}", with_causes(&error))),
                 },
             )?;
         let status = response.status();
@@ -290,6 +290,19 @@ impl ClientEffects {
 fn refused(host: &str, ip: IpAddr) -> String {
     let kind = chorus_runtime::egress::classify(ip).map_or_else(|| "not public".to_owned(), |kind| kind.to_string());
     format!("{host} resolves to {ip}, {kind}, not a public address; set workflow.allow_private_webhooks to allow it")
+}
+
+/// `error` and what caused it (reqwest names the cause, such as a refused
+/// connection, only among its sources).
+fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(cause) = next {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    text
 }
 
 /// A refusal by [`VettingResolver`], from a reqwest error's sources.

@@ -186,19 +186,21 @@ fn effect(
                 Some(await_task(effects, origin.namespace, task_id, deadline).map(move |done| (seq, done)).boxed())
             }
         },
+        // A delegate or message attempt is one call: its failure, even one
+        // worth trying again, ends the attempt, and the step's retry decides.
         (StepKind::Delegate, StepState::Running, Action::Delegate(delegate)) => {
             let agent = delegate.agent.clone();
             let timeout = delegate.timeout;
             let input = input.clone();
             let future = async move {
-                let call = retrying(|| effects.delegate(&origin, &agent, &input));
+                let call = effects.delegate(&origin, &agent, &input);
                 let outcome = match timeout {
                     Some(limit) => tokio::time::timeout(limit, call)
                         .await
-                        .unwrap_or_else(|_| Err(format!("no answer within {}", humanize(limit)))),
+                        .unwrap_or_else(|_| Err(EffectError::Failed(format!("no answer within {}", humanize(limit))))),
                     None => call.await,
                 };
-                (seq, Done::Attempt(outcome.and_then(task_result)))
+                (seq, Done::Attempt(outcome.map_err(|error| error.to_string()).and_then(task_result)))
             };
             Some(future.boxed())
         }
@@ -212,8 +214,8 @@ fn effect(
             let text = input["text"].as_str().unwrap_or_default().to_owned();
             let kind = input["type"].as_str().unwrap_or("workflow.message").to_owned();
             let future = async move {
-                let sent = retrying(|| effects.message(&origin, &to, &text, &kind)).await;
-                (seq, Done::Attempt(sent))
+                let sent = effects.message(&origin, &to, &text, &kind).await;
+                (seq, Done::Attempt(sent.map_err(|error| error.to_string())))
             };
             Some(future.boxed())
         }
@@ -277,7 +279,10 @@ fn task_result(outcome: TaskOutcome) -> Result<Value, String> {
 }
 
 /// Runs `call` until it succeeds or fails for good; transient failures are
-/// retried with a growing pause (the step stays running meanwhile).
+/// retried with a growing pause (the step stays running meanwhile). For the
+/// calls to the task store and the bus (a spawn's task, a cancel, a gate's
+/// announcement), whose outage a run waits out; a spawn's timeout bounds its
+/// task.
 async fn retrying<T, F, Fut>(mut call: F) -> Result<T, String>
 where
     F: FnMut() -> Fut,

@@ -136,7 +136,10 @@ impl Planner<'_> {
             Flow::Done => self.complete(run),
             Flow::Failed(error) => self.end(run, RunState::Failed, error),
             Flow::Active => {
-                let working = run.body.steps.iter().any(|r| matches!(r.state, StepState::Running | StepState::Pending));
+                // A parallel step is active while its branches are: what they do decides.
+                let working = run.body.steps.iter().any(|r| {
+                    r.kind != StepKind::Parallel && matches!(r.state, StepState::Running | StepState::Pending)
+                });
                 run.state = if working { RunState::Running } else { RunState::Waiting };
             }
         }
@@ -193,13 +196,13 @@ impl Planner<'_> {
                     finish(record, StepState::Failed, now);
                     expired.push((record.step_id.clone(), record.iteration));
                 }
-                StepKind::Spawn | StepKind::Delegate => {
+                StepKind::Spawn | StepKind::Delegate | StepKind::Message => {
                     // A retry's backoff is over: the attempt starts.
                     record.state = StepState::Running;
                     record.wake_at = None;
                     record.started_at = Some(now);
                 }
-                StepKind::Message | StepKind::Condition | StepKind::Parallel => record.wake_at = None,
+                StepKind::Condition | StepKind::Parallel => record.wake_at = None,
             }
         }
         for (step_id, iteration) in expired {
@@ -453,8 +456,9 @@ impl Planner<'_> {
         Ok(())
     }
 
-    /// Records the end of an attempt of a spawn or delegate: its output, or
-    /// its error and, while attempts remain, the next attempt after a backoff.
+    /// Records the end of an attempt of a spawn, delegate or message: its
+    /// output, or its error and, while attempts remain, the next attempt
+    /// after a backoff.
     pub(crate) fn attempt_ended(&self, run: &mut Run, index: usize, result: Result<Value, String>) {
         let record = run.body.step_mut(index);
         match result {
@@ -468,6 +472,7 @@ impl Planner<'_> {
                 let retry = match find(&self.spec.steps, &record.step_id, None).map(|l| &l.step.action) {
                     Some(Action::Spawn(spawn)) => spawn.retry,
                     Some(Action::Delegate(delegate)) => delegate.retry,
+                    Some(Action::Message(message)) => message.retry,
                     _ => None,
                 };
                 let Some(retry) = retry.filter(|retry| record.attempt < retry.max_attempts) else { return };

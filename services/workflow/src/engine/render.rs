@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use crate::{
     domain::{Decision, Run, StepState},
-    parse::{condition_source, environment},
+    parse::{condition_holds, condition_source, environment},
 };
 
 /// What templates of one step see.
@@ -32,7 +32,9 @@ enum Entry<'a> {
 /// A finished step as templates see it.
 #[derive(Serialize)]
 struct Seen<'a> {
-    output: &'a Value,
+    /// Missing for a step that has none (skipped, failed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output: Option<&'a Value>,
     state: StepState,
     error: Option<&'a str>,
     iteration: u32,
@@ -73,7 +75,7 @@ impl Scope {
                 continue;
             }
             let seen = Seen {
-                output: record.output.as_ref().unwrap_or(&Value::Null),
+                output: record.output.as_ref(),
                 state: record.state,
                 error: record.error.as_deref(),
                 iteration: record.iteration,
@@ -148,14 +150,8 @@ impl Scope {
 
     /// Evaluates a condition (`{{ a.output.x }} < 0.8`, or a bare expression).
     pub(crate) fn condition(&self, text: &str) -> Result<bool, RenderError> {
-        let source = condition_source(text);
-        let compiled = environment()
-            .compile_expression(&source)
-            .map_err(|error| RenderError(format!("condition `{text}`: {}", describe(&error))))?;
-        let value = compiled
-            .eval(&self.context)
-            .map_err(|error| RenderError(format!("condition `{text}`: {}", describe(&error))))?;
-        Ok(value.is_true())
+        condition_holds(&condition_source(text), &self.context)
+            .map_err(|error| RenderError(format!("condition `{text}`: {}", describe(&error))))
     }
 }
 
@@ -215,6 +211,18 @@ mod tests {
         let value = scope.render_value(&serde_json::json!({"all": "{{ inputs }}", "n": "{{ inputs.n }}"})).unwrap();
         assert_eq!(value, serde_json::json!({"all": {"n": 3, "who": "ann"}, "n": 3}));
         assert!(scope.condition("{{ inputs.n }} <").is_err());
+    }
+
+    #[test]
+    fn a_comparison_with_a_missing_side_is_false_whatever_the_operator() {
+        let scope = Scope::of(&run(serde_json::json!({"n": 3})), &Value::Null, "s", 1, None);
+        for op in ["==", "!=", "<", "<=", ">", ">="] {
+            assert!(!scope.condition(&format!("{{{{ inputs.missing }}}} {op} 0.8")).unwrap(), "missing {op} 0.8");
+            assert!(!scope.condition(&format!("0.8 {op} missing.output.x")).unwrap(), "0.8 {op} missing");
+        }
+        assert!(scope.condition("{{ inputs.n }} >= 3 and inputs.n != 4 and inputs.n == 3").unwrap());
+        assert!(scope.condition("inputs.missing is not defined or inputs.missing < 1").unwrap(), "a guard");
+        assert!(scope.condition("not ({{ inputs.missing }} < 1)").unwrap(), "the comparison is false, not the whole");
     }
 
     #[test]

@@ -2,11 +2,19 @@
 //! events matching a trigger's type, filter and condition. Each start carries
 //! an idempotency key (`cron:<workflow>:<time>`, `event:<sequence>:<workflow>`),
 //! so engines sharing a database, or a restart, never start one twice.
+//!
+//! An event is judged by the versions that were the latest when it was
+//! published, and starts a run on the version whose trigger it matched.
+//! Before it judges an event, a namespace's reader reads the versions put
+//! since it last looked (a put also wakes it), so an event published after a
+//! put returned is judged by that put's version; a version listening to a
+//! type the reader's stream does not carry makes it read again from its
+//! cursor, which has not passed the event.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
+    convert::Infallible,
     str::FromStr as _,
-    sync::Arc,
     time::Duration,
 };
 
@@ -18,8 +26,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::render::Scope;
 use crate::{
-    domain::{OriginKind, RunOrigin, Trigger, WorkflowSpec},
-    service::{StartCall, Workflows},
+    domain::{Definition, OriginKind, RunOrigin, Trigger},
+    error::WorkflowError,
+    service::{StartCall, TRIGGERS_KEY, Workflows},
 };
 
 /// Where event triggers read events from.
@@ -28,64 +37,57 @@ pub struct TriggerSource {
     pub bus: EventBusClient<Transport>,
 }
 
+/// How often triggers look at the definitions (schedules, new versions)
+/// without a wake-up.
 const TICK: Duration = Duration::from_secs(1);
 const RETRY: Duration = Duration::from_secs(1);
-
-/// A workflow's latest version with an event trigger. It takes the events
-/// published since that version was put.
-#[derive(Debug, Clone)]
-struct Listener {
-    workflow: String,
-    spec: Arc<WorkflowSpec>,
-    since: i64,
-}
 
 pub(super) fn spawn(workflows: Workflows, source: TriggerSource, shutdown: CancellationToken) {
     tokio::spawn(async move {
         let mut since = chrono::Utc::now();
-        let mut readers: HashMap<String, (Vec<String>, JoinHandle<()>)> = HashMap::new();
+        let mut readers: HashMap<String, JoinHandle<()>> = HashMap::new();
         while !shutdown.is_cancelled() {
+            let mut puts = workflows.wakeups.waiter(TRIGGERS_KEY);
             let now = chrono::Utc::now();
             match index(&workflows).await {
-                Ok((crons, listeners)) => {
+                Ok((crons, listening)) => {
                     for (namespace, workflow, schedule) in crons {
                         fire_cron(&workflows, &namespace, &workflow, &schedule, since, now).await;
                     }
-                    refresh_readers(&workflows, &source, &mut readers, listeners, &shutdown);
+                    keep_readers(&workflows, &source, &mut readers, &listening);
                 }
                 Err(error) => tracing::warn!(%error, "cannot read workflow triggers"),
             }
             since = now;
             tokio::select! {
-                () = tokio::time::sleep(TICK) => {}
+                () = puts.wait(TICK) => {}
                 () = shutdown.cancelled() => break,
             }
         }
-        for (_, (_, reader)) in readers {
+        for reader in readers.into_values() {
             reader.abort();
         }
     });
 }
 
-type Index = (Vec<(String, String, String)>, HashMap<String, Vec<Listener>>);
+type Index = (Vec<(String, String, String)>, BTreeSet<String>);
 
-/// Cron schedules and event listeners of every namespace's latest versions.
+/// Cron schedules of every namespace's latest versions, and the namespaces
+/// where a latest version listens to events.
 async fn index(workflows: &Workflows) -> crate::error::Result<Index> {
     let mut crons = Vec::new();
-    let mut listeners: HashMap<String, Vec<Listener>> = HashMap::new();
+    let mut listening = BTreeSet::new();
     for definition in workflows.latest_everywhere().await? {
         let spec = workflows.spec(&definition.namespace, &definition.name, definition.version).await?;
         match &spec.trigger {
             Trigger::Cron { schedule } => crons.push((definition.namespace, definition.name, schedule.clone())),
-            Trigger::Event { .. } => listeners.entry(definition.namespace).or_default().push(Listener {
-                workflow: definition.name,
-                spec: Arc::clone(&spec),
-                since: definition.created_at,
-            }),
+            Trigger::Event { .. } => {
+                listening.insert(definition.namespace);
+            }
             Trigger::Manual => {}
         }
     }
-    Ok((crons, listeners))
+    Ok((crons, listening))
 }
 
 async fn fire_cron(
@@ -117,119 +119,192 @@ async fn fire_cron(
     }
 }
 
-/// One event reader per namespace with event triggers, restarted when the
-/// namespace's triggers change.
-fn refresh_readers(
+/// One event reader per namespace with event triggers.
+fn keep_readers(
     workflows: &Workflows,
     source: &TriggerSource,
-    readers: &mut HashMap<String, (Vec<String>, JoinHandle<()>)>,
-    listeners: HashMap<String, Vec<Listener>>,
-    shutdown: &CancellationToken,
+    readers: &mut HashMap<String, JoinHandle<()>>,
+    listening: &BTreeSet<String>,
 ) {
-    readers.retain(|namespace, (_, reader)| {
-        let keep = listeners.contains_key(namespace);
+    readers.retain(|namespace, reader| {
+        let keep = listening.contains(namespace) && !reader.is_finished();
         if !keep {
             reader.abort();
         }
         keep
     });
-    for (namespace, listeners) in listeners {
-        let mut signature: Vec<String> = listeners.iter().map(|l| format!("{}@{}", l.workflow, l.since)).collect();
-        signature.extend(listeners.iter().map(|l| format!("{:?}", l.spec.trigger)));
-        signature.sort();
-        if readers.get(&namespace).is_some_and(|(current, reader)| *current == signature && !reader.is_finished()) {
-            continue;
-        }
-        if let Some((_, old)) = readers.remove(&namespace) {
-            old.abort();
-        }
-        let reader = tokio::spawn(read_events(
-            workflows.clone(),
-            source.bus.clone(),
-            namespace.clone(),
-            listeners,
-            shutdown.clone(),
-        ));
-        readers.insert(namespace, (signature, reader));
+    for namespace in listening {
+        readers
+            .entry(namespace.clone())
+            .or_insert_with(|| tokio::spawn(read_events(workflows.clone(), source.bus.clone(), namespace.clone())));
     }
 }
 
-async fn read_events(
-    workflows: Workflows,
-    mut bus: EventBusClient<Transport>,
-    namespace: String,
-    listeners: Vec<Listener>,
-    shutdown: CancellationToken,
-) {
-    let types: BTreeSet<String> = listeners
-        .iter()
-        .filter_map(|l| match &l.spec.trigger {
-            Trigger::Event { event_type, .. } => Some(event_type.clone()),
-            Trigger::Manual | Trigger::Cron { .. } => None,
-        })
-        .collect();
-    while !shutdown.is_cancelled() {
-        let after = match workflows.runs.trigger_cursor(&namespace).await {
-            Ok(after) => after,
-            Err(error) => {
-                tracing::warn!(%namespace, %error, "cannot read the trigger cursor");
-                tokio::time::sleep(RETRY).await;
-                continue;
-            }
-        };
-        // Without a cursor, from the log's start: each trigger skips what was
-        // published before its version was put.
-        let request = bus::StreamEventsRequest {
-            namespace: namespace.clone(),
-            after_sequence: Some(after.unwrap_or(0)),
-            event_types: types.iter().cloned().collect(),
-        };
-        match bus.stream_events(request).await {
-            Ok(stream) => {
-                let mut stream = stream.into_inner();
-                while let Ok(Some(event)) = stream.message().await {
-                    on_event(&workflows, &namespace, &listeners, &event).await;
-                    if let Err(error) = workflows.runs.set_trigger_cursor(&namespace, event.sequence).await {
-                        tracing::warn!(%namespace, %error, "cannot save the trigger cursor");
-                    }
-                }
-            }
-            Err(status) => tracing::debug!(%namespace, %status, "cannot read events for triggers"),
+/// Why a reader stopped following its stream.
+#[derive(Debug)]
+enum Stop {
+    /// A version put since listens to a type the stream does not carry.
+    NewTypes,
+    /// The bus ended the stream.
+    Ended,
+    Bus(tonic::Status),
+    Storage(WorkflowError),
+}
+
+impl From<tonic::Status> for Stop {
+    fn from(status: tonic::Status) -> Self {
+        Self::Bus(status)
+    }
+}
+
+impl From<WorkflowError> for Stop {
+    fn from(error: WorkflowError) -> Self {
+        Self::Storage(error)
+    }
+}
+
+/// Judges a namespace's events, from its trigger cursor on, for good.
+async fn read_events(workflows: Workflows, mut bus: EventBusClient<Transport>, namespace: String) {
+    loop {
+        let Err(stop) = follow(&workflows, &mut bus, &namespace).await;
+        match stop {
+            Stop::NewTypes => continue,
+            Stop::Ended => tracing::debug!(%namespace, "the event stream for triggers ended"),
+            Stop::Bus(status) => tracing::debug!(%namespace, %status, "cannot read events for triggers"),
+            Stop::Storage(error) => tracing::warn!(%namespace, %error, "event triggers cannot go on; retrying"),
         }
         tokio::time::sleep(RETRY).await;
     }
 }
 
-async fn on_event(workflows: &Workflows, namespace: &str, listeners: &[Listener], event: &bus::Event) {
+/// Streams the namespace's events after its cursor and judges each, moving
+/// the cursor past it, until something stops it.
+async fn follow(
+    workflows: &Workflows,
+    bus: &mut EventBusClient<Transport>,
+    namespace: &str,
+) -> Result<Infallible, Stop> {
+    let mut puts = workflows.wakeups.waiter(TRIGGERS_KEY);
+    let mut versions = Versions::read(workflows, namespace).await?;
+    let streamed = versions.types();
+    // Without a cursor, from the log's start: a version judges only what
+    // was published after it was put.
+    let after = workflows.runs.trigger_cursor(namespace).await?;
+    let request = bus::StreamEventsRequest {
+        namespace: namespace.to_owned(),
+        after_sequence: Some(after.unwrap_or(0)),
+        event_types: streamed.iter().cloned().collect(),
+    };
+    let mut stream = bus.stream_events(request).await?.into_inner();
+    loop {
+        tokio::select! {
+            message = stream.message() => {
+                let event = message?.ok_or(Stop::Ended)?;
+                versions.catch_up(workflows, namespace, &streamed).await?;
+                judge(workflows, namespace, &versions, &event).await?;
+                if let Err(error) = workflows.runs.set_trigger_cursor(namespace, event.sequence).await {
+                    tracing::warn!(%namespace, %error, "cannot save the trigger cursor");
+                }
+            }
+            () = puts.wait(TICK) => versions.catch_up(workflows, namespace, &streamed).await?,
+        }
+    }
+}
+
+/// Every version of one namespace's workflows, without sources.
+struct Versions {
+    /// Each workflow's versions, oldest first.
+    by_workflow: BTreeMap<String, Vec<Definition>>,
+    /// How many versions the namespace held when they were read.
+    count: u64,
+}
+
+impl Versions {
+    async fn read(workflows: &Workflows, namespace: &str) -> crate::error::Result<Self> {
+        let versions = workflows.versions(namespace).await?;
+        let count = u64::try_from(versions.len()).unwrap_or(u64::MAX);
+        let mut by_workflow: BTreeMap<String, Vec<Definition>> = BTreeMap::new();
+        for definition in versions {
+            by_workflow.entry(definition.name.clone()).or_default().push(definition);
+        }
+        Ok(Self { by_workflow, count })
+    }
+
+    /// Reads the versions put since these were read. One that listens to a
+    /// type not `streamed` stops the reader, to read again from its cursor.
+    async fn catch_up(
+        &mut self,
+        workflows: &Workflows,
+        namespace: &str,
+        streamed: &BTreeSet<String>,
+    ) -> Result<(), Stop> {
+        if workflows.version_count(namespace).await? == self.count {
+            return Ok(());
+        }
+        *self = Self::read(workflows, namespace).await?;
+        if self.types().is_subset(streamed) { Ok(()) } else { Err(Stop::NewTypes) }
+    }
+
+    /// The event types (or patterns) any version listens to.
+    fn types(&self) -> BTreeSet<String> {
+        let triggers = self.by_workflow.values().flatten().flat_map(|definition| &definition.triggers);
+        triggers.map(|trigger| trigger.event_type.clone()).collect()
+    }
+
+    /// The version of each workflow that was the latest at `time`.
+    fn as_of(&self, time: i64) -> impl Iterator<Item = &Definition> {
+        self.by_workflow.values().filter_map(move |versions| versions.iter().rev().find(|v| v.created_at <= time))
+    }
+}
+
+/// Starts a run of each workflow whose version as of the event's publication
+/// matches it, on that version. Fails only when storage is unavailable: the
+/// event is judged again (the runs it started are found by their keys).
+async fn judge(
+    workflows: &Workflows,
+    namespace: &str,
+    versions: &Versions,
+    event: &bus::Event,
+) -> crate::error::Result<()> {
+    let Some(published) = chorus_runtime::time::timestamp_micros("published_at", event.published_at).ok().flatten()
+    else {
+        return Ok(());
+    };
     let payload: Value = serde_json::from_slice(&event.payload).unwrap_or(Value::Null);
-    let published = chorus_runtime::time::timestamp_micros("published_at", event.published_at).ok().flatten();
-    for listener in listeners {
-        let after_put = published.is_some_and(|at| at >= listener.since);
-        if !after_put || !matches(&listener.spec.trigger, &event.r#type, &payload) {
-            continue;
-        }
-        let call = StartCall {
-            namespace: namespace.to_owned(),
-            workflow: listener.workflow.clone(),
-            idempotency_key: Some(format!("event:{}:{}", event.sequence, listener.workflow)),
-            origin: RunOrigin {
-                kind: OriginKind::Event,
-                started_by: event.source.clone(),
-                event_sequence: Some(event.sequence),
-                event_type: Some(event.r#type.clone()),
-                task_id: None,
-            },
-            trigger: payload.clone(),
-            ..StartCall::default()
+    for definition in versions.as_of(published).filter(|definition| !definition.triggers.is_empty()) {
+        let (workflow, version) = (&definition.name, definition.version);
+        let started = match workflows.spec(namespace, workflow, version).await {
+            Ok(spec) if !matches(&spec.trigger, &event.r#type, &payload) => continue,
+            Ok(_) => workflows.start_run(start_call(namespace, definition, event, &payload)).await,
+            Err(error) => Err(error),
         };
-        match workflows.start_run(call).await {
+        match started {
             Ok(run) => {
-                tracing::info!(run_id = %run.id, workflow = %listener.workflow, sequence = event.sequence, "event started a run")
+                tracing::info!(run_id = %run.id, workflow, version, sequence = event.sequence, "event started a run")
             }
-            Err(error) => {
-                tracing::warn!(workflow = %listener.workflow, %error, "an event matched but the run did not start")
-            }
+            Err(error @ WorkflowError::Unavailable(_)) => return Err(error),
+            Err(error) => tracing::warn!(workflow, version, %error, "an event matched but the run did not start"),
         }
+    }
+    Ok(())
+}
+
+/// The start of a run of `definition` by `event`.
+fn start_call(namespace: &str, definition: &Definition, event: &bus::Event, payload: &Value) -> StartCall {
+    StartCall {
+        namespace: namespace.to_owned(),
+        workflow: definition.name.clone(),
+        version: Some(definition.version),
+        idempotency_key: Some(format!("event:{}:{}", event.sequence, definition.name)),
+        origin: RunOrigin {
+            kind: OriginKind::Event,
+            started_by: event.source.clone(),
+            event_sequence: Some(event.sequence),
+            event_type: Some(event.r#type.clone()),
+            task_id: None,
+        },
+        trigger: payload.clone(),
+        ..StartCall::default()
     }
 }
 

@@ -1,9 +1,15 @@
 //! Templates and conditions: one expression language (minijinja), compiled
 //! at definition time, with references checked against earlier steps.
 
-use std::{collections::BTreeSet, sync::LazyLock};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::LazyLock,
+};
 
-use minijinja::{Environment, UndefinedBehavior};
+use minijinja::{
+    AutoEscape, Environment, ErrorKind, UndefinedBehavior, Value,
+    machinery::{self, Instruction, Instructions},
+};
 
 use super::reader::{Node, Reader, position};
 use crate::domain::Severity;
@@ -33,15 +39,25 @@ pub(crate) struct Expression {
     pub(crate) kind: ExprKind,
     /// Step ids it may refer to: the steps before it on its path.
     pub(crate) visible: BTreeSet<String>,
-    /// The names it uses, or why it does not compile: compiled once, here.
-    pub(crate) variables: Result<BTreeSet<String>, String>,
+    /// What it uses, or why it does not compile: compiled once, here.
+    pub(crate) compiled: Result<Compiled, String>,
+}
+
+/// What an expression that compiles uses.
+#[derive(Debug, Clone)]
+pub(crate) struct Compiled {
+    /// The names it refers to.
+    pub(crate) variables: BTreeSet<String>,
+    /// The filters and tests it applies that do not exist: (`filter` or
+    /// `test`, name).
+    pub(crate) unknown: BTreeSet<(&'static str, String)>,
 }
 
 impl Expression {
     pub(crate) fn at(node: &Node<'_>, field: &str, text: &str, kind: ExprKind, visible: &BTreeSet<String>) -> Self {
         let (line, column) = position(node);
-        let variables = variables(text, kind);
-        Self { field: field.to_owned(), line, column, text: text.to_owned(), kind, visible: visible.clone(), variables }
+        let compiled = compile(text, kind);
+        Self { field: field.to_owned(), line, column, text: text.to_owned(), kind, visible: visible.clone(), compiled }
     }
 }
 
@@ -61,6 +77,23 @@ pub(crate) fn condition_source(text: &str) -> String {
     out
 }
 
+/// A comparison of two values that are both there.
+type Compare = fn(&Value, &Value) -> bool;
+
+/// What a condition's comparisons call instead of minijinja's operators
+/// (see [`condition_instructions`]): a comparison with a missing side is
+/// false, whatever the operator; minijinja orders a missing value before
+/// any other (`missing < 0.8` held). No template can call them: their names
+/// are not identifiers.
+const COMPARISONS: [(&str, Compare); 6] = [
+    ("chorus:==", |a, b| a == b),
+    ("chorus:!=", |a, b| a != b),
+    ("chorus:<", |a, b| a < b),
+    ("chorus:<=", |a, b| a <= b),
+    ("chorus:>", |a, b| a > b),
+    ("chorus:>=", |a, b| a >= b),
+];
+
 /// The one environment expressions are checked and rendered in: building
 /// one registers every builtin filter and test, which cost more than
 /// rendering a short template.
@@ -68,38 +101,121 @@ pub(crate) fn environment() -> &'static Environment<'static> {
     static ENVIRONMENT: LazyLock<Environment<'static>> = LazyLock::new(|| {
         let mut env = Environment::new();
         // A missing field — of a skipped step, an absent input — renders
-        // empty and tests false, as in the seed's examples, however deep the path.
+        // empty and tests false, as in the seed's examples, however deep the
+        // path; a condition that compares one is false.
         env.set_undefined_behavior(UndefinedBehavior::Chainable);
+        for (name, compare) in COMPARISONS {
+            env.add_function(name, move |a: &Value, b: &Value| !a.is_undefined() && !b.is_undefined() && compare(a, b));
+        }
         env
     });
     &ENVIRONMENT
 }
 
-/// The names an expression uses, or why it does not compile.
-fn variables(text: &str, kind: ExprKind) -> Result<BTreeSet<String>, String> {
+/// A condition's minijinja `source` compiled as minijinja does, except that
+/// each comparison (`==`, `!=`, `<`, `<=`, `>`, `>=`) calls its function in
+/// [`COMPARISONS`]. In a chained comparison (`a < b < c`) only the last link
+/// does; the others keep minijinja's order.
+pub(crate) fn condition_instructions(source: &str) -> Result<Instructions<'_>, minijinja::Error> {
+    let mut generator = machinery::CodeGenerator::new("<condition>", source);
+    generator.compile_expr(&machinery::parse_expr(source)?);
+    let (mut instructions, _) = generator.finish();
+    for index in 0.. {
+        let Some(instruction) = instructions.get_mut(index) else { break };
+        let name = match instruction {
+            Instruction::Eq => "chorus:==",
+            Instruction::Ne => "chorus:!=",
+            Instruction::Lt => "chorus:<",
+            Instruction::Lte => "chorus:<=",
+            Instruction::Gt => "chorus:>",
+            Instruction::Gte => "chorus:>=",
+            _ => continue,
+        };
+        *instruction = Instruction::CallFunction(name, Some(2));
+    }
+    Ok(instructions)
+}
+
+/// Whether a condition's minijinja `source` holds in `context`.
+pub(crate) fn condition_holds(source: &str, context: &Value) -> Result<bool, minijinja::Error> {
+    let instructions = condition_instructions(source)?;
+    let mut printed = String::new();
+    let output = &mut machinery::make_string_output(&mut printed);
+    let (value, _) =
+        machinery::eval(environment(), &instructions, context.clone(), &BTreeMap::new(), output, AutoEscape::None)?;
+    Ok(value.is_some_and(|value| value.is_true()))
+}
+
+/// What an expression uses, or why it does not compile. Filters and tests
+/// are looked up only as a template runs: the ones it applies are read from
+/// its compiled instructions, and looked up here.
+fn compile(text: &str, kind: ExprKind) -> Result<Compiled, String> {
     let env = environment();
-    let variables = match kind {
-        ExprKind::Template => env.template_from_str(text).map(|t| t.undeclared_variables(false)),
+    let describe = |error: minijinja::Error| error.detail().map_or_else(|| error.kind().to_string(), str::to_owned);
+    let (variables, unknown) = match kind {
+        ExprKind::Template => {
+            let template = env.template_from_str(text).map_err(describe)?;
+            let compiled = machinery::get_compiled_template(&template);
+            let unknown =
+                std::iter::once(&compiled.instructions).chain(compiled.blocks.values()).flat_map(unknown_calls);
+            (template.undeclared_variables(false), unknown.collect())
+        }
         ExprKind::Condition => {
-            env.compile_expression_owned(condition_source(text)).map(|e| e.undeclared_variables(false))
+            let source = condition_source(text);
+            let expression = env.compile_expression(&source).map_err(describe)?;
+            let instructions = condition_instructions(&source).map_err(describe)?;
+            (expression.undeclared_variables(false), unknown_calls(&instructions).into_iter().collect())
         }
     };
-    variables
-        .map(|names| names.into_iter().collect())
-        .map_err(|error| error.detail().map_or_else(|| error.kind().to_string(), str::to_owned))
+    Ok(Compiled { variables: variables.into_iter().collect(), unknown })
+}
+
+/// The filters and tests `instructions` apply that the environment lacks.
+fn unknown_calls(instructions: &Instructions<'_>) -> Vec<(&'static str, String)> {
+    let template = environment().template_from_str("").expect("an empty template compiles");
+    let mut state = template.new_state();
+    // Applying one the environment lacks fails with that kind of error before
+    // anything runs; one it has runs on no arguments, and builtins are pure.
+    let mut unknown = Vec::new();
+    for instruction in (0..).map_while(|index| instructions.get(index)) {
+        let (what, name, outcome, lacking) = match instruction {
+            Instruction::ApplyFilter(name, ..) => {
+                ("filter", name, state.apply_filter(name, &[]).map(drop), ErrorKind::UnknownFilter)
+            }
+            Instruction::PerformTest(name, ..) => {
+                ("test", name, state.perform_test(name, &[]).map(drop), ErrorKind::UnknownTest)
+            }
+            _ => continue,
+        };
+        if outcome.is_err_and(|error| error.kind() == lacking) {
+            unknown.push((what, (*name).to_owned()));
+        }
+    }
+    unknown
 }
 
 /// Every name the expressions that compile use.
 pub(crate) fn roots(expressions: &[Expression]) -> BTreeSet<String> {
-    expressions.iter().filter_map(|expression| expression.variables.as_ref().ok()).flatten().cloned().collect()
+    expressions
+        .iter()
+        .filter_map(|expression| expression.compiled.as_ref().ok())
+        .flat_map(|c| &c.variables)
+        .cloned()
+        .collect()
 }
 
 /// Checks what every expression refers to. `declared` holds every step id
 /// of the definition.
 pub(crate) fn check(reader: &mut Reader, expressions: &[Expression], declared: &BTreeSet<String>) {
     for expression in expressions {
-        match &expression.variables {
-            Ok(variables) => references(reader, expression, declared, variables),
+        match &expression.compiled {
+            Ok(compiled) => {
+                references(reader, expression, declared, &compiled.variables);
+                for (what, name) in &compiled.unknown {
+                    let message = format!("unknown {what} `{name}` in `{}`", expression.text);
+                    push(reader, expression, &format!("unknown_{what}"), message);
+                }
+            }
             Err(detail) => {
                 let what = match expression.kind {
                     ExprKind::Template => "template",

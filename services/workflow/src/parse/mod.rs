@@ -12,7 +12,7 @@ mod top;
 
 use saphyr::{LoadableYamlNode, MarkedYaml};
 
-pub(crate) use self::expr::{condition_source, environment};
+pub(crate) use self::expr::{condition_holds, condition_source, environment};
 use self::reader::Reader;
 use crate::domain::{Problem, WorkflowSpec, has_errors, sort_problems};
 

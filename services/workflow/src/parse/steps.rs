@@ -259,7 +259,7 @@ impl Scope<'_, '_, '_, '_> {
     }
 
     fn message(&mut self, body: &Node<'_>) -> Option<MessageStep> {
-        let fields = self.reader.mapping(body, self.field, &["topic", "to", "webhook", "text", "type"])?;
+        let fields = self.reader.mapping(body, self.field, &["topic", "to", "webhook", "text", "type", "retry"])?;
         let to = match self.exactly_one(&fields, &["topic", "to", "webhook"]) {
             Some("topic") => self.string(&fields, "topic").map(MessageTarget::Topic),
             Some("to") => self.template(&fields, "to", ExprKind::Template).map(MessageTarget::Agent),
@@ -269,7 +269,8 @@ impl Scope<'_, '_, '_, '_> {
         self.reader.required(&fields, self.field, "text", "the message text (a template)");
         let text = self.template(&fields, "text", ExprKind::Template);
         let message_type = self.string(&fields, "type");
-        Some(MessageStep { to: to?, text: text?, message_type })
+        let retry = self.retry(&fields);
+        Some(MessageStep { to: to?, text: text?, message_type, retry })
     }
 
     fn webhook(&mut self, fields: &Fields<'_, '_>) -> Option<MessageTarget> {

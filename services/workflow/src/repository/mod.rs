@@ -42,4 +42,12 @@ pub trait DefinitionRepository: Send + Sync + std::fmt::Debug {
     /// The latest version of every workflow in every namespace, with its
     /// source (what the trigger scheduler reads).
     async fn latest_everywhere(&self) -> Result<Vec<Definition>>;
+
+    /// Every version in `namespace`, without its source, by name and version
+    /// (what event triggers judge events by).
+    async fn versions(&self, namespace: &str) -> Result<Vec<Definition>>;
+
+    /// How many versions `namespace` holds. Versions are only ever added:
+    /// another count means another put.
+    async fn version_count(&self, namespace: &str) -> Result<u64>;
 }

@@ -26,6 +26,9 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
 
 const COLUMNS: &str =
     "namespace, name, version, description, triggers, source, file, source_sha256, created_by, created_at";
+/// [`COLUMNS`] but the source.
+const LISTED_COLUMNS: &str =
+    "namespace, name, version, description, triggers, file, source_sha256, created_by, created_at";
 
 /// Definition storage on a [`Db`].
 #[derive(Debug, Clone)]
@@ -219,5 +222,23 @@ impl DefinitionRepository for SqlDefinitionRepository {
         .fetch_all(&mut *self.db.read().await?)
         .await?;
         rows.iter().map(|row| decode(row, true)).collect()
+    }
+
+    async fn versions(&self, namespace: &str) -> Result<Vec<Definition>> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {LISTED_COLUMNS} FROM workflow_definitions WHERE namespace = $1 ORDER BY name, version"
+        )))
+        .bind(namespace)
+        .fetch_all(&mut *self.db.read().await?)
+        .await?;
+        rows.iter().map(|row| decode(row, false)).collect()
+    }
+
+    async fn version_count(&self, namespace: &str) -> Result<u64> {
+        let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM workflow_definitions WHERE namespace = $1")
+            .bind(namespace)
+            .fetch_one(&mut *self.db.read().await?)
+            .await?;
+        Ok(u64::try_from(count).unwrap_or_default())
     }
 }

@@ -33,6 +33,8 @@ use crate::{
 
 /// The wake-up key engines wait on for runs that became due.
 pub(crate) const ENGINE_KEY: &str = "engine";
+/// The wake-up key triggers wait on for new versions.
+pub(crate) const TRIGGERS_KEY: &str = "triggers";
 
 /// The workflow service. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -119,6 +121,16 @@ impl Workflows {
         self.repository.latest_everywhere().await
     }
 
+    /// Every version in `namespace`, without sources.
+    pub(crate) async fn versions(&self, namespace: &str) -> Result<Vec<Definition>> {
+        self.repository.versions(namespace).await
+    }
+
+    /// How many versions `namespace` holds.
+    pub(crate) async fn version_count(&self, namespace: &str) -> Result<u64> {
+        self.repository.version_count(namespace).await
+    }
+
     pub fn config(&self) -> &WorkflowConfig {
         &self.config
     }
@@ -150,6 +162,9 @@ impl Workflows {
             created_by: created_by.to_owned(),
         };
         let put = self.repository.put(definition, now_micros()).await?;
+        if !put.unchanged {
+            self.wakeups.notify(TRIGGERS_KEY);
+        }
         let warnings = parsed.problems.into_iter().filter(|p| p.severity == Severity::Warning).collect();
         Ok(PutOutcome { put, warnings })
     }

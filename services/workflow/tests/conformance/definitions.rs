@@ -15,6 +15,7 @@ conformance!(
     namespaces_are_isolated,
     invalid_definitions_are_rejected_whole_and_store_nothing,
     validate_reports_problems_and_stores_nothing,
+    unknown_filters_and_tests_are_reported_where_they_are_applied,
     event_triggers_are_stored_with_their_filter,
 );
 
@@ -116,6 +117,31 @@ async fn validate_reports_problems_and_stores_nothing(h: Harness) {
         (problem.severity, problem.code.as_str(), problem.field.as_str(), problem.line),
         (Severity::Error, "bad_duration", "steps[0].wait.duration", 4)
     );
+    assert_eq!(h.stored_rows().await, 0);
+}
+
+async fn unknown_filters_and_tests_are_reported_where_they_are_applied(h: Harness) {
+    let source = "name: x\ninputs:\n  x: {type: string}\nsteps:\n\
+                  - id: a\n  condition: \"{{ inputs.x is nosuchtest }}\"\n\
+                  \x20 message: {topic: t, text: \"{{ inputs.x | nosuchfilter }} {{ inputs.x | upper }}\"}\n\
+                  - id: b\n  condition: \"{{ inputs.x is odd }}\"\n  spawn: {role: r, input: {n: \"{{ inputs.x | nosuchfilter(1) }}\"}}\n";
+    let validated = h.workflows.validate(source, "x.yaml");
+    let found: Vec<(&str, &str, u32)> =
+        validated.problems.iter().map(|p| (p.code.as_str(), p.field.as_str(), p.line)).collect();
+    assert_eq!(
+        found,
+        [
+            ("unknown_test", "steps[0].condition", 6),
+            ("unknown_filter", "steps[0].message.text", 7),
+            ("unknown_filter", "steps[1].spawn.input.n", 10)
+        ],
+        "{:?}",
+        validated.problems
+    );
+    assert!(validated.problems[1].message.contains("`nosuchfilter`"), "{}", validated.problems[1]);
+    let error = h.workflows.put(NS, source, "x.yaml", "ana").await.expect_err("rejected");
+    let WorkflowError::InvalidDefinition { problems, .. } = &error else { panic!("{error}") };
+    assert_eq!(problems, &validated.problems);
     assert_eq!(h.stored_rows().await, 0);
 }
 

@@ -7,7 +7,10 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use chorus_eventbus::{EventBus, EventBusConfig, grpc::EventBusGrpc, repository::sql::SqlEventRepository};
 use chorus_hub::{Hub, HubConfig, grpc::HubGrpc, repository::sql::SqlHubRepository};
-use chorus_proto::taskstore::{Part, part::Content};
+use chorus_proto::{
+    gateway::{DelegateRequest, DelegateResponse, gateway_server},
+    taskstore::{Part, part::Content},
+};
 use chorus_runtime::transport::Transport;
 use chorus_runtime::{
     server::{ServerBuilder, ServerConfig},
@@ -96,6 +99,7 @@ impl Harness {
             shutdown.clone(),
         );
         server.add_grpc_service(EventBusGrpc::new(bus).into_server(limit));
+        server.add_grpc_service(gateway_server::GatewayServer::new(UnreachableAgents));
         tokio::spawn(server.serve(listener, shutdown.clone()));
         let harness =
             Self { workflows: build(&db, address, test_config()), db, address, shutdown, _database: database };
@@ -200,6 +204,21 @@ fn build(db: &chorus_runtime::storage::Db, address: SocketAddr, config: Workflow
         Wakeups::new(),
         config,
     )
+}
+
+/// A gateway whose every delegation finds its agent unreachable, as the
+/// gateway answers then.
+struct UnreachableAgents;
+
+#[tonic::async_trait]
+impl gateway_server::Gateway for UnreachableAgents {
+    async fn delegate(
+        &self,
+        request: tonic::Request<DelegateRequest>,
+    ) -> Result<tonic::Response<DelegateResponse>, tonic::Status> {
+        let agent = request.into_inner().agent_url;
+        Err(tonic::Status::unavailable(format!("cannot reach {agent}: connection refused")))
+    }
 }
 
 /// The test worker: `fail` in the text fails the task; `slow` keeps it

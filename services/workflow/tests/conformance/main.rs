@@ -8,3 +8,4 @@ mod harness;
 mod loading;
 mod runs;
 mod steps;
+mod triggers;

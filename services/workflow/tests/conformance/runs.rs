@@ -3,7 +3,7 @@
 //! namespace isolation.
 
 use chorus_workflow::{
-    domain::{Decision, Outcome, RunState, StepState},
+    domain::{Decision, Outcome, RunFilter, RunState, StepState},
     error::WorkflowError,
     service::{GateCall, SignalCall, StartCall},
 };
@@ -13,7 +13,9 @@ use crate::harness::{Harness, NS, conformance};
 
 conformance!(
     spawned_steps_pass_outputs_on_and_a_false_condition_skips,
+    comparisons_with_a_missing_value_are_false_and_a_skipped_output_renders_empty,
     parallel_fail_fast_cancels_and_all_settled_waits,
+    a_parallel_step_whose_branches_all_wait_leaves_the_run_waiting,
     a_rejected_gate_reruns_its_phase_with_feedback_then_approves,
     rejections_past_the_limit_escalate_then_fail,
     an_unanswered_gate_expires,
@@ -61,6 +63,35 @@ async fn spawned_steps_pass_outputs_on_and_a_false_condition_skips(h: Harness) {
     assert_eq!(output["first"]["confidence"], json!(0.5));
 }
 
+async fn comparisons_with_a_missing_value_are_false_and_a_skipped_output_renders_empty(h: Harness) {
+    h.put(
+        "name: missing\ninputs:\n  n: {type: number}\nsteps:\n\
+         - id: review\n  condition: \"false\"\n  spawn: {agent: coder, input: never}\n\
+         - id: unsure\n  condition: \"{{ review.output.confidence }} < 0.8\"\n\
+         - id: sure\n  condition: \"{{ review.output.confidence }} >= 0.8\"\n\
+         - id: other\n  condition: \"{{ inputs.n }} != 1\"\n\
+         - id: guarded\n  condition: \"{{ inputs.n is not defined or inputs.n < 1 }}\"\n\
+         - id: note\n  message: {topic: news, text: \"review: [{{ review.output }}]\"}\n",
+    )
+    .await;
+    let run = h.run("missing", json!({})).await;
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Completed, "{run:#?}");
+    let states: Vec<(&str, StepState)> = run.body.steps.iter().map(|s| (s.step_id.as_str(), s.state)).collect();
+    assert_eq!(
+        states,
+        [
+            ("review", StepState::Skipped),
+            ("unsure", StepState::Skipped),
+            ("sure", StepState::Skipped),
+            ("other", StepState::Skipped),
+            ("guarded", StepState::Completed),
+            ("note", StepState::Completed)
+        ]
+    );
+    assert_eq!(run.body.steps[5].input["text"], json!("review: []"));
+}
+
 async fn parallel_fail_fast_cancels_and_all_settled_waits(h: Harness) {
     let source = |name: &str, mode: &str| {
         let steps = r#"steps:
@@ -102,6 +133,40 @@ async fn parallel_fail_fast_cancels_and_all_settled_waits(h: Harness) {
     assert_eq!(settled.state, RunState::Failed);
     let after = settled.body.steps.iter().find(|s| s.step_id == "after").expect("after ran");
     assert_eq!(after.state, StepState::Completed, "the good branch ran to its end");
+}
+
+async fn a_parallel_step_whose_branches_all_wait_leaves_the_run_waiting(h: Harness) {
+    h.put(
+        r#"name: paused
+steps:
+- id: fan
+  parallel:
+    branches:
+    - name: told
+      steps:
+      - id: hold
+        wait: {signal: go}
+    - name: approved
+      steps:
+      - id: check
+        gate: {mode: HITL, reviewers: ops}
+"#,
+    )
+    .await;
+    let run = h.run("paused", json!({})).await;
+    let run = h
+        .until(&run.id, "both branches to wait", |run| {
+            run.body.steps.iter().filter(|s| s.step_id != "fan" && s.state == StepState::Waiting).count() == 2
+        })
+        .await;
+    assert_eq!(run.state, RunState::Waiting, "nothing works while every branch waits: {run:#?}");
+    let waiting = RunFilter { states: vec![RunState::Waiting], ..RunFilter::default() };
+    let listed = h.workflows.list_runs(NS, &waiting, None, 10).await.expect("list");
+    assert_eq!(listed.runs.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), [run.id.as_str()]);
+    signal(&h, &run.id, "go", "g").await;
+    h.workflows.decide_gate(NS, &run.id, gate("check", Decision::Approve, "ops", "fine")).await.expect("approve");
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Completed, "{run:#?}");
 }
 
 const GATED: &str = "name: gated\nsteps:\n\

@@ -7,12 +7,16 @@ use std::{
     time::Duration,
 };
 
-use axum::{Router, http::HeaderMap, routing::post};
+use axum::{
+    Router,
+    http::{HeaderMap, StatusCode},
+    routing::post,
+};
 use chorus_proto::{
     eventbus::{NewEvent, PublishRequest, event_bus_client::EventBusClient},
     hub::{ReceiveRequest, RegisterAgentRequest, SubscribeRequest, hub_client::HubClient},
 };
-use chorus_workflow::domain::{OriginKind, RunChange, RunFilter, RunState};
+use chorus_workflow::domain::{OriginKind, RunChange, RunFilter, RunState, StepState};
 use futures_util::StreamExt as _;
 use serde_json::{Value, json};
 
@@ -20,6 +24,7 @@ use crate::harness::{Harness, NS, conformance, test_config};
 
 conformance!(
     messages_reach_hub_topics_and_webhooks_once_with_their_keys,
+    failed_deliveries_take_the_retry_policy_and_name_their_cause,
     a_watch_sees_every_change_and_resumes_after_a_cursor,
     a_watch_sees_a_parallel_step_finish_after_its_branches,
     matching_events_start_one_run_each,
@@ -28,6 +33,11 @@ conformance!(
 
 /// A webhook receiver on loopback: what it was sent, with the idempotency keys.
 pub(crate) async fn receiver() -> (String, Arc<Mutex<Vec<(String, Value)>>>) {
+    receiver_answering(StatusCode::OK).await
+}
+
+/// A webhook receiver that answers `status`.
+async fn receiver_answering(status: StatusCode) -> (String, Arc<Mutex<Vec<(String, Value)>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let store = Arc::clone(&seen);
     let app = Router::new().route(
@@ -37,7 +47,7 @@ pub(crate) async fn receiver() -> (String, Arc<Mutex<Vec<(String, Value)>>>) {
             async move {
                 let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
                 store.lock().expect("seen").push((key, body.0));
-                "ok"
+                (status, "ok")
             }
         }),
     );
@@ -93,6 +103,59 @@ async fn messages_reach_hub_topics_and_webhooks_once_with_their_keys(h: Harness)
     let message_id = run.body.steps[0].output.as_ref().expect("output")["message_id"].as_str().expect("id").to_owned();
     assert_eq!(body["text"], json!(format!("posted {message_id}")));
     assert_eq!(body["run_id"], json!(run.id));
+}
+
+async fn failed_deliveries_take_the_retry_policy_and_name_their_cause(h: Harness) {
+    let (failing, calls) = receiver_answering(StatusCode::SERVICE_UNAVAILABLE).await;
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind").local_addr().expect("address");
+    h.put(&format!(
+        r#"name: deliveries
+steps:
+- id: fan
+  parallel:
+    mode: all_settled
+    branches:
+    - name: remote
+      steps:
+      - id: ask
+        delegate: {{agent: "http://{closed}", input: hi, timeout: 5s, retry: {{max_attempts: 2, backoff: 10ms}}}}
+    - name: busy
+      steps:
+      - id: hook
+        message: {{webhook: "{failing}", text: hi, retry: {{max_attempts: 2, backoff: 500ms}}}}
+    - name: down
+      steps:
+      - id: gone
+        message: {{webhook: "http://{closed}/hook", text: hi}}
+"#
+    ))
+    .await;
+    let run = h.run("deliveries", json!({})).await;
+    let retrying = h
+        .until(&run.id, "the webhook's second attempt to wait", |run| {
+            run.body.steps.iter().any(|s| s.step_id == "hook" && s.attempt == 2 && s.state == StepState::Waiting)
+        })
+        .await;
+    let first = retrying.body.steps.iter().find(|s| s.step_id == "hook").expect("first attempt");
+    assert_eq!(first.state, StepState::Failed);
+    assert!(first.error.as_deref().unwrap_or_default().contains("answered 503"), "{first:?}");
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Failed);
+    let attempts = |step_id: &str| -> Vec<(u32, StepState, String)> {
+        let records = run.body.steps.iter().filter(|s| s.step_id == step_id);
+        records.map(|s| (s.attempt, s.state, s.error.clone().unwrap_or_default())).collect()
+    };
+    let refused = format!("delegate: cannot reach http://{closed}: connection refused");
+    assert_eq!(attempts("ask"), [(1, StepState::Failed, refused.clone()), (2, StepState::Failed, refused.clone())]);
+    let busy = format!("webhook {failing} answered 503 Service Unavailable");
+    assert_eq!(attempts("hook"), [(1, StepState::Failed, busy.clone()), (2, StepState::Failed, busy.clone())]);
+    let keys: Vec<String> = calls.lock().expect("calls").iter().map(|(key, _)| key.clone()).collect();
+    assert_eq!(keys, [format!("workflow:{}:hook:1:1", run.id), format!("workflow:{}:hook:1:2", run.id)]);
+    let gone = attempts("gone");
+    let refused_there = |error: &str| error.contains(&format!("http://{closed}/hook")) && error.contains("refused");
+    assert!(matches!(gone.as_slice(), [(1, StepState::Failed, error)] if refused_there(error)), "{gone:?}");
+    let error = run.body.error.as_deref().unwrap_or_default();
+    assert!(error.contains(&refused) && error.contains(&busy), "the run names each cause: {error}");
 }
 
 async fn a_watch_sees_a_parallel_step_finish_after_its_branches(h: Harness) {

@@ -1,0 +1,105 @@
+//! Event triggers as definitions change: an event is judged by the versions
+//! put before it was published, however late its reader gets to it. Each
+//! test starts its engine on a service of its own, as another replica's: a
+//! put here does not wake it.
+
+use std::time::Duration;
+
+use chorus_proto::eventbus::{NewEvent, PublishRequest, event_bus_client::EventBusClient};
+use chorus_workflow::domain::RunFilter;
+use serde_json::json;
+
+use crate::harness::{Harness, NS, test_config};
+
+chorus_runtime::backend_suite!(crate::harness::Harness::bare;
+    an_event_is_judged_by_the_versions_put_before_it_was_published,
+    events_read_late_are_judged_by_the_versions_of_their_time,
+    an_event_only_a_new_version_listens_to_is_not_passed_over,
+);
+
+/// A workflow started by `event_type` events of `team`.
+fn listening(name: &str, event_type: &str, team: &str) -> String {
+    format!(
+        "name: {name}\ntrigger: {{event: {event_type}, filter: {{team: {team}}}}}\nsteps:\n- id: note\n  condition: \"true\"\n"
+    )
+}
+
+/// Publishes an event of `team`; its sequence.
+async fn publish(h: &Harness, event_type: &str, team: &str) -> u64 {
+    let mut bus = EventBusClient::connect(h.url()).await.expect("bus");
+    let event = NewEvent {
+        r#type: event_type.into(),
+        source: "test".into(),
+        payload: json!({ "team": team }).to_string().into_bytes(),
+        ..Default::default()
+    };
+    let published = bus.publish(PublishRequest { namespace: NS.into(), event: Some(event) }).await.expect("publish");
+    published.into_inner().sequence
+}
+
+/// (event, workflow, version) of every run, once runs were started by each
+/// of `events`: a reader judges events in order, so those before were judged.
+async fn started_by(h: &Harness, events: &[u64]) -> Vec<(u64, String, u32)> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let page = h.workflows.list_runs(NS, &RunFilter::default(), None, 50).await.expect("list");
+        let mut runs: Vec<(u64, String, u32)> = page
+            .runs
+            .into_iter()
+            .map(|run| (run.body.origin.event_sequence.expect("started by an event"), run.workflow, run.version))
+            .collect();
+        runs.sort();
+        if events.iter().all(|event| runs.iter().any(|(sequence, ..)| sequence == event)) {
+            return runs;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "events {events:?} started no run: {runs:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn an_event_is_judged_by_the_versions_put_before_it_was_published(h: Harness) {
+    let (_engine, _stop) = h.spawn_engine(test_config());
+    h.put(&listening("deploy", "pr.merged", "a")).await;
+    let first = publish(&h, "pr.merged", "a").await;
+    started_by(&h, &[first]).await;
+    h.put(&listening("deploy", "pr.merged", "b")).await;
+    let forbidden = publish(&h, "pr.merged", "a").await;
+    let allowed = publish(&h, "pr.merged", "b").await;
+    let runs = started_by(&h, &[first, allowed]).await;
+    assert_eq!(
+        runs,
+        [(first, "deploy".to_owned(), 1), (allowed, "deploy".to_owned(), 2)],
+        "event {forbidden} matches only the version put after it"
+    );
+}
+
+async fn events_read_late_are_judged_by_the_versions_of_their_time(h: Harness) {
+    h.put(&listening("deploy", "pr.merged", "a")).await;
+    let early = publish(&h, "pr.merged", "a").await;
+    h.put(&listening("deploy", "pr.merged", "b")).await;
+    let late = publish(&h, "pr.merged", "a").await;
+    let allowed = publish(&h, "pr.merged", "b").await;
+    // The engine starts after both puts and reads every event then.
+    let (_engine, _stop) = h.spawn_engine(test_config());
+    let runs = started_by(&h, &[early, allowed]).await;
+    assert_eq!(
+        runs,
+        [(early, "deploy".to_owned(), 1), (allowed, "deploy".to_owned(), 2)],
+        "event {late} came after version 2, which it does not match"
+    );
+}
+
+async fn an_event_only_a_new_version_listens_to_is_not_passed_over(h: Harness) {
+    let (_engine, _stop) = h.spawn_engine(test_config());
+    h.put(&listening("deploy", "pr.merged", "a")).await;
+    let first = publish(&h, "pr.merged", "a").await;
+    started_by(&h, &[first]).await;
+    h.put(&listening("release", "tag.pushed", "a")).await;
+    let tagged = publish(&h, "tag.pushed", "a").await;
+    let merged = publish(&h, "pr.merged", "a").await;
+    let runs = started_by(&h, &[first, tagged, merged]).await;
+    assert_eq!(
+        runs,
+        [(first, "deploy".to_owned(), 1), (tagged, "release".to_owned(), 1), (merged, "deploy".to_owned(), 1)]
+    );
+}
