@@ -108,7 +108,8 @@ async fn missing_and_malformed_fields_are_named_and_change_nothing() {
     assert_invalid(client.ack(ack).await, "delivery_ids[1]");
     let nack = NackRequest { namespace: NS.to_owned(), delivery_id: "garbage".to_owned(), ..NackRequest::default() };
     assert_invalid(client.nack(nack).await, "delivery_id");
-    let extend = ExtendDeliveryRequest { namespace: NS.to_owned(), delivery_id: "7".to_owned(), extension: None };
+    let extend =
+        ExtendDeliveryRequest { namespace: NS.to_owned(), delivery_id: "7".to_owned(), extension: None, attempt: 0 };
     assert_invalid(client.extend_delivery(extend).await, "delivery_id");
 
     assert_eq!(head(&mut client).await, 0, "no refused publish appended an event");

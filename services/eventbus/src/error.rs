@@ -22,6 +22,10 @@ pub enum EventBusError {
     DeliveryFinished { id: DeliveryId, state: DeliveryState, action: &'static str },
     #[error("delivery {id} is {state}, not in flight: only a leased delivery can be {action}")]
     NotInFlight { id: DeliveryId, state: DeliveryState, action: &'static str },
+    #[error(
+        "attempt {attempt} of delivery {id} is over (its lease ran out; attempt {current} holds it now): it cannot be {action}"
+    )]
+    AttemptOver { id: DeliveryId, attempt: u32, current: u32, action: &'static str },
     #[error("delivery {id} is not a dead letter of handler {handler}")]
     NotDeadLettered { id: DeliveryId, handler: String },
     #[error("consumer {0} opened a newer stream, which replaces this one")]
@@ -50,6 +54,7 @@ impl ServiceError for EventBusError {
             Self::Cycle { .. }
             | Self::DeliveryFinished { .. }
             | Self::NotInFlight { .. }
+            | Self::AttemptOver { .. }
             | Self::NotDeadLettered { .. } => ErrorCode::FailedPrecondition,
             Self::StreamSuperseded(_) => ErrorCode::Aborted,
             Self::Unavailable(_) => ErrorCode::Unavailable,

@@ -301,6 +301,8 @@ pub struct Nack {
     /// Instead of the retry policy's backoff.
     pub retry_delay: Option<Duration>,
     pub dead_letter: bool,
+    /// The attempt being failed; `None`: the current one.
+    pub attempt: Option<u32>,
 }
 
 /// What [`crate::repository::EventRepository::list_deliveries`] lists.

@@ -222,6 +222,7 @@ impl pb::event_bus_server::EventBus for EventBusGrpc {
                 .map(|delay| validate::duration("retry_delay", Some(delay), Default::default()))
                 .transpose()?,
             dead_letter: request.dead_letter,
+            attempt: (request.attempt != 0).then_some(request.attempt),
         };
         let delivery = self.bus.nack(&namespace, &id, nack).await?;
         Ok(Response::new(pb::NackResponse {
@@ -242,7 +243,8 @@ impl pb::event_bus_server::EventBus for EventBusGrpc {
             .map(|extension| validate::duration("extension", Some(extension), Default::default()))
             .transpose()?
             .filter(|extension| !extension.is_zero());
-        let until = self.bus.extend(&namespace, &id, extension).await?;
+        let attempt = (request.attempt != 0).then_some(request.attempt);
+        let until = self.bus.extend(&namespace, &id, extension, attempt).await?;
         Ok(Response::new(pb::ExtendDeliveryResponse { visible_until: Some(timestamp(until)) }))
     }
 

@@ -74,7 +74,15 @@ pub trait EventRepository: Send + Sync + std::fmt::Debug + 'static {
 
     /// Extends an in-flight delivery's lease to `now + extension`; returns the
     /// new end (`extension` `None`: the handler's visibility timeout).
-    async fn extend(&self, namespace: &str, id: &DeliveryId, extension: Option<Duration>, now: i64) -> Result<i64>;
+    /// Extends the lease of `attempt` (`None`: the current one).
+    async fn extend(
+        &self,
+        namespace: &str,
+        id: &DeliveryId,
+        extension: Option<Duration>,
+        attempt: Option<u32>,
+        now: i64,
+    ) -> Result<i64>;
 
     /// Settles up to `limit` leases that ran out before `now`; returns the
     /// namespaces touched.

@@ -108,11 +108,20 @@ impl EventBus {
             Ok(()) => self.ack(namespace, std::slice::from_ref(&delivery.id)).await,
             Err(failure) => {
                 tracing::debug!(delivery = %delivery.id, error = %failure.message, "handler failed");
-                let nack =
-                    Nack { error: failure.message, retry_delay: None::<Duration>, dead_letter: failure.permanent };
+                let nack = Nack {
+                    error: failure.message,
+                    retry_delay: None::<Duration>,
+                    dead_letter: failure.permanent,
+                    attempt: Some(delivery.attempt),
+                };
                 match self.nack(namespace, &delivery.id, nack).await {
                     // The lease ran out meanwhile: the attempt is already counted.
-                    Ok(_) | Err(EventBusError::NotInFlight { .. } | EventBusError::DeliveryFinished { .. }) => Ok(()),
+                    Ok(_)
+                    | Err(
+                        EventBusError::NotInFlight { .. }
+                        | EventBusError::DeliveryFinished { .. }
+                        | EventBusError::AttemptOver { .. },
+                    ) => Ok(()),
                     Err(error) => Err(error),
                 }
             }

@@ -137,9 +137,16 @@ impl EventBus {
         Ok(delivery)
     }
 
-    /// Extends a lease; returns its new end.
-    pub async fn extend(&self, namespace: &str, id: &DeliveryId, extension: Option<Duration>) -> Result<i64> {
-        self.repository.extend(namespace, id, extension, now_micros()).await
+    /// Extends the lease of `attempt` (`None`: the current one); returns its
+    /// new end.
+    pub async fn extend(
+        &self,
+        namespace: &str,
+        id: &DeliveryId,
+        extension: Option<Duration>,
+        attempt: Option<u32>,
+    ) -> Result<i64> {
+        self.repository.extend(namespace, id, extension, attempt, now_micros()).await
     }
 
     pub async fn get_delivery(&self, namespace: &str, id: &DeliveryId) -> Result<Delivery> {

@@ -41,7 +41,7 @@ async fn a_diamond_runs_in_dependency_order(h: Harness) {
 
 async fn dead_letter(h: &Harness, handler: &str, sequence: i64) {
     assert_eq!(h.claimed(handler).await, [sequence]);
-    let nack = Nack { error: "boom".into(), retry_delay: None, dead_letter: true };
+    let nack = Nack { error: "boom".into(), retry_delay: None, dead_letter: true, attempt: None };
     let delivery = h.bus.nack(NS, &id(handler, sequence), nack).await.unwrap();
     assert_eq!(delivery.state, DeliveryState::DeadLettered);
 }

@@ -11,6 +11,7 @@ use crate::harness::{Harness, NS, conformance, id, retry, spec};
 
 conformance!(
     an_unacked_delivery_comes_back_after_its_lease,
+    a_consumer_whose_lease_ran_out_cannot_fail_or_extend_the_next_attempt,
     the_reaper_dead_letters_when_no_consumer_returns,
     max_attempts_dead_letter_and_replay,
     a_retry_holds_back_later_events_of_its_handler,
@@ -22,7 +23,7 @@ conformance!(
 );
 
 fn nack(error: &str) -> Nack {
-    Nack { error: error.into(), retry_delay: None, dead_letter: false }
+    Nack { error: error.into(), retry_delay: None, dead_letter: false, attempt: None }
 }
 
 async fn an_unacked_delivery_comes_back_after_its_lease(h: Harness) {
@@ -47,6 +48,33 @@ async fn an_unacked_delivery_comes_back_after_its_lease(h: Harness) {
     assert_eq!((again[0].id.sequence, again[0].attempt), (sequence, 2));
     assert_eq!(again[0].last_error.as_deref(), Some("lease expired"));
     assert_eq!(again[0].consumer_id.as_deref(), Some("other"));
+}
+
+async fn a_consumer_whose_lease_ran_out_cannot_fail_or_extend_the_next_attempt(h: Harness) {
+    let mut short = spec("worker", &[], FailurePolicy::Fail);
+    short.retry = retry(5, Duration::from_millis(200));
+    h.bus.register_handler(short).await.unwrap();
+    h.publish("task.created").await;
+    let stale = h.claim_as("worker", "slow", 10).await.remove(0);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let current = loop {
+        if let Some(current) = h.claim_as("worker", "other", 10).await.pop() {
+            break current;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never redelivered");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    assert_eq!((stale.attempt, current.attempt), (1, 2));
+    // The slow consumer comes back with its verdict on attempt 1.
+    let late = Nack { dead_letter: true, attempt: Some(stale.attempt), ..nack("gave up") };
+    let error = h.bus.nack(NS, &stale.id, late).await.unwrap_err();
+    assert!(matches!(error, EventBusError::AttemptOver { attempt: 1, current: 2, .. }), "{error:?}");
+    let error = h.bus.extend(NS, &stale.id, None, Some(stale.attempt)).await.unwrap_err();
+    assert!(matches!(error, EventBusError::AttemptOver { .. }), "{error:?}");
+    let unchanged = h.bus.get_delivery(NS, &current.id).await.unwrap();
+    assert_eq!((unchanged.state, unchanged.attempt), (DeliveryState::InFlight, 2), "attempt 2 is untouched");
+    h.bus.extend(NS, &current.id, None, Some(2)).await.expect("the holder extends its own attempt");
+    h.bus.ack(NS, std::slice::from_ref(&current.id)).await.expect("the holder acks");
 }
 
 async fn the_reaper_dead_letters_when_no_consumer_returns(h: Harness) {
@@ -136,7 +164,10 @@ async fn acks_are_all_or_nothing_and_idempotent(h: Harness) {
     let one = h.publish("x").await;
     let two = h.publish("x").await;
     assert_eq!(h.claimed("a").await, [one, two]);
-    h.bus.nack(NS, &id("a", two), Nack { error: "no".into(), retry_delay: None, dead_letter: true }).await.unwrap();
+    h.bus
+        .nack(NS, &id("a", two), Nack { error: "no".into(), retry_delay: None, dead_letter: true, attempt: None })
+        .await
+        .unwrap();
     let error = h.bus.ack(NS, &[id("a", one), id("a", two)]).await.unwrap_err();
     assert!(matches!(error, EventBusError::DeliveryFinished { state: DeliveryState::DeadLettered, .. }), "{error}");
     assert_eq!(h.bus.get_delivery(NS, &id("a", one)).await.unwrap().state, DeliveryState::InFlight);
@@ -154,11 +185,11 @@ async fn nacks_and_extensions_need_a_lease(h: Harness) {
     let sequence = h.publish("x").await;
     let error = h.bus.nack(NS, &id("a", sequence), nack("x")).await.unwrap_err();
     assert!(matches!(error, EventBusError::NotInFlight { state: DeliveryState::Pending, .. }), "{error}");
-    let error = h.bus.extend(NS, &id("a", sequence), None).await.unwrap_err();
+    let error = h.bus.extend(NS, &id("a", sequence), None, None).await.unwrap_err();
     assert!(matches!(error, EventBusError::NotInFlight { .. }), "{error}");
     let claimed = h.claim("b", 1).await;
     let before = claimed[0].visible_until.unwrap();
-    let after = h.bus.extend(NS, &id("b", sequence), Some(Duration::from_secs(60))).await.unwrap();
+    let after = h.bus.extend(NS, &id("b", sequence), Some(Duration::from_secs(60)), None).await.unwrap();
     assert!(after > before + 50_000_000, "lease not extended: {before} -> {after}");
     h.ack("b", sequence).await;
     let error = h.bus.nack(NS, &id("b", sequence), nack("late")).await.unwrap_err();
@@ -192,7 +223,10 @@ async fn stats_count_what_is_open(h: Harness) {
     assert_eq!(h.claimed("a").await.len(), 4);
     h.ack("a", 1).await;
     h.ack("a", 2).await;
-    h.bus.nack(NS, &id("a", 3), Nack { error: "x".into(), retry_delay: None, dead_letter: true }).await.unwrap();
+    h.bus
+        .nack(NS, &id("a", 3), Nack { error: "x".into(), retry_delay: None, dead_letter: true, attempt: None })
+        .await
+        .unwrap();
     let stats = h.bus.get_handler(NS, "a").await.unwrap().stats;
     assert_eq!((stats.in_flight, stats.dead_lettered, stats.pending), (1, 1, 0));
     assert_eq!((stats.finished_through, stats.lag), (3, 1));

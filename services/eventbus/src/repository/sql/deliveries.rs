@@ -170,6 +170,7 @@ impl SqlEventRepository {
                 return Err(EventBusError::NotInFlight { id: id.clone(), state, action: "nacked" });
             }
         }
+        current_attempt(id, current.attempt, nack.attempt, "nacked")?;
         let handlers = load_handlers(&mut tx, namespace).await?;
         self.fail_attempt(
             &mut tx,
@@ -193,6 +194,7 @@ impl SqlEventRepository {
         namespace: &str,
         id: &DeliveryId,
         extension: Option<Duration>,
+        attempt: Option<u32>,
         now: i64,
     ) -> Result<i64> {
         let mut tx = self.begin().await?;
@@ -200,6 +202,7 @@ impl SqlEventRepository {
         if current.state != DeliveryState::InFlight {
             return Err(EventBusError::NotInFlight { id: id.clone(), state: current.state, action: "extended" });
         }
+        current_attempt(id, current.attempt, attempt, "extended")?;
         let extension = match extension {
             Some(extension) => extension,
             None => {
@@ -383,4 +386,16 @@ pub(super) async fn deliveries_with_events(
         }
     }
     Ok(deliveries)
+}
+
+/// Refuses a call about `asked`, an attempt that is no longer the delivery's
+/// `current` one: its consumer's lease ran out and the delivery went to
+/// another attempt, which the call must not fail or extend.
+fn current_attempt(id: &DeliveryId, current: u32, asked: Option<u32>, action: &'static str) -> Result<()> {
+    match asked {
+        Some(attempt) if attempt != current => {
+            Err(EventBusError::AttemptOver { id: id.clone(), attempt, current, action })
+        }
+        _ => Ok(()),
+    }
 }

@@ -73,8 +73,15 @@ impl EventRepository for SqlEventRepository {
         self.nack_delivery(namespace, id, nack, now).await
     }
 
-    async fn extend(&self, namespace: &str, id: &DeliveryId, extension: Option<Duration>, now: i64) -> Result<i64> {
-        self.extend_delivery(namespace, id, extension, now).await
+    async fn extend(
+        &self,
+        namespace: &str,
+        id: &DeliveryId,
+        extension: Option<Duration>,
+        attempt: Option<u32>,
+        now: i64,
+    ) -> Result<i64> {
+        self.extend_delivery(namespace, id, extension, attempt, now).await
     }
 
     async fn expire(&self, now: i64, limit: u32) -> Result<Vec<String>> {
