@@ -270,6 +270,11 @@ async fn a_push_config_the_store_or_a_webhook_would_refuse_is_refused_before_the
             json!({ "url": webhook.url(), "authentication": { "scheme": "Bearer", "credentials": "a\nb" } }),
             "configuration.taskPushNotificationConfig.authentication",
         ),
+        (json!({ "url": format!("{}/v\u{0}x", webhook.url()) }), "configuration.taskPushNotificationConfig.url"),
+        (
+            json!({ "url": webhook.url(), "authentication": { "scheme": "Bea\u{0}rer" } }),
+            "configuration.taskPushNotificationConfig.authentication.scheme",
+        ),
     ];
     for (config, field) in refused {
         let before = a2a.task_count().await;

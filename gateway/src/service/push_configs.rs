@@ -39,6 +39,14 @@ impl Gateway {
         if let Some(id) = config.id.as_deref().filter(|id| !id.is_empty()) {
             validate::id(&format!("{field}id"), id).map_err(invalid)?;
         }
+        let control = |text: &str| text.chars().any(char::is_control);
+        if control(&config.url) {
+            return Err(invalid(FieldViolation::new(format!("{field}url"), "must not hold control characters")));
+        }
+        if config.authentication.as_ref().is_some_and(|auth| control(&auth.scheme)) {
+            let at = format!("{field}authentication.scheme");
+            return Err(invalid(FieldViolation::new(at, "must not hold control characters")));
+        }
         push::notification_headers(&target(&config_in(config))).map_err(|error| match error {
             PushError::InvalidHeader(what) => invalid(FieldViolation::new(
                 format!("{field}{}", if what == "token" { "token" } else { "authentication" }),

@@ -386,6 +386,19 @@ mod tests {
         assert!(!text.contains("hunter2"), "{text}");
     }
 
+    /// A PostgreSQL SQLSTATE of digits (22021: a NUL in text) is not read as
+    /// a SQLite result code (22021 & 0xff is SQLite's "busy").
+    #[tokio::test]
+    async fn postgres_errors_are_not_read_as_sqlite_codes() {
+        let Ok(url) = std::env::var(crate::testing::POSTGRES_URL_VAR) else { return };
+        let db = Db::connect(&url, &StorageConfig::default()).await.unwrap();
+        let mut connection = db.acquire().await.unwrap();
+        let outcome = sqlx::query("SELECT CAST($1 AS TEXT)").bind("a\0b").execute(&mut *connection).await;
+        let error = outcome.expect_err("PostgreSQL text holds no NUL");
+        assert_eq!(error.as_database_error().and_then(|error| error.code()).as_deref(), Some("22021"), "{error}");
+        assert_eq!(classify(&error), DbErrorKind::Other, "not 'retry later': {error}");
+    }
+
     #[tokio::test]
     async fn sqlite_commits_wait_for_the_disk_when_configured_to() {
         let dir = tempfile::tempdir().unwrap();

@@ -35,14 +35,19 @@ pub fn classify(error: &sqlx::Error) -> DbErrorKind {
             if database_error.is_foreign_key_violation() {
                 return DbErrorKind::ForeignKeyViolation;
             }
-            // 40001 serialization failure, 40P01 deadlock, 55P03 lock not
-            // available (PostgreSQL); 5 busy, 6 locked (SQLite), with their
-            // extended codes (517 busy snapshot, ...) in the high bits.
-            match database_error.code().as_deref() {
-                Some("40001" | "40P01" | "55P03") => DbErrorKind::Unavailable,
-                Some(code) if code.parse::<u32>().is_ok_and(|code| matches!(code & 0xff, 5 | 6)) => {
-                    DbErrorKind::Unavailable
-                }
+            // SQLite: 5 busy, 6 locked, with their extended codes (517 busy
+            // snapshot, ...) above the low byte. PostgreSQL: 40001
+            // serialization failure, 40P01 deadlock, 55P03 lock not available.
+            let code = database_error.code();
+            let code = code.as_deref().unwrap_or_default();
+            if database_error.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                return match code.parse::<u32>() {
+                    Ok(code) if matches!(code & 0xff, 5 | 6) => DbErrorKind::Unavailable,
+                    _ => DbErrorKind::Other,
+                };
+            }
+            match code {
+                "40001" | "40P01" | "55P03" => DbErrorKind::Unavailable,
                 _ => DbErrorKind::Other,
             }
         }

@@ -230,6 +230,15 @@ pub(super) fn cursor(field: &str, value: &str) -> Checked<Option<Cursor>> {
 
 pub(super) fn push_config(namespace_task: &str, value: Option<pb::PushConfig>) -> Checked<PushConfig> {
     let value = value.ok_or_else(|| FieldViolation::required("config"))?;
+    let texts = [
+        ("config.url", &value.url),
+        ("config.token", &value.token),
+        ("config.auth_scheme", &value.auth_scheme),
+        ("config.auth_credentials", &value.auth_credentials),
+    ];
+    if let Some((field, _)) = texts.iter().find(|(_, text)| text.chars().any(char::is_control)) {
+        return Err(FieldViolation::new(*field, "must not hold control characters"));
+    }
     let url = value.url.trim();
     let scheme = url.split_once("://").map(|(scheme, _)| scheme);
     if !scheme.is_some_and(|scheme| scheme.eq_ignore_ascii_case("https") || scheme.eq_ignore_ascii_case("http")) {
@@ -495,9 +504,12 @@ mod tests {
         for url in ["https://a.example/hook", "Https://a.example/hook", "HTTP://a.example/hook"] {
             assert_eq!(push_config("t", config(url)).expect(url).url, url);
         }
-        for url in ["ftp://a.example/hook", "https:/a.example", "a.example/hook"] {
+        for url in ["ftp://a.example/hook", "https:/a.example", "a.example/hook", "https://a.example/h\0x"] {
             assert_eq!(push_config("t", config(url)).unwrap_err().field, "config.url", "{url}");
         }
+        let scheme =
+            pb::PushConfig { url: "https://a.example".into(), auth_scheme: "Be\0arer".into(), ..Default::default() };
+        assert_eq!(push_config("t", Some(scheme)).unwrap_err().field, "config.auth_scheme");
     }
 
     #[test]
