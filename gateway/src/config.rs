@@ -194,6 +194,13 @@ impl AuthConfig {
         }
         let listed = [("api_keys", &self.api_keys), ("bearer_tokens", &self.bearer_tokens)];
         for (list, credentials) in listed {
+            let mut secrets = std::collections::HashSet::new();
+            if let Some(twice) = credentials.iter().find(|credential| !secrets.insert(credential.secret.as_str())) {
+                return Err(format!(
+                    "gateway.auth.{list} {:?}: another credential has the same secret, so only one of them could be used",
+                    twice.name
+                ));
+            }
             for credential in credentials.iter() {
                 let at = format!("gateway.auth.{list} {:?}", credential.name);
                 if credential.secret.trim().is_empty() {
@@ -201,6 +208,9 @@ impl AuthConfig {
                 }
                 if credential.secret.trim() != credential.secret || credential.secret.contains(['\r', '\n']) {
                     return Err(format!("{at}: the secret must not start or end with spaces or hold line breaks"));
+                }
+                if !credential.secret.chars().all(|c| c.is_ascii_graphic() || c == ' ') {
+                    return Err(format!("{at}: the secret must be printable ASCII, as HTTP headers carry it"));
                 }
                 if credential.namespaces.is_empty() {
                     return Err(format!("{at}: namespaces must list at least one namespace, or \"*\" for all"));
@@ -252,11 +262,19 @@ mod tests {
             (with_key("s3\ncret", &["team-a"]), "line breaks"),
             (with_key("s3cret", &[]), "at least one namespace"),
             (with_key("s3cret", &["Team-A"]), "\"Team-A\""),
+            (with_key("pässwörd", &["team-a"]), "printable ASCII"),
         ];
         for (config, expected) in refused {
             let error = config.check().expect_err(expected);
             assert!(error.contains(expected) && error.contains("gateway.auth.api_keys \"k\""), "{error}");
         }
+        let mut twice = with_key("s3cret", &["team-a"]);
+        twice.api_keys.push(Credential {
+            name: "ops".to_owned(),
+            secret: "s3cret".to_owned(),
+            namespaces: vec!["*".to_owned()],
+        });
+        assert!(twice.check().expect_err("one secret, two credentials").contains("same secret"));
         let header = AuthConfig { api_key_header: "x key".to_owned(), ..AuthConfig::default() };
         assert!(header.check().is_err());
     }

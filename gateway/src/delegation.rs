@@ -17,11 +17,41 @@ use crate::{
 pub struct DelegateGrpc {
     client: A2aClient,
     default_timeout: Duration,
+    own: Option<OwnAgents>,
+}
+
+/// This gateway's own agents, where it checks credentials: a delegation to
+/// one of them (a workflow's delegate step naming a catalog agent) that
+/// brings none carries the gateway's internal credential. Whoever may call
+/// Delegate may act in every namespace already.
+#[derive(Clone)]
+pub(crate) struct OwnAgents {
+    /// `{base}/a2a/` of each URL the gateway answers at.
+    prefixes: Vec<String>,
+    secret: String,
+}
+
+impl OwnAgents {
+    pub(crate) fn new(base_urls: &[&str], secret: String) -> Self {
+        let prefixes = base_urls.iter().map(|base| format!("{}/a2a/", base.trim_end_matches('/'))).collect();
+        Self { prefixes, secret }
+    }
+
+    fn credentials_for(&self, agent_url: &str) -> Option<Credentials> {
+        let own = self.prefixes.iter().any(|prefix| agent_url.starts_with(prefix.as_str()));
+        own.then(|| Credentials::Bearer(self.secret.clone()))
+    }
+}
+
+impl std::fmt::Debug for OwnAgents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnAgents").field("prefixes", &self.prefixes).finish_non_exhaustive()
+    }
 }
 
 impl DelegateGrpc {
-    pub(crate) fn new(client: A2aClient, default_timeout: Duration) -> Self {
-        Self { client, default_timeout }
+    pub(crate) fn new(client: A2aClient, default_timeout: Duration, own: Option<OwnAgents>) -> Self {
+        Self { client, default_timeout, own }
     }
 
     pub fn into_server(self, max_message_bytes: usize) -> GatewayServer<Self> {
@@ -60,7 +90,7 @@ impl pb::gateway_server::Gateway for DelegateGrpc {
                 header: if request.api_key_header.is_empty() { "X-API-Key".to_owned() } else { request.api_key_header },
                 value: request.api_key,
             }),
-            (true, true) => None,
+            (true, true) => self.own.as_ref().and_then(|own| own.credentials_for(&request.agent_url)),
         };
         let target = DelegateTarget::new(request.agent_url);
         let outcome =

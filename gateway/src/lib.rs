@@ -38,7 +38,7 @@ pub use crate::{config::GatewayConfig, delegation::DelegateGrpc, grpc::A2aGrpc, 
 /// workflow engine behind `workflows` (in this process or not), advertising
 /// `base_url` (`http://host:port`) in its cards unless `public_url` is set.
 pub fn build(
-    config: GatewayConfig,
+    mut config: GatewayConfig,
     taskstore: Transport,
     workflows: Transport,
     base_url: &str,
@@ -46,6 +46,7 @@ pub fn build(
 ) -> Result<Gateway, String> {
     push::install_crypto_provider();
     config.auth.check()?;
+    let bound_url = base_url;
     let base_url = match &config.public_url {
         Some(public) => checked_public_url(public)?,
         None => base_url.to_owned(),
@@ -79,7 +80,18 @@ pub fn build(
         shutdown.clone(),
     );
     let push = notify::PushDispatcher::new(tasks.clone(), &config.push, shutdown)?;
-    let delegation = delegation::DelegateGrpc::new(client, timeout);
+    // Where credentials are checked, the gateway's own agents take one more,
+    // known only to this process, for the delegations it makes to them.
+    let own = config.auth.enabled().then(|| {
+        let secret = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+        config.auth.bearer_tokens.push(config::Credential {
+            name: "chorus-internal".to_owned(),
+            secret: secret.clone(),
+            namespaces: vec!["*".to_owned()],
+        });
+        delegation::OwnAgents::new(&[bound_url, base_url], secret)
+    });
+    let delegation = delegation::DelegateGrpc::new(client, timeout, own);
     Ok(Gateway::new(tasks, catalog, runner, push, delegation, config))
 }
 

@@ -170,6 +170,12 @@ async fn read_events(workflows: Workflows, mut bus: EventBusClient<Transport>, n
         match stop {
             Stop::NewTypes => continue,
             Stop::Ended => tracing::debug!(%namespace, "the event stream for triggers ended"),
+            // Refused credentials (workflow.token) will not heal by waiting.
+            Stop::Bus(status)
+                if matches!(status.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) =>
+            {
+                tracing::warn!(%namespace, error = %status.message(), "the event bus refuses the engine: event triggers cannot fire (check workflow.token)");
+            }
             Stop::Bus(status) => tracing::debug!(%namespace, %status, "cannot read events for triggers"),
             Stop::Storage(error) => tracing::warn!(%namespace, %error, "event triggers cannot go on; retrying"),
         }
