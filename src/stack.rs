@@ -88,22 +88,31 @@ impl Service {
     }
 }
 
-/// Holds the data directory for this process: two processes writing one
-/// SQLite file would fail each other's writes as "database is locked".
-/// Released when the process ends, however it ends.
-fn lock_data_dir(data_dir: &str) -> anyhow::Result<std::fs::File> {
-    let path = PathBuf::from(data_dir).join("chorus.lock");
+/// The lock file of the SQLite file `url` names (`<file>.lock`); none for
+/// PostgreSQL or an in-memory database.
+fn sqlite_lock_path(url: &str) -> Option<PathBuf> {
+    let file = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:"))?;
+    let file = file.split('?').next().unwrap_or_default();
+    (!file.is_empty() && !file.contains(":memory:") && !url.contains("mode=memory"))
+        .then(|| PathBuf::from(format!("{file}.lock")))
+}
+
+/// Holds the SQLite file for this process: two processes writing one file
+/// would fail each other's writes as "database is locked". Released when
+/// the process ends, however it ends.
+fn lock_sqlite_file(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(&path)
+        .open(path)
         .with_context(|| format!("cannot open {}", path.display()))?;
     match file.try_lock() {
         Ok(()) => Ok(file),
         Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
-            "the data directory {data_dir} is in use by another chorus process; stop it, or give this one \
-             another --data-dir"
+            "the database beside {} is in use by another chorus process; stop it, or give this one another \
+             data directory (--data-dir, storage.data_dir) or storage.database_url",
+            path.display()
         ),
         Err(std::fs::TryLockError::Error(error)) => {
             Err(error).with_context(|| format!("cannot lock {}", path.display()))
@@ -197,10 +206,9 @@ impl Stack {
         let address = listener.local_addr()?;
         let mut server = ServerBuilder::new(config.server.clone());
         let storage = services.iter().any(|service| service.needs_storage());
-        let data_dir_lock = match storage && config.storage.database_url.is_empty() {
+        let data_dir_lock = match storage {
             true => {
-                config.storage.effective_url()?;
-                Some(lock_data_dir(&config.storage.data_dir)?)
+                sqlite_lock_path(&config.storage.effective_url()?).map(|path| lock_sqlite_file(&path)).transpose()?
             }
             false => None,
         };
@@ -374,6 +382,18 @@ mod tests {
         assert!(check_reachable(&config, ALL_SERVICES).is_ok());
         config.gateway.taskstore_url = Some("http://tasks:7800".to_owned());
         assert!(check_reachable(&config, &[Service::Gateway]).is_ok());
+    }
+
+    #[test]
+    fn sqlite_files_are_locked_beside_themselves() {
+        assert_eq!(
+            sqlite_lock_path("sqlite://.chorus/chorus.db?mode=rwc"),
+            Some(PathBuf::from(".chorus/chorus.db.lock"))
+        );
+        assert_eq!(sqlite_lock_path("sqlite:///var/lib/c.db"), Some(PathBuf::from("/var/lib/c.db.lock")));
+        assert_eq!(sqlite_lock_path("sqlite::memory:"), None);
+        assert_eq!(sqlite_lock_path("sqlite://x.db?mode=memory"), None);
+        assert_eq!(sqlite_lock_path("postgres://u@h/db"), None);
     }
 
     #[test]

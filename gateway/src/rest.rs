@@ -82,9 +82,11 @@ async fn serve(
     };
     let json = match operation {
         Operation::Send | Operation::Stream | Operation::CreatePushConfig(_) => json_body()?,
+        // A cancel or subscribe body holds the request message, its tenant included.
+        Operation::CancelTask(_) | Operation::Subscribe(_) if !body.is_empty() => json_body()?,
         _ => Value::Null,
     };
-    let named = json.get("tenant").and_then(Value::as_str).or(query.get("tenant").map(String::as_str));
+    let named = [json.get("tenant").and_then(Value::as_str), query.get("tenant").map(String::as_str)];
     let scope = gateway.auth().scope(&principal, &tenant_of(path_tenant, named)?)?;
     let agent = gateway.agent(Some(agent), &scope)?;
     let result = match operation {
@@ -129,15 +131,17 @@ async fn serve(
 
 /// The tenant a request acts in: its path's, else the one its body or query
 /// names (the request message's `tenant` field, as JSON-RPC takes it). A
-/// request naming another tenant than its path is refused.
-fn tenant_of(path: String, named: Option<&str>) -> Result<String> {
-    match named.filter(|named| !named.is_empty()) {
-        Some(named) if !path.is_empty() && named != path => {
-            Err(GatewayError::InvalidParams(format!("the request names tenant {named:?}, its path tenant {path:?}")))
+/// request naming two different tenants is refused.
+fn tenant_of(path: String, named: [Option<&str>; 2]) -> Result<String> {
+    let mut tenant = path;
+    for named in named.into_iter().flatten().filter(|named| !named.is_empty()) {
+        if tenant.is_empty() {
+            named.clone_into(&mut tenant);
+        } else if named != tenant {
+            return Err(GatewayError::InvalidParams(format!("the request names tenants {tenant:?} and {named:?}")));
         }
-        Some(named) => Ok(named.to_owned()),
-        None => Ok(path),
     }
+    Ok(tenant)
 }
 
 /// The tenant (empty when the path has none) and the operation of `path`.

@@ -89,6 +89,15 @@ async fn credentials_are_required_and_scoped_to_their_namespaces() {
     named["tenant"] = json!("team-b");
     let (status, body) = json(ops(a2a.rest(Method::POST, "tck", "team-a/message:send")).json(&named)).await;
     assert_rest_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMS");
+    let (status, body) = json(ops(a2a.rest(Method::POST, "tck", "message:send?tenant=team-a")).json(&named)).await;
+    assert_rest_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMS");
+    // A cancel's body names its tenant too: team A's task is found, and is done.
+    let cancel = format!("tasks/{}:cancel", id.as_str().unwrap_or_default());
+    let (status, body) = json(ops(a2a.rest(Method::POST, "tck", &cancel)).json(&json!({ "tenant": "team-a" }))).await;
+    assert_rest_error(status, &body, StatusCode::BAD_REQUEST, "TASK_NOT_CANCELABLE");
+    // A tenant naming another agent than the URL is refused.
+    let elsewhere = ops(a2a.rpc("tck", "GetTask", json!({ "id": id, "tenant": "team-a/echo" })));
+    assert_refused(elsewhere, StatusCode::OK, "INVALID_PARAMS").await;
 
     // A task lives in its namespace only: other namespaces do not see it.
     for other in [json!({ "id": id, "tenant": "team-b" }), json!({ "id": id })] {
@@ -180,6 +189,9 @@ async fn a_config_file_named_by_chorus_config_is_read() {
 
 const SPAWNS: &str = "name: spawns\nsteps:\n- id: ask\n  spawn: {agent: echo, input: \"hello\"}\n";
 
+/// A delegate step naming an agent of the gateway's own catalog.
+const DELEGATES: &str = "name: delegates\nsteps:\n- id: ask\n  delegate: {agent: spawns, input: \"go\"}\n";
+
 const SPAWNS_AGENT: &str = r#"
 [gateway]
 default_agent = "spawns"
@@ -214,6 +226,7 @@ async fn chorus_own_services_beside_the_gateway_take_a_credential_for_every_name
     let sandbox = Sandbox::new();
     std::fs::create_dir(sandbox.path().join("workflows")).expect("dir");
     std::fs::write(sandbox.path().join("workflows/spawns.yaml"), SPAWNS).expect("write");
+    std::fs::write(sandbox.path().join("workflows/delegates.yaml"), DELEGATES).expect("write");
     write_chorus_toml(sandbox.path(), &format!("{AUTH}{SPAWNS_AGENT}"));
     let server = sandbox.dev().start().await;
 
@@ -255,6 +268,12 @@ async fn chorus_own_services_beside_the_gateway_take_a_credential_for_every_name
     let transport = chorus_runtime::transport::Transport::remote(channel).with_bearer("s3cret").expect("header");
     let mut workflows = WorkflowClient::new(transport);
     let start = StartRunRequest { namespace: "default".into(), workflow: "spawns".into(), ..Default::default() };
+    let run = workflows.start_run(start).await.expect("start").into_inner();
+    let get = GetRunRequest { namespace: "default".into(), run_id: run.id.clone(), wait_finished: true };
+    let done = workflows.get_run(get).await.expect("get").into_inner();
+    assert_eq!(done.state(), RunState::Completed, "{done:?}");
+    // A delegate step to one of the gateway's own agents passes its auth.
+    let start = StartRunRequest { namespace: "default".into(), workflow: "delegates".into(), ..Default::default() };
     let run = workflows.start_run(start).await.expect("start").into_inner();
     let get = GetRunRequest { namespace: "default".into(), run_id: run.id.clone(), wait_finished: true };
     let done = workflows.get_run(get).await.expect("get").into_inner();

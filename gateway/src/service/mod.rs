@@ -98,6 +98,13 @@ impl Gateway {
     /// The agent a request is for: the one its URL names, else the one its
     /// tenant names, else the default agent.
     pub(crate) fn agent(&self, path_agent: Option<&str>, scope: &Scope) -> Result<&AgentConfig> {
+        if let (Some(path), Some(tenant)) = (path_agent, scope.agent.as_deref())
+            && path != tenant
+        {
+            return Err(GatewayError::InvalidParams(format!(
+                "the request is sent to agent {path:?} but its tenant names agent {tenant:?}"
+            )));
+        }
         match path_agent.or(scope.agent.as_deref()) {
             Some(id) => self.inner.catalog.agent(id).ok_or_else(|| GatewayError::AgentNotFound(id.to_owned())),
             None => Ok(self.inner.catalog.default_agent()),

@@ -43,13 +43,14 @@ impl TaskStore {
     /// its restarts (a restarted replica then takes its lease back at once
     /// instead of waiting for it to run out).
     pub fn spawn_outbox_relay(&self, client: EventBusClient<Transport>, owner: String) -> JoinHandle<()> {
-        let relay = Relay { store: self.clone(), client, owner, leader: false };
+        let mut relay = Relay { store: self.clone(), client, owner, leader: false };
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             tokio::select! {
                 () = shutdown.cancelled() => {}
                 () = relay.run() => {}
             }
+            relay.release().await;
         })
     }
 }
@@ -101,7 +102,7 @@ struct Relay {
 }
 
 impl Relay {
-    async fn run(mut self) {
+    async fn run(&mut self) {
         // Idle, the relay still renews its lease well before it runs out.
         let renew = self.store.config.poll_interval().min(self.store.config.outbox_lease() / 3);
         let mut failures = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
@@ -156,6 +157,21 @@ impl Relay {
         self.store.repository.save_outbox_cursor(RELAY, &self.owner, last, now_micros()).await?;
         tracing::debug!(events = batch.events.len(), cursor = %last, "outbox relayed");
         Ok(next)
+    }
+
+    /// Hands the lease back on shutdown, so that another replica (or this
+    /// one restarted elsewhere) takes over at once rather than after it
+    /// runs out. Best effort: a lease not handed back still runs out.
+    async fn release(&self) {
+        if !self.leader {
+            return;
+        }
+        let expire = self.store.repository.acquire_outbox_lease(RELAY, &self.owner, now_micros(), Duration::ZERO);
+        match tokio::time::timeout(Duration::from_secs(1), expire).await {
+            Ok(Ok(_)) => tracing::debug!(owner = %self.owner, "outbox relay handed its lease back"),
+            Ok(Err(error)) => tracing::debug!(%error, "the outbox relay could not hand its lease back"),
+            Err(_) => tracing::debug!("the outbox relay could not hand its lease back in time"),
+        }
     }
 
     fn note_leadership(&mut self, cursor: Option<Cursor>) {

@@ -5,10 +5,15 @@
 
 use std::collections::HashSet;
 
+use std::sync::Arc;
+
+use chorus_runtime::wakeup::Wakeups;
 use chorus_taskstore::{
-    TaskStoreConfig,
+    TaskStore, TaskStoreConfig,
     domain::{ArtifactChunk, StatusUpdate, TaskState},
+    repository::sql::SqlTaskRepository,
 };
+use tokio_util::sync::CancellationToken;
 
 use crate::{
     bus::Bus,
@@ -20,6 +25,7 @@ conformance!(
     each_change_reaches_the_bus_once_per_namespace_in_order,
     a_publish_whose_answer_is_lost_is_repeated_and_logged_once,
     a_relay_restarted_under_its_name_takes_its_lease_back_at_once,
+    a_relay_shut_down_hands_its_lease_to_another_at_once,
 );
 
 pub(crate) fn slow_config() -> TaskStoreConfig {
@@ -101,6 +107,23 @@ async fn a_relay_restarted_under_its_name_takes_its_lease_back_at_once(h: Harnes
     relay.abort();
     let _ = relay.await;
     h.store.spawn_outbox_relay(client, "replica-1".to_owned());
+    h.task("ns", "echo", "two").await;
+    bus.wait_for("ns", 2).await;
+}
+
+async fn a_relay_shut_down_hands_its_lease_to_another_at_once(h: Harness) {
+    let (bus, client) = Bus::start().await;
+    let stopping = CancellationToken::new();
+    let repository = Arc::new(SqlTaskRepository::new(h.db.clone()));
+    let elsewhere = TaskStore::new(repository, Wakeups::new(), slow_config(), stopping.clone());
+    // Written before the relay starts: its first round finds it.
+    h.task("ns", "echo", "one").await;
+    let relay = elsewhere.spawn_outbox_relay(client.clone(), "replica-1".to_owned());
+    bus.wait_for("ns", 1).await;
+    // Shut down while it holds a lease that runs ten minutes (slow_config).
+    stopping.cancel();
+    relay.await.unwrap();
+    h.store.spawn_outbox_relay(client, "replica-2".to_owned());
     h.task("ns", "echo", "two").await;
     bus.wait_for("ns", 2).await;
 }
