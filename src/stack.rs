@@ -309,10 +309,13 @@ impl Stack {
                     let mut workflow = config.workflow.clone();
                     workflow.engine_id.get_or_insert_with(|| format!("{}/{address}", host_name()));
                     let workflow = &workflow;
-                    // A service of this process is called in process; one
+                    // A service of this process is called in process, each
+                    // call on a task of its own (the engine may hold SQLite's
+                    // writer while it awaits a call that needs it); one
                     // elsewhere over the network, with the engine's token.
                     let callee = |url: &Option<String>, local: Option<&Transport>, key: &str| {
-                        let (transport, _) = reach(url.as_ref(), local, address, &format!("workflow.{key}"))?;
+                        let local = local.cloned().map(Transport::detached);
+                        let (transport, _) = reach(url.as_ref(), local.as_ref(), address, &format!("workflow.{key}"))?;
                         match (&workflow.token, url.is_some() || local.is_none()) {
                             (Some(token), true) => {
                                 transport.with_bearer(token).context("workflow.token cannot be sent in a header")

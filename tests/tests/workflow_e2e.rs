@@ -154,3 +154,37 @@ async fn bad_definitions_and_decisions_change_nothing() {
     assert!(after.gate_decisions.is_empty());
     assert_eq!(after.steps.len(), 1, "only the wait has a record");
 }
+
+/// Branches that call this process's hub at the same time, on SQLite: the
+/// engine calls its neighbours in process, and a call must not wait for the
+/// one writer the engine holds meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_branches_calling_the_hub_at_once_complete_on_sqlite() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().no_agents().start().await;
+    let mut client = WorkflowClient::new(server.channel().await);
+    let source = r"
+name: fanout
+steps:
+- id: p
+  parallel:
+    branches:
+    - name: one
+      steps:
+      - id: a
+        message: {topic: news, text: one}
+    - name: two
+      steps:
+      - id: b
+        message: {topic: news, text: two}
+"
+    .to_owned();
+    let put = PutDefinitionRequest { namespace: NS.into(), source, ..Default::default() };
+    client.put_definition(put).await.expect("put");
+    let run = start(&mut client, "fanout", &[]).await;
+    let wait = GetRunRequest { namespace: NS.into(), run_id: run.id.clone(), wait_finished: true };
+    let mut request = tonic::Request::new(wait);
+    request.set_timeout(Duration::from_secs(20));
+    let done = client.get_run(request).await.expect("the run finishes").into_inner();
+    assert_eq!(done.state(), RunState::Completed, "{done:#?}");
+}

@@ -59,6 +59,19 @@ impl Transport {
         (Self(BoxCloneSyncService::new(service)), Later(slot))
     }
 
+    /// The same transport, each call run on a task of its own, as a call
+    /// over the network runs on its connection's: for a caller that holds
+    /// what the handler needs (SQLite's one writer) while it polls the call,
+    /// such as the workflow engine driving a run's parallel steps.
+    pub fn detached(self) -> Self {
+        let inner = self.0;
+        let service = tower::service_fn(move |request: http::Request<Body>| {
+            let call = inner.clone().oneshot(request);
+            async move { tokio::spawn(call).await.map_err(BoxError::from)? }
+        });
+        Self(BoxCloneSyncService::new(service))
+    }
+
     /// The same transport, each call carrying `authorization: Bearer {token}`.
     pub fn with_bearer(self, token: &str) -> Result<Self, http::header::InvalidHeaderValue> {
         let mut value = http::HeaderValue::from_str(&format!("Bearer {token}"))?;
