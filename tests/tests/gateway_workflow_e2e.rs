@@ -128,6 +128,20 @@ async fn a_task_whose_gate_was_decided_elsewhere_catches_up_with_its_run() {
     let done = a2a.send("gated", reply(&approved, "approve")).await;
     assert_eq!(state(&done), "TASK_STATE_COMPLETED", "{done:#}");
 
+    // Any message catches up, not only a verdict.
+    let chatty = a2a.send("gated", message(&unique("start"), "review")).await;
+    let decide = DecideGateRequest {
+        namespace: "default".into(),
+        run_id: run_of(&chatty).expect("a run"),
+        step_id: "signoff".into(),
+        decision: Decision::Approve.into(),
+        decided_by: "ana".into(),
+        ..Default::default()
+    };
+    workflows.decide_gate(decide).await.expect("decided with the API");
+    let caught_up = a2a.send("gated", reply(&chatty, "any news?")).await;
+    assert_eq!(state(&caught_up), "TASK_STATE_COMPLETED", "{caught_up:#}");
+
     // A run canceled with the API: the task ends canceled.
     let canceled = a2a.send("gated", message(&unique("start"), "review")).await;
     let cancel = CancelRunRequest {

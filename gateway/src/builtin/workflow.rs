@@ -110,8 +110,13 @@ impl Runner {
         let (run_id, cursor) = match link_of(&turn.task) {
             Some(link) => {
                 let Some((decision, reason)) = verdict(&message) else {
-                    let again = "Reply `approve`, or `reject: <feedback>`, to decide the gate.";
-                    return turn.status(pb::TaskState::InputRequired, Some(again), Some(linked(&link, None))).await;
+                    if self.gate_waits(&turn.namespace, &link).await? {
+                        let again = "Reply `approve`, or `reject: <feedback>`, to decide the gate.";
+                        return turn.status(pb::TaskState::InputRequired, Some(again), Some(linked(&link, None))).await;
+                    }
+                    // Decided elsewhere meanwhile: the task catches up with the run.
+                    turn.status(pb::TaskState::Working, Some("The gate was decided. Following the run."), None).await?;
+                    return self.follow_run(&mut turn, link.run_id, link.cursor).await;
                 };
                 let request = DecideGateRequest {
                     namespace: turn.namespace.clone(),
@@ -165,6 +170,15 @@ impl Runner {
             }
         };
         self.follow_run(&mut turn, run_id, cursor).await
+    }
+
+    /// Whether the gate `link` names still waits for a decision.
+    async fn gate_waits(&self, namespace: &str, link: &Link) -> Result<bool, tonic::Status> {
+        let get = GetRunRequest { namespace: namespace.to_owned(), run_id: link.run_id.clone(), wait_finished: false };
+        let run = self.workflows.clone().get_run(get).await?.into_inner();
+        Ok(run.steps.iter().any(|step| {
+            step.step_id == link.gate && step.iteration == link.iteration && step.state() == StepState::Waiting
+        }))
     }
 
     /// Mirrors the run into the task until it ends or a gate waits.
