@@ -79,6 +79,7 @@ pub fn build(
         shutdown.clone(),
     );
     let push = notify::PushDispatcher::new(tasks.clone(), &config.push, shutdown)?;
+    push.resume();
     let delegation = delegation::DelegateGrpc::new(client, timeout);
     Ok(Gateway::new(tasks, catalog, runner, push, delegation, config))
 }

@@ -59,7 +59,7 @@ impl Gateway {
         let request = pb::CreatePushConfigRequest {
             namespace: scope.namespace.clone(),
             config: Some(config_in(&config)),
-            after_cursor: String::new(),
+            after_cursor: changes.after().to_owned(),
         };
         let created =
             self.tasks().create_push_config(request).await.map_err(|status| task_error(&status, &config.task_id))?;
