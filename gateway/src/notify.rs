@@ -7,6 +7,12 @@
 //! follower ends with the task or when its config is deleted; a watch that
 //! breaks before then (the task store restarting) is reopened after the last
 //! change delivered.
+//!
+//! The task store keeps, with each config, the cursor of the last change
+//! delivered (or given up on) and whether the config finished: a gateway
+//! that starts resumes every unfinished config after its cursor. A gateway
+//! that stops between delivering a change and saving its cursor sends that
+//! change again.
 
 use std::{
     collections::HashSet,
@@ -37,7 +43,21 @@ pub(crate) enum Follow {
 /// A task's changes, opened for a config before the config is stored so
 /// that none made meanwhile is missed.
 #[derive(Debug)]
-pub(crate) struct Changes(tonic::Streaming<pb::TaskEvent>);
+pub(crate) struct Changes {
+    events: tonic::Streaming<pb::TaskEvent>,
+    /// The cursor the changes start after; empty: the task's first.
+    after: String,
+}
+
+impl Changes {
+    /// Where the config starts, to store with it.
+    pub(crate) fn after(&self) -> &str {
+        &self.after
+    }
+}
+
+/// How many unfinished configs a starting gateway reads at a time.
+const RESUME_PAGE: u32 = 100;
 
 /// (namespace, task id, config id).
 type ConfigKey = (String, String, String);
@@ -96,60 +116,150 @@ impl PushDispatcher {
             snapshot: from == Follow::FromNow,
             ..pb::WatchTaskRequest::default()
         };
-        let events = self.tasks.clone().watch_task(request).await;
-        let events = events.map_err(|status| GatewayError::from_taskstore(&status, Some(task_id)))?;
-        Ok(Changes(events.into_inner()))
+        let error = |status: tonic::Status| GatewayError::from_taskstore(&status, Some(task_id));
+        let mut events = self.tasks.clone().watch_task(request).await.map_err(error)?.into_inner();
+        let after = match from {
+            Follow::FromCreation => String::new(),
+            // The snapshot holds the changes up to its cursor: the config
+            // gets those after it.
+            Follow::FromNow => match events.message().await.map_err(error)? {
+                Some(snapshot) => snapshot.cursor,
+                None => {
+                    return Err(GatewayError::Unavailable(format!(
+                        "the task store ended the watch of task {task_id} before its snapshot"
+                    )));
+                }
+            },
+        };
+        Ok(Changes { events, after })
+    }
+
+    /// Resumes, in the background, the delivery of every config not
+    /// finished (this gateway is starting), each after the last change it
+    /// was delivered; waits for the task store while it cannot be reached.
+    pub(crate) fn resume(&self) {
+        let dispatcher = self.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = dispatcher.resume_pending() => {}
+                () = dispatcher.shutdown.cancelled() => {}
+            }
+        });
+    }
+
+    async fn resume_pending(&self) {
+        let mut after = None;
+        let mut failures = 0;
+        loop {
+            let request = pb::ListPendingPushConfigsRequest { page_size: RESUME_PAGE, after: after.clone() };
+            let page = match self.tasks.clone().list_pending_push_configs(request).await {
+                Ok(page) => page.into_inner().configs,
+                Err(status) => {
+                    failures += 1;
+                    tracing::warn!(failures, error = %status.message(), "cannot list the push configs to resume");
+                    tokio::time::sleep(push::backoff(&self.policy, failures, None)).await;
+                    continue;
+                }
+            };
+            failures = 0;
+            let last_page = page.len() < RESUME_PAGE as usize;
+            for pending in page {
+                let Some(key) = pending.key else {
+                    tracing::warn!("the task store listed a push config without its key");
+                    continue;
+                };
+                let config = (key.namespace.clone(), key.task_id.clone(), key.id.clone());
+                self.spawn(config, pending.delivered_cursor, None);
+                after = Some(key);
+            }
+            if last_page {
+                return;
+            }
+        }
     }
 
     /// Delivers `changes` to the stored config `config_id` of the task, in
     /// the background, unless that config is followed already.
     pub(crate) fn start(&self, namespace: &str, task_id: &str, config_id: &str, changes: Changes) {
         let key = (namespace.to_owned(), task_id.to_owned(), config_id.to_owned());
+        self.spawn(key, changes.after, Some(changes.events));
+    }
+
+    /// Follows the config from `cursor` on `events`, or on a watch opened
+    /// after it, unless the config is followed already.
+    fn spawn(&self, key: ConfigKey, cursor: String, events: Option<tonic::Streaming<pb::TaskEvent>>) {
         if !self.following.lock().expect("push followers lock").insert(key.clone()) {
             return;
         }
         let dispatcher = self.clone();
         tokio::spawn(async move {
             tokio::select! {
-                () = dispatcher.follow(&key, changes.0) => {}
+                () = dispatcher.follow(&key, cursor, events) => {}
                 () = dispatcher.shutdown.cancelled() => {}
             }
             dispatcher.following.lock().expect("push followers lock").remove(&key);
         });
     }
 
-    /// Delivers the config's changes until the task ends or the config is
-    /// gone, reopening a watch that broke after the last change delivered.
-    async fn follow(&self, key: &ConfigKey, mut events: tonic::Streaming<pb::TaskEvent>) {
+    /// Delivers the config's changes after `cursor` until the task ends or
+    /// the config is gone, (re)opening the watch after the last change
+    /// delivered when there is none or it broke.
+    async fn follow(&self, key: &ConfigKey, mut cursor: String, mut events: Option<tonic::Streaming<pb::TaskEvent>>) {
         let (namespace, task_id, config_id) = key;
-        let mut cursor = String::new();
         let mut failures = 0;
         loop {
-            let before = cursor.clone();
-            let stop = self.deliver(key, &mut events, &mut cursor).await;
-            let progressed = cursor != before;
-            match stop {
-                Stop::Finished | Stop::Gone => return,
-                // Closed with nothing left after the cursor: the task is over.
-                Stop::Closed if !progressed && self.task_over(key).await => return,
-                Stop::Closed | Stop::Broken => {}
+            if let Some(mut events) = events.take() {
+                let before = cursor.clone();
+                let stop = self.deliver(key, &mut events, &mut cursor).await;
+                let progressed = cursor != before;
+                match stop {
+                    Stop::Finished => return self.save(key, &cursor, true).await,
+                    Stop::Gone => return,
+                    // Closed with nothing left after the cursor: the task is over.
+                    Stop::Closed if !progressed && self.task_over(key).await => {
+                        return self.save(key, &cursor, true).await;
+                    }
+                    Stop::Closed | Stop::Broken => {}
+                }
+                failures = if progressed { 1 } else { failures + 1 };
+                tokio::time::sleep(push::backoff(&self.policy, failures, None)).await;
             }
-            failures = if progressed { 1 } else { failures + 1 };
-            tokio::time::sleep(push::backoff(&self.policy, failures, None)).await;
             let request = pb::WatchTaskRequest {
                 namespace: namespace.clone(),
                 task_id: task_id.clone(),
                 after_cursor: cursor.clone(),
                 snapshot: false,
             };
-            events = match self.tasks.clone().watch_task(request).await {
-                Ok(events) => events.into_inner(),
+            match self.tasks.clone().watch_task(request).await {
+                Ok(opened) => events = Some(opened.into_inner()),
                 Err(status) if status.code() == tonic::Code::NotFound => return,
                 Err(status) => {
-                    tracing::warn!(%task_id, %config_id, failures, error = %status.message(), "cannot resume following the task for push notifications");
-                    continue;
+                    failures += 1;
+                    tracing::warn!(%task_id, %config_id, failures, error = %status.message(), "cannot follow the task for push notifications");
+                    tokio::time::sleep(push::backoff(&self.policy, failures, None)).await;
                 }
-            };
+            }
+        }
+    }
+
+    /// Saves, for a gateway that restarts, that the config was delivered
+    /// the changes through `cursor` and, when `finished`, that it gets no
+    /// more. Not saved, a change is only sent again after a restart.
+    async fn save(&self, (namespace, task_id, id): &ConfigKey, cursor: &str, finished: bool) {
+        let request = pb::AdvancePushConfigRequest {
+            namespace: namespace.clone(),
+            task_id: task_id.clone(),
+            id: id.clone(),
+            cursor: cursor.to_owned(),
+            finished,
+        };
+        match self.tasks.clone().advance_push_config(request).await {
+            Ok(_) => {}
+            // Deleted meanwhile: there is nothing left to resume.
+            Err(status) if status.code() == tonic::Code::NotFound => {}
+            Err(status) => {
+                tracing::warn!(%task_id, config_id = %id, error = %status.message(), "cannot save how far the push config was delivered");
+            }
         }
     }
 
@@ -174,14 +284,18 @@ impl PushDispatcher {
             };
             let next = event.cursor.clone();
             let last = ends_task(&event);
-            if let Some(update) = convert::event_out(event).filter(|update| !matches!(update, StreamResponse::Task(_)))
-                && let Some(stop) = self.notify(key, &update).await
+            let update = convert::event_out(event).filter(|update| !matches!(update, StreamResponse::Task(_)));
+            if let Some(update) = &update
+                && let Some(stop) = self.notify(key, update).await
             {
                 return stop;
             }
             *cursor = next;
             if last {
                 return Stop::Finished;
+            }
+            if update.is_some() {
+                self.save(key, cursor, false).await;
             }
         }
     }

@@ -64,8 +64,11 @@ impl Gateway {
         config: TaskPushNotificationConfig,
         changes: Changes,
     ) -> Result<TaskPushNotificationConfig> {
-        let request =
-            pb::CreatePushConfigRequest { namespace: scope.namespace.clone(), config: Some(config_in(&config)) };
+        let request = pb::CreatePushConfigRequest {
+            namespace: scope.namespace.clone(),
+            config: Some(config_in(&config)),
+            after_cursor: changes.after().to_owned(),
+        };
         let created =
             self.tasks().create_push_config(request).await.map_err(|status| task_error(&status, &config.task_id))?;
         let created = created.into_inner();

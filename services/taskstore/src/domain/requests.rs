@@ -336,6 +336,22 @@ pub struct PushConfig {
     pub auth_credentials: Option<String>,
 }
 
+/// Names one push config among every namespace's.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PushConfigKey {
+    pub namespace: String,
+    pub task_id: String,
+    pub id: String,
+}
+
+/// A push config whose task has not ended for it: it still gets the task's
+/// changes after `delivered` (`None`: from the task's first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingPush {
+    pub key: PushConfigKey,
+    pub delivered: Option<Cursor>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

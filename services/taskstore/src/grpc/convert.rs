@@ -8,8 +8,8 @@ use prost_types::{ListValue, Struct, Value, value::Kind};
 
 use crate::domain::{
     Artifact, Claimed, Cursor, EventKind, InboxKind, InboxMessage, JsonObject, Message, Owner, OwnerKind, Part,
-    PartContent, PushConfig, Role, SpawnContext, Task, TaskAnswer, TaskEvent, TaskState, TaskStatus,
-    repeated_artifact_id,
+    PartContent, PendingPush, PushConfig, PushConfigKey, Role, SpawnContext, Task, TaskAnswer, TaskEvent, TaskState,
+    TaskStatus, repeated_artifact_id,
 };
 
 type Checked<T> = Result<T, FieldViolation>;
@@ -258,6 +258,15 @@ pub(super) fn push_config(namespace_task: &str, value: Option<pb::PushConfig>) -
     })
 }
 
+pub(super) fn push_config_key(value: pb::PushConfigKey) -> Checked<PushConfigKey> {
+    Ok(PushConfigKey {
+        namespace: validate::namespace(&value.namespace)
+            .map_err(|violation| FieldViolation { field: "after.namespace".to_owned(), ..violation })?,
+        task_id: validate::id("after.task_id", &value.task_id)?,
+        id: validate::id("after.id", &value.id)?,
+    })
+}
+
 fn non_empty(value: String) -> Option<String> {
     (!value.is_empty()).then_some(value)
 }
@@ -432,6 +441,14 @@ pub(super) fn push_config_out(config: PushConfig) -> pb::PushConfig {
         token: config.token.unwrap_or_default(),
         auth_scheme: config.auth_scheme.unwrap_or_default(),
         auth_credentials: config.auth_credentials.unwrap_or_default(),
+    }
+}
+
+pub(super) fn pending_push_out(pending: PendingPush) -> pb::PendingPushConfig {
+    let PushConfigKey { namespace, task_id, id } = pending.key;
+    pb::PendingPushConfig {
+        key: Some(pb::PushConfigKey { namespace, task_id, id }),
+        delivered_cursor: pending.delivered.map(|cursor| cursor.to_string()).unwrap_or_default(),
     }
 }
 

@@ -18,7 +18,8 @@ use tonic::{Request, Response, Status};
 use super::convert;
 use crate::{
     domain::{
-        ArtifactChunk, ClaimRequest, NewSubtask, NewTask, Notification, PageToken, StatusUpdate, TaskPage, TaskQuery,
+        ArtifactChunk, ClaimRequest, NewSubtask, NewTask, Notification, PageToken, PushConfigKey, StatusUpdate,
+        TaskPage, TaskQuery,
     },
     service::{TaskStore, WatchFilter, WatchStart},
 };
@@ -393,7 +394,8 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let task_id = request.config.as_ref().map(|config| config.task_id.clone()).unwrap_or_default();
         let (namespace, task_id) = task_ref(&request.namespace, "config.task_id", &task_id)?;
         let config = convert::push_config(&task_id, request.config)?;
-        let config = self.store.create_push_config(&namespace, config).await?;
+        let after = convert::cursor("after_cursor", &request.after_cursor)?;
+        let config = self.store.create_push_config(&namespace, config, after).await?;
         Ok(Response::new(convert::push_config_out(config)))
     }
 
@@ -429,5 +431,36 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let id = validate::id("id", &request.id)?;
         self.store.delete_push_config(&namespace, &task_id, &id).await?;
         Ok(Response::new(pb::DeletePushConfigResponse {}))
+    }
+
+    async fn advance_push_config(
+        &self,
+        request: Request<pb::AdvancePushConfigRequest>,
+    ) -> Result<Response<pb::AdvancePushConfigResponse>, Status> {
+        let request = request.into_inner();
+        let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
+        let key = PushConfigKey { namespace, task_id, id: validate::id("id", &request.id)? };
+        let delivered = convert::cursor("cursor", &request.cursor)?;
+        self.store.advance_push_config(&key, delivered, request.finished).await?;
+        Ok(Response::new(pb::AdvancePushConfigResponse {}))
+    }
+
+    async fn list_pending_push_configs(
+        &self,
+        request: Request<pb::ListPendingPushConfigsRequest>,
+    ) -> Result<Response<pb::ListPendingPushConfigsResponse>, Status> {
+        let request = request.into_inner();
+        let page_size = match request.page_size {
+            0 => MAX_PAGE_SIZE,
+            size if size > MAX_PAGE_SIZE => {
+                return Err(FieldViolation::new("page_size", format!("must be at most {MAX_PAGE_SIZE}")).into());
+            }
+            size => size,
+        };
+        let after = request.after.map(convert::push_config_key).transpose()?;
+        let configs = self.store.pending_push_configs(after.as_ref(), page_size).await?;
+        Ok(Response::new(pb::ListPendingPushConfigsResponse {
+            configs: configs.into_iter().map(convert::pending_push_out).collect(),
+        }))
     }
 }

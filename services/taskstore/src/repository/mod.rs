@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use crate::{
     domain::{
         ArtifactChunk, ClaimRequest, Claimed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff, InboxMessage,
-        Limits, Message, NewSubtask, NewTask, Notification, Owner, PushConfig, Renewal, StatusUpdate, Task, TaskEvent,
-        TaskPage, TaskQuery, WorkerLeases,
+        Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PushConfig, PushConfigKey, Renewal,
+        StatusUpdate, Task, TaskEvent, TaskPage, TaskQuery, WorkerLeases,
     },
     error::Result,
 };
@@ -133,8 +133,25 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// [`OutboxLeaseLost`]: crate::error::TaskStoreError::OutboxLeaseLost
     async fn save_outbox_cursor(&self, relay: &str, owner: &str, cursor: Cursor, now: i64) -> Result<()>;
 
-    async fn create_push_config(&self, namespace: &str, config: PushConfig) -> Result<PushConfig>;
+    /// Stores the config, which gets the task's changes after `after`
+    /// (`None`: from the task's first). Replacing a config (same id) keeps
+    /// how far the one replaced was delivered.
+    async fn create_push_config(
+        &self,
+        namespace: &str,
+        config: PushConfig,
+        after: Option<Cursor>,
+    ) -> Result<PushConfig>;
     async fn get_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<PushConfig>;
     async fn list_push_configs(&self, namespace: &str, task_id: &str) -> Result<Vec<PushConfig>>;
     async fn delete_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<()>;
+
+    /// Records that the config was delivered the changes through `delivered`
+    /// (a cursor at or before the saved one changes nothing) and, when
+    /// `finished`, that it gets no more.
+    async fn advance_push_config(&self, key: &PushConfigKey, delivered: Option<Cursor>, finished: bool) -> Result<()>;
+
+    /// Up to `limit` configs not finished, of every namespace, in key order
+    /// after `after`.
+    async fn pending_push_configs(&self, after: Option<&PushConfigKey>, limit: u32) -> Result<Vec<PendingPush>>;
 }

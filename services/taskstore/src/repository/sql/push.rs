@@ -2,9 +2,15 @@
 
 use super::{SqlTaskRepository, read_record, rows};
 use crate::{
-    domain::{PushConfig, now_micros},
+    domain::{Cursor, PendingPush, PushConfig, PushConfigKey, now_micros},
     error::{Result, TaskStoreError},
 };
+
+macro_rules! pending_push {
+    () => {
+        "SELECT namespace, task_id, id, delivered_tx, delivered_id FROM taskstore_push_configs WHERE finished_at IS NULL"
+    };
+}
 
 macro_rules! push_columns {
     () => {
@@ -13,12 +19,17 @@ macro_rules! push_columns {
 }
 
 impl SqlTaskRepository {
-    pub(super) async fn create_push(&self, namespace: &str, config: PushConfig) -> Result<PushConfig> {
+    pub(super) async fn create_push(
+        &self,
+        namespace: &str,
+        config: PushConfig,
+        after: Option<Cursor>,
+    ) -> Result<PushConfig> {
         let mut tx = self.begin().await?;
         read_record(&mut tx, namespace, &config.task_id).await?;
         sqlx::query(
             "INSERT INTO taskstore_push_configs (namespace, task_id, id, url, token, auth_scheme, auth_credentials, \
-             created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (namespace, task_id, id) DO UPDATE SET \
+             created_at, delivered_tx, delivered_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (namespace, task_id, id) DO UPDATE SET \
              url = excluded.url, token = excluded.token, auth_scheme = excluded.auth_scheme, \
              auth_credentials = excluded.auth_credentials",
         )
@@ -30,6 +41,8 @@ impl SqlTaskRepository {
         .bind(config.auth_scheme.as_deref())
         .bind(config.auth_credentials.as_deref())
         .bind(now_micros())
+        .bind(after.map(|cursor| cursor.tx))
+        .bind(after.map(|cursor| cursor.id))
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -84,4 +97,61 @@ impl SqlTaskRepository {
         }
         Ok(())
     }
+
+    pub(super) async fn advance_push(
+        &self,
+        key: &PushConfigKey,
+        delivered: Option<Cursor>,
+        finished: bool,
+    ) -> Result<()> {
+        let mut conn = self.db.acquire().await?;
+        let advanced = sqlx::query(ADVANCE_PUSH)
+            .bind(&key.namespace)
+            .bind(&key.task_id)
+            .bind(&key.id)
+            .bind(delivered.map(|cursor| cursor.tx))
+            .bind(delivered.map(|cursor| cursor.id))
+            .bind(finished.then(now_micros))
+            .execute(&mut *conn)
+            .await?;
+        if advanced.rows_affected() == 0 {
+            return Err(TaskStoreError::PushConfigNotFound { task_id: key.task_id.clone(), id: key.id.clone() });
+        }
+        Ok(())
+    }
+
+    pub(super) async fn pending_push(&self, after: Option<&PushConfigKey>, limit: u32) -> Result<Vec<PendingPush>> {
+        let mut conn = self.db.read().await?;
+        let query = match after {
+            None => sqlx::query(concat!(pending_push!(), " ORDER BY namespace, task_id, id LIMIT $1"))
+                .bind(i64::from(limit)),
+            Some(after) => sqlx::query(concat!(
+                pending_push!(),
+                " AND (namespace, task_id, id) > ($2, $3, $4) ORDER BY namespace, task_id, id LIMIT $1"
+            ))
+            .bind(i64::from(limit))
+            .bind(&after.namespace)
+            .bind(&after.task_id)
+            .bind(&after.id),
+        };
+        let rows = query.fetch_all(&mut *conn).await?;
+        rows.iter().map(rows::decode_pending_push).collect()
+    }
 }
+
+/// Whether cursor ($4, $5) is past the one saved (none saved: before all).
+macro_rules! past_delivered {
+    () => {
+        "($4, $5) > (COALESCE(delivered_tx, -1), COALESCE(delivered_id, -1))"
+    };
+}
+
+/// Moves the saved cursor forward only, and sets `finished_at` ($6) once.
+const ADVANCE_PUSH: &str = concat!(
+    "UPDATE taskstore_push_configs SET delivered_tx = CASE WHEN ",
+    past_delivered!(),
+    " THEN $4 ELSE delivered_tx END, delivered_id = CASE WHEN ",
+    past_delivered!(),
+    " THEN $5 ELSE delivered_id END, finished_at = COALESCE(finished_at, $6) \
+     WHERE namespace = $1 AND task_id = $2 AND id = $3"
+);

@@ -9,8 +9,8 @@ use super::SqlTaskRepository;
 use crate::{
     domain::{
         Artifact, ArtifactChunk, ClaimRequest, Claimed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff,
-        InboxMessage, Limits, Message, NewSubtask, NewTask, Notification, Owner, PushConfig, Renewal, StatusUpdate,
-        Task, TaskEvent, TaskPage, TaskQuery, WorkerLeases,
+        InboxMessage, Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PushConfig,
+        PushConfigKey, Renewal, StatusUpdate, Task, TaskEvent, TaskPage, TaskQuery, WorkerLeases,
     },
     error::Result,
     repository::TaskRepository,
@@ -143,8 +143,13 @@ impl TaskRepository for SqlTaskRepository {
         self.save_outbox(relay, owner, cursor, now).await
     }
 
-    async fn create_push_config(&self, namespace: &str, config: PushConfig) -> Result<PushConfig> {
-        self.create_push(namespace, config).await
+    async fn create_push_config(
+        &self,
+        namespace: &str,
+        config: PushConfig,
+        after: Option<Cursor>,
+    ) -> Result<PushConfig> {
+        self.create_push(namespace, config, after).await
     }
 
     async fn get_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<PushConfig> {
@@ -157,5 +162,13 @@ impl TaskRepository for SqlTaskRepository {
 
     async fn delete_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<()> {
         self.delete_push(namespace, task_id, id).await
+    }
+
+    async fn advance_push_config(&self, key: &PushConfigKey, delivered: Option<Cursor>, finished: bool) -> Result<()> {
+        self.advance_push(key, delivered, finished).await
+    }
+
+    async fn pending_push_configs(&self, after: Option<&PushConfigKey>, limit: u32) -> Result<Vec<PendingPush>> {
+        self.pending_push(after, limit).await
     }
 }

@@ -7,8 +7,8 @@ use sqlx::{Row as _, any::AnyRow};
 
 use crate::{
     domain::{
-        Artifact, EventKind, InboxKind, InboxMessage, JsonObject, Message, Owner, OwnerKind, PushConfig, SpawnContext,
-        Task, TaskState, TaskStatus,
+        Artifact, EventKind, InboxKind, InboxMessage, JsonObject, Message, Owner, OwnerKind, PendingPush, PushConfig,
+        PushConfigKey, SpawnContext, Task, TaskState, TaskStatus,
     },
     error::{Result, TaskStoreError},
 };
@@ -169,6 +169,19 @@ pub(super) fn decode_push_config(row: &AnyRow) -> Result<PushConfig> {
         token: row.try_get("token")?,
         auth_scheme: row.try_get("auth_scheme")?,
         auth_credentials: row.try_get("auth_credentials")?,
+    })
+}
+
+pub(super) fn decode_pending_push(row: &AnyRow) -> Result<PendingPush> {
+    let tx: Option<i64> = row.try_get("delivered_tx")?;
+    let id: Option<i64> = row.try_get("delivered_id")?;
+    Ok(PendingPush {
+        key: PushConfigKey {
+            namespace: row.try_get("namespace")?,
+            task_id: row.try_get("task_id")?,
+            id: row.try_get("id")?,
+        },
+        delivered: tx.zip(id).map(|(tx, id)| crate::domain::Cursor { tx, id }),
     })
 }
 
