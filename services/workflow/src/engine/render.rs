@@ -226,6 +226,15 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_value_has_no_length() {
+        let scope = Scope::of(&run(serde_json::json!({"who": "ann", "tags": ["a", "b"]})), &Value::Null, "s", 1, None);
+        assert_eq!(scope.render("{{ inputs.missing | length }}/{{ skipped.output | count }}").unwrap(), "0/0");
+        assert_eq!(scope.render("{{ inputs.who | length }}/{{ inputs.tags | length }}").unwrap(), "3/2");
+        assert!(scope.condition("{{ inputs.missing | length }} == 0").unwrap());
+        assert!(scope.render("{{ 5 | length }}").is_err(), "a number still has no length");
+    }
+
+    #[test]
     fn a_scope_holds_only_the_names_its_step_uses() {
         let roots = BTreeSet::from(["inputs".to_owned()]);
         let scope =

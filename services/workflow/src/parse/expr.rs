@@ -107,6 +107,18 @@ pub(crate) fn environment() -> &'static Environment<'static> {
         for (name, compare) in COMPARISONS {
             env.add_function(name, move |a: &Value, b: &Value| !a.is_undefined() && !b.is_undefined() && compare(a, b));
         }
+        // A missing value is empty: its length is 0, not an error that fails the run.
+        for name in ["length", "count"] {
+            env.add_filter(name, |value: &Value| -> Result<usize, minijinja::Error> {
+                if value.is_undefined() || value.is_none() {
+                    return Ok(0);
+                }
+                value.len().ok_or_else(|| {
+                    let message = format!("cannot calculate length of value of type {}", value.kind());
+                    minijinja::Error::new(ErrorKind::InvalidOperation, message)
+                })
+            });
+        }
         env
     });
     &ENVIRONMENT
