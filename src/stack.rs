@@ -10,7 +10,7 @@ use chorus_hub::{Hub, grpc::HubGrpc, repository::sql::SqlHubRepository};
 use chorus_proto::eventbus::event_bus_client::EventBusClient;
 use chorus_runtime::{
     server::ServerBuilder,
-    storage::{Db, redact_url},
+    storage::{Db, redact_url, sqlite_file},
     transport::Transport,
     wakeup::Wakeups,
 };
@@ -91,10 +91,7 @@ impl Service {
 /// The lock file of the SQLite file `url` names (`<file>.lock`); none for
 /// PostgreSQL or an in-memory database.
 fn sqlite_lock_path(url: &str) -> Option<PathBuf> {
-    let file = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:"))?;
-    let file = file.split('?').next().unwrap_or_default();
-    (!file.is_empty() && !file.contains(":memory:") && !url.contains("mode=memory"))
-        .then(|| PathBuf::from(format!("{file}.lock")))
+    sqlite_file(url).map(|file| PathBuf::from(format!("{}.lock", file.display())))
 }
 
 /// Holds the SQLite file for this process: two processes writing one file

@@ -136,11 +136,7 @@ fn get_task(id: &Value, tenant: &str) -> tonic::Request<pb::GetTaskRequest> {
     grpc_request(pb::GetTaskRequest { tenant: tenant.to_owned(), id, history_length: None })
 }
 
-fn with(
-    mut request: tonic::Request<pb::GetTaskRequest>,
-    key: &'static str,
-    value: &'static str,
-) -> tonic::Request<pb::GetTaskRequest> {
+fn with<T>(mut request: tonic::Request<T>, key: &'static str, value: &'static str) -> tonic::Request<T> {
     request.metadata_mut().insert(key, MetadataValue::from_static(value));
     request
 }
@@ -203,12 +199,6 @@ description = "A workflow that asks the echo agent"
 kind = "workflow"
 "#;
 
-fn authorized<T>(message: T, header: &'static str, value: &'static str) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.metadata_mut().insert(header, MetadataValue::from_static(value));
-    request
-}
-
 /// The workflow CLI against `server` with `env`: its exit code and stderr.
 async fn workflow_list(server: &chorus_tests::Server, env: &[(&str, &str)]) -> (Option<i32>, String) {
     let mut command = tokio::process::Command::new(chorus_tests::server::chorus_bin());
@@ -233,10 +223,16 @@ async fn chorus_own_services_beside_the_gateway_take_a_credential_for_every_name
     let mut tasks = server.task_store().await;
     let list = || ListTasksRequest { namespace: "team-a".into(), ..Default::default() };
     assert_eq!(tasks.list_tasks(list()).await.expect_err("no credentials").code(), Code::Unauthenticated);
-    let team = tasks.list_tasks(authorized(list(), "x-api-key", "key-a")).await.expect_err("one namespace only");
+    let team = tasks
+        .list_tasks(with(tonic::Request::new(list()), "x-api-key", "key-a"))
+        .await
+        .expect_err("one namespace only");
     assert_eq!(team.code(), Code::PermissionDenied, "{team:?}");
     assert!(team.message().contains("every namespace"), "{team:?}");
-    tasks.list_tasks(authorized(list(), "authorization", "Bearer s3cret")).await.expect("the operator lists");
+    tasks
+        .list_tasks(with(tonic::Request::new(list()), "authorization", "Bearer s3cret"))
+        .await
+        .expect("the operator lists");
 
     // Health stays open for probes.
     let mut health = tonic_health::pb::health_client::HealthClient::new(server.channel().await);

@@ -99,9 +99,29 @@ async fn a_workflow_agent_runs_asks_at_its_gate_and_answers_with_the_output() {
     }
 }
 
+/// The run a workflow agent's task waits on.
+fn run_of(task: &Value) -> String {
+    let run = &task["status"]["message"]["metadata"]["chorus.workflow"]["runId"];
+    run.as_str().expect("a run").to_owned()
+}
+
+/// Approves the gate `task` waits on with the API, as `chorus gate approve` does.
+async fn approve_with_the_api(workflows: &mut WorkflowClient<tonic::transport::Channel>, task: &Value) {
+    use chorus_proto::workflow::{DecideGateRequest, Decision};
+    let decide = DecideGateRequest {
+        namespace: "default".into(),
+        run_id: run_of(task),
+        step_id: "signoff".into(),
+        decision: Decision::Approve.into(),
+        decided_by: "ana".into(),
+        ..Default::default()
+    };
+    workflows.decide_gate(decide).await.expect("decided with the API");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_whose_gate_was_decided_elsewhere_catches_up_with_its_run() {
-    use chorus_proto::workflow::{CancelRunRequest, DecideGateRequest, Decision};
+    use chorus_proto::workflow::CancelRunRequest;
     let sandbox = Sandbox::new();
     std::fs::create_dir(sandbox.path().join("workflows")).expect("dir");
     std::fs::write(sandbox.path().join("workflows/gated.yaml"), GATED).expect("write");
@@ -109,36 +129,18 @@ async fn a_task_whose_gate_was_decided_elsewhere_catches_up_with_its_run() {
     let server = sandbox.dev().no_agents().start().await;
     let a2a = A2a::new(&server);
     let mut workflows = WorkflowClient::new(server.channel().await);
-    let run_of =
-        |task: &Value| task["status"]["message"]["metadata"]["chorus.workflow"]["runId"].as_str().map(str::to_owned);
 
     // Approved with the API (as `chorus gate approve` does): the next reply
     // finds the run done and so is the task.
     let approved = a2a.send("gated", message(&unique("start"), "review")).await;
     assert_eq!(state(&approved), "TASK_STATE_INPUT_REQUIRED", "{approved:#}");
-    let decide = DecideGateRequest {
-        namespace: "default".into(),
-        run_id: run_of(&approved).expect("a run"),
-        step_id: "signoff".into(),
-        decision: Decision::Approve.into(),
-        decided_by: "ana".into(),
-        ..Default::default()
-    };
-    workflows.decide_gate(decide).await.expect("decided with the API");
+    approve_with_the_api(&mut workflows, &approved).await;
     let done = a2a.send("gated", reply(&approved, "approve")).await;
     assert_eq!(state(&done), "TASK_STATE_COMPLETED", "{done:#}");
 
     // Any message catches up, not only a verdict.
     let chatty = a2a.send("gated", message(&unique("start"), "review")).await;
-    let decide = DecideGateRequest {
-        namespace: "default".into(),
-        run_id: run_of(&chatty).expect("a run"),
-        step_id: "signoff".into(),
-        decision: Decision::Approve.into(),
-        decided_by: "ana".into(),
-        ..Default::default()
-    };
-    workflows.decide_gate(decide).await.expect("decided with the API");
+    approve_with_the_api(&mut workflows, &chatty).await;
     let caught_up = a2a.send("gated", reply(&chatty, "any news?")).await;
     assert_eq!(state(&caught_up), "TASK_STATE_COMPLETED", "{caught_up:#}");
 
@@ -146,7 +148,7 @@ async fn a_task_whose_gate_was_decided_elsewhere_catches_up_with_its_run() {
     let canceled = a2a.send("gated", message(&unique("start"), "review")).await;
     let cancel = CancelRunRequest {
         namespace: "default".into(),
-        run_id: run_of(&canceled).expect("a run"),
+        run_id: run_of(&canceled),
         reason: "not needed".into(),
         canceled_by: "ana".into(),
     };

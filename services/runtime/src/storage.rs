@@ -40,6 +40,7 @@ pub use self::{
     lane::DbConnection,
     scripts::TransactionScript,
     sql::{padded_len, placeholders},
+    sqlite::sqlite_file,
     tx::Tx,
 };
 

@@ -28,6 +28,14 @@ pub(super) fn in_memory(url: &str) -> bool {
     url.contains(":memory:") || url.contains("mode=memory")
 }
 
+/// The file a SQLite URL names; none for another backend or a database in
+/// memory.
+pub fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
+    let file = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:"))?;
+    let file = file.split('?').next().unwrap_or_default();
+    (!file.is_empty() && !in_memory(url)).then(|| file.into())
+}
+
 /// Read-only connections to the SQLite file the writer's `options` open,
 /// made as needed. The writer's pool has made the file WAL by then (a setting
 /// the file keeps).

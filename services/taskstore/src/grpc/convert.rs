@@ -8,11 +8,10 @@ use prost_types::{ListValue, Struct, Value, value::Kind};
 
 use crate::domain::{
     Artifact, Claimed, Cursor, EventKind, InboxKind, InboxMessage, JsonObject, Message, Owner, OwnerKind, Part,
-    PartContent, PendingPush, PushConfig, PushConfigKey, Role, SpawnContext, Task, TaskAnswer, TaskEvent, TaskState,
-    TaskStatus, repeated_artifact_id,
+    PartContent, Role, SpawnContext, Task, TaskAnswer, TaskEvent, TaskState, TaskStatus, repeated_artifact_id,
 };
 
-type Checked<T> = Result<T, FieldViolation>;
+pub(super) type Checked<T> = Result<T, FieldViolation>;
 
 // === JSON (google.protobuf.Struct) ===
 
@@ -228,46 +227,7 @@ pub(super) fn cursor(field: &str, value: &str) -> Checked<Option<Cursor>> {
     value.parse().map(Some).map_err(|()| FieldViolation::new(field, "is not a cursor this service handed out"))
 }
 
-pub(super) fn push_config(namespace_task: &str, value: Option<pb::PushConfig>) -> Checked<PushConfig> {
-    let value = value.ok_or_else(|| FieldViolation::required("config"))?;
-    let texts = [
-        ("config.url", &value.url),
-        ("config.token", &value.token),
-        ("config.auth_scheme", &value.auth_scheme),
-        ("config.auth_credentials", &value.auth_credentials),
-    ];
-    if let Some((field, _)) = texts.iter().find(|(_, text)| text.chars().any(char::is_control)) {
-        return Err(FieldViolation::new(*field, "must not hold control characters"));
-    }
-    let url = value.url.trim();
-    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
-    if !scheme.is_some_and(|scheme| scheme.eq_ignore_ascii_case("https") || scheme.eq_ignore_ascii_case("http")) {
-        return Err(FieldViolation::new("config.url", "must be an http(s) URL"));
-    }
-    let id = match value.id.as_str() {
-        "" => uuid::Uuid::new_v4().to_string(),
-        id => validate::id("config.id", id)?,
-    };
-    Ok(PushConfig {
-        id,
-        task_id: validate::id("config.task_id", namespace_task)?,
-        url: url.to_owned(),
-        token: non_empty(value.token),
-        auth_scheme: non_empty(value.auth_scheme),
-        auth_credentials: non_empty(value.auth_credentials),
-    })
-}
-
-pub(super) fn push_config_key(value: pb::PushConfigKey) -> Checked<PushConfigKey> {
-    Ok(PushConfigKey {
-        namespace: validate::namespace(&value.namespace)
-            .map_err(|violation| FieldViolation { field: "after.namespace".to_owned(), ..violation })?,
-        task_id: validate::id("after.task_id", &value.task_id)?,
-        id: validate::id("after.id", &value.id)?,
-    })
-}
-
-fn non_empty(value: String) -> Option<String> {
+pub(super) fn non_empty(value: String) -> Option<String> {
     (!value.is_empty()).then_some(value)
 }
 
@@ -433,25 +393,6 @@ pub(super) fn inbox_out(message: InboxMessage) -> pb::InboxMessage {
     }
 }
 
-pub(super) fn push_config_out(config: PushConfig) -> pb::PushConfig {
-    pb::PushConfig {
-        id: config.id,
-        task_id: config.task_id,
-        url: config.url,
-        token: config.token.unwrap_or_default(),
-        auth_scheme: config.auth_scheme.unwrap_or_default(),
-        auth_credentials: config.auth_credentials.unwrap_or_default(),
-    }
-}
-
-pub(super) fn pending_push_out(pending: PendingPush) -> pb::PendingPushConfig {
-    let PushConfigKey { namespace, task_id, id } = pending.key;
-    pb::PendingPushConfig {
-        key: Some(pb::PushConfigKey { namespace, task_id, id }),
-        delivered_cursor: pending.delivered.map(|cursor| cursor.to_string()).unwrap_or_default(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -513,20 +454,6 @@ mod tests {
         assert_eq!((twice.field.as_str(), twice.reason.as_str()), ("answer.artifacts", "gives artifact a twice"));
         let nameless = super::answer(Some(answer(pb::TaskState::Completed, &[""]))).unwrap_err();
         assert_eq!(nameless.field, "answer.artifacts[0].artifact_id");
-    }
-
-    #[test]
-    fn push_urls_are_http_or_https_in_any_case() {
-        let config = |url: &str| Some(pb::PushConfig { url: url.into(), ..Default::default() });
-        for url in ["https://a.example/hook", "Https://a.example/hook", "HTTP://a.example/hook"] {
-            assert_eq!(push_config("t", config(url)).expect(url).url, url);
-        }
-        for url in ["ftp://a.example/hook", "https:/a.example", "a.example/hook", "https://a.example/h\0x"] {
-            assert_eq!(push_config("t", config(url)).unwrap_err().field, "config.url", "{url}");
-        }
-        let scheme =
-            pb::PushConfig { url: "https://a.example".into(), auth_scheme: "Be\0arer".into(), ..Default::default() };
-        assert_eq!(push_config("t", Some(scheme)).unwrap_err().field, "config.auth_scheme");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use chorus_runtime::{
 use prost::Message as _;
 use tonic::{Request, Response, Status};
 
-use super::convert;
+use super::{convert, push_convert};
 use crate::{
     domain::{
         ArtifactChunk, ClaimRequest, NewSubtask, NewTask, Notification, PageToken, PushConfigKey, StatusUpdate,
@@ -393,10 +393,10 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let request = request.into_inner();
         let task_id = request.config.as_ref().map(|config| config.task_id.clone()).unwrap_or_default();
         let (namespace, task_id) = task_ref(&request.namespace, "config.task_id", &task_id)?;
-        let config = convert::push_config(&task_id, request.config)?;
+        let config = push_convert::push_config(&task_id, request.config)?;
         let after = convert::cursor("after_cursor", &request.after_cursor)?;
         let config = self.store.create_push_config(&namespace, config, after).await?;
-        Ok(Response::new(convert::push_config_out(config)))
+        Ok(Response::new(push_convert::push_config_out(config)))
     }
 
     async fn get_push_config(
@@ -407,7 +407,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
         let id = validate::id("id", &request.id)?;
         let config = self.store.get_push_config(&namespace, &task_id, &id).await?;
-        Ok(Response::new(convert::push_config_out(config)))
+        Ok(Response::new(push_convert::push_config_out(config)))
     }
 
     async fn list_push_configs(
@@ -418,7 +418,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
         let configs = self.store.list_push_configs(&namespace, &task_id).await?;
         Ok(Response::new(pb::ListPushConfigsResponse {
-            configs: configs.into_iter().map(convert::push_config_out).collect(),
+            configs: configs.into_iter().map(push_convert::push_config_out).collect(),
         }))
     }
 
@@ -457,10 +457,10 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
             }
             size => size,
         };
-        let after = request.after.map(convert::push_config_key).transpose()?;
+        let after = request.after.map(push_convert::push_config_key).transpose()?;
         let configs = self.store.pending_push_configs(after.as_ref(), page_size).await?;
         Ok(Response::new(pb::ListPendingPushConfigsResponse {
-            configs: configs.into_iter().map(convert::pending_push_out).collect(),
+            configs: configs.into_iter().map(push_convert::pending_push_out).collect(),
         }))
     }
 }

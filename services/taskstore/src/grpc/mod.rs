@@ -2,5 +2,6 @@
 
 mod convert;
 mod handlers;
+mod push_convert;
 
 pub use handlers::TaskStoreGrpc;
