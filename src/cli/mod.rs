@@ -51,18 +51,11 @@ pub(crate) struct Target {
     token_file: Option<PathBuf>,
 }
 
-/// The environment variable a token is read from without `--token-file`.
-const TOKEN_ENV: &str = "CHORUS_TOKEN";
-
 /// The bearer token in `file`, else in `CHORUS_TOKEN`; none when neither
 /// holds one.
 pub(crate) fn bearer_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
-    let token = match file {
-        Some(file) => std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?,
-        None => std::env::var(TOKEN_ENV).unwrap_or_default(),
-    };
-    let token = token.trim();
-    Ok((!token.is_empty()).then(|| token.to_owned()))
+    chorus_gateway::acp::bearer_token(file)
+        .with_context(|| format!("cannot read {}", file.map(|file| file.display().to_string()).unwrap_or_default()))
 }
 
 #[derive(Debug, Subcommand)]

@@ -36,7 +36,7 @@ use std::sync::Arc;
 pub use self::ask::{ALLOW, PERMISSION, READ_TEXT_FILE, REJECT};
 pub use self::bridge::AUTH_METHOD;
 pub use self::session::SESSION_METADATA;
-pub use self::upstream::TOKEN_ENV;
+pub use self::upstream::{TOKEN_ENV, bearer_token};
 pub(crate) use self::ws::handle as websocket;
 
 use self::ask::FileRequest;

@@ -25,18 +25,30 @@ pub(crate) enum TokenSource {
     FileOrEnv(Option<PathBuf>),
 }
 
+/// The bearer token in `file`, else in `CHORUS_TOKEN`, trimmed; none when
+/// neither holds one. What every `chorus` command that calls a server
+/// presents.
+pub fn bearer_token(file: Option<&std::path::Path>) -> std::io::Result<Option<String>> {
+    let token = match file {
+        Some(path) => std::fs::read_to_string(path)?,
+        None => std::env::var(TOKEN_ENV).unwrap_or_default(),
+    };
+    let token = token.trim();
+    Ok((!token.is_empty()).then(|| token.to_owned()))
+}
+
 impl TokenSource {
     /// The credentials, if there are any; an unreadable file is an error.
     fn read(&self) -> Result<Option<Credentials>> {
-        let token = match self {
+        let file = match self {
             Self::Fixed(credentials) => return Ok(credentials.clone()),
-            Self::FileOrEnv(Some(path)) => std::fs::read_to_string(path).map_err(|error| {
-                AcpError::AuthRequired(format!("cannot read the token file {}: {error}", path.display()))
-            })?,
-            Self::FileOrEnv(None) => std::env::var(TOKEN_ENV).unwrap_or_default(),
+            Self::FileOrEnv(file) => file.as_deref(),
         };
-        let token = token.trim();
-        Ok((!token.is_empty()).then(|| Credentials::Bearer(token.to_owned())))
+        let token = bearer_token(file).map_err(|error| {
+            let path = file.map(|path| path.display().to_string()).unwrap_or_default();
+            AcpError::AuthRequired(format!("cannot read the token file {path}: {error}"))
+        })?;
+        Ok(token.map(Credentials::Bearer))
     }
 }
 
