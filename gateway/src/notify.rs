@@ -309,8 +309,17 @@ impl PushDispatcher {
             Err(stop) => return Some(stop),
         };
         let body = serde_json::to_value(update).expect("a stream response serializes");
-        let still_wanted = || async { !matches!(self.config(key).await, Err(Stop::Gone)) };
-        if let Err(error) = self.sender.deliver(&target(&config), &body, still_wanted).await {
+        // A config updated between attempts is retried as it is now; one
+        // that cannot be read just now is retried as it was.
+        let first = target(&config);
+        let current = || async {
+            match self.config(key).await {
+                Ok(config) => Some(target(&config)),
+                Err(Stop::Gone) => None,
+                Err(_) => Some(first.clone()),
+            }
+        };
+        if let Err(error) = self.sender.deliver(&first, &body, current).await {
             tracing::warn!(%task_id, %config_id, %error, "push notification not delivered");
         }
         None

@@ -97,17 +97,17 @@ impl PushSender {
 
     /// POSTs `body` to `target` until a 2xx answer, a permanent failure (a
     /// refused address, a redirect, a 4xx other than 408 and 429),
-    /// `max_attempts` attempts, or `still_wanted` (asked before each retry)
-    /// answering false. Returns the number of attempts made.
-    pub(crate) async fn deliver<Wanted: Future<Output = bool>>(
+    /// `max_attempts` attempts, or `current` (asked before each retry)
+    /// answering `None`: the config was withdrawn. Each retry goes where
+    /// `current` says, so a config updated meanwhile is followed. Returns the
+    /// number of attempts made.
+    pub(crate) async fn deliver<Current: Future<Output = Option<PushTarget>>>(
         &self,
         target: &PushTarget,
         body: &serde_json::Value,
-        mut still_wanted: impl FnMut() -> Wanted,
+        mut current: impl FnMut() -> Current,
     ) -> Result<u32, PushError> {
-        let url = self.guard.check(&target.url)?;
-        self.guard.check_literal(&url)?;
-        let headers = notification_headers(target)?;
+        let (mut url, mut headers) = self.prepare(target)?;
         let body = Bytes::from(body.to_string());
         let max_attempts = self.policy.max_attempts.max(1);
         let mut attempt = 0;
@@ -124,10 +124,17 @@ impl PushSender {
             let delay = backoff(&self.policy, attempt, retry_after);
             debug!(host = url.host_str(), attempt, delay_ms = delay.as_millis(), %error, "push delivery failed, retrying");
             tokio::time::sleep(delay).await;
-            if !still_wanted().await {
-                return Err(undelivered(attempt, PushError::Withdrawn));
-            }
+            let Some(target) = current().await else { return Err(undelivered(attempt, PushError::Withdrawn)) };
+            (url, headers) = self.prepare(&target).map_err(|error| undelivered(attempt, error))?;
         }
+    }
+
+    /// Where and with which headers `target` is delivered to, refused when
+    /// its URL fails the guard or a secret cannot be sent.
+    fn prepare(&self, target: &PushTarget) -> Result<(Url, HeaderMap), PushError> {
+        let url = self.guard.check(&target.url)?;
+        self.guard.check_literal(&url)?;
+        Ok((url, notification_headers(target)?))
     }
 
     async fn attempt(&self, url: &Url, headers: &HeaderMap, body: &Bytes) -> Result<(), Failure> {

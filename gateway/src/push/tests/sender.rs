@@ -101,6 +101,11 @@ fn target(url: String) -> PushTarget {
     PushTarget { url, token: None, authentication: None }
 }
 
+/// Delivers `status_update()` to `target`, which stays as it is on every retry.
+async fn deliver(sender: &PushSender, target: &PushTarget) -> Result<u32, PushError> {
+    sender.deliver(target, &status_update(), || std::future::ready(Some(target.clone()))).await
+}
+
 fn header<'a>(seen: &'a Seen, name: &str) -> Option<&'a str> {
     seen.headers.get(name).map(|value| value.to_str().expect("ascii header"))
 }
@@ -117,7 +122,7 @@ async fn delivers_body_and_headers() {
         token: Some("tok-1".into()),
         authentication: Some(("Bearer".into(), Some("s3cret".into()))),
     };
-    let attempts = sender(policy()).deliver(&target, &status_update(), || async { true }).await.expect("delivered");
+    let attempts = deliver(&sender(policy()), &target).await.expect("delivered");
     assert_eq!(attempts, 1);
     let seen = receiver.seen();
     assert_eq!(seen.len(), 1);
@@ -133,7 +138,7 @@ async fn delivers_body_and_headers() {
 async fn omits_absent_token_and_credentials() {
     let receiver = Receiver::start(vec![Reply::Status(204)]).await;
     let target = PushTarget { authentication: Some(("Bearer".into(), None)), ..target(receiver.url("127.0.0.1")) };
-    sender(policy()).deliver(&target, &status_update(), || async { true }).await.expect("delivered");
+    deliver(&sender(policy()), &target).await.expect("delivered");
     let seen = receiver.seen();
     assert_eq!(header(&seen[0], "authorization"), None);
     assert_eq!(header(&seen[0], "x-a2a-notification-token"), None);
@@ -142,8 +147,7 @@ async fn omits_absent_token_and_credentials() {
 #[tokio::test]
 async fn retries_server_errors_until_delivered() {
     let receiver = Receiver::start(vec![Reply::Status(503), Reply::Status(503), Reply::Status(200)]).await;
-    let attempts =
-        sender(policy()).deliver(&target(receiver.url("127.0.0.1")), &status_update(), || async { true }).await;
+    let attempts = deliver(&sender(policy()), &target(receiver.url("127.0.0.1"))).await;
     assert_eq!(attempts.expect("delivered"), 3);
     let seen = receiver.seen();
     assert_eq!(seen.len(), 3);
@@ -154,8 +158,7 @@ async fn retries_server_errors_until_delivered() {
 #[tokio::test]
 async fn retries_408_and_429() {
     let receiver = Receiver::start(vec![Reply::Status(429), Reply::Status(408), Reply::Status(200)]).await;
-    let attempts =
-        sender(policy()).deliver(&target(receiver.url("127.0.0.1")), &status_update(), || async { true }).await;
+    let attempts = deliver(&sender(policy()), &target(receiver.url("127.0.0.1"))).await;
     assert_eq!(attempts.expect("delivered"), 3);
 }
 
@@ -163,10 +166,7 @@ async fn retries_408_and_429() {
 async fn gives_up_after_max_attempts() {
     let receiver = Receiver::start(vec![Reply::Status(500)]).await;
     let policy = PushPolicy { max_attempts: 3, ..policy() };
-    let error = sender(policy)
-        .deliver(&target(receiver.url("127.0.0.1")), &status_update(), || async { true })
-        .await
-        .expect_err("500");
+    let error = deliver(&sender(policy), &target(receiver.url("127.0.0.1"))).await.expect_err("500");
     let PushError::Undelivered { attempts: 3, cause } = &error else { panic!("expected 3 attempts, got {error:?}") };
     assert!(matches!(**cause, PushError::Status(StatusCode::INTERNAL_SERVER_ERROR)), "{cause:?}");
     assert_eq!(receiver.seen().len(), 3);
@@ -179,12 +179,13 @@ async fn gives_up_after_max_attempts() {
 #[tokio::test]
 async fn stops_retrying_once_the_notification_is_no_longer_wanted() {
     let receiver = Receiver::start(vec![Reply::Status(503)]).await;
+    let first = target(receiver.url("127.0.0.1"));
     let mut asked = 0;
-    let still_wanted = || {
+    let current = || {
         asked += 1;
-        std::future::ready(asked < 2)
+        std::future::ready((asked < 2).then(|| first.clone()))
     };
-    let error = sender(policy()).deliver(&target(receiver.url("127.0.0.1")), &status_update(), still_wanted).await;
+    let error = sender(policy()).deliver(&first, &status_update(), current).await;
     let error = error.expect_err("withdrawn");
     let PushError::Undelivered { attempts: 2, cause } = &error else { panic!("expected 2 attempts, got {error:?}") };
     assert!(matches!(**cause, PushError::Withdrawn), "{cause:?}");
@@ -192,12 +193,36 @@ async fn stops_retrying_once_the_notification_is_no_longer_wanted() {
 }
 
 #[tokio::test]
+async fn retries_go_where_the_config_points_now() {
+    let old = Receiver::start(vec![Reply::Status(503)]).await;
+    let new = Receiver::start(vec![Reply::Status(200)]).await;
+    let updated = PushTarget { token: Some("tok-2".into()), ..target(new.url("127.0.0.1")) };
+    let current = || std::future::ready(Some(updated.clone()));
+    let attempts = sender(policy()).deliver(&target(old.url("127.0.0.1")), &status_update(), current).await;
+    assert_eq!(attempts.expect("delivered to the new URL"), 2);
+    assert_eq!(old.seen().len(), 1, "the old URL was retried");
+    let seen = new.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(header(&seen[0], "x-a2a-notification-token"), Some("tok-2"));
+}
+
+#[tokio::test]
+async fn a_retry_to_a_refused_url_stops() {
+    let receiver = Receiver::start(vec![Reply::Status(503)]).await;
+    let policy = PushPolicy { allow_private: false, allowed_hosts: vec!["localhost".into()], ..policy() };
+    let moved = target(receiver.url("127.0.0.1"));
+    let current = || std::future::ready(Some(moved.clone()));
+    let error = sender(policy).deliver(&target(receiver.url("localhost")), &status_update(), current).await;
+    let error = error.expect_err("the new URL is loopback");
+    let PushError::Undelivered { attempts: 1, cause } = &error else { panic!("expected 1 attempt, got {error:?}") };
+    assert!(matches!(**cause, PushError::Blocked { kind: AddressKind::Loopback, .. }), "{cause:?}");
+    assert_eq!(receiver.seen().len(), 1);
+}
+
+#[tokio::test]
 async fn does_not_retry_client_errors() {
     let receiver = Receiver::start(vec![Reply::Status(400), Reply::Status(200)]).await;
-    let error = sender(policy())
-        .deliver(&target(receiver.url("127.0.0.1")), &status_update(), || async { true })
-        .await
-        .expect_err("400");
+    let error = deliver(&sender(policy()), &target(receiver.url("127.0.0.1"))).await.expect_err("400");
     let PushError::Undelivered { attempts: 1, cause } = &error else { panic!("expected 1 attempt, got {error:?}") };
     assert!(matches!(**cause, PushError::Status(StatusCode::BAD_REQUEST)), "{cause:?}");
     assert_eq!(receiver.seen().len(), 1);
@@ -207,10 +232,7 @@ async fn does_not_retry_client_errors() {
 async fn does_not_follow_redirects() {
     let receiver = Receiver::start(vec![Reply::Status(200)]).await;
     let redirecting = Receiver::start(vec![Reply::Redirect(receiver.url("127.0.0.1"))]).await;
-    let error = sender(policy())
-        .deliver(&target(redirecting.url("127.0.0.1")), &status_update(), || async { true })
-        .await
-        .expect_err("307");
+    let error = deliver(&sender(policy()), &target(redirecting.url("127.0.0.1"))).await.expect_err("307");
     let PushError::Undelivered { attempts: 1, cause } = &error else { panic!("expected 1 attempt, got {error:?}") };
     assert!(matches!(**cause, PushError::Redirect(StatusCode::TEMPORARY_REDIRECT)), "{cause:?}");
     assert_eq!(redirecting.seen().len(), 1);
@@ -222,8 +244,7 @@ async fn times_out_a_hanging_receiver_and_retries() {
     let receiver = Receiver::start(vec![Reply::Hang, Reply::Status(200)]).await;
     let policy = PushPolicy { timeout_ms: 300, ..policy() };
     let started = Instant::now();
-    let attempts =
-        sender(policy).deliver(&target(receiver.url("127.0.0.1")), &status_update(), || async { true }).await;
+    let attempts = deliver(&sender(policy), &target(receiver.url("127.0.0.1"))).await;
     assert_eq!(attempts.expect("delivered on the second attempt"), 2);
     assert!(started.elapsed() >= Duration::from_millis(300), "{:?}", started.elapsed());
     assert_eq!(receiver.seen().len(), 2);
@@ -233,10 +254,7 @@ async fn times_out_a_hanging_receiver_and_retries() {
 async fn reports_a_timeout_when_the_receiver_never_answers() {
     let receiver = Receiver::start(vec![Reply::Hang]).await;
     let policy = PushPolicy { timeout_ms: 100, max_attempts: 2, ..policy() };
-    let error = sender(policy)
-        .deliver(&target(receiver.url("127.0.0.1")), &status_update(), || async { true })
-        .await
-        .expect_err("hang");
+    let error = deliver(&sender(policy), &target(receiver.url("127.0.0.1"))).await.expect_err("hang");
     let PushError::Undelivered { attempts: 2, cause } = &error else { panic!("expected 2 attempts, got {error:?}") };
     assert_eq!(cause.to_string(), "push receiver did not answer within 100 ms");
 }
@@ -248,8 +266,7 @@ async fn retries_refused_connections() {
     drop(listener);
     let policy = PushPolicy { max_attempts: 2, ..policy() };
     let url = format!("http://127.0.0.1:{port}/hook");
-    let error =
-        sender(policy).deliver(&target(url), &status_update(), || async { true }).await.expect_err("nothing listens");
+    let error = deliver(&sender(policy), &target(url)).await.expect_err("nothing listens");
     let PushError::Undelivered { attempts: 2, cause } = &error else { panic!("expected 2 attempts, got {error:?}") };
     assert!(matches!(**cause, PushError::Transport(_)), "{cause:?}");
 }
@@ -259,8 +276,7 @@ async fn honours_retry_after_up_to_max_backoff() {
     let receiver = Receiver::start(vec![Reply::RetryAfter(503, "60"), Reply::Status(200)]).await;
     let policy = PushPolicy { initial_backoff_ms: 1, max_backoff_ms: 300, ..policy() };
     let started = Instant::now();
-    let attempts =
-        sender(policy).deliver(&target(receiver.url("127.0.0.1")), &status_update(), || async { true }).await;
+    let attempts = deliver(&sender(policy), &target(receiver.url("127.0.0.1"))).await;
     assert_eq!(attempts.expect("delivered"), 2);
     let elapsed = started.elapsed();
     assert!(elapsed >= Duration::from_millis(300), "Retry-After ignored: {elapsed:?}");
@@ -271,10 +287,7 @@ async fn honours_retry_after_up_to_max_backoff() {
 async fn refuses_loopback_before_any_request() {
     let receiver = Receiver::start(vec![Reply::Status(200)]).await;
     let policy = PushPolicy { allow_private: false, ..policy() };
-    let error = sender(policy)
-        .deliver(&target(receiver.url("127.0.0.1")), &status_update(), || async { true })
-        .await
-        .expect_err("loopback");
+    let error = deliver(&sender(policy), &target(receiver.url("127.0.0.1"))).await.expect_err("loopback");
     assert!(matches!(error, PushError::Blocked { kind: AddressKind::Loopback, .. }), "{error:?}");
     assert!(receiver.seen().is_empty());
 }
@@ -285,10 +298,7 @@ async fn refuses_loopback_before_any_request() {
 async fn refuses_names_resolving_to_loopback_when_connecting() {
     let receiver = Receiver::start(vec![Reply::Status(200)]).await;
     let policy = PushPolicy { allow_private: false, ..policy() };
-    let error = sender(policy)
-        .deliver(&target(receiver.url("localhost")), &status_update(), || async { true })
-        .await
-        .expect_err("refused");
+    let error = deliver(&sender(policy), &target(receiver.url("localhost"))).await.expect_err("refused");
     let PushError::Undelivered { attempts: 1, cause } = &error else { panic!("expected 1 attempt, got {error:?}") };
     let PushError::Blocked { host, kind, .. } = &**cause else { panic!("expected a refusal, got {cause:?}") };
     assert_eq!((host.as_str(), *kind), ("localhost", AddressKind::Loopback));
@@ -299,8 +309,7 @@ async fn refuses_names_resolving_to_loopback_when_connecting() {
 async fn allowed_hosts_admit_a_listed_name() {
     let receiver = Receiver::start(vec![Reply::Status(200)]).await;
     let policy = PushPolicy { allow_private: false, allowed_hosts: vec!["localhost".into()], ..policy() };
-    let attempts =
-        sender(policy).deliver(&target(receiver.url("localhost")), &status_update(), || async { true }).await;
+    let attempts = deliver(&sender(policy), &target(receiver.url("localhost"))).await;
     assert_eq!(attempts.expect("delivered"), 1);
     assert_eq!(receiver.seen().len(), 1);
 }
@@ -309,7 +318,7 @@ async fn allowed_hosts_admit_a_listed_name() {
 async fn refuses_header_values_that_are_not_valid() {
     let receiver = Receiver::start(vec![Reply::Status(200)]).await;
     let target = PushTarget { token: Some("a\nb".into()), ..target(receiver.url("127.0.0.1")) };
-    let error = sender(policy()).deliver(&target, &status_update(), || async { true }).await.expect_err("bad token");
+    let error = deliver(&sender(policy()), &target).await.expect_err("bad token");
     assert!(matches!(error, PushError::InvalidHeader("token")), "{error:?}");
     assert!(receiver.seen().is_empty());
 }
