@@ -74,7 +74,8 @@ pub fn build(
         );
     let runner = builtin::Runner::new(
         tasks.clone(),
-        chorus_proto::workflow::workflow_client::WorkflowClient::new(workflows),
+        // As tasks, runs grow with their steps' outputs.
+        chorus_proto::workflow::workflow_client::WorkflowClient::new(workflows).max_decoding_message_size(usize::MAX),
         client.clone(),
         timeout,
         shutdown.clone(),

@@ -186,7 +186,8 @@ async fn connect(target: &Target) -> Result<WorkflowClient<Transport>, Failure> 
             .map_err(|_| Failure::Call("the token cannot be sent in a header".to_owned()))?,
         None => Transport::remote(channel),
     };
-    Ok(WorkflowClient::new(transport))
+    // A run's answer carries every step's output, which can outgrow 4 MiB.
+    Ok(WorkflowClient::new(transport).max_decoding_message_size(usize::MAX))
 }
 
 /// Writes to stdout; see [`out!`].

@@ -100,6 +100,10 @@ pub fn client_from_channel(channel: Channel) -> Client {
 
 /// A client over any transport, such as a task store in this process
 /// ([`Transport::in_process`]).
+///
+/// Answers are not limited to gRPC's default 4 MiB: a task grows with every
+/// message and artifact, and one past that size could otherwise be claimed
+/// but never decoded, its lease running out again and again.
 pub fn client_over(transport: Transport) -> Client {
-    TaskStoreClient::with_interceptor(transport, TracePropagation)
+    TaskStoreClient::with_interceptor(transport, TracePropagation).max_decoding_message_size(usize::MAX)
 }

@@ -214,3 +214,14 @@ async fn capacity_bounds_the_handlers_running_at_once() {
     assert_eq!(most_at_once.load(Ordering::SeqCst), 2);
     assert!(worker.stop().await.is_ok());
 }
+
+#[tokio::test]
+async fn a_task_larger_than_grpcs_default_limit_is_worked() {
+    let store = LiveStore::start().await;
+    let handler = |task: TaskContext| async move { Ok(Reply::text(task.text().len().to_string())) };
+    let running = Running::start(&store, |worker| worker, handler).await;
+    let created = store.create(NAMESPACE, super::AGENT, &"x".repeat(5 << 20), None).await;
+    let done = store.finished(NAMESPACE, &created.id).await;
+    assert_eq!((state_of(&done), done.attempt, status_text(&done)), (TaskState::Completed, 1, Some("5242880")));
+    running.stop().await.expect("the worker stops cleanly");
+}

@@ -168,8 +168,12 @@ async fn serve(listener: TcpListener, database_url: &str, calls: &Arc<Mutex<Vec<
     let store = TaskStore::new(repository, Wakeups::new(), store_config(), shutdown.clone());
     store.spawn_reaper();
     let mut server = ServerBuilder::new(ServerConfig::default());
-    server
-        .add_grpc_service(Recorded { inner: TaskStoreGrpc::new(store).into_server(4 << 20), calls: Arc::clone(calls) });
+    // Requests of up to 16 MiB, as `server.max_message_bytes` may allow:
+    // tasks larger than gRPC's default 4 MiB can then be made.
+    server.add_grpc_service(Recorded {
+        inner: TaskStoreGrpc::new(store).into_server(16 << 20),
+        calls: Arc::clone(calls),
+    });
     let server = tokio::spawn(server.serve(listener, shutdown.clone()));
     Serving { shutdown, db, server }
 }
