@@ -59,7 +59,8 @@ impl ClientEffects {
             tasks: TaskStoreClient::new(endpoints.taskstore).max_decoding_message_size(usize::MAX),
             hub: HubClient::new(endpoints.hub),
             bus: EventBusClient::new(endpoints.eventbus),
-            gateway: GatewayClient::new(endpoints.gateway),
+            // A delegation answers with the remote task, as large as it grew.
+            gateway: GatewayClient::new(endpoints.gateway).max_decoding_message_size(usize::MAX),
             gateway_url: endpoints.gateway_url.trim_end_matches('/').to_owned(),
             allow_private_webhooks: endpoints.allow_private_webhooks,
             http: webhook_client(endpoints.allow_private_webhooks, endpoints.webhook_timeout)?,
