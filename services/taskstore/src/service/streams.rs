@@ -12,7 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::{TaskStore, handoff::Live, keys};
 use crate::{
     domain::{ClaimRequest, Claimed, Cursor, EventKind, EventQuery, Task, TaskEvent, now_micros},
-    error::Result,
+    error::{Result, TaskStoreError},
 };
 
 /// Events read per query.
@@ -20,6 +20,9 @@ const EVENT_BATCH: u32 = 256;
 
 /// How soon to read again when committed events wait behind an older transaction.
 pub(super) const HELD_BACK_RETRY: Duration = Duration::from_millis(5);
+
+/// The longest a stream waits for room to tell its client of a shutdown.
+const SHUTDOWN_NOTICE: Duration = Duration::from_secs(1);
 
 /// What a watch of many tasks follows.
 #[derive(Debug, Clone, Default)]
@@ -282,12 +285,18 @@ impl TaskStore {
     /// Waits for a signal or the poll interval — briefly when committed
     /// events are `held_back` behind an older transaction, which signals
     /// nothing when it ends. Returns false when the stream should end: the
-    /// client left or the service is shutting down.
-    async fn pause<T>(&self, sender: &mpsc::Sender<T>, waiters: &mut [Waiter], held_back: bool) -> bool {
+    /// client left, or the service is shutting down, which the client is
+    /// told (UNAVAILABLE) so that it does not take the end for the last of
+    /// the stream and opens it again.
+    async fn pause<T>(&self, sender: &mpsc::Sender<Result<T>>, waiters: &mut [Waiter], held_back: bool) -> bool {
         let poll =
             if held_back { HELD_BACK_RETRY.min(self.config.poll_interval()) } else { self.config.poll_interval() };
         tokio::select! {
-            () = self.shutdown.cancelled() => false,
+            () = self.shutdown.cancelled() => {
+                let notice = sender.send(Err(TaskStoreError::ShuttingDown));
+                let _ = tokio::time::timeout(SHUTDOWN_NOTICE, notice).await;
+                false
+            }
             () = sender.closed() => false,
             () = wait_any(waiters, poll) => true,
         }

@@ -1,22 +1,29 @@
 //! The event log: watches resume from a cursor and lose nothing.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
-use chorus_runtime::storage::Backend;
+use chorus_runtime::{storage::Backend, wakeup::Wakeups};
 use chorus_taskstore::{
     TaskStore,
     domain::{ArtifactChunk, EventKind, EventQuery, Part, StatusUpdate, TaskEvent, TaskState},
+    error::TaskStoreError,
+    repository::sql::SqlTaskRepository,
     service::{WatchFilter, WatchStart},
 };
 use tokio_stream::StreamExt as _;
+use tokio_util::sync::CancellationToken;
 
-use crate::harness::{Harness, agent_message, conformance, new_task, text_artifact};
+use crate::{
+    harness::{Harness, agent_message, conformance, new_task, test_config, text_artifact},
+    workers::claim_request,
+};
 
 conformance!(
     a_task_watch_replays_from_a_cursor_and_ends_with_the_task,
     a_namespace_watch_follows_live_changes_and_resumes,
     every_change_is_recorded_in_commit_order,
     an_event_that_commits_late_is_held_back_not_skipped,
+    streams_cut_short_by_shutdown_end_unavailable,
 );
 
 async fn collect(
@@ -170,4 +177,33 @@ async fn an_event_that_commits_late_is_held_back_not_skipped(h: Harness) {
     older.commit().await.unwrap();
     let kinds: Vec<EventKind> = read_settled(&h, &after).await.iter().map(|event| event.kind).collect();
     assert_eq!(kinds, [EventKind::MessageAdded, EventKind::StatusChanged], "the late event is not skipped");
+}
+
+/// A stream that a shutdown ends before its task did ends with UNAVAILABLE,
+/// so that its client opens it again (elsewhere, or here once restarted)
+/// rather than take the end for the task's or the queue's.
+async fn streams_cut_short_by_shutdown_end_unavailable(h: Harness) {
+    let shutdown = CancellationToken::new();
+    let replica =
+        TaskStore::new(Arc::new(SqlTaskRepository::new(h.db.clone())), Wakeups::new(), test_config(), shutdown.clone());
+    let task = h.task("ns", "echo", "nobody works on this").await;
+    let task_watch = replica.watch_task("ns", &task.id, None).await.unwrap();
+    let namespace_watch = replica.watch_tasks("ns", WatchFilter::default(), WatchStart::Now).await.unwrap();
+    let claims = replica.claim_stream(claim_request("idle", "w1", 1, Duration::from_secs(30), 0));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    shutdown.cancel();
+    let mut task_events = collect_outcomes(task_watch).await;
+    assert!(matches!(task_events.pop(), Some(Err(TaskStoreError::ShuttingDown))), "{task_events:?}");
+    assert!(task_events.iter().all(Result::is_ok), "{task_events:?}");
+    let namespace_events = collect_outcomes(namespace_watch).await;
+    assert!(matches!(namespace_events.last(), Some(Err(TaskStoreError::ShuttingDown))), "{namespace_events:?}");
+    let claimed = collect_outcomes(claims).await;
+    assert!(matches!(claimed.as_slice(), [Err(TaskStoreError::ShuttingDown)]), "{claimed:?}");
+}
+
+/// Every item of a stream, until it ends.
+async fn collect_outcomes<T>(
+    stream: impl tokio_stream::Stream<Item = Result<T, TaskStoreError>>,
+) -> Vec<Result<T, TaskStoreError>> {
+    tokio::time::timeout(Duration::from_secs(10), stream.collect::<Vec<_>>()).await.expect("the stream ends")
 }
