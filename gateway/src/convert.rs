@@ -37,6 +37,13 @@ pub(crate) fn state_out(state: i32) -> TaskState {
     }
 }
 
+/// Whether `event` is the task's final change: the task store ends a watch
+/// after it.
+pub(crate) fn ends_task(event: &pb::TaskEvent) -> bool {
+    event.kind() == pb::task_event::Kind::StatusChanged
+        && state_out(event.status.as_ref().map_or(0, |status| status.state)).is_terminal()
+}
+
 /// Whether a task in `state` waits for its caller (a stream ends there).
 pub(crate) fn is_interrupted(state: &TaskState) -> bool {
     matches!(state, TaskState::InputRequired | TaskState::AuthRequired)

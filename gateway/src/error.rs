@@ -204,11 +204,12 @@ impl GatewayError {
             Code::InvalidArgument | Code::OutOfRange => Self::InvalidParams(message),
             Code::FailedPrecondition => Self::UnsupportedOperation(message),
             Code::ResourceExhausted => Self::Unavailable(message),
-            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
+            // The task store answers every error of its own with a code:
+            // Unknown is a connection that broke under the call.
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted | Code::Unknown => {
                 Self::Unavailable(format!("the task store is unavailable: {message}"))
             }
             Code::Ok
-            | Code::Unknown
             | Code::AlreadyExists
             | Code::PermissionDenied
             | Code::Unimplemented

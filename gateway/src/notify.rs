@@ -283,7 +283,7 @@ impl PushDispatcher {
                 }
             };
             let next = event.cursor.clone();
-            let last = ends_task(&event);
+            let last = convert::ends_task(&event);
             let update = convert::event_out(event).filter(|update| !matches!(update, StreamResponse::Task(_)));
             if let Some(update) = &update
                 && let Some(stop) = self.notify(key, update).await
@@ -349,12 +349,6 @@ impl PushDispatcher {
             }
         }
     }
-}
-
-/// The task's final change: the task store ends the watch after it.
-fn ends_task(event: &pb::TaskEvent) -> bool {
-    event.kind() == pb::task_event::Kind::StatusChanged
-        && convert::state_out(event.status.as_ref().map_or(0, |status| status.state)).is_terminal()
 }
 
 pub(crate) fn target(config: &pb::PushConfig) -> PushTarget {

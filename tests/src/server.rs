@@ -86,6 +86,14 @@ impl ServerBuilder {
         }
     }
 
+    /// Listens on `address` rather than a free port: a server restarted where
+    /// its clients know it.
+    pub fn listen(mut self, address: SocketAddr) -> Self {
+        let port = self.args.iter().position(|arg| arg == "--listen").map_or(self.args.len(), |flag| flag + 1);
+        self.args[port] = address.to_string().into();
+        self
+    }
+
     /// Without the built-in agents (`chorus dev --no-agents`).
     pub fn no_agents(mut self) -> Self {
         self.args.push("--no-agents".into());

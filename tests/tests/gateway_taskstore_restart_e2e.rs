@@ -1,0 +1,86 @@
+//! A gateway in a process of its own outlives its task store's restarts: a
+//! blocking `SendMessage` and a `SendStreamingMessage` stream that were
+//! waiting when the task store stopped (gracefully or killed) end as their
+//! task does once it is back, rather than fail while the task goes on.
+
+use std::time::Duration;
+
+use chorus_tests::{
+    Sandbox, Server,
+    a2a::{A2a, describe, events, message, state, unique, write_chorus_toml},
+    test_worker,
+    worker::Mode,
+};
+use serde_json::{Value, json};
+
+const CATALOG: &str = r#"[gateway]
+default_agent = "reverser"
+
+[[gateway.agents]]
+id = "reverser"
+name = "Reverser"
+description = "Works on each task until it is canceled"
+kind = "worker"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_calls_outlive_a_task_store_that_stops() {
+    calls_outlive_a_task_store_restart(Server::stop).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_calls_outlive_a_task_store_that_is_killed() {
+    calls_outlive_a_task_store_restart(Server::kill).await;
+}
+
+async fn calls_outlive_a_task_store_restart<Stopped>(stop: impl FnOnce(Server) -> Stopped)
+where
+    Stopped: Future<Output = std::process::ExitStatus>,
+{
+    let sandbox = Sandbox::new();
+    write_chorus_toml(sandbox.path(), CATALOG);
+    let database = format!("sqlite://{}?mode=rwc", sandbox.path().join("tasks.db").display());
+    let taskstore = sandbox.serve_taskstore(&database).start().await;
+    let address = taskstore.address();
+    let gateway =
+        sandbox.serve("gateway", &database).env("CHORUS_GATEWAY__TASKSTORE_URL", taskstore.url()).start().await;
+    let _worker = test_worker!(sandbox, taskstore.url()).mode(Mode::Hang).capacity(2).start().await;
+    let a2a = A2a::new(&gateway);
+
+    let blocking = a2a.rpc("reverser", "SendMessage", json!({ "message": message(&unique("blocking"), "wait") }));
+    let blocking = tokio::spawn(async move { chorus_tests::a2a::json(blocking).await });
+    let streaming =
+        a2a.rpc("reverser", "SendStreamingMessage", json!({ "message": message(&unique("streaming"), "wait") }));
+    let streaming = tokio::spawn(events(streaming));
+    let working = working_tasks(&a2a, 2).await;
+
+    stop(taskstore).await;
+    let _taskstore = sandbox.serve_taskstore(&database).listen(address).start().await;
+    for id in &working {
+        a2a.call("reverser", "CancelTask", json!({ "id": id })).await;
+    }
+
+    let (status, answer) = blocking.await.expect("the blocking call does not panic");
+    assert!(status.is_success(), "HTTP {status}: {answer:#}");
+    assert_eq!(state(&answer["result"]["task"]), "TASK_STATE_CANCELED", "{answer:#}");
+    let seen: Vec<String> =
+        streaming.await.expect("the stream does not panic").iter().map(|event| describe(&event["result"])).collect();
+    assert_eq!(seen.first().map(String::as_str), Some("task SUBMITTED"), "{seen:?}");
+    assert_eq!(seen.last().map(String::as_str), Some("status CANCELED"), "{seen:?}");
+    let working_seen = seen.iter().filter(|event| *event == "status WORKING").count();
+    assert_eq!(working_seen, 1, "a change was lost or sent twice: {seen:?}");
+}
+
+/// The ids of the first `count` tasks the worker took, once it has.
+async fn working_tasks(a2a: &A2a, count: usize) -> Vec<Value> {
+    let mut listed = Value::Null;
+    for _ in 0..200 {
+        listed = a2a.call("reverser", "ListTasks", json!({ "status": "TASK_STATE_WORKING" })).await;
+        let tasks = listed["tasks"].as_array().cloned().unwrap_or_default();
+        if tasks.len() == count {
+            return tasks.iter().map(|task| task["id"].clone()).collect();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the worker did not take {count} tasks: {listed:#}");
+}
