@@ -260,6 +260,7 @@ impl Stack {
                     let (workflows, _) =
                         reach(config.gateway.workflow_url.as_ref(), local, address, "gateway.workflow_url")?;
                     let mut gateway_config = config.gateway.clone();
+                    gateway_config.push.follower_id.get_or_insert_with(|| format!("{}/{address}", host_name()));
                     if gateway_config.registry_file.is_none() && db.is_some() && config.storage.database_url.is_empty()
                     {
                         gateway_config.registry_file =

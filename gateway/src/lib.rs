@@ -81,7 +81,7 @@ pub fn build(
         shutdown.clone(),
     );
     let push = notify::PushDispatcher::new(tasks.clone(), &config.push, shutdown)?;
-    push.resume();
+    push.keep_leases();
     // Where credentials are checked, the gateway's own agents take one more,
     // known only to this process, for the delegations it makes to them.
     let own = config.auth.enabled().then(|| {

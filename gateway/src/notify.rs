@@ -9,14 +9,25 @@
 //! change delivered.
 //!
 //! The task store keeps, with each config, the cursor of the last change
-//! delivered (or given up on) and whether the config finished: a gateway
-//! that starts resumes every unfinished config after its cursor. A gateway
-//! that stops between delivering a change and saving its cursor sends that
-//! change again.
+//! delivered (or given up on), whether the config finished, and which
+//! gateway follows it, under a lease: the one that created it, until the
+//! lease runs out unrenewed. Every third of a lease a gateway renews the
+//! leases it holds, stops following the configs it learns it lost, and
+//! claims the configs no gateway holds (their gateway died, or handed them
+//! back), following each after its cursor. A gateway hands its leases back
+//! when it stops, and when it starts (those of its previous run, which it
+//! then claims like any other). A follower whose config was taken is refused
+//! its next save and stops; a gateway that stops between delivering a change
+//! and saving its cursor has that change sent again by the next follower.
+
+mod leases;
 
 use std::{
-    collections::HashSet,
-    sync::{Arc, Mutex},
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
 use a2a::StreamResponse;
@@ -56,19 +67,30 @@ impl Changes {
     }
 }
 
-/// How many unfinished configs a starting gateway reads at a time.
-const RESUME_PAGE: u32 = 100;
-
 /// (namespace, task id, config id).
 type ConfigKey = (String, String, String);
+
+/// Tells the followers of one config apart, as one may start after another
+/// was told to stop and before it did.
+static FOLLOWERS: AtomicU64 = AtomicU64::new(0);
+
+/// A config's follower, as the dispatcher knows it.
+#[derive(Debug)]
+struct Follower {
+    id: u64,
+    /// Stops it: its config was taken by another gateway.
+    stop: CancellationToken,
+}
 
 #[derive(Debug, Clone)]
 pub(crate) struct PushDispatcher {
     tasks: TaskStoreClient<Transport>,
     sender: Arc<PushSender>,
     policy: PushPolicy,
+    /// This gateway's name in the leases of the configs it follows.
+    follower: String,
     /// The configs being followed.
-    following: Arc<Mutex<HashSet<ConfigKey>>>,
+    following: Arc<Mutex<HashMap<ConfigKey, Follower>>>,
     shutdown: CancellationToken,
 }
 
@@ -84,6 +106,8 @@ enum Stop {
     /// The watch broke, or the config could not be read: reopen after the
     /// last change delivered.
     Broken,
+    /// Another gateway follows the config now.
+    Lost,
 }
 
 impl PushDispatcher {
@@ -92,8 +116,32 @@ impl PushDispatcher {
         policy: &PushPolicy,
         shutdown: CancellationToken,
     ) -> std::result::Result<Self, String> {
+        if policy.lease_ms == 0 {
+            return Err("gateway.push.lease_ms must be at least 1".to_owned());
+        }
         let sender = PushSender::new(policy.clone()).map_err(|error| error.to_string())?;
-        Ok(Self { tasks, sender: Arc::new(sender), policy: policy.clone(), following: Arc::default(), shutdown })
+        let follower = policy.follower_id.clone().unwrap_or_else(|| {
+            let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "chorus".into());
+            format!("{host}-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8])
+        });
+        Ok(Self {
+            tasks,
+            sender: Arc::new(sender),
+            policy: policy.clone(),
+            follower,
+            following: Arc::default(),
+            shutdown,
+        })
+    }
+
+    /// This gateway's name in the leases of the configs it follows.
+    pub(crate) fn follower(&self) -> &str {
+        &self.follower
+    }
+
+    /// How long a lease lasts unrenewed.
+    pub(crate) fn lease_ms(&self) -> u64 {
+        self.policy.lease_ms
     }
 
     /// Refuses a URL notifications may not go to (SSRF guard): a bad URL, or
@@ -134,50 +182,6 @@ impl PushDispatcher {
         Ok(Changes { events, after })
     }
 
-    /// Resumes, in the background, the delivery of every config not
-    /// finished (this gateway is starting), each after the last change it
-    /// was delivered; waits for the task store while it cannot be reached.
-    pub(crate) fn resume(&self) {
-        let dispatcher = self.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                () = dispatcher.resume_pending() => {}
-                () = dispatcher.shutdown.cancelled() => {}
-            }
-        });
-    }
-
-    async fn resume_pending(&self) {
-        let mut after = None;
-        let mut failures = 0;
-        loop {
-            let request = pb::ListPendingPushConfigsRequest { page_size: RESUME_PAGE, after: after.clone() };
-            let page = match self.tasks.clone().list_pending_push_configs(request).await {
-                Ok(page) => page.into_inner().configs,
-                Err(status) => {
-                    failures += 1;
-                    tracing::warn!(failures, error = %status.message(), "cannot list the push configs to resume");
-                    tokio::time::sleep(push::backoff(&self.policy, failures, None)).await;
-                    continue;
-                }
-            };
-            failures = 0;
-            let last_page = page.len() < RESUME_PAGE as usize;
-            for pending in page {
-                let Some(key) = pending.key else {
-                    tracing::warn!("the task store listed a push config without its key");
-                    continue;
-                };
-                let config = (key.namespace.clone(), key.task_id.clone(), key.id.clone());
-                self.spawn(config, pending.delivered_cursor, None);
-                after = Some(key);
-            }
-            if last_page {
-                return;
-            }
-        }
-    }
-
     /// Delivers `changes` to the stored config `config_id` of the task, in
     /// the background, unless that config is followed already.
     pub(crate) fn start(&self, namespace: &str, task_id: &str, config_id: &str, changes: Changes) {
@@ -188,16 +192,26 @@ impl PushDispatcher {
     /// Follows the config from `cursor` on `events`, or on a watch opened
     /// after it, unless the config is followed already.
     fn spawn(&self, key: ConfigKey, cursor: String, events: Option<tonic::Streaming<pb::TaskEvent>>) {
-        if !self.following.lock().expect("push followers lock").insert(key.clone()) {
-            return;
+        let id = FOLLOWERS.fetch_add(1, Ordering::Relaxed);
+        // A child of shutdown: it stops with the gateway too.
+        let stop = self.shutdown.child_token();
+        {
+            let mut following = self.following.lock().expect("push followers lock");
+            if following.contains_key(&key) {
+                return;
+            }
+            following.insert(key.clone(), Follower { id, stop: stop.clone() });
         }
         let dispatcher = self.clone();
         tokio::spawn(async move {
             tokio::select! {
                 () = dispatcher.follow(&key, cursor, events) => {}
-                () = dispatcher.shutdown.cancelled() => {}
+                () = stop.cancelled() => {}
             }
-            dispatcher.following.lock().expect("push followers lock").remove(&key);
+            let mut following = dispatcher.following.lock().expect("push followers lock");
+            if following.get(&key).is_some_and(|follower| follower.id == id) {
+                following.remove(&key);
+            }
         });
     }
 
@@ -213,11 +227,15 @@ impl PushDispatcher {
                 let stop = self.deliver(key, &mut events, &mut cursor).await;
                 let progressed = cursor != before;
                 match stop {
-                    Stop::Finished => return self.save(key, &cursor, true).await,
-                    Stop::Gone => return,
+                    Stop::Finished => {
+                        self.save(key, &cursor, true).await;
+                        return;
+                    }
+                    Stop::Gone | Stop::Lost => return,
                     // Closed with nothing left after the cursor: the task is over.
                     Stop::Closed if !progressed && self.task_over(key).await => {
-                        return self.save(key, &cursor, true).await;
+                        self.save(key, &cursor, true).await;
+                        return;
                     }
                     Stop::Closed | Stop::Broken => {}
                 }
@@ -242,23 +260,30 @@ impl PushDispatcher {
         }
     }
 
-    /// Saves, for a gateway that restarts, that the config was delivered
-    /// the changes through `cursor` and, when `finished`, that it gets no
-    /// more. Not saved, a change is only sent again after a restart.
-    async fn save(&self, (namespace, task_id, id): &ConfigKey, cursor: &str, finished: bool) {
+    /// Saves, for the next follower, that the config was delivered the
+    /// changes through `cursor` and, when `finished`, that it gets no more.
+    /// Not saved, a change is only sent again by the next follower.
+    /// [`Stop::Lost`] when this gateway no longer holds the config.
+    async fn save(&self, (namespace, task_id, id): &ConfigKey, cursor: &str, finished: bool) -> Option<Stop> {
         let request = pb::AdvancePushConfigRequest {
             namespace: namespace.clone(),
             task_id: task_id.clone(),
             id: id.clone(),
             cursor: cursor.to_owned(),
             finished,
+            follower: self.follower.clone(),
         };
         match self.tasks.clone().advance_push_config(request).await {
-            Ok(_) => {}
+            Ok(_) => None,
             // Deleted meanwhile: there is nothing left to resume.
-            Err(status) if status.code() == tonic::Code::NotFound => {}
+            Err(status) if status.code() == tonic::Code::NotFound => None,
+            Err(status) if status.code() == tonic::Code::FailedPrecondition => {
+                tracing::info!(%task_id, config_id = %id, "push config followed by another gateway now");
+                Some(Stop::Lost)
+            }
             Err(status) => {
                 tracing::warn!(%task_id, config_id = %id, error = %status.message(), "cannot save how far the push config was delivered");
+                None
             }
         }
     }
@@ -294,8 +319,10 @@ impl PushDispatcher {
             if last {
                 return Stop::Finished;
             }
-            if update.is_some() {
-                self.save(key, cursor, false).await;
+            if update.is_some()
+                && let Some(stop) = self.save(key, cursor, false).await
+            {
+                return stop;
             }
         }
     }

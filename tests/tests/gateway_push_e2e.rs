@@ -362,7 +362,10 @@ async fn per_token(webhook: &mut Webhook, tokens: &[&str]) -> std::collections::
 async fn a_restarted_gateway_resumes_the_push_deliveries_of_waiting_tasks() {
     let mut webhook = Webhook::start().await;
     let sandbox = Sandbox::new();
-    let server = push_server(&sandbox, &[]).await;
+    // Restarted on another port, the gateway has another name: it takes its
+    // configs over once the leases of its previous run lapse.
+    let lease = [("CHORUS_GATEWAY__PUSH__LEASE_MS", "1000")];
+    let server = push_server(&sandbox, &lease).await;
     let a2a = A2a::new(&server);
 
     // One config sent with the message that makes the task, one added once
@@ -381,7 +384,7 @@ async fn a_restarted_gateway_resumes_the_push_deliveries_of_waiting_tasks() {
     webhook.assert_quiet(Duration::from_millis(300)).await;
 
     server.kill().await;
-    let server = push_server(&sandbox, &[]).await;
+    let server = push_server(&sandbox, &lease).await;
     let a2a = A2a::new(&server);
     let mut follow_up = message(&unique("tck-complete-task"), "dessert");
     follow_up["taskId"] = id.clone();
@@ -399,4 +402,126 @@ async fn a_restarted_gateway_resumes_the_push_deliveries_of_waiting_tasks() {
     }
     assert_eq!(*sent, after_restart, "the config sent with the message, which got {before:?} before the restart");
     webhook.assert_quiet(Duration::from_millis(300)).await;
+}
+
+/// Two or more `chorus serve gateway` processes on one task store, which may
+/// deliver to loopback.
+struct Replicas {
+    sandbox: Sandbox,
+    database: String,
+    store: chorus_tests::Server,
+}
+
+impl Replicas {
+    async fn start() -> Self {
+        let sandbox = Sandbox::new();
+        let database = format!("sqlite://{}?mode=rwc", sandbox.path().join("tasks.db").display());
+        let store = sandbox.serve_taskstore(&database).start().await;
+        Self { sandbox, database, store }
+    }
+
+    /// A gateway whose push config leases last `lease_ms`.
+    async fn gateway(&self, name: &str, lease_ms: u64) -> chorus_tests::Server {
+        self.sandbox
+            .serve("gateway", &self.database)
+            .name(name)
+            .env("CHORUS_GATEWAY__TASKSTORE_URL", self.store.url())
+            .env("CHORUS_GATEWAY__PUSH__ALLOW_PRIVATE", "true")
+            .env("CHORUS_GATEWAY__PUSH__LEASE_MS", lease_ms.to_string())
+            .start()
+            .await
+    }
+}
+
+/// Sends the task another turn, by `message_id`'s scenario, and waits for
+/// its answer.
+async fn turn(a2a: &A2a, id: &Value, scenario: &str, expected: &str) {
+    let mut follow_up = message(&unique(scenario), "go on");
+    follow_up["taskId"] = id.clone();
+    assert_eq!(state(&a2a.send("tck", follow_up).await), expected);
+}
+
+/// The next `count` notifications, described.
+async fn next(webhook: &mut Webhook, count: usize) -> Vec<String> {
+    let mut seen = Vec::new();
+    for _ in 0..count {
+        seen.push(describe(&webhook.next().await.body));
+    }
+    seen
+}
+
+const LEASE_MS: u64 = 1_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_that_dies_has_its_push_configs_taken_over_by_another_and_none_is_delivered_twice() {
+    let mut webhook = Webhook::start().await;
+    let replicas = Replicas::start().await;
+    let a = replicas.gateway("gateway A", LEASE_MS).await;
+    let on_a = A2a::new(&a);
+    let config = json!({ "url": webhook.url(), "id": "hook" });
+    let params = with_push(message(&unique("tck-input-required"), "and then?"), config);
+    let task = on_a.call("tck", "SendMessage", params).await["task"].clone();
+    let id = task["id"].clone();
+    assert_eq!(next(&mut webhook, 1).await, ["status INPUT_REQUIRED"]);
+
+    // B starts beside A, and lives through several of its leases: A still
+    // follows the config, and B does not follow it too.
+    let b = replicas.gateway("gateway B", LEASE_MS).await;
+    let on_b = A2a::new(&b);
+    tokio::time::sleep(Duration::from_millis(2 * LEASE_MS)).await;
+    turn(&on_b, &id, "tck-input-required", "TASK_STATE_INPUT_REQUIRED").await;
+    assert_eq!(next(&mut webhook, 2).await, ["status WORKING", "status INPUT_REQUIRED"]);
+    webhook.assert_quiet(Duration::from_millis(2 * LEASE_MS)).await;
+
+    a.kill().await;
+    let killed = std::time::Instant::now();
+    turn(&on_b, &id, "tck-complete-task", "TASK_STATE_COMPLETED").await;
+    assert_eq!(next(&mut webhook, 2).await, ["status WORKING", "status COMPLETED"], "the rest, once each");
+    let took = killed.elapsed();
+    assert!(took < Duration::from_millis(4 * LEASE_MS), "B took {took:?} to take the config over");
+    webhook.assert_quiet(Duration::from_millis(LEASE_MS)).await;
+    b.assert_serving().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_that_stops_hands_its_push_configs_to_another_at_once() {
+    let mut webhook = Webhook::start().await;
+    let replicas = Replicas::start().await;
+    // A's leases would last a minute: B gets the config only because A
+    // hands it back as it stops.
+    let a = replicas.gateway("gateway A", 60_000).await;
+    let on_a = A2a::new(&a);
+    let waiting = on_a.send("tck", message(&unique("tck-input-required"), "and then?")).await;
+    let id = waiting["id"].clone();
+    on_a.call("tck", "CreateTaskPushNotificationConfig", json!({ "taskId": id, "url": webhook.url() })).await;
+    let b = replicas.gateway("gateway B", LEASE_MS).await;
+    let on_b = A2a::new(&b);
+
+    assert!(a.stop().await.success(), "A stops cleanly");
+    let stopped = std::time::Instant::now();
+    turn(&on_b, &id, "tck-complete-task", "TASK_STATE_COMPLETED").await;
+    assert_eq!(next(&mut webhook, 2).await, ["status WORKING", "status COMPLETED"]);
+    let took = stopped.elapsed();
+    assert!(took < Duration::from_secs(10), "B took {took:?}, as long as A's lease, to take the config over");
+    webhook.assert_quiet(Duration::from_millis(LEASE_MS)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_replaced_through_another_gateway_is_delivered_by_that_gateway_alone() {
+    let mut webhook = Webhook::start().await;
+    let replicas = Replicas::start().await;
+    let (a, b) = (replicas.gateway("gateway A", LEASE_MS).await, replicas.gateway("gateway B", LEASE_MS).await);
+    let (on_a, on_b) = (A2a::new(&a), A2a::new(&b));
+    let waiting = on_a.send("tck", message(&unique("tck-input-required"), "and then?")).await;
+    let id = waiting["id"].clone();
+    let config = |token: &str| json!({ "taskId": id, "id": "hook", "url": webhook.url(), "token": token });
+    on_a.call("tck", "CreateTaskPushNotificationConfig", config("first")).await;
+    on_b.call("tck", "CreateTaskPushNotificationConfig", config("second")).await;
+
+    // A learns at its next renewal that B follows the config now.
+    tokio::time::sleep(Duration::from_millis(LEASE_MS)).await;
+    turn(&on_a, &id, "tck-complete-task", "TASK_STATE_COMPLETED").await;
+    let seen = per_token(&mut webhook, &["second"]).await;
+    assert_eq!(seen["second"], ["status WORKING", "status COMPLETED"], "{seen:#?}");
+    webhook.assert_quiet(Duration::from_millis(LEASE_MS)).await;
 }

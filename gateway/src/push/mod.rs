@@ -42,6 +42,15 @@ pub struct PushPolicy {
     pub initial_backoff_ms: u64,
     /// Largest backoff, also the cap on a receiver's `Retry-After`.
     pub max_backoff_ms: u64,
+    /// How long a gateway holds the configs it follows without renewing
+    /// (it renews every third of it): another gateway on the same task
+    /// store takes over the configs of one that died this long after.
+    pub lease_ms: u64,
+    /// This gateway's name in those leases: unique among live gateways, the
+    /// same across restarts (a restarted gateway takes its configs back at
+    /// once). Default for `chorus dev` / `serve`: the host name and listen
+    /// address.
+    pub follower_id: Option<String>,
 }
 
 impl Default for PushPolicy {
@@ -53,6 +62,8 @@ impl Default for PushPolicy {
             max_attempts: 5,
             initial_backoff_ms: 500,
             max_backoff_ms: 30_000,
+            lease_ms: 10_000,
+            follower_id: None,
         }
     }
 }
@@ -71,6 +82,13 @@ impl PushPolicy {
     /// The largest backoff between two attempts.
     pub(crate) fn max_backoff(&self) -> Duration {
         Duration::from_millis(self.max_backoff_ms)
+    }
+
+    /// How often a gateway renews its leases and looks for configs no
+    /// gateway follows: a third of a lease, so that two renewals may fail
+    /// before it runs out.
+    pub(crate) fn renew_every(&self) -> Duration {
+        Duration::from_millis(self.lease_ms / 3).max(Duration::from_millis(1))
     }
 }
 

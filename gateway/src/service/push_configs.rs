@@ -68,6 +68,8 @@ impl Gateway {
             namespace: scope.namespace.clone(),
             config: Some(config_in(&config)),
             after_cursor: changes.after().to_owned(),
+            follower: self.inner.push.follower().to_owned(),
+            lease_ms: self.inner.push.lease_ms(),
         };
         let created =
             self.tasks().create_push_config(request).await.map_err(|status| task_error(&status, &config.task_id))?;

@@ -21,6 +21,11 @@ pub enum TaskStoreError {
     RequestKeyInUse { key: String, task_id: String, mismatch: String },
     #[error("push notification config {id} of task {task_id} not found")]
     PushConfigNotFound { task_id: String, id: String },
+    #[error(
+        "push notification config {id} of task {task_id} is not held by follower {follower}: its lease ran out and \
+         another gateway took it, or it was replaced"
+    )]
+    PushConfigNotHeld { task_id: String, id: String, follower: String },
     #[error("task {task_id} cannot move from {from} to {to}")]
     IllegalTransition { task_id: String, from: TaskState, to: TaskState },
     #[error("task {task_id} is {state} and can no longer change")]
@@ -82,7 +87,8 @@ impl ServiceError for TaskStoreError {
             | Self::NoQuestion { .. }
             | Self::DepthLimit { .. }
             | Self::Cycle { .. }
-            | Self::OutboxLeaseLost { .. } => ErrorCode::FailedPrecondition,
+            | Self::OutboxLeaseLost { .. }
+            | Self::PushConfigNotHeld { .. } => ErrorCode::FailedPrecondition,
             Self::ConcurrencyLimit { .. } | Self::TotalLimit { .. } | Self::RateLimit { .. } => {
                 ErrorCode::ResourceExhausted
             }

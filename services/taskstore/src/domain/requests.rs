@@ -337,11 +337,20 @@ pub struct PushConfig {
 }
 
 /// Names one push config among every namespace's.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PushConfigKey {
     pub namespace: String,
     pub task_id: String,
     pub id: String,
+}
+
+/// A gateway's hold on the push configs it follows: it alone delivers them
+/// and advances their cursors, until `until` (micros) unless it renews.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushLease {
+    /// The gateway, unique among live ones and the same across its restarts.
+    pub follower: String,
+    pub until: i64,
 }
 
 /// A push config whose task has not ended for it: it still gets the task's

@@ -395,7 +395,8 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let (namespace, task_id) = task_ref(&request.namespace, "config.task_id", &task_id)?;
         let config = push_convert::push_config(&task_id, request.config)?;
         let after = convert::cursor("after_cursor", &request.after_cursor)?;
-        let config = self.store.create_push_config(&namespace, config, after).await?;
+        let follower = push_convert::creating_follower(request.follower, request.lease_ms)?;
+        let config = self.store.create_push_config(&namespace, config, after, follower).await?;
         Ok(Response::new(push_convert::push_config_out(config)))
     }
 
@@ -441,26 +442,55 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
         let key = PushConfigKey { namespace, task_id, id: validate::id("id", &request.id)? };
         let delivered = convert::cursor("cursor", &request.cursor)?;
-        self.store.advance_push_config(&key, delivered, request.finished).await?;
+        let follower = push_convert::follower(request.follower)?;
+        self.store.advance_push_config(&key, delivered, request.finished, follower.as_deref()).await?;
         Ok(Response::new(pb::AdvancePushConfigResponse {}))
     }
 
-    async fn list_pending_push_configs(
+    async fn claim_push_configs(
         &self,
-        request: Request<pb::ListPendingPushConfigsRequest>,
-    ) -> Result<Response<pb::ListPendingPushConfigsResponse>, Status> {
+        request: Request<pb::ClaimPushConfigsRequest>,
+    ) -> Result<Response<pb::ClaimPushConfigsResponse>, Status> {
         let request = request.into_inner();
-        let page_size = match request.page_size {
+        let (follower, lease) = push_convert::follower_lease(request.follower, request.lease_ms)?;
+        let limit = match request.limit {
             0 => MAX_PAGE_SIZE,
-            size if size > MAX_PAGE_SIZE => {
-                return Err(FieldViolation::new("page_size", format!("must be at most {MAX_PAGE_SIZE}")).into());
+            limit if limit > MAX_PAGE_SIZE => {
+                return Err(FieldViolation::new("limit", format!("must be at most {MAX_PAGE_SIZE}")).into());
             }
-            size => size,
+            limit => limit,
         };
-        let after = request.after.map(push_convert::push_config_key).transpose()?;
-        let configs = self.store.pending_push_configs(after.as_ref(), page_size).await?;
-        Ok(Response::new(pb::ListPendingPushConfigsResponse {
+        let configs = self.store.claim_push_configs(follower, lease, limit).await?;
+        Ok(Response::new(pb::ClaimPushConfigsResponse {
             configs: configs.into_iter().map(push_convert::pending_push_out).collect(),
         }))
+    }
+
+    async fn renew_push_configs(
+        &self,
+        request: Request<pb::RenewPushConfigsRequest>,
+    ) -> Result<Response<pb::RenewPushConfigsResponse>, Status> {
+        let request = request.into_inner();
+        let (follower, lease) = push_convert::follower_lease(request.follower, request.lease_ms)?;
+        let following = request
+            .following
+            .into_iter()
+            .enumerate()
+            .map(|(at, key)| push_convert::push_config_key(&format!("following[{at}]"), key))
+            .collect::<Result<Vec<_>, _>>()?;
+        let lost = self.store.renew_push_configs(follower, lease, following).await?;
+        Ok(Response::new(pb::RenewPushConfigsResponse {
+            lost: lost.into_iter().map(push_convert::push_key_out).collect(),
+        }))
+    }
+
+    async fn release_push_configs(
+        &self,
+        request: Request<pb::ReleasePushConfigsRequest>,
+    ) -> Result<Response<pb::ReleasePushConfigsResponse>, Status> {
+        let follower = push_convert::follower(request.into_inner().follower)?
+            .ok_or_else(|| FieldViolation::required("follower"))?;
+        let released = self.store.release_push_configs(&follower).await?;
+        Ok(Response::new(pb::ReleasePushConfigsResponse { released }))
     }
 }

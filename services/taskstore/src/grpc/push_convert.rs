@@ -1,11 +1,16 @@
 //! Push notification configs between the wire and the domain: checked on
 //! the way in, whole on the way out.
 
+use std::time::Duration;
+
 use chorus_proto::taskstore as pb;
 use chorus_runtime::validate::{self, FieldViolation};
 
 use super::convert::{Checked, non_empty};
 use crate::domain::{PendingPush, PushConfig, PushConfigKey};
+
+/// The longest follower name: a host name and a listen address fit.
+const MAX_FOLLOWER: usize = 300;
 
 pub(super) fn push_config(namespace_task: &str, value: Option<pb::PushConfig>) -> Checked<PushConfig> {
     let value = value.ok_or_else(|| FieldViolation::required("config"))?;
@@ -37,13 +42,50 @@ pub(super) fn push_config(namespace_task: &str, value: Option<pb::PushConfig>) -
     })
 }
 
-pub(super) fn push_config_key(value: pb::PushConfigKey) -> Checked<PushConfigKey> {
+/// A config's key at `field`.
+pub(super) fn push_config_key(field: &str, value: pb::PushConfigKey) -> Checked<PushConfigKey> {
     Ok(PushConfigKey {
         namespace: validate::namespace(&value.namespace)
-            .map_err(|violation| FieldViolation { field: "after.namespace".to_owned(), ..violation })?,
-        task_id: validate::id("after.task_id", &value.task_id)?,
-        id: validate::id("after.id", &value.id)?,
+            .map_err(|violation| FieldViolation { field: format!("{field}.namespace"), ..violation })?,
+        task_id: validate::id(&format!("{field}.task_id"), &value.task_id)?,
+        id: validate::id(&format!("{field}.id"), &value.id)?,
     })
+}
+
+/// A follower's name (printable, at most [`MAX_FOLLOWER`] characters); empty:
+/// none.
+pub(super) fn follower(value: String) -> Checked<Option<String>> {
+    if value.chars().any(char::is_control) {
+        return Err(FieldViolation::new("follower", "must not hold control characters"));
+    }
+    if value.chars().count() > MAX_FOLLOWER {
+        return Err(FieldViolation::new("follower", format!("must be at most {MAX_FOLLOWER} characters")));
+    }
+    Ok(non_empty(value))
+}
+
+/// A named follower and its lease, both required.
+pub(super) fn follower_lease(follower_name: String, lease_ms: u64) -> Checked<(String, Duration)> {
+    let follower = follower(follower_name)?.ok_or_else(|| FieldViolation::required("follower"))?;
+    Ok((follower, lease(lease_ms)?))
+}
+
+/// The lease of a follower: at least 1 ms.
+pub(super) fn lease(lease_ms: u64) -> Checked<Duration> {
+    match lease_ms {
+        0 => Err(FieldViolation::new("lease_ms", "must be at least 1")),
+        ms => Ok(Duration::from_millis(ms)),
+    }
+}
+
+/// The follower a config is created with, if any, and its lease.
+pub(super) fn creating_follower(follower_name: String, lease_ms: u64) -> Checked<Option<(String, Duration)>> {
+    follower(follower_name)?.map(|follower| Ok((follower, lease(lease_ms)?))).transpose()
+}
+
+pub(super) fn push_key_out(key: PushConfigKey) -> pb::PushConfigKey {
+    let PushConfigKey { namespace, task_id, id } = key;
+    pb::PushConfigKey { namespace, task_id, id }
 }
 
 pub(super) fn push_config_out(config: PushConfig) -> pb::PushConfig {
@@ -58,9 +100,8 @@ pub(super) fn push_config_out(config: PushConfig) -> pb::PushConfig {
 }
 
 pub(super) fn pending_push_out(pending: PendingPush) -> pb::PendingPushConfig {
-    let PushConfigKey { namespace, task_id, id } = pending.key;
     pb::PendingPushConfig {
-        key: Some(pb::PushConfigKey { namespace, task_id, id }),
+        key: Some(push_key_out(pending.key)),
         delivered_cursor: pending.delivered.map(|cursor| cursor.to_string()).unwrap_or_default(),
     }
 }

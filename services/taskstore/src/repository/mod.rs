@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use crate::{
     domain::{
         ArtifactChunk, ClaimRequest, Claimed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff, InboxMessage,
-        Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PushConfig, PushConfigKey, Renewal,
-        StatusUpdate, Task, TaskEvent, TaskPage, TaskQuery, WorkerLeases,
+        Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PushConfig, PushConfigKey, PushLease,
+        Renewal, StatusUpdate, Task, TaskEvent, TaskPage, TaskQuery, WorkerLeases,
     },
     error::Result,
 };
@@ -134,13 +134,15 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     async fn save_outbox_cursor(&self, relay: &str, owner: &str, cursor: Cursor, now: i64) -> Result<()>;
 
     /// Stores the config, which gets the task's changes after `after`
-    /// (`None`: from the task's first). Replacing a config (same id) keeps
-    /// how far the one replaced was delivered.
+    /// (`None`: from the task's first), followed under `lease` (`None`: by
+    /// no one, claimable at once). Replacing a config (same id) keeps how far
+    /// the one replaced was delivered, and takes its lease.
     async fn create_push_config(
         &self,
         namespace: &str,
         config: PushConfig,
         after: Option<Cursor>,
+        lease: Option<&PushLease>,
     ) -> Result<PushConfig>;
     async fn get_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<PushConfig>;
     async fn list_push_configs(&self, namespace: &str, task_id: &str) -> Result<Vec<PushConfig>>;
@@ -148,10 +150,28 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
 
     /// Records that the config was delivered the changes through `delivered`
     /// (a cursor at or before the saved one changes nothing) and, when
-    /// `finished`, that it gets no more.
-    async fn advance_push_config(&self, key: &PushConfigKey, delivered: Option<Cursor>, finished: bool) -> Result<()>;
+    /// `finished`, that it gets no more. With a `follower`,
+    /// [`PushConfigNotHeld`] unless that follower holds the config.
+    ///
+    /// [`PushConfigNotHeld`]: crate::error::TaskStoreError::PushConfigNotHeld
+    async fn advance_push_config(
+        &self,
+        key: &PushConfigKey,
+        delivered: Option<Cursor>,
+        finished: bool,
+        follower: Option<&str>,
+    ) -> Result<()>;
 
-    /// Up to `limit` configs not finished, of every namespace, in key order
-    /// after `after`.
-    async fn pending_push_configs(&self, after: Option<&PushConfigKey>, limit: u32) -> Result<Vec<PendingPush>>;
+    /// Takes up to `limit` unfinished configs, of every namespace, that no
+    /// follower holds at `now` (none named, or its lease ended), under
+    /// `lease`; skips those another claim is taking.
+    async fn claim_push_configs(&self, lease: &PushLease, now: i64, limit: u32) -> Result<Vec<PendingPush>>;
+
+    /// Extends to `lease.until` the lease of every unfinished config
+    /// `lease.follower` holds, in one statement; the configs it holds.
+    async fn renew_push_configs(&self, lease: &PushLease) -> Result<Vec<PushConfigKey>>;
+
+    /// Ends at `now` the leases `follower` holds on unfinished configs, so
+    /// that any follower claims them at once; how many.
+    async fn release_push_configs(&self, follower: &str, now: i64) -> Result<u64>;
 }

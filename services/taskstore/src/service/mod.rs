@@ -7,6 +7,7 @@
 
 mod handoff;
 mod outbox;
+mod push;
 mod reaper;
 mod recent;
 mod settled;
@@ -25,9 +26,8 @@ pub use self::{
 use crate::{
     config::TaskStoreConfig,
     domain::{
-        Artifact, ArtifactChunk, Claimed, Cursor, InboxMessage, Message, NewTask, Notification, Owner, PendingPush,
-        PushConfig, PushConfigKey, Renewal, StatusUpdate, Task, TaskPage, TaskQuery, TaskState, new_task_id,
-        now_micros,
+        Artifact, ArtifactChunk, Claimed, InboxMessage, Message, NewTask, Notification, Owner, Renewal, StatusUpdate,
+        Task, TaskPage, TaskQuery, TaskState, new_task_id, now_micros,
     },
     error::{Result, TaskStoreError},
     repository::TaskRepository,
@@ -258,40 +258,6 @@ impl TaskStore {
         let task = self.repository.answer_question(namespace, task_id, answer).await?;
         self.changed(&task);
         Ok(task)
-    }
-
-    pub async fn create_push_config(
-        &self,
-        namespace: &str,
-        config: PushConfig,
-        after: Option<Cursor>,
-    ) -> Result<PushConfig> {
-        self.repository.create_push_config(namespace, config, after).await
-    }
-
-    pub async fn get_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<PushConfig> {
-        self.repository.get_push_config(namespace, task_id, id).await
-    }
-
-    pub async fn list_push_configs(&self, namespace: &str, task_id: &str) -> Result<Vec<PushConfig>> {
-        self.repository.list_push_configs(namespace, task_id).await
-    }
-
-    pub async fn delete_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<()> {
-        self.repository.delete_push_config(namespace, task_id, id).await
-    }
-
-    pub async fn advance_push_config(
-        &self,
-        key: &PushConfigKey,
-        delivered: Option<Cursor>,
-        finished: bool,
-    ) -> Result<()> {
-        self.repository.advance_push_config(key, delivered, finished).await
-    }
-
-    pub async fn pending_push_configs(&self, after: Option<&PushConfigKey>, limit: u32) -> Result<Vec<PendingPush>> {
-        self.repository.pending_push_configs(after, limit).await
     }
 
     /// A worker's lease length: what it asked for, capped, or the default.

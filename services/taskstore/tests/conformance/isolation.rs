@@ -37,7 +37,7 @@ async fn nothing_crosses_namespaces(h: Harness) {
         auth_scheme: None,
         auth_credentials: None,
     };
-    h.store.create_push_config("a", push.clone(), None).await.unwrap();
+    h.store.create_push_config("a", push.clone(), None, None).await.unwrap();
 
     not_found(h.store.get_task("b", id, None).await);
     let list = TaskQuery {
@@ -62,7 +62,7 @@ async fn nothing_crosses_namespaces(h: Harness) {
     not_found(h.store.watch_task("b", id, None).await.map(drop));
     not_found(h.store.get_push_config("b", id, "p").await);
     not_found(h.store.list_push_configs("b", id).await);
-    not_found(h.store.create_push_config("b", push, None).await);
+    not_found(h.store.create_push_config("b", push, None, None).await);
     not_found(h.store.delete_push_config("b", id, "p").await);
     not_found(h.store.renew_lease("b", id, "lease", None).await);
     not_found(h.store.complete_task("b", id, "lease", None, Vec::new()).await);

@@ -1,16 +1,12 @@
 //! A2A push-notification configs, per task.
 
+use chorus_runtime::storage::Backend;
+
 use super::{SqlTaskRepository, read_record, rows};
 use crate::{
-    domain::{Cursor, PendingPush, PushConfig, PushConfigKey, now_micros},
+    domain::{Cursor, PendingPush, PushConfig, PushConfigKey, PushLease, now_micros},
     error::{Result, TaskStoreError},
 };
-
-macro_rules! pending_push {
-    () => {
-        "SELECT namespace, task_id, id, delivered_tx, delivered_id FROM taskstore_push_configs WHERE finished_at IS NULL"
-    };
-}
 
 macro_rules! push_columns {
     () => {
@@ -24,14 +20,17 @@ impl SqlTaskRepository {
         namespace: &str,
         config: PushConfig,
         after: Option<Cursor>,
+        lease: Option<&PushLease>,
     ) -> Result<PushConfig> {
         let mut tx = self.begin().await?;
         read_record(&mut tx, namespace, &config.task_id).await?;
         sqlx::query(
             "INSERT INTO taskstore_push_configs (namespace, task_id, id, url, token, auth_scheme, auth_credentials, \
-             created_at, delivered_tx, delivered_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (namespace, task_id, id) DO UPDATE SET \
+             created_at, delivered_tx, delivered_id, follower, follower_until) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT (namespace, task_id, id) DO UPDATE SET \
              url = excluded.url, token = excluded.token, auth_scheme = excluded.auth_scheme, \
-             auth_credentials = excluded.auth_credentials",
+             auth_credentials = excluded.auth_credentials, follower = excluded.follower, \
+             follower_until = excluded.follower_until",
         )
         .bind(namespace)
         .bind(&config.task_id)
@@ -43,6 +42,8 @@ impl SqlTaskRepository {
         .bind(now_micros())
         .bind(after.map(|cursor| cursor.tx))
         .bind(after.map(|cursor| cursor.id))
+        .bind(lease.map(|lease| lease.follower.as_str()))
+        .bind(lease.map(|lease| lease.until))
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -103,39 +104,73 @@ impl SqlTaskRepository {
         key: &PushConfigKey,
         delivered: Option<Cursor>,
         finished: bool,
+        follower: Option<&str>,
     ) -> Result<()> {
         let mut conn = self.db.acquire().await?;
-        let advanced = sqlx::query(ADVANCE_PUSH)
+        let advance = sqlx::query(if follower.is_some() { ADVANCE_HELD_PUSH } else { ADVANCE_PUSH })
             .bind(&key.namespace)
             .bind(&key.task_id)
             .bind(&key.id)
             .bind(delivered.map(|cursor| cursor.tx))
             .bind(delivered.map(|cursor| cursor.id))
-            .bind(finished.then(now_micros))
-            .execute(&mut *conn)
-            .await?;
-        if advanced.rows_affected() == 0 {
-            return Err(TaskStoreError::PushConfigNotFound { task_id: key.task_id.clone(), id: key.id.clone() });
+            .bind(finished.then(now_micros));
+        let advance = match follower {
+            Some(follower) => advance.bind(follower),
+            None => advance,
+        };
+        let advanced = advance.execute(&mut *conn).await?;
+        if advanced.rows_affected() > 0 {
+            return Ok(());
         }
-        Ok(())
+        let not_found = || TaskStoreError::PushConfigNotFound { task_id: key.task_id.clone(), id: key.id.clone() };
+        let Some(follower) = follower else { return Err(not_found()) };
+        let exists = sqlx::query(PUSH_EXISTS)
+            .bind(&key.namespace)
+            .bind(&key.task_id)
+            .bind(&key.id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        match exists {
+            Some(_) => Err(TaskStoreError::PushConfigNotHeld {
+                task_id: key.task_id.clone(),
+                id: key.id.clone(),
+                follower: follower.to_owned(),
+            }),
+            None => Err(not_found()),
+        }
     }
 
-    pub(super) async fn pending_push(&self, after: Option<&PushConfigKey>, limit: u32) -> Result<Vec<PendingPush>> {
-        let mut conn = self.db.read().await?;
-        let query = match after {
-            None => sqlx::query(concat!(pending_push!(), " ORDER BY namespace, task_id, id LIMIT $1"))
-                .bind(i64::from(limit)),
-            Some(after) => sqlx::query(concat!(
-                pending_push!(),
-                " AND (namespace, task_id, id) > ($2, $3, $4) ORDER BY namespace, task_id, id LIMIT $1"
-            ))
-            .bind(i64::from(limit))
-            .bind(&after.namespace)
-            .bind(&after.task_id)
-            .bind(&after.id),
+    pub(super) async fn claim_push(&self, lease: &PushLease, now: i64, limit: u32) -> Result<Vec<PendingPush>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let claim = match self.backend() {
+            Backend::Postgres => CLAIM_PUSH_POSTGRES,
+            Backend::Sqlite => CLAIM_PUSH_SQLITE,
         };
-        let rows = query.fetch_all(&mut *conn).await?;
+        let rows = sqlx::query(claim)
+            .bind(&lease.follower)
+            .bind(lease.until)
+            .bind(now)
+            .bind(i64::from(limit))
+            .fetch_all(&mut *self.db.acquire().await?)
+            .await?;
         rows.iter().map(rows::decode_pending_push).collect()
+    }
+
+    pub(super) async fn renew_push(&self, lease: &PushLease) -> Result<Vec<PushConfigKey>> {
+        let rows = sqlx::query(RENEW_PUSH)
+            .bind(&lease.follower)
+            .bind(lease.until)
+            .fetch_all(&mut *self.db.acquire().await?)
+            .await?;
+        rows.iter().map(rows::decode_push_key).collect()
+    }
+
+    pub(super) async fn release_push(&self, follower: &str, now: i64) -> Result<u64> {
+        let released =
+            sqlx::query(RELEASE_PUSH).bind(follower).bind(now).execute(&mut *self.db.acquire().await?).await?;
+        Ok(released.rows_affected())
     }
 }
 
@@ -147,11 +182,53 @@ macro_rules! past_delivered {
 }
 
 /// Moves the saved cursor forward only, and sets `finished_at` ($6) once.
-const ADVANCE_PUSH: &str = concat!(
-    "UPDATE taskstore_push_configs SET delivered_tx = CASE WHEN ",
-    past_delivered!(),
-    " THEN $4 ELSE delivered_tx END, delivered_id = CASE WHEN ",
-    past_delivered!(),
-    " THEN $5 ELSE delivered_id END, finished_at = COALESCE(finished_at, $6) \
-     WHERE namespace = $1 AND task_id = $2 AND id = $3"
+macro_rules! advance_push {
+    () => {
+        concat!(
+            "UPDATE taskstore_push_configs SET delivered_tx = CASE WHEN ",
+            past_delivered!(),
+            " THEN $4 ELSE delivered_tx END, delivered_id = CASE WHEN ",
+            past_delivered!(),
+            " THEN $5 ELSE delivered_id END, finished_at = COALESCE(finished_at, $6) \
+             WHERE namespace = $1 AND task_id = $2 AND id = $3"
+        )
+    };
+}
+const ADVANCE_PUSH: &str = advance_push!();
+/// Only while follower $7 holds the config (its lease may have run out, as
+/// long as no one claimed the config since).
+const ADVANCE_HELD_PUSH: &str = concat!(advance_push!(), " AND follower = $7");
+
+const PUSH_EXISTS: &str = "SELECT 1 FROM taskstore_push_configs WHERE namespace = $1 AND task_id = $2 AND id = $3";
+
+/// Unfinished configs no follower holds at $3: none named, or its lease
+/// ended.
+macro_rules! claimable_push {
+    () => {
+        "SELECT namespace, task_id, id FROM taskstore_push_configs \
+         WHERE finished_at IS NULL AND (follower_until IS NULL OR follower_until <= $3) LIMIT $4"
+    };
+}
+/// Hands up to $4 claimable configs to follower $1 until $2, skipping rows
+/// another claim holds, in one statement.
+const CLAIM_PUSH_POSTGRES: &str = concat!(
+    "UPDATE taskstore_push_configs SET follower = $1, follower_until = $2 \
+     WHERE (namespace, task_id, id) IN (",
+    claimable_push!(),
+    " FOR UPDATE SKIP LOCKED) RETURNING namespace, task_id, id, delivered_tx, delivered_id"
 );
+const CLAIM_PUSH_SQLITE: &str = concat!(
+    "UPDATE taskstore_push_configs SET follower = $1, follower_until = $2 \
+     WHERE (namespace, task_id, id) IN (",
+    claimable_push!(),
+    ") RETURNING namespace, task_id, id, delivered_tx, delivered_id"
+);
+
+/// Extends to $2 every lease follower $1 holds on an unfinished config.
+const RENEW_PUSH: &str = "UPDATE taskstore_push_configs SET follower_until = $2 \
+     WHERE follower = $1 AND finished_at IS NULL RETURNING namespace, task_id, id";
+
+/// Ends at $2 the leases follower $1 holds on unfinished configs; it stays
+/// their follower (and may advance them) until another claims them.
+const RELEASE_PUSH: &str = "UPDATE taskstore_push_configs SET follower_until = $2 \
+     WHERE follower = $1 AND finished_at IS NULL AND follower_until > $2";

@@ -10,7 +10,7 @@ use crate::{
     domain::{
         Artifact, ArtifactChunk, ClaimRequest, Claimed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff,
         InboxMessage, Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PushConfig,
-        PushConfigKey, Renewal, StatusUpdate, Task, TaskEvent, TaskPage, TaskQuery, WorkerLeases,
+        PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskEvent, TaskPage, TaskQuery, WorkerLeases,
     },
     error::Result,
     repository::TaskRepository,
@@ -148,8 +148,9 @@ impl TaskRepository for SqlTaskRepository {
         namespace: &str,
         config: PushConfig,
         after: Option<Cursor>,
+        lease: Option<&PushLease>,
     ) -> Result<PushConfig> {
-        self.create_push(namespace, config, after).await
+        self.create_push(namespace, config, after, lease).await
     }
 
     async fn get_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<PushConfig> {
@@ -164,11 +165,25 @@ impl TaskRepository for SqlTaskRepository {
         self.delete_push(namespace, task_id, id).await
     }
 
-    async fn advance_push_config(&self, key: &PushConfigKey, delivered: Option<Cursor>, finished: bool) -> Result<()> {
-        self.advance_push(key, delivered, finished).await
+    async fn advance_push_config(
+        &self,
+        key: &PushConfigKey,
+        delivered: Option<Cursor>,
+        finished: bool,
+        follower: Option<&str>,
+    ) -> Result<()> {
+        self.advance_push(key, delivered, finished, follower).await
     }
 
-    async fn pending_push_configs(&self, after: Option<&PushConfigKey>, limit: u32) -> Result<Vec<PendingPush>> {
-        self.pending_push(after, limit).await
+    async fn claim_push_configs(&self, lease: &PushLease, now: i64, limit: u32) -> Result<Vec<PendingPush>> {
+        self.claim_push(lease, now, limit).await
+    }
+
+    async fn renew_push_configs(&self, lease: &PushLease) -> Result<Vec<PushConfigKey>> {
+        self.renew_push(lease).await
+    }
+
+    async fn release_push_configs(&self, follower: &str, now: i64) -> Result<u64> {
+        self.release_push(follower, now).await
     }
 }

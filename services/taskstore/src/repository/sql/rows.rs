@@ -172,15 +172,15 @@ pub(super) fn decode_push_config(row: &AnyRow) -> Result<PushConfig> {
     })
 }
 
+pub(super) fn decode_push_key(row: &AnyRow) -> Result<PushConfigKey> {
+    Ok(PushConfigKey { namespace: row.try_get("namespace")?, task_id: row.try_get("task_id")?, id: row.try_get("id")? })
+}
+
 pub(super) fn decode_pending_push(row: &AnyRow) -> Result<PendingPush> {
     let tx: Option<i64> = row.try_get("delivered_tx")?;
     let id: Option<i64> = row.try_get("delivered_id")?;
     Ok(PendingPush {
-        key: PushConfigKey {
-            namespace: row.try_get("namespace")?,
-            task_id: row.try_get("task_id")?,
-            id: row.try_get("id")?,
-        },
+        key: decode_push_key(row)?,
         delivered: tx.zip(id).map(|(tx, id)| crate::domain::Cursor { tx, id }),
     })
 }
