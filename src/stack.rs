@@ -1,7 +1,7 @@
 //! Starts services: binds the port, opens storage, runs migrations, mounts
 //! every chosen service on one server and serves until shutdown.
 
-use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use chorus_eventbus::{EventBus, grpc::EventBusGrpc, repository::sql::SqlEventRepository};
@@ -24,7 +24,7 @@ use chorus_workflow::{
     repository::{sql::SqlDefinitionRepository, sql_runs::SqlRunRepository},
 };
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tonic::transport::Channel;
 
 use crate::config::ChorusConfig;
@@ -57,7 +57,14 @@ pub(crate) struct Stack {
     pub(crate) local_taskstore: Option<Transport>,
     /// The embedded database's directory, held while this process serves.
     _data_dir_lock: Option<std::fs::File>,
+    /// What runs on after shutdown to hand leases back (the outbox relay's,
+    /// the gateway's push configs'), so that another replica takes over at
+    /// once: waited for, up to [`LINGER`], before the process exits.
+    lingering: TaskTracker,
 }
+
+/// The longest the process waits for its lingering tasks after it stopped serving.
+const LINGER: Duration = Duration::from_secs(3);
 
 /// How a service reaches another: the one its configuration names (`key`
 /// the setting), else this process's own, called in process when it runs
@@ -202,6 +209,7 @@ impl Stack {
             TcpListener::bind(&config.listen).await.with_context(|| format!("cannot listen on {}", config.listen))?;
         let address = listener.local_addr()?;
         let mut server = ServerBuilder::new(config.server.clone());
+        let lingering = TaskTracker::new();
         let storage = services.iter().any(|service| service.needs_storage());
         let data_dir_lock = match storage {
             true => {
@@ -272,6 +280,7 @@ impl Stack {
                         workflows,
                         &format!("http://{address}"),
                         shutdown.clone(),
+                        &lingering,
                     )
                     .map_err(|error| anyhow::anyhow!("gateway: {error}"))?;
                     server.add_grpc_service(A2aGrpc::new(gateway.clone()).into_server(config.server.max_message_bytes));
@@ -329,7 +338,7 @@ impl Stack {
                         gateway: callee(&workflow.gateway_url, local_delegation.as_ref(), "gateway_url")?,
                         gateway_url: workflow.gateway_url.clone().unwrap_or_else(|| format!("http://{address}")),
                         allow_private_webhooks: workflow.allow_private_webhooks,
-                        webhook_timeout: std::time::Duration::from_millis(workflow.webhook_timeout_ms),
+                        webhook_timeout: Duration::from_millis(workflow.webhook_timeout_ms),
                     };
                     let effects =
                         ClientEffects::new(endpoints).map_err(|error| anyhow::anyhow!("workflow: {error}"))?;
@@ -358,15 +367,23 @@ impl Stack {
             && (eventbus_url.is_some() || local_eventbus.is_some())
         {
             let (bus, target) = reach(eventbus_url, local_eventbus.as_ref(), address, "taskstore.eventbus_url")?;
-            store.spawn_outbox_relay(EventBusClient::new(bus), format!("{}/{address}", host_name()));
+            let relay = store.spawn_outbox_relay(EventBusClient::new(bus), format!("{}/{address}", host_name()));
+            lingering.spawn(async move {
+                let _ = relay.await;
+            });
             tracing::info!(eventbus = %target, "task changes are published to the event bus");
         }
-        Ok(Self { listener, server, address, local_taskstore, _data_dir_lock: data_dir_lock })
+        Ok(Self { listener, server, address, local_taskstore, _data_dir_lock: data_dir_lock, lingering })
     }
 
-    /// Serves until `shutdown`.
+    /// Serves until `shutdown`, then waits for the lingering tasks.
     pub(crate) async fn serve(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        self.server.serve(self.listener, shutdown).await.context("server failed")
+        let served = self.server.serve(self.listener, shutdown).await.context("server failed");
+        self.lingering.close();
+        if tokio::time::timeout(LINGER, self.lingering.wait()).await.is_err() {
+            tracing::warn!("leases not handed back within {LINGER:?}; other replicas take over when they run out");
+        }
+        served
     }
 }
 

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use chorus_proto::taskstore::task_store_client::TaskStoreClient;
 use chorus_runtime::transport::Transport;
-use tokio_util::sync::CancellationToken;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 pub use crate::{config::GatewayConfig, delegation::DelegateGrpc, grpc::A2aGrpc, http::router, service::Gateway};
 
@@ -43,6 +43,7 @@ pub fn build(
     workflows: Transport,
     base_url: &str,
     shutdown: CancellationToken,
+    lingering: &TaskTracker,
 ) -> Result<Gateway, String> {
     push::install_crypto_provider();
     config.auth.check()?;
@@ -81,7 +82,7 @@ pub fn build(
         shutdown.clone(),
     );
     let push = notify::PushDispatcher::new(tasks.clone(), &config.push, shutdown)?;
-    push.keep_leases();
+    push.keep_leases(lingering);
     // Where credentials are checked, the gateway's own agents take one more,
     // known only to this process, for the delegations it makes to them.
     let own = config.auth.enabled().then(|| {

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use chorus_proto::taskstore as pb;
+use tokio_util::task::TaskTracker;
 
 use super::{ConfigKey, PushDispatcher};
 use crate::push;
@@ -19,10 +20,11 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
 impl PushDispatcher {
     /// Keeps, in the background until shutdown, the leases of the configs
     /// this gateway follows, and follows those no gateway holds; hands the
-    /// leases back on shutdown.
-    pub(crate) fn keep_leases(&self) {
+    /// leases back on shutdown, in a task of `lingering`, which the process
+    /// waits for before it exits.
+    pub(crate) fn keep_leases(&self, lingering: &TaskTracker) {
         let dispatcher = self.clone();
-        tokio::spawn(async move {
+        lingering.spawn(async move {
             tokio::select! {
                 () = dispatcher.hold() => {}
                 () = dispatcher.shutdown.cancelled() => {}
