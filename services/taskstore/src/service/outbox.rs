@@ -29,6 +29,11 @@ const SOURCE: &str = "taskstore";
 
 /// Most events one `PublishBatch` takes.
 const MAX_PUBLISH: usize = 1_000;
+/// The most bytes of events one publish carries (one event larger goes
+/// alone): under the 4 MiB a gRPC server takes by default, whatever the
+/// number of events. A batch of large changes in one call would be refused
+/// whole, round after round, and hold up every event after it.
+const MAX_PUBLISH_BYTES: usize = 3 << 20;
 
 /// The wait after a failed round, doubled per failure up to the ceiling.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -186,10 +191,11 @@ impl Relay {
     }
 
     /// Publishes one namespace's events in order, at most [`MAX_PUBLISH`]
-    /// per call. A call that outlasts the lease is given up.
+    /// and [`MAX_PUBLISH_BYTES`] per call. A call that outlasts the lease is
+    /// given up.
     async fn publish(&mut self, namespace: String, mut events: Vec<NewEvent>, timeout: Duration) -> Result<()> {
         while !events.is_empty() {
-            let rest = events.split_off(events.len().min(MAX_PUBLISH));
+            let rest = events.split_off(chunk_len(&events));
             let chunk = std::mem::replace(&mut events, rest);
             let mut request = tonic::Request::new(PublishBatchRequest { namespace: namespace.clone(), events: chunk });
             request.set_timeout(timeout);
@@ -204,6 +210,17 @@ impl Relay {
         }
         Ok(())
     }
+}
+
+/// How many of `events`, from the first, one publish carries: at least one,
+/// at most [`MAX_PUBLISH`], and no more than [`MAX_PUBLISH_BYTES`] together.
+fn chunk_len(events: &[NewEvent]) -> usize {
+    let mut bytes = 0;
+    let fitting = events.iter().take(MAX_PUBLISH).take_while(|event| {
+        bytes += prost::Message::encoded_len(*event);
+        bytes <= MAX_PUBLISH_BYTES
+    });
+    fitting.count().max(1).min(events.len())
 }
 
 /// The bus events of `events`, by namespace (in order of first appearance),
@@ -361,6 +378,17 @@ mod tests {
             serde_json::from_slice(&bus_events(&added, LIMIT).unwrap()[0].payload).unwrap();
         assert_eq!(payload.get("content_omitted"), None, "a payload that fits is whole: {payload}");
         assert_eq!(payload["message"]["parts"][0]["content"]["text"], "small");
+    }
+
+    #[test]
+    fn a_publish_carries_at_most_its_bytes_and_count_and_at_least_one_event() {
+        let sized = |bytes: usize| NewEvent { payload: vec![b'x'; bytes], ..NewEvent::default() };
+        let large: Vec<NewEvent> = (0..8).map(|_| sized(900_000)).collect();
+        assert_eq!(chunk_len(&large), 3, "three fit in 3 MiB, a fourth does not");
+        assert_eq!(chunk_len(&[sized(5 << 20)]), 1, "an event larger than a publish goes alone");
+        let small: Vec<NewEvent> = (0..1_500).map(|_| sized(10)).collect();
+        assert_eq!(chunk_len(&small), MAX_PUBLISH);
+        assert_eq!(chunk_len(&small[..7]), 7);
     }
 
     #[test]

@@ -26,6 +26,7 @@ conformance!(
     a_publish_whose_answer_is_lost_is_repeated_and_logged_once,
     a_relay_restarted_under_its_name_takes_its_lease_back_at_once,
     a_relay_shut_down_hands_its_lease_to_another_at_once,
+    a_round_of_changes_larger_than_one_publish_takes_goes_out_in_several,
 );
 
 pub(crate) fn slow_config() -> TaskStoreConfig {
@@ -126,4 +127,22 @@ async fn a_relay_shut_down_hands_its_lease_to_another_at_once(h: Harness) {
     h.store.spawn_outbox_relay(client, "replica-2".to_owned());
     h.task("ns", "echo", "two").await;
     bus.wait_for("ns", 2).await;
+}
+
+/// Eight changes of about 900 kB each, each within the bus's payload limit
+/// but over 7 MB together, relayed in one round: they go in publishes the
+/// bus's 4 MiB request limit takes, and what follows them goes too.
+async fn a_round_of_changes_larger_than_one_publish_takes_goes_out_in_several(h: Harness) {
+    let (bus, client) = Bus::start().await;
+    let large = "x".repeat(900_000);
+    for _ in 0..8 {
+        h.task("ns", "echo", &large).await;
+    }
+    h.store.spawn_outbox_relay(client, "replica-1".to_owned());
+    let small = h.task("ns", "echo", "after them").await;
+    let log = bus.wait_for("ns", 9).await;
+    let created: Vec<bool> = log.iter().map(|event| event.event_type == "task.created").collect();
+    assert_eq!(created, [true; 9]);
+    assert_eq!(log[8].subject, small.id, "the small change is last, in commit order");
+    assert!(log[..8].iter().all(|event| event.payload.len() > 900_000), "the large changes keep their content");
 }
