@@ -178,7 +178,9 @@ impl Live {
         }
     }
 
-    fn missed(&self) {
+    /// Tasks of the stream's agent wait in the queue: it takes no hand-off
+    /// until a read finds none left.
+    pub(super) fn behind(&self) {
         let mut state = self.state();
         state.misses += 1;
         state.caught_up = false;
@@ -229,7 +231,7 @@ impl Streams {
     /// longer caught up.
     pub(super) fn missed(&self, namespace: &str, agent_id: &str) {
         if let Some(lives) = self.0.lock().get(&(namespace.to_owned(), agent_id.to_owned())) {
-            lives.iter().for_each(|live| live.missed());
+            lives.iter().for_each(|live| live.behind());
         }
     }
 

@@ -107,13 +107,21 @@ impl TaskStore {
             live.drained(read);
             return Ok((Vec::new(), false));
         }
+        // Tasks wait that this read leaves in the queue (no room for them,
+        // or a claim that filled the room may have left more): the stream
+        // is behind, so a lease ending here makes it read the queue again,
+        // and a create here does not hand a newer task over ahead of them.
+        // Tasks another process queued reach the stream only this way.
         if room == 0 {
+            live.behind();
             return Ok((Vec::new(), false));
         }
         let claimed = self.repository.claim_tasks(request, room).await?;
         live.claimed(&claimed);
         let full = claimed.len() == room as usize;
-        if !full {
+        if full {
+            live.behind();
+        } else {
             live.drained(read);
         }
         Ok((claimed, full))

@@ -182,7 +182,7 @@ async fn an_await_sees_an_interruption_while_it_waits(h: Harness) {
 /// Two replicas on the harness's database whose signals reach each other
 /// (one `Wakeups`, standing in for the bridge between processes), both
 /// polling every 60 s: only a signal, or a read, ends an await early.
-fn replicas(h: &Harness, shutdown: &CancellationToken) -> (TaskStore, TaskStore) {
+pub(crate) fn replicas(h: &Harness, shutdown: &CancellationToken) -> (TaskStore, TaskStore) {
     let wakeups = Wakeups::new();
     let replica = || {
         let repository = Arc::new(SqlTaskRepository::new(h.db.clone()));

@@ -17,6 +17,7 @@ use chorus_taskstore::{
 use tokio_stream::StreamExt as _;
 
 use crate::{
+    awaits::replicas,
     harness::{Harness, conformance, new_task},
     workers::{claim_request, fails_when_its_lease_runs_out, final_state, next_claim},
 };
@@ -27,6 +28,7 @@ conformance!(
     a_handed_off_lease_expires_like_a_claimed_one,
     a_repeated_create_hands_nothing_off,
     a_create_whose_caller_goes_away_still_reaches_the_worker,
+    tasks_another_replica_queued_go_first_as_room_frees,
 );
 
 async fn a_waiting_worker_gets_a_new_task_at_once(h: Harness) {
@@ -141,4 +143,28 @@ async fn a_create_whose_caller_goes_away_still_reaches_the_worker(h: Harness) {
         delivered.insert(claimed.task.id);
     }
     assert_eq!(delivered, created);
+}
+
+/// Tasks another replica queued reach a worker here, oldest first, as soon
+/// as it has room, and a task created here later is not handed over ahead
+/// of them. Both replicas poll every 60 s: only wake-ups pass.
+async fn tasks_another_replica_queued_go_first_as_room_frees(h: Harness) {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let (here, there) = replicas(&h, &shutdown);
+    let mut claims = here.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
+    // The stream's first read finds the queue empty: it is caught up.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let first = there.create_task(new_task("ns", "echo", "first")).await.unwrap();
+    let second = there.create_task(new_task("ns", "echo", "second")).await.unwrap();
+    let claimed = next_claim(&mut claims).await;
+    assert_eq!(claimed.task.id, first.id);
+    here.complete_task("ns", &first.id, &claimed.lease_id, None, Vec::new()).await.unwrap();
+
+    let later = here.create_task(new_task("ns", "echo", "later")).await.unwrap();
+    assert_eq!(later.status.state, TaskState::Submitted, "queued behind the other replica's task, not handed over");
+    let claimed = next_claim(&mut claims).await;
+    assert_eq!(claimed.task.id, second.id, "the other replica's task, first and at once");
+    here.complete_task("ns", &second.id, &claimed.lease_id, None, Vec::new()).await.unwrap();
+    assert_eq!(next_claim(&mut claims).await.task.id, later.id);
+    shutdown.cancel();
 }
