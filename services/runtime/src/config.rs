@@ -20,6 +20,9 @@ pub const DEFAULT_FILE: &str = "chorus.toml";
 /// and `CHORUS_TOKEN` are flags of the agent and ACP verbs, `CHORUS_URL`
 /// the examples') and the test harness's.
 const NOT_CONFIG: &[&str] = &["config", "server", "gateway_url", "token", "url", "test_postgres_url", "bin"];
+/// And every `CHORUS_BENCH_*`, the benchmark's settings (`make bench`), which
+/// a shell that ran it may still export.
+const BENCH_PREFIX: &str = "bench_";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -69,7 +72,12 @@ where
         None => {}
     }
     figment
-        .merge(Env::prefixed("CHORUS_").split("__").ignore(NOT_CONFIG))
+        .merge(
+            Env::prefixed("CHORUS_")
+                .split("__")
+                .ignore(NOT_CONFIG)
+                .filter(|key| !key.as_str().to_ascii_lowercase().starts_with(BENCH_PREFIX)),
+        )
         .merge(Serialized::defaults(flags))
         .extract()
         .map_err(|error| ConfigError::Invalid(Box::new(error)))
@@ -147,6 +155,7 @@ mod tests {
             jail.set_env("CHORUS_TEST_POSTGRES_URL", "postgres://x");
             jail.set_env("CHORUS_CONFIG", "elsewhere.toml");
             jail.set_env("CHORUS_GATEWAY_URL", "http://127.0.0.1:7800");
+            jail.set_env("CHORUS_BENCH_SCENARIOS", "gateway,workflow");
             let no_flags = Flags { listen: None };
             assert!(matches!(
                 load::<Demo, _>(Some(Path::new("absent.toml")), &no_flags),
