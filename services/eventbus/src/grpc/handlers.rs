@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status};
 
 use super::convert::{self, MAX_BATCH};
 use crate::{
-    domain::{DeliveryId, DeliveryQuery, DeliveryState, EventQuery, HandlerSpec, Nack},
+    domain::{DeliveryId, DeliveryQuery, DeliveryState, EventPage, EventQuery, HandlerSpec, Nack},
     service::{EventBus, Subscription},
 };
 
@@ -24,20 +24,53 @@ const MAX_IN_FLIGHT: u32 = 1000;
 #[derive(Debug, Clone)]
 pub struct EventBusGrpc {
     bus: EventBus,
+    /// How large a page of events may grow on the wire.
+    max_message_bytes: usize,
 }
 
 impl EventBusGrpc {
     pub fn new(bus: EventBus) -> Self {
-        Self { bus }
+        Self { bus, max_message_bytes: usize::MAX }
     }
 
-    /// The tonic server, accepting requests up to `max_message_bytes`.
+    /// The tonic server, accepting requests up to `max_message_bytes`, and
+    /// answering pages of events no larger.
     pub fn into_server(self, max_message_bytes: usize) -> EventBusServer<Self> {
-        EventBusServer::new(self).max_decoding_message_size(max_message_bytes)
+        EventBusServer::new(Self { max_message_bytes, ..self }).max_decoding_message_size(max_message_bytes)
     }
 
     fn max_payload(&self) -> usize {
         self.bus.config().max_payload_bytes
+    }
+}
+
+/// The page's events on the wire, as many as fit in `budget` bytes (at
+/// least one): a page cut short continues after its last event. Events of up
+/// to `max_payload_bytes` each would otherwise make a page no gRPC client
+/// with the default 4 MiB limit can read.
+fn fit_page(page: EventPage, budget: usize) -> pb::ReadEventsResponse {
+    let mut events = Vec::with_capacity(page.events.len());
+    let (mut used, mut next_after) = (0, page.next_after);
+    let mut last = None;
+    for event in page.events {
+        let sequence = event.sequence;
+        let wire = convert::event(event);
+        // The event's bytes and the field's tag and length.
+        let size = prost::Message::encoded_len(&wire) + 8;
+        if let Some(last) = last
+            && used + size > budget
+        {
+            next_after = last;
+            break;
+        }
+        used += size;
+        last = Some(sequence);
+        events.push(wire);
+    }
+    pb::ReadEventsResponse {
+        events,
+        next_after_sequence: u64::try_from(next_after).unwrap_or_default(),
+        head_sequence: u64::try_from(page.head).unwrap_or_default(),
     }
 }
 
@@ -83,11 +116,7 @@ impl pb::event_bus_server::EventBus for EventBusGrpc {
             limit: convert::page_size("page_size", request.page_size, DEFAULT_EVENT_PAGE, MAX_EVENT_PAGE)?,
         };
         let page = self.bus.read_events(&query).await?;
-        Ok(Response::new(pb::ReadEventsResponse {
-            events: page.events.into_iter().map(convert::event).collect(),
-            next_after_sequence: u64::try_from(page.next_after).unwrap_or_default(),
-            head_sequence: u64::try_from(page.head).unwrap_or_default(),
-        }))
+        Ok(Response::new(fit_page(page, self.max_message_bytes)))
     }
 
     type StreamEventsStream = ResponseStream<pb::Event>;
@@ -337,4 +366,39 @@ fn optional_handler(value: &str) -> Result<Option<String>, FieldViolation> {
 fn delivery_cursor(token: &str) -> Result<Option<DeliveryId>, FieldViolation> {
     let bad = || FieldViolation::new("page_token", "is not a page token this service handed out");
     convert::parse_page_token("page_token", token)?.map(|id| id.parse().map_err(|()| bad())).transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Event;
+
+    fn page(payloads: &[usize]) -> EventPage {
+        let event = |index: usize, bytes: usize| Event {
+            namespace: "ns".to_owned(),
+            sequence: i64::try_from(index).unwrap() + 1,
+            event_type: "t".to_owned(),
+            source: String::new(),
+            subject: String::new(),
+            payload: vec![b'x'; bytes],
+            content_type: String::new(),
+            attributes: std::collections::BTreeMap::new(),
+            idempotency_key: None,
+            time: 0,
+            published_at: 0,
+        };
+        let events: Vec<Event> = payloads.iter().enumerate().map(|(index, bytes)| event(index, *bytes)).collect();
+        EventPage { next_after: 40, head: 50, events }
+    }
+
+    #[test]
+    fn a_page_of_large_events_is_cut_to_the_budget_and_continues_after_its_last() {
+        let cut = fit_page(page(&[1 << 20; 5]), 4 << 20);
+        assert_eq!(cut.events.len(), 3);
+        assert_eq!((cut.next_after_sequence, cut.head_sequence), (3, 50));
+        let whole = fit_page(page(&[10; 5]), 4 << 20);
+        assert_eq!((whole.events.len(), whole.next_after_sequence), (5, 40), "a page that fits keeps its cursor");
+        let alone = fit_page(page(&[5 << 20, 10]), 4 << 20);
+        assert_eq!((alone.events.len(), alone.next_after_sequence), (1, 1), "one event, however large, goes");
+    }
 }
