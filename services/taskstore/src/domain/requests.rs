@@ -161,6 +161,9 @@ pub struct Handoff {
     pub worker_id: String,
     pub lease_id: String,
     pub lease_expires_at: i64,
+    /// How long the lease was granted for: what a renewal naming no length
+    /// extends it by.
+    pub lease: Duration,
     pub max_retries: u32,
 }
 

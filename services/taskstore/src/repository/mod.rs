@@ -55,7 +55,17 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// oldest first.
     async fn claim_tasks(&self, request: &ClaimRequest, slots: u32) -> Result<Vec<Claimed>>;
 
-    async fn renew_lease(&self, namespace: &str, task_id: &str, lease_id: &str, lease: Duration) -> Result<Renewal>;
+    /// Extends the lease by `lease`, or, when `None`, by the length it was
+    /// granted for (the last length a claim or renewal gave it; `fallback`
+    /// when it has none).
+    async fn renew_lease(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        lease: Option<Duration>,
+        fallback: Duration,
+    ) -> Result<Renewal>;
 
     /// Undoes a claim whose tasks never reached their worker (its stream
     /// closed as they were claimed): the tasks of lease `lease_id` still

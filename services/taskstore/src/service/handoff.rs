@@ -202,6 +202,7 @@ impl Live {
             worker_id: self.request.worker_id.clone(),
             lease_id: uuid::Uuid::new_v4().to_string(),
             lease_expires_at: now.saturating_add(chorus_runtime::time::micros(self.request.lease)),
+            lease: self.request.lease,
             max_retries: self.request.max_retries,
         };
         Some(Offer { live: Arc::clone(self), permit: Some(permit), handoff })

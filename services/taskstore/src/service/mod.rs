@@ -217,8 +217,9 @@ impl TaskStore {
         lease_id: &str,
         lease: Option<Duration>,
     ) -> Result<Renewal> {
-        let lease = self.lease_length(lease);
-        self.repository.renew_lease(namespace, task_id, lease_id, lease).await
+        // No length asked: as long as the lease was granted for.
+        let lease = lease.filter(|lease| !lease.is_zero()).map(|lease| self.lease_length(Some(lease)));
+        self.repository.renew_lease(namespace, task_id, lease_id, lease, self.config.default_lease()).await
     }
 
     pub async fn complete_task(

@@ -6,6 +6,7 @@ use chorus_taskstore::{
     TaskStore,
     domain::{
         Artifact, ArtifactChunk, ClaimRequest, Claimed, EventKind, Part, StatusUpdate, Task, TaskEvent, TaskState,
+        now_micros,
     },
     error::TaskStoreError,
 };
@@ -20,6 +21,7 @@ conformance!(
     an_expired_lease_fails_the_task,
     an_expired_lease_requeues_while_retries_last,
     renewal_keeps_a_lease_and_reports_cancellation,
+    a_plain_renewal_extends_by_the_length_granted,
     a_worker_may_ask_for_a_retry,
     a_claim_no_worker_received_is_released,
     a_completion_keeps_what_the_task_had_and_adds_its_message,
@@ -193,6 +195,46 @@ async fn renewal_keeps_a_lease_and_reports_cancellation(h: Harness) {
     assert!(renewal.canceled, "the worker learns of the cancellation");
     let error = h.store.renew_lease("ns", &task.id, "stolen", Some(lease)).await.unwrap_err();
     assert!(matches!(error, TaskStoreError::LeaseLost { .. }), "only the last lease holder hears of it: {error}");
+}
+
+/// The lease ends about `length` after `before`, at least: what a renewal
+/// made then for that length gives.
+fn assert_lease_of(renewal_end: i64, before: i64, length: Duration, what: &str) {
+    let length = i64::try_from(length.as_micros()).unwrap();
+    let slack = 5_000_000;
+    assert!(
+        renewal_end >= before + length && renewal_end < before + length + slack,
+        "{what}: the lease ends {} µs after the renewal, not about {length}",
+        renewal_end - before
+    );
+}
+
+/// A renewal that names no length renews for as long as the lease was
+/// granted, by a claim, a hand-off, or the last renewal that named one (the
+/// server's default is 2 s here).
+async fn a_plain_renewal_extends_by_the_length_granted(h: Harness) {
+    let queued = h.task("ns", "echo", "queued").await;
+    let granted = Duration::from_secs(20);
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 2, granted, 0));
+    let claimed = next_claim(&mut claims).await;
+    assert_eq!(claimed.task.id, queued.id);
+    let before = now_micros();
+    let renewal = h.store.renew_lease("ns", &queued.id, &claimed.lease_id, None).await.unwrap();
+    assert_lease_of(renewal.lease_expires_at, before, granted, "a claimed task");
+
+    let task = h.task("ns", "echo", "handed off").await;
+    assert_eq!(task.status.state, TaskState::Working, "created claimed");
+    let handed = next_claim(&mut claims).await;
+    assert_eq!(handed.task.id, task.id);
+    let before = now_micros();
+    let renewal = h.store.renew_lease("ns", &handed.task.id, &handed.lease_id, None).await.unwrap();
+    assert_lease_of(renewal.lease_expires_at, before, granted, "a handed-off task");
+
+    let shorter = Duration::from_secs(7);
+    h.store.renew_lease("ns", &queued.id, &claimed.lease_id, Some(shorter)).await.unwrap();
+    let before = now_micros();
+    let renewal = h.store.renew_lease("ns", &queued.id, &claimed.lease_id, Some(Duration::ZERO)).await.unwrap();
+    assert_lease_of(renewal.lease_expires_at, before, shorter, "after a renewal that named a length");
 }
 
 async fn a_worker_may_ask_for_a_retry(h: Harness) {

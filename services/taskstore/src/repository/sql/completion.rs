@@ -94,7 +94,7 @@ static COMPLETE_POSTGRES: LazyLock<[[[String; 2]; 2]; 2]> = LazyLock::new(|| {
 });
 
 /// One artifact of a one-statement completion (an element of its $9), or of
-/// an answered create (of its $26).
+/// an answered create (of its $27).
 #[derive(serde::Serialize)]
 struct CompletedArtifact<'a> {
     ord: usize,
@@ -104,7 +104,7 @@ struct CompletedArtifact<'a> {
 }
 
 /// The artifacts of a completion as its statement's $9 (or of an answered
-/// create, as its $26), each with the event it logs (carrying the task's
+/// create, as its $27), each with the event it logs (carrying the task's
 /// `status` before the completion).
 pub(super) fn completed_artifacts(status: &TaskStatus, artifacts: &[Artifact]) -> Result<String> {
     let rows = artifacts

@@ -54,8 +54,15 @@ impl TaskRepository for SqlTaskRepository {
         self.claim(request, slots).await
     }
 
-    async fn renew_lease(&self, namespace: &str, task_id: &str, lease_id: &str, lease: Duration) -> Result<Renewal> {
-        self.renew(namespace, task_id, lease_id, lease).await
+    async fn renew_lease(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        lease: Option<Duration>,
+        fallback: Duration,
+    ) -> Result<Renewal> {
+        self.renew(namespace, task_id, lease_id, lease, fallback).await
     }
 
     async fn release_claim(&self, namespace: &str, lease_id: &str) -> Result<u64> {
