@@ -3,7 +3,9 @@
 
 use std::{any::Any, future::Future, sync::Arc, time::Duration};
 
-use chorus_proto::taskstore::{ClaimedTask, CompleteTaskRequest, FailTaskRequest, RenewLeaseRequest, Task};
+use chorus_proto::taskstore::{
+    ClaimedTask, CompleteTaskRequest, FailTaskRequest, RenewLeaseRequest, Task, TaskState, UpdateStatusRequest,
+};
 use tokio::{
     sync::OwnedSemaphorePermit,
     task::{JoinHandle, JoinSet},
@@ -12,7 +14,11 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, error, info, warn};
 
-use crate::{Client, HandlerError, Reply, TaskContext, backoff::Backoff};
+use crate::{
+    Client, HandlerError, Reply, TaskContext,
+    backoff::Backoff,
+    reply::{agent_message, text_part},
+};
 
 /// What every task of one worker shares.
 pub(crate) struct Runner<H> {
@@ -85,6 +91,7 @@ where
         abandon.disarm();
         match joined {
             Ok(Ok(reply)) => self.complete(&ctx, reply).await,
+            Ok(Err(error)) if error.is_rejected() => self.reject(&ctx, error.to_string()).await,
             Ok(Err(error)) => {
                 debug!(error = %error, retry = error.is_retryable(), "handler failed");
                 self.fail(&ctx, error.to_string(), error.is_retryable()).await;
@@ -172,6 +179,27 @@ where
             Err(status) => {
                 warn!(task_id = %ctx.id(), error = %status, "task failure report failed")
             }
+        }
+    }
+
+    /// Ends the task `REJECTED` with `reason` as its status message.
+    async fn reject(&self, ctx: &TaskContext, reason: String) {
+        let request = UpdateStatusRequest {
+            namespace: self.namespace.clone(),
+            task_id: ctx.id().to_owned(),
+            state: TaskState::Rejected.into(),
+            message: Some(agent_message(ctx.task(), vec![text_part(reason)])),
+            lease_id: ctx.lease_id().to_owned(),
+        };
+        let rejected = self
+            .finish(|mut client| {
+                let request = request.clone();
+                async move { client.update_status(request).await }
+            })
+            .await;
+        match rejected {
+            Ok(()) => debug!("task rejected"),
+            Err(status) => warn!(task_id = %ctx.id(), error = %status, "task rejection failed"),
         }
     }
 

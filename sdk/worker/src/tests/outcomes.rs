@@ -83,6 +83,24 @@ async fn handler_errors_fail_the_task_or_requeue_it_while_retries_last() {
 }
 
 #[tokio::test]
+async fn a_handler_may_reject_its_task() {
+    let store = LiveStore::start().await;
+    let handler = |task: TaskContext| async move {
+        task.status("reading the request").await?;
+        Err(HandlerError::rejected("I won't do that"))
+    };
+    let running = Running::start(&store, |worker| worker.max_retries(1), handler).await;
+    let task = store.create(NAMESPACE, super::AGENT, "something dubious", None).await;
+    let rejected = store.finished(NAMESPACE, &task.id).await;
+    assert_eq!(
+        (state_of(&rejected), rejected.attempt, status_text(&rejected)),
+        (TaskState::Rejected, 1, Some("I won't do that")),
+        "rejected at once, not retried: {rejected:?}"
+    );
+    assert!(running.stop().await.is_ok());
+}
+
+#[tokio::test]
 async fn a_panicking_handler_fails_the_task_and_the_worker_goes_on() {
     let store = LiveStore::start().await;
     let handler = |task: TaskContext| async move {

@@ -258,8 +258,6 @@ async fn illegal_transitions_fail_and_change_nothing(h: Harness) {
         error,
         TaskStoreError::IllegalTransition { from: TaskState::Working, to: TaskState::Submitted, .. }
     ));
-    let error = h.store.update_status("ns", &task.id, status(TaskState::Rejected)).await.unwrap_err();
-    assert!(matches!(error, TaskStoreError::IllegalTransition { .. }), "{error}");
     let unchanged = h.store.get_task("ns", &task.id, None).await.unwrap();
     assert_eq!(unchanged, working, "a refused transition changes nothing");
 

@@ -18,6 +18,7 @@ conformance!(
     a_worker_claims_and_completes_a_task,
     capacity_bounds_the_leases_a_worker_holds,
     only_the_lease_holder_may_write,
+    the_lease_holder_may_reject_a_task_it_works_on_or_waits_on,
     an_expired_lease_fails_the_task,
     an_expired_lease_requeues_while_retries_last,
     renewal_keeps_a_lease_and_reports_cancellation,
@@ -139,6 +140,35 @@ async fn only_the_lease_holder_may_write(h: Harness) {
     assert!(matches!(error, TaskStoreError::LeaseLost { .. }), "{error}");
     let progressed = h.store.update_status("ns", &task.id, update(Some(&claimed.lease_id))).await.unwrap();
     assert_eq!(progressed.status.message.unwrap().joined_text(), "progress");
+}
+
+/// A2A lets an agent reject a task once it has found it can't or won't
+/// proceed: from `working`, and from `input-required` (still leased to the
+/// worker that asked).
+async fn the_lease_holder_may_reject_a_task_it_works_on_or_waits_on(h: Harness) {
+    h.task("ns", "echo", "do something dubious").await;
+    h.task("ns", "echo", "do something vague").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 2, Duration::from_secs(30), 0));
+    let working = next_claim(&mut claims).await;
+    let waiting = next_claim(&mut claims).await;
+    let update = |state: TaskState, text: &str, lease_id: &str| StatusUpdate {
+        state,
+        message: Some(agent_message(text)),
+        lease_id: Some(lease_id.to_owned()),
+    };
+    let asked = update(TaskState::InputRequired, "which one?", &waiting.lease_id);
+    h.store.update_status("ns", &waiting.task.id, asked).await.unwrap();
+
+    let stolen = update(TaskState::Rejected, "no", "stolen");
+    let error = h.store.update_status("ns", &working.task.id, stolen).await.unwrap_err();
+    assert!(matches!(error, TaskStoreError::LeaseLost { .. }), "only the lease holder rejects: {error}");
+    for (claimed, reason) in [(&working, "I won't do that"), (&waiting, "no answer I can use")] {
+        let rejected = update(TaskState::Rejected, reason, &claimed.lease_id);
+        let rejected = h.store.update_status("ns", &claimed.task.id, rejected).await.unwrap();
+        assert_eq!(rejected.status.state, TaskState::Rejected);
+        assert_eq!(rejected.status.message.unwrap().joined_text(), reason);
+        assert_eq!(final_state(&h.store, &claimed.task.id).await.status.state, TaskState::Rejected);
+    }
 }
 
 async fn an_expired_lease_fails_the_task(h: Harness) {
