@@ -48,7 +48,8 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// canceled tasks, root first and whole (the others without history).
     async fn cancel_task(&self, namespace: &str, id: &str, reason: Option<String>) -> Result<Vec<Task>>;
 
-    /// The worker's leased tasks, and whether its agent has one to claim.
+    /// The worker's leased tasks of `agent_id`, and whether that agent has
+    /// one to claim.
     async fn worker_leases(&self, namespace: &str, worker_id: &str, agent_id: &str) -> Result<WorkerLeases>;
 
     /// Leases up to `slots` of the agent's claimable tasks to the worker,

@@ -17,6 +17,7 @@ use crate::harness::{Harness, agent_message, conformance, text_artifact};
 conformance!(
     a_worker_claims_and_completes_a_task,
     capacity_bounds_the_leases_a_worker_holds,
+    capacity_counts_the_tasks_of_the_streams_agent_only,
     only_the_lease_holder_may_write,
     the_lease_holder_may_reject_a_task_it_works_on_or_waits_on,
     an_expired_lease_fails_the_task,
@@ -121,6 +122,22 @@ async fn capacity_bounds_the_leases_a_worker_holds(h: Harness) {
     let third = next_claim(&mut claims).await;
     assert_eq!(third.task.history[0].joined_text(), "job 2");
     assert_ne!(third.task.id, second.task.id);
+}
+
+/// One process serving two agents under one worker id has room for each.
+async fn capacity_counts_the_tasks_of_the_streams_agent_only(h: Harness) {
+    h.task("ns", "writer", "draft").await;
+    let mut writer = h.store.claim_stream(claim_request("writer", "w1", 1, Duration::from_secs(30), 0));
+    let drafting = next_claim(&mut writer).await;
+    let review = h.task("ns", "reviewer", "review").await;
+    let mut reviewer = h.store.claim_stream(claim_request("reviewer", "w1", 1, Duration::from_secs(30), 0));
+    let reviewing = next_claim(&mut reviewer).await;
+    assert_eq!(reviewing.task.id, review.id, "the writer's task does not fill the reviewer's room");
+    let leases = h.repository.worker_leases("ns", "w1", "writer").await.unwrap();
+    assert_eq!(leases.active, vec![(drafting.task.id.clone(), drafting.lease_expires_at)], "the writer's only");
+    h.task("ns", "writer", "second draft").await;
+    let early = tokio::time::timeout(Duration::from_millis(400), writer.next()).await;
+    assert!(early.is_err(), "the writer's stream is still at its capacity");
 }
 
 async fn only_the_lease_holder_may_write(h: Harness) {

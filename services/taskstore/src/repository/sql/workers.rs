@@ -47,9 +47,11 @@ const RELEASE: &str = "UPDATE taskstore_tasks SET state = 'submitted', status_me
      worker_id = NULL, lease_id = NULL, lease_expires_at = NULL, attempt = attempt - 1 \
      WHERE namespace = $1 AND lease_id = $2 AND state = 'working'";
 
-/// The worker's leased tasks with their lease's end, and one claimable task
-/// of its agent if there is any (without).
-const CLAIM_PRECHECK: &str = "SELECT id, lease_expires_at FROM taskstore_tasks WHERE namespace = $1 AND worker_id = $2 \
+/// The worker's leased tasks of the agent with their lease's end, and one
+/// claimable task of the agent if there is any (without). A worker serving
+/// several agents has room for each: its tasks of other agents do not count.
+const CLAIM_PRECHECK: &str = "SELECT id, lease_expires_at FROM taskstore_tasks \
+     WHERE namespace = $1 AND worker_id = $2 AND agent_id = $3 \
      UNION ALL SELECT id, NULL FROM (SELECT id FROM taskstore_tasks \
      WHERE namespace = $1 AND agent_id = $3 AND state = 'submitted' LIMIT 1) ready";
 
