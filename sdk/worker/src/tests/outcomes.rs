@@ -8,12 +8,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use chorus_proto::taskstore::{Role, TaskState};
+use chorus_proto::taskstore::{FailTaskRequest, Role, TaskState};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::{NAMESPACE, PATIENCE, Running, server::LiveStore, state_of, status_changes, status_text, text_of, within};
-use crate::{HandlerError, Reply, TaskContext};
+use crate::{HandlerError, Reply, TaskContext, WorkerError};
 
 #[tokio::test]
 async fn echo_completes_with_the_text_as_message_and_artifact() {
@@ -97,6 +97,40 @@ async fn a_handler_may_reject_its_task() {
         (TaskState::Rejected, 1, Some("I won't do that")),
         "rejected at once, not retried: {rejected:?}"
     );
+    assert!(running.stop().await.is_ok());
+}
+
+#[tokio::test]
+async fn a_handler_that_lost_its_lease_spawns_nothing() {
+    let store = LiveStore::start().await;
+    let (contexts_tx, mut contexts) = mpsc::unbounded_channel();
+    let handler = move |task: TaskContext| {
+        let contexts_tx = contexts_tx.clone();
+        async move {
+            let _ = contexts_tx.send(task.clone());
+            task.cancelled().await;
+            Ok(Reply::text("gave up"))
+        }
+    };
+    // Room for the task's second attempt while the first handler still runs.
+    let running = Running::start(&store, |worker| worker.max_retries(1).capacity(2), handler).await;
+    let task = store.create(NAMESPACE, super::AGENT, "plan a trip", None).await;
+    let first = within("the handler to start", contexts.recv()).await.expect("a context");
+    let mut client = crate::connect(&store.url).await.expect("connect");
+    let requeue = FailTaskRequest {
+        namespace: NAMESPACE.to_owned(),
+        task_id: task.id.clone(),
+        lease_id: first.lease_id().to_owned(),
+        reason: "taken away".to_owned(),
+        retry: true,
+    };
+    client.fail_task(requeue).await.expect("requeued");
+
+    let refused = first.spawn("booker", "book the hotels", false).await.expect_err("the lease is gone");
+    let WorkerError::Transport(status) = refused else { panic!("{refused:?}") };
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    let second = within("the task to come back", contexts.recv()).await.expect("a context");
+    second.spawn("booker", "book the hotels", false).await.expect("spawned under the current lease");
     assert!(running.stop().await.is_ok());
 }
 

@@ -58,6 +58,8 @@ pub struct NewSubtask {
     pub owner: Option<Owner>,
     pub metadata: Option<JsonObject>,
     pub trace_context: HashMap<String, String>,
+    /// The lease on the parent the spawn is made under, when a worker makes it.
+    pub lease_id: Option<String>,
 }
 
 /// Filters and paging of a task listing.

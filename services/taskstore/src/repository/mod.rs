@@ -35,7 +35,15 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     async fn list_tasks(&self, query: TaskQuery) -> Result<TaskPage>;
 
     /// Appends to the history; a user message resumes an interrupted task.
-    async fn add_message(&self, namespace: &str, task_id: &str, message: Message) -> Result<Task>;
+    /// With a `lease_id` (a worker writing), only under the task's current
+    /// lease.
+    async fn add_message(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        message: Message,
+        lease_id: Option<&str>,
+    ) -> Result<Task>;
 
     /// Returns the task whole (full history, artifacts), as do
     /// `complete_task` and `fail_task`: the service keeps finished ones for
@@ -100,7 +108,8 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// `min_tasks` tasks, if the database has none yet; whether it has now.
     async fn first_statistics(&self, min_tasks: i64) -> Result<bool>;
 
-    /// Creates child task `id` after the safety limits. A retry (the same
+    /// Creates child task `id` after the safety limits, under the parent's
+    /// current lease when the spawn names one. A retry (the same
     /// request under the same first message id) returns the child of the
     /// first; another request under the id is `RequestKeyInUse` and changes
     /// nothing.

@@ -179,8 +179,15 @@ impl TaskStore {
         self.repository.list_tasks(query).await
     }
 
-    pub async fn add_message(&self, namespace: &str, task_id: &str, message: Message) -> Result<Task> {
-        let task = self.repository.add_message(namespace, task_id, message).await?;
+    /// Appends a message; with a `lease_id`, only under the task's current lease.
+    pub async fn add_message(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        message: Message,
+        lease_id: Option<&str>,
+    ) -> Result<Task> {
+        let task = self.repository.add_message(namespace, task_id, message, lease_id).await?;
         self.changed(&task);
         Ok(task)
     }

@@ -5,8 +5,8 @@ use std::time::Duration;
 use chorus_taskstore::{
     TaskStore,
     domain::{
-        Artifact, ArtifactChunk, ClaimRequest, Claimed, EventKind, Part, StatusUpdate, Task, TaskEvent, TaskState,
-        now_micros,
+        Artifact, ArtifactChunk, ClaimRequest, Claimed, EventKind, NewSubtask, Part, StatusUpdate, Task, TaskEvent,
+        TaskState, now_micros,
     },
     error::TaskStoreError,
 };
@@ -19,6 +19,7 @@ conformance!(
     capacity_bounds_the_leases_a_worker_holds,
     capacity_counts_the_tasks_of_the_streams_agent_only,
     only_the_lease_holder_may_write,
+    a_worker_whose_lease_ended_can_neither_spawn_nor_add_messages,
     the_lease_holder_may_reject_a_task_it_works_on_or_waits_on,
     an_expired_lease_fails_the_task,
     an_expired_lease_requeues_while_retries_last,
@@ -157,6 +158,37 @@ async fn only_the_lease_holder_may_write(h: Harness) {
     assert!(matches!(error, TaskStoreError::LeaseLost { .. }), "{error}");
     let progressed = h.store.update_status("ns", &task.id, update(Some(&claimed.lease_id))).await.unwrap();
     assert_eq!(progressed.status.message.unwrap().joined_text(), "progress");
+}
+
+/// Spawns and messages that name a lease are fenced by it, as every other
+/// write of a worker: once the task went back to the queue and on to another
+/// worker, the first one's spawn makes no duplicate child and its message
+/// stays out of the history.
+async fn a_worker_whose_lease_ended_can_neither_spawn_nor_add_messages(h: Harness) {
+    let task = h.task("ns", "echo", "plan a trip").await;
+    let mut slow = h.store.claim_stream(claim_request("echo", "slow", 1, Duration::from_secs(30), 1));
+    let stale = next_claim(&mut slow).await;
+    h.store.fail_task("ns", &task.id, &stale.lease_id, "went quiet", true).await.unwrap();
+    drop(slow);
+    let mut quick = h.store.claim_stream(claim_request("echo", "quick", 1, Duration::from_secs(30), 1));
+    let current = next_claim(&mut quick).await;
+    assert_eq!(current.task.id, task.id);
+
+    let spawn_under = |lease_id: &str| NewSubtask {
+        lease_id: Some(lease_id.to_owned()),
+        ..crate::subtasks::subtask(&task.id, "booker", &format!("book it ({lease_id})"))
+    };
+    let late = h.store.spawn_subtask(spawn_under(&stale.lease_id), false, None).await.unwrap_err();
+    assert!(matches!(late, TaskStoreError::LeaseLost { .. }), "{late}");
+    let late = h.store.add_message("ns", &task.id, agent_message("stale"), Some(&stale.lease_id)).await.unwrap_err();
+    assert!(matches!(late, TaskStoreError::LeaseLost { .. }), "{late}");
+    assert!(h.repository.children("ns", &task.id, &[]).await.unwrap().is_empty(), "no child spawned");
+
+    h.store.spawn_subtask(spawn_under(&current.lease_id), false, None).await.unwrap();
+    let added = h.store.add_message("ns", &task.id, agent_message("fresh"), Some(&current.lease_id)).await.unwrap();
+    let texts: Vec<String> = added.history.iter().map(|message| message.joined_text()).collect();
+    assert!(texts.contains(&"fresh".to_owned()) && !texts.contains(&"stale".to_owned()), "{texts:?}");
+    assert_eq!(h.repository.children("ns", &task.id, &[]).await.unwrap().len(), 1);
 }
 
 /// A2A lets an agent reject a task once it has found it can't or won't
@@ -333,7 +365,7 @@ async fn a_completion_keeps_what_the_task_had_and_adds_its_message(h: Harness) {
         lease_id: Some(claimed.lease_id.clone()),
     };
     h.store.append_artifact("ns", &task.id, chunk).await.unwrap();
-    h.store.add_message("ns", &task.id, agent_message("thinking")).await.unwrap();
+    h.store.add_message("ns", &task.id, agent_message("thinking"), None).await.unwrap();
     let mut events = h.store.watch_task("ns", &task.id, None).await.unwrap();
 
     let done = h.store.complete_task("ns", &task.id, &claimed.lease_id, Some(agent_message("pong")), Vec::new()).await;

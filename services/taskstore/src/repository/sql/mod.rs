@@ -206,11 +206,20 @@ fn check_writable(record: &TaskRecord, lease_id: Option<&str>) -> Result<()> {
     if task.status.state.is_terminal() {
         return Err(TaskStoreError::TaskFinished { task_id: task.id.clone(), state: task.status.state });
     }
-    match (record.lease_id.as_deref(), lease_id) {
-        (_, Some(given)) if record.lease_id.as_deref() != Some(given) => {
-            Err(TaskStoreError::LeaseLost { task_id: task.id.clone(), lease_id: given.to_owned() })
+    check_fence(record, lease_id)?;
+    if record.lease_id.is_some() && lease_id.is_none() {
+        return Err(TaskStoreError::LeaseRequired { task_id: task.id.clone() });
+    }
+    Ok(())
+}
+
+/// Checks that a lease the caller names, if any, is the task's current one:
+/// a worker whose lease ran out writes nothing.
+fn check_fence(record: &TaskRecord, lease_id: Option<&str>) -> Result<()> {
+    match lease_id {
+        Some(given) if record.lease_id.as_deref() != Some(given) => {
+            Err(TaskStoreError::LeaseLost { task_id: record.task.id.clone(), lease_id: given.to_owned() })
         }
-        (Some(_), None) => Err(TaskStoreError::LeaseRequired { task_id: task.id.clone() }),
         _ => Ok(()),
     }
 }

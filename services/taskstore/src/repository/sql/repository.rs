@@ -30,8 +30,14 @@ impl TaskRepository for SqlTaskRepository {
         self.list(query).await
     }
 
-    async fn add_message(&self, namespace: &str, task_id: &str, message: Message) -> Result<Task> {
-        self.add_message_to(namespace, task_id, message).await
+    async fn add_message(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        message: Message,
+        lease_id: Option<&str>,
+    ) -> Result<Task> {
+        self.add_message_to(namespace, task_id, message, lease_id).await
     }
 
     async fn update_status(&self, namespace: &str, task_id: &str, update: StatusUpdate) -> Result<Task> {

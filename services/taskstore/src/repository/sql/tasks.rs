@@ -6,7 +6,8 @@ use std::collections::VecDeque;
 use sqlx::AnyConnection;
 
 use super::{
-    EventDetail, SqlTaskRepository, append_history, apply_status, check_writable, complete_task_view, record_event,
+    EventDetail, SqlTaskRepository, append_history, apply_status, check_fence, check_writable, complete_task_view,
+    record_event,
     rows,
     rows::{TaskRecord, aggregated_parts, task_columns, to_json},
     save, set_status,
@@ -92,13 +93,20 @@ impl SqlTaskRepository {
         Ok(TaskPage { tasks, next_page_token, total_size: u64::try_from(total).unwrap_or(0) })
     }
 
-    pub(super) async fn add_message_to(&self, namespace: &str, task_id: &str, message: Message) -> Result<Task> {
+    pub(super) async fn add_message_to(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        message: Message,
+        lease_id: Option<&str>,
+    ) -> Result<Task> {
         let mut tx = self.begin().await?;
         let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
         let state = record.task.status.state;
         if state.is_terminal() {
             return Err(TaskStoreError::TaskFinished { task_id: task_id.to_owned(), state });
         }
+        check_fence(&record, lease_id)?;
         let message = message.bound_to(task_id, &record.task.context_id);
         append_history(&mut tx, &mut record, &message).await?;
         save(&mut tx, &record).await?;
