@@ -198,6 +198,40 @@ async fn a_task_canceled_on_the_server_is_abandoned() {
 }
 
 #[tokio::test]
+async fn a_cancel_reaches_the_handler_on_the_claim_stream_and_frees_its_room() {
+    let store = LiveStore::start().await;
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let (seen_tx, mut seen) = mpsc::unbounded_channel();
+    let handler = move |task: TaskContext| {
+        let (started_tx, seen_tx) = (started_tx.clone(), seen_tx.clone());
+        async move {
+            if task.text() == "next" {
+                return Ok(Reply::text("done"));
+            }
+            let _ = started_tx.send(());
+            task.cancelled().await;
+            let _ = seen_tx.send(Instant::now());
+            Ok(Reply::text("too late"))
+        }
+    };
+    // Renewed every 10 s: far later than the test runs.
+    let running = Running::start(&store, |worker| worker.lease(Duration::from_secs(30)), handler).await;
+    let task = store.create(NAMESPACE, super::AGENT, "work", None).await;
+    within("the handler to start", started.recv()).await;
+    let next = store.create(NAMESPACE, super::AGENT, "next", None).await;
+
+    let canceled_at = Instant::now();
+    store.cancel(NAMESPACE, &task.id).await;
+    let seen_at = within("the handler to see the cancellation", seen.recv()).await.expect("seen");
+    assert!(seen_at - canceled_at < Duration::from_secs(2), "told at once, not at the next renewal");
+    let done = store.finished(NAMESPACE, &next.id).await;
+    assert_eq!(state_of(&done), TaskState::Completed, "the canceled task's room went to the next one");
+    let renewals = store.calls().into_iter().filter(|call| call.method == "RenewLease").count();
+    assert_eq!(renewals, 0, "no renewal told of the cancel");
+    assert!(running.stop().await.is_ok());
+}
+
+#[tokio::test]
 async fn shutdown_abandons_in_flight_tasks_promptly() {
     let store = LiveStore::start().await;
     let (started_tx, mut started) = mpsc::unbounded_channel();

@@ -147,6 +147,15 @@ pub struct Claimed {
     pub trace_context: HashMap<String, String>,
 }
 
+/// What a claim stream that tells of cancellations sends.
+#[derive(Debug, Clone)]
+pub enum ClaimEvent {
+    /// A task leased to the worker.
+    Claimed(Box<Claimed>),
+    /// A task leased to the worker on this stream was canceled: this one.
+    Canceled(String),
+}
+
 /// The tasks a worker holds leases on, and whether its agent has a task
 /// waiting to be claimed.
 #[derive(Debug, Clone, Default)]

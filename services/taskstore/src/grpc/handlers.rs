@@ -266,7 +266,11 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
             lease: validate::duration("lease", request.lease, Duration::ZERO)?,
             max_retries: request.max_retries,
         };
-        Ok(Response::new(stream_of(self.store.claim_stream(claim), convert::claimed_out)))
+        if !request.notify_cancellations {
+            return Ok(Response::new(stream_of(self.store.claim_stream(claim), convert::claimed_out)));
+        }
+        let events = self.store.claim_stream_with_cancellations(claim);
+        Ok(Response::new(stream_of(events, convert::claim_event_out)))
     }
 
     async fn renew_lease(

@@ -109,7 +109,8 @@ impl TaskStore {
         // worker has room. Back in the queue, it waits for any worker.
         let state = task.status.state;
         if state == TaskState::Submitted || state.is_terminal() {
-            let room_to_fill = self.streams.released(namespace, &task.agent_id, &task.id);
+            let canceled = state == TaskState::Canceled;
+            let room_to_fill = self.streams.released(namespace, &task.agent_id, &task.id, canceled);
             let queued = state == TaskState::Submitted;
             if queued {
                 self.streams.missed(namespace, &task.agent_id);

@@ -5,8 +5,8 @@ use std::time::Duration;
 use chorus_taskstore::{
     TaskStore,
     domain::{
-        Artifact, ArtifactChunk, ClaimRequest, Claimed, EventKind, NewSubtask, Part, StatusUpdate, Task, TaskEvent,
-        TaskState, now_micros,
+        Artifact, ArtifactChunk, ClaimEvent, ClaimRequest, Claimed, EventKind, NewSubtask, Part, StatusUpdate, Task,
+        TaskEvent, TaskState, now_micros,
     },
     error::TaskStoreError,
 };
@@ -24,6 +24,8 @@ conformance!(
     an_expired_lease_fails_the_task,
     an_expired_lease_requeues_while_retries_last,
     renewal_keeps_a_lease_and_reports_cancellation,
+    a_stream_that_asked_is_told_at_once_of_its_canceled_tasks,
+    a_task_renewed_past_its_first_lease_is_still_announced_when_canceled,
     a_plain_renewal_extends_by_the_length_granted,
     a_worker_may_ask_for_a_retry,
     a_claim_no_worker_received_is_released,
@@ -314,6 +316,59 @@ async fn a_plain_renewal_extends_by_the_length_granted(h: Harness) {
     let before = now_micros();
     let renewal = h.store.renew_lease("ns", &queued.id, &claimed.lease_id, Some(Duration::ZERO)).await.unwrap();
     assert_lease_of(renewal.lease_expires_at, before, shorter, "after a renewal that named a length");
+}
+
+async fn next_claim_event(
+    events: &mut (impl tokio_stream::Stream<Item = Result<ClaimEvent, TaskStoreError>> + Unpin),
+) -> ClaimEvent {
+    tokio::time::timeout(Duration::from_secs(10), events.next())
+        .await
+        .expect("an event arrives in time")
+        .expect("the claim stream is open")
+        .expect("the claim stream works")
+}
+
+/// A cancel reaches the worker on its claim stream, not at its next renewal
+/// (30 s away here); the canceled task's room goes to the next task at once.
+/// Tasks that end otherwise are not announced.
+async fn a_stream_that_asked_is_told_at_once_of_its_canceled_tasks(h: Harness) {
+    let first = h.task("ns", "echo", "one").await;
+    let request = claim_request("echo", "w1", 1, Duration::from_secs(30), 0);
+    let mut events = Box::pin(h.store.claim_stream_with_cancellations(request));
+    let ClaimEvent::Claimed(claimed) = next_claim_event(&mut events).await else { panic!("a task first") };
+    assert_eq!(claimed.task.id, first.id);
+    let second = h.task("ns", "echo", "two").await;
+    h.store.cancel_task("ns", &first.id, None).await.unwrap();
+
+    let (mut canceled, mut handed) = (Vec::new(), Vec::new());
+    for _ in 0..2 {
+        match next_claim_event(&mut events).await {
+            ClaimEvent::Canceled(task_id) => canceled.push(task_id),
+            ClaimEvent::Claimed(claimed) => handed.push(claimed),
+        }
+    }
+    assert_eq!(canceled, std::slice::from_ref(&first.id), "told of the cancel");
+    let [next] = handed.as_slice() else { panic!("the next task: {handed:?}") };
+    assert_eq!(next.task.id, second.id, "the canceled task's room is free at once");
+
+    h.store.complete_task("ns", &second.id, &next.lease_id, None, Vec::new()).await.unwrap();
+    let quiet = tokio::time::timeout(Duration::from_millis(400), events.next()).await;
+    assert!(quiet.is_err(), "a completed task is not announced: {quiet:?}");
+}
+
+/// The stream knows its tasks beyond the lease they were handed out with.
+async fn a_task_renewed_past_its_first_lease_is_still_announced_when_canceled(h: Harness) {
+    let task = h.task("ns", "echo", "long").await;
+    let lease = Duration::from_millis(600);
+    let mut events = Box::pin(h.store.claim_stream_with_cancellations(claim_request("echo", "w1", 1, lease, 0)));
+    let ClaimEvent::Claimed(claimed) = next_claim_event(&mut events).await else { panic!("a task first") };
+    for _ in 0..5 {
+        tokio::time::sleep(lease / 3).await;
+        h.store.renew_lease("ns", &task.id, &claimed.lease_id, None).await.unwrap();
+    }
+    h.store.cancel_task("ns", &task.id, None).await.unwrap();
+    let ClaimEvent::Canceled(canceled) = next_claim_event(&mut events).await else { panic!("a notice") };
+    assert_eq!(canceled, task.id);
 }
 
 async fn a_worker_may_ask_for_a_retry(h: Harness) {

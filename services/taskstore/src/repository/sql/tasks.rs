@@ -7,8 +7,7 @@ use sqlx::AnyConnection;
 
 use super::{
     EventDetail, SqlTaskRepository, append_history, apply_status, check_fence, check_writable, complete_task_view,
-    record_event,
-    rows,
+    record_event, rows,
     rows::{TaskRecord, aggregated_parts, task_columns, to_json},
     save, set_status,
 };
