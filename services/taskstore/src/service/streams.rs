@@ -73,9 +73,16 @@ impl TaskStore {
         mut request: ClaimRequest,
         canceled: Option<mpsc::UnboundedSender<String>>,
     ) -> ReceiverStream<Result<Claimed>> {
-        request.lease = self.lease_length(Some(request.lease));
         request.capacity = request.capacity.max(1);
         let (sender, receiver) = mpsc::channel(request.capacity as usize);
+        request.lease = match self.lease_length(Some(request.lease)) {
+            Ok(lease) => lease,
+            Err(refused) => {
+                // The stream's first item: the channel has room for it.
+                let _ = sender.try_send(Err(refused));
+                return ReceiverStream::new(receiver);
+            }
+        };
         let store = self.clone();
         tokio::spawn(async move { store.feed_claims(request, sender, canceled).await });
         ReceiverStream::new(receiver)

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use chorus_runtime::error::{ErrorCode, ServiceError as _};
 use chorus_taskstore::{
     TaskStore,
     domain::{
@@ -27,6 +28,7 @@ conformance!(
     a_stream_that_asked_is_told_at_once_of_its_canceled_tasks,
     a_task_renewed_past_its_first_lease_is_still_announced_when_canceled,
     a_plain_renewal_extends_by_the_length_granted,
+    leases_out_of_bounds_are_refused_naming_the_bounds,
     a_worker_may_ask_for_a_retry,
     a_claim_no_worker_received_is_released,
     a_completion_keeps_what_the_task_had_and_adds_its_message,
@@ -369,6 +371,30 @@ async fn a_task_renewed_past_its_first_lease_is_still_announced_when_canceled(h:
     h.store.cancel_task("ns", &task.id, None).await.unwrap();
     let ClaimEvent::Canceled(canceled) = next_claim_event(&mut events).await else { panic!("a notice") };
     assert_eq!(canceled, task.id);
+}
+
+/// A lease under 100 ms reaches its worker expired; one over the configured
+/// maximum is not granted. Neither is shortened or lengthened quietly.
+async fn leases_out_of_bounds_are_refused_naming_the_bounds(h: Harness) {
+    let task = h.task("ns", "echo", "x").await;
+    let max = Duration::from_secs(3600);
+    for lease in [Duration::from_millis(1), Duration::from_millis(99), max + Duration::from_millis(1)] {
+        let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, lease, 0));
+        let refused = tokio::time::timeout(Duration::from_secs(10), claims.next()).await.unwrap().unwrap();
+        let error = refused.expect_err("an out-of-bounds lease is refused");
+        assert_eq!(error.error_code(), ErrorCode::InvalidArgument, "{error}");
+        let text = error.to_string();
+        assert!(text.contains("lease") && text.contains("100 ms") && text.contains("3600000 ms"), "{text}");
+        assert!(claims.next().await.is_none(), "the stream ends");
+    }
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_millis(100), 0));
+    let claimed = next_claim(&mut claims).await;
+    assert_eq!(claimed.task.id, task.id, "100 ms is enough");
+    let error = h.store.renew_lease("ns", &task.id, &claimed.lease_id, Some(max * 2)).await.unwrap_err();
+    assert_eq!(error.error_code(), ErrorCode::InvalidArgument, "{error}");
+    let error = h.store.renew_lease("ns", &task.id, &claimed.lease_id, Some(Duration::from_millis(5))).await;
+    assert_eq!(error.unwrap_err().error_code(), ErrorCode::InvalidArgument);
+    h.store.renew_lease("ns", &task.id, &claimed.lease_id, Some(max)).await.unwrap();
 }
 
 async fn a_worker_may_ask_for_a_retry(h: Harness) {
