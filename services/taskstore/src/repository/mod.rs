@@ -82,6 +82,8 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// Returns how many were released.
     async fn release_claim(&self, namespace: &str, lease_id: &str) -> Result<u64>;
 
+    /// Completes the task under its lease. A user's final message, or an
+    /// artifact id given twice, is an invalid argument and changes nothing.
     async fn complete_task(
         &self,
         namespace: &str,

@@ -33,7 +33,9 @@ conformance!(
     a_claim_no_worker_received_is_released,
     a_completion_keeps_what_the_task_had_and_adds_its_message,
     a_completion_replaces_and_adds_artifacts_logged_before_its_final_state,
-    a_completion_may_name_one_artifact_twice,
+    a_completion_naming_one_artifact_twice_is_refused,
+    a_completion_with_a_user_message_is_refused,
+    an_artifact_takes_no_chunk_after_its_last,
     a_completion_after_a_reported_status_logs_its_artifacts_under_that_status,
     a_completion_without_the_lease_changes_nothing,
 );
@@ -541,14 +543,58 @@ async fn a_completion_replaces_and_adds_artifacts_logged_before_its_final_state(
     assert_eq!(seen.last().unwrap().status, done.status);
 }
 
-async fn a_completion_may_name_one_artifact_twice(h: Harness) {
+/// A completion's artifacts are whole: one id given twice would keep only
+/// the last, so the completion is refused and changes nothing.
+async fn a_completion_naming_one_artifact_twice_is_refused(h: Harness) {
     let task = h.task("ns", "echo", "ping").await;
     let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
     let claimed = next_claim(&mut claims).await;
     let twice = vec![text_artifact("out", "first"), text_artifact("out", "second")];
-    let done = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, twice).await.unwrap();
-    assert_eq!(done.artifacts, vec![text_artifact("out", "second")], "the later one wins");
-    assert_eq!(h.store.get_task("ns", &task.id, None).await.unwrap(), done);
+    let error = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, twice).await.unwrap_err();
+    assert_eq!(error.error_code(), ErrorCode::InvalidArgument, "{error}");
+    assert!(error.to_string().contains("out"), "names the artifact: {error}");
+    let untouched = h.store.get_task("ns", &task.id, None).await.unwrap();
+    assert_eq!((untouched.status.state, untouched.artifacts.len()), (TaskState::Working, 0));
+    let once = vec![text_artifact("out", "first"), text_artifact("notes", "second")];
+    let done = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, once.clone()).await.unwrap();
+    assert_eq!(done.artifacts, once);
+}
+
+async fn a_completion_with_a_user_message_is_refused(h: Harness) {
+    let task = h.task("ns", "echo", "ping").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
+    let claimed = next_claim(&mut claims).await;
+    let users = Some(crate::harness::user_message("pong"));
+    let error = h.store.complete_task("ns", &task.id, &claimed.lease_id, users, Vec::new()).await.unwrap_err();
+    assert_eq!(error.error_code(), ErrorCode::InvalidArgument, "{error}");
+    assert_eq!(h.store.get_task("ns", &task.id, None).await.unwrap().status.state, TaskState::Working);
+    let done = h.store.complete_task("ns", &task.id, &claimed.lease_id, Some(agent_message("pong")), Vec::new());
+    assert_eq!(done.await.unwrap().status.state, TaskState::Completed);
+}
+
+/// A streamed artifact ends with its last chunk; another append is refused
+/// (a new artifact under its id replaces it, as before).
+async fn an_artifact_takes_no_chunk_after_its_last(h: Harness) {
+    let task = h.task("ns", "echo", "ping").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
+    let claimed = next_claim(&mut claims).await;
+    let chunk = |text: &str, append: bool, last_chunk: bool| ArtifactChunk {
+        artifact: text_artifact("log", text),
+        append,
+        last_chunk,
+        lease_id: Some(claimed.lease_id.clone()),
+    };
+    h.store.append_artifact("ns", &task.id, chunk("a", false, false)).await.unwrap();
+    h.store.append_artifact("ns", &task.id, chunk("b", true, true)).await.unwrap();
+    let error = h.store.append_artifact("ns", &task.id, chunk("c", true, false)).await.unwrap_err();
+    assert!(matches!(error, TaskStoreError::ArtifactClosed { .. }), "{error}");
+    assert_eq!(error.error_code(), ErrorCode::FailedPrecondition);
+    assert!(error.to_string().contains("artifact log"), "names the artifact: {error}");
+    let stored = h.store.get_task("ns", &task.id, None).await.unwrap();
+    assert_eq!(stored.artifacts[0].parts, [Part::text("a"), Part::text("b")], "nothing after the last chunk");
+    let replaced = h.store.append_artifact("ns", &task.id, chunk("new", false, false)).await.unwrap();
+    assert_eq!(replaced.artifacts, vec![text_artifact("log", "new")]);
+    h.store.append_artifact("ns", &task.id, chunk("more", true, true)).await.unwrap();
 }
 
 async fn a_completion_without_the_lease_changes_nothing(h: Harness) {

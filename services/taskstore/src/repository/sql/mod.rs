@@ -37,6 +37,7 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
         (4, "log by rowid", "0004_log_by_rowid.sql"),
         (5, "push delivery", "0005_push_delivery.sql"),
         (7, "lease length", "0007_lease_length.sql"),
+        (8, "artifact last chunk", "0008_artifact_last_chunk.sql"),
     ]
 );
 

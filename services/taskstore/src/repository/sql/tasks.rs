@@ -188,12 +188,13 @@ async fn children_ids(conn: &mut AnyConnection, namespace: &str, parent_id: &str
     Ok(ids)
 }
 
-/// Adds, replaces or extends one artifact of a task.
+/// Adds, replaces or extends one artifact of a task; an artifact whose last
+/// chunk came is extended no more.
 pub(super) async fn store_artifact(conn: &mut AnyConnection, record: &TaskRecord, chunk: &ArtifactChunk) -> Result<()> {
     let task = &record.task;
     let artifact_id = &chunk.artifact.artifact_id;
-    let existing: Option<String> = sqlx::query_scalar(
-        "SELECT artifact FROM taskstore_artifacts WHERE namespace = $1 AND task_id = $2 AND artifact_id = $3",
+    let existing: Option<(String, Option<i64>)> = sqlx::query_as(
+        "SELECT artifact, closed FROM taskstore_artifacts WHERE namespace = $1 AND task_id = $2 AND artifact_id = $3",
     )
     .bind(&task.namespace)
     .bind(&task.id)
@@ -201,7 +202,10 @@ pub(super) async fn store_artifact(conn: &mut AnyConnection, record: &TaskRecord
     .fetch_optional(&mut *conn)
     .await?;
     let stored = match (existing, chunk.append) {
-        (Some(existing), true) => {
+        (Some((_, Some(1))), true) => {
+            return Err(TaskStoreError::ArtifactClosed { task_id: task.id.clone(), artifact_id: artifact_id.clone() });
+        }
+        (Some((existing, _)), true) => {
             let mut artifact: Artifact = rows::from_json(&existing)?;
             artifact.parts.extend(chunk.artifact.parts.iter().cloned());
             artifact
@@ -215,14 +219,16 @@ pub(super) async fn store_artifact(conn: &mut AnyConnection, record: &TaskRecord
         (_, false) => chunk.artifact.clone(),
     };
     sqlx::query(
-        "INSERT INTO taskstore_artifacts (namespace, task_id, artifact_id, position, artifact) VALUES ($1, $2, $3, \
-         (SELECT COUNT(*) FROM taskstore_artifacts WHERE namespace = $1 AND task_id = $2), $4) \
-         ON CONFLICT (namespace, task_id, artifact_id) DO UPDATE SET artifact = excluded.artifact",
+        "INSERT INTO taskstore_artifacts (namespace, task_id, artifact_id, position, artifact, closed) \
+         VALUES ($1, $2, $3, (SELECT COUNT(*) FROM taskstore_artifacts WHERE namespace = $1 AND task_id = $2), $4, $5) \
+         ON CONFLICT (namespace, task_id, artifact_id) DO UPDATE SET artifact = excluded.artifact, \
+         closed = excluded.closed",
     )
     .bind(&task.namespace)
     .bind(&task.id)
     .bind(artifact_id)
     .bind(to_json(&stored)?)
+    .bind(i64::from(chunk.last_chunk))
     .execute(&mut *conn)
     .await?;
     Ok(())

@@ -11,11 +11,11 @@ use super::{
 use crate::{
     domain::{
         Artifact, ArtifactChunk, ClaimRequest, Claimed, EventKind, Expiry, Message, Renewal, Role, Task, TaskState,
-        TaskStatus, WorkerLeases, now_micros,
+        TaskStatus, WorkerLeases, now_micros, repeated_artifact_id,
     },
     error::{Result, TaskStoreError},
 };
-use chorus_runtime::{storage::Backend, time::micros};
+use chorus_runtime::{storage::Backend, time::micros, validate::FieldViolation};
 use sqlx::Row as _;
 
 /// Leases up to $8 claimable tasks, skipping rows other claims hold, and
@@ -236,14 +236,15 @@ impl SqlTaskRepository {
         message: Option<Message>,
         artifacts: Vec<Artifact>,
     ) -> Result<Task> {
+        check_completion(message.as_ref(), &artifacts)?;
         let held = self.held.take(namespace, task_id, lease_id);
         if let Some(task) =
             self.complete_at_once(namespace, task_id, lease_id, held, message.as_ref(), &artifacts).await?
         {
             return Ok(task);
         }
-        // The transaction: what one statement cannot do (an artifact id given
-        // twice), or the precise error when it completed nothing.
+        // The transaction: the task changed since its claim, or the precise
+        // error when it cannot be completed.
         let mut tx = self.begin().await?;
         let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
         check_writable(&record, Some(lease_id))?;
@@ -293,6 +294,18 @@ impl SqlTaskRepository {
         tx.commit().await?;
         Ok(expired)
     }
+}
+
+/// A completion is the agent's: its final message is no user's, and its
+/// artifacts are whole, one per id (two would leave only the last).
+fn check_completion(message: Option<&Message>, artifacts: &[Artifact]) -> Result<()> {
+    if message.is_some_and(|message| message.role == Role::User) {
+        return Err(FieldViolation::new("message.role", "must be ROLE_AGENT: the final message is the agent's").into());
+    }
+    if let Some(id) = repeated_artifact_id(artifacts) {
+        return Err(FieldViolation::new("artifacts", format!("gives artifact {id} twice")).into());
+    }
+    Ok(())
 }
 
 /// Ends a worker's attempt: back to `submitted` when `retry` is asked and the
