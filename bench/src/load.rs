@@ -152,6 +152,7 @@ impl Worker {
             capacity: 1,
             lease: None,
             max_retries: 0,
+            notify_cancellations: false,
         };
         let claims = call("ClaimTasks", client.claim_tasks(request)).await?;
         Ok(Self { client, claims, agent_id })

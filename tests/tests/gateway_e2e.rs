@@ -364,8 +364,12 @@ async fn tasks_larger_than_a_grpc_message_are_read_whole_and_listed_in_pages() {
     let big = create_task(&mut tasks, "default", "archive", &megabyte).await;
     for _ in 0..4 {
         let message = text_message(Role::User, &megabyte);
-        let request =
-            AddMessageRequest { namespace: "default".into(), task_id: big.id.clone(), message: Some(message) };
+        let request = AddMessageRequest {
+            namespace: "default".into(),
+            task_id: big.id.clone(),
+            message: Some(message),
+            lease_id: String::new(),
+        };
         tasks.add_message(request).await.expect("a message of 1 MiB");
     }
     let read = a2a.call("tck", "GetTask", json!({ "id": big.id })).await;

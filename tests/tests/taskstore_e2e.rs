@@ -216,6 +216,7 @@ async fn write_a_task_tree(client: &mut Client) -> (String, String) {
         namespace: NS.to_owned(),
         task_id: parent.id.clone(),
         message: Some(text_message(Role::User, "and then Porto")),
+        lease_id: String::new(),
     };
     client.add_message(message).await.expect("message");
 

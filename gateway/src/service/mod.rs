@@ -365,7 +365,12 @@ impl Gateway {
             self.inner.runner.start(agent, &scope.namespace, &task, message);
             task
         } else {
-            let request = pb::AddMessageRequest { namespace, task_id: task_id.to_owned(), message: stored };
+            let request = pb::AddMessageRequest {
+                namespace,
+                task_id: task_id.to_owned(),
+                message: stored,
+                lease_id: String::new(),
+            };
             tasks.add_message(request).await.map_err(|status| task_error(&status, task_id))?.into_inner()
         };
         if let (Some(mut push), Some(changes)) = (push, changes) {

@@ -122,7 +122,8 @@ impl TaskContext {
         Ok(task.into_inner())
     }
 
-    /// Delegates `text` to `agent_id` as a subtask of this task (owned by it).
+    /// Delegates `text` to `agent_id` as a subtask of this task (owned by it),
+    /// under the task's lease: once the lease is lost, the spawn is refused.
     /// Blocking: returns when the child has finished or the server's spawn
     /// timeout passed (`timed_out`); otherwise returns the child at once.
     pub async fn spawn(
@@ -137,6 +138,7 @@ impl TaskContext {
             agent_id: agent_id.to_owned(),
             message: Some(user_message(vec![text_part(text)])),
             blocking,
+            lease_id: self.inner.lease_id.clone(),
             ..SpawnSubtaskRequest::default()
         };
         let mut client = self.client();

@@ -25,32 +25,52 @@ pub enum WorkerError {
 }
 
 /// A handler's failure: the task fails with this error's text as the reason,
-/// or is requeued when the error is [retryable](HandlerError::retryable) and
-/// the agent has retries left.
+/// is requeued when the error is [retryable](HandlerError::retryable) and
+/// the agent has retries left, or ends `REJECTED` when the handler
+/// [rejected](HandlerError::rejected) it.
 ///
 /// Any `std::error::Error` converts into a fatal `HandlerError`, so handlers
 /// can use `?`.
 #[derive(Debug)]
 pub struct HandlerError {
     message: String,
-    retryable: bool,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Fatal,
+    Retryable,
+    Rejected,
 }
 
 impl HandlerError {
     /// An error that retrying will not fix: the task ends `FAILED`.
     pub fn fatal(message: impl fmt::Display) -> Self {
-        Self { message: message.to_string(), retryable: false }
+        Self { message: message.to_string(), kind: Kind::Fatal }
     }
 
     /// A transient error: the task store requeues the task while the agent's
     /// `max_retries` last.
     pub fn retryable(message: impl fmt::Display) -> Self {
-        Self { message: message.to_string(), retryable: true }
+        Self { message: message.to_string(), kind: Kind::Retryable }
+    }
+
+    /// The agent can't or won't do this task: it ends `REJECTED` with
+    /// `reason` as its status message (A2A lets an agent decide so after it
+    /// started, or while it waits for input).
+    pub fn rejected(reason: impl fmt::Display) -> Self {
+        Self { message: reason.to_string(), kind: Kind::Rejected }
     }
 
     /// Whether the task should be requeued.
     pub fn is_retryable(&self) -> bool {
-        self.retryable
+        self.kind == Kind::Retryable
+    }
+
+    /// Whether the handler rejected the task.
+    pub fn is_rejected(&self) -> bool {
+        self.kind == Kind::Rejected
     }
 }
 
@@ -93,5 +113,13 @@ mod tests {
     fn retryable_and_fatal_keep_their_message() {
         assert!(HandlerError::retryable("busy").is_retryable());
         assert_eq!(HandlerError::fatal("bad input").to_string(), "bad input");
+    }
+
+    #[test]
+    fn a_rejection_is_neither_retried_nor_a_failure() {
+        let rejected = HandlerError::rejected("not my job");
+        assert!(rejected.is_rejected() && !rejected.is_retryable());
+        assert_eq!(rejected.to_string(), "not my job");
+        assert!(!HandlerError::fatal("bad input").is_rejected());
     }
 }

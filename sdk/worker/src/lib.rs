@@ -28,8 +28,9 @@
 //! ```
 //!
 //! A handler's `Err(HandlerError::retryable(..))` requeues the task while the
-//! agent's `max_retries` last; `HandlerError::fatal(..)`, any other error
-//! turned into a `HandlerError` by `?`, and a panic fail it.
+//! agent's `max_retries` last; `HandlerError::rejected(reason)` ends it
+//! `REJECTED` (the agent can't or won't do it); `HandlerError::fatal(..)`, any
+//! other error turned into a `HandlerError` by `?`, and a panic fail it.
 
 mod backoff;
 mod context;

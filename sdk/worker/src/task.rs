@@ -1,9 +1,17 @@
 //! One claimed task, from claim to completion: the handler runs in its own
 //! tokio task while the lease is renewed beside it.
 
-use std::{any::Any, future::Future, sync::Arc, time::Duration};
+use std::{
+    any::Any,
+    collections::HashMap,
+    future::Future,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
-use chorus_proto::taskstore::{ClaimedTask, CompleteTaskRequest, FailTaskRequest, RenewLeaseRequest, Task};
+use chorus_proto::taskstore::{
+    ClaimedTask, CompleteTaskRequest, FailTaskRequest, RenewLeaseRequest, Task, TaskState, UpdateStatusRequest,
+};
 use tokio::{
     sync::OwnedSemaphorePermit,
     task::{JoinHandle, JoinSet},
@@ -12,7 +20,11 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, error, info, warn};
 
-use crate::{Client, HandlerError, Reply, TaskContext, backoff::Backoff};
+use crate::{
+    Client, HandlerError, Reply, TaskContext,
+    backoff::Backoff,
+    reply::{agent_message, text_part},
+};
 
 /// What every task of one worker shares.
 pub(crate) struct Runner<H> {
@@ -21,6 +33,9 @@ pub(crate) struct Runner<H> {
     pub(crate) agent_id: String,
     pub(crate) lease: Duration,
     pub(crate) handler: H,
+    /// The tasks being handled, each with the token its claim stream's
+    /// notice of a cancel fires.
+    pub(crate) canceled: Mutex<HashMap<String, CancellationToken>>,
 }
 
 /// Why the worker stopped holding a task before its handler finished.
@@ -57,24 +72,43 @@ where
         tasks.spawn(handling.instrument(span));
     }
 
+    /// The claim stream says `task_id` was canceled: its handler is told at
+    /// once, without waiting for the next renewal to say so.
+    pub(crate) fn canceled(&self, task_id: &str) {
+        if let Some(told) = self.canceled.lock().unwrap_or_else(PoisonError::into_inner).get(task_id) {
+            told.cancel();
+        }
+    }
+
     /// Runs the handler while renewing the lease, then completes or fails the
     /// task, or abandons it when the lease ends first. Dropping this future
     /// (worker shutdown) aborts the handler and abandons the task.
     async fn handle(self: Arc<Self>, task: Task, lease_id: String) {
+        let told = CancellationToken::new();
+        let _listed = Listed::new(&self.canceled, task.id.clone(), told.clone());
+        self.work(task, lease_id, told).await;
+    }
+
+    /// [`handle`](Self::handle) of a task whose cancel `told` fires when its
+    /// claim stream tells of it.
+    async fn work(self: &Arc<Self>, task: Task, lease_id: String, told: CancellationToken) {
         let span = tracing::Span::current();
         debug!("task claimed");
         let cancel = CancellationToken::new();
         let abandon = cancel.clone().drop_guard();
         let ctx =
             TaskContext::new(task, lease_id, self.namespace.clone(), self.client.clone(), cancel.clone(), span.clone());
-        let runner = Arc::clone(&self);
+        let runner = Arc::clone(self);
         let handler_ctx = ctx.clone();
         let handler_run = async move { (runner.handler)(handler_ctx).await };
         let mut handler = AbortOnDrop(tokio::spawn(handler_run.instrument(span)));
 
         let joined = tokio::select! {
             joined = &mut handler.0 => joined,
-            end = self.keep_lease(&ctx) => {
+            end = async { tokio::select! {
+                end = self.keep_lease(&ctx) => end,
+                () = told.cancelled() => LeaseEnd::Canceled,
+            } } => {
                 log_lease_end(&end);
                 cancel.cancel();
                 // Let the handler see `cancelled()` and wind down; its result is ignored.
@@ -85,6 +119,7 @@ where
         abandon.disarm();
         match joined {
             Ok(Ok(reply)) => self.complete(&ctx, reply).await,
+            Ok(Err(error)) if error.is_rejected() => self.reject(&ctx, error.to_string()).await,
             Ok(Err(error)) => {
                 debug!(error = %error, retry = error.is_retryable(), "handler failed");
                 self.fail(&ctx, error.to_string(), error.is_retryable()).await;
@@ -175,6 +210,27 @@ where
         }
     }
 
+    /// Ends the task `REJECTED` with `reason` as its status message.
+    async fn reject(&self, ctx: &TaskContext, reason: String) {
+        let request = UpdateStatusRequest {
+            namespace: self.namespace.clone(),
+            task_id: ctx.id().to_owned(),
+            state: TaskState::Rejected.into(),
+            message: Some(agent_message(ctx.task(), vec![text_part(reason)])),
+            lease_id: ctx.lease_id().to_owned(),
+        };
+        let rejected = self
+            .finish(|mut client| {
+                let request = request.clone();
+                async move { client.update_status(request).await }
+            })
+            .await;
+        match rejected {
+            Ok(()) => debug!("task rejected"),
+            Err(status) => warn!(task_id = %ctx.id(), error = %status, "task rejection failed"),
+        }
+    }
+
     /// Makes a final call, retrying while the server is unavailable and the
     /// lease may still hold.
     async fn finish<C, Fut, T>(&self, call: C) -> Result<(), tonic::Status>
@@ -195,6 +251,25 @@ where
             }
             tokio::time::sleep(delay).await;
         }
+    }
+}
+
+/// A task listed among those being handled while this lives.
+struct Listed<'a> {
+    tasks: &'a Mutex<HashMap<String, CancellationToken>>,
+    task_id: String,
+}
+
+impl<'a> Listed<'a> {
+    fn new(tasks: &'a Mutex<HashMap<String, CancellationToken>>, task_id: String, told: CancellationToken) -> Self {
+        tasks.lock().unwrap_or_else(PoisonError::into_inner).insert(task_id.clone(), told);
+        Self { tasks, task_id }
+    }
+}
+
+impl Drop for Listed<'_> {
+    fn drop(&mut self) {
+        self.tasks.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.task_id);
     }
 }
 

@@ -1,6 +1,10 @@
 //! The worker: claims tasks for one agent and runs a handler on each.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use chorus_proto::taskstore::{ClaimTasksRequest, ClaimedTask};
 use tokio::{
@@ -151,6 +155,7 @@ impl Worker {
             agent_id: self.agent_id.clone(),
             lease: self.lease,
             handler,
+            canceled: Mutex::default(),
         });
         let mut tasks = JoinSet::new();
         let ended = self.claim_loop(&request, &runner, &mut tasks, &shutdown).await;
@@ -184,6 +189,7 @@ impl Worker {
             capacity: self.capacity,
             lease: Some(lease),
             max_retries: self.max_retries,
+            notify_cancellations: true,
         })
     }
 
@@ -247,27 +253,30 @@ where
     F: Future<Output = Result<Reply, HandlerError>> + Send + 'static,
 {
     loop {
-        let permit = tokio::select! {
+        // Read on at capacity too: a cancel of a running task comes this way.
+        let received = tokio::select! {
             () = shutdown.cancelled() => return Ok(StreamEnd::Shutdown),
             Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
                 log_join(joined);
                 continue;
             }
-            permit = Arc::clone(capacity).acquire_owned() => permit,
-        };
-        // The semaphore is never closed.
-        let Ok(permit) = permit else {
-            return Ok(StreamEnd::Shutdown);
-        };
-        let received = loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return Ok(StreamEnd::Shutdown),
-                Some(joined) = tasks.join_next(), if !tasks.is_empty() => log_join(joined),
-                received = stream.message() => break received,
-            }
+            received = stream.message() => received,
         };
         match received {
-            Ok(Some(claimed)) => runner.start(claimed, permit, tasks),
+            Ok(Some(notice)) if !notice.canceled_task_id.is_empty() => runner.canceled(&notice.canceled_task_id),
+            Ok(Some(claimed)) => {
+                // The server's room and ours differ only while a canceled
+                // task's handler winds down, which is bounded.
+                let permit = tokio::select! {
+                    () = shutdown.cancelled() => return Ok(StreamEnd::Shutdown),
+                    permit = Arc::clone(capacity).acquire_owned() => permit,
+                };
+                // The semaphore is never closed.
+                let Ok(permit) = permit else {
+                    return Ok(StreamEnd::Shutdown);
+                };
+                runner.start(claimed, permit, tasks);
+            }
             Ok(None) => {
                 info!(agent_id = %runner.agent_id, "claim stream ended");
                 return Ok(StreamEnd::Broken);
@@ -284,7 +293,6 @@ where
     }
 }
 
-/// Errors that reconnecting cannot fix.
 fn refused_for_good(status: &tonic::Status) -> bool {
     matches!(
         status.code(),

@@ -36,6 +36,8 @@ pub enum TaskStoreError {
     LeaseLost { task_id: String, lease_id: String },
     #[error("artifact {artifact_id} of task {task_id} does not exist, so nothing can be appended to it")]
     ArtifactNotFound { task_id: String, artifact_id: String },
+    #[error("artifact {artifact_id} of task {task_id} got its last chunk, so nothing more can be appended to it")]
+    ArtifactClosed { task_id: String, artifact_id: String },
     #[error("task {task_id} has no owner to notify: it is not a subtask")]
     NoOwner { task_id: String },
     #[error("task {task_id} is {state}, not waiting for an answer")]
@@ -83,6 +85,7 @@ impl ServiceError for TaskStoreError {
             | Self::LeaseRequired { .. }
             | Self::LeaseLost { .. }
             | Self::ArtifactNotFound { .. }
+            | Self::ArtifactClosed { .. }
             | Self::NoOwner { .. }
             | Self::NoQuestion { .. }
             | Self::DepthLimit { .. }

@@ -8,12 +8,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use chorus_proto::taskstore::{Role, TaskState};
+use chorus_proto::taskstore::{FailTaskRequest, Role, TaskState};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::{NAMESPACE, PATIENCE, Running, server::LiveStore, state_of, status_changes, status_text, text_of, within};
-use crate::{HandlerError, Reply, TaskContext};
+use crate::{HandlerError, Reply, TaskContext, WorkerError};
 
 #[tokio::test]
 async fn echo_completes_with_the_text_as_message_and_artifact() {
@@ -83,6 +83,58 @@ async fn handler_errors_fail_the_task_or_requeue_it_while_retries_last() {
 }
 
 #[tokio::test]
+async fn a_handler_may_reject_its_task() {
+    let store = LiveStore::start().await;
+    let handler = |task: TaskContext| async move {
+        task.status("reading the request").await?;
+        Err(HandlerError::rejected("I won't do that"))
+    };
+    let running = Running::start(&store, |worker| worker.max_retries(1), handler).await;
+    let task = store.create(NAMESPACE, super::AGENT, "something dubious", None).await;
+    let rejected = store.finished(NAMESPACE, &task.id).await;
+    assert_eq!(
+        (state_of(&rejected), rejected.attempt, status_text(&rejected)),
+        (TaskState::Rejected, 1, Some("I won't do that")),
+        "rejected at once, not retried: {rejected:?}"
+    );
+    assert!(running.stop().await.is_ok());
+}
+
+#[tokio::test]
+async fn a_handler_that_lost_its_lease_spawns_nothing() {
+    let store = LiveStore::start().await;
+    let (contexts_tx, mut contexts) = mpsc::unbounded_channel();
+    let handler = move |task: TaskContext| {
+        let contexts_tx = contexts_tx.clone();
+        async move {
+            let _ = contexts_tx.send(task.clone());
+            task.cancelled().await;
+            Ok(Reply::text("gave up"))
+        }
+    };
+    // Room for the task's second attempt while the first handler still runs.
+    let running = Running::start(&store, |worker| worker.max_retries(1).capacity(2), handler).await;
+    let task = store.create(NAMESPACE, super::AGENT, "plan a trip", None).await;
+    let first = within("the handler to start", contexts.recv()).await.expect("a context");
+    let mut client = crate::connect(&store.url).await.expect("connect");
+    let requeue = FailTaskRequest {
+        namespace: NAMESPACE.to_owned(),
+        task_id: task.id.clone(),
+        lease_id: first.lease_id().to_owned(),
+        reason: "taken away".to_owned(),
+        retry: true,
+    };
+    client.fail_task(requeue).await.expect("requeued");
+
+    let refused = first.spawn("booker", "book the hotels", false).await.expect_err("the lease is gone");
+    let WorkerError::Transport(status) = refused else { panic!("{refused:?}") };
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    let second = within("the task to come back", contexts.recv()).await.expect("a context");
+    second.spawn("booker", "book the hotels", false).await.expect("spawned under the current lease");
+    assert!(running.stop().await.is_ok());
+}
+
+#[tokio::test]
 async fn a_panicking_handler_fails_the_task_and_the_worker_goes_on() {
     let store = LiveStore::start().await;
     let handler = |task: TaskContext| async move {
@@ -143,6 +195,40 @@ async fn a_task_canceled_on_the_server_is_abandoned() {
     let finishing: Vec<_> =
         store.calls().into_iter().filter(|call| matches!(call.method.as_str(), "CompleteTask" | "FailTask")).collect();
     assert!(finishing.is_empty(), "{finishing:?}");
+}
+
+#[tokio::test]
+async fn a_cancel_reaches_the_handler_on_the_claim_stream_and_frees_its_room() {
+    let store = LiveStore::start().await;
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let (seen_tx, mut seen) = mpsc::unbounded_channel();
+    let handler = move |task: TaskContext| {
+        let (started_tx, seen_tx) = (started_tx.clone(), seen_tx.clone());
+        async move {
+            if task.text() == "next" {
+                return Ok(Reply::text("done"));
+            }
+            let _ = started_tx.send(());
+            task.cancelled().await;
+            let _ = seen_tx.send(Instant::now());
+            Ok(Reply::text("too late"))
+        }
+    };
+    // Renewed every 10 s: far later than the test runs.
+    let running = Running::start(&store, |worker| worker.lease(Duration::from_secs(30)), handler).await;
+    let task = store.create(NAMESPACE, super::AGENT, "work", None).await;
+    within("the handler to start", started.recv()).await;
+    let next = store.create(NAMESPACE, super::AGENT, "next", None).await;
+
+    let canceled_at = Instant::now();
+    store.cancel(NAMESPACE, &task.id).await;
+    let seen_at = within("the handler to see the cancellation", seen.recv()).await.expect("seen");
+    assert!(seen_at - canceled_at < Duration::from_secs(2), "told at once, not at the next renewal");
+    let done = store.finished(NAMESPACE, &next.id).await;
+    assert_eq!(state_of(&done), TaskState::Completed, "the canceled task's room went to the next one");
+    let renewals = store.calls().into_iter().filter(|call| call.method == "RenewLease").count();
+    assert_eq!(renewals, 0, "no renewal told of the cancel");
+    assert!(running.stop().await.is_ok());
 }
 
 #[tokio::test]

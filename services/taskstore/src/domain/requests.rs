@@ -58,6 +58,8 @@ pub struct NewSubtask {
     pub owner: Option<Owner>,
     pub metadata: Option<JsonObject>,
     pub trace_context: HashMap<String, String>,
+    /// The lease on the parent the spawn is made under, when a worker makes it.
+    pub lease_id: Option<String>,
 }
 
 /// Filters and paging of a task listing.
@@ -145,6 +147,15 @@ pub struct Claimed {
     pub trace_context: HashMap<String, String>,
 }
 
+/// What a claim stream that tells of cancellations sends.
+#[derive(Debug, Clone)]
+pub enum ClaimEvent {
+    /// A task leased to the worker.
+    Claimed(Box<Claimed>),
+    /// A task leased to the worker on this stream was canceled: this one.
+    Canceled(String),
+}
+
 /// The tasks a worker holds leases on, and whether its agent has a task
 /// waiting to be claimed.
 #[derive(Debug, Clone, Default)]
@@ -161,6 +172,9 @@ pub struct Handoff {
     pub worker_id: String,
     pub lease_id: String,
     pub lease_expires_at: i64,
+    /// How long the lease was granted for: what a renewal naming no length
+    /// extends it by.
+    pub lease: Duration,
     pub max_retries: u32,
 }
 

@@ -38,15 +38,19 @@ impl TaskState {
     }
 
     /// Whether `self → next` is a legal A2A transition. `working → working`
-    /// is allowed: it is how an agent reports progress.
+    /// is allowed: it is how an agent reports progress. An agent may reject
+    /// a task it is already working on, or waiting on: A2A lets it decide
+    /// "later" that it can't or won't proceed.
     pub fn can_become(self, next: Self) -> bool {
         use TaskState::*;
         match self {
             Submitted => {
                 matches!(next, Working | InputRequired | AuthRequired | Completed | Failed | Canceled | Rejected)
             }
-            Working => matches!(next, Working | InputRequired | AuthRequired | Completed | Failed | Canceled),
-            InputRequired | AuthRequired => matches!(next, Working | Completed | Failed | Canceled),
+            Working => {
+                matches!(next, Working | InputRequired | AuthRequired | Completed | Failed | Canceled | Rejected)
+            }
+            InputRequired | AuthRequired => matches!(next, Working | Completed | Failed | Canceled | Rejected),
             Completed | Failed | Canceled | Rejected => false,
         }
     }
@@ -99,9 +103,16 @@ mod tests {
     }
 
     #[test]
+    fn an_agent_may_reject_a_task_it_is_working_on_or_waiting_on() {
+        for from in [Working, InputRequired, AuthRequired] {
+            assert!(from.can_become(Rejected), "{from} -> rejected");
+        }
+    }
+
+    #[test]
     fn some_moves_are_not() {
         assert!(!Working.can_become(Submitted));
-        assert!(!Working.can_become(Rejected));
+        assert!(!InputRequired.can_become(Submitted));
         assert!(!InputRequired.can_become(InputRequired));
     }
 

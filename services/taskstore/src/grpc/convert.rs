@@ -7,8 +7,8 @@ use chorus_runtime::validate::{self, FieldViolation};
 use prost_types::{ListValue, Struct, Value, value::Kind};
 
 use crate::domain::{
-    Artifact, Claimed, Cursor, EventKind, InboxKind, InboxMessage, JsonObject, Message, Owner, OwnerKind, Part,
-    PartContent, Role, SpawnContext, Task, TaskAnswer, TaskEvent, TaskState, TaskStatus, repeated_artifact_id,
+    Artifact, ClaimEvent, Claimed, Cursor, EventKind, InboxKind, InboxMessage, JsonObject, Message, Owner, OwnerKind,
+    Part, PartContent, Role, SpawnContext, Task, TaskAnswer, TaskEvent, TaskState, TaskStatus, repeated_artifact_id,
 };
 
 pub(super) type Checked<T> = Result<T, FieldViolation>;
@@ -335,6 +335,15 @@ pub(super) fn claimed_out(claimed: Claimed) -> pb::ClaimedTask {
         lease_id: claimed.lease_id,
         lease_expires_at: Some(timestamp(claimed.lease_expires_at)),
         trace_context: claimed.trace_context,
+        canceled_task_id: String::new(),
+    }
+}
+
+/// A task, or the notice that one was canceled: only its id.
+pub(super) fn claim_event_out(event: ClaimEvent) -> pb::ClaimedTask {
+    match event {
+        ClaimEvent::Claimed(claimed) => claimed_out(*claimed),
+        ClaimEvent::Canceled(canceled_task_id) => pb::ClaimedTask { canceled_task_id, ..pb::ClaimedTask::default() },
     }
 }
 

@@ -168,7 +168,8 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let request = request.into_inner();
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
         let message = convert::message("message", request.message)?;
-        let task = self.store.add_message(&namespace, &task_id, message).await?;
+        let lease_id = validate::optional_id("lease_id", &request.lease_id)?;
+        let task = self.store.add_message(&namespace, &task_id, message, lease_id.as_deref()).await?;
         Ok(Response::new(convert::task_out(task)))
     }
 
@@ -265,7 +266,11 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
             lease: validate::duration("lease", request.lease, Duration::ZERO)?,
             max_retries: request.max_retries,
         };
-        Ok(Response::new(stream_of(self.store.claim_stream(claim), convert::claimed_out)))
+        if !request.notify_cancellations {
+            return Ok(Response::new(stream_of(self.store.claim_stream(claim), convert::claimed_out)));
+        }
+        let events = self.store.claim_stream_with_cancellations(claim);
+        Ok(Response::new(stream_of(events, convert::claim_event_out)))
     }
 
     async fn renew_lease(
@@ -316,6 +321,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
             owner: convert::owner("owner", request.owner)?,
             metadata: convert::json_object("metadata", request.metadata)?,
             trace_context: current_context_headers(),
+            lease_id: validate::optional_id("lease_id", &request.lease_id)?,
         };
         let timeout =
             request.timeout.map(|timeout| validate::duration("timeout", Some(timeout), Duration::ZERO)).transpose()?;

@@ -35,7 +35,15 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     async fn list_tasks(&self, query: TaskQuery) -> Result<TaskPage>;
 
     /// Appends to the history; a user message resumes an interrupted task.
-    async fn add_message(&self, namespace: &str, task_id: &str, message: Message) -> Result<Task>;
+    /// With a `lease_id` (a worker writing), only under the task's current
+    /// lease.
+    async fn add_message(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        message: Message,
+        lease_id: Option<&str>,
+    ) -> Result<Task>;
 
     /// Returns the task whole (full history, artifacts), as do
     /// `complete_task` and `fail_task`: the service keeps finished ones for
@@ -48,14 +56,25 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// canceled tasks, root first and whole (the others without history).
     async fn cancel_task(&self, namespace: &str, id: &str, reason: Option<String>) -> Result<Vec<Task>>;
 
-    /// The worker's leased tasks, and whether its agent has one to claim.
+    /// The worker's leased tasks of `agent_id`, and whether that agent has
+    /// one to claim.
     async fn worker_leases(&self, namespace: &str, worker_id: &str, agent_id: &str) -> Result<WorkerLeases>;
 
     /// Leases up to `slots` of the agent's claimable tasks to the worker,
     /// oldest first.
     async fn claim_tasks(&self, request: &ClaimRequest, slots: u32) -> Result<Vec<Claimed>>;
 
-    async fn renew_lease(&self, namespace: &str, task_id: &str, lease_id: &str, lease: Duration) -> Result<Renewal>;
+    /// Extends the lease by `lease`, or, when `None`, by the length it was
+    /// granted for (the last length a claim or renewal gave it; `fallback`
+    /// when it has none).
+    async fn renew_lease(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        lease: Option<Duration>,
+        fallback: Duration,
+    ) -> Result<Renewal>;
 
     /// Undoes a claim whose tasks never reached their worker (its stream
     /// closed as they were claimed): the tasks of lease `lease_id` still
@@ -63,6 +82,8 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// Returns how many were released.
     async fn release_claim(&self, namespace: &str, lease_id: &str) -> Result<u64>;
 
+    /// Completes the task under its lease. A user's final message, or an
+    /// artifact id given twice, is an invalid argument and changes nothing.
     async fn complete_task(
         &self,
         namespace: &str,
@@ -89,7 +110,8 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// `min_tasks` tasks, if the database has none yet; whether it has now.
     async fn first_statistics(&self, min_tasks: i64) -> Result<bool>;
 
-    /// Creates child task `id` after the safety limits. A retry (the same
+    /// Creates child task `id` after the safety limits, under the parent's
+    /// current lease when the spawn names one. A retry (the same
     /// request under the same first message id) returns the child of the
     /// first; another request under the id is `RequestKeyInUse` and changes
     /// nothing.

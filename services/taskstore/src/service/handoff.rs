@@ -14,7 +14,9 @@
 //! Each stream counts the leases it holds (handed over or claimed, less what
 //! finished here or ran out), so it never takes a hand-off beyond its
 //! capacity; each claim read refreshes the count from the database, which
-//! also sees what finished in another process.
+//! also sees what finished in another process. A stream that asked to be
+//! told of cancellations is told, as the cancel commits here, of each task it
+//! holds that was canceled.
 
 use std::{
     collections::HashMap,
@@ -22,7 +24,7 @@ use std::{
 };
 
 use chorus_runtime::registry::{Registration, Registry};
-use tokio::sync::mpsc::{OwnedPermit, Sender};
+use tokio::sync::mpsc::{OwnedPermit, Sender, UnboundedSender};
 
 use crate::{
     domain::{ClaimRequest, Claimed, Handoff, WorkerLeases},
@@ -40,6 +42,8 @@ pub(super) struct Streams(Registry<Key, Live>);
 pub(super) struct Live {
     request: ClaimRequest,
     sender: Sender<Result<Claimed>>,
+    /// Where the ids of its tasks canceled here go, when the worker asked.
+    canceled: Option<UnboundedSender<String>>,
     state: Mutex<LiveState>,
 }
 
@@ -76,10 +80,12 @@ pub(super) struct Read {
 }
 
 impl LiveState {
-    /// Leases held or promised, forgetting those that ran out.
-    fn in_flight(&mut self, now: i64) -> u32 {
-        self.held.retain(|_, held| held.until > now);
-        u32::try_from(self.held.len()).unwrap_or(u32::MAX).saturating_add(self.reserved).saturating_add(self.claiming)
+    /// Leases held or promised, not counting those that ran out as last
+    /// known. Those are kept until a claim read finds them ended: a lease
+    /// renewed since is still the stream's, to tell of its cancel.
+    fn in_flight(&self, now: i64) -> u32 {
+        let held = self.held.values().filter(|held| held.until > now).count();
+        u32::try_from(held).unwrap_or(u32::MAX).saturating_add(self.reserved).saturating_add(self.claiming)
     }
 
     fn hold(&mut self, task_id: String, until: i64) {
@@ -144,7 +150,11 @@ impl Live {
             held.known_at_read >= read.number || leases.active.iter().any(|(active, _)| active == id)
         });
         for (id, until) in &leases.active {
-            state.held.entry(id.clone()).or_insert(Held { until: *until, known_at_read: read.number });
+            state
+                .held
+                .entry(id.clone())
+                .and_modify(|held| held.until = held.until.max(*until))
+                .or_insert(Held { until: *until, known_at_read: read.number });
         }
         let room = self.request.capacity.saturating_sub(state.in_flight(now));
         if leases.ready {
@@ -189,7 +199,7 @@ impl Live {
     /// Leases held or promised, when this stream is caught up and has room
     /// on the stream and under its capacity.
     fn load(&self, now: i64) -> Option<u32> {
-        let mut state = self.state();
+        let state = self.state();
         let in_flight = state.in_flight(now);
         (state.caught_up && in_flight < self.request.capacity && self.sender.capacity() > 0).then_some(in_flight)
     }
@@ -204,6 +214,7 @@ impl Live {
             worker_id: self.request.worker_id.clone(),
             lease_id: uuid::Uuid::new_v4().to_string(),
             lease_expires_at: now.saturating_add(chorus_runtime::time::micros(self.request.lease)),
+            lease: self.request.lease,
             max_retries: self.request.max_retries,
         };
         Some(Offer { live: Arc::clone(self), permit: Some(permit), handoff })
@@ -213,9 +224,14 @@ impl Live {
 impl Streams {
     /// Registers a stream feeding `sender`; it is not caught up until its
     /// first read says so.
-    pub(super) fn register(&self, request: ClaimRequest, sender: Sender<Result<Claimed>>) -> Registration<Key, Live> {
+    pub(super) fn register(
+        &self,
+        request: ClaimRequest,
+        sender: Sender<Result<Claimed>>,
+        canceled: Option<UnboundedSender<String>>,
+    ) -> Registration<Key, Live> {
         let key = (request.namespace.clone(), request.agent_id.clone());
-        self.0.register(key, Live { request, sender, state: Mutex::default() })
+        self.0.register(key, Live { request, sender, canceled, state: Mutex::default() })
     }
 
     /// A hand-off promised by the least loaded caught-up stream of the
@@ -235,11 +251,12 @@ impl Streams {
         }
     }
 
-    /// A lease on `task_id` ended here (the task finished or went back to
-    /// the queue): its stream has room again. True when a stream must read
-    /// the queue for that room to be used: the lease was not held by a
-    /// stream here, or its stream is not caught up.
-    pub(super) fn released(&self, namespace: &str, agent_id: &str, task_id: &str) -> bool {
+    /// A lease on `task_id` ended here (the task finished, was `canceled`,
+    /// or went back to the queue): its stream has room again, and is told of
+    /// a cancel when it asked. True when a stream must read the queue for
+    /// that room to be used: the lease was not held by a stream here, or its
+    /// stream is not caught up.
+    pub(super) fn released(&self, namespace: &str, agent_id: &str, task_id: &str, canceled: bool) -> bool {
         let streams = self.0.lock();
         let Some(lives) = streams.get(&(namespace.to_owned(), agent_id.to_owned())) else {
             return true;
@@ -247,6 +264,10 @@ impl Streams {
         for live in lives {
             let mut state = live.state();
             if state.held.remove(task_id).is_some() {
+                if let Some(notices) = live.canceled.as_ref().filter(|_| canceled) {
+                    // A worker gone away needs no notice.
+                    let _ = notices.send(task_id.to_owned());
+                }
                 return !state.caught_up;
             }
         }

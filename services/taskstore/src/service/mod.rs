@@ -16,7 +16,10 @@ mod waits;
 
 use std::{sync::Arc, time::Duration};
 
-use chorus_runtime::wakeup::{Waiter, Wakeups};
+use chorus_runtime::{
+    validate::FieldViolation,
+    wakeup::{Waiter, Wakeups},
+};
 use tokio_util::sync::CancellationToken;
 
 pub use self::{
@@ -32,6 +35,10 @@ use crate::{
     error::{Result, TaskStoreError},
     repository::TaskRepository,
 };
+
+/// The shortest lease a worker may ask for: a task handed out under a
+/// shorter one could reach its worker expired.
+pub(crate) const MIN_LEASE: Duration = Duration::from_millis(100);
 
 /// The task store. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -109,7 +116,8 @@ impl TaskStore {
         // worker has room. Back in the queue, it waits for any worker.
         let state = task.status.state;
         if state == TaskState::Submitted || state.is_terminal() {
-            let room_to_fill = self.streams.released(namespace, &task.agent_id, &task.id);
+            let canceled = state == TaskState::Canceled;
+            let room_to_fill = self.streams.released(namespace, &task.agent_id, &task.id, canceled);
             let queued = state == TaskState::Submitted;
             if queued {
                 self.streams.missed(namespace, &task.agent_id);
@@ -179,8 +187,15 @@ impl TaskStore {
         self.repository.list_tasks(query).await
     }
 
-    pub async fn add_message(&self, namespace: &str, task_id: &str, message: Message) -> Result<Task> {
-        let task = self.repository.add_message(namespace, task_id, message).await?;
+    /// Appends a message; with a `lease_id`, only under the task's current lease.
+    pub async fn add_message(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        message: Message,
+        lease_id: Option<&str>,
+    ) -> Result<Task> {
+        let task = self.repository.add_message(namespace, task_id, message, lease_id).await?;
         self.changed(&task);
         Ok(task)
     }
@@ -217,8 +232,9 @@ impl TaskStore {
         lease_id: &str,
         lease: Option<Duration>,
     ) -> Result<Renewal> {
-        let lease = self.lease_length(lease);
-        self.repository.renew_lease(namespace, task_id, lease_id, lease).await
+        // No length asked: as long as the lease was granted for.
+        let lease = lease.filter(|lease| !lease.is_zero()).map(|lease| self.lease_length(Some(lease))).transpose()?;
+        self.repository.renew_lease(namespace, task_id, lease_id, lease, self.config.default_lease()).await
     }
 
     pub async fn complete_task(
@@ -260,12 +276,24 @@ impl TaskStore {
         Ok(task)
     }
 
-    /// A worker's lease length: what it asked for, capped, or the default.
-    fn lease_length(&self, asked: Option<Duration>) -> Duration {
-        match asked {
-            Some(lease) if !lease.is_zero() => lease.min(self.config.max_lease()),
-            _ => self.config.default_lease(),
+    /// A worker's lease length: what it asked for, or the default when it
+    /// asked for none (zero). A lease shorter than [`MIN_LEASE`] would run out
+    /// before its task reached the worker, one longer than the configured
+    /// maximum is not granted: both are refused, naming the bounds.
+    fn lease_length(&self, asked: Option<Duration>) -> Result<Duration> {
+        let Some(lease) = asked.filter(|lease| !lease.is_zero()) else {
+            return Ok(self.config.default_lease());
+        };
+        let max = self.config.max_lease();
+        if lease < MIN_LEASE || lease > max {
+            let bounds = format!(
+                "must be from {} ms to {} ms (taskstore.max_lease_ms), or unset for the default",
+                MIN_LEASE.as_millis(),
+                max.as_millis()
+            );
+            return Err(FieldViolation::new("lease", bounds).into());
         }
+        Ok(lease)
     }
 
     /// Reads `owner`'s inbox, waiting up to `wait` for a first message.

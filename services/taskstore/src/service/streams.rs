@@ -7,11 +7,14 @@ use std::time::Duration;
 
 use chorus_runtime::wakeup::{Waiter, wait_any};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{
+    Stream, StreamExt as _,
+    wrappers::{ReceiverStream, UnboundedReceiverStream},
+};
 
 use super::{TaskStore, handoff::Live, keys};
 use crate::{
-    domain::{ClaimRequest, Claimed, Cursor, EventKind, EventQuery, Task, TaskEvent, now_micros},
+    domain::{ClaimEvent, ClaimRequest, Claimed, Cursor, EventKind, EventQuery, Task, TaskEvent, now_micros},
     error::{Result, TaskStoreError},
 };
 
@@ -51,17 +54,50 @@ fn ends_task(event: &TaskEvent) -> bool {
 impl TaskStore {
     /// Hands `request.agent_id`'s tasks to a worker as they become claimable,
     /// keeping at most `capacity` leased at once.
-    pub fn claim_stream(&self, mut request: ClaimRequest) -> ReceiverStream<Result<Claimed>> {
-        request.lease = self.lease_length(Some(request.lease));
+    pub fn claim_stream(&self, request: ClaimRequest) -> ReceiverStream<Result<Claimed>> {
+        self.open_claims(request, None)
+    }
+
+    /// As [`claim_stream`](Self::claim_stream), and tells the worker of each
+    /// task of the stream canceled here, as the cancel commits.
+    pub fn claim_stream_with_cancellations(
+        &self,
+        request: ClaimRequest,
+    ) -> impl Stream<Item = Result<ClaimEvent>> + Send + 'static {
+        let (notices, canceled) = mpsc::unbounded_channel();
+        let claims = self
+            .open_claims(request, Some(notices))
+            .map(|claimed| claimed.map(|claimed| ClaimEvent::Claimed(Box::new(claimed))));
+        claims.merge(UnboundedReceiverStream::new(canceled).map(|task_id| Ok(ClaimEvent::Canceled(task_id))))
+    }
+
+    fn open_claims(
+        &self,
+        mut request: ClaimRequest,
+        canceled: Option<mpsc::UnboundedSender<String>>,
+    ) -> ReceiverStream<Result<Claimed>> {
         request.capacity = request.capacity.max(1);
         let (sender, receiver) = mpsc::channel(request.capacity as usize);
+        request.lease = match self.lease_length(Some(request.lease)) {
+            Ok(lease) => lease,
+            Err(refused) => {
+                // The stream's first item: the channel has room for it.
+                let _ = sender.try_send(Err(refused));
+                return ReceiverStream::new(receiver);
+            }
+        };
         let store = self.clone();
-        tokio::spawn(async move { store.feed_claims(request, sender).await });
+        tokio::spawn(async move { store.feed_claims(request, sender, canceled).await });
         ReceiverStream::new(receiver)
     }
 
-    async fn feed_claims(self, request: ClaimRequest, sender: mpsc::Sender<Result<Claimed>>) {
-        let registration = self.streams.register(request.clone(), sender.clone());
+    async fn feed_claims(
+        self,
+        request: ClaimRequest,
+        sender: mpsc::Sender<Result<Claimed>>,
+        canceled: Option<mpsc::UnboundedSender<String>>,
+    ) {
+        let registration = self.streams.register(request.clone(), sender.clone(), canceled);
         let live = registration.live();
         loop {
             // Created before the read: a task becoming claimable, or one of

@@ -52,7 +52,7 @@ async fn nothing_crosses_namespaces(h: Harness) {
         include_artifacts: true,
     };
     assert_eq!(h.store.list_tasks(list).await.unwrap().total_size, 0);
-    not_found(h.store.add_message("b", id, user_message("x")).await);
+    not_found(h.store.add_message("b", id, user_message("x"), None).await);
     let working = StatusUpdate { state: TaskState::Working, message: None, lease_id: None };
     not_found(h.store.update_status("b", id, working).await);
     let artifact = text_artifact("a", "x");
@@ -75,6 +75,7 @@ async fn nothing_crosses_namespaces(h: Harness) {
         owner: None,
         metadata: None,
         trace_context: Default::default(),
+        lease_id: None,
     };
     not_found(h.store.spawn_subtask(spawn.clone(), false, None).await);
     not_found(h.store.await_subtasks("b", id, &[], false, Duration::ZERO).await);

@@ -57,6 +57,7 @@ pub(crate) fn subtask(parent_id: &str, agent: &str, text: &str) -> NewSubtask {
         owner: None,
         metadata: None,
         trace_context: Default::default(),
+        lease_id: None,
     }
 }
 

@@ -183,8 +183,8 @@ async fn concurrent_creates_each_make_their_own_task(h: Harness) {
 
 async fn history_length_limits_what_is_returned(h: Harness) {
     let task = h.task("ns", "echo", "one").await;
-    h.store.add_message("ns", &task.id, agent_message("two")).await.unwrap();
-    h.store.add_message("ns", &task.id, user_message("three")).await.unwrap();
+    h.store.add_message("ns", &task.id, agent_message("two"), None).await.unwrap();
+    h.store.add_message("ns", &task.id, user_message("three"), None).await.unwrap();
     let texts = |history: &[chorus_taskstore::domain::Message]| {
         history.iter().map(|message| message.joined_text()).collect::<Vec<_>>()
     };
@@ -258,8 +258,6 @@ async fn illegal_transitions_fail_and_change_nothing(h: Harness) {
         error,
         TaskStoreError::IllegalTransition { from: TaskState::Working, to: TaskState::Submitted, .. }
     ));
-    let error = h.store.update_status("ns", &task.id, status(TaskState::Rejected)).await.unwrap_err();
-    assert!(matches!(error, TaskStoreError::IllegalTransition { .. }), "{error}");
     let unchanged = h.store.get_task("ns", &task.id, None).await.unwrap();
     assert_eq!(unchanged, working, "a refused transition changes nothing");
 
@@ -268,7 +266,7 @@ async fn illegal_transitions_fail_and_change_nothing(h: Harness) {
     assert_eq!(completed.status.message.as_ref().unwrap().joined_text(), "done");
     let error = h.store.update_status("ns", &task.id, status(TaskState::Working)).await.unwrap_err();
     assert!(matches!(error, TaskStoreError::TaskFinished { state: TaskState::Completed, .. }));
-    let error = h.store.add_message("ns", &task.id, user_message("late")).await.unwrap_err();
+    let error = h.store.add_message("ns", &task.id, user_message("late"), None).await.unwrap_err();
     assert!(matches!(error, TaskStoreError::TaskFinished { .. }));
     assert_eq!(h.store.get_task("ns", &task.id, None).await.unwrap(), completed);
 }
@@ -302,10 +300,10 @@ async fn a_user_message_resumes_an_interrupted_task(h: Harness) {
     let question =
         StatusUpdate { state: TaskState::InputRequired, message: Some(agent_message("which file?")), lease_id: None };
     h.store.update_status("ns", &task.id, question).await.unwrap();
-    let resumed = h.store.add_message("ns", &task.id, user_message("main.rs")).await.unwrap();
+    let resumed = h.store.add_message("ns", &task.id, user_message("main.rs"), None).await.unwrap();
     assert_eq!(resumed.status.state, TaskState::Working);
     assert_eq!(resumed.history.last().unwrap().joined_text(), "main.rs");
-    let from_agent = h.store.add_message("ns", &task.id, agent_message("thinking")).await.unwrap();
+    let from_agent = h.store.add_message("ns", &task.id, agent_message("thinking"), None).await.unwrap();
     assert_eq!(from_agent.status.state, TaskState::Working);
 }
 
@@ -330,7 +328,7 @@ async fn unknown_ids_are_not_found(h: Harness) {
     assert!(matches!(h.store.get_task("ns", missing, None).await, Err(TaskStoreError::TaskNotFound(_))));
     let update = h.store.update_status("ns", missing, status(TaskState::Working)).await;
     assert!(matches!(update, Err(TaskStoreError::TaskNotFound(_))));
-    let message = h.store.add_message("ns", missing, user_message("x")).await;
+    let message = h.store.add_message("ns", missing, user_message("x"), None).await;
     assert!(matches!(message, Err(TaskStoreError::TaskNotFound(_))));
     assert!(matches!(h.store.cancel_task("ns", missing, None).await, Err(TaskStoreError::TaskNotFound(_))));
     assert!(matches!(h.store.watch_task("ns", missing, None).await, Err(TaskStoreError::TaskNotFound(_))));
@@ -491,7 +489,7 @@ async fn a_task_answered_with_a_question_takes_the_reply(h: Harness) {
     });
     let task = h.store.create_task(new).await.unwrap();
     assert_eq!((task.status.state, task.artifacts.len()), (TaskState::InputRequired, 0));
-    let resumed = h.store.add_message("ns", &task.id, user_message("Lisbon")).await.unwrap();
+    let resumed = h.store.add_message("ns", &task.id, user_message("Lisbon"), None).await.unwrap();
     assert_eq!(resumed.status.state, TaskState::Working);
     let texts: Vec<String> = resumed.history.iter().map(|message| message.joined_text()).collect();
     assert_eq!(texts, ["book a flight", "where to?", "Lisbon"]);

@@ -2,10 +2,12 @@
 
 use std::time::Duration;
 
+use chorus_runtime::error::{ErrorCode, ServiceError as _};
 use chorus_taskstore::{
     TaskStore,
     domain::{
-        Artifact, ArtifactChunk, ClaimRequest, Claimed, EventKind, Part, StatusUpdate, Task, TaskEvent, TaskState,
+        Artifact, ArtifactChunk, ClaimEvent, ClaimRequest, Claimed, EventKind, NewSubtask, Part, StatusUpdate, Task,
+        TaskEvent, TaskState, now_micros,
     },
     error::TaskStoreError,
 };
@@ -16,15 +18,24 @@ use crate::harness::{Harness, agent_message, conformance, text_artifact};
 conformance!(
     a_worker_claims_and_completes_a_task,
     capacity_bounds_the_leases_a_worker_holds,
+    capacity_counts_the_tasks_of_the_streams_agent_only,
     only_the_lease_holder_may_write,
+    a_worker_whose_lease_ended_can_neither_spawn_nor_add_messages,
+    the_lease_holder_may_reject_a_task_it_works_on_or_waits_on,
     an_expired_lease_fails_the_task,
     an_expired_lease_requeues_while_retries_last,
     renewal_keeps_a_lease_and_reports_cancellation,
+    a_stream_that_asked_is_told_at_once_of_its_canceled_tasks,
+    a_task_renewed_past_its_first_lease_is_still_announced_when_canceled,
+    a_plain_renewal_extends_by_the_length_granted,
+    leases_out_of_bounds_are_refused_naming_the_bounds,
     a_worker_may_ask_for_a_retry,
     a_claim_no_worker_received_is_released,
     a_completion_keeps_what_the_task_had_and_adds_its_message,
     a_completion_replaces_and_adds_artifacts_logged_before_its_final_state,
-    a_completion_may_name_one_artifact_twice,
+    a_completion_naming_one_artifact_twice_is_refused,
+    a_completion_with_a_user_message_is_refused,
+    an_artifact_takes_no_chunk_after_its_last,
     a_completion_after_a_reported_status_logs_its_artifacts_under_that_status,
     a_completion_without_the_lease_changes_nothing,
 );
@@ -120,6 +131,22 @@ async fn capacity_bounds_the_leases_a_worker_holds(h: Harness) {
     assert_ne!(third.task.id, second.task.id);
 }
 
+/// One process serving two agents under one worker id has room for each.
+async fn capacity_counts_the_tasks_of_the_streams_agent_only(h: Harness) {
+    h.task("ns", "writer", "draft").await;
+    let mut writer = h.store.claim_stream(claim_request("writer", "w1", 1, Duration::from_secs(30), 0));
+    let drafting = next_claim(&mut writer).await;
+    let review = h.task("ns", "reviewer", "review").await;
+    let mut reviewer = h.store.claim_stream(claim_request("reviewer", "w1", 1, Duration::from_secs(30), 0));
+    let reviewing = next_claim(&mut reviewer).await;
+    assert_eq!(reviewing.task.id, review.id, "the writer's task does not fill the reviewer's room");
+    let leases = h.repository.worker_leases("ns", "w1", "writer").await.unwrap();
+    assert_eq!(leases.active, vec![(drafting.task.id.clone(), drafting.lease_expires_at)], "the writer's only");
+    h.task("ns", "writer", "second draft").await;
+    let early = tokio::time::timeout(Duration::from_millis(400), writer.next()).await;
+    assert!(early.is_err(), "the writer's stream is still at its capacity");
+}
+
 async fn only_the_lease_holder_may_write(h: Harness) {
     let task = h.task("ns", "echo", "x").await;
     let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
@@ -137,6 +164,66 @@ async fn only_the_lease_holder_may_write(h: Harness) {
     assert!(matches!(error, TaskStoreError::LeaseLost { .. }), "{error}");
     let progressed = h.store.update_status("ns", &task.id, update(Some(&claimed.lease_id))).await.unwrap();
     assert_eq!(progressed.status.message.unwrap().joined_text(), "progress");
+}
+
+/// Spawns and messages that name a lease are fenced by it, as every other
+/// write of a worker: once the task went back to the queue and on to another
+/// worker, the first one's spawn makes no duplicate child and its message
+/// stays out of the history.
+async fn a_worker_whose_lease_ended_can_neither_spawn_nor_add_messages(h: Harness) {
+    let task = h.task("ns", "echo", "plan a trip").await;
+    let mut slow = h.store.claim_stream(claim_request("echo", "slow", 1, Duration::from_secs(30), 1));
+    let stale = next_claim(&mut slow).await;
+    h.store.fail_task("ns", &task.id, &stale.lease_id, "went quiet", true).await.unwrap();
+    drop(slow);
+    let mut quick = h.store.claim_stream(claim_request("echo", "quick", 1, Duration::from_secs(30), 1));
+    let current = next_claim(&mut quick).await;
+    assert_eq!(current.task.id, task.id);
+
+    let spawn_under = |lease_id: &str| NewSubtask {
+        lease_id: Some(lease_id.to_owned()),
+        ..crate::subtasks::subtask(&task.id, "booker", &format!("book it ({lease_id})"))
+    };
+    let late = h.store.spawn_subtask(spawn_under(&stale.lease_id), false, None).await.unwrap_err();
+    assert!(matches!(late, TaskStoreError::LeaseLost { .. }), "{late}");
+    let late = h.store.add_message("ns", &task.id, agent_message("stale"), Some(&stale.lease_id)).await.unwrap_err();
+    assert!(matches!(late, TaskStoreError::LeaseLost { .. }), "{late}");
+    assert!(h.repository.children("ns", &task.id, &[]).await.unwrap().is_empty(), "no child spawned");
+
+    h.store.spawn_subtask(spawn_under(&current.lease_id), false, None).await.unwrap();
+    let added = h.store.add_message("ns", &task.id, agent_message("fresh"), Some(&current.lease_id)).await.unwrap();
+    let texts: Vec<String> = added.history.iter().map(|message| message.joined_text()).collect();
+    assert!(texts.contains(&"fresh".to_owned()) && !texts.contains(&"stale".to_owned()), "{texts:?}");
+    assert_eq!(h.repository.children("ns", &task.id, &[]).await.unwrap().len(), 1);
+}
+
+/// A2A lets an agent reject a task once it has found it can't or won't
+/// proceed: from `working`, and from `input-required` (still leased to the
+/// worker that asked).
+async fn the_lease_holder_may_reject_a_task_it_works_on_or_waits_on(h: Harness) {
+    h.task("ns", "echo", "do something dubious").await;
+    h.task("ns", "echo", "do something vague").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 2, Duration::from_secs(30), 0));
+    let working = next_claim(&mut claims).await;
+    let waiting = next_claim(&mut claims).await;
+    let update = |state: TaskState, text: &str, lease_id: &str| StatusUpdate {
+        state,
+        message: Some(agent_message(text)),
+        lease_id: Some(lease_id.to_owned()),
+    };
+    let asked = update(TaskState::InputRequired, "which one?", &waiting.lease_id);
+    h.store.update_status("ns", &waiting.task.id, asked).await.unwrap();
+
+    let stolen = update(TaskState::Rejected, "no", "stolen");
+    let error = h.store.update_status("ns", &working.task.id, stolen).await.unwrap_err();
+    assert!(matches!(error, TaskStoreError::LeaseLost { .. }), "only the lease holder rejects: {error}");
+    for (claimed, reason) in [(&working, "I won't do that"), (&waiting, "no answer I can use")] {
+        let rejected = update(TaskState::Rejected, reason, &claimed.lease_id);
+        let rejected = h.store.update_status("ns", &claimed.task.id, rejected).await.unwrap();
+        assert_eq!(rejected.status.state, TaskState::Rejected);
+        assert_eq!(rejected.status.message.unwrap().joined_text(), reason);
+        assert_eq!(final_state(&h.store, &claimed.task.id).await.status.state, TaskState::Rejected);
+    }
 }
 
 async fn an_expired_lease_fails_the_task(h: Harness) {
@@ -195,6 +282,123 @@ async fn renewal_keeps_a_lease_and_reports_cancellation(h: Harness) {
     assert!(matches!(error, TaskStoreError::LeaseLost { .. }), "only the last lease holder hears of it: {error}");
 }
 
+/// The lease ends about `length` after `before`, at least: what a renewal
+/// made then for that length gives.
+fn assert_lease_of(renewal_end: i64, before: i64, length: Duration, what: &str) {
+    let length = i64::try_from(length.as_micros()).unwrap();
+    let slack = 5_000_000;
+    assert!(
+        renewal_end >= before + length && renewal_end < before + length + slack,
+        "{what}: the lease ends {} µs after the renewal, not about {length}",
+        renewal_end - before
+    );
+}
+
+/// A renewal that names no length renews for as long as the lease was
+/// granted, by a claim, a hand-off, or the last renewal that named one (the
+/// server's default is 2 s here).
+async fn a_plain_renewal_extends_by_the_length_granted(h: Harness) {
+    let queued = h.task("ns", "echo", "queued").await;
+    let granted = Duration::from_secs(20);
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 2, granted, 0));
+    let claimed = next_claim(&mut claims).await;
+    assert_eq!(claimed.task.id, queued.id);
+    let before = now_micros();
+    let renewal = h.store.renew_lease("ns", &queued.id, &claimed.lease_id, None).await.unwrap();
+    assert_lease_of(renewal.lease_expires_at, before, granted, "a claimed task");
+
+    let task = h.task("ns", "echo", "handed off").await;
+    assert_eq!(task.status.state, TaskState::Working, "created claimed");
+    let handed = next_claim(&mut claims).await;
+    assert_eq!(handed.task.id, task.id);
+    let before = now_micros();
+    let renewal = h.store.renew_lease("ns", &handed.task.id, &handed.lease_id, None).await.unwrap();
+    assert_lease_of(renewal.lease_expires_at, before, granted, "a handed-off task");
+
+    let shorter = Duration::from_secs(7);
+    h.store.renew_lease("ns", &queued.id, &claimed.lease_id, Some(shorter)).await.unwrap();
+    let before = now_micros();
+    let renewal = h.store.renew_lease("ns", &queued.id, &claimed.lease_id, Some(Duration::ZERO)).await.unwrap();
+    assert_lease_of(renewal.lease_expires_at, before, shorter, "after a renewal that named a length");
+}
+
+async fn next_claim_event(
+    events: &mut (impl tokio_stream::Stream<Item = Result<ClaimEvent, TaskStoreError>> + Unpin),
+) -> ClaimEvent {
+    tokio::time::timeout(Duration::from_secs(10), events.next())
+        .await
+        .expect("an event arrives in time")
+        .expect("the claim stream is open")
+        .expect("the claim stream works")
+}
+
+/// A cancel reaches the worker on its claim stream, not at its next renewal
+/// (30 s away here); the canceled task's room goes to the next task at once.
+/// Tasks that end otherwise are not announced.
+async fn a_stream_that_asked_is_told_at_once_of_its_canceled_tasks(h: Harness) {
+    let first = h.task("ns", "echo", "one").await;
+    let request = claim_request("echo", "w1", 1, Duration::from_secs(30), 0);
+    let mut events = Box::pin(h.store.claim_stream_with_cancellations(request));
+    let ClaimEvent::Claimed(claimed) = next_claim_event(&mut events).await else { panic!("a task first") };
+    assert_eq!(claimed.task.id, first.id);
+    let second = h.task("ns", "echo", "two").await;
+    h.store.cancel_task("ns", &first.id, None).await.unwrap();
+
+    let (mut canceled, mut handed) = (Vec::new(), Vec::new());
+    for _ in 0..2 {
+        match next_claim_event(&mut events).await {
+            ClaimEvent::Canceled(task_id) => canceled.push(task_id),
+            ClaimEvent::Claimed(claimed) => handed.push(claimed),
+        }
+    }
+    assert_eq!(canceled, std::slice::from_ref(&first.id), "told of the cancel");
+    let [next] = handed.as_slice() else { panic!("the next task: {handed:?}") };
+    assert_eq!(next.task.id, second.id, "the canceled task's room is free at once");
+
+    h.store.complete_task("ns", &second.id, &next.lease_id, None, Vec::new()).await.unwrap();
+    let quiet = tokio::time::timeout(Duration::from_millis(400), events.next()).await;
+    assert!(quiet.is_err(), "a completed task is not announced: {quiet:?}");
+}
+
+/// The stream knows its tasks beyond the lease they were handed out with.
+async fn a_task_renewed_past_its_first_lease_is_still_announced_when_canceled(h: Harness) {
+    let task = h.task("ns", "echo", "long").await;
+    let lease = Duration::from_millis(600);
+    let mut events = Box::pin(h.store.claim_stream_with_cancellations(claim_request("echo", "w1", 1, lease, 0)));
+    let ClaimEvent::Claimed(claimed) = next_claim_event(&mut events).await else { panic!("a task first") };
+    for _ in 0..5 {
+        tokio::time::sleep(lease / 3).await;
+        h.store.renew_lease("ns", &task.id, &claimed.lease_id, None).await.unwrap();
+    }
+    h.store.cancel_task("ns", &task.id, None).await.unwrap();
+    let ClaimEvent::Canceled(canceled) = next_claim_event(&mut events).await else { panic!("a notice") };
+    assert_eq!(canceled, task.id);
+}
+
+/// A lease under 100 ms reaches its worker expired; one over the configured
+/// maximum is not granted. Neither is shortened or lengthened quietly.
+async fn leases_out_of_bounds_are_refused_naming_the_bounds(h: Harness) {
+    let task = h.task("ns", "echo", "x").await;
+    let max = Duration::from_secs(3600);
+    for lease in [Duration::from_millis(1), Duration::from_millis(99), max + Duration::from_millis(1)] {
+        let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, lease, 0));
+        let refused = tokio::time::timeout(Duration::from_secs(10), claims.next()).await.unwrap().unwrap();
+        let error = refused.expect_err("an out-of-bounds lease is refused");
+        assert_eq!(error.error_code(), ErrorCode::InvalidArgument, "{error}");
+        let text = error.to_string();
+        assert!(text.contains("lease") && text.contains("100 ms") && text.contains("3600000 ms"), "{text}");
+        assert!(claims.next().await.is_none(), "the stream ends");
+    }
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_millis(100), 0));
+    let claimed = next_claim(&mut claims).await;
+    assert_eq!(claimed.task.id, task.id, "100 ms is enough");
+    let error = h.store.renew_lease("ns", &task.id, &claimed.lease_id, Some(max * 2)).await.unwrap_err();
+    assert_eq!(error.error_code(), ErrorCode::InvalidArgument, "{error}");
+    let error = h.store.renew_lease("ns", &task.id, &claimed.lease_id, Some(Duration::from_millis(5))).await;
+    assert_eq!(error.unwrap_err().error_code(), ErrorCode::InvalidArgument);
+    h.store.renew_lease("ns", &task.id, &claimed.lease_id, Some(max)).await.unwrap();
+}
+
 async fn a_worker_may_ask_for_a_retry(h: Harness) {
     let task = h.task("ns", "echo", "retry me").await;
     let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 1));
@@ -244,7 +448,7 @@ async fn a_completion_keeps_what_the_task_had_and_adds_its_message(h: Harness) {
         lease_id: Some(claimed.lease_id.clone()),
     };
     h.store.append_artifact("ns", &task.id, chunk).await.unwrap();
-    h.store.add_message("ns", &task.id, agent_message("thinking")).await.unwrap();
+    h.store.add_message("ns", &task.id, agent_message("thinking"), None).await.unwrap();
     let mut events = h.store.watch_task("ns", &task.id, None).await.unwrap();
 
     let done = h.store.complete_task("ns", &task.id, &claimed.lease_id, Some(agent_message("pong")), Vec::new()).await;
@@ -339,14 +543,58 @@ async fn a_completion_replaces_and_adds_artifacts_logged_before_its_final_state(
     assert_eq!(seen.last().unwrap().status, done.status);
 }
 
-async fn a_completion_may_name_one_artifact_twice(h: Harness) {
+/// A completion's artifacts are whole: one id given twice would keep only
+/// the last, so the completion is refused and changes nothing.
+async fn a_completion_naming_one_artifact_twice_is_refused(h: Harness) {
     let task = h.task("ns", "echo", "ping").await;
     let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
     let claimed = next_claim(&mut claims).await;
     let twice = vec![text_artifact("out", "first"), text_artifact("out", "second")];
-    let done = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, twice).await.unwrap();
-    assert_eq!(done.artifacts, vec![text_artifact("out", "second")], "the later one wins");
-    assert_eq!(h.store.get_task("ns", &task.id, None).await.unwrap(), done);
+    let error = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, twice).await.unwrap_err();
+    assert_eq!(error.error_code(), ErrorCode::InvalidArgument, "{error}");
+    assert!(error.to_string().contains("out"), "names the artifact: {error}");
+    let untouched = h.store.get_task("ns", &task.id, None).await.unwrap();
+    assert_eq!((untouched.status.state, untouched.artifacts.len()), (TaskState::Working, 0));
+    let once = vec![text_artifact("out", "first"), text_artifact("notes", "second")];
+    let done = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, once.clone()).await.unwrap();
+    assert_eq!(done.artifacts, once);
+}
+
+async fn a_completion_with_a_user_message_is_refused(h: Harness) {
+    let task = h.task("ns", "echo", "ping").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
+    let claimed = next_claim(&mut claims).await;
+    let users = Some(crate::harness::user_message("pong"));
+    let error = h.store.complete_task("ns", &task.id, &claimed.lease_id, users, Vec::new()).await.unwrap_err();
+    assert_eq!(error.error_code(), ErrorCode::InvalidArgument, "{error}");
+    assert_eq!(h.store.get_task("ns", &task.id, None).await.unwrap().status.state, TaskState::Working);
+    let done = h.store.complete_task("ns", &task.id, &claimed.lease_id, Some(agent_message("pong")), Vec::new());
+    assert_eq!(done.await.unwrap().status.state, TaskState::Completed);
+}
+
+/// A streamed artifact ends with its last chunk; another append is refused
+/// (a new artifact under its id replaces it, as before).
+async fn an_artifact_takes_no_chunk_after_its_last(h: Harness) {
+    let task = h.task("ns", "echo", "ping").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
+    let claimed = next_claim(&mut claims).await;
+    let chunk = |text: &str, append: bool, last_chunk: bool| ArtifactChunk {
+        artifact: text_artifact("log", text),
+        append,
+        last_chunk,
+        lease_id: Some(claimed.lease_id.clone()),
+    };
+    h.store.append_artifact("ns", &task.id, chunk("a", false, false)).await.unwrap();
+    h.store.append_artifact("ns", &task.id, chunk("b", true, true)).await.unwrap();
+    let error = h.store.append_artifact("ns", &task.id, chunk("c", true, false)).await.unwrap_err();
+    assert!(matches!(error, TaskStoreError::ArtifactClosed { .. }), "{error}");
+    assert_eq!(error.error_code(), ErrorCode::FailedPrecondition);
+    assert!(error.to_string().contains("artifact log"), "names the artifact: {error}");
+    let stored = h.store.get_task("ns", &task.id, None).await.unwrap();
+    assert_eq!(stored.artifacts[0].parts, [Part::text("a"), Part::text("b")], "nothing after the last chunk");
+    let replaced = h.store.append_artifact("ns", &task.id, chunk("new", false, false)).await.unwrap();
+    assert_eq!(replaced.artifacts, vec![text_artifact("log", "new")]);
+    h.store.append_artifact("ns", &task.id, chunk("more", true, true)).await.unwrap();
 }
 
 async fn a_completion_without_the_lease_changes_nothing(h: Harness) {

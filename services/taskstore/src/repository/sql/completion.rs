@@ -1,9 +1,8 @@
 //! A completion at once: the task completed under its lease, with its
 //! message, artifacts, events and owner's inbox, and read back whole, in one
 //! round trip — a statement on PostgreSQL, a script in a transaction on
-//! SQLite. What it cannot do (an artifact id given twice) or did not do (the
-//! task changed, or was never this lease's) the transaction in `workers`
-//! does, with its precise errors.
+//! SQLite. What it did not do (the task changed, or was never this lease's)
+//! the transaction in `workers` does, with its precise errors.
 
 use std::sync::LazyLock;
 
@@ -16,7 +15,7 @@ use super::{
     rows::{TaskRecord, aggregated_parts, decode_parts, decode_whole, task_columns, to_json, to_json_opt},
 };
 use crate::{
-    domain::{Artifact, Message, Task, TaskState, TaskStatus, now_micros, repeated_artifact_id},
+    domain::{Artifact, Message, Task, TaskState, TaskStatus, now_micros},
     error::Result,
 };
 
@@ -94,7 +93,7 @@ static COMPLETE_POSTGRES: LazyLock<[[[String; 2]; 2]; 2]> = LazyLock::new(|| {
 });
 
 /// One artifact of a one-statement completion (an element of its $9), or of
-/// an answered create (of its $26).
+/// an answered create (of its $27).
 #[derive(serde::Serialize)]
 struct CompletedArtifact<'a> {
     ord: usize,
@@ -104,7 +103,7 @@ struct CompletedArtifact<'a> {
 }
 
 /// The artifacts of a completion as its statement's $9 (or of an answered
-/// create, as its $26), each with the event it logs (carrying the task's
+/// create, as its $27), each with the event it logs (carrying the task's
 /// `status` before the completion).
 pub(super) fn completed_artifacts(status: &TaskStatus, artifacts: &[Artifact]) -> Result<String> {
     let rows = artifacts
@@ -181,8 +180,8 @@ impl SqlTaskRepository {
     /// events carry): remembered from the claim when it was made here, else
     /// read first; the task is then completed only if that status still
     /// holds. `None` when it completed nothing: the task is finished, leased
-    /// to someone else, or changed since (or, unread, not there), or an
-    /// artifact id is given twice (one statement cannot write a row twice).
+    /// to someone else, or changed since (or, unread, not there). Its
+    /// artifacts' ids are distinct: `complete` checked them first.
     pub(super) async fn complete_at_once(
         &self,
         namespace: &str,
@@ -192,10 +191,6 @@ impl SqlTaskRepository {
         message: Option<&Message>,
         artifacts: &[Artifact],
     ) -> Result<Option<Task>> {
-        // One statement cannot write a row twice.
-        if repeated_artifact_id(artifacts).is_some() {
-            return Ok(None);
-        }
         let read = match held {
             _ if message.is_none() && artifacts.is_empty() => None,
             Some(held) => Some(held),

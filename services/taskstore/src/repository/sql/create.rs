@@ -188,7 +188,8 @@ pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> R
         .bind(history)
         .bind(payload)
         .bind(changed)
-        .bind(to_json_opt(task.status.message.as_ref())?);
+        .bind(to_json_opt(task.status.message.as_ref())?)
+        .bind(handoff.map(|handoff| chorus_runtime::time::micros(handoff.lease)));
     let query = match stored {
         Some(stored) => query.bind(stored),
         None => query,
@@ -206,23 +207,24 @@ pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> R
     Ok((inserted != 0).then_some(task))
 }
 
-/// A new task row; $1..$21 and $25 (its status message) as bound in
+/// A new task row; $1..$21, $25 (its status message) and $26 (its lease's
+/// length) as bound in
 /// [`insert_task`].
 macro_rules! insert_task_row {
     () => {
         "INSERT INTO taskstore_tasks (namespace, id, context_id, agent_id, state, status_timestamp, metadata, \
          parent_id, owner_kind, owner_id, depth, spawn_context, prompt_fingerprint, request_message_id, \
          trace_context, history_count, created_at, worker_id, lease_id, lease_expires_at, attempt, max_retries, \
-         status_message) \
+         status_message, lease_length) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-         CASE WHEN $25 IS NULL THEN 1 ELSE 2 END, $16, $17, $18, $19, $20, $21, $25) \
+         CASE WHEN $25 IS NULL THEN 1 ELSE 2 END, $16, $17, $18, $19, $20, $21, $25, $26) \
          ON CONFLICT (namespace, request_message_id) DO NOTHING"
     };
 }
 
 /// The task row; its history: the first message ($22), then the status
 /// message ($25) when there is one; its events: `created` ($23), then, in
-/// the second form, the artifacts' (with the artifacts themselves, $26 as
+/// the second form, the artifacts' (with the artifacts themselves, $27 as
 /// [`completed_artifacts`] makes it), then `status_changed` ($24) when the
 /// task left `submitted` as it was made.
 static INSERT_TASK_POSTGRES: LazyLock<[String; 2]> = LazyLock::new(|| {
@@ -231,8 +233,8 @@ static INSERT_TASK_POSTGRES: LazyLock<[String; 2]> = LazyLock::new(|| {
             (
                 "stored AS (INSERT INTO taskstore_artifacts (namespace, task_id, artifact_id, position, artifact) \
                  SELECT namespace, id, a.artifact_id, a.ord, a.artifact \
-                 FROM task, json_to_recordset($26::json) AS a(ord int, artifact_id text, artifact text)), ",
-                "SELECT ord, 'artifact_updated', payload FROM json_to_recordset($26::json) AS a(ord int, payload text) \
+                 FROM task, json_to_recordset($27::json) AS a(ord int, artifact_id text, artifact text)), ",
+                "SELECT ord, 'artifact_updated', payload FROM json_to_recordset($27::json) AS a(ord int, payload text) \
                  UNION ALL ",
             )
         } else {
@@ -273,8 +275,8 @@ static INSERT_TASK_SQLITE: LazyLock<[String; 2]> = LazyLock::new(|| {
             (
                 "INSERT INTO taskstore_artifacts (namespace, task_id, artifact_id, position, artifact) \
                  SELECT t.namespace, t.id, a.value ->> 'artifact_id', a.value ->> 'ord', a.value ->> 'artifact' \
-                 FROM taskstore_tasks t, json_each($26) a WHERE t.namespace = $1 AND t.id = $2; ",
-                "SELECT a.value ->> 'ord', 'artifact_updated', a.value ->> 'payload' FROM json_each($26) a UNION ALL ",
+                 FROM taskstore_tasks t, json_each($27) a WHERE t.namespace = $1 AND t.id = $2; ",
+                "SELECT a.value ->> 'ord', 'artifact_updated', a.value ->> 'payload' FROM json_each($27) a UNION ALL ",
             )
         } else {
             ("", "")

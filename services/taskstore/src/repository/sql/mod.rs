@@ -37,6 +37,8 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
         (4, "log by rowid", "0004_log_by_rowid.sql"),
         (5, "push delivery", "0005_push_delivery.sql"),
         (6, "push follower", "0006_push_follower.sql"),
+        (7, "lease length", "0007_lease_length.sql"),
+        (8, "artifact last chunk", "0008_artifact_last_chunk.sql"),
     ]
 );
 
@@ -206,11 +208,20 @@ fn check_writable(record: &TaskRecord, lease_id: Option<&str>) -> Result<()> {
     if task.status.state.is_terminal() {
         return Err(TaskStoreError::TaskFinished { task_id: task.id.clone(), state: task.status.state });
     }
-    match (record.lease_id.as_deref(), lease_id) {
-        (_, Some(given)) if record.lease_id.as_deref() != Some(given) => {
-            Err(TaskStoreError::LeaseLost { task_id: task.id.clone(), lease_id: given.to_owned() })
+    check_fence(record, lease_id)?;
+    if record.lease_id.is_some() && lease_id.is_none() {
+        return Err(TaskStoreError::LeaseRequired { task_id: task.id.clone() });
+    }
+    Ok(())
+}
+
+/// Checks that a lease the caller names, if any, is the task's current one:
+/// a worker whose lease ran out writes nothing.
+fn check_fence(record: &TaskRecord, lease_id: Option<&str>) -> Result<()> {
+    match lease_id {
+        Some(given) if record.lease_id.as_deref() != Some(given) => {
+            Err(TaskStoreError::LeaseLost { task_id: record.task.id.clone(), lease_id: given.to_owned() })
         }
-        (Some(_), None) => Err(TaskStoreError::LeaseRequired { task_id: task.id.clone() }),
         _ => Ok(()),
     }
 }

@@ -30,8 +30,14 @@ impl TaskRepository for SqlTaskRepository {
         self.list(query).await
     }
 
-    async fn add_message(&self, namespace: &str, task_id: &str, message: Message) -> Result<Task> {
-        self.add_message_to(namespace, task_id, message).await
+    async fn add_message(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        message: Message,
+        lease_id: Option<&str>,
+    ) -> Result<Task> {
+        self.add_message_to(namespace, task_id, message, lease_id).await
     }
 
     async fn update_status(&self, namespace: &str, task_id: &str, update: StatusUpdate) -> Result<Task> {
@@ -54,8 +60,15 @@ impl TaskRepository for SqlTaskRepository {
         self.claim(request, slots).await
     }
 
-    async fn renew_lease(&self, namespace: &str, task_id: &str, lease_id: &str, lease: Duration) -> Result<Renewal> {
-        self.renew(namespace, task_id, lease_id, lease).await
+    async fn renew_lease(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        lease: Option<Duration>,
+        fallback: Duration,
+    ) -> Result<Renewal> {
+        self.renew(namespace, task_id, lease_id, lease, fallback).await
     }
 
     async fn release_claim(&self, namespace: &str, lease_id: &str) -> Result<u64> {

@@ -6,8 +6,8 @@ use std::collections::VecDeque;
 use sqlx::AnyConnection;
 
 use super::{
-    EventDetail, SqlTaskRepository, append_history, apply_status, check_writable, complete_task_view, record_event,
-    rows,
+    EventDetail, SqlTaskRepository, append_history, apply_status, check_fence, check_writable, complete_task_view,
+    record_event, rows,
     rows::{TaskRecord, aggregated_parts, task_columns, to_json},
     save, set_status,
 };
@@ -92,13 +92,20 @@ impl SqlTaskRepository {
         Ok(TaskPage { tasks, next_page_token, total_size: u64::try_from(total).unwrap_or(0) })
     }
 
-    pub(super) async fn add_message_to(&self, namespace: &str, task_id: &str, message: Message) -> Result<Task> {
+    pub(super) async fn add_message_to(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        message: Message,
+        lease_id: Option<&str>,
+    ) -> Result<Task> {
         let mut tx = self.begin().await?;
         let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
         let state = record.task.status.state;
         if state.is_terminal() {
             return Err(TaskStoreError::TaskFinished { task_id: task_id.to_owned(), state });
         }
+        check_fence(&record, lease_id)?;
         let message = message.bound_to(task_id, &record.task.context_id);
         append_history(&mut tx, &mut record, &message).await?;
         save(&mut tx, &record).await?;
@@ -181,12 +188,13 @@ async fn children_ids(conn: &mut AnyConnection, namespace: &str, parent_id: &str
     Ok(ids)
 }
 
-/// Adds, replaces or extends one artifact of a task.
+/// Adds, replaces or extends one artifact of a task; an artifact whose last
+/// chunk came is extended no more.
 pub(super) async fn store_artifact(conn: &mut AnyConnection, record: &TaskRecord, chunk: &ArtifactChunk) -> Result<()> {
     let task = &record.task;
     let artifact_id = &chunk.artifact.artifact_id;
-    let existing: Option<String> = sqlx::query_scalar(
-        "SELECT artifact FROM taskstore_artifacts WHERE namespace = $1 AND task_id = $2 AND artifact_id = $3",
+    let existing: Option<(String, Option<i64>)> = sqlx::query_as(
+        "SELECT artifact, closed FROM taskstore_artifacts WHERE namespace = $1 AND task_id = $2 AND artifact_id = $3",
     )
     .bind(&task.namespace)
     .bind(&task.id)
@@ -194,7 +202,10 @@ pub(super) async fn store_artifact(conn: &mut AnyConnection, record: &TaskRecord
     .fetch_optional(&mut *conn)
     .await?;
     let stored = match (existing, chunk.append) {
-        (Some(existing), true) => {
+        (Some((_, Some(1))), true) => {
+            return Err(TaskStoreError::ArtifactClosed { task_id: task.id.clone(), artifact_id: artifact_id.clone() });
+        }
+        (Some((existing, _)), true) => {
             let mut artifact: Artifact = rows::from_json(&existing)?;
             artifact.parts.extend(chunk.artifact.parts.iter().cloned());
             artifact
@@ -208,14 +219,16 @@ pub(super) async fn store_artifact(conn: &mut AnyConnection, record: &TaskRecord
         (_, false) => chunk.artifact.clone(),
     };
     sqlx::query(
-        "INSERT INTO taskstore_artifacts (namespace, task_id, artifact_id, position, artifact) VALUES ($1, $2, $3, \
-         (SELECT COUNT(*) FROM taskstore_artifacts WHERE namespace = $1 AND task_id = $2), $4) \
-         ON CONFLICT (namespace, task_id, artifact_id) DO UPDATE SET artifact = excluded.artifact",
+        "INSERT INTO taskstore_artifacts (namespace, task_id, artifact_id, position, artifact, closed) \
+         VALUES ($1, $2, $3, (SELECT COUNT(*) FROM taskstore_artifacts WHERE namespace = $1 AND task_id = $2), $4, $5) \
+         ON CONFLICT (namespace, task_id, artifact_id) DO UPDATE SET artifact = excluded.artifact, \
+         closed = excluded.closed",
     )
     .bind(&task.namespace)
     .bind(&task.id)
     .bind(artifact_id)
     .bind(to_json(&stored)?)
+    .bind(i64::from(chunk.last_chunk))
     .execute(&mut *conn)
     .await?;
     Ok(())

@@ -11,18 +11,20 @@ use super::{
 use crate::{
     domain::{
         Artifact, ArtifactChunk, ClaimRequest, Claimed, EventKind, Expiry, Message, Renewal, Role, Task, TaskState,
-        TaskStatus, WorkerLeases, now_micros,
+        TaskStatus, WorkerLeases, now_micros, repeated_artifact_id,
     },
     error::{Result, TaskStoreError},
 };
-use chorus_runtime::{storage::Backend, time::micros};
+use chorus_runtime::{storage::Backend, time::micros, validate::FieldViolation};
 use sqlx::Row as _;
 
 /// Leases up to $8 claimable tasks, skipping rows other claims hold, and
 /// records their `status_changed` events ($9: the payload), in one statement.
+/// The lease's length ($6 - $3) is kept for the renewals that name none.
 const CLAIM_AND_LOG_POSTGRES: &str = concat!(
     "WITH claimed AS (UPDATE taskstore_tasks SET state = 'working', status_message = NULL, status_timestamp = $3, \
-     worker_id = $4, lease_id = $5, lease_expires_at = $6, max_retries = $7, attempt = attempt + 1 \
+     worker_id = $4, lease_id = $5, lease_expires_at = $6, lease_length = $6 - $3, max_retries = $7, \
+     attempt = attempt + 1 \
      WHERE (namespace, id) IN (SELECT namespace, id FROM taskstore_tasks \
      WHERE namespace = $1 AND agent_id = $2 AND state = 'submitted' ORDER BY created_at, id LIMIT $8 \
      FOR UPDATE SKIP LOCKED) RETURNING ",
@@ -33,7 +35,7 @@ const CLAIM_AND_LOG_POSTGRES: &str = concat!(
 );
 const CLAIM_SQLITE: &str = concat!(
     "UPDATE taskstore_tasks SET state = 'working', status_message = NULL, status_timestamp = $3, worker_id = $4, \
-     lease_id = $5, lease_expires_at = $6, max_retries = $7, attempt = attempt + 1 \
+     lease_id = $5, lease_expires_at = $6, lease_length = $6 - $3, max_retries = $7, attempt = attempt + 1 \
      WHERE (namespace, id) IN (SELECT namespace, id FROM taskstore_tasks \
      WHERE namespace = $1 AND agent_id = $2 AND state = 'submitted' ORDER BY created_at, id LIMIT $8) RETURNING ",
     task_columns!()
@@ -45,11 +47,20 @@ const RELEASE: &str = "UPDATE taskstore_tasks SET state = 'submitted', status_me
      worker_id = NULL, lease_id = NULL, lease_expires_at = NULL, attempt = attempt - 1 \
      WHERE namespace = $1 AND lease_id = $2 AND state = 'working'";
 
-/// The worker's leased tasks with their lease's end, and one claimable task
-/// of its agent if there is any (without).
-const CLAIM_PRECHECK: &str = "SELECT id, lease_expires_at FROM taskstore_tasks WHERE namespace = $1 AND worker_id = $2 \
+/// The worker's leased tasks of the agent with their lease's end, and one
+/// claimable task of the agent if there is any (without). A worker serving
+/// several agents has room for each: its tasks of other agents do not count.
+const CLAIM_PRECHECK: &str = "SELECT id, lease_expires_at FROM taskstore_tasks \
+     WHERE namespace = $1 AND worker_id = $2 AND agent_id = $3 \
      UNION ALL SELECT id, NULL FROM (SELECT id FROM taskstore_tasks \
      WHERE namespace = $1 AND agent_id = $3 AND state = 'submitted' LIMIT 1) ready";
+
+/// Extends a live lease from $4 (now) by $5, or when $5 is NULL by the
+/// length it was granted for ($6 when none was kept); a length given is kept
+/// for the renewals after it.
+const RENEW: &str = "UPDATE taskstore_tasks SET lease_expires_at = $4 + COALESCE($5, lease_length, $6), \
+     lease_length = COALESCE($5, lease_length, $6) \
+     WHERE namespace = $1 AND id = $2 AND lease_id = $3 AND worker_id IS NOT NULL RETURNING lease_expires_at";
 
 /// Expired leases, oldest first. A task has a lease end exactly while it has
 /// a worker: `worker_id IS NOT NULL` lets the planner read only the live
@@ -186,27 +197,28 @@ impl SqlTaskRepository {
         Ok(claimed)
     }
 
+    /// Extends the lease by `lease`, or by the length it was granted for
+    /// (`fallback` for a lease granted before lengths were kept).
     pub(super) async fn renew(
         &self,
         namespace: &str,
         task_id: &str,
         lease_id: &str,
-        lease: Duration,
+        lease: Option<Duration>,
+        fallback: Duration,
     ) -> Result<Renewal> {
         let mut conn = self.db.acquire().await?;
         // Measured after the wait for a connection, which must not eat into the lease.
-        let lease_expires_at = now_micros().saturating_add(micros(lease));
-        let renewed = sqlx::query(
-            "UPDATE taskstore_tasks SET lease_expires_at = $4 WHERE namespace = $1 AND id = $2 AND lease_id = $3 \
-             AND worker_id IS NOT NULL",
-        )
-        .bind(namespace)
-        .bind(task_id)
-        .bind(lease_id)
-        .bind(lease_expires_at)
-        .execute(&mut *conn)
-        .await?;
-        if renewed.rows_affected() == 1 {
+        let renewed: Option<i64> = sqlx::query_scalar(RENEW)
+            .bind(namespace)
+            .bind(task_id)
+            .bind(lease_id)
+            .bind(now_micros())
+            .bind(lease.map(micros))
+            .bind(micros(fallback))
+            .fetch_optional(&mut *conn)
+            .await?;
+        if let Some(lease_expires_at) = renewed {
             return Ok(Renewal { lease_expires_at, canceled: false });
         }
         let record = super::read_record(&mut conn, namespace, task_id).await?;
@@ -224,14 +236,15 @@ impl SqlTaskRepository {
         message: Option<Message>,
         artifacts: Vec<Artifact>,
     ) -> Result<Task> {
+        check_completion(message.as_ref(), &artifacts)?;
         let held = self.held.take(namespace, task_id, lease_id);
         if let Some(task) =
             self.complete_at_once(namespace, task_id, lease_id, held, message.as_ref(), &artifacts).await?
         {
             return Ok(task);
         }
-        // The transaction: what one statement cannot do (an artifact id given
-        // twice), or the precise error when it completed nothing.
+        // The transaction: the task changed since its claim, or the precise
+        // error when it cannot be completed.
         let mut tx = self.begin().await?;
         let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
         check_writable(&record, Some(lease_id))?;
@@ -281,6 +294,18 @@ impl SqlTaskRepository {
         tx.commit().await?;
         Ok(expired)
     }
+}
+
+/// A completion is the agent's: its final message is no user's, and its
+/// artifacts are whole, one per id (two would leave only the last).
+fn check_completion(message: Option<&Message>, artifacts: &[Artifact]) -> Result<()> {
+    if message.is_some_and(|message| message.role == Role::User) {
+        return Err(FieldViolation::new("message.role", "must be ROLE_AGENT: the final message is the agent's").into());
+    }
+    if let Some(id) = repeated_artifact_id(artifacts) {
+        return Err(FieldViolation::new("artifacts", format!("gives artifact {id} twice")).into());
+    }
+    Ok(())
 }
 
 /// Ends a worker's attempt: back to `submitted` when `retry` is asked and the
