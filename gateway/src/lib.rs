@@ -29,20 +29,22 @@ mod service;
 use std::time::Duration;
 
 use chorus_proto::taskstore::task_store_client::TaskStoreClient;
-use chorus_runtime::transport::Transport;
+use chorus_runtime::{metrics::Metrics, transport::Transport};
 use tokio_util::sync::CancellationToken;
 
 pub use crate::{config::GatewayConfig, delegation::DelegateGrpc, grpc::A2aGrpc, http::router, service::Gateway};
 
 /// Builds the gateway over the task store behind `taskstore` and the
 /// workflow engine behind `workflows` (in this process or not), advertising
-/// `base_url` (`http://host:port`) in its cards unless `public_url` is set.
+/// `base_url` (`http://host:port`) in its cards unless `public_url` is set,
+/// counting what it does into `metrics`.
 pub fn build(
     mut config: GatewayConfig,
     taskstore: Transport,
     workflows: Transport,
     base_url: &str,
     shutdown: CancellationToken,
+    metrics: Metrics,
 ) -> Result<Gateway, String> {
     push::install_crypto_provider();
     config.auth.check()?;
@@ -80,7 +82,7 @@ pub fn build(
         timeout,
         shutdown.clone(),
     );
-    let push = notify::PushDispatcher::new(tasks.clone(), &config.push, shutdown)?;
+    let push = notify::PushDispatcher::new(tasks.clone(), &config.push, shutdown, metrics)?;
     push.resume();
     // Where credentials are checked, the gateway's own agents take one more,
     // known only to this process, for the delegations it makes to them.

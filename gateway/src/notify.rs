@@ -21,7 +21,7 @@ use std::{
 
 use a2a::StreamResponse;
 use chorus_proto::taskstore::{self as pb, task_store_client::TaskStoreClient};
-use chorus_runtime::transport::Transport;
+use chorus_runtime::{metrics::Metrics, transport::Transport};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -70,6 +70,8 @@ pub(crate) struct PushDispatcher {
     /// The configs being followed.
     following: Arc<Mutex<HashSet<ConfigKey>>>,
     shutdown: CancellationToken,
+    /// Where notifications delivered and given up on are counted.
+    metrics: Metrics,
 }
 
 /// How reading a config's changes stopped.
@@ -91,9 +93,17 @@ impl PushDispatcher {
         tasks: TaskStoreClient<Transport>,
         policy: &PushPolicy,
         shutdown: CancellationToken,
+        metrics: Metrics,
     ) -> std::result::Result<Self, String> {
         let sender = PushSender::new(policy.clone()).map_err(|error| error.to_string())?;
-        Ok(Self { tasks, sender: Arc::new(sender), policy: policy.clone(), following: Arc::default(), shutdown })
+        Ok(Self {
+            tasks,
+            sender: Arc::new(sender),
+            policy: policy.clone(),
+            following: Arc::default(),
+            shutdown,
+            metrics,
+        })
     }
 
     /// Refuses a URL notifications may not go to (SSRF guard): a bad URL, or
@@ -319,9 +329,14 @@ impl PushDispatcher {
                 Err(_) => Some(first.clone()),
             }
         };
-        if let Err(error) = self.sender.deliver(&first, &body, current).await {
-            tracing::warn!(%task_id, %config_id, %error, "push notification not delivered");
-        }
+        let outcome = match self.sender.deliver(&first, &body, current).await {
+            Ok(_) => "delivered",
+            Err(error) => {
+                tracing::warn!(%task_id, %config_id, %error, "push notification not delivered");
+                "failed"
+            }
+        };
+        self.metrics.push_notifications.with([outcome]).inc();
         None
     }
 
