@@ -58,7 +58,8 @@ const OWN_SERVICES: &str = "/chorus.";
 
 /// The encoded descriptor sets of the services a server may run, which
 /// reflection describes (it adds its own).
-const SERVICE_DESCRIPTORS: &[&[u8]] = &[chorus_proto::FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET];
+const SERVICE_DESCRIPTORS: &[&[u8]] =
+    &[chorus_proto::FILE_DESCRIPTOR_SET, chorus_proto::A2A_FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET];
 
 /// Reflection's own descriptor sets: with [`SERVICE_DESCRIPTORS`], every
 /// method whose name may label a metric.
