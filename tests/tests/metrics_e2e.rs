@@ -3,9 +3,16 @@
 //! database pool move as A2A and gRPC calls are made, and no series names a
 //! namespace or a task.
 
-use std::collections::HashMap;
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
 
-use chorus_proto::taskstore::GetTaskRequest;
+use chorus_proto::{
+    eventbus::{NackRequest, NewEvent, PublishBatchRequest, RegisterHandlerRequest, SubscribeRequest},
+    taskstore::{ClaimTasksRequest, GetTaskRequest},
+    workflow::{GetRunRequest, PutDefinitionRequest, RunState, StartRunRequest, workflow_client::WorkflowClient},
+};
 use chorus_tests::{
     Sandbox,
     a2a::{A2a, events, message, state, unique},
@@ -78,4 +85,90 @@ async fn metrics_follow_a2a_and_grpc_calls_and_name_no_tenant() {
     for private in [namespace.as_str(), id.as_str(), task["id"].as_str().expect("a task id")] {
         assert!(!series.iter().any(|series| series.contains(private)), "{private} is in {series:?}");
     }
+}
+
+/// Scrapes until `series` has grown by `at_least` since `before`: what the
+/// services count in the background (the outbox relay, the lease reaper).
+async fn scrape_until_grown(a2a: &A2a, before: &HashMap<String, f64>, series: &str, at_least: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while growth(before, &scrape(a2a).await, series) < at_least {
+        assert!(Instant::now() < deadline, "{series} did not grow by {at_least}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_the_work_of_every_service() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().no_agents().env("CHORUS_TASKSTORE__REAPER_INTERVAL_MS", "20").start().await;
+    let a2a = A2a::new(&server);
+    let namespace = unique("work");
+    let before = scrape(&a2a).await;
+
+    // A task whose worker never renews its short lease: the reaper fails it.
+    let mut tasks = server.task_store().await;
+    tasks.create_task(create_request(&namespace, "sleepy", "work")).await.expect("CreateTask");
+    let claim = ClaimTasksRequest {
+        namespace: namespace.clone(),
+        agent_id: "sleepy".to_owned(),
+        worker_id: unique("worker"),
+        lease: Some(prost_types::Duration { seconds: 0, nanos: 50_000_000 }),
+        ..ClaimTasksRequest::default()
+    };
+    let mut claims = tasks.claim_tasks(claim).await.expect("ClaimTasks").into_inner();
+    claims.message().await.expect("the claim stream").expect("a claimed task");
+    scrape_until_grown(&a2a, &before, "chorus_task_lease_expiries_total{outcome=\"failed\"}", 1.0).await;
+    scrape_until_grown(&a2a, &before, "chorus_tasks_finished_total{state=\"failed\"}", 1.0).await;
+    scrape_until_grown(&a2a, &before, "chorus_outbox_events_relayed_total", 2.0).await;
+
+    // An event whose one delivery its consumer dead-letters.
+    let mut bus = server.event_bus().await;
+    let handler = RegisterHandlerRequest {
+        namespace: namespace.clone(),
+        name: "audit".to_owned(),
+        event_types: vec!["metrics.test".to_owned()],
+        ..RegisterHandlerRequest::default()
+    };
+    bus.register_handler(handler).await.expect("RegisterHandler");
+    let event = NewEvent { r#type: "metrics.test".to_owned(), source: "metrics".to_owned(), ..NewEvent::default() };
+    bus.publish_batch(PublishBatchRequest { namespace: namespace.clone(), events: vec![event] })
+        .await
+        .expect("publish");
+    let subscribe = SubscribeRequest {
+        namespace: namespace.clone(),
+        handler: "audit".to_owned(),
+        consumer_id: unique("consumer"),
+        ..SubscribeRequest::default()
+    };
+    let mut deliveries = bus.subscribe(subscribe).await.expect("Subscribe").into_inner();
+    let delivery = deliveries.message().await.expect("the delivery stream").expect("a delivery");
+    let nack = NackRequest {
+        namespace: namespace.clone(),
+        delivery_id: delivery.id,
+        error: "unreadable".to_owned(),
+        dead_letter: true,
+        ..NackRequest::default()
+    };
+    bus.nack(nack).await.expect("Nack");
+
+    // A workflow whose one step sends a hub message.
+    let mut workflows = WorkflowClient::new(server.channel().await);
+    let source = "name: hello\nsteps:\n- id: say\n  message: {topic: news, text: hi}\n";
+    let put = PutDefinitionRequest { namespace: namespace.clone(), source: source.to_owned(), ..Default::default() };
+    workflows.put_definition(put).await.expect("PutDefinition");
+    let start = StartRunRequest { namespace: namespace.clone(), workflow: "hello".to_owned(), ..Default::default() };
+    let run = workflows.start_run(start).await.expect("StartRun").into_inner();
+    let finished = GetRunRequest { namespace: namespace.clone(), run_id: run.id, wait_finished: true };
+    let run = workflows.get_run(finished).await.expect("GetRun").into_inner();
+    assert_eq!(run.state(), RunState::Completed, "{run:#?}");
+
+    let after = scrape(&a2a).await;
+    let grew = |series: &str| growth(&before, &after, series);
+    assert_eq!(grew("chorus_eventbus_deliveries_total"), 1.0);
+    assert_eq!(grew("chorus_eventbus_dead_letters_total"), 1.0);
+    assert_eq!(grew("chorus_workflow_runs_started_total"), 1.0);
+    assert_eq!(grew("chorus_workflow_runs_finished_total{state=\"completed\"}"), 1.0);
+    assert_eq!(grew("chorus_workflow_steps_completed_total"), 1.0);
+    assert_eq!(grew("chorus_hub_messages_sent_total"), 1.0, "the workflow's message step");
+    assert!(!after.keys().any(|series| series.contains(&namespace)), "{after:?}");
 }
