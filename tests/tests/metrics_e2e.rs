@@ -151,9 +151,10 @@ async fn metrics_count_the_work_of_every_service() {
     };
     bus.nack(nack).await.expect("Nack");
 
-    // A workflow whose one step sends a hub message.
+    // A workflow whose first step is done as it starts, and whose second sends a hub message.
     let mut workflows = WorkflowClient::new(server.channel().await);
-    let source = "name: hello\nsteps:\n- id: say\n  message: {topic: news, text: hi}\n";
+    let source =
+        "name: hello\nsteps:\n- id: check\n  condition: \"true\"\n- id: say\n  message: {topic: news, text: hi}\n";
     let put = PutDefinitionRequest { namespace: namespace.clone(), source: source.to_owned(), ..Default::default() };
     workflows.put_definition(put).await.expect("PutDefinition");
     let start = StartRunRequest { namespace: namespace.clone(), workflow: "hello".to_owned(), ..Default::default() };
@@ -168,7 +169,7 @@ async fn metrics_count_the_work_of_every_service() {
     assert_eq!(grew("chorus_eventbus_dead_letters_total"), 1.0);
     assert_eq!(grew("chorus_workflow_runs_started_total"), 1.0);
     assert_eq!(grew("chorus_workflow_runs_finished_total{state=\"completed\"}"), 1.0);
-    assert_eq!(grew("chorus_workflow_steps_completed_total"), 1.0);
+    assert_eq!(grew("chorus_workflow_steps_completed_total"), 2.0);
     assert_eq!(grew("chorus_hub_messages_sent_total"), 1.0, "the workflow's message step");
     assert!(!after.keys().any(|series| series.contains(&namespace)), "{after:?}");
 }

@@ -38,7 +38,9 @@ struct GrpcMethod {
 #[derive(Debug, Clone)]
 pub(crate) struct GrpcObserver {
     metrics: Metrics,
-    methods: Arc<HashMap<String, GrpcMethod>>,
+    /// By path: `/package.Service/Method`.
+    methods: Arc<HashMap<String, Arc<GrpcMethod>>>,
+    unknown: Arc<GrpcMethod>,
 }
 
 impl GrpcObserver {
@@ -56,12 +58,13 @@ impl GrpcObserver {
                             method: method.name().to_owned(),
                             server_streaming: method.server_streaming(),
                         };
-                        methods.insert(format!("/{service_name}/{}", method.name()), grpc_method);
+                        methods.insert(format!("/{service_name}/{}", method.name()), Arc::new(grpc_method));
                     }
                 }
             }
         }
-        Self { metrics, methods: Arc::new(methods) }
+        let unknown = GrpcMethod { service: UNKNOWN.to_owned(), method: UNKNOWN.to_owned(), server_streaming: false };
+        Self { metrics, methods: Arc::new(methods), unknown: Arc::new(unknown) }
     }
 }
 
@@ -69,12 +72,10 @@ impl GrpcObserver {
 /// when unary, and holds the streams' gauge while a server stream is open.
 pub(crate) async fn grpc(State(observer): State<GrpcObserver>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let method = observer.methods.get(request.uri().path());
-    let (service, name) = method.map_or((UNKNOWN, UNKNOWN), |method| (&method.service[..], &method.method[..]));
-    let (service, name) = (service.to_owned(), name.to_owned());
-    let streaming = method.is_some_and(|method| method.server_streaming);
+    let known = observer.methods.get(request.uri().path());
+    let method = Arc::clone(known.unwrap_or(&observer.unknown));
     let response = next.run(request).await;
-    let stream = streaming.then(|| OpenStream::new(&observer.metrics, "grpc"));
+    let stream = method.server_streaming.then(|| OpenStream::new(&observer.metrics, "grpc"));
     let trailers_only = grpc_code(response.headers());
     let metrics = observer.metrics;
     watch_body(response, move |ending| {
@@ -84,9 +85,10 @@ pub(crate) async fn grpc(State(observer): State<GrpcObserver>, request: Request,
             Ending::Dropped => Some(tonic::Code::Cancelled),
         };
         let code = format!("{:?}", code.unwrap_or(tonic::Code::Unknown));
-        metrics.grpc_requests.with([&service, &name, &code]).inc();
-        if !streaming {
-            metrics.grpc_latency.with([&service, &name]).observe(started.elapsed());
+        let GrpcMethod { service, method, server_streaming } = &*method;
+        metrics.grpc_requests.with([service, method, &code]).inc();
+        if !server_streaming {
+            metrics.grpc_latency.with([service, method]).observe(started.elapsed());
         }
         drop(stream);
     })

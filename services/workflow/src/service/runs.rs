@@ -206,6 +206,8 @@ impl Workflows {
         }
         tracing::info!(run_id = %run.id, workflow = %run.workflow, version = run.version, "run started");
         self.metrics.workflow_runs_started.get().inc();
+        // Steps done at once (a condition, a set) were done by the create.
+        self.count_progress(Progress::default(), &run);
         if let (Some(engine), Some(claim)) = (engine, created.claim) {
             engine.drive(self, claim);
             return Ok(run);
