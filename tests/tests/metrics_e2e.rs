@@ -9,7 +9,7 @@ use std::{
 };
 
 use chorus_proto::{
-    eventbus::{NackRequest, NewEvent, PublishBatchRequest, RegisterHandlerRequest, SubscribeRequest},
+    eventbus::{NackRequest, NewEvent, PublishBatchRequest, RegisterHandlerRequest, RetryPolicy, SubscribeRequest},
     taskstore::{ClaimTasksRequest, GetTaskRequest},
     workflow::{GetRunRequest, PutDefinitionRequest, RunState, StartRunRequest, workflow_client::WorkflowClient},
 };
@@ -100,7 +100,13 @@ async fn scrape_until_grown(a2a: &A2a, before: &HashMap<String, f64>, series: &s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_the_work_of_every_service() {
     let sandbox = Sandbox::new();
-    let server = sandbox.dev().no_agents().env("CHORUS_TASKSTORE__REAPER_INTERVAL_MS", "20").start().await;
+    let server = sandbox
+        .dev()
+        .no_agents()
+        .env("CHORUS_TASKSTORE__REAPER_INTERVAL_MS", "20")
+        .env("CHORUS_EVENTBUS__REAPER_INTERVAL_MS", "20")
+        .start()
+        .await;
     let a2a = A2a::new(&server);
     let namespace = unique("work");
     let before = scrape(&a2a).await;
@@ -121,19 +127,25 @@ async fn metrics_count_the_work_of_every_service() {
     scrape_until_grown(&a2a, &before, "chorus_tasks_finished_total{state=\"failed\"}", 1.0).await;
     scrape_until_grown(&a2a, &before, "chorus_outbox_events_relayed_total", 2.0).await;
 
-    // An event whose one delivery its consumer dead-letters.
+    // Two events of a handler with one attempt each: the consumer
+    // dead-letters the first, and lets the lease of the second run out.
     let mut bus = server.event_bus().await;
+    let once = RetryPolicy {
+        max_attempts: 1,
+        visibility_timeout: Some(prost_types::Duration { seconds: 0, nanos: 50_000_000 }),
+        ..RetryPolicy::default()
+    };
     let handler = RegisterHandlerRequest {
         namespace: namespace.clone(),
         name: "audit".to_owned(),
         event_types: vec!["metrics.test".to_owned()],
+        retry_policy: Some(once),
         ..RegisterHandlerRequest::default()
     };
     bus.register_handler(handler).await.expect("RegisterHandler");
     let event = NewEvent { r#type: "metrics.test".to_owned(), source: "metrics".to_owned(), ..NewEvent::default() };
-    bus.publish_batch(PublishBatchRequest { namespace: namespace.clone(), events: vec![event] })
-        .await
-        .expect("publish");
+    let events = vec![event.clone(), event];
+    bus.publish_batch(PublishBatchRequest { namespace: namespace.clone(), events }).await.expect("publish");
     let subscribe = SubscribeRequest {
         namespace: namespace.clone(),
         handler: "audit".to_owned(),
@@ -150,6 +162,8 @@ async fn metrics_count_the_work_of_every_service() {
         ..NackRequest::default()
     };
     bus.nack(nack).await.expect("Nack");
+    deliveries.message().await.expect("the delivery stream").expect("a second delivery");
+    scrape_until_grown(&a2a, &before, "chorus_eventbus_dead_letters_total", 2.0).await;
 
     // A workflow whose first step is done as it starts, and whose second sends a hub message.
     let mut workflows = WorkflowClient::new(server.channel().await);
@@ -165,8 +179,8 @@ async fn metrics_count_the_work_of_every_service() {
 
     let after = scrape(&a2a).await;
     let grew = |series: &str| growth(&before, &after, series);
-    assert_eq!(grew("chorus_eventbus_deliveries_total"), 1.0);
-    assert_eq!(grew("chorus_eventbus_dead_letters_total"), 1.0);
+    assert_eq!(grew("chorus_eventbus_deliveries_total"), 2.0);
+    assert_eq!(grew("chorus_eventbus_dead_letters_total"), 2.0);
     assert_eq!(grew("chorus_workflow_runs_started_total"), 1.0);
     assert_eq!(grew("chorus_workflow_runs_finished_total{state=\"completed\"}"), 1.0);
     assert_eq!(grew("chorus_workflow_steps_completed_total"), 2.0);

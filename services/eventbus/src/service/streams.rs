@@ -132,6 +132,7 @@ impl EventBus {
             }
             if let Ok(claim) = &claim {
                 self.metrics.eventbus_deliveries.get().inc_by(claim.deliveries.len() as u64);
+                self.metrics.eventbus_dead_letters.get().inc_by(claim.dead_lettered);
             }
             if !forward(claim.map(|claim| claim.deliveries), sender).await {
                 return;
