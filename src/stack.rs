@@ -129,6 +129,7 @@ async fn open_storage(config: &ChorusConfig, server: &mut ServerBuilder) -> anyh
     let url = config.storage.effective_url()?;
     let db = Db::connect(&url, &config.storage).await?;
     tracing::info!(database = %redact_url(&url), backend = ?db.backend(), "storage connected");
+    server.metrics().watch_pool(&db);
     let probe_db = db.clone();
     server.add_readiness_probe(Arc::new(move || {
         let db = probe_db.clone();
@@ -210,6 +211,7 @@ impl Stack {
         let address = listener.local_addr()?;
         let mut server = ServerBuilder::new(config.server.clone());
         let lingering = TaskTracker::new();
+        let metrics = server.metrics();
         let storage = services.iter().any(|service| service.needs_storage());
         let data_dir_lock = match storage {
             true => {
@@ -238,7 +240,8 @@ impl Stack {
                     let wakeups = Wakeups::new();
                     db.bridge_wakeups("chorus_taskstore", &wakeups, shutdown.clone());
                     let repository = Arc::new(SqlTaskRepository::new(db.clone()));
-                    let store = TaskStore::new(repository, wakeups, config.taskstore.clone(), shutdown.clone());
+                    let store = TaskStore::new(repository, wakeups, config.taskstore.clone(), shutdown.clone())
+                        .with_metrics(metrics.clone());
                     store.spawn_reaper();
                     relay = Some(store.clone());
                     let grpc = TaskStoreGrpc::new(store).into_server(config.server.max_message_bytes);
@@ -251,7 +254,8 @@ impl Stack {
                     let wakeups = Wakeups::new();
                     db.bridge_wakeups("chorus_eventbus", &wakeups, shutdown.clone());
                     let repository = Arc::new(SqlEventRepository::new(db.clone()));
-                    let bus = EventBus::new(repository, wakeups, config.eventbus.clone(), shutdown.clone());
+                    let bus = EventBus::new(repository, wakeups, config.eventbus.clone(), shutdown.clone())
+                        .with_metrics(metrics.clone());
                     bus.spawn_reaper();
                     let grpc = EventBusGrpc::new(bus).into_server(config.server.max_message_bytes);
                     local_eventbus = Some(Transport::in_process(grpc.clone()));
@@ -281,6 +285,7 @@ impl Stack {
                         &format!("http://{address}"),
                         shutdown.clone(),
                         &lingering,
+                        metrics.clone(),
                     )
                     .map_err(|error| anyhow::anyhow!("gateway: {error}"))?;
                     server.add_grpc_service(A2aGrpc::new(gateway.clone()).into_server(config.server.max_message_bytes));
@@ -302,7 +307,8 @@ impl Stack {
                     let wakeups = Wakeups::new();
                     db.bridge_wakeups("chorus_hub", &wakeups, shutdown.clone());
                     let repository = Arc::new(SqlHubRepository::new(db.clone()));
-                    let hub = Hub::new(repository, wakeups, config.hub.clone(), shutdown.clone());
+                    let hub = Hub::new(repository, wakeups, config.hub.clone(), shutdown.clone())
+                        .with_metrics(metrics.clone());
                     hub.spawn_reaper();
                     let grpc = HubGrpc::new(hub).into_server(config.server.max_message_bytes);
                     local_hub = Some(Transport::in_process(grpc.clone()));
@@ -348,7 +354,8 @@ impl Stack {
                         Arc::new(effects),
                         wakeups,
                         workflow.clone(),
-                    );
+                    )
+                    .with_metrics(metrics.clone());
                     workflows.load_definitions_dir().await.map_err(startup_error)?;
                     let triggers = TriggerSource { bus: EventBusClient::new(eventbus) };
                     chorus_workflow::engine::spawn(workflows.clone(), Some(triggers), shutdown.clone());

@@ -29,14 +29,15 @@ mod service;
 use std::time::Duration;
 
 use chorus_proto::taskstore::task_store_client::TaskStoreClient;
-use chorus_runtime::transport::Transport;
+use chorus_runtime::{metrics::Metrics, transport::Transport};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 pub use crate::{config::GatewayConfig, delegation::DelegateGrpc, grpc::A2aGrpc, http::router, service::Gateway};
 
 /// Builds the gateway over the task store behind `taskstore` and the
 /// workflow engine behind `workflows` (in this process or not), advertising
-/// `base_url` (`http://host:port`) in its cards unless `public_url` is set.
+/// `base_url` (`http://host:port`) in its cards unless `public_url` is set,
+/// counting what it does into `metrics`.
 pub fn build(
     mut config: GatewayConfig,
     taskstore: Transport,
@@ -44,6 +45,7 @@ pub fn build(
     base_url: &str,
     shutdown: CancellationToken,
     lingering: &TaskTracker,
+    metrics: Metrics,
 ) -> Result<Gateway, String> {
     push::install_crypto_provider();
     config.auth.check()?;
@@ -81,7 +83,7 @@ pub fn build(
         timeout,
         shutdown.clone(),
     );
-    let push = notify::PushDispatcher::new(tasks.clone(), &config.push, shutdown)?;
+    let push = notify::PushDispatcher::new(tasks.clone(), &config.push, shutdown, metrics)?;
     push.keep_leases(lingering);
     // Where credentials are checked, the gateway's own agents take one more,
     // known only to this process, for the delegations it makes to them.

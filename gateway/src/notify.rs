@@ -32,7 +32,7 @@ use std::{
 
 use a2a::StreamResponse;
 use chorus_proto::taskstore::{self as pb, task_store_client::TaskStoreClient};
-use chorus_runtime::transport::Transport;
+use chorus_runtime::{metrics::Metrics, transport::Transport};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -92,6 +92,8 @@ pub(crate) struct PushDispatcher {
     /// The configs being followed.
     following: Arc<Mutex<HashMap<ConfigKey, Follower>>>,
     shutdown: CancellationToken,
+    /// Where notifications delivered and given up on are counted.
+    metrics: Metrics,
 }
 
 /// How reading a config's changes stopped.
@@ -115,6 +117,7 @@ impl PushDispatcher {
         tasks: TaskStoreClient<Transport>,
         policy: &PushPolicy,
         shutdown: CancellationToken,
+        metrics: Metrics,
     ) -> std::result::Result<Self, String> {
         if policy.lease_ms == 0 {
             return Err("gateway.push.lease_ms must be at least 1".to_owned());
@@ -131,6 +134,7 @@ impl PushDispatcher {
             follower,
             following: Arc::default(),
             shutdown,
+            metrics,
         })
     }
 
@@ -346,9 +350,14 @@ impl PushDispatcher {
                 Err(_) => Some(first.clone()),
             }
         };
-        if let Err(error) = self.sender.deliver(&first, &body, current).await {
-            tracing::warn!(%task_id, %config_id, %error, "push notification not delivered");
-        }
+        let outcome = match self.sender.deliver(&first, &body, current).await {
+            Ok(_) => "delivered",
+            Err(error) => {
+                tracing::warn!(%task_id, %config_id, %error, "push notification not delivered");
+                "failed"
+            }
+        };
+        self.metrics.push_notifications.with([outcome]).inc();
         None
     }
 

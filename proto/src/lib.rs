@@ -45,6 +45,10 @@ pub use chorus::workflow::v1 as workflow;
 /// Every chorus service's file descriptors, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/chorus_descriptor.bin"));
 
+/// The file descriptors of the A2A 1.0 gRPC binding (`lf.a2a.v1`), which the
+/// gateway serves through the `a2a-pb` crate, for gRPC reflection.
+pub const A2A_FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/a2a_descriptor.bin"));
+
 pub use prost;
 pub use prost_types;
 pub use tonic;

@@ -73,6 +73,14 @@ async fn credentials_are_required_and_scoped_to_their_namespaces() {
     assert_rest_error(status, &body, StatusCode::UNAUTHORIZED, "UNAUTHENTICATED");
     assert!(!body.to_string().contains(PLANS), "{body:#}");
 
+    // Like /healthz, /metrics asks for no credential: it names no tenant.
+    let metrics = a2a.get("/metrics").send().await.expect("answered");
+    assert_eq!(metrics.status(), StatusCode::OK);
+    let page = metrics.text().await.expect("a text page");
+    let refused = "chorus_http_requests_total{route=\"/a2a/{agent}\",method=\"POST\",status=\"401\",kind=\"http\"}";
+    assert!(page.contains(refused), "refused calls are counted:\n{page}");
+    assert!(!page.contains("team-a"), "{page}");
+
     // Team A's key does not reach team B.
     let elsewhere = team_a(a2a.rpc("tck", "GetTask", json!({ "id": id, "tenant": "team-b" })));
     assert_refused(elsewhere, StatusCode::FORBIDDEN, "PERMISSION_DENIED").await;

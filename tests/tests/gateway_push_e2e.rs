@@ -68,6 +68,8 @@ async fn push_notifications_reach_the_webhook_in_order_with_their_credentials() 
     assert_eq!((text(&first["artifact"]), text(&last["artifact"])), ("chunk-1 ", "chunk-2"));
     assert_eq!((&last["append"], &last["lastChunk"]), (&json!(true), &json!(true)));
     webhook.assert_quiet(Duration::from_millis(500)).await;
+    let page = a2a.get("/metrics").send().await.expect("GET /metrics").text().await.expect("a page");
+    assert!(page.contains("chorus_push_notifications_total{outcome=\"delivered\"} 4\n"), "{page}");
 
     // The config reads back without its secrets, on both bindings.
     let response = a2a.rpc("tck", "ListTaskPushNotificationConfigs", json!({ "taskId": id })).send().await;

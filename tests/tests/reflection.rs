@@ -11,6 +11,7 @@ const TASK_STORE: &str = "chorus.taskstore.v1.TaskStore";
 const EVENT_BUS: &str = "chorus.eventbus.v1.EventBus";
 const HUB: &str = "chorus.hub.v1.Hub";
 const HEALTH: &str = "grpc.health.v1.Health";
+const A2A: &str = "lf.a2a.v1.A2AService";
 
 /// Sends one reflection request (v1) and returns its answer.
 async fn ask(
@@ -98,5 +99,53 @@ async fn reflection_v1alpha_lists_the_services_too() {
     let names: Vec<&str> = listed.service.iter().map(|service| service.name.as_str()).collect();
     for service in [TASK_STORE, EVENT_BUS, HUB, HEALTH] {
         assert!(names.contains(&service), "{service} is not in {names:?}");
+    }
+}
+
+/// What the server answers a call of `method` (`/package.Service/Method`)
+/// with an empty request: an empty message is valid for every proto3 request.
+async fn call_empty(channel: &Channel, method: &str, server_streaming: bool) -> tonic::Code {
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    grpc.ready().await.expect("the channel is ready");
+    let path = method.parse().expect("a method path");
+    let codec = tonic_prost::ProstCodec::<(), ()>::default();
+    let answer = match server_streaming {
+        true => grpc.server_streaming(tonic::Request::new(()), path, codec).await.map(drop),
+        false => grpc.unary(tonic::Request::new(()), path, codec).await.map(drop),
+    };
+    answer.err().map_or(tonic::Code::Ok, |status| status.code())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_describes_the_a2a_service_and_every_method_it_describes_is_served() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().no_agents().start().await;
+    let channel = server.channel().await;
+
+    use v1::{server_reflection_request::MessageRequest, server_reflection_response::MessageResponse};
+    let MessageResponse::ListServicesResponse(listed) =
+        ask(&channel, MessageRequest::ListServices(String::new())).await
+    else {
+        panic!("ListServices answered something else");
+    };
+    assert!(listed.service.iter().any(|service| service.name == A2A), "{A2A} is not listed: {listed:?}");
+
+    let files = files_containing(&channel, A2A).await;
+    let file = files.iter().find(|file| file.package() == "lf.a2a.v1").expect("the A2A file");
+    let service = file.service.iter().find(|service| service.name() == "A2AService").expect("the A2AService");
+    let send = service.method.iter().find(|method| method.name() == "SendMessage").expect("SendMessage");
+    assert_eq!(send.input_type(), ".lf.a2a.v1.SendMessageRequest");
+    // A generic client (grpcurl) then asks for each import by name.
+    for dependency in &file.dependency {
+        let answer = ask(&channel, MessageRequest::FileByFilename(dependency.clone())).await;
+        assert!(matches!(answer, MessageResponse::FileDescriptorResponse(_)), "{dependency}: {answer:?}");
+    }
+
+    // The schema is a copy (proto/a2a): each method it describes must be one
+    // the gateway serves, whatever an empty request gets from it.
+    for method in &service.method {
+        let path = format!("/{A2A}/{}", method.name());
+        let code = call_empty(&channel, &path, method.server_streaming()).await;
+        assert_ne!(code, tonic::Code::Unimplemented, "{path} is described but not served");
     }
 }

@@ -4,6 +4,7 @@
 //! - [`detach`]: work that runs to its end even when its caller gives up;
 //! - [`egress`]: which addresses outbound HTTP may reach (SSRF guards);
 //! - [`telemetry`]: tracing, OTLP export, W3C trace-context propagation;
+//! - [`metrics`]: Prometheus metrics, counted at the server's edge and by the services;
 //! - [`server`]: one server builder for gRPC + HTTP on one pre-bound port;
 //! - [`storage`]: a database URL selects PostgreSQL or SQLite; embedded migrations;
 //! - [`error`]: the closed error-code enum mapped once to gRPC and HTTP;
@@ -27,6 +28,7 @@ pub mod feed;
 mod flat_writes;
 pub mod glob;
 pub mod grpc;
+pub mod metrics;
 pub mod registry;
 pub mod server;
 pub mod signal;

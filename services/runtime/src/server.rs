@@ -23,7 +23,10 @@ use tower_http::{
     trace::{DefaultOnFailure, TraceLayer},
 };
 
-use crate::{telemetry, upgrade};
+use crate::{
+    metrics::{self, Metrics, observe},
+    telemetry, upgrade,
+};
 
 /// Server settings shared by every service.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -53,6 +56,16 @@ pub type Guard = Arc<dyn Fn(&http::HeaderMap) -> Result<(), tonic::Status> + Sen
 /// which a [`Guard`] covers; health, reflection and A2A are not theirs.
 const OWN_SERVICES: &str = "/chorus.";
 
+/// The encoded descriptor sets of the services a server may run, which
+/// reflection describes (it adds its own).
+const SERVICE_DESCRIPTORS: &[&[u8]] =
+    &[chorus_proto::FILE_DESCRIPTOR_SET, chorus_proto::A2A_FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET];
+
+/// Reflection's own descriptor sets: with [`SERVICE_DESCRIPTORS`], every
+/// method whose name may label a metric.
+const REFLECTION_DESCRIPTORS: &[&[u8]] =
+    &[tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET, tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET];
+
 /// Collects services and routes, then serves them.
 pub struct ServerBuilder {
     config: ServerConfig,
@@ -67,6 +80,8 @@ pub struct ServerBuilder {
     grpc_web_headers: Vec<http::HeaderName>,
     /// What a call to chorus's own services must pass; `None`: nothing.
     guard: Option<Guard>,
+    /// What `/metrics` serves: counted at the edge here and by the services.
+    metrics: Metrics,
 }
 
 impl std::fmt::Debug for ServerBuilder {
@@ -90,7 +105,14 @@ impl ServerBuilder {
             grpc_web_origins: None,
             grpc_web_headers: Vec::new(),
             guard: None,
+            metrics: Metrics::default(),
         }
+    }
+
+    /// The metrics this server serves on `/metrics`, for the services it
+    /// runs to count into.
+    pub fn metrics(&self) -> Metrics {
+        self.metrics.clone()
     }
 
     /// Mounts a gRPC service; it is reported SERVING once [`serve`](Self::serve) starts.
@@ -152,10 +174,14 @@ impl ServerBuilder {
             self.health.set_service_status(*name, ServingStatus::Serving).await;
         }
         let probes = Arc::new(std::mem::take(&mut self.probes));
+        let scraped = self.metrics.clone();
         // gRPC messages are size-checked by each service while decoding (a
-        // clear OUT_OF_RANGE); plain HTTP bodies are limited here.
+        // clear OUT_OF_RANGE); plain HTTP bodies are limited here. Like
+        // `/healthz`, `/metrics` asks for no credentials: it holds no tenant data.
         let http = std::mem::take(&mut self.http)
             .route("/healthz", get(move || healthz(Arc::clone(&probes))))
+            .route("/metrics", get(move || metrics_page(scraped.clone())))
+            .route_layer(axum::middleware::from_fn_with_state(self.metrics.clone(), observe::http))
             .layer(RequestBodyLimitLayer::new(self.config.max_message_bytes));
         let mut grpc = self.grpc.routes().into_axum_router();
         if let Some(guard) = self.guard.take() {
@@ -172,12 +198,16 @@ impl ServerBuilder {
                 }
             }));
         }
+        let methods = [SERVICE_DESCRIPTORS, REFLECTION_DESCRIPTORS].concat();
+        let observer = observe::GrpcObserver::new(self.metrics.clone(), &methods);
+        grpc = grpc.layer(axum::middleware::from_fn_with_state(observer, observe::grpc));
         if let Some(origins) = &self.grpc_web_origins {
             // Only the gRPC routes speak grpc-web; HTTP routes stay as they are.
             let headers = std::mem::take(&mut self.grpc_web_headers);
             grpc = grpc.layer(tonic_web::GrpcWebLayer::new()).layer(cors(origins, headers));
         }
-        let router = grpc.merge(http).fallback(not_found);
+        let unknown_calls = self.metrics.clone();
+        let router = grpc.merge(http).fallback(move |request| not_found(unknown_calls.clone(), request));
         let layers = ServiceBuilder::new()
             // Failures are logged once where they are handled (`error::into_status`);
             // a caller's NOT_FOUND is no server error.
@@ -224,10 +254,10 @@ impl ServerBuilder {
 
     fn reflection(&self) -> (impl ReflectionService, impl ReflectionService) {
         let builder = || {
-            let mut builder = tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(chorus_proto::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-                .with_service_name("grpc.health.v1.Health");
+            let mut builder = tonic_reflection::server::Builder::configure().with_service_name("grpc.health.v1.Health");
+            for set in SERVICE_DESCRIPTORS {
+                builder = builder.register_encoded_file_descriptor_set(set);
+            }
             for name in &self.service_names {
                 builder = builder.with_service_name(*name);
             }
@@ -300,13 +330,19 @@ async fn healthz(probes: Arc<Vec<ReadinessProbe>>) -> (StatusCode, String) {
     (StatusCode::OK, "ok\n".to_owned())
 }
 
+/// `GET /metrics`: every series, as Prometheus scrapes them.
+async fn metrics_page(metrics: Metrics) -> axum::response::Response {
+    ([(http::header::CONTENT_TYPE, metrics::CONTENT_TYPE)], metrics.encode()).into_response()
+}
+
 /// Unknown paths: `UNIMPLEMENTED` for gRPC callers, 404 for everyone else.
-async fn not_found(request: axum::extract::Request) -> axum::response::Response {
+async fn not_found(metrics: Metrics, request: axum::extract::Request) -> axum::response::Response {
     let grpc = request
         .headers()
         .get(http::header::CONTENT_TYPE)
         .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"));
     if grpc {
+        observe::unknown_grpc_call(&metrics);
         let message = format!("no such method: {}", request.uri().path());
         return tonic::Status::unimplemented(message).into_http::<axum::body::Body>();
     }
@@ -361,6 +397,44 @@ mod tests {
         assert!(http_get(address, "/healthz").await.starts_with("HTTP/1.1 200"));
         assert!(http_get(address, "/no/such/page").await.starts_with("HTTP/1.1 404"));
 
+        shutdown.cancel();
+        server.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn metrics_count_grpc_calls_http_requests_and_open_streams() {
+        use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+        let builder = ServerBuilder::new(ServerConfig::default());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(builder.serve(listener, shutdown.clone()));
+        let channel = tonic::transport::Channel::from_shared(format!("http://{address}")).unwrap().connect_lazy();
+        let mut health = HealthClient::new(channel.clone());
+
+        health.check(HealthCheckRequest::default()).await.unwrap();
+        let watch = health.watch(HealthCheckRequest::default()).await.unwrap().into_inner();
+        let mut unknown = tonic::client::Grpc::new(channel);
+        unknown.ready().await.unwrap();
+        let path = http::uri::PathAndQuery::from_static("/chorus.nothing.v1.Nothing/Call");
+        let codec = tonic_prost::ProstCodec::<(), ()>::default();
+        let answer = unknown.unary(tonic::Request::new(()), path, codec).await;
+        assert_eq!(answer.unwrap_err().code(), tonic::Code::Unimplemented);
+        assert!(http_get(address, "/healthz").await.starts_with("HTTP/1.1 200"));
+
+        let page = http_get(address, "/metrics").await;
+        assert!(page.contains("content-type: text/plain; version=0.0.4"), "{page}");
+        for series in [
+            "chorus_grpc_requests_total{service=\"grpc.health.v1.Health\",method=\"Check\",code=\"Ok\"} 1\n",
+            "chorus_grpc_request_duration_seconds_count{service=\"grpc.health.v1.Health\",method=\"Check\"} 1\n",
+            "chorus_grpc_requests_total{service=\"unknown\",method=\"unknown\",code=\"Unimplemented\"} 1\n",
+            "chorus_http_requests_total{route=\"/healthz\",method=\"GET\",status=\"200\",kind=\"http\"} 1\n",
+            "chorus_streams_in_flight{protocol=\"grpc\"} 1\n",
+        ] {
+            assert!(page.contains(series), "no {series} in:\n{page}");
+        }
+        drop(watch);
         shutdown.cancel();
         server.await.unwrap().unwrap();
     }

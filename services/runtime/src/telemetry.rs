@@ -4,7 +4,8 @@
 //! - spans are exported over OTLP/gRPC only when `OTEL_EXPORTER_OTLP_ENDPOINT`
 //!   is set (the exporter reads the standard `OTEL_*` variables);
 //! - W3C trace context is extracted by every server ([`server_span`]) and
-//!   injected by every client ([`TracePropagation`]).
+//!   injected by every client ([`TracePropagation`]), export or not: a
+//!   worker continues the trace of the request that created its task.
 
 use std::collections::HashMap;
 
@@ -36,15 +37,13 @@ pub enum LogFormat {
 #[derive(Debug)]
 #[must_use = "dropping the guard stops span export"]
 pub struct TelemetryGuard {
-    provider: Option<SdkTracerProvider>,
+    provider: SdkTracerProvider,
 }
 
 impl TelemetryGuard {
     /// Flushes and stops span export, off the async threads.
-    pub async fn shutdown(mut self) {
-        let Some(provider) = self.provider.take() else {
-            return;
-        };
+    pub async fn shutdown(self) {
+        let provider = self.provider;
         let flushed = tokio::task::spawn_blocking(move || provider.shutdown()).await;
         if let Ok(Err(error)) = flushed {
             eprintln!("chorus: span export shutdown failed: {error}");
@@ -67,12 +66,13 @@ pub fn init(
         }
     };
     let provider = match std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
-        Ok(endpoint) if !endpoint.is_empty() => Some(otlp_provider(service_name)?),
-        _ => None,
+        Ok(endpoint) if !endpoint.is_empty() => otlp_provider(service_name)?,
+        // Spans sent nowhere still carry the trace context callers sent to
+        // the calls and tasks they lead to; with no processor, an ended span
+        // is dropped at once.
+        _ => SdkTracerProvider::builder().build(),
     };
-    let otel_layer = provider
-        .as_ref()
-        .map(|provider| tracing_opentelemetry::layer().with_tracer(provider.tracer("chorus")).with_filter(filter()));
+    let otel_layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("chorus")).with_filter(filter());
     // Another subscriber already installed (tests running several services
     // in one process) is not an error: the first one keeps logging.
     let _ = tracing_subscriber::registry().with(fmt_layer.with_filter(filter())).with(otel_layer).try_init();

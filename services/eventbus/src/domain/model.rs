@@ -285,13 +285,23 @@ pub struct OpenedStream {
 }
 
 /// Deliveries leased by a claim; when the handler next has work due without
-/// any further write (a retry falling due); and the handlers whose progress
-/// can make more of its deliveries ready (those it is after, transitively).
+/// any further write (a retry falling due); the handlers whose progress
+/// can make more of its deliveries ready (those it is after, transitively);
+/// and how many deliveries whose last lease had run out it dead-lettered.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Claim {
     pub deliveries: Vec<Delivery>,
     pub next_due: Option<i64>,
     pub waits_on: Vec<String>,
+    pub dead_lettered: u64,
+}
+
+/// What settling leases that ran out did: the namespaces it touched, and
+/// how many deliveries it dead-lettered (their attempts spent).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Expired {
+    pub namespaces: Vec<String>,
+    pub dead_lettered: u64,
 }
 
 /// A failed attempt, as a consumer reports it.

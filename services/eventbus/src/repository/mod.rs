@@ -13,8 +13,8 @@ use async_trait::async_trait;
 
 use crate::{
     domain::{
-        Claim, ClaimRequest, Delivery, DeliveryId, DeliveryPage, DeliveryQuery, EventPage, EventQuery, Handler,
-        HandlerSpec, HandlerView, Nack, NewEvent, OpenedStream, Published, Replayed,
+        Claim, ClaimRequest, Delivery, DeliveryId, DeliveryPage, DeliveryQuery, EventPage, EventQuery, Expired,
+        Handler, HandlerSpec, HandlerView, Nack, NewEvent, OpenedStream, Published, Replayed,
     },
     error::Result,
 };
@@ -84,9 +84,8 @@ pub trait EventRepository: Send + Sync + std::fmt::Debug + 'static {
         now: i64,
     ) -> Result<i64>;
 
-    /// Settles up to `limit` leases that ran out before `now`; returns the
-    /// namespaces touched.
-    async fn expire(&self, now: i64, limit: u32) -> Result<Vec<String>>;
+    /// Settles up to `limit` leases that ran out before `now`.
+    async fn expire(&self, now: i64, limit: u32) -> Result<Expired>;
 
     async fn get_delivery(&self, namespace: &str, id: &DeliveryId) -> Result<Delivery>;
 

@@ -16,7 +16,7 @@ use std::{
     time::Duration,
 };
 
-use chorus_runtime::{time::now_micros, wakeup::Wakeups};
+use chorus_runtime::{metrics::Metrics, time::now_micros, wakeup::Wakeups};
 use tokio_util::sync::CancellationToken;
 
 pub use self::{
@@ -26,8 +26,8 @@ pub use self::{
 use crate::{
     config::EventBusConfig,
     domain::{
-        Delivery, DeliveryId, DeliveryPage, DeliveryQuery, EventPage, EventQuery, Handler, HandlerSpec, HandlerView,
-        Nack, NewEvent, Published, Replayed,
+        Delivery, DeliveryId, DeliveryPage, DeliveryQuery, DeliveryState, EventPage, EventQuery, Handler, HandlerSpec,
+        HandlerView, Nack, NewEvent, Published, Replayed,
     },
     error::Result,
     repository::EventRepository,
@@ -42,6 +42,8 @@ pub struct EventBus {
     shutdown: CancellationToken,
     /// Open Subscribe streams per (namespace, handler), in this process.
     consumers: Arc<Mutex<HashMap<(String, String), u32>>>,
+    /// Where deliveries and dead letters are counted.
+    metrics: Metrics,
 }
 
 /// Wake-up keys: who waits for what.
@@ -67,7 +69,20 @@ impl EventBus {
         config: EventBusConfig,
         shutdown: CancellationToken,
     ) -> Self {
-        Self { repository, wakeups, config: Arc::new(config), shutdown, consumers: Arc::default() }
+        Self {
+            repository,
+            wakeups,
+            config: Arc::new(config),
+            shutdown,
+            consumers: Arc::default(),
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// Counts into `metrics` (the server's) instead of a set of its own.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     pub fn config(&self) -> &EventBusConfig {
@@ -134,6 +149,9 @@ impl EventBus {
     pub async fn nack(&self, namespace: &str, id: &DeliveryId, nack: Nack) -> Result<Delivery> {
         let delivery = self.repository.nack(namespace, id, nack, now_micros()).await?;
         self.progressed(namespace, &id.handler);
+        if delivery.state == DeliveryState::DeadLettered {
+            self.metrics.eventbus_dead_letters.get().inc();
+        }
         Ok(delivery)
     }
 

@@ -31,9 +31,10 @@ impl EventBus {
     async fn reap(&self) {
         loop {
             match self.repository.expire(now_micros(), BATCH).await {
-                Ok(namespaces) => {
-                    namespaces.iter().for_each(|namespace| self.changed(namespace));
-                    if namespaces.is_empty() {
+                Ok(expired) => {
+                    expired.namespaces.iter().for_each(|namespace| self.changed(namespace));
+                    self.metrics.eventbus_dead_letters.get().inc_by(expired.dead_lettered);
+                    if expired.namespaces.is_empty() {
                         return;
                     }
                 }

@@ -130,6 +130,10 @@ impl EventBus {
                 waits_on.clone_from(&claim.waits_on);
                 again = true;
             }
+            if let Ok(claim) = &claim {
+                self.metrics.eventbus_deliveries.get().inc_by(claim.deliveries.len() as u64);
+                self.metrics.eventbus_dead_letters.get().inc_by(claim.dead_lettered);
+            }
             if !forward(claim.map(|claim| claim.deliveries), sender).await {
                 return;
             }

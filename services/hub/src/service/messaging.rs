@@ -95,6 +95,7 @@ impl Hub {
         let mut offers = self.streams.offers(&send, now);
         let leases = offers.iter().map(|(agent_id, offer)| (agent_id.clone(), offer.lease.clone())).collect();
         let (sent, recipients) = self.repository.send(&send, &leases, self.config.max_queue_depth, now).await?;
+        self.metrics.hub_messages_sent.get().inc();
         for recipient in &recipients {
             match offers.remove(recipient) {
                 Some(offer) => {
@@ -382,6 +383,7 @@ impl Hub {
         content: Content,
     ) -> Result<Message> {
         let reply = self.repository.reply(namespace, sender, correlation_id, content, now_micros()).await?;
+        self.metrics.hub_messages_sent.get().inc();
         self.wakeups.notify(&keys::reply(namespace, correlation_id));
         Ok(reply)
     }

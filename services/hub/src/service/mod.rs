@@ -14,7 +14,7 @@ mod state;
 
 use std::sync::Arc;
 
-use chorus_runtime::wakeup::Wakeups;
+use chorus_runtime::{metrics::Metrics, wakeup::Wakeups};
 use tokio_util::sync::CancellationToken;
 
 pub use self::{
@@ -32,6 +32,8 @@ pub struct Hub {
     shutdown: CancellationToken,
     /// The inbox streams open in this process, for hand-offs.
     streams: handoff::Streams,
+    /// Where messages sent are counted.
+    metrics: Metrics,
 }
 
 /// Wake-up keys: who waits for what.
@@ -61,7 +63,20 @@ impl Hub {
         config: HubConfig,
         shutdown: CancellationToken,
     ) -> Self {
-        Self { repository, wakeups, config: Arc::new(config), shutdown, streams: handoff::Streams::default() }
+        Self {
+            repository,
+            wakeups,
+            config: Arc::new(config),
+            shutdown,
+            streams: handoff::Streams::default(),
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// Counts into `metrics` (the server's) instead of a set of its own.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     pub fn config(&self) -> &HubConfig {

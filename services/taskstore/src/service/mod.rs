@@ -17,6 +17,7 @@ mod waits;
 use std::{sync::Arc, time::Duration};
 
 use chorus_runtime::{
+    metrics::Metrics,
     validate::FieldViolation,
     wakeup::{Waiter, Wakeups},
 };
@@ -55,6 +56,8 @@ pub struct TaskStore {
     /// insert: while that waiter has had only the creation's own signal,
     /// nothing has changed the task, and an await need not read it.
     fresh: Arc<recent::Recent<Waiter>>,
+    /// Where tasks created, finished, claimed and expired are counted.
+    metrics: Metrics,
 }
 
 /// Wake-up keys: who waits for what.
@@ -97,6 +100,22 @@ impl TaskStore {
             streams: handoff::Streams::default(),
             settled: Arc::default(),
             fresh: Arc::default(),
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// Counts into `metrics` (the server's) instead of a set of its own.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Counts `task` as finished when this change made it so (no change
+    /// leaves a final state, so none counts a task twice).
+    fn count_if_finished(&self, task: &Task) {
+        let state = task.status.state;
+        if state.is_terminal() {
+            self.metrics.tasks_finished.with([state.as_str()]).inc();
         }
     }
 
@@ -151,6 +170,8 @@ impl TaskStore {
             // awaits that follow find it finished here.
             let task = self.repository.create_task(&new_task_id(), task, None).await?.task;
             self.changed_whole(&task);
+            self.metrics.tasks_created.get().inc();
+            self.count_if_finished(&task);
             return Ok(task);
         }
         let offer = self.streams.offer(&task.namespace, &task.agent_id, now_micros());
@@ -160,6 +181,7 @@ impl TaskStore {
         let created = self.repository.create_task(&creating.id, task, handoff).await?;
         let task = created.task;
         self.changed(&task);
+        self.metrics.tasks_created.get().inc();
         if let Some(waiter) = creating.waiter_for(&task) {
             self.fresh.keep(&task.namespace, &task.id, waiter);
         }
@@ -172,8 +194,9 @@ impl TaskStore {
                 trace_context,
             };
             tracing::debug!(task_id = %task.id, worker_id = %offer.handoff.worker_id, "task handed to a waiting worker");
-            if !offer.deliver(claimed) {
-                self.release(&task.namespace, &task.agent_id, &lease_id).await;
+            match offer.deliver(claimed) {
+                true => self.metrics.task_claims.get().inc(),
+                false => self.release(&task.namespace, &task.agent_id, &lease_id).await,
             }
         }
         Ok(task)
@@ -203,6 +226,7 @@ impl TaskStore {
     pub async fn update_status(&self, namespace: &str, task_id: &str, update: StatusUpdate) -> Result<Task> {
         let task = self.repository.update_status(namespace, task_id, update).await?;
         self.changed_whole(&task);
+        self.count_if_finished(&task);
         Ok(task)
     }
 
@@ -219,7 +243,10 @@ impl TaskStore {
         if let Some(root) = canceled.first() {
             self.settled.keep(root);
         }
-        canceled.iter().for_each(|task| self.changed(task));
+        for task in &canceled {
+            self.changed(task);
+            self.count_if_finished(task);
+        }
         let ids = canceled.iter().map(|task| task.id.clone()).collect();
         let root = canceled.into_iter().next().ok_or_else(|| TaskStoreError::TaskNotFound(id.to_owned()))?;
         Ok((root, ids))
@@ -247,6 +274,7 @@ impl TaskStore {
     ) -> Result<Task> {
         let task = self.repository.complete_task(namespace, task_id, lease_id, message, artifacts).await?;
         self.changed_whole(&task);
+        self.count_if_finished(&task);
         Ok(task)
     }
 
@@ -260,6 +288,7 @@ impl TaskStore {
     ) -> Result<Task> {
         let task = self.repository.fail_task(namespace, task_id, lease_id, reason, retry).await?;
         self.changed_whole(&task);
+        self.count_if_finished(&task);
         Ok(task)
     }
 

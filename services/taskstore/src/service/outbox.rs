@@ -207,6 +207,9 @@ impl Relay {
             if duplicates > 0 {
                 tracing::debug!(%namespace, duplicates, "the event bus already had events of a repeated round");
             }
+            // A repeated round's events were counted when first published.
+            let relayed = response.get_ref().results.len() - duplicates;
+            self.store.metrics.outbox_events_relayed.get().inc_by(relayed as u64);
         }
         Ok(())
     }

@@ -58,6 +58,9 @@ impl TaskStore {
                     "worker lease expired"
                 );
                 self.changed(task);
+                let outcome = if expiry.requeued { "requeued" } else { "failed" };
+                self.metrics.lease_expiries.with([outcome]).inc();
+                self.count_if_finished(task);
             }
             if expired.len() < BATCH as usize {
                 return;

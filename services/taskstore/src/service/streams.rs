@@ -121,6 +121,7 @@ impl TaskStore {
                     self.release(&request.namespace, &request.agent_id, &lease_id).await;
                     return;
                 }
+                self.metrics.task_claims.get().inc();
             }
             // A full claim may have left more behind: claim again while
             // there is room (a lease ending wakes the stream when there is none).

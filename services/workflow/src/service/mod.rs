@@ -14,7 +14,7 @@ use std::{
 use chorus_runtime::time::now_micros;
 use sha2::{Digest as _, Sha256};
 
-use chorus_runtime::wakeup::Wakeups;
+use chorus_runtime::{metrics::Metrics, wakeup::Wakeups};
 
 pub(crate) use self::runs::drive_key;
 pub use self::runs::{GateCall, SignalCall, StartCall};
@@ -52,6 +52,8 @@ pub struct Workflows {
     feed: self::feed::RunFeed,
     /// The engine spawned on this service, which takes the runs started here.
     engine: Arc<OnceLock<LocalEngine>>,
+    /// Where runs started and finished and steps completed are counted.
+    pub(crate) metrics: Metrics,
 }
 
 /// Parsed specs by (namespace, name, version).
@@ -83,7 +85,14 @@ impl Workflows {
             specs: Arc::default(),
             feed: self::feed::RunFeed::default(),
             engine: Arc::default(),
+            metrics: Metrics::default(),
         }
+    }
+
+    /// Counts into `metrics` (the server's) instead of a set of its own.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Runs started here go to `engine` from now on (to the first engine attached).

@@ -80,13 +80,20 @@ impl Workflows {
     ) -> Result<Run> {
         let now = now_micros();
         let planner = Planner { spec, config: &self.vars, now };
+        // The run as the write that committed found it (a retried write
+        // reads it again), to count what the write finished.
+        let mut before = Progress::default();
         let mut change = |run: &mut Run, slot_free: bool| {
+            before = Progress::of(run);
             apply(&planner, run)?;
             planner.advance(run, slot_free);
             Ok(Transition { due_at: due_at(run, now), release: fence.is_some() && !needs_driver(run) })
         };
         let written = self.runs.transition(namespace, run_id, fence, now, &mut change).await?;
         let run = written.run;
+        if written.wrote {
+            self.count_progress(before, &run);
+        }
         // Watches in this process get every write at once (those of other
         // processes poll); an engine's driver hears of changes made by
         // others (an API call), in any process, not of its own.
@@ -99,6 +106,16 @@ impl Workflows {
             self.wake_engine_if_due(due_at(&run, now), now);
         }
         Ok(run)
+    }
+
+    /// Counts the steps a write completed, and the run when it finished it.
+    fn count_progress(&self, before: Progress, run: &Run) {
+        let after = Progress::of(run);
+        let steps = after.steps_completed.saturating_sub(before.steps_completed);
+        self.metrics.workflow_steps_completed.get().inc_by(steps as u64);
+        if run.state.is_finished() && !before.finished {
+            self.metrics.workflow_runs_finished.with([run.state.as_str()]).inc();
+        }
     }
 
     /// Engines waiting for due runs look at once when a run is due now.
@@ -188,6 +205,9 @@ impl Workflows {
             return self.retried(run, &probe, call.version, requested).await;
         }
         tracing::info!(run_id = %run.id, workflow = %run.workflow, version = run.version, "run started");
+        self.metrics.workflow_runs_started.get().inc();
+        // Steps done at once (a condition, a set) were done by the create.
+        self.count_progress(Progress::default(), &run);
         if let (Some(engine), Some(claim)) = (engine, created.claim) {
             engine.drive(self, claim);
             return Ok(run);
@@ -407,4 +427,18 @@ fn checked_input(spec: &WorkflowSpec, mut input: Map<String, Value>) -> Result<M
         }
     }
     Ok(input)
+}
+
+/// How far a run had come: whether it had finished, and its steps completed.
+#[derive(Debug, Clone, Copy, Default)]
+struct Progress {
+    finished: bool,
+    steps_completed: usize,
+}
+
+impl Progress {
+    fn of(run: &Run) -> Self {
+        let steps_completed = run.body.steps.iter().filter(|step| step.state == StepState::Completed).count();
+        Self { finished: run.state.is_finished(), steps_completed }
+    }
 }

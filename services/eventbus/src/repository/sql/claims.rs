@@ -11,7 +11,7 @@ use super::{
     load_handlers, participants,
 };
 use crate::{
-    domain::{Claim, ClaimRequest, DeliveryId, Handlers, OpenedStream, Verdict, ancestors, verdict},
+    domain::{Claim, ClaimRequest, DeliveryId, DeliveryState, Handlers, OpenedStream, Verdict, ancestors, verdict},
     error::{EventBusError, Result},
 };
 
@@ -64,7 +64,7 @@ impl SqlEventRepository {
             return Ok(claim);
         }
         if expired.unwrap_or_default() > 0 {
-            self.expire_handler_leases(&mut tx, &handlers, namespace, name, now).await?;
+            claim.dead_lettered = self.expire_handler_leases(&mut tx, &handlers, namespace, name, now).await?;
         }
         // Only pending and retrying deliveries are candidates; in-flight ones
         // neither go again nor hold the others back. Nothing is locked here:
@@ -155,7 +155,7 @@ impl SqlEventRepository {
         namespace: &str,
         name: &str,
         now: i64,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let expired: Vec<(i64, i64)> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT sequence, attempt FROM eventbus_deliveries WHERE namespace = $1 AND handler = $2 AND {INDEXED} \
              AND state = 'in_flight' AND visible_until <= $3 ORDER BY sequence{}",
@@ -166,12 +166,15 @@ impl SqlEventRepository {
         .bind(now)
         .fetch_all(&mut *conn)
         .await?;
+        let mut dead_lettered = 0;
         for (sequence, attempt) in expired {
             let id = DeliveryId { sequence, handler: name.to_owned() };
             let attempt = u32::try_from(attempt).unwrap_or(u32::MAX);
-            self.fail_attempt(conn, handlers, namespace, &id, attempt, "lease expired", None, false, now).await?;
+            let state =
+                self.fail_attempt(conn, handlers, namespace, &id, attempt, "lease expired", None, false, now).await?;
+            dead_lettered += u64::from(state == DeliveryState::DeadLettered);
         }
-        Ok(())
+        Ok(dead_lettered)
     }
 
     pub(super) async fn open_consumer_stream(

@@ -14,7 +14,9 @@ use sqlx::{AnyConnection, AssertSqlSafe, Row as _};
 
 use super::{SqlEventRepository, load_handlers, participants, rows};
 use crate::{
-    domain::{Delivery, DeliveryId, DeliveryPage, DeliveryQuery, DeliveryState, Handler, Handlers, Nack, settle},
+    domain::{
+        Delivery, DeliveryId, DeliveryPage, DeliveryQuery, DeliveryState, Expired, Handler, Handlers, Nack, settle,
+    },
     error::{EventBusError, Result},
 };
 
@@ -226,7 +228,7 @@ impl SqlEventRepository {
         Ok(until)
     }
 
-    pub(super) async fn expire_leases(&self, now: i64, limit: u32) -> Result<Vec<String>> {
+    pub(super) async fn expire_leases(&self, now: i64, limit: u32) -> Result<Expired> {
         let mut tx = self.begin().await?;
         let skip_locked = self.db.on_postgres(" FOR UPDATE SKIP LOCKED");
         let sql = format!(
@@ -236,6 +238,7 @@ impl SqlEventRepository {
         );
         let expired = sqlx::query(AssertSqlSafe(sql)).bind(now).bind(i64::from(limit)).fetch_all(&mut *tx).await?;
         let mut namespaces = BTreeSet::new();
+        let mut dead_lettered = 0;
         let mut handlers_of = std::collections::BTreeMap::new();
         for row in &expired {
             let namespace: String = row.try_get("namespace")?;
@@ -244,22 +247,24 @@ impl SqlEventRepository {
             }
             let id = DeliveryId { sequence: row.try_get("sequence")?, handler: row.try_get("handler")? };
             let attempt = u32::try_from(row.try_get::<i64, _>("attempt")?).unwrap_or(u32::MAX);
-            self.fail_attempt(
-                &mut tx,
-                &handlers_of[&namespace],
-                &namespace,
-                &id,
-                attempt,
-                "lease expired",
-                None,
-                false,
-                now,
-            )
-            .await?;
+            let state = self
+                .fail_attempt(
+                    &mut tx,
+                    &handlers_of[&namespace],
+                    &namespace,
+                    &id,
+                    attempt,
+                    "lease expired",
+                    None,
+                    false,
+                    now,
+                )
+                .await?;
+            dead_lettered += u64::from(state == DeliveryState::DeadLettered);
             namespaces.insert(namespace);
         }
         tx.commit().await?;
-        Ok(namespaces.into_iter().collect())
+        Ok(Expired { namespaces: namespaces.into_iter().collect(), dead_lettered })
     }
 
     pub(super) async fn delivery(&self, namespace: &str, id: &DeliveryId) -> Result<Delivery> {

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use super::SqlEventRepository;
 use crate::{
     domain::{
-        Claim, ClaimRequest, Delivery, DeliveryId, DeliveryPage, DeliveryQuery, EventPage, EventQuery, Handler,
-        HandlerSpec, HandlerView, Nack, NewEvent, OpenedStream, Published, Replayed,
+        Claim, ClaimRequest, Delivery, DeliveryId, DeliveryPage, DeliveryQuery, EventPage, EventQuery, Expired,
+        Handler, HandlerSpec, HandlerView, Nack, NewEvent, OpenedStream, Published, Replayed,
     },
     error::Result,
     repository::EventRepository,
@@ -84,7 +84,7 @@ impl EventRepository for SqlEventRepository {
         self.extend_delivery(namespace, id, extension, attempt, now).await
     }
 
-    async fn expire(&self, now: i64, limit: u32) -> Result<Vec<String>> {
+    async fn expire(&self, now: i64, limit: u32) -> Result<Expired> {
         self.expire_leases(now, limit).await
     }
 

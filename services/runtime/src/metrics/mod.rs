@@ -1,0 +1,192 @@
+//! Prometheus metrics, served on `/metrics` by every server.
+//!
+//! [`Metrics`] is a cheap handle: the server builder makes one, counts
+//! every gRPC call and HTTP request in its layers ([`observe`]), and hands
+//! clones to the services it runs, which count what happens in them where it
+//! happens. Labels take values from bounded sets only (states, outcomes,
+//! route templates, the methods of known services): never a namespace, an
+//! id or anything else a caller chooses, so `/metrics` holds no tenant data
+//! and its size stays fixed.
+
+mod family;
+pub(crate) mod observe;
+
+use std::sync::{Arc, Mutex};
+
+pub use family::{Counter, Family, Gauge, Histogram, Metric};
+
+use crate::storage::{Backend, Db};
+
+/// The content type of the Prometheus text format the families are written in.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Every series of one process. Cheap to clone; clones count into the same series.
+#[derive(Debug, Clone, Default)]
+pub struct Metrics(Arc<Registry>);
+
+impl std::ops::Deref for Metrics {
+    type Target = Registry;
+
+    fn deref(&self) -> &Registry {
+        &self.0
+    }
+}
+
+/// The series themselves; reached through [`Metrics`].
+#[derive(Debug)]
+pub struct Registry {
+    /// gRPC calls by `service`, `method` and `code` (the gRPC status code).
+    pub grpc_requests: Family<3, Counter>,
+    /// Latency of unary gRPC calls by `service` and `method`.
+    pub grpc_latency: Family<2, Histogram>,
+    /// HTTP requests by `route` (its template), `method`, `status` and
+    /// `kind` (`http`, `sse` or `websocket`).
+    pub http_requests: Family<4, Counter>,
+    /// Streams open now by `protocol` (`grpc`: server-streaming calls; `sse`).
+    pub streams_in_flight: Family<1, Gauge>,
+    pub tasks_created: Family<0, Counter>,
+    /// Tasks that reached a final `state`.
+    pub tasks_finished: Family<1, Counter>,
+    /// Tasks handed to workers (a claim or a hand-off).
+    pub task_claims: Family<0, Counter>,
+    /// Worker leases that ran out, by `outcome` (`requeued` or `failed`).
+    pub lease_expiries: Family<1, Counter>,
+    pub outbox_events_relayed: Family<0, Counter>,
+    pub eventbus_deliveries: Family<0, Counter>,
+    pub eventbus_dead_letters: Family<0, Counter>,
+    pub hub_messages_sent: Family<0, Counter>,
+    pub workflow_runs_started: Family<0, Counter>,
+    /// Workflow runs that reached a final `state`.
+    pub workflow_runs_finished: Family<1, Counter>,
+    pub workflow_steps_completed: Family<0, Counter>,
+    /// Push notification attempts by `outcome` (`delivered` or `failed`).
+    pub push_notifications: Family<1, Counter>,
+    /// The databases whose pools are reported, read when scraped.
+    pools: Mutex<Vec<Db>>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self {
+            grpc_requests: Family::new(
+                "chorus_grpc_requests_total",
+                "gRPC calls handled, by service, method and status code.",
+                ["service", "method", "code"],
+            ),
+            grpc_latency: Family::new(
+                "chorus_grpc_request_duration_seconds",
+                "Time to answer a unary gRPC call, by service and method.",
+                ["service", "method"],
+            ),
+            http_requests: Family::new(
+                "chorus_http_requests_total",
+                "HTTP requests handled, by route template, method, status and kind (http, sse, websocket).",
+                ["route", "method", "status", "kind"],
+            ),
+            streams_in_flight: Family::new(
+                "chorus_streams_in_flight",
+                "Response streams open now: server-streaming gRPC calls and SSE responses.",
+                ["protocol"],
+            ),
+            tasks_created: Family::new("chorus_tasks_created_total", "Tasks created.", []),
+            tasks_finished: Family::new(
+                "chorus_tasks_finished_total",
+                "Tasks that reached a final state, by state.",
+                ["state"],
+            ),
+            task_claims: Family::new("chorus_task_claims_total", "Tasks handed to workers.", []),
+            lease_expiries: Family::new(
+                "chorus_task_lease_expiries_total",
+                "Worker leases that ran out, by outcome (requeued, failed).",
+                ["outcome"],
+            ),
+            outbox_events_relayed: Family::new(
+                "chorus_outbox_events_relayed_total",
+                "Task events the outbox relay published to the event bus.",
+                [],
+            ),
+            eventbus_deliveries: Family::new(
+                "chorus_eventbus_deliveries_total",
+                "Events delivered to subscribers.",
+                [],
+            ),
+            eventbus_dead_letters: Family::new(
+                "chorus_eventbus_dead_letters_total",
+                "Events moved to a dead-letter queue.",
+                [],
+            ),
+            hub_messages_sent: Family::new("chorus_hub_messages_sent_total", "Hub messages sent.", []),
+            workflow_runs_started: Family::new("chorus_workflow_runs_started_total", "Workflow runs started.", []),
+            workflow_runs_finished: Family::new(
+                "chorus_workflow_runs_finished_total",
+                "Workflow runs that reached a final state, by state.",
+                ["state"],
+            ),
+            workflow_steps_completed: Family::new(
+                "chorus_workflow_steps_completed_total",
+                "Workflow steps completed.",
+                [],
+            ),
+            push_notifications: Family::new(
+                "chorus_push_notifications_total",
+                "Push notification attempts, by outcome (delivered, failed).",
+                ["outcome"],
+            ),
+            pools: Mutex::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Reports `db`'s connection pool (its size and idle connections).
+    pub fn watch_pool(&self, db: &Db) {
+        self.pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(db.clone());
+    }
+
+    /// Every series in the Prometheus text format 0.0.4.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        self.grpc_requests.encode(&mut out);
+        self.grpc_latency.encode(&mut out);
+        self.http_requests.encode(&mut out);
+        self.streams_in_flight.encode(&mut out);
+        self.tasks_created.encode(&mut out);
+        self.tasks_finished.encode(&mut out);
+        self.task_claims.encode(&mut out);
+        self.lease_expiries.encode(&mut out);
+        self.outbox_events_relayed.encode(&mut out);
+        self.eventbus_deliveries.encode(&mut out);
+        self.eventbus_dead_letters.encode(&mut out);
+        self.hub_messages_sent.encode(&mut out);
+        self.workflow_runs_started.encode(&mut out);
+        self.workflow_runs_finished.encode(&mut out);
+        self.workflow_steps_completed.encode(&mut out);
+        self.push_notifications.encode(&mut out);
+        self.encode_pools(&mut out);
+        out
+    }
+
+    /// The pools' gauges, read now: the pool keeps its counts in memory.
+    fn encode_pools(&self, out: &mut String) {
+        let size = Family::<1, Gauge>::new(
+            "chorus_db_pool_connections",
+            "Connections the database pool holds, by backend.",
+            ["backend"],
+        );
+        let idle = Family::<1, Gauge>::new(
+            "chorus_db_pool_idle_connections",
+            "Idle connections in the database pool, by backend.",
+            ["backend"],
+        );
+        for db in self.pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter() {
+            let backend = match db.backend() {
+                Backend::Postgres => "postgres",
+                Backend::Sqlite => "sqlite",
+            };
+            size.with([backend]).set(i64::from(db.pool().size()));
+            idle.with([backend]).set(i64::try_from(db.pool().num_idle()).unwrap_or(i64::MAX));
+        }
+        size.encode(out);
+        idle.encode(out);
+    }
+}
