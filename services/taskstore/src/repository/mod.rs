@@ -136,7 +136,9 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// Stores the config, which gets the task's changes after `after`
     /// (`None`: from the task's first), followed under `lease` (`None`: by
     /// no one, claimable at once). Replacing a config (same id) keeps how far
-    /// the one replaced was delivered, and takes its lease.
+    /// the one replaced was delivered, and takes its lease; a finished one
+    /// stays finished and keeps no token or credentials. Returns the config
+    /// as stored.
     async fn create_push_config(
         &self,
         namespace: &str,
@@ -150,7 +152,8 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
 
     /// Records that the config was delivered the changes through `delivered`
     /// (a cursor at or before the saved one changes nothing) and, when
-    /// `finished`, that it gets no more. With a `follower`,
+    /// `finished`, that it gets no more: its token and credentials are
+    /// cleared then. With a `follower`,
     /// [`PushConfigNotHeld`] unless that follower holds the config.
     ///
     /// [`PushConfigNotHeld`]: crate::error::TaskStoreError::PushConfigNotHeld
