@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use crate::{
     domain::{
         ArtifactChunk, ClaimRequest, Claimed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff, InboxMessage,
-        Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PushConfig, PushConfigKey, PushLease,
-        Renewal, StatusUpdate, Task, TaskEvent, TaskPage, TaskQuery, WorkerLeases,
+        Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PurgeCursor, Purged, PushConfig,
+        PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskEvent, TaskPage, TaskQuery, WorkerLeases,
     },
     error::Result,
 };
@@ -84,6 +84,14 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
 
     /// Ends or requeues up to `limit` tasks whose lease ran out before `now`.
     async fn expire_leases(&self, now: i64, limit: u32) -> Result<Vec<Expiry>>;
+
+    /// Deletes the task trees whose every task finished at or before
+    /// `finished_before` (µs) and whose events every outbox relay has
+    /// published, with all that belongs to them: history, artifacts, events,
+    /// inbox rows about them, push configs. Examines up to `limit` finished
+    /// roots after `after`, in the order they finished; a tree goes whole or
+    /// not at all, so no task ever points at a parent that is gone.
+    async fn purge_finished(&self, finished_before: i64, after: Option<&PurgeCursor>, limit: u32) -> Result<Purged>;
 
     /// Gives the task tables their first statistics once they hold
     /// `min_tasks` tasks, if the database has none yet; whether it has now.
