@@ -65,3 +65,15 @@ impl EventBusConfig {
         (self.retention_ms > 0).then(|| Duration::from_millis(self.retention_ms))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_kept_seven_days_or_forever_at_zero() {
+        assert_eq!(EventBusConfig::default().retention(), Some(Duration::from_secs(7 * 24 * 3_600)));
+        let forever = EventBusConfig { retention_ms: 0, ..EventBusConfig::default() };
+        assert_eq!(forever.retention(), None);
+    }
+}

@@ -95,3 +95,15 @@ impl TaskStoreConfig {
         (self.retention_ms > 0).then(|| Duration::from_millis(self.retention_ms))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finished_tasks_are_kept_thirty_days_or_forever_at_zero() {
+        assert_eq!(TaskStoreConfig::default().retention(), Some(Duration::from_secs(30 * 24 * 3_600)));
+        let forever = TaskStoreConfig { retention_ms: 0, ..TaskStoreConfig::default() };
+        assert_eq!(forever.retention(), None);
+    }
+}
