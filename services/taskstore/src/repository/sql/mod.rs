@@ -38,7 +38,7 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
         (4, "log by rowid", "0004_log_by_rowid.sql"),
         (5, "push delivery", "0005_push_delivery.sql"),
         (6, "push follower", "0006_push_follower.sql"),
-        (8, "retention", "0008_retention.sql"),
+        (9, "retention", "0009_retention.sql"),
     ]
 );
 
