@@ -21,6 +21,10 @@ pub struct EventBusConfig {
     pub poll_interval_ms: u64,
     /// Largest payload of one event.
     pub max_payload_bytes: usize,
+    /// How long an event is kept: then, once every handler has finished it
+    /// (acked, skipped or dead-lettered), the reaper deletes it with its
+    /// deliveries and dead letters. 0 keeps every event forever.
+    pub retention_ms: u64,
 }
 
 impl Default for EventBusConfig {
@@ -33,6 +37,7 @@ impl Default for EventBusConfig {
             reaper_interval_ms: 1_000,
             poll_interval_ms: 1_000,
             max_payload_bytes: 1 << 20,
+            retention_ms: 7 * 24 * 3_600_000,
         }
     }
 }
@@ -53,5 +58,22 @@ impl EventBusConfig {
 
     pub fn poll_interval(&self) -> Duration {
         Duration::from_millis(self.poll_interval_ms.max(1))
+    }
+
+    /// How long an event is kept; `None`: forever.
+    pub fn retention(&self) -> Option<Duration> {
+        (self.retention_ms > 0).then(|| Duration::from_millis(self.retention_ms))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_kept_seven_days_or_forever_at_zero() {
+        assert_eq!(EventBusConfig::default().retention(), Some(Duration::from_secs(7 * 24 * 3_600)));
+        let forever = EventBusConfig { retention_ms: 0, ..EventBusConfig::default() };
+        assert_eq!(forever.retention(), None);
     }
 }

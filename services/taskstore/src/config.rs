@@ -35,6 +35,11 @@ pub struct TaskStoreConfig {
     /// `max_payload_bytes`, or the bus refuses such events and the relay
     /// offers them again and again, holding up every event after them.
     pub outbox_max_payload_bytes: usize,
+    /// How long a task is kept after it finished: then the reaper deletes it
+    /// with its history, artifacts, events, inbox rows and push configs
+    /// (a subtask goes with its whole tree, once every task in it is that
+    /// old). 0 keeps every task forever.
+    pub retention_ms: u64,
     pub limits: Limits,
 }
 
@@ -50,6 +55,7 @@ impl Default for TaskStoreConfig {
             outbox_batch_size: 500,
             outbox_lease_ms: 10_000,
             outbox_max_payload_bytes: 1 << 20,
+            retention_ms: 30 * 24 * 3_600_000,
             limits: Limits::default(),
         }
     }
@@ -82,5 +88,22 @@ impl TaskStoreConfig {
 
     pub fn outbox_lease(&self) -> Duration {
         Duration::from_millis(self.outbox_lease_ms.max(1))
+    }
+
+    /// How long a finished task is kept; `None`: forever.
+    pub fn retention(&self) -> Option<Duration> {
+        (self.retention_ms > 0).then(|| Duration::from_millis(self.retention_ms))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finished_tasks_are_kept_thirty_days_or_forever_at_zero() {
+        assert_eq!(TaskStoreConfig::default().retention(), Some(Duration::from_secs(30 * 24 * 3_600)));
+        let forever = TaskStoreConfig { retention_ms: 0, ..TaskStoreConfig::default() };
+        assert_eq!(forever.retention(), None);
     }
 }

@@ -335,6 +335,22 @@ pub struct DeliveryPage {
     pub next: Option<DeliveryId>,
 }
 
+/// The event a purge examined last: the next batch starts after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PurgeCursor {
+    pub published_at: i64,
+    pub namespace: String,
+    pub sequence: i64,
+}
+
+/// One batch of a purge: the events it deleted, and where the next batch
+/// starts (`None`: no event old enough is left to examine).
+#[derive(Debug, Clone, Default)]
+pub struct Purged {
+    pub events: u64,
+    pub next: Option<PurgeCursor>,
+}
+
 /// What a dead-letter replay changed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Replayed {

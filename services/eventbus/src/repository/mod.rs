@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use crate::{
     domain::{
         Claim, ClaimRequest, Delivery, DeliveryId, DeliveryPage, DeliveryQuery, EventPage, EventQuery, Expired,
-        Handler, HandlerSpec, HandlerView, Nack, NewEvent, OpenedStream, Published, Replayed,
+        Handler, HandlerSpec, HandlerView, Nack, NewEvent, OpenedStream, Published, PurgeCursor, Purged, Replayed,
     },
     error::Result,
 };
@@ -105,4 +105,11 @@ pub trait EventRepository: Send + Sync + std::fmt::Debug + 'static {
     /// Delivers again every event the handler takes in `from..=to` (`to`
     /// `None`: the head), creating deliveries it never had.
     async fn replay(&self, namespace: &str, handler: &str, from: i64, to: Option<i64>, now: i64) -> Result<u64>;
+
+    /// Deletes, with their deliveries, the events published at or before
+    /// `published_before` (µs) that every handler has finished: each
+    /// delivery acked or skipped, or dead-lettered at or before that time.
+    /// Examines up to `limit` such events after `after`, in the order they
+    /// were published; an event a handler still has to process stays.
+    async fn purge(&self, published_before: i64, after: Option<&PurgeCursor>, limit: u32) -> Result<Purged>;
 }

@@ -1,15 +1,24 @@
 //! The lease reaper: a delivery whose consumer neither acked nor nacked it
 //! before its lease ran out counts as a failed attempt — retried after the
 //! backoff, or dead-lettered when its attempts are spent — even while no
-//! consumer of its handler is connected.
+//! consumer of its handler is connected. On its rounds it also deletes the
+//! finished events past `retention_ms`.
 
-use chorus_runtime::time::now_micros;
+use std::time::Duration;
+
+use chorus_runtime::time::{micros, now_micros};
 use tokio::task::JoinHandle;
 
 use super::EventBus;
+use crate::domain::PurgeCursor;
 
 /// Expired leases handled per transaction.
 const BATCH: u32 = 100;
+/// Old events examined per purge transaction.
+const PURGE_BATCH: u32 = 500;
+/// How often finished events past their retention are deleted, at most: a
+/// shorter retention purges as often as it is long.
+const PURGE_EVERY: Duration = Duration::from_secs(60);
 
 impl EventBus {
     /// Runs the reaper until shutdown. Every replica may run one: rows are
@@ -19,10 +28,17 @@ impl EventBus {
         tokio::spawn(async move {
             let mut interval = tokio::time::interval(bus.config.reaper_interval());
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_purge: Option<tokio::time::Instant> = None;
             loop {
                 tokio::select! {
                     () = bus.shutdown.cancelled() => return,
                     _ = interval.tick() => bus.reap().await,
+                }
+                if let Some(retention) = bus.config.retention()
+                    && last_purge.is_none_or(|last| last.elapsed() >= retention.min(PURGE_EVERY))
+                {
+                    last_purge = Some(tokio::time::Instant::now());
+                    bus.purge(retention).await;
                 }
             }
         })
@@ -43,6 +59,31 @@ impl EventBus {
                     return;
                 }
             }
+        }
+    }
+
+    /// Deletes, batch after batch, the finished events past `retention`.
+    async fn purge(&self, retention: Duration) {
+        let published_before = now_micros().saturating_sub(micros(retention));
+        let mut after: Option<PurgeCursor> = None;
+        let mut purged = 0;
+        loop {
+            match self.repository.purge(published_before, after.as_ref(), PURGE_BATCH).await {
+                Ok(batch) => {
+                    purged += batch.events;
+                    after = batch.next;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot purge finished events; retrying on the next purge");
+                    break;
+                }
+            }
+            if after.is_none() {
+                break;
+            }
+        }
+        if purged > 0 {
+            tracing::info!(purged, "finished events past their retention deleted");
         }
     }
 }

@@ -39,10 +39,14 @@ pub(crate) fn test_config() -> EventBusConfig {
 
 impl Harness {
     pub(crate) async fn start(database: TestDatabase) -> Self {
+        Self::start_with(database, test_config()).await
+    }
+
+    pub(crate) async fn start_with(database: TestDatabase, config: EventBusConfig) -> Self {
         let db = database.open(&[&chorus_eventbus::MIGRATIONS]).await;
         let repository: Arc<dyn EventRepository> = Arc::new(SqlEventRepository::new(db.clone()));
         let shutdown = CancellationToken::new();
-        let bus = EventBus::new(Arc::clone(&repository), Wakeups::new(), test_config(), shutdown.clone());
+        let bus = EventBus::new(Arc::clone(&repository), Wakeups::new(), config, shutdown.clone());
         bus.spawn_reaper();
         Self { bus, repository, db, shutdown, _database: database }
     }
@@ -137,10 +141,14 @@ pub(crate) fn spec(name: &str, after: &[&str], policy: FailurePolicy) -> Handler
     }
 }
 
-/// Runs each listed test against SQLite and, when configured, PostgreSQL.
+/// Runs each listed test against SQLite and, when configured, PostgreSQL,
+/// with the event bus [`Harness::start`] makes, or the one `start` makes.
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
         chorus_runtime::backend_suite!(crate::harness::Harness::start; $($test),*);
+    };
+    (start = $start:path; $($test:ident),* $(,)?) => {
+        chorus_runtime::backend_suite!($start; $($test),*);
     };
 }
 pub(crate) use conformance;

@@ -4,5 +4,6 @@
 mod harness;
 mod log;
 mod ordering;
+mod retention;
 mod retries;
 mod streams;

@@ -201,6 +201,22 @@ pub struct Expiry {
     pub requeued: bool,
 }
 
+/// The finished root a purge examined last: the next batch starts after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PurgeCursor {
+    pub finished_at: i64,
+    pub namespace: String,
+    pub id: String,
+}
+
+/// One batch of a purge: the tasks it deleted, and where the next batch
+/// starts (`None`: no finished root is left to examine).
+#[derive(Debug, Clone, Default)]
+pub struct Purged {
+    pub tasks: u64,
+    pub next: Option<PurgeCursor>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum InboxKind {
     Completion,

@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use crate::{
     domain::{
         ArtifactChunk, ClaimRequest, Claimed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff, InboxMessage,
-        Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PushConfig, PushConfigKey, PushLease,
-        Renewal, StatusUpdate, Task, TaskEvent, TaskPage, TaskQuery, WorkerLeases,
+        Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PurgeCursor, Purged, PushConfig,
+        PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskEvent, TaskPage, TaskQuery, WorkerLeases,
     },
     error::Result,
 };
@@ -106,6 +106,14 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// Ends or requeues up to `limit` tasks whose lease ran out before `now`.
     async fn expire_leases(&self, now: i64, limit: u32) -> Result<Vec<Expiry>>;
 
+    /// Deletes the task trees whose every task finished at or before
+    /// `finished_before` (µs) and whose events every outbox relay has
+    /// published, with all that belongs to them: history, artifacts, events,
+    /// inbox rows about them, push configs. Examines up to `limit` finished
+    /// roots after `after`, in the order they finished; a tree goes whole or
+    /// not at all, so no task ever points at a parent that is gone.
+    async fn purge_finished(&self, finished_before: i64, after: Option<&PurgeCursor>, limit: u32) -> Result<Purged>;
+
     /// Gives the task tables their first statistics once they hold
     /// `min_tasks` tasks, if the database has none yet; whether it has now.
     async fn first_statistics(&self, min_tasks: i64) -> Result<bool>;
@@ -158,7 +166,9 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// Stores the config, which gets the task's changes after `after`
     /// (`None`: from the task's first), followed under `lease` (`None`: by
     /// no one, claimable at once). Replacing a config (same id) keeps how far
-    /// the one replaced was delivered, and takes its lease.
+    /// the one replaced was delivered, and takes its lease; a finished one
+    /// stays finished and keeps no token or credentials. Returns the config
+    /// as stored.
     async fn create_push_config(
         &self,
         namespace: &str,
@@ -172,7 +182,8 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
 
     /// Records that the config was delivered the changes through `delivered`
     /// (a cursor at or before the saved one changes nothing) and, when
-    /// `finished`, that it gets no more. With a `follower`,
+    /// `finished`, that it gets no more: its token and credentials are
+    /// cleared then. With a `follower`,
     /// [`PushConfigNotHeld`] unless that follower holds the config.
     ///
     /// [`PushConfigNotHeld`]: crate::error::TaskStoreError::PushConfigNotHeld

@@ -1,15 +1,25 @@
 //! The lease reaper: a task whose worker stopped renewing its lease is
 //! requeued (while its agent's retries last) or failed — the fallback
 //! completion that tells its owner the child is gone. On its rounds it also
-//! gives a new database its first statistics (see `Db::analyze_once_filled`).
+//! gives a new database its first statistics (see `Db::analyze_once_filled`)
+//! and deletes the finished tasks past `retention_ms`.
 
+use std::time::Duration;
+
+use chorus_runtime::time::micros;
 use tokio::task::JoinHandle;
 
 use super::TaskStore;
-use crate::domain::now_micros;
+use crate::domain::{PurgeCursor, now_micros};
 
 /// Expired leases handled per transaction.
 const BATCH: u32 = 100;
+/// Finished task trees examined per purge transaction: each holds the
+/// writer (SQLite) or its roots' locks (PostgreSQL) only that long.
+const PURGE_BATCH: u32 = 100;
+/// How often finished tasks past their retention are deleted, at most: a
+/// shorter retention purges as often as it is long.
+const PURGE_EVERY: Duration = Duration::from_secs(60);
 /// Tasks a new database holds when the reaper gives it its first statistics.
 const FIRST_STATISTICS_AT: i64 = 100;
 
@@ -22,10 +32,17 @@ impl TaskStore {
             let mut interval = tokio::time::interval(store.config.reaper_interval());
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut has_statistics = false;
+            let mut last_purge: Option<tokio::time::Instant> = None;
             loop {
                 tokio::select! {
                     () = store.shutdown.cancelled() => return,
                     _ = interval.tick() => store.reap().await,
+                }
+                if let Some(retention) = store.config.retention()
+                    && last_purge.is_none_or(|last| last.elapsed() >= retention.min(PURGE_EVERY))
+                {
+                    last_purge = Some(tokio::time::Instant::now());
+                    store.purge(retention).await;
                 }
                 if !has_statistics {
                     has_statistics =
@@ -65,6 +82,31 @@ impl TaskStore {
             if expired.len() < BATCH as usize {
                 return;
             }
+        }
+    }
+
+    /// Deletes, batch after batch, the finished task trees past `retention`.
+    async fn purge(&self, retention: Duration) {
+        let finished_before = now_micros().saturating_sub(micros(retention));
+        let mut after: Option<PurgeCursor> = None;
+        let mut purged = 0;
+        loop {
+            match self.repository.purge_finished(finished_before, after.as_ref(), PURGE_BATCH).await {
+                Ok(batch) => {
+                    purged += batch.tasks;
+                    after = batch.next;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot purge finished tasks; retrying on the next purge");
+                    break;
+                }
+            }
+            if after.is_none() {
+                break;
+            }
+        }
+        if purged > 0 {
+            tracing::info!(purged, "finished tasks past their retention deleted");
         }
     }
 }

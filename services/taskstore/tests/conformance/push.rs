@@ -16,7 +16,8 @@ conformance!(
     a_created_config_is_held_by_its_follower_until_its_lease_ends,
     only_the_holder_advances_a_config,
     renewing_extends_every_held_lease_and_names_the_configs_lost,
-    released_leases_are_claimed_at_once
+    released_leases_are_claimed_at_once,
+    a_finished_config_keeps_no_token_or_credentials
 );
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -239,4 +240,32 @@ async fn released_leases_are_claimed_at_once(h: Harness) {
     assert_eq!(h.store.release_push_configs("a").await.unwrap(), 0, "a holds nothing now");
     let refused = h.store.advance_push_config(&q, None, false, Some("a")).await.unwrap_err();
     assert!(matches!(refused, TaskStoreError::PushConfigNotHeld { .. }), "{refused}");
+}
+
+async fn a_finished_config_keeps_no_token_or_credentials(h: Harness) {
+    let task = h.task("ns", "echo", "notify me").await;
+    let secret = |id: &str| PushConfig {
+        token: Some("t0k3n".into()),
+        auth_scheme: Some("Bearer".into()),
+        auth_credentials: Some("secret".into()),
+        ..hook(&task.id, id)
+    };
+    h.store.create_push_config("ns", secret("done"), None, None).await.unwrap();
+    h.store.create_push_config("ns", secret("open"), None, None).await.unwrap();
+    h.store
+        .advance_push_config(&key("ns", &task.id, "open"), Some(Cursor { tx: 1, id: 1 }), false, None)
+        .await
+        .unwrap();
+    h.store.advance_push_config(&key("ns", &task.id, "done"), None, true, None).await.unwrap();
+
+    let cleared = PushConfig { token: None, auth_credentials: None, ..secret("done") };
+    assert_eq!(h.store.get_push_config("ns", &task.id, "done").await.unwrap(), cleared);
+    assert_eq!(
+        h.store.get_push_config("ns", &task.id, "open").await.unwrap(),
+        secret("open"),
+        "an unfinished one keeps them"
+    );
+    let replaced = h.store.create_push_config("ns", secret("done"), None, None).await.unwrap();
+    assert_eq!(replaced, cleared, "a finished config replaced stays finished, without secrets");
+    assert_eq!(h.store.get_push_config("ns", &task.id, "done").await.unwrap(), cleared);
 }

@@ -11,6 +11,7 @@ mod handlers;
 mod log;
 mod replays;
 mod repository;
+mod retention;
 mod rows;
 
 use std::collections::BTreeMap;
@@ -29,7 +30,8 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
     [
         (1, "eventbus", "0001_eventbus.sql"),
         (2, "hot claims", "0002_hot_claims.sql"),
-        (3, "consumer streams", "0003_consumer_streams.sql")
+        (3, "consumer streams", "0003_consumer_streams.sql"),
+        (4, "retention", "0004_retention.sql"),
     ]
 );
 

@@ -9,7 +9,7 @@ use super::SqlEventRepository;
 use crate::{
     domain::{
         Claim, ClaimRequest, Delivery, DeliveryId, DeliveryPage, DeliveryQuery, EventPage, EventQuery, Expired,
-        Handler, HandlerSpec, HandlerView, Nack, NewEvent, OpenedStream, Published, Replayed,
+        Handler, HandlerSpec, HandlerView, Nack, NewEvent, OpenedStream, Published, PurgeCursor, Purged, Replayed,
     },
     error::Result,
     repository::EventRepository,
@@ -109,5 +109,9 @@ impl EventRepository for SqlEventRepository {
 
     async fn replay(&self, namespace: &str, handler: &str, from: i64, to: Option<i64>, now: i64) -> Result<u64> {
         self.replay_range(namespace, handler, from, to, now).await
+    }
+
+    async fn purge(&self, published_before: i64, after: Option<&PurgeCursor>, limit: u32) -> Result<Purged> {
+        self.purge_events(published_before, after, limit).await
     }
 }

@@ -11,6 +11,7 @@ mod held;
 mod outbox;
 mod push;
 mod repository;
+mod retention;
 mod rows;
 mod subtasks;
 mod tasks;
@@ -39,6 +40,7 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
         (6, "push follower", "0006_push_follower.sql"),
         (7, "lease length", "0007_lease_length.sql"),
         (8, "artifact last chunk", "0008_artifact_last_chunk.sql"),
+        (9, "retention", "0009_retention.sql"),
     ]
 );
 

@@ -24,14 +24,16 @@ impl SqlTaskRepository {
     ) -> Result<PushConfig> {
         let mut tx = self.begin().await?;
         read_record(&mut tx, namespace, &config.task_id).await?;
-        sqlx::query(
+        let row = sqlx::query(concat!(
             "INSERT INTO taskstore_push_configs (namespace, task_id, id, url, token, auth_scheme, auth_credentials, \
              created_at, delivered_tx, delivered_id, follower, follower_until) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT (namespace, task_id, id) DO UPDATE SET \
-             url = excluded.url, token = excluded.token, auth_scheme = excluded.auth_scheme, \
-             auth_credentials = excluded.auth_credentials, follower = excluded.follower, \
-             follower_until = excluded.follower_until",
-        )
+             url = excluded.url, token = CASE WHEN taskstore_push_configs.finished_at IS NULL THEN excluded.token END, \
+             auth_scheme = excluded.auth_scheme, auth_credentials = CASE WHEN taskstore_push_configs.finished_at IS NULL \
+             THEN excluded.auth_credentials END, follower = excluded.follower, follower_until = excluded.follower_until \
+             RETURNING ",
+            push_columns!()
+        ))
         .bind(namespace)
         .bind(&config.task_id)
         .bind(&config.id)
@@ -44,10 +46,10 @@ impl SqlTaskRepository {
         .bind(after.map(|cursor| cursor.id))
         .bind(lease.map(|lease| lease.follower.as_str()))
         .bind(lease.map(|lease| lease.until))
-        .execute(&mut *tx)
+        .fetch_one(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(config)
+        rows::decode_push_config(&row)
     }
 
     pub(super) async fn get_push(&self, namespace: &str, task_id: &str, id: &str) -> Result<PushConfig> {
@@ -182,6 +184,8 @@ macro_rules! past_delivered {
 }
 
 /// Moves the saved cursor forward only, and sets `finished_at` ($6) once.
+/// A finished config is sent nothing more: its token and credentials are
+/// cleared, so that a stored config outlives no secret it no longer needs.
 macro_rules! advance_push {
     () => {
         concat!(
@@ -189,7 +193,9 @@ macro_rules! advance_push {
             past_delivered!(),
             " THEN $4 ELSE delivered_tx END, delivered_id = CASE WHEN ",
             past_delivered!(),
-            " THEN $5 ELSE delivered_id END, finished_at = COALESCE(finished_at, $6) \
+            " THEN $5 ELSE delivered_id END, finished_at = COALESCE(finished_at, $6), \
+             token = CASE WHEN COALESCE(finished_at, $6) IS NULL THEN token END, \
+             auth_credentials = CASE WHEN COALESCE(finished_at, $6) IS NULL THEN auth_credentials END \
              WHERE namespace = $1 AND task_id = $2 AND id = $3"
         )
     };

@@ -9,8 +9,9 @@ use super::SqlTaskRepository;
 use crate::{
     domain::{
         Artifact, ArtifactChunk, ClaimRequest, Claimed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff,
-        InboxMessage, Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PushConfig,
-        PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskEvent, TaskPage, TaskQuery, WorkerLeases,
+        InboxMessage, Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PurgeCursor, Purged,
+        PushConfig, PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskEvent, TaskPage, TaskQuery,
+        WorkerLeases,
     },
     error::Result,
     repository::TaskRepository,
@@ -99,6 +100,10 @@ impl TaskRepository for SqlTaskRepository {
 
     async fn expire_leases(&self, now: i64, limit: u32) -> Result<Vec<Expiry>> {
         self.expire(now, limit).await
+    }
+
+    async fn purge_finished(&self, finished_before: i64, after: Option<&PurgeCursor>, limit: u32) -> Result<Purged> {
+        self.purge(finished_before, after, limit).await
     }
 
     async fn first_statistics(&self, min_tasks: i64) -> Result<bool> {
