@@ -385,35 +385,20 @@ impl Gateway {
     /// when this starts: continuing it moved it past its interruption.
     async fn settle(&self, scope: &Scope, task_id: &str, history_length: Option<u32>) -> Result<Task> {
         let timeout = Duration::from_millis(self.inner.config.blocking_timeout_ms).min(LONGEST_BLOCKING_WAIT);
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut pause = rewatch::FIRST_PAUSE;
-        // An await is a read: one the task store's restart cut short is
-        // made again (on this replica once back, or on another) until the
-        // blocking timeout, rather than failing a call whose task goes on.
-        let settled = loop {
-            let request = pb::AwaitTaskRequest {
-                namespace: scope.namespace.clone(),
-                id: task_id.to_owned(),
-                history_length,
-                timeout: prost_types::Duration::try_from(deadline - tokio::time::Instant::now()).ok(),
-            };
-            match self.tasks().await_task(request).await {
-                Ok(settled) => break settled.into_inner(),
-                Err(status) if rewatch::worth_reopening(&status) && tokio::time::Instant::now() + pause < deadline => {
-                    tracing::debug!(%task_id, error = %status.message(), "a blocking wait broke; waiting again");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(rewatch::LONGEST_PAUSE);
-                }
-                Err(status) => {
-                    return Err(match task_error(&status, task_id) {
-                        GatewayError::Unavailable(message) => GatewayError::Unavailable(format!(
-                            "{message}; task {task_id} was created and goes on: read it with GetTask"
-                        )),
-                        error => error,
-                    });
-                }
-            }
+        let request = pb::AwaitTaskRequest {
+            namespace: scope.namespace.clone(),
+            id: task_id.to_owned(),
+            history_length,
+            timeout: None,
         };
+        let settled = rewatch::await_task(self.tasks(), request, timeout).await.map_err(|status| {
+            match task_error(&status, task_id) {
+                GatewayError::Unavailable(message) => GatewayError::Unavailable(format!(
+                    "{message}; task {task_id} was created and goes on: read it with GetTask"
+                )),
+                error => error,
+            }
+        })?;
         let task =
             settled.task.ok_or_else(|| GatewayError::Internal("the task store answered without a task".to_owned()))?;
         Ok(convert::task_out(task, true))
@@ -437,9 +422,9 @@ impl Gateway {
         request: pb::WatchTaskRequest,
         task_id: &str,
     ) -> Result<impl Stream<Item = Result<StreamResponse>> + Send + 'static> {
-        let events = self.tasks().watch_task(request.clone()).await.map_err(|status| task_error(&status, task_id))?;
+        let events = rewatch::watch(self.tasks(), request).await.map_err(|status| task_error(&status, task_id))?;
         let task_id = task_id.to_owned();
-        Ok(rewatch::resumable(self.tasks(), &request, events.into_inner()).filter_map(move |event| {
+        Ok(events.filter_map(move |event| {
             let item = match event {
                 Ok(event) => convert::event_out(event).map(Ok),
                 Err(status) => Some(Err(task_error(&status, &task_id))),

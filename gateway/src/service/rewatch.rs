@@ -1,7 +1,8 @@
-//! A task-store watch that outlives the task store's restarts: when the
-//! watch breaks before the task's final change (the replica it was on shuts
-//! down or is unreachable), it is opened again after the last change it
-//! gave, so whoever follows the task misses nothing and sees nothing twice.
+//! Task-store calls that outlive the task store's restarts. A watch that
+//! breaks before the task's final change (the replica it was on shuts down
+//! or is unreachable) is opened again after the last change it gave, so
+//! whoever follows the task misses nothing and sees nothing twice; an await,
+//! a read, is made again until its timeout.
 
 use std::time::Duration;
 
@@ -14,8 +15,8 @@ use crate::convert;
 
 /// The first pause before opening a broken watch again; it doubles per
 /// failed attempt up to [`LONGEST_PAUSE`].
-pub(super) const FIRST_PAUSE: Duration = Duration::from_millis(100);
-pub(super) const LONGEST_PAUSE: Duration = Duration::from_secs(2);
+const FIRST_PAUSE: Duration = Duration::from_millis(100);
+const LONGEST_PAUSE: Duration = Duration::from_secs(2);
 /// How long a broken watch is tried again before its error is given.
 const GIVE_UP_AFTER: Duration = Duration::from_secs(60);
 
@@ -31,14 +32,16 @@ struct Watch {
     finished: bool,
 }
 
-/// The changes of `events` (opened with `request`), reopened after the last
-/// one given whenever the watch breaks or ends early; ends after the task's
-/// final change, or with the error of a watch that cannot be reopened.
-pub(super) fn resumable(
-    tasks: TaskStoreClient<Transport>,
-    request: &pb::WatchTaskRequest,
-    events: Streaming<pb::TaskEvent>,
-) -> impl Stream<Item = Result<pb::TaskEvent, Status>> + Send + use<> {
+/// The changes `request` watches, reopened after the last one given whenever
+/// the watch breaks or ends early; ends after the task's final change, or
+/// with the error of a watch that cannot be reopened. Fails when the watch
+/// cannot be opened at all (the task does not exist, or the task store stays
+/// out of reach).
+pub(super) async fn watch(
+    mut tasks: TaskStoreClient<Transport>,
+    request: pb::WatchTaskRequest,
+) -> Result<impl Stream<Item = Result<pb::TaskEvent, Status>> + Send + use<>, Status> {
+    let events = open(&mut tasks, request.clone(), tokio::time::Instant::now()).await?;
     let watch = Watch {
         tasks,
         namespace: request.namespace.clone(),
@@ -48,10 +51,29 @@ pub(super) fn resumable(
         fresh: true,
         finished: false,
     };
-    stream::unfold(watch, |mut watch| async move {
+    Ok(stream::unfold(watch, |mut watch| async move {
         let item = watch.next().await?;
         Some((item, watch))
-    })
+    }))
+}
+
+/// Opens `request`'s watch, trying again while the task store cannot answer
+/// and [`GIVE_UP_AFTER`] has not passed `since`.
+async fn open(
+    tasks: &mut TaskStoreClient<Transport>,
+    request: pb::WatchTaskRequest,
+    since: tokio::time::Instant,
+) -> Result<Streaming<pb::TaskEvent>, Status> {
+    let mut pauses = pauses();
+    loop {
+        match tasks.watch_task(request.clone()).await {
+            Ok(events) => return Ok(events.into_inner()),
+            Err(status) if worth_reopening(&status) && since.elapsed() < GIVE_UP_AFTER => {
+                tokio::time::sleep(pauses.next().unwrap_or(LONGEST_PAUSE)).await;
+            }
+            Err(status) => return Err(status),
+        }
+    }
 }
 
 impl Watch {
@@ -96,36 +118,55 @@ impl Watch {
         }
     }
 
-    /// Opens the watch again after the cursor, pausing between attempts,
-    /// until it opens or has been broken for [`GIVE_UP_AFTER`].
+    /// Opens the watch again after the cursor, after a pause, until it
+    /// opens or has been broken for [`GIVE_UP_AFTER`].
     async fn reopen(&mut self, broken_since: &mut Option<tokio::time::Instant>) -> Result<(), Status> {
         let since = *broken_since.get_or_insert_with(tokio::time::Instant::now);
-        let mut pause = FIRST_PAUSE;
-        loop {
-            tokio::time::sleep(pause).await;
-            let request = pb::WatchTaskRequest {
-                namespace: self.namespace.clone(),
-                task_id: self.task_id.clone(),
-                after_cursor: self.cursor.clone(),
-                snapshot: false,
-            };
-            match self.tasks.watch_task(request).await {
-                Ok(events) => {
-                    self.events = Some(events.into_inner());
-                    self.fresh = true;
-                    return Ok(());
-                }
-                Err(status) if worth_reopening(&status) && since.elapsed() < GIVE_UP_AFTER => {
-                    pause = (pause * 2).min(LONGEST_PAUSE);
-                }
-                Err(status) => return Err(status),
-            }
-        }
+        tokio::time::sleep(FIRST_PAUSE).await;
+        let request = pb::WatchTaskRequest {
+            namespace: self.namespace.clone(),
+            task_id: self.task_id.clone(),
+            after_cursor: self.cursor.clone(),
+            snapshot: false,
+        };
+        self.events = Some(open(&mut self.tasks, request, since).await?);
+        self.fresh = true;
+        Ok(())
     }
 }
 
 /// Whether a watch's failure may pass: the task store went away or is
 /// going, and this or another replica may answer soon.
-pub(super) fn worth_reopening(status: &Status) -> bool {
+fn worth_reopening(status: &Status) -> bool {
     matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Cancelled)
+}
+
+/// `request` (its timeout set here), made again while the task store cannot
+/// answer and `timeout` has not passed: the task goes on meanwhile, and a
+/// call that failed would leave its caller to start it again.
+pub(super) async fn await_task(
+    mut tasks: TaskStoreClient<Transport>,
+    mut request: pb::AwaitTaskRequest,
+    timeout: Duration,
+) -> Result<pb::AwaitTaskResponse, Status> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut pauses = pauses();
+    loop {
+        request.timeout = prost_types::Duration::try_from(deadline - tokio::time::Instant::now()).ok();
+        let status = match tasks.await_task(request.clone()).await {
+            Ok(settled) => return Ok(settled.into_inner()),
+            Err(status) => status,
+        };
+        let pause = pauses.next().unwrap_or(LONGEST_PAUSE);
+        if !worth_reopening(&status) || tokio::time::Instant::now() + pause >= deadline {
+            return Err(status);
+        }
+        tracing::debug!(task_id = %request.id, error = %status.message(), "a blocking wait broke; waiting again");
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// The pauses between attempts: from [`FIRST_PAUSE`], doubling up to [`LONGEST_PAUSE`].
+fn pauses() -> impl Iterator<Item = Duration> {
+    std::iter::successors(Some(FIRST_PAUSE), |pause| Some((*pause * 2).min(LONGEST_PAUSE)))
 }
