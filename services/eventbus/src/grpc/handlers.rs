@@ -3,7 +3,7 @@
 
 use chorus_proto::eventbus::{self as pb, event_bus_server::EventBusServer};
 use chorus_runtime::{
-    grpc::{ResponseStream, namespace, stream_of},
+    grpc::{ResponseStream, fitting, namespace, stream_of},
     time::timestamp,
     validate::{self, FieldViolation},
 };
@@ -49,23 +49,12 @@ impl EventBusGrpc {
 /// to `max_payload_bytes` each would otherwise make a page no gRPC client
 /// with the default 4 MiB limit can read.
 fn fit_page(page: EventPage, budget: usize) -> pb::ReadEventsResponse {
-    let mut events = Vec::with_capacity(page.events.len());
-    let (mut used, mut next_after) = (0, page.next_after);
-    let mut last = None;
-    for event in page.events {
-        let sequence = event.sequence;
-        let wire = convert::event(event);
-        // The event's bytes and the field's tag and length.
-        let size = prost::Message::encoded_len(&wire) + 8;
-        if let Some(last) = last
-            && used + size > budget
-        {
-            next_after = last;
-            break;
-        }
-        used += size;
-        last = Some(sequence);
-        events.push(wire);
+    let mut next_after = page.next_after;
+    let mut events: Vec<pb::Event> = page.events.into_iter().map(convert::event).collect();
+    let fit = fitting(events.iter().map(prost::Message::encoded_len), budget);
+    if fit < events.len() {
+        events.truncate(fit);
+        next_after = i64::try_from(events[fit - 1].sequence).unwrap_or(next_after);
     }
     pb::ReadEventsResponse {
         events,

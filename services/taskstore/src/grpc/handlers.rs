@@ -7,12 +7,11 @@ use futures_util::StreamExt as _;
 
 use chorus_proto::taskstore::{self as pb, task_store_server::TaskStoreServer};
 use chorus_runtime::{
-    grpc::{ResponseStream, namespace, stream_of},
+    grpc::{ResponseStream, fitting, namespace, stream_of},
     server::ServerConfig,
     telemetry::{current_context_headers, record_ids},
     validate::{self, FieldViolation},
 };
-use prost::Message as _;
 use tonic::{Request, Response, Status};
 
 use super::{convert, push_convert};
@@ -57,21 +56,14 @@ impl TaskStoreGrpc {
 /// The page's tasks on the wire, as many as fit in `budget` bytes (at least
 /// one): a page cut short continues after its last task.
 fn fit_page(page: TaskPage, budget: usize) -> pb::ListTasksResponse {
-    let mut tasks = Vec::with_capacity(page.tasks.len());
-    let (mut used, mut next_page_token) = (0, page.next_page_token);
-    let mut last: Option<PageToken> = None;
-    for task in page.tasks {
-        let after = PageToken { timestamp: task.status.timestamp, id: task.id.clone() };
-        let wire = convert::task_out(task);
-        // The task's bytes and the field's tag and length.
-        let size = wire.encoded_len() + 8;
-        if used + size > budget && last.is_some() {
-            next_page_token = last;
-            break;
-        }
-        used += size;
-        last = Some(after);
-        tasks.push(wire);
+    let afters: Vec<PageToken> =
+        page.tasks.iter().map(|task| PageToken { timestamp: task.status.timestamp, id: task.id.clone() }).collect();
+    let mut tasks: Vec<pb::Task> = page.tasks.into_iter().map(convert::task_out).collect();
+    let fit = fitting(tasks.iter().map(prost::Message::encoded_len), budget);
+    let mut next_page_token = page.next_page_token;
+    if fit < tasks.len() {
+        tasks.truncate(fit);
+        next_page_token = afters.into_iter().nth(fit - 1);
     }
     pb::ListTasksResponse {
         tasks,

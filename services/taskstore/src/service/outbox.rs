@@ -11,7 +11,7 @@
 use std::{collections::HashMap, time::Duration};
 
 use chorus_proto::eventbus::{NewEvent, PublishBatchRequest, event_bus_client::EventBusClient};
-use chorus_runtime::{time::timestamp, transport::Transport};
+use chorus_runtime::{grpc::fitting, time::timestamp, transport::Transport};
 use serde::Serialize;
 use tokio::task::JoinHandle;
 
@@ -218,12 +218,7 @@ impl Relay {
 /// How many of `events`, from the first, one publish carries: at least one,
 /// at most [`MAX_PUBLISH`], and no more than [`MAX_PUBLISH_BYTES`] together.
 fn chunk_len(events: &[NewEvent]) -> usize {
-    let mut bytes = 0;
-    let fitting = events.iter().take(MAX_PUBLISH).take_while(|event| {
-        bytes += prost::Message::encoded_len(*event);
-        bytes <= MAX_PUBLISH_BYTES
-    });
-    fitting.count().max(1).min(events.len())
+    fitting(events.iter().take(MAX_PUBLISH).map(prost::Message::encoded_len), MAX_PUBLISH_BYTES)
 }
 
 /// The bus events of `events`, by namespace (in order of first appearance),
