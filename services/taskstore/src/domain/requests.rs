@@ -316,6 +316,47 @@ impl FromStr for Cursor {
     }
 }
 
+/// Where a watch of one task resumes: after `after`, but for the changes in
+/// `seen`, which sort after it yet are already in the snapshot the cursor
+/// came with (PostgreSQL: committed while an older transaction was still
+/// running). Written `tx.id`, then `+tx.id` for each seen change.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskCursor {
+    pub after: Cursor,
+    pub seen: Vec<Cursor>,
+}
+
+impl From<Cursor> for TaskCursor {
+    fn from(after: Cursor) -> Self {
+        Self { after, seen: Vec::new() }
+    }
+}
+
+impl fmt::Display for TaskCursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.after)?;
+        self.seen.iter().try_for_each(|seen| write!(f, "+{seen}"))
+    }
+}
+
+impl FromStr for TaskCursor {
+    type Err = ();
+
+    fn from_str(value: &str) -> Result<Self, ()> {
+        let mut cursors = value.split('+').map(str::parse);
+        let after = cursors.next().ok_or(())??;
+        let seen = cursors.collect::<Result<Vec<Cursor>, ()>>()?;
+        if seen.len() > MAX_SEEN || seen.iter().any(|seen| *seen <= after) {
+            return Err(());
+        }
+        Ok(Self { after, seen })
+    }
+}
+
+/// Most seen changes a task cursor carries; a snapshot holds fewer (it
+/// waits for them to commit in order instead).
+pub const MAX_SEEN: usize = 64;
+
 /// One recorded change to a task.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskEvent {
@@ -405,5 +446,17 @@ mod tests {
         assert_eq!(token.to_string().parse::<PageToken>(), Ok(token));
         assert!("5~".parse::<PageToken>().is_err());
         assert!(Cursor { tx: 1, id: 9 } < Cursor { tx: 2, id: 1 });
+    }
+
+    #[test]
+    fn task_cursors_carry_the_changes_a_snapshot_has_seen() {
+        let plain = TaskCursor::from(Cursor { tx: 7, id: 42 });
+        assert_eq!(plain.to_string(), "7.42", "a plain cursor is a task cursor");
+        let seen = TaskCursor { after: Cursor { tx: 7, id: 42 }, seen: vec![Cursor { tx: 9, id: 40 }] };
+        assert_eq!(seen.to_string(), "7.42+9.40");
+        assert_eq!("7.42+9.40".parse::<TaskCursor>(), Ok(seen));
+        for garbage in ["", "+", "7.42+", "7.42+x", "7.42+7.41", &format!("1.1{}", "+2.2".repeat(MAX_SEEN + 1))] {
+            assert!(garbage.parse::<TaskCursor>().is_err(), "{garbage}");
+        }
     }
 }

@@ -8,7 +8,8 @@ use prost_types::{ListValue, Struct, Value, value::Kind};
 
 use crate::domain::{
     Artifact, ClaimEvent, Claimed, Cursor, EventKind, InboxKind, InboxMessage, JsonObject, Message, Owner, OwnerKind,
-    Part, PartContent, Role, SpawnContext, Task, TaskAnswer, TaskEvent, TaskState, TaskStatus, repeated_artifact_id,
+    Part, PartContent, Role, SpawnContext, Task, TaskAnswer, TaskCursor, TaskEvent, TaskState, TaskStatus,
+    repeated_artifact_id,
 };
 
 pub(super) type Checked<T> = Result<T, FieldViolation>;
@@ -227,6 +228,21 @@ pub(super) fn cursor(field: &str, value: &str) -> Checked<Option<Cursor>> {
     value.parse().map(Some).map_err(|()| FieldViolation::new(field, "is not a cursor this service handed out"))
 }
 
+/// A cursor of one task's watch: a plain cursor, or a snapshot's.
+pub(super) fn task_cursor(field: &str, value: &str) -> Checked<Option<TaskCursor>> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    value.parse().map(Some).map_err(|()| FieldViolation::new(field, "is not a cursor this service handed out"))
+}
+
+/// Where a push config is: a task's cursor without the changes a snapshot
+/// had seen. A config resumed from it may get those again, as delivery is
+/// at least once anyway; its follower, on the snapshot's own watch, does not.
+pub(super) fn push_cursor(field: &str, value: &str) -> Checked<Option<Cursor>> {
+    task_cursor(field, value).map(|cursor| cursor.map(|cursor| cursor.after))
+}
+
 pub(super) fn non_empty(value: String) -> Option<String> {
     (!value.is_empty()).then_some(value)
 }
@@ -370,7 +386,7 @@ pub(super) fn event_out(event: TaskEvent) -> pb::TaskEvent {
 }
 
 /// The first event of a watch with a snapshot: `task` as of `cursor`.
-pub(super) fn snapshot_out(task: Task, cursor: Option<Cursor>) -> pb::TaskEvent {
+pub(super) fn snapshot_out(task: Task, cursor: Option<TaskCursor>) -> pb::TaskEvent {
     pb::TaskEvent {
         cursor: cursor.map(|cursor| cursor.to_string()).unwrap_or_default(),
         kind: pb::task_event::Kind::Snapshot.into(),

@@ -209,7 +209,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
     ) -> Result<Response<Self::WatchTaskStream>, Status> {
         let request = request.into_inner();
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
-        let after = convert::cursor("after_cursor", &request.after_cursor)?;
+        let after = convert::task_cursor("after_cursor", &request.after_cursor)?;
         if !request.snapshot {
             let events = self.store.watch_task(&namespace, &task_id, after).await?;
             return Ok(Response::new(stream_of(events, convert::event_out)));
@@ -392,7 +392,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let task_id = request.config.as_ref().map(|config| config.task_id.clone()).unwrap_or_default();
         let (namespace, task_id) = task_ref(&request.namespace, "config.task_id", &task_id)?;
         let config = push_convert::push_config(&task_id, request.config)?;
-        let after = convert::cursor("after_cursor", &request.after_cursor)?;
+        let after = convert::push_cursor("after_cursor", &request.after_cursor)?;
         let follower = push_convert::creating_follower(request.follower, request.lease_ms)?;
         let config = self.store.create_push_config(&namespace, config, after, follower).await?;
         Ok(Response::new(push_convert::push_config_out(config)))
@@ -439,7 +439,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let request = request.into_inner();
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
         let key = PushConfigKey { namespace, task_id, id: validate::id("id", &request.id)? };
-        let delivered = convert::cursor("cursor", &request.cursor)?;
+        let delivered = convert::push_cursor("cursor", &request.cursor)?;
         let follower = push_convert::follower(request.follower)?;
         self.store.advance_push_config(&key, delivered, request.finished, follower.as_deref()).await?;
         Ok(Response::new(pb::AdvancePushConfigResponse {}))

@@ -15,7 +15,8 @@ use crate::{
     domain::{
         ArtifactChunk, ClaimRequest, Claimed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff, InboxMessage,
         Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PurgeCursor, Purged, PushConfig,
-        PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskEvent, TaskPage, TaskQuery, WorkerLeases,
+        PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskCursor, TaskEvent, TaskPage, TaskQuery,
+        WorkerLeases,
     },
     error::Result,
 };
@@ -142,6 +143,13 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
 
     /// Events after a cursor, in commit order.
     async fn read_events(&self, query: &EventQuery) -> Result<EventBatch>;
+
+    /// A task whole with a cursor after exactly the changes it includes,
+    /// both read at one instant: a watch from that cursor gets exactly the
+    /// changes that follow the task as read. `None` while no such cursor can
+    /// be told yet (too many changes it includes may still be preceded by
+    /// one an older transaction commits); try again shortly.
+    async fn snapshot_task(&self, namespace: &str, task_id: &str) -> Result<Option<(Task, Option<TaskCursor>)>>;
 
     /// The newest event a reader can see now, of one task or of the namespace.
     async fn latest_event(&self, namespace: &str, task_id: Option<&str>) -> Result<Option<TaskEvent>>;

@@ -14,7 +14,9 @@ use tokio_stream::{
 
 use super::{TaskStore, handoff::Live, keys};
 use crate::{
-    domain::{ClaimEvent, ClaimRequest, Claimed, Cursor, EventKind, EventQuery, Task, TaskEvent, now_micros},
+    domain::{
+        ClaimEvent, ClaimRequest, Claimed, Cursor, EventKind, EventQuery, Task, TaskCursor, TaskEvent, now_micros,
+    },
     error::{Result, TaskStoreError},
 };
 
@@ -164,15 +166,17 @@ impl TaskStore {
         Ok((claimed, full))
     }
 
-    /// The changes of one task after `after` (or from its first), ending
-    /// with its final state. Fails at once when the task does not exist.
+    /// The changes of one task after `after` (or from its first), but for
+    /// those it has seen, ending with its final state. Fails at once when
+    /// the task does not exist.
     pub async fn watch_task(
         &self,
         namespace: &str,
         task_id: &str,
-        after: Option<Cursor>,
+        after: Option<TaskCursor>,
     ) -> Result<ReceiverStream<Result<TaskEvent>>> {
         self.repository.get_task(namespace, task_id, Some(0)).await?;
+        let TaskCursor { after, seen } = after.unwrap_or_default();
         let (sender, receiver) = mpsc::channel(64);
         let store = self.clone();
         let query = EventQuery {
@@ -180,46 +184,36 @@ impl TaskStore {
             task_id: Some(task_id.to_owned()),
             agent_id: None,
             context_id: None,
-            after: after.unwrap_or_default(),
+            after,
             limit: EVENT_BATCH,
         };
-        tokio::spawn(async move { store.feed_task_events(query, sender).await });
+        tokio::spawn(async move { store.feed_task_events(query, seen, sender).await });
         Ok(ReceiverStream::new(receiver))
     }
 
-    /// The task as it is now, the cursor of the latest change it includes,
-    /// and its changes after that cursor. The task holds exactly the changes
-    /// up to the cursor: a change committed between reading the cursor and
-    /// the task (found after the cursor once the task is read, or held back
-    /// behind an older transaction) makes it read both again.
+    /// The task as it is now, a cursor after exactly the changes it
+    /// includes, and the changes that follow. The task and the cursor are
+    /// read in one snapshot.
     pub async fn watch_task_from_snapshot(
         &self,
         namespace: &str,
         task_id: &str,
-    ) -> Result<(Task, Option<Cursor>, ReceiverStream<Result<TaskEvent>>)> {
+    ) -> Result<(Task, Option<TaskCursor>, ReceiverStream<Result<TaskEvent>>)> {
         loop {
-            let cursor = self.repository.latest_event(namespace, Some(task_id)).await?.map(|event| event.cursor);
-            let task = self.repository.get_task(namespace, task_id, None).await?;
-            let query = EventQuery {
-                namespace: namespace.to_owned(),
-                task_id: Some(task_id.to_owned()),
-                agent_id: None,
-                context_id: None,
-                after: cursor.unwrap_or_default(),
-                limit: 1,
-            };
-            let since = self.repository.read_events(&query).await?;
-            if since.events.is_empty() && !since.held_back {
-                let events = self.watch_task(namespace, task_id, cursor).await?;
+            if let Some((task, cursor)) = self.repository.snapshot_task(namespace, task_id).await? {
+                let events = self.watch_task(namespace, task_id, cursor.clone()).await?;
                 return Ok((task, cursor, events));
             }
-            if since.held_back {
-                tokio::time::sleep(HELD_BACK_RETRY).await;
-            }
+            tokio::time::sleep(HELD_BACK_RETRY).await;
         }
     }
 
-    async fn feed_task_events(self, mut query: EventQuery, sender: mpsc::Sender<Result<TaskEvent>>) {
+    async fn feed_task_events(
+        self,
+        mut query: EventQuery,
+        mut seen: Vec<Cursor>,
+        sender: mpsc::Sender<Result<TaskEvent>>,
+    ) {
         let task_id = query.task_id.clone().unwrap_or_default();
         // A watch that starts after the task's final event would wait for
         // ever: once the log it could read is read, it checks that once. Any
@@ -238,7 +232,14 @@ impl TaskStore {
             for event in batch.events {
                 query.after = event.cursor;
                 let last = ends_task(&event);
-                if sender.send(Ok(event)).await.is_err() || last {
+                let unseen = match seen.iter().position(|cursor| *cursor == event.cursor) {
+                    Some(at) => {
+                        seen.swap_remove(at);
+                        false
+                    }
+                    None => true,
+                };
+                if (unseen && sender.send(Ok(event)).await.is_err()) || last {
                     return;
                 }
             }

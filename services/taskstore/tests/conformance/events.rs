@@ -89,9 +89,9 @@ async fn a_task_watch_replays_from_a_cursor_and_ends_with_the_task(h: Harness) {
     assert_eq!(events[3].status.state, TaskState::Completed);
     assert!(events.windows(2).all(|pair| pair[0].cursor < pair[1].cursor), "cursors increase");
 
-    let resumed = collect(h.store.watch_task("ns", &task.id, Some(events[1].cursor)).await.unwrap()).await;
+    let resumed = collect(h.store.watch_task("ns", &task.id, Some(events[1].cursor.into())).await.unwrap()).await;
     assert_eq!(resumed, events[2..], "a resumed watch starts right after its cursor");
-    let after_end = collect(h.store.watch_task("ns", &task.id, Some(events[3].cursor)).await.unwrap()).await;
+    let after_end = collect(h.store.watch_task("ns", &task.id, Some(events[3].cursor.into())).await.unwrap()).await;
     assert!(after_end.is_empty(), "nothing follows the final event");
 }
 

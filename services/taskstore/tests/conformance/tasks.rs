@@ -85,7 +85,7 @@ async fn a_snapshot_watch_starts_with_the_task_then_follows_it(h: Harness) {
     let mut states = Vec::new();
     while let Some(event) = events.next().await {
         let event = event.unwrap();
-        assert!(cursor.is_none_or(|cursor| event.cursor > cursor), "nothing at or before the cursor");
+        assert!(cursor.as_ref().is_none_or(|cursor| event.cursor > cursor.after), "nothing at or before the cursor");
         states.push(event.status.state);
     }
     assert_eq!(states, [TaskState::Completed], "only the change after the snapshot");

@@ -11,10 +11,13 @@
 use chorus_runtime::storage::Backend;
 use sqlx::Row as _;
 
-use super::{SqlTaskRepository, rows};
+use super::{
+    SqlTaskRepository, rows,
+    rows::{aggregated_parts, task_columns},
+};
 use crate::{
-    domain::{Cursor, EventBatch, EventQuery, TaskEvent},
-    error::Result,
+    domain::{Cursor, EventBatch, EventQuery, Task, TaskCursor, TaskEvent},
+    error::{Result, TaskStoreError},
 };
 
 macro_rules! event_columns {
@@ -135,7 +138,69 @@ macro_rules! latest {
     };
 }
 
+/// Task $2 whole, the cursor of its newest event below `$horizon`
+/// (`latest_tx`, `latest_id`), and `$held`: one statement, so one snapshot
+/// holds all three.
+macro_rules! snapshot {
+    ($horizon:expr, $held:expr) => {
+        concat!(
+            "SELECT ",
+            task_columns!(),
+            ", ",
+            aggregated_parts!("t", ""),
+            ", (SELECT tx_id FROM taskstore_events e WHERE e.namespace = $1 AND e.task_id = $2",
+            $horizon,
+            " ORDER BY tx_id DESC, id DESC LIMIT 1) AS latest_tx, \
+             (SELECT id FROM taskstore_events e WHERE e.namespace = $1 AND e.task_id = $2",
+            $horizon,
+            " ORDER BY tx_id DESC, id DESC LIMIT 1) AS latest_id",
+            $held,
+            " FROM taskstore_tasks t WHERE t.namespace = $1 AND t.id = $2"
+        )
+    };
+}
+
+/// On PostgreSQL, the snapshot also lists the task's events it sees above
+/// the horizon (`seen`, as `tx.id+tx.id...`): they are in the task read,
+/// yet an older transaction may still commit an event sorting before them.
+const SNAPSHOT_POSTGRES: &str = snapshot!(
+    visible_to_postgres!(),
+    concat!(
+        ", (SELECT string_agg(tx_id::text || '.' || id::text, '+' ORDER BY tx_id, id) FROM taskstore_events e \
+         WHERE e.namespace = $1 AND e.task_id = $2 AND tx_id >= ",
+        horizon!(),
+        ") AS seen"
+    )
+);
+
+/// SQLite commits its events in id order: the newest is always exact.
+const SNAPSHOT_SQLITE: &str = snapshot!("", "");
+
 impl SqlTaskRepository {
+    /// The task whole and a cursor after exactly the events it includes,
+    /// read in one snapshot; `None` while it includes too many events an
+    /// older transaction may yet precede (PostgreSQL).
+    pub(super) async fn snapshot(&self, namespace: &str, task_id: &str) -> Result<Option<(Task, Option<TaskCursor>)>> {
+        let postgres = self.backend() == Backend::Postgres;
+        let sql = if postgres { SNAPSHOT_POSTGRES } else { SNAPSHOT_SQLITE };
+        let row = sqlx::query(sql).bind(namespace).bind(task_id).fetch_optional(&mut *self.db.read().await?).await?;
+        let row = row.ok_or_else(|| TaskStoreError::TaskNotFound(task_id.to_owned()))?;
+        let after = match (row.try_get::<Option<i64>, _>("latest_tx")?, row.try_get::<Option<i64>, _>("latest_id")?) {
+            (Some(tx), Some(id)) => Cursor { tx, id },
+            _ => Cursor::default(),
+        };
+        let seen = if postgres { row.try_get::<Option<String>, _>("seen")? } else { None };
+        let cursor = match seen {
+            None if after == Cursor::default() => None,
+            None => Some(TaskCursor::from(after)),
+            Some(seen) => match format!("{after}+{seen}").parse() {
+                Ok(cursor) => Some(cursor),
+                Err(()) => return Ok(None),
+            },
+        };
+        Ok(Some((rows::decode_whole(&row)?, cursor)))
+    }
+
     pub(super) async fn events(&self, query: &EventQuery) -> Result<EventBatch> {
         let postgres = self.backend() == Backend::Postgres;
         let sql = match (&query.task_id, postgres) {

@@ -10,7 +10,7 @@ use crate::{
     domain::{
         Artifact, ArtifactChunk, ClaimRequest, Claimed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff,
         InboxMessage, Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PurgeCursor, Purged,
-        PushConfig, PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskEvent, TaskPage, TaskQuery,
+        PushConfig, PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskCursor, TaskEvent, TaskPage, TaskQuery,
         WorkerLeases,
     },
     error::Result,
@@ -137,6 +137,10 @@ impl TaskRepository for SqlTaskRepository {
 
     async fn read_events(&self, query: &EventQuery) -> Result<EventBatch> {
         self.events(query).await
+    }
+
+    async fn snapshot_task(&self, namespace: &str, task_id: &str) -> Result<Option<(Task, Option<TaskCursor>)>> {
+        self.snapshot(namespace, task_id).await
     }
 
     async fn latest_event(&self, namespace: &str, task_id: Option<&str>) -> Result<Option<TaskEvent>> {
