@@ -4,4 +4,4 @@ mod model;
 mod receive;
 
 pub use model::*;
-pub use receive::{Selection, select};
+pub use receive::{MESSAGE_OVERHEAD_BYTES, Selection, select};

@@ -7,6 +7,7 @@ use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
 use chorus_proto::hub::{self as pb, hub_server::HubServer};
 use chorus_runtime::{
     grpc::{ResponseStream, namespace, stream_of},
+    server::ServerConfig,
     time::{now_micros, timestamp},
     validate::{self, FieldViolation},
 };
@@ -30,16 +31,20 @@ const MAX_ACK: usize = 1000;
 #[derive(Debug, Clone)]
 pub struct HubGrpc {
     hub: Hub,
+    /// The most bytes a message may have, which the messages of one receive
+    /// keep under, so that a client with the same limit reads them.
+    max_message_bytes: usize,
 }
 
 impl HubGrpc {
     pub fn new(hub: Hub) -> Self {
-        Self { hub }
+        Self { hub, max_message_bytes: ServerConfig::default().max_message_bytes }
     }
 
-    /// The tonic server, accepting requests up to `max_message_bytes`.
+    /// The tonic server, accepting requests up to `max_message_bytes` and
+    /// keeping each receive's messages under it.
     pub fn into_server(self, max_message_bytes: usize) -> HubServer<Self> {
-        HubServer::new(self).max_decoding_message_size(max_message_bytes)
+        HubServer::new(Self { max_message_bytes, ..self }).max_decoding_message_size(max_message_bytes)
     }
 }
 
@@ -197,6 +202,7 @@ impl pb::hub_server::Hub for HubGrpc {
             },
             require_all: request.require_all,
             max: page_size("max_messages", request.max_messages, DEFAULT_RECEIVE, MAX_RECEIVE)?,
+            max_bytes: self.max_message_bytes,
             timeout: validate::duration("timeout", request.timeout, Duration::ZERO)?,
             ack_timeout: convert::duration_or(
                 "ack_timeout",

@@ -32,6 +32,10 @@ pub struct Take {
     pub filter: InboxFilter,
     pub require_all: bool,
     pub max: u32,
+    /// Most bytes the messages taken may add up to (see
+    /// [`Message::answer_bytes`](crate::domain::Message::answer_bytes)); the
+    /// first is taken whatever its size.
+    pub max_bytes: usize,
     pub lease: Lease,
     /// Most messages the consumer may hold leased at once (streams).
     pub hold_limit: Option<u32>,

@@ -35,6 +35,9 @@ pub struct Receive {
     pub filter: InboxFilter,
     pub require_all: bool,
     pub max: u32,
+    /// Most bytes the messages taken may add up to: the first is taken
+    /// whatever its size, the rest wait for the next receive.
+    pub max_bytes: usize,
     pub timeout: Duration,
     pub ack_timeout: Duration,
 }
@@ -151,7 +154,7 @@ impl Hub {
     /// Waits up to `timeout` for matching inbox messages and leases them
     /// for `ack_timeout`. A receive that times out takes nothing.
     pub async fn receive(&self, receive: Receive) -> Result<Received> {
-        let Receive { namespace, agent_id, filter, require_all, max, timeout, ack_timeout } = receive;
+        let Receive { namespace, agent_id, filter, require_all, max, max_bytes, timeout, ack_timeout } = receive;
         let (namespace, agent_id) = (namespace.as_str(), agent_id.as_str());
         self.repository.get_agent(namespace, agent_id).await?;
         let consumer_id = format!("receive-{}", uuid::Uuid::now_v7());
@@ -165,6 +168,7 @@ impl Hub {
                 filter: filter.clone(),
                 require_all,
                 max,
+                max_bytes,
                 lease: Lease::for_ack(&consumer_id, now, ack_timeout),
                 hold_limit: None,
                 stream: None,
@@ -247,6 +251,8 @@ impl Hub {
                 filter: inbox.filter.clone(),
                 require_all: false,
                 max,
+                // A stream sends each message on its own.
+                max_bytes: usize::MAX,
                 lease: inbox.lease(now),
                 hold_limit: Some(inbox.max_in_flight),
                 stream: Some(stream),

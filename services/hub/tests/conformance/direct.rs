@@ -17,6 +17,7 @@ conformance!(
     receive_filters_by_sender_and_type_and_a_timeout_consumes_nothing,
     require_all_waits_for_every_sender_and_loses_nothing_on_timeout,
     an_unacked_message_is_handed_out_again,
+    large_messages_come_in_several_receives_none_left_hidden,
     delivery_confirmation_waits_for_the_ack,
     an_inbox_stream_resumes_from_its_cursor,
     direct_messages_stay_in_their_namespace,
@@ -69,6 +70,7 @@ async fn require_all_waits_for_every_sender_and_loses_nothing_on_timeout(h: Harn
             filter: senders(&["w1", "w2", "w3"]),
             require_all: true,
             max: 100,
+            max_bytes: usize::MAX,
             timeout: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(5),
         })
@@ -84,6 +86,33 @@ async fn require_all_waits_for_every_sender_and_loses_nothing_on_timeout(h: Harn
     assert_eq!(from, ["w1", "w2", "w3"]);
 }
 
+/// A receive takes no more than one answer can carry: the rest stay queued
+/// for the next receive rather than leased to an answer that drops them.
+async fn large_messages_come_in_several_receives_none_left_hidden(h: Harness) {
+    h.agent("a", "worker").await;
+    h.agent("b", "worker").await;
+    for n in 0..5 {
+        let mut message = outgoing("a", Audience::Agent("b".into()), MessageKind::Direct, &format!("big-{n}"));
+        message.content.payload = vec![b'x'; 300_000];
+        h.hub.send(message).await.unwrap();
+    }
+    let receive = |max_bytes| Receive {
+        namespace: NS.into(),
+        agent_id: "b".into(),
+        filter: InboxFilter::default(),
+        require_all: false,
+        max: 100,
+        max_bytes,
+        timeout: Duration::ZERO,
+        ack_timeout: Duration::from_secs(60),
+    };
+    let first = h.hub.receive(receive(1_000_000)).await.unwrap();
+    assert_eq!(types_of(&first.messages), ["big-0", "big-1", "big-2"]);
+    let second = h.hub.receive(receive(1_000_000)).await.unwrap();
+    assert_eq!(types_of(&second.messages), ["big-3", "big-4"], "the rest were left for this receive");
+    assert!(h.hub.receive(receive(1)).await.unwrap().messages.is_empty(), "all five are leased");
+}
+
 async fn an_unacked_message_is_handed_out_again(h: Harness) {
     h.agent("a", "worker").await;
     h.agent("b", "worker").await;
@@ -96,6 +125,7 @@ async fn an_unacked_message_is_handed_out_again(h: Harness) {
             filter: InboxFilter::default(),
             require_all: false,
             max: 10,
+            max_bytes: usize::MAX,
             timeout: Duration::ZERO,
             ack_timeout: Duration::from_millis(100),
         })
@@ -183,6 +213,7 @@ async fn a_receive_cut_short_by_shutdown_says_so_rather_than_timed_out(h: Harnes
         filter: InboxFilter::default(),
         require_all: false,
         max: 10,
+        max_bytes: usize::MAX,
         timeout: Duration::from_secs(30),
         ack_timeout: Duration::from_secs(2),
     };

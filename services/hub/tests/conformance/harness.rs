@@ -101,6 +101,7 @@ impl Harness {
                 filter,
                 require_all,
                 max: 100,
+                max_bytes: usize::MAX,
                 timeout,
                 ack_timeout: Duration::from_secs(2),
             })

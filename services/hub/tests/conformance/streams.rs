@@ -185,6 +185,7 @@ async fn a_take_by_a_replaced_stream_leases_nothing(h: Harness) {
         filter: InboxFilter::default(),
         require_all: false,
         max: 10,
+        max_bytes: usize::MAX,
         lease: lease.clone(),
         hold_limit: Some(10),
         stream: Some(stream),

@@ -181,6 +181,7 @@ async fn topics_and_broadcasts_stay_in_their_namespace(h: Harness) {
             filter: InboxFilter::default(),
             require_all: false,
             max: 10,
+            max_bytes: usize::MAX,
             timeout: Duration::ZERO,
             ack_timeout: Duration::from_secs(1),
         })

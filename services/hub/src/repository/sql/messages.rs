@@ -12,7 +12,7 @@ pub(super) type AnyQuery<'q> = Query<'q, Any, AnyArguments>;
 
 use super::{SqlHubRepository, Tx, placeholders, rows};
 use crate::{
-    domain::{Audience, InboxFilter, Lease, Message, Outgoing, Selection, Sent, select},
+    domain::{Audience, InboxFilter, Lease, MESSAGE_OVERHEAD_BYTES, Message, Outgoing, Selection, Sent, select},
     error::{HubError, Result},
     repository::{Take, Taken},
 };
@@ -206,7 +206,7 @@ impl SqlHubRepository {
         let query = bind_filter(query, filter);
         let available =
             query.fetch_all(&mut *tx).await?.iter().map(rows::decode_message).collect::<Result<Vec<_>>>()?;
-        let chosen = match select(&available, filter, take.require_all, max as usize) {
+        let chosen = match select(&available, filter, take.require_all, max as usize, take.max_bytes) {
             Selection::Missing(senders) => return Ok(Taken::Missing(senders)),
             Selection::Take(chosen) => chosen,
         };
@@ -237,14 +237,18 @@ impl SqlHubRepository {
             None => "0",
         };
         let hold_limit = i64::from(take.hold_limit.unwrap_or(take.max));
-        let conditions = filter_conditions(&take.filter, 9);
+        let conditions = filter_conditions(&take.filter, 10);
         let sql = format!(
             "WITH fence AS (SELECT stream FROM hub_consumers WHERE namespace = $1 AND agent_id = $2 \
              AND consumer_id = $4 FOR SHARE), \
-             picked AS (SELECT i.sequence FROM hub_inbox i WHERE i.namespace = $1 AND i.recipient = $2 \
-             AND i.expires_at > $3 AND (i.ack_deadline IS NULL OR i.ack_deadline <= $3) \
+             candidates AS (SELECT i.sequence, i.message_id FROM hub_inbox i WHERE i.namespace = $1 \
+             AND i.recipient = $2 AND i.expires_at > $3 AND (i.ack_deadline IS NULL OR i.ack_deadline <= $3) \
              AND ($8 IS NULL OR NOT EXISTS (SELECT 1 FROM fence WHERE fence.stream <> $8)){conditions} \
              ORDER BY i.sequence LIMIT LEAST($6, GREATEST(0, $7 - {held})) FOR UPDATE SKIP LOCKED), \
+             picked AS (SELECT sequence FROM (SELECT c.sequence, ROW_NUMBER() OVER (ORDER BY c.sequence) AS n, \
+             SUM(octet_length(m.payload) + {MESSAGE_OVERHEAD_BYTES}) OVER (ORDER BY c.sequence) AS bytes \
+             FROM candidates c JOIN hub_messages m ON m.namespace = $1 AND m.id = c.message_id) sized \
+             WHERE n = 1 OR bytes <= $9), \
              relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) \
              UPDATE hub_inbox i SET consumer_id = $4, ack_deadline = $5, attempt = i.attempt + 1 \
              FROM picked, relaxed, hub_messages m \
@@ -260,7 +264,8 @@ impl SqlHubRepository {
             .bind(take.lease.until)
             .bind(i64::from(take.max))
             .bind(hold_limit)
-            .bind(take.stream);
+            .bind(take.stream)
+            .bind(i64::try_from(take.max_bytes).unwrap_or(i64::MAX));
         let mut connection = self.db.acquire().await?;
         let rows = bind_filter(query, &take.filter).fetch_all(&mut *connection).await?;
         if rows.is_empty() {
