@@ -112,18 +112,28 @@ impl Relay {
         let renew = self.store.config.poll_interval().min(self.store.config.outbox_lease() / 3);
         let mut failures = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
         let mut held_back = Backoff::new(HELD_BACK_RETRY, renew);
+        let mut bus_down_since = None;
         loop {
             // Created before the read, so a change committed meanwhile wakes it.
             let mut waiter = self.store.wakeups.waiter(keys::OUTBOX);
             let round = match self.round().await {
                 Ok(round) => round,
                 Err(error) => {
+                    if matches!(error, TaskStoreError::EventBus(_)) {
+                        let since = *bus_down_since.get_or_insert_with(tokio::time::Instant::now);
+                        if self.leader && since.elapsed() >= self.store.config.outbox_lease() / 2 {
+                            self.step_down(&error).await;
+                            bus_down_since = None;
+                            continue;
+                        }
+                    }
                     let delay = failures.take();
                     tracing::warn!(%error, retry_in_ms = delay.as_millis(), "outbox relay round failed");
                     tokio::time::sleep(delay).await;
                     continue;
                 }
             };
+            bus_down_since = None;
             failures.reset();
             if round != Round::HeldBack {
                 held_back.reset();
@@ -177,6 +187,16 @@ impl Relay {
             Ok(Err(error)) => tracing::debug!(%error, "the outbox relay could not hand its lease back"),
             Err(_) => tracing::debug!("the outbox relay could not hand its lease back in time"),
         }
+    }
+
+    /// Hands the lease back after publishing has failed for half a lease,
+    /// and stands by for a whole one: a replica that reaches its bus takes
+    /// over meanwhile. Alone, this one takes the lease back after that.
+    async fn step_down(&mut self, error: &TaskStoreError) {
+        tracing::warn!(%error, owner = %self.owner, "the outbox relay cannot publish; it hands its lease to another replica");
+        self.release().await;
+        self.leader = false;
+        tokio::time::sleep(self.store.config.outbox_lease()).await;
     }
 
     fn note_leadership(&mut self, cursor: Option<Cursor>) {

@@ -3,17 +3,17 @@
 //! interval and lease are far longer than the deadlines here, so only a
 //! wake-up can pass these tests.
 
-use std::collections::HashSet;
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
-use std::sync::Arc;
-
-use chorus_runtime::wakeup::Wakeups;
+use chorus_proto::eventbus::event_bus_client::EventBusClient;
+use chorus_runtime::{time::now_micros, transport::Transport, wakeup::Wakeups};
 use chorus_taskstore::{
     TaskStore, TaskStoreConfig,
     domain::{ArtifactChunk, StatusUpdate, TaskState},
     repository::sql::SqlTaskRepository,
 };
 use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
 
 use crate::{
     bus::Bus,
@@ -27,6 +27,7 @@ conformance!(
     a_relay_restarted_under_its_name_takes_its_lease_back_at_once,
     a_relay_shut_down_hands_its_lease_to_another_at_once,
     a_round_of_changes_larger_than_one_publish_takes_goes_out_in_several,
+    a_relay_that_cannot_reach_its_bus_hands_its_lease_to_one_that_can,
 );
 
 pub(crate) fn slow_config() -> TaskStoreConfig {
@@ -80,10 +81,10 @@ async fn a_publish_whose_answer_is_lost_is_repeated_and_logged_once(h: Harness) 
     bus.lose_answers(2);
     let first = h.task("ns", "echo", "one").await;
     h.store.spawn_outbox_relay(client, "replica-1".to_owned());
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while bus.calls() < 3 {
         assert!(tokio::time::Instant::now() < deadline, "the relay did not repeat the publish");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let log = bus.wait_for("ns", 1).await;
     assert_eq!(log.len(), 1, "the bus logged the event once: {log:?}");
@@ -145,4 +146,30 @@ async fn a_round_of_changes_larger_than_one_publish_takes_goes_out_in_several(h:
     assert_eq!(created, [true; 9]);
     assert_eq!(log[8].subject, small.id, "the small change is last, in commit order");
     assert!(log[..8].iter().all(|event| event.payload.len() > 900_000), "the large changes keep their content");
+}
+
+/// A relay whose bus is unreachable steps down after failing for half a
+/// lease, and one that reaches its bus takes over. Without that, the
+/// failing relay renews its lease between retries (at most 5 s apart,
+/// shorter than the lease here) for as long as its bus is down.
+async fn a_relay_that_cannot_reach_its_bus_hands_its_lease_to_one_that_can(h: Harness) {
+    let (bus, client) = Bus::start().await;
+    let unreachable = Channel::from_static("http://127.0.0.1:1").connect_lazy();
+    let stopping = CancellationToken::new();
+    let replica = || {
+        let config = TaskStoreConfig { outbox_lease_ms: 6_000, ..slow_config() };
+        TaskStore::new(Arc::new(SqlTaskRepository::new(h.db.clone())), Wakeups::new(), config, stopping.clone())
+    };
+    let task = h.task("ns", "echo", "one").await;
+    let failing = replica().spawn_outbox_relay(EventBusClient::new(Transport::remote(unreachable)), "replica-1".into());
+    // Once the failing relay holds the lease, no one else can take it.
+    while h.repository.acquire_outbox_lease("eventbus", "probe", now_micros(), Duration::ZERO).await.unwrap().is_some()
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    replica().spawn_outbox_relay(client, "replica-2".into());
+    let log = bus.wait_for("ns", 1).await;
+    assert_eq!(log[0].subject, task.id);
+    stopping.cancel();
+    failing.await.unwrap();
 }
