@@ -7,9 +7,9 @@ use anyhow::Context as _;
 use chorus_eventbus::{EventBus, grpc::EventBusGrpc, repository::sql::SqlEventRepository};
 use chorus_gateway::A2aGrpc;
 use chorus_hub::{Hub, grpc::HubGrpc, repository::sql::SqlHubRepository};
-use chorus_proto::eventbus::event_bus_client::EventBusClient;
+use chorus_proto::{eventbus::event_bus_client::EventBusClient, taskstore::task_store_server::TaskStoreServer};
 use chorus_runtime::{
-    server::ServerBuilder,
+    server::{ServerBuilder, serving_probe},
     storage::{Db, redact_url, sqlite_file},
     transport::Transport,
     wakeup::Wakeups,
@@ -25,9 +25,12 @@ use chorus_workflow::{
 };
 use tokio::net::TcpListener;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
-use tonic::transport::Channel;
+use tonic::{server::NamedService, transport::Channel};
 
 use crate::config::ChorusConfig;
+
+/// The task store's name in gRPC health checks.
+const TASKSTORE_SERVICE: &str = <TaskStoreServer<TaskStoreGrpc> as NamedService>::NAME;
 
 /// What runs in this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -278,6 +281,7 @@ impl Stack {
                         gateway_config.registry_file =
                             Some(PathBuf::from(&config.storage.data_dir).join("agents.json"));
                     }
+                    let taskstore_probe = taskstore.clone();
                     let gateway = chorus_gateway::build(
                         gateway_config,
                         taskstore,
@@ -298,6 +302,11 @@ impl Stack {
                     // credentials, the services beside it check them too.
                     if let Some(guard) = gateway.operator_guard() {
                         server.guard_own_services(guard);
+                    }
+                    // A gateway whose task store runs elsewhere is ready only
+                    // while that task store is.
+                    if local_taskstore.is_none() || config.gateway.taskstore_url.is_some() {
+                        server.add_readiness_probe(serving_probe(taskstore_probe, TASKSTORE_SERVICE, target.clone()));
                     }
                     tracing::info!(taskstore = %target, "A2A gateway mounted");
                 }

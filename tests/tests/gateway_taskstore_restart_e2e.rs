@@ -11,6 +11,7 @@ use chorus_tests::{
     test_worker,
     worker::Mode,
 };
+use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 const CATALOG: &str = r#"[gateway]
@@ -54,8 +55,21 @@ where
     let streaming = tokio::spawn(events(streaming));
     let working = working_tasks(&a2a, 2).await;
 
+    assert_eq!(healthz(&a2a).await.0, StatusCode::OK);
     stop(taskstore).await;
+    let (status, reason) = healthz(&a2a).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "a gateway without its task store is not ready: {reason}");
+    assert!(reason.contains("chorus.taskstore.v1.TaskStore"), "{reason}");
     let _taskstore = sandbox.serve_taskstore(&database).listen(address).start().await;
+    let mut ready = healthz(&a2a).await;
+    for _ in 0..50 {
+        if ready.0 == StatusCode::OK {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        ready = healthz(&a2a).await;
+    }
+    assert_eq!(ready, (StatusCode::OK, "ok\n".to_owned()), "ready again with its task store");
     for id in &working {
         a2a.call("reverser", "CancelTask", json!({ "id": id })).await;
     }
@@ -69,6 +83,12 @@ where
     assert_eq!(seen.last().map(String::as_str), Some("status CANCELED"), "{seen:?}");
     let working_seen = seen.iter().filter(|event| *event == "status WORKING").count();
     assert_eq!(working_seen, 1, "a change was lost or sent twice: {seen:?}");
+}
+
+/// The gateway's `/healthz` answer.
+async fn healthz(a2a: &A2a) -> (StatusCode, String) {
+    let answer = a2a.get("/healthz").send().await.expect("answered");
+    (answer.status(), answer.text().await.expect("a text answer"))
 }
 
 /// The ids of the first `count` tasks the worker took, once it has.

@@ -14,7 +14,11 @@ use tonic::{
     service::{Routes, RoutesBuilder},
     transport::Server,
 };
-use tonic_health::{ServingStatus, server::HealthReporter};
+use tonic_health::{
+    ServingStatus,
+    pb::{HealthCheckRequest, health_check_response::ServingStatus as WireStatus, health_client::HealthClient},
+    server::HealthReporter,
+};
 use tower::ServiceBuilder;
 use tower_http::{
     catch_panic::CatchPanicLayer,
@@ -25,7 +29,9 @@ use tower_http::{
 
 use crate::{
     metrics::{self, Metrics, observe},
-    telemetry, upgrade,
+    telemetry,
+    transport::Transport,
+    upgrade,
 };
 
 /// Server settings shared by every service.
@@ -48,6 +54,28 @@ impl Default for ServerConfig {
 
 /// A readiness check: `Err(reason)` keeps `/healthz` at 503.
 pub type ReadinessProbe = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+
+/// How long a [`serving_probe`] waits for its answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A readiness check of a service this process calls over `transport`
+/// (at `target`): ready while that service's health check answers serving
+/// within two seconds.
+pub fn serving_probe(transport: Transport, service: &'static str, target: String) -> ReadinessProbe {
+    Arc::new(move || {
+        let mut client = HealthClient::new(transport.clone());
+        let target = target.clone();
+        Box::pin(async move {
+            let request = HealthCheckRequest { service: service.to_owned() };
+            match tokio::time::timeout(PROBE_TIMEOUT, client.check(request)).await {
+                Ok(Ok(answer)) if answer.get_ref().status == WireStatus::Serving as i32 => Ok(()),
+                Ok(Ok(_)) => Err(format!("{service} at {target} is not serving")),
+                Ok(Err(status)) => Err(format!("{service} at {target}: {}", status.message())),
+                Err(_) => Err(format!("{service} at {target} did not answer within {PROBE_TIMEOUT:?}")),
+            }
+        })
+    })
+}
 
 /// A check of a call's credentials (its headers): `Err` is the call's answer.
 pub type Guard = Arc<dyn Fn(&http::HeaderMap) -> Result<(), tonic::Status> + Send + Sync>;
