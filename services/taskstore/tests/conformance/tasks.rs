@@ -248,6 +248,22 @@ async fn list_filters_and_pages_newest_first(h: Harness) {
     assert_eq!(h.store.list_tasks(recent).await.unwrap().tasks[0].id, ids[0]);
     let bogus = PageToken { timestamp: i64::MIN + 1, id: String::new() };
     assert!(h.store.list_tasks(query(2, Some(bogus))).await.unwrap().tasks.is_empty());
+
+    // Every filter at once, paged one by one.
+    let all = |page_token| TaskQuery {
+        context_id: Some("ctx-0".into()),
+        agent_id: Some("even".into()),
+        state: Some(TaskState::Submitted),
+        updated_after: Some(0),
+        ..query(1, page_token)
+    };
+    let mut pages = vec![h.store.list_tasks(all(None)).await.unwrap()];
+    while let Some(token) = pages.last().unwrap().next_page_token.clone() {
+        pages.push(h.store.list_tasks(all(Some(token))).await.unwrap());
+    }
+    let listed: Vec<&String> = pages.iter().flat_map(|page| &page.tasks).map(|task| &task.id).collect();
+    assert_eq!(listed, [&ids[4], &ids[2]], "even tasks of ctx-0 still submitted, newest first");
+    assert!(pages.iter().all(|page| page.total_size == 2), "each page counts the whole listing");
 }
 
 async fn illegal_transitions_fail_and_change_nothing(h: Harness) {

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use sqlx::AnyConnection;
+use sqlx::{Any, AnyConnection, AssertSqlSafe, Row as _, any::AnyArguments, query::Query};
 
 use super::{
     EventDetail, SqlTaskRepository, append_history, apply_status, check_fence, check_writable, complete_task_view,
@@ -16,13 +16,41 @@ use crate::{
     error::{Result, TaskStoreError},
 };
 
-/// The filters of a task listing: $1 namespace, $2 context, $3 state, $4 agent,
-/// $5 updated-after; empty strings match everything.
-macro_rules! list_filters {
-    () => {
-        "namespace = $1 AND ($2 = '' OR context_id = $2) AND ($3 = '' OR state = $3) \
-         AND ($4 = '' OR agent_id = $4) AND status_timestamp >= $5"
-    };
+/// The conditions of a task listing after its namespace ($1): only those
+/// the query sets, so that each combination is planned on its own and a
+/// context's listing reads its index. The text values bind from $2 on, in
+/// order, then the updated-after time when set; returns the next number.
+fn list_filters(query: &TaskQuery) -> (String, Vec<&str>, usize) {
+    let mut sql = String::from("namespace = $1");
+    let mut texts = Vec::new();
+    let columns = [
+        ("context_id", query.context_id.as_deref()),
+        ("state", query.state.map(TaskState::as_str)),
+        ("agent_id", query.agent_id.as_deref()),
+    ];
+    for (column, value) in columns {
+        if let Some(value) = value {
+            texts.push(value);
+            sql.push_str(&format!(" AND {column} = ${}", texts.len() + 1));
+        }
+    }
+    let mut next = texts.len() + 2;
+    if query.updated_after.is_some() {
+        sql.push_str(&format!(" AND status_timestamp >= ${next}"));
+        next += 1;
+    }
+    (sql, texts, next)
+}
+
+type AnyQuery<'q> = Query<'q, Any, AnyArguments>;
+
+/// Binds what [`list_filters`] asks for.
+fn bind_filters<'q>(statement: AnyQuery<'q>, query: &'q TaskQuery, texts: &[&'q str]) -> AnyQuery<'q> {
+    let statement = texts.iter().fold(statement.bind(&query.namespace), |statement, text| statement.bind(*text));
+    match query.updated_after {
+        Some(after) => statement.bind(after),
+        None => statement,
+    }
 }
 
 /// Task $2 with the last $3 messages of its history and its artifacts.
@@ -45,38 +73,25 @@ impl SqlTaskRepository {
 
     pub(super) async fn list(&self, query: TaskQuery) -> Result<TaskPage> {
         let mut conn = self.db.read().await?;
-        let state = query.state.map(TaskState::as_str).unwrap_or_default();
-        let context_id = query.context_id.as_deref().unwrap_or_default();
-        let agent_id = query.agent_id.as_deref().unwrap_or_default();
-        let updated_after = query.updated_after.unwrap_or(i64::MIN);
+        let (filters, texts, next) = list_filters(&query);
         let (before_timestamp, before_id) =
             query.page_token.as_ref().map_or((i64::MAX, ""), |token| (token.timestamp, token.id.as_str()));
-        let rows = sqlx::query(concat!(
-            "SELECT ",
+        let page = format!(
+            "SELECT {} FROM taskstore_tasks WHERE {filters} AND (status_timestamp < ${next} \
+             OR (status_timestamp = ${next} AND id < ${})) ORDER BY status_timestamp DESC, id DESC LIMIT ${}",
             task_columns!(),
-            " FROM taskstore_tasks WHERE ",
-            list_filters!(),
-            " AND (status_timestamp < $6 OR (status_timestamp = $6 AND id < $7)) \
-             ORDER BY status_timestamp DESC, id DESC LIMIT $8"
-        ))
-        .bind(&query.namespace)
-        .bind(context_id)
-        .bind(state)
-        .bind(agent_id)
-        .bind(updated_after)
-        .bind(before_timestamp)
-        .bind(before_id)
-        .bind(i64::from(query.page_size) + 1)
-        .fetch_all(&mut *conn)
-        .await?;
-        let total: i64 = sqlx::query_scalar(concat!("SELECT COUNT(*) FROM taskstore_tasks WHERE ", list_filters!()))
-            .bind(&query.namespace)
-            .bind(context_id)
-            .bind(state)
-            .bind(agent_id)
-            .bind(updated_after)
-            .fetch_one(&mut *conn)
+            next + 1,
+            next + 2
+        );
+        let rows = bind_filters(sqlx::query(AssertSqlSafe(page)), &query, &texts)
+            .bind(before_timestamp)
+            .bind(before_id)
+            .bind(i64::from(query.page_size) + 1)
+            .fetch_all(&mut *conn)
             .await?;
+        let count = format!("SELECT COUNT(*) FROM taskstore_tasks WHERE {filters}");
+        let total: i64 =
+            bind_filters(sqlx::query(AssertSqlSafe(count)), &query, &texts).fetch_one(&mut *conn).await?.try_get(0)?;
         let has_more = rows.len() > query.page_size as usize;
         let mut tasks = Vec::with_capacity(rows.len());
         for row in rows.iter().take(query.page_size as usize) {
