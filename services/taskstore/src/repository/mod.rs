@@ -165,11 +165,18 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     async fn acquire_outbox_lease(&self, relay: &str, owner: &str, now: i64, lease: Duration)
     -> Result<Option<Cursor>>;
 
-    /// Saves the relay's cursor; [`OutboxLeaseLost`] unless `owner` holds
-    /// the lease at `now`.
+    /// Saves the relay's cursor and renews its lease until `now` + `lease`;
+    /// [`OutboxLeaseLost`] unless `owner` holds the lease at `now`.
     ///
     /// [`OutboxLeaseLost`]: crate::error::TaskStoreError::OutboxLeaseLost
-    async fn save_outbox_cursor(&self, relay: &str, owner: &str, cursor: Cursor, now: i64) -> Result<()>;
+    async fn save_outbox_cursor(
+        &self,
+        relay: &str,
+        owner: &str,
+        cursor: Cursor,
+        now: i64,
+        lease: Duration,
+    ) -> Result<()>;
 
     /// Stores the config, which gets the task's changes after `after`
     /// (`None`: from the task's first), followed under `lease` (`None`: by

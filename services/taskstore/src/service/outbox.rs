@@ -13,7 +13,7 @@ use std::{collections::HashMap, time::Duration};
 use chorus_proto::eventbus::{NewEvent, PublishBatchRequest, event_bus_client::EventBusClient};
 use chorus_runtime::{grpc::fitting, time::timestamp, transport::Transport};
 use serde::Serialize;
-use tokio::task::JoinHandle;
+use tokio::{task::JoinHandle, time::Instant};
 
 use super::{TaskStore, keys, streams::HELD_BACK_RETRY};
 use crate::{
@@ -48,7 +48,7 @@ impl TaskStore {
     /// its restarts (a restarted replica then takes its lease back at once
     /// instead of waiting for it to run out).
     pub fn spawn_outbox_relay(&self, client: EventBusClient<Transport>, owner: String) -> JoinHandle<()> {
-        let mut relay = Relay { store: self.clone(), client, owner, leader: false };
+        let mut relay = Relay { store: self.clone(), client, owner, leader: false, held: None };
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             tokio::select! {
@@ -104,12 +104,19 @@ struct Relay {
     owner: String,
     /// Whether the last round held the lease.
     leader: bool,
+    /// The cursor as this relay last saved or read it, and when its lease
+    /// was last renewed (before the renewing call), while it leads.
+    held: Option<(Cursor, Instant)>,
 }
 
 impl Relay {
+    /// How often the lease is renewed: idle, well before it runs out.
+    fn renew(&self) -> Duration {
+        self.store.config.poll_interval().min(self.store.config.outbox_lease() / 3)
+    }
+
     async fn run(&mut self) {
-        // Idle, the relay still renews its lease well before it runs out.
-        let renew = self.store.config.poll_interval().min(self.store.config.outbox_lease() / 3);
+        let renew = self.renew();
         let mut failures = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
         let mut held_back = Backoff::new(HELD_BACK_RETRY, renew);
         let mut bus_down_since = None;
@@ -120,7 +127,7 @@ impl Relay {
                 Ok(round) => round,
                 Err(error) => {
                     if matches!(error, TaskStoreError::EventBus(_)) {
-                        let since = *bus_down_since.get_or_insert_with(tokio::time::Instant::now);
+                        let since = *bus_down_since.get_or_insert_with(Instant::now);
                         if self.leader && since.elapsed() >= self.store.config.outbox_lease() / 2 {
                             self.step_down(&error).await;
                             bus_down_since = None;
@@ -147,14 +154,24 @@ impl Relay {
         }
     }
 
-    /// Renews the lease, then publishes the events after the cursor and
-    /// saves the cursor past them.
+    /// Renews the lease unless a save renewed it lately, then publishes the
+    /// events after the cursor and saves the cursor past them, which renews
+    /// the lease too: under steady changes a round writes once.
     async fn round(&mut self) -> Result<Round> {
         let lease = self.store.config.outbox_lease();
-        let cursor = self.store.repository.acquire_outbox_lease(RELAY, &self.owner, now_micros(), lease).await?;
-        self.note_leadership(cursor);
-        let Some(cursor) = cursor else {
-            return Ok(Round::Standby);
+        let cursor = match self.held {
+            Some((cursor, renewed)) if self.leader && renewed.elapsed() < self.renew() => cursor,
+            _ => {
+                let renewing = Instant::now();
+                let cursor =
+                    self.store.repository.acquire_outbox_lease(RELAY, &self.owner, now_micros(), lease).await?;
+                self.note_leadership(cursor);
+                let Some(cursor) = cursor else {
+                    return Ok(Round::Standby);
+                };
+                self.held = Some((cursor, renewing));
+                cursor
+            }
         };
         let limit = self.store.config.outbox_batch_size();
         let batch = self.store.repository.read_outbox(cursor, limit).await?;
@@ -169,7 +186,13 @@ impl Relay {
         for (namespace, events) in by_namespace(&batch.events, self.store.config.outbox_max_payload_bytes)? {
             self.publish(namespace, events, lease).await?;
         }
-        self.store.repository.save_outbox_cursor(RELAY, &self.owner, last, now_micros()).await?;
+        let renewing = Instant::now();
+        let saved = self.store.repository.save_outbox_cursor(RELAY, &self.owner, last, now_micros(), lease).await;
+        if let Err(error) = saved {
+            self.held = None;
+            return Err(error);
+        }
+        self.held = Some((last, renewing));
         tracing::debug!(events = batch.events.len(), cursor = %last, "outbox relayed");
         Ok(next)
     }
@@ -196,6 +219,7 @@ impl Relay {
         tracing::warn!(%error, owner = %self.owner, "the outbox relay cannot publish; it hands its lease to another replica");
         self.release().await;
         self.leader = false;
+        self.held = None;
         tokio::time::sleep(self.store.config.outbox_lease()).await;
     }
 

@@ -70,27 +70,32 @@ async fn one_owner_at_a_time_holds_the_relay_lease(h: Harness) {
         "the holder renews, until 15 s"
     );
     assert_eq!(r.acquire_outbox_lease("bus", "b", start + 12 * SECOND, LEASE).await.unwrap(), None, "renewed");
-    let by_b = r.save_outbox_cursor("bus", "b", step, start + 12 * SECOND).await;
+    let by_b = r.save_outbox_cursor("bus", "b", step, start + 12 * SECOND, LEASE).await;
     assert!(matches!(by_b, Err(TaskStoreError::OutboxLeaseLost { .. })), "{by_b:?}");
-    r.save_outbox_cursor("bus", "a", step, start + 12 * SECOND).await.unwrap();
-
-    let late = r.save_outbox_cursor("bus", "a", Cursor { tx: 0, id: 2 }, start + 16 * SECOND).await;
-    assert!(matches!(late, Err(TaskStoreError::OutboxLeaseLost { .. })), "a's lease ran out: {late:?}");
+    r.save_outbox_cursor("bus", "a", step, start + 12 * SECOND, LEASE).await.unwrap();
     assert_eq!(
         r.acquire_outbox_lease("bus", "b", start + 16 * SECOND, LEASE).await.unwrap(),
+        None,
+        "a's save renewed its lease, until 22 s"
+    );
+
+    let late = r.save_outbox_cursor("bus", "a", Cursor { tx: 0, id: 2 }, start + 23 * SECOND, LEASE).await;
+    assert!(matches!(late, Err(TaskStoreError::OutboxLeaseLost { .. })), "a's lease ran out: {late:?}");
+    assert_eq!(
+        r.acquire_outbox_lease("bus", "b", start + 23 * SECOND, LEASE).await.unwrap(),
         Some(step),
         "b takes over the expired lease where a left off"
     );
-    assert_eq!(r.acquire_outbox_lease("bus", "a", start + 17 * SECOND, LEASE).await.unwrap(), None);
-    let by_a = r.save_outbox_cursor("bus", "a", Cursor { tx: 0, id: 3 }, start + 17 * SECOND).await;
+    assert_eq!(r.acquire_outbox_lease("bus", "a", start + 24 * SECOND, LEASE).await.unwrap(), None);
+    let by_a = r.save_outbox_cursor("bus", "a", Cursor { tx: 0, id: 3 }, start + 24 * SECOND, LEASE).await;
     assert!(matches!(by_a, Err(TaskStoreError::OutboxLeaseLost { .. })), "{by_a:?}");
 
     assert_eq!(
-        r.acquire_outbox_lease("other", "a", start + 17 * SECOND, LEASE).await.unwrap(),
+        r.acquire_outbox_lease("other", "a", start + 24 * SECOND, LEASE).await.unwrap(),
         Some(Cursor::default()),
         "relays are leased apart"
     );
-    let unknown = r.save_outbox_cursor("missing", "a", step, start).await;
+    let unknown = r.save_outbox_cursor("missing", "a", step, start, LEASE).await;
     assert!(matches!(unknown, Err(TaskStoreError::OutboxLeaseLost { .. })), "{unknown:?}");
 }
 
@@ -104,7 +109,7 @@ async fn the_relay_cursor_outlives_its_owner(h: Harness) {
     let start = now_micros();
     let cursor = r.acquire_outbox_lease("bus", "a", start, LEASE).await.unwrap().unwrap();
     let batch = read_settled(&h, cursor, 2).await;
-    r.save_outbox_cursor("bus", "a", batch[1].cursor, start).await.unwrap();
+    r.save_outbox_cursor("bus", "a", batch[1].cursor, start, LEASE).await.unwrap();
     assert_eq!(r.acquire_outbox_lease("bus", "a", start + SECOND, LEASE).await.unwrap(), Some(batch[1].cursor));
 
     let taken = r.acquire_outbox_lease("bus", "b", start + 20 * SECOND, LEASE).await.unwrap();

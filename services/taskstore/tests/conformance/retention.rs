@@ -176,7 +176,7 @@ async fn unpublished_events_hold_their_tree_back(h: Harness) {
     .unwrap();
     let last = Cursor { tx, id };
     assert!(last > cursor);
-    h.repository.save_outbox_cursor("eventbus", "relay", last, now_micros()).await.unwrap();
+    h.repository.save_outbox_cursor("eventbus", "relay", last, now_micros(), Duration::from_secs(60)).await.unwrap();
     assert_eq!(purge(&h, later(), 100).await, 1, "published, its events may go");
 }
 

@@ -18,7 +18,9 @@ const ACQUIRE: &str = "INSERT INTO taskstore_outbox (name, owner, lease_until) V
      WHERE taskstore_outbox.owner = excluded.owner OR taskstore_outbox.lease_until < $4 \
      RETURNING cursor_tx, cursor_id";
 
-const SAVE: &str = "UPDATE taskstore_outbox SET cursor_tx = $3, cursor_id = $4 \
+/// Saves relay $1's cursor ($3, $4) and renews its lease to $6, while $2
+/// holds it at $5.
+const SAVE: &str = "UPDATE taskstore_outbox SET cursor_tx = $3, cursor_id = $4, lease_until = $6 \
      WHERE name = $1 AND owner = $2 AND lease_until >= $5";
 
 impl SqlTaskRepository {
@@ -40,13 +42,21 @@ impl SqlTaskRepository {
         Ok(row.map(|(tx, id)| Cursor { tx, id }))
     }
 
-    pub(super) async fn save_outbox(&self, relay: &str, owner: &str, cursor: Cursor, now: i64) -> Result<()> {
+    pub(super) async fn save_outbox(
+        &self,
+        relay: &str,
+        owner: &str,
+        cursor: Cursor,
+        now: i64,
+        lease: Duration,
+    ) -> Result<()> {
         let saved = sqlx::query(SAVE)
             .bind(relay)
             .bind(owner)
             .bind(cursor.tx)
             .bind(cursor.id)
             .bind(now)
+            .bind(now.saturating_add(micros(lease)))
             .execute(&mut *self.db.acquire().await?)
             .await?;
         if saved.rows_affected() == 0 {

@@ -161,8 +161,15 @@ impl TaskRepository for SqlTaskRepository {
         self.acquire_outbox(relay, owner, now, lease).await
     }
 
-    async fn save_outbox_cursor(&self, relay: &str, owner: &str, cursor: Cursor, now: i64) -> Result<()> {
-        self.save_outbox(relay, owner, cursor, now).await
+    async fn save_outbox_cursor(
+        &self,
+        relay: &str,
+        owner: &str,
+        cursor: Cursor,
+        now: i64,
+        lease: Duration,
+    ) -> Result<()> {
+        self.save_outbox(relay, owner, cursor, now, lease).await
     }
 
     async fn create_push_config(
