@@ -139,10 +139,10 @@ macro_rules! latest {
 }
 
 /// Task $2 whole, the cursor of its newest event below `$horizon`
-/// (`latest_tx`, `latest_id`), and `$held`: one statement, so one snapshot
-/// holds all three.
+/// (`latest_tx`, `latest_id`), and the columns `$seen` adds: one statement,
+/// so one snapshot holds them all.
 macro_rules! snapshot {
-    ($horizon:expr, $held:expr) => {
+    ($horizon:expr, $seen:expr) => {
         concat!(
             "SELECT ",
             task_columns!(),
@@ -154,7 +154,7 @@ macro_rules! snapshot {
              (SELECT id FROM taskstore_events e WHERE e.namespace = $1 AND e.task_id = $2",
             $horizon,
             " ORDER BY tx_id DESC, id DESC LIMIT 1) AS latest_id",
-            $held,
+            $seen,
             " FROM taskstore_tasks t WHERE t.namespace = $1 AND t.id = $2"
         )
     };
