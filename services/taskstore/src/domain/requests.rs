@@ -77,15 +77,29 @@ pub struct TaskQuery {
     pub include_artifacts: bool,
 }
 
-/// Where the next page starts: after this (status timestamp, id).
+/// Where the next page starts: after this (status timestamp, id). It also
+/// carries the listing's total as the first page counted it, so later pages
+/// do not count it again. Written `total!timestamp~id`; a token without the
+/// total (`timestamp~id`, as earlier versions wrote it) is counted again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageToken {
     pub timestamp: i64,
     pub id: String,
+    pub total: Option<u64>,
+}
+
+impl PageToken {
+    /// The token of the page after `task`, in a listing of `total` tasks.
+    pub fn after(task: &Task, total: u64) -> Self {
+        Self { timestamp: task.status.timestamp, id: task.id.clone(), total: Some(total) }
+    }
 }
 
 impl fmt::Display for PageToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(total) = self.total {
+            write!(f, "{total}!")?;
+        }
         write!(f, "{}~{}", self.timestamp, self.id)
     }
 }
@@ -94,12 +108,16 @@ impl FromStr for PageToken {
     type Err = ();
 
     fn from_str(value: &str) -> Result<Self, ()> {
-        let (timestamp, id) = value.split_once('~').ok_or(())?;
+        let (head, id) = value.split_once('~').ok_or(())?;
+        let (total, timestamp) = match head.split_once('!') {
+            Some((total, timestamp)) => (Some(total.parse().map_err(drop)?), timestamp),
+            None => (None, head),
+        };
         let timestamp = timestamp.parse().map_err(drop)?;
         if id.is_empty() {
             return Err(());
         }
-        Ok(Self { timestamp, id: id.to_owned() })
+        Ok(Self { timestamp, id: id.to_owned(), total })
     }
 }
 
@@ -442,9 +460,14 @@ mod tests {
         assert_eq!(cursor.to_string().parse::<Cursor>(), Ok(cursor));
         assert!("x".parse::<Cursor>().is_err());
         assert!("-1.2".parse::<Cursor>().is_err());
-        let token = PageToken { timestamp: 5, id: "a~b".into() };
+        let token = PageToken { timestamp: 5, id: "a~b".into(), total: None };
         assert_eq!(token.to_string().parse::<PageToken>(), Ok(token));
-        assert!("5~".parse::<PageToken>().is_err());
+        let counted = PageToken { timestamp: -5, id: "a!b~c".into(), total: Some(12) };
+        assert_eq!(counted.to_string(), "12!-5~a!b~c");
+        assert_eq!(counted.to_string().parse::<PageToken>(), Ok(counted));
+        for garbage in ["5~", "x!5~a", "!5~a", "5!~a", "-1!5~a"] {
+            assert!(garbage.parse::<PageToken>().is_err(), "{garbage}");
+        }
         assert!(Cursor { tx: 1, id: 9 } < Cursor { tx: 2, id: 1 });
     }
 

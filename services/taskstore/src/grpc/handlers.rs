@@ -56,8 +56,7 @@ impl TaskStoreGrpc {
 /// The page's tasks on the wire, as many as fit in `budget` bytes (at least
 /// one): a page cut short continues after its last task.
 fn fit_page(page: TaskPage, budget: usize) -> pb::ListTasksResponse {
-    let afters: Vec<PageToken> =
-        page.tasks.iter().map(|task| PageToken { timestamp: task.status.timestamp, id: task.id.clone() }).collect();
+    let afters: Vec<PageToken> = page.tasks.iter().map(|task| PageToken::after(task, page.total_size)).collect();
     let mut tasks: Vec<pb::Task> = page.tasks.into_iter().map(convert::task_out).collect();
     let fit = fitting(tasks.iter().map(prost::Message::encoded_len), budget);
     let mut next_page_token = page.next_page_token;

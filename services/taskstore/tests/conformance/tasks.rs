@@ -246,7 +246,7 @@ async fn list_filters_and_pages_newest_first(h: Harness) {
     let working = h.store.get_task("ns", &ids[0], None).await.unwrap();
     let recent = TaskQuery { updated_after: Some(working.status.timestamp), ..query(50, None) };
     assert_eq!(h.store.list_tasks(recent).await.unwrap().tasks[0].id, ids[0]);
-    let bogus = PageToken { timestamp: i64::MIN + 1, id: String::new() };
+    let bogus = PageToken { timestamp: i64::MIN + 1, id: String::new(), total: None };
     assert!(h.store.list_tasks(query(2, Some(bogus))).await.unwrap().tasks.is_empty());
 
     // Every filter at once, paged one by one.
@@ -264,6 +264,18 @@ async fn list_filters_and_pages_newest_first(h: Harness) {
     let listed: Vec<&String> = pages.iter().flat_map(|page| &page.tasks).map(|task| &task.id).collect();
     assert_eq!(listed, [&ids[4], &ids[2]], "even tasks of ctx-0 still submitted, newest first");
     assert!(pages.iter().all(|page| page.total_size == 2), "each page counts the whole listing");
+
+    // Later pages carry the first page's count instead of counting again.
+    let paged = |page_token| TaskQuery { namespace: "paged".into(), ..query(1, page_token) };
+    for text in ["one", "two", "three"] {
+        h.task("paged", "echo", text).await;
+    }
+    let first = h.store.list_tasks(paged(None)).await.unwrap();
+    assert_eq!(first.total_size, 3);
+    h.task("paged", "echo", "four").await;
+    let second = h.store.list_tasks(paged(first.next_page_token)).await.unwrap();
+    assert_eq!(second.total_size, 3, "counted once, by the first page");
+    assert_eq!(h.store.list_tasks(paged(None)).await.unwrap().total_size, 4, "a new listing counts again");
 }
 
 async fn illegal_transitions_fail_and_change_nothing(h: Harness) {

@@ -12,7 +12,10 @@ use super::{
     save, set_status,
 };
 use crate::{
-    domain::{Artifact, ArtifactChunk, EventKind, Message, Role, StatusUpdate, Task, TaskPage, TaskQuery, TaskState},
+    domain::{
+        Artifact, ArtifactChunk, EventKind, Message, PageToken, Role, StatusUpdate, Task, TaskPage, TaskQuery,
+        TaskState,
+    },
     error::{Result, TaskStoreError},
 };
 
@@ -89,22 +92,23 @@ impl SqlTaskRepository {
             .bind(i64::from(query.page_size) + 1)
             .fetch_all(&mut *conn)
             .await?;
-        let count = format!("SELECT COUNT(*) FROM taskstore_tasks WHERE {filters}");
-        let total: i64 =
-            bind_filters(sqlx::query(AssertSqlSafe(count)), &query, &texts).fetch_one(&mut *conn).await?.try_get(0)?;
+        // Counted on the first page only: the later ones carry its count.
+        let total = match query.page_token.as_ref().and_then(|token| token.total) {
+            Some(total) => total,
+            None => {
+                let count = format!("SELECT COUNT(*) FROM taskstore_tasks WHERE {filters}");
+                let counted = bind_filters(sqlx::query(AssertSqlSafe(count)), &query, &texts);
+                u64::try_from(counted.fetch_one(&mut *conn).await?.try_get::<i64, _>(0)?).unwrap_or(0)
+            }
+        };
         let has_more = rows.len() > query.page_size as usize;
         let mut tasks = Vec::with_capacity(rows.len());
         for row in rows.iter().take(query.page_size as usize) {
             let record = TaskRecord::decode(row)?;
             tasks.push(complete_task_view(&mut conn, record, query.history_length, query.include_artifacts).await?);
         }
-        let next_page_token = match tasks.last() {
-            Some(last) if has_more => {
-                Some(crate::domain::PageToken { timestamp: last.status.timestamp, id: last.id.clone() })
-            }
-            _ => None,
-        };
-        Ok(TaskPage { tasks, next_page_token, total_size: u64::try_from(total).unwrap_or(0) })
+        let next_page_token = tasks.last().filter(|_| has_more).map(|last| PageToken::after(last, total));
+        Ok(TaskPage { tasks, next_page_token, total_size: total })
     }
 
     pub(super) async fn add_message_to(
