@@ -52,17 +52,24 @@ async fn discover_filters_by_capability_type_and_status(h: Harness) {
     assert_eq!((updated.registered_at, updated.capabilities.as_slice()), (first.registered_at, &["go".to_owned()][..]));
 }
 
+/// Staleness is judged by the query's window, which here reaches just past
+/// chatty's heartbeat: a slow machine lengthens the window with it, and
+/// quiet, silent a second longer, stays outside.
 async fn silent_agents_go_stale_and_heartbeats_revive_them(h: Harness) {
     h.agent("quiet", "worker").await;
     h.agent("chatty", "worker").await;
-    for _ in 0..4 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        h.hub.heartbeat(NS, "chatty").await.unwrap();
-    }
-    assert_eq!(ids(h.hub.discover(&query(&[], None, Some(AgentStatus::Active))).await.unwrap()), ["chatty"]);
-    assert_eq!(ids(h.hub.discover(&query(&[], None, Some(AgentStatus::Stale))).await.unwrap()), ["quiet"]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Taken before the heartbeat: chatty was heard at or after it.
+    let heard = tokio::time::Instant::now();
+    h.hub.heartbeat(NS, "chatty").await.unwrap();
+    let since_heard = |status| AgentQuery {
+        stale_after: heard.elapsed() + Duration::from_millis(300),
+        ..query(&[], None, Some(status))
+    };
+    assert_eq!(ids(h.hub.discover(&since_heard(AgentStatus::Active)).await.unwrap()), ["chatty"]);
+    assert_eq!(ids(h.hub.discover(&since_heard(AgentStatus::Stale)).await.unwrap()), ["quiet"]);
     h.hub.heartbeat(NS, "quiet").await.unwrap();
-    assert_eq!(h.hub.discover(&query(&[], None, Some(AgentStatus::Active))).await.unwrap().len(), 2);
+    assert_eq!(h.hub.discover(&since_heard(AgentStatus::Active)).await.unwrap().len(), 2);
     let error = h.hub.heartbeat(NS, "ghost").await.unwrap_err();
     assert!(matches!(error, HubError::AgentNotFound(_)), "{error}");
 }
