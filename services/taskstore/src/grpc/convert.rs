@@ -1,6 +1,8 @@
 //! Wire ↔ domain conversions. Input is validated here, field by field; the
 //! domain never sees a proto type.
 
+use std::str::FromStr;
+
 use chorus_proto::taskstore as pb;
 pub(super) use chorus_runtime::time::{timestamp, timestamp_micros};
 use chorus_runtime::validate::{self, FieldViolation};
@@ -221,15 +223,9 @@ pub(super) fn inbox_kind(field: &str, value: i32) -> Checked<InboxKind> {
     }
 }
 
-pub(super) fn cursor(field: &str, value: &str) -> Checked<Option<Cursor>> {
-    if value.is_empty() {
-        return Ok(None);
-    }
-    value.parse().map(Some).map_err(|()| FieldViolation::new(field, "is not a cursor this service handed out"))
-}
-
-/// A cursor of one task's watch: a plain cursor, or a snapshot's.
-pub(super) fn task_cursor(field: &str, value: &str) -> Checked<Option<TaskCursor>> {
+/// A cursor this service handed out (a [`Cursor`], or a [`TaskCursor`] for
+/// one task's watch); empty: none.
+pub(super) fn cursor<C: FromStr<Err = ()>>(field: &str, value: &str) -> Checked<Option<C>> {
     if value.is_empty() {
         return Ok(None);
     }
@@ -240,7 +236,7 @@ pub(super) fn task_cursor(field: &str, value: &str) -> Checked<Option<TaskCursor
 /// had seen. A config resumed from it may get those again, as delivery is
 /// at least once anyway; its follower, on the snapshot's own watch, does not.
 pub(super) fn push_cursor(field: &str, value: &str) -> Checked<Option<Cursor>> {
-    task_cursor(field, value).map(|cursor| cursor.map(|cursor| cursor.after))
+    cursor::<TaskCursor>(field, value).map(|cursor| cursor.map(|cursor| cursor.after))
 }
 
 pub(super) fn non_empty(value: String) -> Option<String> {

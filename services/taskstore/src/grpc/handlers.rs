@@ -208,7 +208,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
     ) -> Result<Response<Self::WatchTaskStream>, Status> {
         let request = request.into_inner();
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
-        let after = convert::task_cursor("after_cursor", &request.after_cursor)?;
+        let after = convert::cursor("after_cursor", &request.after_cursor)?;
         if !request.snapshot {
             let events = self.store.watch_task(&namespace, &task_id, after).await?;
             return Ok(Response::new(stream_of(events, convert::event_out)));
