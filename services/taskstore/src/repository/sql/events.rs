@@ -139,8 +139,8 @@ macro_rules! latest {
 }
 
 /// Task $2 whole, the cursor of its newest event below `$horizon`
-/// (`latest_tx`, `latest_id`), and the columns `$seen` adds: one statement,
-/// so one snapshot holds them all.
+/// (`latest`, as `tx.id`), and the columns `$seen` adds: one statement, so
+/// one snapshot holds them all.
 macro_rules! snapshot {
     ($horizon:expr, $seen:expr) => {
         concat!(
@@ -148,12 +148,9 @@ macro_rules! snapshot {
             task_columns!(),
             ", ",
             aggregated_parts!("t", ""),
-            ", (SELECT tx_id FROM taskstore_events e WHERE e.namespace = $1 AND e.task_id = $2",
+            ", (SELECT tx_id || '.' || id FROM taskstore_events e WHERE e.namespace = $1 AND e.task_id = $2",
             $horizon,
-            " ORDER BY tx_id DESC, id DESC LIMIT 1) AS latest_tx, \
-             (SELECT id FROM taskstore_events e WHERE e.namespace = $1 AND e.task_id = $2",
-            $horizon,
-            " ORDER BY tx_id DESC, id DESC LIMIT 1) AS latest_id",
+            " ORDER BY tx_id DESC, id DESC LIMIT 1) AS latest",
             $seen,
             " FROM taskstore_tasks t WHERE t.namespace = $1 AND t.id = $2"
         )
@@ -185,18 +182,16 @@ impl SqlTaskRepository {
         let sql = if postgres { SNAPSHOT_POSTGRES } else { SNAPSHOT_SQLITE };
         let row = sqlx::query(sql).bind(namespace).bind(task_id).fetch_optional(&mut *self.db.read().await?).await?;
         let row = row.ok_or_else(|| TaskStoreError::TaskNotFound(task_id.to_owned()))?;
-        let after = match (row.try_get::<Option<i64>, _>("latest_tx")?, row.try_get::<Option<i64>, _>("latest_id")?) {
-            (Some(tx), Some(id)) => Cursor { tx, id },
-            _ => Cursor::default(),
-        };
+        let latest = row.try_get::<Option<String>, _>("latest")?;
         let seen = if postgres { row.try_get::<Option<String>, _>("seen")? } else { None };
-        let cursor = match seen {
-            None if after == Cursor::default() => None,
-            None => Some(TaskCursor::from(after)),
-            Some(seen) => match format!("{after}+{seen}").parse() {
-                Ok(cursor) => Some(cursor),
-                Err(()) => return Ok(None),
-            },
+        let written = match (latest, seen) {
+            (latest, None) => latest,
+            (latest, Some(seen)) => Some(format!("{}+{seen}", latest.unwrap_or_else(|| Cursor::default().to_string()))),
+        };
+        let cursor = match written.map(|written| written.parse::<TaskCursor>()) {
+            None => None,
+            Some(Ok(cursor)) => Some(cursor),
+            Some(Err(())) => return Ok(None),
         };
         Ok(Some((rows::decode_whole(&row)?, cursor)))
     }
