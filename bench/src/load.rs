@@ -153,6 +153,7 @@ impl Worker {
             lease: None,
             max_retries: 0,
             notify_cancellations: false,
+            fresh_start: false,
         };
         let claims = call("ClaimTasks", client.claim_tasks(request)).await?;
         Ok(Self { client, claims, agent_id })

@@ -79,7 +79,11 @@ impl Worker {
         self
     }
 
-    /// This worker process's identity; its leases belong to it.
+    /// This worker process's identity; its leases belong to it. An id kept
+    /// across restarts (a pod's name, say) lets a restarted worker take up
+    /// at once the tasks its previous process held: [`run`](Self::run)'s
+    /// first claim has them requeued instead of waiting out their leases.
+    /// No two live processes may share one.
     #[must_use]
     pub fn worker_id(mut self, worker_id: impl Into<String>) -> Self {
         self.worker_id = worker_id.into();
@@ -190,6 +194,7 @@ impl Worker {
             lease: Some(lease),
             max_retries: self.max_retries,
             notify_cancellations: true,
+            fresh_start: false,
         })
     }
 
@@ -207,14 +212,19 @@ impl Worker {
         let permits = usize::try_from(self.capacity).unwrap_or(usize::MAX);
         let capacity = Arc::new(Semaphore::new(permits.min(Semaphore::MAX_PERMITS)));
         let mut backoff = Backoff::new(self.reconnect_initial, self.reconnect_max);
+        // Until a stream opens, this process holds no task: what the worker
+        // id still holds is a previous process's, which the store requeues.
+        let mut fresh_start = true;
         loop {
             let mut client = self.client.clone();
+            let request = ClaimTasksRequest { fresh_start, ..request.clone() };
             let opened = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
-                opened = client.claim_tasks(request.clone()) => opened,
+                opened = client.claim_tasks(request) => opened,
             };
             match opened {
                 Ok(stream) => {
+                    fresh_start = false;
                     backoff.reset();
                     info!(agent_id = %self.agent_id, worker_id = %self.worker_id, "claiming tasks");
                     let stream = stream.into_inner();

@@ -1,10 +1,13 @@
-//! The worker's link to the task store: connecting, reconnecting, refusal,
-//! and the trace that travels with each task.
+//! The worker's link to the task store: connecting, reconnecting,
+//! restarting, refusal, and the trace that travels with each task.
+
+use std::{sync::Arc, time::Duration};
 
 use chorus_proto::taskstore::TaskState;
+use tokio::sync::{Notify, mpsc};
 
-use super::{AGENT, NAMESPACE, Running, server::LiveStore, state_of, status_text, within};
-use crate::{Reply, TaskContext, WorkerError};
+use super::{AGENT, NAMESPACE, Running, server::LiveStore, state_of, status_changes, status_text, within};
+use crate::{Reply, TaskContext, Worker, WorkerError};
 
 #[tokio::test]
 async fn the_worker_reconnects_when_the_server_comes_back() {
@@ -101,4 +104,66 @@ async fn a_task_continues_the_trace_of_its_creator() {
         let traceparent = call.traceparent.as_deref().unwrap_or_default();
         assert!(traceparent.starts_with(&format!("00-{TRACE_ID}-")), "{call:?}");
     }
+}
+
+/// A worker that keeps its id across restarts takes its previous process's
+/// task up at once: the task is requeued when the new process first claims,
+/// not when the old lease (a minute here) runs out.
+#[tokio::test]
+async fn a_restarted_worker_takes_up_its_previous_runs_task_at_once() {
+    let store = LiveStore::start().await;
+    let configure = |worker: Worker| worker.worker_id("pod-0").lease(Duration::from_secs(60)).max_retries(1);
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let hang = move |task: TaskContext| {
+        let _ = started_tx.send(task.task().id.clone());
+        std::future::pending()
+    };
+    let first = Running::start(&store, configure, hang).await;
+    let task = store.create(NAMESPACE, AGENT, "survive me", None).await;
+    assert_eq!(within("the first run to take the task", started.recv()).await, Some(task.id.clone()));
+    assert!(first.stop().await.is_ok(), "the first run abandons the task, still leased to pod-0");
+
+    let second = Running::start(&store, configure, crate::echo::handle).await;
+    let done = store.finished(NAMESPACE, &task.id).await;
+    assert_eq!((state_of(&done), done.attempt, status_text(&done)), (TaskState::Completed, 2, Some("survive me")));
+    let events = store.events_until_done(NAMESPACE, &task.id).await;
+    let requeued = status_changes(&events, TaskState::Submitted);
+    assert_eq!(requeued, [Some("worker restarted; requeued after attempt 1 of 2")]);
+    assert!(second.stop().await.is_ok());
+}
+
+/// A reconnect is no restart: the tasks the process works on stay its own.
+#[tokio::test]
+async fn a_reconnected_worker_keeps_the_tasks_it_works_on() {
+    let mut store = LiveStore::start().await;
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let release = Arc::new(Notify::new());
+    let gate = Arc::clone(&release);
+    let handler = move |task: TaskContext| {
+        let _ = started_tx.send(());
+        let gate = Arc::clone(&gate);
+        async move {
+            gate.notified().await;
+            Ok(Reply::text(format!("finished {}", task.text())))
+        }
+    };
+    let configure = |worker: Worker| worker.worker_id("pod-1").lease(Duration::from_secs(60));
+    let running = Running::start(&store, configure, handler).await;
+    let task = store.create(NAMESPACE, AGENT, "long job", None).await;
+    within("the handler to start", started.recv()).await.expect("a task");
+
+    store.restart().await;
+    within("the worker to claim again", async {
+        while store.calls().iter().filter(|call| call.method == "ClaimTasks").count() < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    release.notify_one();
+    let done = store.finished(NAMESPACE, &task.id).await;
+    assert_eq!(
+        (state_of(&done), done.attempt, status_text(&done)),
+        (TaskState::Completed, 1, Some("finished long job"))
+    );
+    assert!(running.stop().await.is_ok());
 }

@@ -257,6 +257,9 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
             lease: validate::duration("lease", request.lease, Duration::ZERO)?,
             max_retries: request.max_retries,
         };
+        if request.fresh_start {
+            self.store.start_worker_run(&claim.namespace, &claim.worker_id, &claim.agent_id).await?;
+        }
         if !request.notify_cancellations {
             return Ok(Response::new(stream_of(self.store.claim_stream(claim), convert::claimed_out)));
         }

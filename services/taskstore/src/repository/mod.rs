@@ -107,6 +107,10 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// Ends or requeues up to `limit` tasks whose lease ran out before `now`.
     async fn expire_leases(&self, now: i64, limit: u32) -> Result<Vec<Expiry>>;
 
+    /// Ends or requeues, as if their leases had run out, the tasks of
+    /// `agent_id` leased to `worker_id`: its previous run's, gone.
+    async fn end_previous_run(&self, namespace: &str, worker_id: &str, agent_id: &str) -> Result<Vec<Expiry>>;
+
     /// Deletes the task trees whose every task finished at or before
     /// `finished_before` (µs) and whose events every outbox relay has
     /// published, with all that belongs to them: history, artifacts, events,

@@ -2,7 +2,8 @@
 //! requeued (while its agent's retries last) or failed — the fallback
 //! completion that tells its owner the child is gone. On its rounds it also
 //! gives a new database its first statistics (see `Db::analyze_once_filled`)
-//! and deletes the finished tasks past `retention_ms`.
+//! and deletes the finished tasks past `retention_ms`. A worker that starts
+//! again under its old id ends its previous run's leases at once instead.
 
 use std::time::Duration;
 
@@ -10,7 +11,10 @@ use chorus_runtime::time::micros;
 use tokio::task::JoinHandle;
 
 use super::TaskStore;
-use crate::domain::{PurgeCursor, now_micros};
+use crate::{
+    domain::{PurgeCursor, Task, now_micros},
+    error::Result,
+};
 
 /// Expired leases handled per transaction.
 const BATCH: u32 = 100;
@@ -74,15 +78,36 @@ impl TaskStore {
                     requeued = expiry.requeued,
                     "worker lease expired"
                 );
-                self.changed(task);
                 let outcome = if expiry.requeued { "requeued" } else { "failed" };
                 self.metrics.lease_expiries.with([outcome]).inc();
-                self.count_if_finished(task);
+                self.attempt_ended(task);
             }
             if expired.len() < BATCH as usize {
                 return;
             }
         }
+    }
+
+    /// Opens a new run of `worker_id` for `agent_id`: the tasks its previous
+    /// run still holds are requeued (or failed, their retries spent) now
+    /// rather than when their leases run out. Returns how many.
+    pub async fn start_worker_run(&self, namespace: &str, worker_id: &str, agent_id: &str) -> Result<usize> {
+        let ended = self.repository.end_previous_run(namespace, worker_id, agent_id).await?;
+        for expiry in &ended {
+            self.attempt_ended(&expiry.task);
+        }
+        if !ended.is_empty() {
+            let requeued = ended.iter().filter(|expiry| expiry.requeued).count();
+            tracing::info!(%namespace, %worker_id, %agent_id, requeued, failed = ended.len() - requeued,
+                "a restarted worker's previous leases ended");
+        }
+        Ok(ended.len())
+    }
+
+    /// Tells of a task whose worker's attempt ended without it.
+    fn attempt_ended(&self, task: &Task) {
+        self.changed(task);
+        self.count_if_finished(task);
     }
 
     /// Deletes, batch after batch, the finished task trees past `retention`.

@@ -10,6 +10,7 @@ mod isolation;
 mod outbox;
 mod push;
 mod relay;
+mod restarts;
 mod retention;
 mod subtasks;
 mod tasks;

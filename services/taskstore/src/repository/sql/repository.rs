@@ -102,6 +102,10 @@ impl TaskRepository for SqlTaskRepository {
         self.expire(now, limit).await
     }
 
+    async fn end_previous_run(&self, namespace: &str, worker_id: &str, agent_id: &str) -> Result<Vec<Expiry>> {
+        self.end_run(namespace, worker_id, agent_id).await
+    }
+
     async fn purge_finished(&self, finished_before: i64, after: Option<&PurgeCursor>, limit: u32) -> Result<Purged> {
         self.purge(finished_before, after, limit).await
     }

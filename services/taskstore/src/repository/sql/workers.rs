@@ -78,6 +78,21 @@ macro_rules! expired_leases {
 const EXPIRED_POSTGRES: &str = concat!(expired_leases!(), " FOR UPDATE SKIP LOCKED");
 const EXPIRED_SQLITE: &str = expired_leases!();
 
+/// The tasks of agent $3 leased to worker $2, live or not.
+macro_rules! run_leases {
+    () => {
+        concat!(
+            "SELECT ",
+            task_columns!(),
+            " FROM taskstore_tasks WHERE namespace = $1 AND worker_id = $2 AND agent_id = $3"
+        )
+    };
+}
+/// Waits for a row another writer holds (a reaper expiring it, say), then
+/// reads it again: a row that writer took out of the run is not returned.
+const RUN_POSTGRES: &str = concat!(run_leases!(), " FOR UPDATE");
+const RUN_SQLITE: &str = run_leases!();
+
 /// The lease a claim hands out.
 struct Lease<'a> {
     id: &'a str,
@@ -283,16 +298,35 @@ impl SqlTaskRepository {
             Backend::Postgres => EXPIRED_POSTGRES,
             Backend::Sqlite => EXPIRED_SQLITE,
         };
+        self.end_leases(sqlx::query(sql).bind(now).bind(i64::from(limit)), "worker lease expired").await
+    }
+
+    pub(super) async fn end_run(&self, namespace: &str, worker_id: &str, agent_id: &str) -> Result<Vec<Expiry>> {
+        let sql = match self.backend() {
+            Backend::Postgres => RUN_POSTGRES,
+            Backend::Sqlite => RUN_SQLITE,
+        };
+        let leases = sqlx::query(sql).bind(namespace).bind(worker_id).bind(agent_id);
+        self.end_leases(leases, "worker restarted").await
+    }
+
+    /// Ends the attempt of every task `leases` selects (and locks), for
+    /// `reason`: each is requeued while its agent's retries last.
+    async fn end_leases(
+        &self,
+        leases: sqlx::query::Query<'_, sqlx::Any, sqlx::any::AnyArguments>,
+        reason: &str,
+    ) -> Result<Vec<Expiry>> {
         let mut tx = self.begin().await?;
-        let rows = sqlx::query(sql).bind(now).bind(i64::from(limit)).fetch_all(&mut *tx).await?;
-        let mut expired = Vec::with_capacity(rows.len());
+        let rows = leases.fetch_all(&mut *tx).await?;
+        let mut ended = Vec::with_capacity(rows.len());
         for row in &rows {
             let mut record = TaskRecord::decode(row)?;
-            let requeued = end_attempt(&mut tx, &mut record, "worker lease expired", true).await?;
-            expired.push(Expiry { task: complete_task_view(&mut tx, record, Some(0), false).await?, requeued });
+            let requeued = end_attempt(&mut tx, &mut record, reason, true).await?;
+            ended.push(Expiry { task: complete_task_view(&mut tx, record, Some(0), false).await?, requeued });
         }
         tx.commit().await?;
-        Ok(expired)
+        Ok(ended)
     }
 }
 
