@@ -209,8 +209,9 @@ impl ServerBuilder {
         let http = std::mem::take(&mut self.http)
             .route("/healthz", get(move || healthz(Arc::clone(&probes))))
             .route("/metrics", get(move || metrics_page(scraped.clone())))
-            .route_layer(axum::middleware::from_fn_with_state(self.metrics.clone(), observe::http))
-            .layer(RequestBodyLimitLayer::new(self.config.max_message_bytes));
+            .layer(RequestBodyLimitLayer::new(self.config.max_message_bytes))
+            // Outside the limit, so that a body refused as too large is counted.
+            .route_layer(axum::middleware::from_fn_with_state(self.metrics.clone(), observe::http));
         let mut grpc = self.grpc.routes().into_axum_router();
         if let Some(guard) = self.guard.take() {
             grpc = grpc.layer(axum::middleware::from_fn(move |request: axum::extract::Request, next: Next| {
@@ -374,6 +375,7 @@ async fn not_found(metrics: Metrics, request: axum::extract::Request) -> axum::r
         let message = format!("no such method: {}", request.uri().path());
         return tonic::Status::unimplemented(message).into_http::<axum::body::Body>();
     }
+    observe::unknown_http_request(&metrics, request.method());
     (StatusCode::NOT_FOUND, "not found\n").into_response()
 }
 
@@ -396,8 +398,11 @@ mod tests {
     use super::*;
 
     async fn http_get(address: std::net::SocketAddr, path: &str) -> String {
+        http_request(address, &format!("GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n")).await
+    }
+
+    async fn http_request(address: std::net::SocketAddr, request: &str) -> String {
         let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-        let request = format!("GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).await.unwrap();
@@ -450,6 +455,9 @@ mod tests {
         let answer = unknown.unary(tonic::Request::new(()), path, codec).await;
         assert_eq!(answer.unwrap_err().code(), tonic::Code::Unimplemented);
         assert!(http_get(address, "/healthz").await.starts_with("HTTP/1.1 200"));
+        assert!(http_get(address, "/no/such/page").await.starts_with("HTTP/1.1 404"));
+        let oversize = "PUT /healthz HTTP/1.1\r\nhost: test\r\ncontent-length: 999999999\r\nconnection: close\r\n\r\n";
+        assert!(http_request(address, oversize).await.starts_with("HTTP/1.1 413"));
 
         let page = http_get(address, "/metrics").await;
         assert!(page.contains("content-type: text/plain; version=0.0.4"), "{page}");
@@ -458,6 +466,8 @@ mod tests {
             "chorus_grpc_request_duration_seconds_count{service=\"grpc.health.v1.Health\",method=\"Check\"} 1\n",
             "chorus_grpc_requests_total{service=\"unknown\",method=\"unknown\",code=\"Unimplemented\"} 1\n",
             "chorus_http_requests_total{route=\"/healthz\",method=\"GET\",status=\"200\",kind=\"http\"} 1\n",
+            "chorus_http_requests_total{route=\"/healthz\",method=\"PUT\",status=\"413\",kind=\"http\"} 1\n",
+            "chorus_http_requests_total{route=\"unknown\",method=\"GET\",status=\"404\",kind=\"http\"} 1\n",
             "chorus_streams_in_flight{protocol=\"grpc\"} 1\n",
         ] {
             assert!(page.contains(series), "no {series} in:\n{page}");

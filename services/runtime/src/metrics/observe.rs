@@ -101,6 +101,12 @@ pub(crate) fn unknown_grpc_call(metrics: &Metrics) {
     metrics.grpc_requests.with([UNKNOWN, UNKNOWN, &code]).inc();
 }
 
+/// Counts an HTTP request to a path no route serves (answered 404 by the
+/// server's fallback, outside every route's layers).
+pub(crate) fn unknown_http_request(metrics: &Metrics, method: &http::Method) {
+    metrics.http_requests.with([UNKNOWN, &method_label(method), "404", "http"]).inc();
+}
+
 fn grpc_code(headers: &HeaderMap) -> Option<tonic::Code> {
     headers.get("grpc-status").map(|status| tonic::Code::from_bytes(status.as_bytes()))
 }
