@@ -10,6 +10,7 @@ use tonic::{Request, Response, Status, metadata::MetadataMap};
 
 use crate::{
     auth::Scope,
+    config::AgentConfig,
     error::{GatewayError, Result},
     http::{SPEAKS_1_0, Version, parse_version},
     service::{self, EventStream, Gateway},
@@ -32,8 +33,9 @@ impl A2aGrpc {
         A2aServiceServer::new(self).max_decoding_message_size(max_message_bytes)
     }
 
-    /// Authenticates the call and resolves its tenant.
-    fn scope(&self, metadata: &MetadataMap, tenant: &str) -> Result<Scope> {
+    /// Authenticates the call and resolves its tenant, and the agent it is
+    /// for: the one the tenant names, else the default one.
+    fn scope(&self, metadata: &MetadataMap, tenant: &str) -> Result<(Scope, &AgentConfig)> {
         let version = metadata.get("a2a-version").map(|value| value.to_str().unwrap_or("<not ASCII>"));
         if let Some(requested) = version
             && parse_version(requested.trim(), SPEAKS_1_0)? == Version::V03
@@ -44,9 +46,8 @@ impl A2aGrpc {
         let principal =
             self.gateway.auth().authenticate(|name| metadata.get(name).and_then(|value| value.to_str().ok()))?;
         let scope = self.gateway.auth().scope(&principal, tenant)?;
-        // A tenant naming an agent names one of the catalog, whatever the call.
-        self.gateway.agent(None, &scope)?;
-        Ok(scope)
+        let agent = self.gateway.agent(None, &scope)?;
+        Ok((scope, agent))
     }
 }
 
@@ -73,10 +74,9 @@ impl pb::a2a_service_server::A2aService for A2aGrpc {
         &self,
         request: Request<pb::SendMessageRequest>,
     ) -> Result<Response<pb::SendMessageResponse>, Status> {
-        let scope = self.scope(request.metadata(), &request.get_ref().tenant)?;
+        let (scope, agent) = self.scope(request.metadata(), &request.get_ref().tenant)?;
         check_parts(request.get_ref().message.as_ref())?;
         let request = pbc::from_proto_send_message_request(request.get_ref());
-        let agent = self.gateway.agent(None, &scope)?;
         let response = self.gateway.send(&scope, agent, request).await?;
         Ok(Response::new(pbc::to_proto_send_message_response(&response)))
     }
@@ -87,17 +87,17 @@ impl pb::a2a_service_server::A2aService for A2aGrpc {
         &self,
         request: Request<pb::SendMessageRequest>,
     ) -> Result<Response<Self::SendStreamingMessageStream>, Status> {
-        let scope = self.scope(request.metadata(), &request.get_ref().tenant)?;
+        let (scope, agent) = self.scope(request.metadata(), &request.get_ref().tenant)?;
         check_parts(request.get_ref().message.as_ref())?;
         let request = pbc::from_proto_send_message_request(request.get_ref());
-        let agent = self.gateway.agent(None, &scope)?;
         Ok(stream(self.gateway.send_streaming(&scope, agent, request).await?))
     }
 
     async fn get_task(&self, request: Request<pb::GetTaskRequest>) -> Result<Response<pb::Task>, Status> {
-        let scope = self.scope(request.metadata(), &request.get_ref().tenant)?;
+        let (scope, agent) = self.scope(request.metadata(), &request.get_ref().tenant)?;
         let request = request.into_inner();
-        let task = self.gateway.get_task(&scope, &request.id, service::history_length(request.history_length)?).await?;
+        let task =
+            self.gateway.get_task(&scope, agent, &request.id, service::history_length(request.history_length)?).await?;
         Ok(Response::new(pbc::to_proto_task(&task)))
     }
 
@@ -105,7 +105,7 @@ impl pb::a2a_service_server::A2aService for A2aGrpc {
         &self,
         request: Request<pb::ListTasksRequest>,
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
-        let scope = self.scope(request.metadata(), &request.get_ref().tenant)?;
+        let (scope, agent) = self.scope(request.metadata(), &request.get_ref().tenant)?;
         let status = request.get_ref().status;
         if pb::TaskState::try_from(status).is_err() {
             return Err(GatewayError::InvalidParams(format!("status {status} is not a task state")).into());
@@ -114,13 +114,13 @@ impl pb::a2a_service_server::A2aService for A2aGrpc {
         // the conversion would read a non-positive one as unset.
         let page_size = request.get_ref().page_size;
         let request = a2a::ListTasksRequest { page_size, ..pbc::from_proto_list_tasks_request(request.get_ref()) };
-        let response = self.gateway.list_tasks(&scope, request).await?;
+        let response = self.gateway.list_tasks(&scope, agent, request).await?;
         Ok(Response::new(pbc::to_proto_list_tasks_response(&response)))
     }
 
     async fn cancel_task(&self, request: Request<pb::CancelTaskRequest>) -> Result<Response<pb::Task>, Status> {
-        let scope = self.scope(request.metadata(), &request.get_ref().tenant)?;
-        let task = self.gateway.cancel_task(&scope, &request.get_ref().id).await?;
+        let (scope, agent) = self.scope(request.metadata(), &request.get_ref().tenant)?;
+        let task = self.gateway.cancel_task(&scope, agent, &request.get_ref().id).await?;
         Ok(Response::new(pbc::to_proto_task(&task)))
     }
 
@@ -130,17 +130,17 @@ impl pb::a2a_service_server::A2aService for A2aGrpc {
         &self,
         request: Request<pb::SubscribeToTaskRequest>,
     ) -> Result<Response<Self::SubscribeToTaskStream>, Status> {
-        let scope = self.scope(request.metadata(), &request.get_ref().tenant)?;
-        Ok(stream(self.gateway.subscribe(&scope, &request.get_ref().id).await?))
+        let (scope, agent) = self.scope(request.metadata(), &request.get_ref().tenant)?;
+        Ok(stream(self.gateway.subscribe(&scope, agent, &request.get_ref().id).await?))
     }
 
     async fn create_task_push_notification_config(
         &self,
         request: Request<pb::TaskPushNotificationConfig>,
     ) -> Result<Response<pb::TaskPushNotificationConfig>, Status> {
-        let scope = self.scope(request.metadata(), &request.get_ref().tenant)?;
+        let (scope, agent) = self.scope(request.metadata(), &request.get_ref().tenant)?;
         let config = pbc::from_proto_create_task_push_notification_config_request(request.get_ref());
-        let created = self.gateway.create_push_config(&scope, config).await?;
+        let created = self.gateway.create_push_config(&scope, agent, config).await?;
         Ok(Response::new(pbc::to_proto_task_push_notification_config(&created)))
     }
 
@@ -148,9 +148,9 @@ impl pb::a2a_service_server::A2aService for A2aGrpc {
         &self,
         request: Request<pb::GetTaskPushNotificationConfigRequest>,
     ) -> Result<Response<pb::TaskPushNotificationConfig>, Status> {
-        let scope = self.scope(request.metadata(), &request.get_ref().tenant)?;
+        let (scope, agent) = self.scope(request.metadata(), &request.get_ref().tenant)?;
         let request = request.into_inner();
-        let config = self.gateway.get_push_config(&scope, &request.task_id, &request.id).await?;
+        let config = self.gateway.get_push_config(&scope, agent, &request.task_id, &request.id).await?;
         Ok(Response::new(pbc::to_proto_task_push_notification_config(&config)))
     }
 
@@ -158,13 +158,13 @@ impl pb::a2a_service_server::A2aService for A2aGrpc {
         &self,
         request: Request<pb::ListTaskPushNotificationConfigsRequest>,
     ) -> Result<Response<pb::ListTaskPushNotificationConfigsResponse>, Status> {
-        let scope = self.scope(request.metadata(), &request.get_ref().tenant)?;
+        let (scope, agent) = self.scope(request.metadata(), &request.get_ref().tenant)?;
         let request = request.into_inner();
         let page_token = Some(request.page_token.as_str()).filter(|token| !token.is_empty());
         // A plain int32 here: 0 is unset.
         let page_size = (request.page_size != 0).then_some(request.page_size);
         let (configs, next_page_token) =
-            self.gateway.list_push_configs(&scope, &request.task_id, page_size, page_token).await?;
+            self.gateway.list_push_configs(&scope, agent, &request.task_id, page_size, page_token).await?;
         Ok(Response::new(pb::ListTaskPushNotificationConfigsResponse {
             configs: configs.iter().map(pbc::to_proto_task_push_notification_config).collect(),
             next_page_token,
@@ -175,9 +175,8 @@ impl pb::a2a_service_server::A2aService for A2aGrpc {
         &self,
         request: Request<pb::GetExtendedAgentCardRequest>,
     ) -> Result<Response<pb::AgentCard>, Status> {
-        let scope = self.scope(request.metadata(), &request.get_ref().tenant)?;
-        let agent = self.gateway.agent(None, &scope)?.id.clone();
-        let card = self.gateway.extended_card(&agent)?;
+        let (_, agent) = self.scope(request.metadata(), &request.get_ref().tenant)?;
+        let card = self.gateway.extended_card(&agent.id)?;
         Ok(Response::new(pbc::to_proto_agent_card(&card)))
     }
 
@@ -185,8 +184,8 @@ impl pb::a2a_service_server::A2aService for A2aGrpc {
         &self,
         request: Request<pb::DeleteTaskPushNotificationConfigRequest>,
     ) -> Result<Response<()>, Status> {
-        let scope = self.scope(request.metadata(), &request.get_ref().tenant)?;
-        self.gateway.delete_push_config(&scope, &request.get_ref().task_id, &request.get_ref().id).await?;
+        let (scope, agent) = self.scope(request.metadata(), &request.get_ref().tenant)?;
+        self.gateway.delete_push_config(&scope, agent, &request.get_ref().task_id, &request.get_ref().id).await?;
         Ok(Response::new(()))
     }
 }

@@ -142,34 +142,36 @@ async fn dispatch(gateway: &Gateway, agent: &str, call: Call) -> Result<Reply> {
         }
         "SubscribeToTask" => {
             let request: a2a::SubscribeToTaskRequest = params(call.params)?;
-            let events = gateway.subscribe(&scope, &request.id).await?;
+            let events = gateway.subscribe(&scope, agent, &request.id).await?;
             return Ok(Reply::Stream(stream(gateway, call.id, version, events)));
         }
         "GetTask" => {
             let request: a2a::GetTaskRequest = params(call.params)?;
             let history_length = service::history_length(request.history_length)?;
-            to_value(gateway.get_task(&scope, &request.id, history_length).await?)
+            to_value(gateway.get_task(&scope, agent, &request.id, history_length).await?)
         }
-        "ListTasks" => to_value(gateway.list_tasks(&scope, params(call.params)?).await?),
+        "ListTasks" => to_value(gateway.list_tasks(&scope, agent, params(call.params)?).await?),
         "CancelTask" => {
             let request: a2a::CancelTaskRequest = params(call.params)?;
-            to_value(gateway.cancel_task(&scope, &request.id).await?)
+            to_value(gateway.cancel_task(&scope, agent, &request.id).await?)
         }
-        "CreateTaskPushNotificationConfig" => to_value(gateway.create_push_config(&scope, params(call.params)?).await?),
+        "CreateTaskPushNotificationConfig" => {
+            to_value(gateway.create_push_config(&scope, agent, params(call.params)?).await?)
+        }
         "GetTaskPushNotificationConfig" => {
             let request: a2a::GetTaskPushNotificationConfigRequest = params(call.params)?;
-            to_value(gateway.get_push_config(&scope, &request.task_id, &request.id).await?)
+            to_value(gateway.get_push_config(&scope, agent, &request.task_id, &request.id).await?)
         }
         "ListTaskPushNotificationConfigs" => {
             let request: a2a::ListTaskPushNotificationConfigsRequest = params(call.params)?;
             let page_token = request.page_token.as_deref();
             let (configs, next) =
-                gateway.list_push_configs(&scope, &request.task_id, request.page_size, page_token).await?;
+                gateway.list_push_configs(&scope, agent, &request.task_id, request.page_size, page_token).await?;
             json!({ "configs": configs, "nextPageToken": next })
         }
         "DeleteTaskPushNotificationConfig" => {
             let request: a2a::DeleteTaskPushNotificationConfigRequest = params(call.params)?;
-            gateway.delete_push_config(&scope, &request.task_id, &request.id).await?;
+            gateway.delete_push_config(&scope, agent, &request.task_id, &request.id).await?;
             json!({})
         }
         "GetExtendedAgentCard" => to_value(gateway.extended_card(&agent.id)?),

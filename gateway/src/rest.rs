@@ -99,27 +99,27 @@ async fn serve(
                 return Ok(stream(gateway, events));
             }
         }
-        Operation::Subscribe(id) => return Ok(stream(gateway, gateway.subscribe(&scope, &id).await?)),
+        Operation::Subscribe(id) => return Ok(stream(gateway, gateway.subscribe(&scope, agent, &id).await?)),
         Operation::GetTask(id) => {
             let history_length = number(&query, "historyLength")?;
-            to_value(gateway.get_task(&scope, &id, history_length).await?)
+            to_value(gateway.get_task(&scope, agent, &id, history_length).await?)
         }
-        Operation::ListTasks => to_value(gateway.list_tasks(&scope, list_request(&query)?).await?),
-        Operation::CancelTask(id) => to_value(gateway.cancel_task(&scope, &id).await?),
+        Operation::ListTasks => to_value(gateway.list_tasks(&scope, agent, list_request(&query)?).await?),
+        Operation::CancelTask(id) => to_value(gateway.cancel_task(&scope, agent, &id).await?),
         Operation::CreatePushConfig(task_id) => {
             let mut config: a2a::TaskPushNotificationConfig = from_json(json)?;
             config.task_id = task_id;
-            to_value(gateway.create_push_config(&scope, config).await?)
+            to_value(gateway.create_push_config(&scope, agent, config).await?)
         }
         Operation::ListPushConfigs(task_id) => {
             let page_token = query.get("pageToken").map(String::as_str);
             let (configs, next) =
-                gateway.list_push_configs(&scope, &task_id, number(&query, "pageSize")?, page_token).await?;
+                gateway.list_push_configs(&scope, agent, &task_id, number(&query, "pageSize")?, page_token).await?;
             json!({ "configs": configs, "nextPageToken": next })
         }
-        Operation::GetPushConfig(task_id, id) => to_value(gateway.get_push_config(&scope, &task_id, &id).await?),
+        Operation::GetPushConfig(task_id, id) => to_value(gateway.get_push_config(&scope, agent, &task_id, &id).await?),
         Operation::DeletePushConfig(task_id, id) => {
-            gateway.delete_push_config(&scope, &task_id, &id).await?;
+            gateway.delete_push_config(&scope, agent, &task_id, &id).await?;
             json!({})
         }
         Operation::ExtendedCard => to_value(gateway.extended_card(&agent.id)?),

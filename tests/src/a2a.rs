@@ -10,6 +10,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use a2a_pb::proto::a2a_service_client::A2aServiceClient;
 use axum::{Router, body::Bytes, extract::State, http::HeaderMap, routing::post};
+use chorus_proto::taskstore::{ListTasksRequest, task_store_client::TaskStoreClient};
 use futures_util::StreamExt as _;
 use reqwest::{Method, RequestBuilder, StatusCode, header::CONTENT_TYPE};
 use serde_json::{Value, json};
@@ -102,10 +103,14 @@ impl A2a {
         }
     }
 
-    /// `ListTasks` in the default namespace: how many tasks it has.
+    /// How many tasks the default namespace holds, of every agent: read from
+    /// the task store, as an agent's A2A endpoint lists only its own.
     pub async fn task_count(&self) -> u64 {
-        let page = self.call("tck", "ListTasks", json!({})).await;
-        page["totalSize"].as_u64().unwrap_or_else(|| panic!("ListTasks has no totalSize: {page:#}"))
+        let endpoint = Channel::from_shared(self.base.clone()).unwrap_or_else(|error| panic!("{error}"));
+        let channel = endpoint.connect().await.unwrap_or_else(|error| panic!("cannot reach the task store: {error}"));
+        let request = ListTasksRequest { namespace: "default".to_owned(), page_size: 1, ..ListTasksRequest::default() };
+        let page = TaskStoreClient::new(channel).list_tasks(request).await;
+        page.unwrap_or_else(|status| panic!("ListTasks: {status:?}")).into_inner().total_size.into()
     }
 
     /// A gRPC client of the gateway's `lf.a2a.v1.A2AService`.

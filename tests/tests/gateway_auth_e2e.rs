@@ -168,10 +168,14 @@ async fn grpc_calls_need_credentials_too() {
     let other_namespace = with(get_task(&id, "team-b"), "authorization", "Bearer s3cret");
     assert_grpc_error(client.get_task(other_namespace).await, Code::NotFound, "TASK_NOT_FOUND");
 
-    let own = with(get_task(&id, ""), "x-api-key", "key-a");
+    // The tenant names the agent too (the card's `team-a/tck`); the default
+    // agent (echo) does not serve the tck agent's task.
+    let default_agent = with(get_task(&id, ""), "x-api-key", "key-a");
+    assert_grpc_error(client.get_task(default_agent).await, Code::NotFound, "TASK_NOT_FOUND");
+    let own = with(get_task(&id, "team-a/tck"), "x-api-key", "key-a");
     let task = client.get_task(own).await.expect("team A reads its task").into_inner();
     assert_eq!(task.status.map(|status| status.state()), Some(pb::TaskState::Completed));
-    let operator = with(get_task(&id, "team-a"), "authorization", "Bearer s3cret");
+    let operator = with(get_task(&id, "team-a/tck"), "authorization", "Bearer s3cret");
     assert_eq!(client.get_task(operator).await.expect("the operator reads it").into_inner().id, task.id);
 }
 

@@ -139,13 +139,15 @@ async fn json_rpc_sends_gets_lists_and_cancels_tasks() {
 
     let waiting = a2a.send("tck", message(&unique("tck-input-required"), "which table?")).await;
     assert_eq!(state(&waiting), "TASK_STATE_INPUT_REQUIRED", "a blocking send returns when input is required");
+    let waiting_id = waiting["id"].as_str().unwrap_or_default().to_owned();
     let third = a2a.send("echo", message("m-3", "again")).await;
-    let newest_first = [&third, &waiting, &task].map(|task| task["id"].as_str().unwrap_or_default().to_owned());
+    let fourth = a2a.send("echo", message("m-4", "once more")).await;
+    let newest_first = [&fourth, &third, &task].map(|task| task["id"].as_str().unwrap_or_default().to_owned());
 
     let mut listed = Vec::new();
     let mut token = String::new();
     for _ in 0..3 {
-        let page = a2a.call("tck", "ListTasks", json!({ "pageSize": 1, "pageToken": token })).await;
+        let page = a2a.call("echo", "ListTasks", json!({ "pageSize": 1, "pageToken": token })).await;
         assert_eq!((&page["pageSize"], &page["totalSize"]), (&json!(1), &json!(3)), "{page:#}");
         assert!(page["tasks"][0].get("artifacts").is_none(), "listed without artifacts by default: {page:#}");
         listed.extend(ids(&page["tasks"]));
@@ -154,20 +156,33 @@ async fn json_rpc_sends_gets_lists_and_cancels_tasks() {
             assert!(!token.is_empty(), "a page before the last has a nextPageToken: {page:#}");
         }
     }
-    assert_eq!(listed, newest_first, "pages list every task once, newest first");
+    assert_eq!(listed, newest_first, "pages list every task of the agent once, newest first");
     assert_eq!(token, "", "the last page has an empty nextPageToken");
-    let interrupted = a2a.call("tck", "ListTasks", json!({ "status": "TASK_STATE_INPUT_REQUIRED" })).await;
-    assert_eq!(ids(&interrupted["tasks"]), [newest_first[1].clone()]);
-    let completed = a2a.call("tck", "ListTasks", json!({ "status": "TASK_STATE_COMPLETED", "includeArtifacts": true }));
+    let completed =
+        a2a.call("echo", "ListTasks", json!({ "status": "TASK_STATE_COMPLETED", "includeArtifacts": true }));
     let completed = completed.await;
-    assert_eq!(ids(&completed["tasks"]), [newest_first[0].clone(), newest_first[2].clone()]);
-    assert_eq!(completed["tasks"][1]["artifacts"], task["artifacts"], "includeArtifacts lists them");
+    assert_eq!(ids(&completed["tasks"]), newest_first);
+    assert_eq!(completed["tasks"][2]["artifacts"], task["artifacts"], "includeArtifacts lists them");
+    let interrupted = a2a.call("echo", "ListTasks", json!({ "status": "TASK_STATE_INPUT_REQUIRED" })).await;
+    assert_eq!(ids(&interrupted["tasks"]), Vec::<String>::new(), "the tck agent's task is not echo's: {interrupted:#}");
 
-    let canceled = a2a.call("tck", "CancelTask", json!({ "id": newest_first[1] })).await;
+    // Each agent's endpoint serves its own tasks: another's is not found there.
+    let theirs = a2a.call("tck", "ListTasks", json!({})).await;
+    assert_eq!((ids(&theirs["tasks"]), &theirs["totalSize"]), (vec![waiting_id.clone()], &json!(1)), "{theirs:#}");
+    let foreign = a2a.call_error("tck", "GetTask", json!({ "id": id })).await;
+    assert_rpc_error(&foreign, -32001, "TASK_NOT_FOUND");
+    let foreign = a2a.call_error("echo", "CancelTask", json!({ "id": waiting_id })).await;
+    assert_rpc_error(&foreign, -32001, "TASK_NOT_FOUND");
+    let push = json!({ "taskId": waiting_id, "url": "https://example.com/hook" });
+    let foreign = a2a.call_error("echo", "CreateTaskPushNotificationConfig", push).await;
+    assert_rpc_error(&foreign, -32001, "TASK_NOT_FOUND");
+    assert_eq!(state(&a2a.call("tck", "GetTask", json!({ "id": waiting_id })).await), "TASK_STATE_INPUT_REQUIRED");
+
+    let canceled = a2a.call("tck", "CancelTask", json!({ "id": waiting_id })).await;
     assert_eq!(state(&canceled), "TASK_STATE_CANCELED", "{canceled:#}");
-    let read = a2a.call("tck", "GetTask", json!({ "id": newest_first[1] })).await;
+    let read = a2a.call("tck", "GetTask", json!({ "id": waiting_id })).await;
     assert_eq!(state(&read), "TASK_STATE_CANCELED");
-    let again = a2a.call_error("tck", "CancelTask", json!({ "id": newest_first[1] })).await;
+    let again = a2a.call_error("tck", "CancelTask", json!({ "id": waiting_id })).await;
     assert_rpc_error(&again, -32002, "TASK_NOT_CANCELABLE");
     let finished = a2a.call_error("echo", "CancelTask", json!({ "id": id })).await;
     assert_rpc_error(&finished, -32002, "TASK_NOT_CANCELABLE");
@@ -361,7 +376,7 @@ async fn tasks_larger_than_a_grpc_message_are_read_whole_and_listed_in_pages() {
     let megabyte = "m".repeat(1 << 20);
 
     // Five messages of 1 MiB: more than the 4 MiB a gRPC answer holds by default.
-    let big = create_task(&mut tasks, "default", "archive", &megabyte).await;
+    let big = create_task(&mut tasks, "default", "echo", &megabyte).await;
     for _ in 0..4 {
         let message = text_message(Role::User, &megabyte);
         let request = AddMessageRequest {
@@ -372,16 +387,16 @@ async fn tasks_larger_than_a_grpc_message_are_read_whole_and_listed_in_pages() {
         };
         tasks.add_message(request).await.expect("a message of 1 MiB");
     }
-    let read = a2a.call("tck", "GetTask", json!({ "id": big.id })).await;
+    let read = a2a.call("echo", "GetTask", json!({ "id": big.id })).await;
     assert_eq!(read["history"].as_array().map_or(0, Vec::len), 5, "the whole history");
     for _ in 0..3 {
-        create_task(&mut tasks, "default", "archive", &megabyte).await;
+        create_task(&mut tasks, "default", "echo", &megabyte).await;
     }
 
     // Pages stay under the limit: the 5 MiB task alone, then the others as they fit.
     let (mut listed, mut pages, mut token) = (Vec::new(), 0, String::new());
     loop {
-        let page = a2a.call("tck", "ListTasks", json!({ "pageToken": token })).await;
+        let page = a2a.call("echo", "ListTasks", json!({ "pageToken": token })).await;
         pages += 1;
         let ids = ids(&page["tasks"]);
         assert!(!ids.is_empty(), "every page holds a task: {}", page["nextPageToken"]);

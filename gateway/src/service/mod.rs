@@ -168,7 +168,7 @@ impl Gateway {
             Started::Task(task) => task,
         };
         let task = if configuration.return_immediately.unwrap_or(false) {
-            self.get_task(scope, &task.id, history_length).await?
+            self.get_task(scope, agent, &task.id, history_length).await?
         } else {
             self.settle(scope, &task.id, history_length).await?
         };
@@ -205,8 +205,8 @@ impl Gateway {
     }
 
     /// `SubscribeToTask`: the task as it is, then its changes.
-    pub(crate) async fn subscribe(&self, scope: &Scope, task_id: &str) -> Result<EventStream> {
-        let task = self.get_task(scope, task_id, Some(0)).await?;
+    pub(crate) async fn subscribe(&self, scope: &Scope, agent: &AgentConfig, task_id: &str) -> Result<EventStream> {
+        let task = self.get_task(scope, agent, task_id, Some(0)).await?;
         if task.status.state.is_terminal() {
             return Err(GatewayError::UnsupportedOperation(format!(
                 "task {task_id} is {:?} and will not change; read it with GetTask",
@@ -216,13 +216,30 @@ impl Gateway {
         self.follow(scope, task_id, Waiting::Continues).await
     }
 
-    pub(crate) async fn get_task(&self, scope: &Scope, id: &str, history_length: Option<u32>) -> Result<Task> {
+    /// A task of `agent`: each agent's endpoint serves its own tasks only,
+    /// and another's is not found there, as one that does not exist.
+    pub(crate) async fn get_task(
+        &self,
+        scope: &Scope,
+        agent: &AgentConfig,
+        id: &str,
+        history_length: Option<u32>,
+    ) -> Result<Task> {
         let request = pb::GetTaskRequest { namespace: scope.namespace.clone(), id: id.to_owned(), history_length };
         let task = self.tasks().get_task(request).await.map_err(|status| task_error(&status, id))?.into_inner();
+        if task.agent_id != agent.id {
+            return Err(GatewayError::TaskNotFound(id.to_owned()));
+        }
         Ok(convert::task_out(task, true))
     }
 
-    pub(crate) async fn list_tasks(&self, scope: &Scope, request: ListTasksRequest) -> Result<ListTasksResponse> {
+    /// `ListTasks`: `agent`'s tasks.
+    pub(crate) async fn list_tasks(
+        &self,
+        scope: &Scope,
+        agent: &AgentConfig,
+        request: ListTasksRequest,
+    ) -> Result<ListTasksResponse> {
         let page_size = request.page_size.unwrap_or(DEFAULT_PAGE_SIZE);
         if !(1..=MAX_PAGE_SIZE).contains(&page_size) {
             return Err(GatewayError::InvalidParams(format!("pageSize must be between 1 and {MAX_PAGE_SIZE}")));
@@ -232,7 +249,7 @@ impl Gateway {
             namespace: scope.namespace.clone(),
             context_id: request.context_id.unwrap_or_default(),
             state: request.status.as_ref().map(convert::state_in).unwrap_or_default().into(),
-            agent_id: String::new(),
+            agent_id: agent.id.clone(),
             updated_after: request.status_timestamp_after.as_ref().and_then(a2a_pb::pbconv::to_proto_timestamp),
             page_size: page_size.unsigned_abs(),
             page_token: request.page_token.unwrap_or_default(),
@@ -248,7 +265,8 @@ impl Gateway {
         })
     }
 
-    pub(crate) async fn cancel_task(&self, scope: &Scope, id: &str) -> Result<Task> {
+    pub(crate) async fn cancel_task(&self, scope: &Scope, agent: &AgentConfig, id: &str) -> Result<Task> {
+        self.get_task(scope, agent, id, Some(0)).await?;
         let request = pb::CancelTaskRequest {
             namespace: scope.namespace.clone(),
             id: id.to_owned(),
@@ -265,7 +283,7 @@ impl Gateway {
                 Ok(convert::task_out(task, true))
             }
             Err(status) if status.code() == tonic::Code::FailedPrecondition => {
-                let task = self.get_task(scope, id, Some(0)).await?;
+                let task = self.get_task(scope, agent, id, Some(0)).await?;
                 Err(GatewayError::TaskNotCancelable { id: id.to_owned(), state: format!("{:?}", task.status.state) })
             }
             Err(status) => Err(task_error(&status, id)),

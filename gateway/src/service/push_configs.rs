@@ -8,6 +8,7 @@ use chorus_runtime::validate::{self, FieldViolation};
 use super::{Gateway, MAX_PAGE_SIZE, task_error};
 use crate::{
     auth::Scope,
+    config::AgentConfig,
     error::{GatewayError, Result},
     notify::{Changes, Follow, target},
     push::{self, PushError},
@@ -22,12 +23,14 @@ impl Gateway {
     pub(crate) async fn create_push_config(
         &self,
         scope: &Scope,
+        agent: &AgentConfig,
         config: TaskPushNotificationConfig,
     ) -> Result<TaskPushNotificationConfig> {
         if config.task_id.is_empty() {
             return Err(GatewayError::InvalidParams("taskId is required".to_owned()));
         }
         self.check_push_config(&config, "").await?;
+        self.get_task(scope, agent, &config.task_id, Some(0)).await?;
         let changes = self.inner.push.open(&scope.namespace, &config.task_id, Follow::FromNow).await?;
         self.store_push_config(scope, config, changes).await
     }
@@ -81,9 +84,11 @@ impl Gateway {
     pub(crate) async fn get_push_config(
         &self,
         scope: &Scope,
+        agent: &AgentConfig,
         task_id: &str,
         id: &str,
     ) -> Result<TaskPushNotificationConfig> {
+        self.get_task(scope, agent, task_id, Some(0)).await?;
         let request = pb::GetPushConfigRequest {
             namespace: scope.namespace.clone(),
             task_id: task_id.to_owned(),
@@ -92,8 +97,6 @@ impl Gateway {
         match self.tasks().get_push_config(request).await {
             Ok(config) => Ok(push_config_out(config.into_inner())),
             Err(status) if status.code() == tonic::Code::NotFound => {
-                // The task, or only its config? Only the task answers that.
-                self.get_task(scope, task_id, Some(0)).await?;
                 Err(GatewayError::PushConfigNotFound { task_id: task_id.to_owned(), id: id.to_owned() })
             }
             Err(status) => Err(task_error(&status, task_id)),
@@ -106,6 +109,7 @@ impl Gateway {
     pub(crate) async fn list_push_configs(
         &self,
         scope: &Scope,
+        agent: &AgentConfig,
         task_id: &str,
         page_size: Option<i32>,
         page_token: Option<&str>,
@@ -117,7 +121,7 @@ impl Gateway {
                 return Err(GatewayError::InvalidParams(format!("pageSize must be between 1 and {MAX_PAGE_SIZE}")));
             }
         };
-        self.get_task(scope, task_id, Some(0)).await?;
+        self.get_task(scope, agent, task_id, Some(0)).await?;
         let request = pb::ListPushConfigsRequest { namespace: scope.namespace.clone(), task_id: task_id.to_owned() };
         let configs = self.tasks().list_push_configs(request).await.map_err(|status| task_error(&status, task_id))?;
         let mut configs = configs.into_inner().configs;
@@ -134,8 +138,14 @@ impl Gateway {
 
     /// Idempotent: deleting a config that is gone already succeeds, on a
     /// task that exists.
-    pub(crate) async fn delete_push_config(&self, scope: &Scope, task_id: &str, id: &str) -> Result<()> {
-        self.get_task(scope, task_id, Some(0)).await?;
+    pub(crate) async fn delete_push_config(
+        &self,
+        scope: &Scope,
+        agent: &AgentConfig,
+        task_id: &str,
+        id: &str,
+    ) -> Result<()> {
+        self.get_task(scope, agent, task_id, Some(0)).await?;
         let request = pb::DeletePushConfigRequest {
             namespace: scope.namespace.clone(),
             task_id: task_id.to_owned(),
