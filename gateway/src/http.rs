@@ -2,7 +2,7 @@
 //! JSON-RPC and HTTP+JSON bindings, with what they share (body limits,
 //! version negotiation, authentication, SSE).
 
-use std::{convert::Infallible, time::Duration};
+use std::{collections::HashMap, convert::Infallible, time::Duration};
 
 use axum::{
     Router,
@@ -89,20 +89,59 @@ pub(crate) const SPEAKS_1_0: &str = "1.0";
 /// parameter); the patch number does not count. A version other than 1.0
 /// and 0.3 is refused as one the binding (which `speaks`) does not speak.
 pub(crate) fn version(headers: &HeaderMap, query: Option<&str>, speaks: &'static str) -> Result<Version> {
-    let from_query = || {
-        query.and_then(|query| {
-            query
-                .split('&')
-                .find_map(|pair| pair.strip_prefix("A2A-Version=").or_else(|| pair.strip_prefix("a2a-version=")))
-        })
-    };
-    let requested = match headers.get("a2a-version") {
-        Some(value) => {
-            value.to_str().map_err(|_| GatewayError::VersionNotSupported("<not ASCII>".to_owned(), speaks))?
-        }
-        None => from_query().unwrap_or(""),
-    };
+    let requested = requested_version(headers, query, speaks)?.unwrap_or_default();
     parse_version(requested.trim(), speaks)
+}
+
+/// The version a request names: its `A2A-Version` header, else its
+/// `A2A-Version` query parameter (spec §3.6.1), percent-decoded.
+pub(crate) fn requested_version(
+    headers: &HeaderMap,
+    query: Option<&str>,
+    speaks: &'static str,
+) -> Result<Option<String>> {
+    if let Some(value) = headers.get("a2a-version") {
+        let value = value.to_str().map_err(|_| GatewayError::VersionNotSupported("<not ASCII>".to_owned(), speaks))?;
+        return Ok(Some(value.to_owned()));
+    }
+    let mut pairs = self::query(query).into_iter();
+    Ok(pairs.find_map(|(name, value)| name.eq_ignore_ascii_case("a2a-version").then_some(value)))
+}
+
+/// The query's parameters, percent-decoded.
+pub(crate) fn query(query: Option<&str>) -> HashMap<String, String> {
+    url_decode_pairs(query.unwrap_or_default())
+}
+
+/// `a=1&b=x%20y` → pairs, percent-decoded (`+` is a space).
+fn url_decode_pairs(query: &str) -> HashMap<String, String> {
+    let decode = |text: &str| {
+        let bytes = text.replace('+', " ").into_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut index = 0;
+        while index < bytes.len() {
+            let hex = bytes.get(index + 1..index + 3).and_then(|hex| std::str::from_utf8(hex).ok());
+            match (bytes[index], hex.and_then(|hex| u8::from_str_radix(hex, 16).ok())) {
+                (b'%', Some(byte)) => {
+                    out.push(byte);
+                    index += 3;
+                }
+                (byte, _) => {
+                    out.push(byte);
+                    index += 1;
+                }
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (decode(name), decode(value))
+        })
+        .collect()
 }
 
 pub(crate) fn parse_version(requested: &str, speaks: &'static str) -> Result<Version> {

@@ -65,11 +65,15 @@ async fn serve(
     body: Body,
 ) -> Result<Response> {
     let principal = http::authenticate(gateway, headers)?;
-    if http::version(headers, uri.query(), http::SPEAKS_1_0)? == Version::V03 && headers.contains_key("a2a-version") {
-        return Err(GatewayError::VersionNotSupported("0.3".to_owned(), http::SPEAKS_1_0));
+    // This binding is 1.0's: a request that names no version is served as
+    // 1.0, one that asks for 0.3 (in the header or the query) is refused.
+    if let Some(requested) = http::requested_version(headers, uri.query(), http::SPEAKS_1_0)?
+        && http::parse_version(requested.trim(), http::SPEAKS_1_0)? == Version::V03
+    {
+        return Err(GatewayError::VersionNotSupported(requested, http::SPEAKS_1_0));
     }
     let (path_tenant, operation) = route(method, path)?;
-    let query = query(uri.query());
+    let query = http::query(uri.query());
     let body = http::read_body(gateway, body).await?;
     let json_body = || -> Result<Value> {
         if !http::is_json(headers) {
@@ -181,41 +185,6 @@ fn action_target(segment: &str, action: &str) -> String {
     segment.strip_suffix(action).unwrap_or(segment).to_owned()
 }
 
-fn query(query: Option<&str>) -> HashMap<String, String> {
-    url_decode_pairs(query.unwrap_or_default())
-}
-
-/// `a=1&b=x%20y` → pairs, percent-decoded (`+` is a space).
-fn url_decode_pairs(query: &str) -> HashMap<String, String> {
-    let decode = |text: &str| {
-        let bytes = text.replace('+', " ").into_bytes();
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut index = 0;
-        while index < bytes.len() {
-            let hex = bytes.get(index + 1..index + 3).and_then(|hex| std::str::from_utf8(hex).ok());
-            match (bytes[index], hex.and_then(|hex| u8::from_str_radix(hex, 16).ok())) {
-                (b'%', Some(byte)) => {
-                    out.push(byte);
-                    index += 3;
-                }
-                (byte, _) => {
-                    out.push(byte);
-                    index += 1;
-                }
-            }
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    };
-    query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            (decode(name), decode(value))
-        })
-        .collect()
-}
-
 fn number<T: std::str::FromStr>(query: &HashMap<String, String>, name: &str) -> Result<Option<T>> {
     query
         .get(name)
@@ -241,7 +210,9 @@ fn list_request(query: &HashMap<String, String>) -> Result<a2a::ListTasksRequest
                 _ => return Err(GatewayError::InvalidParams(format!("{name} must be true or false, not {value:?}"))),
             },
             "contextId" | "status" | "pageToken" | "statusTimestampAfter" | "tenant" => json!(value),
-            other => return Err(GatewayError::InvalidParams(format!("unknown query parameter {other:?}"))),
+            // Others (`A2A-Version`, a newer field, a cache buster) are not
+            // the request's: ignored, as unknown fields are (spec §5.7).
+            _ => continue,
         };
         request.insert(name.clone(), value);
     }
@@ -283,17 +254,18 @@ mod tests {
 
     #[test]
     fn list_queries_are_typed() {
-        let request = list_request(&url_decode_pairs("pageSize=5&status=TASK_STATE_WORKING&contextId=a%20b"))
+        let request = list_request(&http::query(Some("pageSize=5&status=TASK_STATE_WORKING&contextId=a%20b")))
             .expect("a list request");
         assert_eq!(request.page_size, Some(5));
         assert_eq!(request.status, Some(a2a::TaskState::Working));
         assert_eq!(request.context_id.as_deref(), Some("a b"));
-        assert!(list_request(&url_decode_pairs("pageSize=x")).is_err());
-        assert!(list_request(&url_decode_pairs("bogus=1")).is_err());
-        let with = list_request(&url_decode_pairs("includeArtifacts=true")).expect("a flag");
+        assert!(list_request(&http::query(Some("pageSize=x"))).is_err());
+        let unknown = list_request(&http::query(Some("A2A-Version=1.0&bogus=1&pageSize=2"))).expect("unknown ignored");
+        assert_eq!(unknown.page_size, Some(2));
+        let with = list_request(&http::query(Some("includeArtifacts=true"))).expect("a flag");
         assert_eq!(with.include_artifacts, Some(true));
         for unclear in ["1", "yes", "TRUE", ""] {
-            let error = list_request(&url_decode_pairs(&format!("includeArtifacts={unclear}")));
+            let error = list_request(&http::query(Some(&format!("includeArtifacts={unclear}"))));
             assert!(matches!(error, Err(GatewayError::InvalidParams(_))), "{unclear:?} is not read as false");
         }
     }

@@ -3,23 +3,28 @@
 //! or gRPC.
 
 mod follow;
+mod inputs;
 mod push_configs;
 mod rewatch;
 
 use std::{pin::Pin, sync::Arc, time::Duration};
 
 use a2a::{
-    ListTasksRequest, ListTasksResponse, Message, Role, SendMessageRequest, SendMessageResponse, StreamResponse, Task,
+    ListTasksRequest, ListTasksResponse, Message, SendMessageRequest, SendMessageResponse, StreamResponse, Task,
     TaskPushNotificationConfig,
 };
 use chorus_proto::taskstore::{self as pb, task_store_client::TaskStoreClient};
 use chorus_runtime::transport::Transport;
 use futures_util::{Stream, StreamExt as _, stream};
 
-use self::follow::{Waiting, until_settled};
+pub(crate) use self::inputs::history_length;
+use self::{
+    follow::{Waiting, until_settled},
+    inputs::{check_input_modes, keep_latest, validate_message, without_empty_strings},
+};
 use crate::{
     auth::{Authenticator, Scope},
-    builtin::{self, Runner},
+    builtin::Runner,
     catalog::Catalog,
     config::{AgentConfig, AgentKind, GatewayConfig},
     convert,
@@ -185,10 +190,14 @@ impl Gateway {
         if !agent.streaming {
             return Err(GatewayError::UnsupportedOperation(format!("agent {} does not stream", agent.id)));
         }
-        let continuing = request.message.task_id.is_some();
-        match self.start(scope, agent, request).await? {
-            Started::Reply(message) => Ok(Box::pin(stream::once(async move { Ok(StreamResponse::Message(*message)) }))),
-            Started::Task(task) if continuing => self.follow(scope, &task.id, Waiting::Ends).await,
+        let configuration = request.configuration.as_ref();
+        let length = history_length(configuration.and_then(|configuration| configuration.history_length))?;
+        let continuing = request.message.task_id.as_deref().is_some_and(|id| !id.is_empty());
+        let events = match self.start(scope, agent, request).await? {
+            Started::Reply(message) => {
+                return Ok(Box::pin(stream::once(async move { Ok(StreamResponse::Message(*message)) })));
+            }
+            Started::Task(task) if continuing => self.follow(scope, &task.id, Waiting::Ends).await?,
             Started::Task(task) => {
                 // The task as it was created, then every change from its first:
                 // a retried message (same messageId, same task) replays it all.
@@ -199,9 +208,13 @@ impl Gateway {
                     ..pb::WatchTaskRequest::default()
                 };
                 let events = self.watch(request, &task.id).await?;
-                Ok(Box::pin(stream::once(async { Ok(first) }).chain(until_settled(events, Waiting::Ends))))
+                Box::pin(stream::once(async { Ok(first) }).chain(until_settled(events, Waiting::Ends)))
             }
-        }
+        };
+        Ok(Box::pin(events.map(move |event| match event {
+            Ok(StreamResponse::Task(task)) => Ok(StreamResponse::Task(keep_latest(task, length))),
+            other => other,
+        })))
     }
 
     /// `SubscribeToTask`: the task as it is, then its changes.
@@ -292,7 +305,7 @@ impl Gateway {
 
     /// Creates or continues the task, or lets a built-in agent answer.
     async fn start(&self, scope: &Scope, agent: &AgentConfig, request: SendMessageRequest) -> Result<Started> {
-        let message = request.message;
+        let message = without_empty_strings(request.message);
         validate_message(&message)?;
         check_input_modes(agent, &message)?;
         let push = request.configuration.and_then(|configuration| configuration.task_push_notification_config);
@@ -346,17 +359,14 @@ impl Gateway {
         let request =
             pb::GetTaskRequest { namespace: scope.namespace.clone(), id: task_id.to_owned(), history_length: Some(0) };
         let task = self.tasks().get_task(request).await.map_err(|status| task_error(&status, task_id))?.into_inner();
+        if task.agent_id != agent.id {
+            return Err(GatewayError::TaskNotFound(task_id.to_owned()));
+        }
         if let Some(context_id) = &message.context_id
             && *context_id != task.context_id
         {
             return Err(GatewayError::InvalidParams(format!(
                 "message.contextId {context_id:?} is not the context of task {task_id}"
-            )));
-        }
-        if task.agent_id != agent.id {
-            return Err(GatewayError::InvalidParams(format!(
-                "task {task_id} belongs to agent {:?}: continue it at that agent's URL",
-                task.agent_id
             )));
         }
         let state = convert::state_out(task.status.as_ref().map_or(0, |status| status.state));
@@ -458,54 +468,6 @@ fn default_configuration() -> a2a::SendMessageConfiguration {
         task_push_notification_config: None,
         history_length: None,
         return_immediately: None,
-    }
-}
-
-/// `historyLength`: unset is the whole history; negative is an error.
-pub(crate) fn history_length(value: Option<i32>) -> Result<Option<u32>> {
-    value
-        .map(|length| {
-            u32::try_from(length)
-                .map_err(|_| GatewayError::InvalidParams("historyLength must not be negative".to_owned()))
-        })
-        .transpose()
-}
-
-fn validate_message(message: &Message) -> Result<()> {
-    if message.message_id.is_empty() {
-        return Err(GatewayError::InvalidParams("message.messageId is required".to_owned()));
-    }
-    if message.parts.is_empty() {
-        return Err(GatewayError::InvalidParams("message.parts must not be empty".to_owned()));
-    }
-    if message.role == Role::Unspecified {
-        return Err(GatewayError::InvalidParams("message.role must be ROLE_USER or ROLE_AGENT".to_owned()));
-    }
-    let metadata = message.metadata.as_ref();
-    if let Some(key) =
-        builtin::LINK_KEYS.iter().find(|key| metadata.is_some_and(|metadata| metadata.contains_key(**key)))
-    {
-        return Err(GatewayError::InvalidParams(format!("message.metadata.{key} is reserved for chorus")));
-    }
-    Ok(())
-}
-
-/// Every part's media type must be one the agent accepts.
-fn check_input_modes(agent: &AgentConfig, message: &Message) -> Result<()> {
-    let accepts = |media_type: &str| {
-        agent.input_modes.iter().any(|mode| {
-            mode == media_type
-                || mode == "*/*"
-                || mode.ends_with("/*") && media_type.starts_with(mode.trim_end_matches('*'))
-        })
-    };
-    match message.parts.iter().filter_map(|part| part.media_type.as_deref()).find(|media_type| !accepts(media_type)) {
-        Some(media_type) => Err(GatewayError::ContentTypeNotSupported(format!(
-            "agent {} does not accept {media_type}; it accepts {}",
-            agent.id,
-            agent.input_modes.join(", ")
-        ))),
-        None => Ok(()),
     }
 }
 
