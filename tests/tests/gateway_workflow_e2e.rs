@@ -2,7 +2,8 @@
 //! dev`: a message starts a run, a HITL gate shows as `input-required`, the
 //! replies reject (the phase runs again) and approve it, the run's output
 //! comes back as an artifact; a malformed reply changes nothing; canceling
-//! the task cancels the run.
+//! the task cancels the run; a gate decided or a run canceled through the
+//! workflow API moves the task on with no further message.
 
 use chorus_proto::workflow::{ListRunsRequest, RunState, workflow_client::WorkflowClient};
 use chorus_tests::{
@@ -119,6 +120,20 @@ async fn approve_with_the_api(workflows: &mut WorkflowClient<tonic::transport::C
     workflows.decide_gate(decide).await.expect("decided with the API");
 }
 
+/// The task once it has ended, read until then.
+async fn ended(a2a: &A2a, task: &Value) -> Value {
+    let deadline = tokio::time::Instant::now() + chorus_tests::DEADLINE;
+    loop {
+        let read = a2a.call("gated", "GetTask", json!({ "id": task["id"] })).await;
+        let state = state(&read);
+        if ["TASK_STATE_COMPLETED", "TASK_STATE_CANCELED", "TASK_STATE_FAILED"].contains(&state) {
+            return read;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the task did not follow its run: {read:#}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_whose_gate_was_decided_elsewhere_catches_up_with_its_run() {
     use chorus_proto::workflow::CancelRunRequest;
@@ -130,19 +145,18 @@ async fn a_task_whose_gate_was_decided_elsewhere_catches_up_with_its_run() {
     let a2a = A2a::new(&server);
     let mut workflows = WorkflowClient::new(server.channel().await);
 
-    // Approved with the API (as `chorus gate approve` does): the next reply
-    // finds the run done and so is the task.
+    // Approved with the API (as `chorus gate approve` does): the task follows
+    // the run to its end with no further message.
     let approved = a2a.send("gated", message(&unique("start"), "review")).await;
     assert_eq!(state(&approved), "TASK_STATE_INPUT_REQUIRED", "{approved:#}");
     approve_with_the_api(&mut workflows, &approved).await;
-    let done = a2a.send("gated", reply(&approved, "approve")).await;
+    let done = ended(&a2a, &approved).await;
     assert_eq!(state(&done), "TASK_STATE_COMPLETED", "{done:#}");
-
-    // Any message catches up, not only a verdict.
-    let chatty = a2a.send("gated", message(&unique("start"), "review")).await;
-    approve_with_the_api(&mut workflows, &chatty).await;
-    let caught_up = a2a.send("gated", reply(&chatty, "any news?")).await;
-    assert_eq!(state(&caught_up), "TASK_STATE_COMPLETED", "{caught_up:#}");
+    assert_eq!(done["artifacts"][0]["name"], "output", "the run's output: {done:#}");
+    let history: Vec<&str> = done["history"].as_array().into_iter().flatten().map(text).collect();
+    assert!(history.contains(&"Gate `signoff` was decided outside this conversation."), "{history:#?}");
+    let late = a2a.call_error("gated", "SendMessage", json!({ "message": reply(&approved, "approve") })).await;
+    assert_rpc_error(&late, -32004, "UNSUPPORTED_OPERATION");
 
     // A run canceled with the API: the task ends canceled.
     let canceled = a2a.send("gated", message(&unique("start"), "review")).await;
@@ -153,6 +167,12 @@ async fn a_task_whose_gate_was_decided_elsewhere_catches_up_with_its_run() {
         canceled_by: "ana".into(),
     };
     workflows.cancel_run(cancel).await.expect("canceled with the API");
-    let ended = a2a.send("gated", reply(&canceled, "approve")).await;
-    assert_eq!(state(&ended), "TASK_STATE_CANCELED", "{ended:#}");
+    assert_eq!(state(&ended(&a2a, &canceled).await), "TASK_STATE_CANCELED");
+
+    // A reply that decides the gate itself leaves nothing for the watch to do.
+    let replied = a2a.send("gated", message(&unique("start"), "review")).await;
+    let done = a2a.send("gated", reply(&replied, "approve")).await;
+    assert_eq!(state(&done), "TASK_STATE_COMPLETED", "{done:#}");
+    let history: Vec<&str> = done["history"].as_array().into_iter().flatten().map(text).collect();
+    assert!(!history.iter().any(|text| text.contains("outside this conversation")), "{history:#?}");
 }

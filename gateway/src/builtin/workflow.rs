@@ -4,11 +4,15 @@
 //! status message; the reply (`approve`, or `reject: <feedback>`, or a data
 //! part `{"decision": …, "reason": …}`, or an IDE's answer to the question
 //! through `chorus acp`: allow or reject) decides it and the turn follows the
-//! run on. Canceling the task cancels the run.
+//! run on. A gate decided elsewhere (`chorus gate`, the workflow API), or a
+//! run that ends while its gate waits, moves the task on by itself: the
+//! gateway watches each waiting gate. Canceling the task cancels the run.
 //!
 //! The status message of an interruption carries the run, the gate and the
 //! watch cursor under metadata `chorus.workflow`, so the next turn resumes
 //! the watch where this one stopped.
+
+use std::{future::Future, pin::Pin};
 
 use a2a::{Artifact, Message, Part, PartContent};
 use chorus_proto::{
@@ -208,9 +212,10 @@ impl Runner {
                             step.step_id, step.iteration
                         );
                         let details = json!({ "artifacts": input.get("artifacts"), "reviewers": reviewers });
-                        return turn
-                            .status(pb::TaskState::InputRequired, Some(&text), Some(linked(&link, Some(details))))
-                            .await;
+                        let metadata = Some(linked(&link, Some(details)));
+                        turn.status(pb::TaskState::InputRequired, Some(&text), metadata).await?;
+                        self.watch_gate(turn.clone_writer(), link);
+                        return Ok(());
                     }
                 }
                 (Kind::StepUpdated, Some(step)) if step.state() == StepState::Completed => {
@@ -248,6 +253,67 @@ impl Runner {
             }
         }
         Ok(())
+    }
+
+    /// Watches, in the background, the gate the task now waits on: when it is
+    /// decided elsewhere (`chorus gate`, the workflow API) or its run ends,
+    /// the task catches up with the run, unless an A2A reply answered first.
+    fn watch_gate(&self, turn: Turn, link: Link) {
+        let runner = self.clone();
+        let task_id = turn.task.id.clone();
+        let watch: Pin<Box<dyn Future<Output = Written> + Send>> = Box::pin(runner.clone().await_gate(turn, link));
+        tokio::spawn(async move {
+            let outcome = tokio::select! {
+                outcome = watch => outcome,
+                () = runner.shutdown.cancelled() => Ok(()),
+            };
+            if let Err(status) = outcome {
+                tracing::debug!(%task_id, error = %status.message(), "stopped watching the task's gate");
+            }
+        });
+    }
+
+    async fn await_gate(self, mut turn: Turn, link: Link) -> Written {
+        let namespace = turn.namespace.clone();
+        let request = WatchRunRequest {
+            namespace: namespace.clone(),
+            run_id: link.run_id.clone(),
+            after_cursor: link.cursor.clone(),
+        };
+        let mut events = self.workflows.clone().watch_run(request).await?.into_inner();
+        let note = loop {
+            let Some(event) = events.message().await? else { return Ok(()) };
+            let ended = event.kind() == Kind::RunStateChanged
+                && matches!(event.state(), RunState::Completed | RunState::Failed | RunState::Canceled);
+            if ended {
+                break format!("Run {} ended while gate `{}` waited.", link.run_id, link.gate);
+            }
+            if let (Kind::StepUpdated, Some(step)) = (event.kind(), event.step.as_ref())
+                && step.step_id == link.gate
+                && step.iteration == link.iteration
+                && step.state() != StepState::Waiting
+            {
+                break format!("Gate `{}` was decided outside this conversation.", link.gate);
+            }
+        };
+        // Still waiting on this gate: no reply answered it meanwhile (a reply
+        // moves the task on, and the turn it starts follows the run). Of a
+        // reply and this answer, the task store takes only the first.
+        let get = pb::GetTaskRequest { namespace: namespace.clone(), id: turn.task.id.clone(), history_length: None };
+        let task = turn.tasks.get_task(get).await?.into_inner();
+        let waiting = task.status.as_ref().is_some_and(|status| status.state() == pb::TaskState::InputRequired);
+        let same_gate = link_of(&task)
+            .is_some_and(|now| (&now.run_id, &now.gate, now.iteration) == (&link.run_id, &link.gate, link.iteration));
+        if !waiting || !same_gate {
+            return Ok(());
+        }
+        let answer = turn.agent_message(&note, None);
+        let answered = pb::AnswerQuestionRequest { namespace, task_id: task.id.clone(), answer: Some(answer) };
+        match turn.tasks.answer_question(answered).await {
+            Ok(_) => self.follow_run(&mut turn, link.run_id, link.cursor).await,
+            Err(status) if status.code() == tonic::Code::FailedPrecondition => Ok(()),
+            Err(status) => Err(status),
+        }
     }
 
     /// Passes the cancel of a workflow agent's task on to its run.
