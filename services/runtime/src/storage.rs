@@ -160,6 +160,7 @@ impl Db {
     pub async fn connect(url: &str, config: &StorageConfig) -> Result<Self, StorageError> {
         INSTALL_DRIVERS.call_once(sqlx::any::install_default_drivers);
         let backend = Backend::from_url(url)?;
+        let url = &*sqlite::created_if_missing(url);
         let max_connections = match backend {
             Backend::Postgres => config.max_connections.max(1),
             Backend::Sqlite => 1,
@@ -411,6 +412,21 @@ mod tests {
             let level: i64 = sqlx::query_scalar("PRAGMA synchronous").fetch_one(&mut *connection).await.unwrap();
             assert_eq!(level, pragma, "{synchronous:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_sqlite_url_naming_no_mode_creates_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, query) in [("plain.db", ""), ("tuned.db", "?cache=shared")] {
+            let file = dir.path().join(name);
+            let db = Db::connect(&format!("sqlite://{}{query}", file.display()), &StorageConfig::default()).await;
+            db.unwrap_or_else(|error| panic!("{name}: {error}")).close().await;
+            assert!(file.exists(), "{name} was created");
+        }
+        let read_only = format!("sqlite://{}?mode=ro", dir.path().join("absent.db").display());
+        assert!(Db::connect(&read_only, &StorageConfig::default()).await.is_err(), "a mode given is kept");
+        assert_eq!(sqlite::created_if_missing("postgres://h/db"), "postgres://h/db");
+        assert_eq!(sqlite::created_if_missing("sqlite::memory:"), "sqlite::memory:");
     }
 
     #[tokio::test]

@@ -28,6 +28,16 @@ pub(super) fn in_memory(url: &str) -> bool {
     url.contains(":memory:") || url.contains("mode=memory")
 }
 
+/// The URL, creating its file when missing: a SQLite file URL that names
+/// no `mode` opens read-write-create (sqlx alone would refuse a new file).
+pub(super) fn created_if_missing(url: &str) -> std::borrow::Cow<'_, str> {
+    if sqlite_file(url).is_none() || url.contains("mode=") {
+        return url.into();
+    }
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}mode=rwc").into()
+}
+
 /// The file a SQLite URL names; none for another backend or a database in
 /// memory.
 pub fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
