@@ -65,10 +65,7 @@ fn card_response(gateway: &Gateway, agent: &str, headers: &HeaderMap) -> Respons
         return rest::error_response(&GatewayError::AgentNotFound(agent.to_owned()));
     };
     let last_modified = gateway.catalog().last_modified.as_str();
-    let fresh = headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|tags| tags.split(',').any(|tag| tag.trim() == etag || tag.trim() == "*"));
+    let fresh = not_modified(headers, etag, last_modified);
     let status = if fresh { StatusCode::NOT_MODIFIED } else { StatusCode::OK };
     let body = if fresh { Body::empty() } else { Body::from(json.clone()) };
     let mut response = (status, body).into_response();
@@ -79,6 +76,22 @@ fn card_response(gateway: &Gateway, agent: &str, headers: &HeaderMap) -> Respons
     headers
         .insert(header::LAST_MODIFIED, HeaderValue::from_str(last_modified).expect("an HTTP date is a valid header"));
     response
+}
+
+/// Whether the caller's copy is current (RFC 9110 §13.1): `If-None-Match`
+/// names the ETag, weakly compared (`W/"x"` matches `"x"`), or, without it,
+/// `If-Modified-Since` is no earlier than the card's last change.
+fn not_modified(headers: &HeaderMap, etag: &str, last_modified: &str) -> bool {
+    let header = |name| headers.get(name).and_then(|value: &HeaderValue| value.to_str().ok());
+    let opaque = |tag: &str| tag.trim().trim_start_matches("W/").to_owned();
+    if let Some(tags) = header(header::IF_NONE_MATCH) {
+        return tags.split(',').any(|tag| tag.trim() == "*" || opaque(tag) == opaque(etag));
+    }
+    let date = |text: &str| chrono::DateTime::parse_from_rfc2822(text.trim()).ok();
+    match (header(header::IF_MODIFIED_SINCE).and_then(date), date(last_modified)) {
+        (Some(since), Some(changed)) => since >= changed,
+        _ => false,
+    }
 }
 
 /// What the JSON-RPC binding speaks; HTTP+JSON and gRPC speak 1.0 only.

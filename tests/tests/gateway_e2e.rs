@@ -14,7 +14,7 @@ use chorus_tests::{
 };
 use reqwest::{
     Method, StatusCode,
-    header::{CACHE_CONTROL, CONTENT_TYPE, ETAG, IF_NONE_MATCH, LAST_MODIFIED},
+    header::{CACHE_CONTROL, CONTENT_TYPE, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED},
 };
 use serde_json::{Value, json};
 
@@ -46,7 +46,8 @@ async fn agent_cards_describe_every_agent_at_the_address_it_serves() {
     assert_eq!(response.status(), StatusCode::OK);
     assert!(header(&response, CONTENT_TYPE).starts_with("application/json"));
     assert!(header(&response, CACHE_CONTROL).contains("max-age="), "{:?}", response.headers());
-    assert!(!header(&response, LAST_MODIFIED).is_empty());
+    let changed = header(&response, LAST_MODIFIED);
+    assert!(!changed.is_empty());
     let etag = header(&response, ETAG);
     let card: Value = response.json().await.expect("a JSON card");
     assert_eq!(card["name"], "Echo", "the default agent is echo: {card:#}");
@@ -71,6 +72,13 @@ async fn agent_cards_describe_every_agent_at_the_address_it_serves() {
     assert!(cached.bytes().await.expect("no body").is_empty());
     let stale = a2a.get("/.well-known/agent-card.json").header(IF_NONE_MATCH, "\"stale\"").send().await;
     assert_eq!(stale.expect("200").status(), StatusCode::OK, "another ETag gets the card");
+    let weak = a2a.get("/.well-known/agent-card.json").header(IF_NONE_MATCH, format!("\"x\", W/{etag}")).send().await;
+    assert_eq!(weak.expect("304").status(), StatusCode::NOT_MODIFIED, "If-None-Match compares weakly");
+    let since = a2a.get("/.well-known/agent-card.json").header(IF_MODIFIED_SINCE, &changed).send().await;
+    assert_eq!(since.expect("304").status(), StatusCode::NOT_MODIFIED, "not modified since {changed}");
+    let before = "Sat, 01 Jan 2000 00:00:00 GMT";
+    let older = a2a.get("/.well-known/agent-card.json").header(IF_MODIFIED_SINCE, before).send().await;
+    assert_eq!(older.expect("200").status(), StatusCode::OK, "modified since 2000");
     let alias = a2a.get("/.well-known/agent.json").send().await.expect("the 0.2 alias");
     assert_eq!(header(&alias, ETAG), etag);
     assert_eq!(alias.json::<Value>().await.expect("a JSON card"), card);

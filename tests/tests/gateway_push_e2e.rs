@@ -277,6 +277,8 @@ async fn a_push_config_the_store_or_a_webhook_would_refuse_is_refused_before_the
             json!({ "url": webhook.url(), "authentication": { "scheme": "Bea\u{0}rer" } }),
             "configuration.taskPushNotificationConfig.authentication.scheme",
         ),
+        // HTTP+JSON could not name it in a path to read or delete it.
+        (json!({ "url": webhook.url(), "id": "a/b" }), "configuration.taskPushNotificationConfig.id"),
     ];
     for (config, field) in refused {
         let before = a2a.task_count().await;

@@ -41,6 +41,10 @@ impl Gateway {
         let invalid = |violation: FieldViolation| GatewayError::InvalidParams(violation.to_string());
         if let Some(id) = config.id.as_deref().filter(|id| !id.is_empty()) {
             validate::id(&format!("{field}id"), id).map_err(invalid)?;
+            if id.contains('/') {
+                let why = "must not hold '/': HTTP+JSON names the config in a path segment";
+                return Err(invalid(FieldViolation::new(format!("{field}id"), why)));
+            }
         }
         let control = |text: &str| text.chars().any(char::is_control);
         if control(&config.url) {
