@@ -9,9 +9,11 @@ use crate::domain::Limits;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TaskStoreConfig {
-    /// Lease length when a worker does not ask for one.
+    /// Lease length when a worker does not ask for one (at least 100).
+    #[serde(deserialize_with = "lease_ms")]
     pub default_lease_ms: u64,
-    /// Longest lease a worker may ask for.
+    /// Longest lease a worker may ask for (at least 100).
+    #[serde(deserialize_with = "lease_ms")]
     pub max_lease_ms: u64,
     /// How often expired leases are looked for.
     pub reaper_interval_ms: u64,
@@ -41,6 +43,19 @@ pub struct TaskStoreConfig {
     /// old). 0 keeps every task forever.
     pub retention_ms: u64,
     pub limits: Limits,
+}
+
+/// A lease length in milliseconds: no shorter than a worker may ask for
+/// ([`MIN_LEASE`](crate::service::MIN_LEASE)); a bound below it would refuse
+/// every claim.
+fn lease_ms<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    let lease = u64::deserialize(deserializer)?;
+    let min = crate::service::MIN_LEASE.as_millis();
+    if u128::from(lease) >= min {
+        Ok(lease)
+    } else {
+        Err(serde::de::Error::custom(format!("{lease} ms is shorter than the shortest lease, {min} ms")))
+    }
 }
 
 impl Default for TaskStoreConfig {
@@ -105,5 +120,16 @@ mod tests {
         assert_eq!(TaskStoreConfig::default().retention(), Some(Duration::from_secs(30 * 24 * 3_600)));
         let forever = TaskStoreConfig { retention_ms: 0, ..TaskStoreConfig::default() };
         assert_eq!(forever.retention(), None);
+    }
+
+    #[test]
+    fn lease_bounds_below_the_shortest_lease_are_refused() {
+        let parse = |json: &str| serde_json::from_str::<TaskStoreConfig>(json).map_err(|error| error.to_string());
+        let config = parse(r#"{"default_lease_ms": 100, "max_lease_ms": 120000}"#).expect("in bounds");
+        assert_eq!((config.default_lease_ms, config.max_lease_ms), (100, 120_000));
+        for refused in [r#"{"max_lease_ms": 50}"#, r#"{"default_lease_ms": 0}"#] {
+            let error = parse(refused).expect_err(refused);
+            assert!(error.contains("shorter than the shortest lease, 100 ms"), "{error}");
+        }
     }
 }
