@@ -152,6 +152,20 @@ async fn a_person_is_told_why_a_call_was_refused() {
         stdout(&forever)
     );
 
+    // An empty file is an invalid definition like any other: named, and the
+    // files after it are still checked and applied.
+    std::fs::create_dir(dir.join("mixed")).expect("mkdir");
+    std::fs::write(dir.join("mixed/1-blank.yaml"), "").expect("write");
+    std::fs::write(dir.join("mixed/2-held.yaml"), COUNTED.replace("name: counted", "name: held")).expect("write");
+    for verb in ["validate", "apply"] {
+        let files: &[&str] = if verb == "apply" { &["mixed"] } else { &["mixed/1-blank.yaml", "mixed/2-held.yaml"] };
+        let mixed = chorus(&url, dir, &[&["workflow", verb], files].concat()).await;
+        assert_eq!(mixed.status.code(), Some(1), "{verb}: {}", stderr(&mixed));
+        let out = stdout(&mixed);
+        assert!(out.starts_with("mixed/1-blank.yaml:1:1: error [document_count]: expected exactly one"), "{out}");
+        assert!(out.ends_with("held)\n") || out.ends_with("held v1\n"), "{verb}: {out}");
+    }
+
     let applied = chorus(&url, dir, &["workflow", "apply", "gated.yaml", "counted.yaml"]).await;
     assert_eq!(stdout(&applied), "gated v1\ncounted v1\n", "{}", stderr(&applied));
     let start = ["run", "start", "counted", "--input", "count=5", "--idempotency-key", "k1"];

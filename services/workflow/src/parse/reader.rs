@@ -95,7 +95,8 @@ impl Reader {
         code: &str,
         message: String,
     ) {
-        let (line, column) = node.map_or((0, 0), |node| position(node));
+        // A problem of no node (of the whole document) is at its start.
+        let (line, column) = node.map_or((1, 1), |node| position(node));
         self.problems.push(Problem {
             severity,
             file: self.file.clone(),

@@ -97,8 +97,11 @@ async fn validate_answers_problems_in_the_response(h: Harness) {
     assert_eq!(answer.name, "v");
     assert_eq!(answer.problems[0].code, "unknown_reference");
     assert_eq!(answer.problems[0].field, "steps[0].message.text");
-    let empty = grpc.validate_definition(request("")).await.expect_err("empty source");
-    assert_eq!(empty.code(), Code::InvalidArgument);
+    // An empty file is a definition with no document, not a missing field.
+    let empty = grpc.validate_definition(request("")).await.expect("validate").into_inner();
+    assert!(!empty.valid);
+    let problem = &empty.problems[0];
+    assert_eq!((problem.code.as_str(), problem.line, problem.column), ("document_count", 1, 1));
     assert_eq!(h.stored_rows().await, 0);
 }
 
