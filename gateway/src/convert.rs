@@ -23,6 +23,14 @@ pub(crate) fn state_in(state: &TaskState) -> pb::TaskState {
     }
 }
 
+/// A state as the wire names it (`TASK_STATE_COMPLETED`), for messages.
+pub(crate) fn state_name(state: &TaskState) -> String {
+    match serde_json::to_value(state) {
+        Ok(serde_json::Value::String(name)) => name,
+        _ => format!("{state:?}"),
+    }
+}
+
 pub(crate) fn state_out(state: i32) -> TaskState {
     match pb::TaskState::try_from(state) {
         Ok(pb::TaskState::Submitted) => TaskState::Submitted,

@@ -194,6 +194,8 @@ async fn json_rpc_sends_gets_lists_and_cancels_tasks() {
     assert_rpc_error(&again, -32002, "TASK_NOT_CANCELABLE");
     let finished = a2a.call_error("echo", "CancelTask", json!({ "id": id })).await;
     assert_rpc_error(&finished, -32002, "TASK_NOT_CANCELABLE");
+    let said = finished["message"].as_str().unwrap_or_default();
+    assert!(said.contains("is TASK_STATE_COMPLETED and"), "the state as the wire names it: {finished:#}");
 }
 
 /// The tck agent's `tck-stream-artifact-chunked` scenario, as 1.0 StreamResponses.

@@ -222,8 +222,8 @@ impl Gateway {
         let task = self.get_task(scope, agent, task_id, Some(0)).await?;
         if task.status.state.is_terminal() {
             return Err(GatewayError::UnsupportedOperation(format!(
-                "task {task_id} is {:?} and will not change; read it with GetTask",
-                task.status.state
+                "task {task_id} is {} and will not change; read it with GetTask",
+                convert::state_name(&task.status.state)
             )));
         }
         self.follow(scope, task_id, Waiting::Continues).await
@@ -297,7 +297,10 @@ impl Gateway {
             }
             Err(status) if status.code() == tonic::Code::FailedPrecondition => {
                 let task = self.get_task(scope, agent, id, Some(0)).await?;
-                Err(GatewayError::TaskNotCancelable { id: id.to_owned(), state: format!("{:?}", task.status.state) })
+                Err(GatewayError::TaskNotCancelable {
+                    id: id.to_owned(),
+                    state: convert::state_name(&task.status.state),
+                })
             }
             Err(status) => Err(task_error(&status, id)),
         }
@@ -372,7 +375,8 @@ impl Gateway {
         let state = convert::state_out(task.status.as_ref().map_or(0, |status| status.state));
         if state.is_terminal() {
             return Err(GatewayError::UnsupportedOperation(format!(
-                "task {task_id} is {state:?} and accepts no more messages"
+                "task {task_id} is {} and accepts no more messages",
+                convert::state_name(&state)
             )));
         }
         let changes = match &push {

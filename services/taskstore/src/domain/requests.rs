@@ -77,28 +77,63 @@ pub struct TaskQuery {
     pub include_artifacts: bool,
 }
 
+impl TaskQuery {
+    /// A digest of the listing's filters (FNV-1a: the same in every build),
+    /// which a page token's total is bound to.
+    pub fn filters(&self) -> u64 {
+        let state = self.state.map(TaskState::as_str).unwrap_or_default();
+        let after = self.updated_after.map(|after| after.to_string()).unwrap_or_default();
+        let fields = [
+            self.namespace.as_str(),
+            self.context_id.as_deref().unwrap_or_default(),
+            state,
+            self.agent_id.as_deref().unwrap_or_default(),
+            &after,
+        ];
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in fields.iter().flat_map(|field| field.bytes().chain([0xff])) {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+        hash
+    }
+}
+
 /// Where the next page starts: after this (status timestamp, id). It also
-/// carries the listing's total as the first page counted it, so later pages
-/// do not count it again. Written `total!timestamp~id`; a token without the
-/// total (`timestamp~id`, as earlier versions wrote it) is counted again.
+/// carries the listing's total as the first page counted it, with the
+/// filters it counted under: later pages of that listing do not count it
+/// again. Written `total@filters!timestamp~id`; a token without a total
+/// bound to the filters (`timestamp~id`, `total!timestamp~id`, as earlier
+/// versions wrote them), or used with other filters, is counted again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageToken {
     pub timestamp: i64,
     pub id: String,
-    pub total: Option<u64>,
+    pub counted: Option<Counted>,
+}
+
+/// A listing's total, and the digest of the filters it was counted under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counted {
+    pub total: u64,
+    pub filters: u64,
 }
 
 impl PageToken {
     /// The token of the page after `task`, in a listing of `total` tasks.
-    pub fn after(task: &Task, total: u64) -> Self {
-        Self { timestamp: task.status.timestamp, id: task.id.clone(), total: Some(total) }
+    pub fn after(task: &Task, counted: Counted) -> Self {
+        Self { timestamp: task.status.timestamp, id: task.id.clone(), counted: Some(counted) }
+    }
+
+    /// The total it carries, if counted under `query`'s filters.
+    pub fn total_for(&self, query: &TaskQuery) -> Option<u64> {
+        self.counted.filter(|counted| counted.filters == query.filters()).map(|counted| counted.total)
     }
 }
 
 impl fmt::Display for PageToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(total) = self.total {
-            write!(f, "{total}!")?;
+        if let Some(Counted { total, filters }) = self.counted {
+            write!(f, "{total}@{filters:x}!")?;
         }
         write!(f, "{}~{}", self.timestamp, self.id)
     }
@@ -109,15 +144,27 @@ impl FromStr for PageToken {
 
     fn from_str(value: &str) -> Result<Self, ()> {
         let (head, id) = value.split_once('~').ok_or(())?;
-        let (total, timestamp) = match head.split_once('!') {
-            Some((total, timestamp)) => (Some(total.parse().map_err(drop)?), timestamp),
+        let (counted, timestamp) = match head.split_once('!') {
+            Some((counted, timestamp)) => (Some(counted), timestamp),
             None => (None, head),
+        };
+        let counted = match counted.map(|counted| (counted, counted.split_once('@'))) {
+            None => None,
+            Some((_, Some((total, filters)))) => Some(Counted {
+                total: total.parse().map_err(drop)?,
+                filters: u64::from_str_radix(filters, 16).map_err(drop)?,
+            }),
+            // An earlier version's total, bound to no filters: counted again.
+            Some((total, None)) => {
+                total.parse::<u64>().map_err(drop)?;
+                None
+            }
         };
         let timestamp = timestamp.parse().map_err(drop)?;
         if id.is_empty() {
             return Err(());
         }
-        Ok(Self { timestamp, id: id.to_owned(), total })
+        Ok(Self { timestamp, id: id.to_owned(), counted })
     }
 }
 
@@ -460,15 +507,37 @@ mod tests {
         assert_eq!(cursor.to_string().parse::<Cursor>(), Ok(cursor));
         assert!("x".parse::<Cursor>().is_err());
         assert!("-1.2".parse::<Cursor>().is_err());
-        let token = PageToken { timestamp: 5, id: "a~b".into(), total: None };
-        assert_eq!(token.to_string().parse::<PageToken>(), Ok(token));
-        let counted = PageToken { timestamp: -5, id: "a!b~c".into(), total: Some(12) };
-        assert_eq!(counted.to_string(), "12!-5~a!b~c");
+        let token = PageToken { timestamp: 5, id: "a~b".into(), counted: None };
+        assert_eq!(token.to_string().parse::<PageToken>(), Ok(token.clone()));
+        let counted =
+            PageToken { timestamp: -5, id: "a!b~c".into(), counted: Some(Counted { total: 12, filters: 255 }) };
+        assert_eq!(counted.to_string(), "12@ff!-5~a!b~c");
         assert_eq!(counted.to_string().parse::<PageToken>(), Ok(counted));
-        for garbage in ["5~", "x!5~a", "!5~a", "5!~a", "-1!5~a"] {
+        assert_eq!("12!5~a~b".parse::<PageToken>(), Ok(token), "an earlier version's total is counted again");
+        for garbage in ["5~", "x!5~a", "!5~a", "5!~a", "-1!5~a", "1@!5~a", "1@zz!5~a", "@1!5~a"] {
             assert!(garbage.parse::<PageToken>().is_err(), "{garbage}");
         }
         assert!(Cursor { tx: 1, id: 9 } < Cursor { tx: 2, id: 1 });
+    }
+
+    #[test]
+    fn a_page_tokens_total_holds_for_the_filters_it_was_counted_under() {
+        let query = |context: &str| TaskQuery {
+            namespace: "ns".into(),
+            context_id: Some(context.into()),
+            state: None,
+            agent_id: None,
+            updated_after: None,
+            page_size: 1,
+            page_token: None,
+            history_length: None,
+            include_artifacts: false,
+        };
+        let counted = Counted { total: 4, filters: query("a").filters() };
+        let token = PageToken { timestamp: 1, id: "t".into(), counted: Some(counted) };
+        assert_eq!(token.total_for(&query("a")), Some(4));
+        assert_eq!(token.total_for(&query("b")), None, "other filters count again");
+        assert_ne!(query("ab").filters(), TaskQuery { namespace: "nsa".into(), ..query("b") }.filters());
     }
 
     #[test]

@@ -246,7 +246,7 @@ async fn list_filters_and_pages_newest_first(h: Harness) {
     let working = h.store.get_task("ns", &ids[0], None).await.unwrap();
     let recent = TaskQuery { updated_after: Some(working.status.timestamp), ..query(50, None) };
     assert_eq!(h.store.list_tasks(recent).await.unwrap().tasks[0].id, ids[0]);
-    let bogus = PageToken { timestamp: i64::MIN + 1, id: String::new(), total: None };
+    let bogus = PageToken { timestamp: i64::MIN + 1, id: String::new(), counted: None };
     assert!(h.store.list_tasks(query(2, Some(bogus))).await.unwrap().tasks.is_empty());
 
     // Every filter at once, paged one by one.
@@ -275,7 +275,11 @@ async fn list_filters_and_pages_newest_first(h: Harness) {
     h.task("paged", "echo", "four").await;
     let second = h.store.list_tasks(paged(first.next_page_token)).await.unwrap();
     assert_eq!(second.total_size, 3, "counted once, by the first page");
-    assert_eq!(h.store.list_tasks(paged(None)).await.unwrap().total_size, 4, "a new listing counts again");
+    let fresh = h.store.list_tasks(paged(None)).await.unwrap();
+    assert_eq!(fresh.total_size, 4, "a new listing counts again");
+    // A token carries its total for its own filters only.
+    let elsewhere = TaskQuery { agent_id: Some("nobody".into()), ..paged(fresh.next_page_token) };
+    assert_eq!(h.store.list_tasks(elsewhere).await.unwrap().total_size, 0, "other filters are counted");
 }
 
 async fn illegal_transitions_fail_and_change_nothing(h: Harness) {

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::{
     domain::{
-        Artifact, ArtifactChunk, EventKind, Message, PageToken, Role, StatusUpdate, Task, TaskPage, TaskQuery,
+        Artifact, ArtifactChunk, Counted, EventKind, Message, PageToken, Role, StatusUpdate, Task, TaskPage, TaskQuery,
         TaskState,
     },
     error::{Result, TaskStoreError},
@@ -93,7 +93,7 @@ impl SqlTaskRepository {
             .fetch_all(&mut *conn)
             .await?;
         // Counted on the first page only: the later ones carry its count.
-        let total = match query.page_token.as_ref().and_then(|token| token.total) {
+        let total = match query.page_token.as_ref().and_then(|token| token.total_for(&query)) {
             Some(total) => total,
             None => {
                 let count = format!("SELECT COUNT(*) FROM taskstore_tasks WHERE {filters}");
@@ -107,7 +107,8 @@ impl SqlTaskRepository {
             let record = TaskRecord::decode(row)?;
             tasks.push(complete_task_view(&mut conn, record, query.history_length, query.include_artifacts).await?);
         }
-        let next_page_token = tasks.last().filter(|_| has_more).map(|last| PageToken::after(last, total));
+        let counted = Counted { total, filters: query.filters() };
+        let next_page_token = tasks.last().filter(|_| has_more).map(|last| PageToken::after(last, counted));
         Ok(TaskPage { tasks, next_page_token, total_size: total })
     }
 
