@@ -148,7 +148,17 @@ async fn main() -> anyhow::Result<ExitCode> {
         | Command::Run { .. }
         | Command::Gate { .. } => Flags::default(),
     };
-    let config: ChorusConfig = chorus_runtime::config::load(cli.config.as_deref(), &flags)?;
+    let person_facing = matches!(cli.command, Command::Workflow { .. } | Command::Run { .. } | Command::Gate { .. });
+    let config: ChorusConfig = match chorus_runtime::config::load(cli.config.as_deref(), &flags) {
+        Ok(config) => config,
+        // The workflow CLI's exit codes: 1 is "the answer was no", 2 that
+        // the command could not run.
+        Err(error) if person_facing => {
+            eprintln!("error: {error}");
+            return Ok(ExitCode::from(2));
+        }
+        Err(error) => return Err(error.into()),
+    };
     let service_name = match &cli.command {
         Command::Dev { .. } => "chorus-dev".to_owned(),
         Command::Serve { service, .. } => format!("chorus-{}", service_label(*service)),

@@ -140,6 +140,10 @@ async fn a_person_is_told_why_a_call_was_refused() {
         assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
         assert!(stderr(&refused).starts_with(says), "{}", stderr(&refused));
     }
+    std::fs::write(dir.join("broken.toml"), "bogus_key = 1\n").expect("write");
+    let misconfigured = chorus(&url, dir, &["run", "list", "--config", "broken.toml"]).await;
+    assert_eq!(misconfigured.status.code(), Some(2), "the command could not run: {}", stderr(&misconfigured));
+    assert!(stderr(&misconfigured).starts_with("error: invalid configuration"), "{}", stderr(&misconfigured));
     let empty = chorus(&url, dir, &["workflow", "apply", "gated.yaml", "empty"]).await;
     assert_eq!(empty.status.code(), Some(2));
     assert_eq!(stderr(&empty).trim(), "error: empty has no *.yaml or *.yml files: nothing to apply");
