@@ -1,6 +1,9 @@
 //! `chorus run start|get|list|watch|cancel|signal`.
 
-use std::collections::HashMap;
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
 
 use chorus_proto::workflow::{
     self as pb, CancelRunRequest, GetRunRequest, ListRunsRequest, SignalRunRequest, StartRunRequest, WatchRunRequest,
@@ -195,30 +198,62 @@ pub(super) async fn list(
     Ok(())
 }
 
+/// How long a watch that lost its server keeps trying to get back to it.
+const RECONNECT_FOR: Duration = Duration::from_secs(60);
+
 pub(super) async fn watch(client: &mut Client, target: &Target, run_id: &str) -> Outcome {
-    let request = WatchRunRequest {
+    let mut request = WatchRunRequest {
         namespace: target.namespace.clone(),
         run_id: run_id.to_owned(),
         ..WatchRunRequest::default()
     };
-    let mut events = client.watch_run(request).await?.into_inner();
     let mut last = pb::RunState::Unspecified;
     // A record written again with nothing a person sees changed (a gate
     // waiting, then announced) is printed once.
     let mut shown: HashMap<(String, u32, u32), String> = HashMap::new();
-    while let Some(event) = events.message().await? {
-        last = event.state();
-        let line = view::event(&event);
-        if let Some(step) = event.step.as_ref().filter(|_| event.kind() == run_event::Kind::StepUpdated) {
-            let record = (step.step_id.clone(), step.iteration, step.attempt);
-            if shown.get(&record) == Some(&line) {
-                continue;
+    let mut lost: Option<(Instant, Duration)> = None;
+    loop {
+        // The run goes on while the server is away (a restart, a deploy):
+        // the watch picks it up again after the last event it printed.
+        let outcome = async {
+            let mut events = client.watch_run(request.clone()).await?.into_inner();
+            while let Some(event) = events.message().await? {
+                lost = None;
+                last = event.state();
+                request.after_cursor.clone_from(&event.cursor);
+                let line = view::event(&event);
+                if let Some(step) = event.step.as_ref().filter(|_| event.kind() == run_event::Kind::StepUpdated) {
+                    let record = (step.step_id.clone(), step.iteration, step.attempt);
+                    if shown.get(&record) == Some(&line) {
+                        continue;
+                    }
+                    shown.insert(record, line.clone());
+                }
+                outln!("{}  {line}", view::time(event.time.as_ref()));
             }
-            shown.insert(record, line.clone());
+            Ok::<_, tonic::Status>(())
         }
-        outln!("{}  {line}", view::time(event.time.as_ref()));
+        .await;
+        let status = match outcome {
+            Ok(()) => break,
+            Err(status) if cut_off(&status) => status,
+            Err(status) => return Err(status.into()),
+        };
+        let (since, delay) = lost.get_or_insert_with(|| (Instant::now(), Duration::from_millis(100)));
+        if since.elapsed() > RECONNECT_FOR {
+            return Err(Failure::Call(format!("lost {}: {}", target.server, status.message())));
+        }
+        eprintln!("lost {} ({}); watching again in {} ms", target.server, status.message(), delay.as_millis());
+        tokio::time::sleep(*delay).await;
+        *delay = (*delay * 2).min(Duration::from_secs(2));
     }
     if last == pb::RunState::Completed { Ok(()) } else { Err(Failure::No) }
+}
+
+/// Whether the call failed on its way (the connection dropped, the server
+/// is away) rather than with the server's own answer.
+fn cut_off(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Unavailable || std::error::Error::source(status).is_some()
 }
 
 pub(super) async fn cancel(client: &mut Client, target: &Target, run_id: &str, reason: String) -> Outcome {

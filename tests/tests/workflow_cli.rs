@@ -222,3 +222,33 @@ async fn a_person_is_told_why_a_call_was_refused() {
         .expect("the CLI ends");
     assert_eq!(stopped.status.code(), Some(130), "{}", stderr(&stopped));
 }
+
+/// A watch outlives a restart of its server: it picks the run up again after
+/// the last event it printed, and ends with the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_goes_on_across_a_server_restart() {
+    let (sandbox, server, url) = stack(&[("counted.yaml", COUNTED)]).await;
+    let dir = sandbox.path();
+    let applied = chorus(&url, dir, &["workflow", "apply", "counted.yaml"]).await;
+    assert_eq!(applied.status.code(), Some(0), "{}", stderr(&applied));
+    let started = chorus(&url, dir, &["run", "start", "counted", "--input", "count=1"]).await;
+    let run_id = stdout(&started).trim().to_owned();
+    let mut watch = spawn(&url, dir, &["run", "watch", &run_id]);
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(watch.stdout.take().expect("stdout")));
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), lines.next_line()).await;
+    assert!(matches!(first, Ok(Ok(Some(_)))), "the watch printed the run's first event: {first:?}");
+
+    let address = server.address();
+    server.kill().await;
+    let server = sandbox.dev().no_agents().listen(address).start().await;
+    let signaled = chorus(server.url(), dir, &["run", "signal", &run_id, "go"]).await;
+    assert_eq!(signaled.status.code(), Some(0), "{}", stderr(&signaled));
+
+    let mut rest = Vec::new();
+    while let Ok(Ok(Some(line))) = tokio::time::timeout(chorus_tests::DEADLINE, lines.next_line()).await {
+        rest.push(line);
+    }
+    let ended = tokio::time::timeout(chorus_tests::DEADLINE, watch.wait()).await.expect("the watch ends");
+    assert_eq!(ended.expect("exit status").code(), Some(0), "the run completed: {rest:#?}");
+    assert!(rest.last().is_some_and(|line| line.contains("completed")), "{rest:#?}");
+}
