@@ -2,7 +2,7 @@
 //! with health, reflection, tracing, panic and timeout layers, and graceful
 //! shutdown. Services hand it their generated server; it owns the rest.
 
-use std::{convert::Infallible, future::Future, pin::Pin, sync::Arc, time::Duration};
+use std::{convert::Infallible, sync::Arc, time::Duration};
 
 use axum::{Router, http::StatusCode, middleware::Next, response::IntoResponse as _, routing::get};
 use serde::{Deserialize, Serialize};
@@ -14,11 +14,7 @@ use tonic::{
     service::{Routes, RoutesBuilder},
     transport::Server,
 };
-use tonic_health::{
-    ServingStatus,
-    pb::{HealthCheckRequest, health_check_response::ServingStatus as WireStatus, health_client::HealthClient},
-    server::HealthReporter,
-};
+use tonic_health::{ServingStatus, server::HealthReporter};
 use tower::ServiceBuilder;
 use tower_http::{
     catch_panic::CatchPanicLayer,
@@ -27,11 +23,13 @@ use tower_http::{
     trace::{DefaultOnFailure, TraceLayer},
 };
 
+mod readiness;
+
+use self::readiness::healthz;
+pub use self::readiness::{ReadinessProbe, serving_probe};
 use crate::{
     metrics::{self, Metrics, observe},
-    telemetry,
-    transport::Transport,
-    upgrade,
+    telemetry, upgrade,
 };
 
 /// Server settings shared by every service.
@@ -50,31 +48,6 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self { request_timeout_ms: 120_000, max_message_bytes: 4 * 1024 * 1024, shutdown_grace_ms: 10_000 }
     }
-}
-
-/// A readiness check: `Err(reason)` keeps `/healthz` at 503.
-pub type ReadinessProbe = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
-
-/// How long a [`serving_probe`] waits for its answer.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// A readiness check of a service this process calls over `transport`
-/// (at `target`): ready while that service's health check answers serving
-/// within two seconds.
-pub fn serving_probe(transport: Transport, service: &'static str, target: String) -> ReadinessProbe {
-    Arc::new(move || {
-        let mut client = HealthClient::new(transport.clone());
-        let target = target.clone();
-        Box::pin(async move {
-            let request = HealthCheckRequest { service: service.to_owned() };
-            match tokio::time::timeout(PROBE_TIMEOUT, client.check(request)).await {
-                Ok(Ok(answer)) if answer.get_ref().status == WireStatus::Serving as i32 => Ok(()),
-                Ok(Ok(_)) => Err(format!("{service} at {target} is not serving")),
-                Ok(Err(status)) => Err(format!("{service} at {target}: {}", status.message())),
-                Err(_) => Err(format!("{service} at {target} did not answer within {PROBE_TIMEOUT:?}")),
-            }
-        })
-    })
 }
 
 /// A check of a call's credentials (its headers): `Err` is the call's answer.
@@ -348,15 +321,6 @@ fn cors(origins: &[String], extra: Vec<http::HeaderName>) -> CorsLayer {
         )
         .expose_headers([header("grpc-status"), header("grpc-message"), header("grpc-status-details-bin")])
         .max_age(Duration::from_secs(3600))
-}
-
-async fn healthz(probes: Arc<Vec<ReadinessProbe>>) -> (StatusCode, String) {
-    for probe in probes.iter() {
-        if let Err(reason) = probe().await {
-            return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n"));
-        }
-    }
-    (StatusCode::OK, "ok\n".to_owned())
 }
 
 /// `GET /metrics`: every series, as Prometheus scrapes them.

@@ -1,11 +1,13 @@
 //! Domain types and rules of the task store.
 
 mod limits;
+mod listing;
 mod model;
 mod requests;
 mod state;
 
 pub use limits::{Limits, prompt_fingerprint};
+pub use listing::{Counted, PageToken, TaskPage, TaskQuery};
 pub use model::{
     Artifact, JsonObject, Message, Owner, OwnerKind, Part, PartContent, Role, SpawnContext, Task, TaskStatus,
 };
