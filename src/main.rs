@@ -55,6 +55,7 @@ enum Command {
     Serve {
         #[arg(value_enum)]
         service: Service,
+        /// Address to serve gRPC and HTTP on (port 0 picks a free one).
         #[arg(long)]
         listen: Option<String>,
         /// `postgres://…` (or `sqlite://…`).
@@ -68,6 +69,7 @@ enum Command {
         /// The task store to work for.
         #[arg(long, default_value = "http://127.0.0.1:7800", env = "CHORUS_SERVER")]
         server: String,
+        /// The namespace whose tasks it works on.
         #[arg(long, default_value = chorus_worker::DEFAULT_NAMESPACE)]
         namespace: String,
         /// The reviewer's pause between two steps, in milliseconds.

@@ -27,9 +27,9 @@ fn problem_line(problem: &ValidationProblem) -> String {
     )
 }
 
-pub(super) async fn validate(client: &mut Client, target: &Target, files: &[PathBuf]) -> Outcome {
+pub(super) async fn validate(client: &mut Client, target: &Target, paths: &[PathBuf]) -> Outcome {
     let mut valid = true;
-    for file in files {
+    for file in &definition_files_of(paths)? {
         let request = ValidateDefinitionRequest {
             namespace: target.namespace.clone(),
             source: read(file)?,
@@ -61,17 +61,23 @@ fn definition_files(path: &Path) -> Result<Vec<PathBuf>, Failure> {
     Ok(files)
 }
 
-pub(super) async fn apply(client: &mut Client, target: &Target, paths: &[PathBuf]) -> Outcome {
+/// The files `paths` name, each a file or a folder of definitions; a folder
+/// without any is an error.
+fn definition_files_of(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Failure> {
     let mut files = Vec::new();
     for path in paths {
         let found = definition_files(path)?;
         if found.is_empty() {
-            return Err(Failure::Call(format!("{} has no *.yaml or *.yml files: nothing to apply", path.display())));
+            return Err(Failure::Call(format!("{} has no *.yaml or *.yml files", path.display())));
         }
         files.extend(found);
     }
+    Ok(files)
+}
+
+pub(super) async fn apply(client: &mut Client, target: &Target, paths: &[PathBuf]) -> Outcome {
     let mut applied = true;
-    for file in files {
+    for file in definition_files_of(paths)? {
         let request = PutDefinitionRequest {
             namespace: target.namespace.clone(),
             source: read(&file)?,

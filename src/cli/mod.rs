@@ -43,6 +43,7 @@ pub(crate) struct Target {
     /// The workflow service (or `chorus dev`).
     #[arg(long, global = true, default_value = "http://127.0.0.1:7800", env = "CHORUS_SERVER")]
     server: String,
+    /// The namespace to work in.
     #[arg(long, global = true, default_value = "default")]
     namespace: String,
     /// A file holding a bearer token, for a server whose gateway checks
@@ -60,10 +61,10 @@ pub(crate) fn bearer_token(file: Option<&Path>) -> anyhow::Result<Option<String>
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum WorkflowCommand {
-    /// Checks definition files without storing them.
+    /// Checks definition files (or every *.yaml/*.yml of a folder) without storing them.
     Validate {
         #[arg(required = true)]
-        files: Vec<std::path::PathBuf>,
+        paths: Vec<std::path::PathBuf>,
     },
     /// Stores definition files (or every *.yaml/*.yml of a folder) as new versions.
     Apply {
@@ -72,6 +73,7 @@ pub(crate) enum WorkflowCommand {
     },
     /// The latest version of every workflow, or every version of one.
     List {
+        /// Every version of this workflow.
         #[arg(long)]
         name: Option<String>,
     },
@@ -93,6 +95,7 @@ pub(crate) enum RunCommand {
     },
     /// Runs, newest first.
     List {
+        /// Only runs of this workflow.
         #[arg(long)]
         workflow: Option<String>,
         /// pending, running, waiting, completed, failed or canceled (repeatable).
@@ -107,6 +110,7 @@ pub(crate) enum RunCommand {
     /// Cancels a run and the tasks its steps spawned.
     Cancel {
         run_id: String,
+        /// Why, as the run records it.
         #[arg(long, default_value = "")]
         reason: String,
     },
@@ -124,6 +128,7 @@ pub(crate) enum RunCommand {
 pub(crate) enum GateCommand {
     /// Gates waiting for a decision.
     List {
+        /// Only gates of this workflow's runs.
         #[arg(long)]
         workflow: Option<String>,
     },
@@ -131,6 +136,7 @@ pub(crate) enum GateCommand {
     Approve {
         run_id: String,
         step: String,
+        /// Why, as the gate's history records it.
         #[arg(long, default_value = "")]
         reason: String,
         /// Who decides (default: $USER).
@@ -141,8 +147,10 @@ pub(crate) enum GateCommand {
     Reject {
         run_id: String,
         step: String,
+        /// What the rerun phase must change; it is given to it with its previous attempt.
         #[arg(long)]
         feedback: String,
+        /// Who decides (default: $USER).
         #[arg(long)]
         by: Option<String>,
     },
@@ -228,7 +236,7 @@ pub(crate) async fn workflow(target: &Target, command: WorkflowCommand) -> ExitC
     let outcome = async {
         let mut client = connect(target).await?;
         match command {
-            WorkflowCommand::Validate { files } => definitions::validate(&mut client, target, &files).await,
+            WorkflowCommand::Validate { paths } => definitions::validate(&mut client, target, &paths).await,
             WorkflowCommand::Apply { paths } => definitions::apply(&mut client, target, &paths).await,
             WorkflowCommand::List { name } => definitions::list(&mut client, target, name).await,
         }
