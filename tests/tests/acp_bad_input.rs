@@ -55,6 +55,20 @@ async fn malformed_lines_unknown_methods_and_unknown_sessions_get_errors_and_the
     assert!(ide.close().await.success(), "chorus acp exits cleanly when the IDE closes stdin");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_the_gateway_does_not_have_is_named_as_not_found() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().no_agents().start().await;
+    let mut ide = AcpProcess::start(server.url(), "nosuch", sandbox.path(), &[]);
+    ide.initialize(json!({})).await;
+    let (missing, _) = ide.call(2, "session/new", json!({ "cwd": sandbox.path(), "mcpServers": [] })).await;
+    assert_eq!(error_code(&missing), -32002, "{missing}");
+    let message = missing["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("has no agent nosuch") && message.contains("/a2a lists"), "{missing}");
+    assert_eq!(missing["error"]["data"]["agent"], "nosuch", "{missing}");
+    assert!(ide.close().await.success());
+}
+
 /// A stack with the reviewer agent (`pace_ms` between its steps) and a
 /// `chorus acp` for it, whose session's prompt `text` (request 2) is under
 /// way; and the session's id.

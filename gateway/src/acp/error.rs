@@ -47,6 +47,14 @@ pub(crate) enum AcpError {
     /// The gateway needs credentials and the bridge has none it accepts.
     #[error("{0}")]
     AuthRequired(String),
+    /// The gateway has no agent of that id.
+    #[error("the gateway at {gateway} has no agent {agent} (GET {gateway}/a2a lists its agents)")]
+    UnknownAgent {
+        /// The agent `--agent` names.
+        agent: String,
+        /// The gateway's base URL.
+        gateway: String,
+    },
     /// The gateway could not be reached or answered with an error.
     #[error("the gateway failed: {0}")]
     Gateway(#[from] DelegateError),
@@ -72,7 +80,7 @@ impl AcpError {
     /// The ACP error code of this error.
     pub(crate) fn code(&self) -> Code {
         match self {
-            Self::UnknownSession(_) | Self::NoSuchSession(..) => Code::ResourceNotFound,
+            Self::UnknownSession(_) | Self::NoSuchSession(..) | Self::UnknownAgent { .. } => Code::ResourceNotFound,
             Self::InvalidParams(_) | Self::Busy(_) => Code::InvalidParams,
             Self::AuthRequired(_) => Code::AuthRequired,
             Self::Gateway(_) | Self::StreamEnded(_) | Self::TaskEnded { .. } | Self::Client(_) => Code::Internal,
@@ -86,6 +94,7 @@ impl AcpError {
             Self::UnknownSession(id) | Self::NoSuchSession(id, _) | Self::Busy(id) => {
                 Some(serde_json::json!({ "sessionId": id }))
             }
+            Self::UnknownAgent { agent, .. } => Some(serde_json::json!({ "agent": agent })),
             Self::InvalidParams(_)
             | Self::AuthRequired(_)
             | Self::Gateway(_)

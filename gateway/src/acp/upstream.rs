@@ -102,7 +102,12 @@ impl Upstream {
             let endpoint = pick_interface(&card)?;
             Ok::<_, DelegateError>((card, endpoint))
         };
-        Ok(self.inner.card.get_or_try_init(fetch).await?)
+        self.inner.card.get_or_try_init(fetch).await.map_err(|error| match error {
+            DelegateError::Status { status: 404, .. } => {
+                AcpError::UnknownAgent { agent: self.inner.agent.clone(), gateway: self.inner.gateway.clone() }
+            }
+            other => other.into(),
+        })
     }
 
     async fn endpoint(&self) -> Result<Endpoint> {
