@@ -102,52 +102,29 @@ pub(crate) const SPEAKS_1_0: &str = "1.0";
 /// parameter); the patch number does not count. A version other than 1.0
 /// and 0.3 is refused as one the binding (which `speaks`) does not speak.
 pub(crate) fn version(headers: &HeaderMap, query: Option<&str>, speaks: &'static str) -> Result<Version> {
-    let requested = requested_version(headers, query, speaks)?.unwrap_or_default();
+    let requested = requested_version(headers, &self::query(query), speaks)?.unwrap_or_default();
     parse_version(requested.trim(), speaks)
 }
 
 /// The version a request names: its `A2A-Version` header, else its
-/// `A2A-Version` query parameter (spec §3.6.1), percent-decoded.
+/// `A2A-Version` query parameter (spec §3.6.1) among the decoded `query`.
 pub(crate) fn requested_version(
     headers: &HeaderMap,
-    query: Option<&str>,
+    query: &HashMap<String, String>,
     speaks: &'static str,
 ) -> Result<Option<String>> {
     if let Some(value) = headers.get("a2a-version") {
         let value = value.to_str().map_err(|_| GatewayError::VersionNotSupported("<not ASCII>".to_owned(), speaks))?;
         return Ok(Some(value.to_owned()));
     }
-    let mut pairs = self::query(query).into_iter();
-    Ok(pairs.find_map(|(name, value)| name.eq_ignore_ascii_case("a2a-version").then_some(value)))
+    Ok(query.iter().find_map(|(name, value)| name.eq_ignore_ascii_case("a2a-version").then(|| value.clone())))
 }
 
-/// The query's parameters, percent-decoded.
+/// The query's parameters, percent-decoded (`+` is a space).
 pub(crate) fn query(query: Option<&str>) -> HashMap<String, String> {
-    url_decode_pairs(query.unwrap_or_default())
-}
-
-/// `a=1&b=x%20y` → pairs, percent-decoded (`+` is a space).
-fn url_decode_pairs(query: &str) -> HashMap<String, String> {
-    let decode = |text: &str| {
-        let bytes = text.replace('+', " ").into_bytes();
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut index = 0;
-        while index < bytes.len() {
-            let hex = bytes.get(index + 1..index + 3).and_then(|hex| std::str::from_utf8(hex).ok());
-            match (bytes[index], hex.and_then(|hex| u8::from_str_radix(hex, 16).ok())) {
-                (b'%', Some(byte)) => {
-                    out.push(byte);
-                    index += 3;
-                }
-                (byte, _) => {
-                    out.push(byte);
-                    index += 1;
-                }
-            }
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    };
+    let decode = |text: &str| percent_decode(&text.replace('+', " "));
     query
+        .unwrap_or_default()
         .split('&')
         .filter(|pair| !pair.is_empty())
         .map(|pair| {
@@ -155,6 +132,28 @@ fn url_decode_pairs(query: &str) -> HashMap<String, String> {
             (decode(name), decode(value))
         })
         .collect()
+}
+
+/// `text` with its `%XX` escapes decoded; a `%` not followed by two hex
+/// digits is kept as it is.
+pub(crate) fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let hex = bytes.get(index + 1..index + 3).and_then(|hex| std::str::from_utf8(hex).ok());
+        match (bytes[index], hex.and_then(|hex| u8::from_str_radix(hex, 16).ok())) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                index += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                index += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 pub(crate) fn parse_version(requested: &str, speaks: &'static str) -> Result<Version> {

@@ -65,15 +65,15 @@ async fn serve(
     body: Body,
 ) -> Result<Response> {
     let principal = http::authenticate(gateway, headers)?;
+    let query = http::query(uri.query());
     // This binding is 1.0's: a request that names no version is served as
     // 1.0, one that asks for 0.3 (in the header or the query) is refused.
-    if let Some(requested) = http::requested_version(headers, uri.query(), http::SPEAKS_1_0)?
+    if let Some(requested) = http::requested_version(headers, &query, http::SPEAKS_1_0)?
         && http::parse_version(requested.trim(), http::SPEAKS_1_0)? == Version::V03
     {
         return Err(GatewayError::VersionNotSupported(requested, http::SPEAKS_1_0));
     }
     let (path_tenant, operation) = route(method, path)?;
-    let query = http::query(uri.query());
     let body = http::read_body(gateway, body).await?;
     let json_body = || -> Result<Value> {
         if !http::is_json(headers) {

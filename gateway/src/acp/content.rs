@@ -154,27 +154,7 @@ pub(crate) fn text_of(prompt: &[Content]) -> String {
 pub(crate) fn file_path(uri: &str) -> Option<PathBuf> {
     let path = uri.strip_prefix("file://")?;
     let path = path.strip_prefix("localhost").unwrap_or(path);
-    path.starts_with('/').then(|| PathBuf::from(percent_decode(path)))
-}
-
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    path.starts_with('/').then(|| PathBuf::from(crate::http::percent_decode(path)))
 }
 
 #[cfg(test)]
