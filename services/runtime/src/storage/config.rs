@@ -90,7 +90,8 @@ impl StorageConfig {
         }
         std::fs::create_dir_all(&self.data_dir)
             .map_err(|source| StorageError::DataDir { dir: self.data_dir.clone(), source })?;
-        Ok(format!("sqlite://{}/chorus.db?mode=rwc", self.data_dir))
+        // `Db::connect` creates a file URL's database when it names no mode.
+        Ok(format!("sqlite://{}/chorus.db", self.data_dir))
     }
 }
 
