@@ -50,7 +50,11 @@ fn links(task: &pb::Task) -> impl Iterator<Item = Value> + '_ {
 /// The gate the task's last interruption waits on, if it was one: the
 /// newest link says where the run is.
 fn link_of(task: &pb::Task) -> Option<Link> {
-    let link = links(task).next()?;
+    parse_link(&links(task).next()?)
+}
+
+/// The gate an interruption's link names.
+fn parse_link(link: &Value) -> Option<Link> {
     Some(Link {
         run_id: link.get("runId")?.as_str()?.to_owned(),
         gate: link.get("gate")?.as_str()?.to_owned(),
@@ -259,13 +263,13 @@ impl Runner {
     /// decided elsewhere (`chorus gate`, the workflow API) or its run ends,
     /// the task catches up with the run, unless an A2A reply answered first.
     fn watch_gate(&self, turn: Turn, link: Link) {
-        let runner = self.clone();
+        let shutdown = self.shutdown.clone();
         let task_id = turn.task.id.clone();
-        let watch: Pin<Box<dyn Future<Output = Written> + Send>> = Box::pin(runner.clone().await_gate(turn, link));
+        let watch: Pin<Box<dyn Future<Output = Written> + Send>> = Box::pin(self.clone().await_gate(turn, link));
         tokio::spawn(async move {
             let outcome = tokio::select! {
                 outcome = watch => outcome,
-                () = runner.shutdown.cancelled() => Ok(()),
+                () = shutdown.cancelled() => Ok(()),
             };
             if let Err(status) = outcome {
                 tracing::debug!(%task_id, error = %status.message(), "stopped watching the task's gate");
@@ -299,12 +303,16 @@ impl Runner {
         // Still waiting on this gate: no reply answered it meanwhile (a reply
         // moves the task on, and the turn it starts follows the run). Of a
         // reply and this answer, the task store takes only the first.
-        let get = pb::GetTaskRequest { namespace: namespace.clone(), id: turn.task.id.clone(), history_length: None };
+        // Every interruption's status message carries its link: no history.
+        let get =
+            pb::GetTaskRequest { namespace: namespace.clone(), id: turn.task.id.clone(), history_length: Some(0) };
         let task = turn.tasks.get_task(get).await?.into_inner();
-        let waiting = task.status.as_ref().is_some_and(|status| status.state() == pb::TaskState::InputRequired);
-        let same_gate = link_of(&task)
+        let status = task.status.as_ref().filter(|status| status.state() == pb::TaskState::InputRequired);
+        let fields = status.and_then(|status| Some(&status.message.as_ref()?.metadata.as_ref()?.fields));
+        let waiting = fields.and_then(|fields| parse_link(&chorus_proto::json::value_to_json(fields.get(LINK)?)));
+        let same_gate = waiting
             .is_some_and(|now| (&now.run_id, &now.gate, now.iteration) == (&link.run_id, &link.gate, link.iteration));
-        if !waiting || !same_gate {
+        if !same_gate {
             return Ok(());
         }
         let answer = turn.agent_message(&note, None);

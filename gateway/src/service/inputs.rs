@@ -2,7 +2,7 @@
 //! they act: unset empty strings, required fields, accepted media types,
 //! and how much history an answer carries.
 
-use a2a::{Message, Role, Task};
+use a2a::{Message, Role, SendMessageRequest, Task};
 
 use crate::{
     builtin,
@@ -33,22 +33,23 @@ pub(crate) fn history_length(value: Option<i32>) -> Result<Option<u32>> {
         .transpose()
 }
 
-/// The message with its empty optional strings unset. They are proto3
-/// strings: ProtoJSON's `""` is their default, the same as no value (as
-/// the gRPC binding reads them), not a task id or a media type to check.
-pub(super) fn without_empty_strings(mut message: Message) -> Message {
+/// The request with its message's empty optional strings unset. They are
+/// proto3 strings: ProtoJSON's `""` is their default, the same as no value
+/// (as the gRPC binding reads them), not a task id or a media type to check.
+pub(super) fn without_empty_strings(mut request: SendMessageRequest) -> SendMessageRequest {
     let unset_empty = |text: &mut Option<String>| {
         if text.as_deref() == Some("") {
             *text = None;
         }
     };
+    let message = &mut request.message;
     unset_empty(&mut message.task_id);
     unset_empty(&mut message.context_id);
     for part in &mut message.parts {
         unset_empty(&mut part.media_type);
         unset_empty(&mut part.filename);
     }
-    message
+    request
 }
 
 pub(super) fn validate_message(message: &Message) -> Result<()> {
@@ -141,7 +142,8 @@ mod tests {
         message.context_id = Some(String::new());
         message.parts[0].filename = Some(String::new());
         message.parts.push(Part::text(""));
-        let message = without_empty_strings(message);
+        let request = SendMessageRequest { message, configuration: None, metadata: None, tenant: None };
+        let message = without_empty_strings(request).message;
         assert_eq!((message.task_id, message.context_id), (None, None));
         assert_eq!((&message.parts[0].media_type, &message.parts[0].filename), (&None, &None));
         assert_eq!(message.parts[1].as_text(), Some(""), "an empty text is content, not an unset field");

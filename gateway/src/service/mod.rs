@@ -166,6 +166,7 @@ impl Gateway {
         agent: &AgentConfig,
         request: SendMessageRequest,
     ) -> Result<SendMessageResponse> {
+        let request = without_empty_strings(request);
         let configuration = request.configuration.clone().unwrap_or_else(default_configuration);
         let history_length = history_length(configuration.history_length)?;
         let task = match self.start(scope, agent, request).await? {
@@ -190,9 +191,10 @@ impl Gateway {
         if !agent.streaming {
             return Err(GatewayError::UnsupportedOperation(format!("agent {} does not stream", agent.id)));
         }
+        let request = without_empty_strings(request);
         let configuration = request.configuration.as_ref();
         let length = history_length(configuration.and_then(|configuration| configuration.history_length))?;
-        let continuing = request.message.task_id.as_deref().is_some_and(|id| !id.is_empty());
+        let continuing = request.message.task_id.is_some();
         let events = match self.start(scope, agent, request).await? {
             Started::Reply(message) => {
                 return Ok(Box::pin(stream::once(async move { Ok(StreamResponse::Message(*message)) })));
@@ -308,7 +310,7 @@ impl Gateway {
 
     /// Creates or continues the task, or lets a built-in agent answer.
     async fn start(&self, scope: &Scope, agent: &AgentConfig, request: SendMessageRequest) -> Result<Started> {
-        let message = without_empty_strings(request.message);
+        let message = request.message;
         validate_message(&message)?;
         check_input_modes(agent, &message)?;
         let push = request.configuration.and_then(|configuration| configuration.task_push_notification_config);
