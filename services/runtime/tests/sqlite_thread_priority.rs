@@ -5,12 +5,13 @@
 
 use chorus_runtime::storage::{Db, StorageConfig};
 
-/// The nice value of the thread whose `/proc` folder is `task`.
-fn nice(task: &std::path::Path) -> i32 {
-    let stat = std::fs::read_to_string(task.join("stat")).expect("the thread's stat");
+/// The nice value of the thread whose `/proc` folder is `task`; none when
+/// the thread ended since it was listed.
+fn nice(task: &std::path::Path) -> Option<i32> {
+    let stat = std::fs::read_to_string(task.join("stat")).ok()?;
     // The fields after the command's closing parenthesis; nice is the 19th of stat.
     let fields: Vec<&str> = stat.rsplit_once(')').expect("stat").1.split_whitespace().collect();
-    fields[16].parse().expect("nice")
+    Some(fields[16].parse().expect("nice"))
 }
 
 /// The nice value of each of this process's SQLite connection threads.
@@ -21,7 +22,7 @@ fn connection_thread_nices() -> Vec<i32> {
         .filter(|task| {
             std::fs::read_to_string(task.path().join("comm")).unwrap_or_default().trim_end() == "sqlx-sqlite-wor"
         })
-        .map(|task| nice(&task.path()))
+        .filter_map(|task| nice(&task.path()))
         .collect()
 }
 
@@ -55,7 +56,7 @@ async fn eventually(what: &str, holds: impl Fn(&[i32]) -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_threads_take_the_configured_priority_and_zero_leaves_them_alone() {
     let dir = tempfile::tempdir().expect("dir");
-    let inherited = nice(std::path::Path::new("/proc/thread-self"));
+    let inherited = nice(std::path::Path::new("/proc/thread-self")).expect("this thread's nice value");
     let untouched = used_db(&dir, 0).await;
     let nices = connection_thread_nices();
     assert!(nices.len() >= 2, "a writer and a reader thread: {nices:?}");
