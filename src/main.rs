@@ -2,6 +2,7 @@
 //! on PostgreSQL (`chorus serve taskstore|eventbus|hub|workflow`), a built-in agent,
 //! or the ACP bridge an IDE launches (`chorus acp`).
 
+mod agents;
 mod cli;
 mod config;
 mod stack;
@@ -196,13 +197,13 @@ async fn run(command: Command, config: &ChorusConfig, shutdown: CancellationToke
         Command::Run { command, target } => Ok(cli::interruptible(cli::run(&target, command), &shutdown).await),
         Command::Gate { command, target } => Ok(cli::interruptible(cli::gate(&target, command), &shutdown).await),
         Command::Dev { no_agents, .. } => {
-            let stack = Stack::build(config, ALL_SERVICES, &shutdown).await?;
+            let mut stack = Stack::build(config, ALL_SERVICES, &shutdown).await?;
             let address = stack.address;
-            let taskstore = stack.local_taskstore.clone().context("chorus dev serves a task store")?;
-            let serving = tokio::spawn(stack.serve(shutdown.clone()));
             if !no_agents {
-                start_demo_agents(chorus_worker::client_over(taskstore), shutdown.clone());
+                let taskstore = stack.local_taskstore.clone().context("chorus dev serves a task store")?;
+                stack.add_readiness_probe(agents::start_demo_agents(chorus_worker::client_over(taskstore), &shutdown));
             }
+            let serving = tokio::spawn(stack.serve(shutdown.clone()));
             announce(address);
             serving.await.context("server task failed")?.map(done)
         }
@@ -252,25 +253,4 @@ async fn worker_client(server: &str, token_file: Option<&std::path::Path>) -> an
 /// One line on stdout saying where chorus listens (tests and scripts read it).
 fn announce(address: std::net::SocketAddr) {
     println!("chorus listening on http://{address}");
-}
-
-/// The built-in agents of `chorus dev`, workers like any other that call
-/// the task store of this process in process: `echo`, `reviewer` (which the
-/// catalog lists only when configured to), and the phase agents of the
-/// example workflows.
-fn start_demo_agents(client: chorus_worker::Client, shutdown: CancellationToken) {
-    tokio::spawn(async move {
-        let namespace = chorus_worker::DEFAULT_NAMESPACE;
-        let pace = chorus_worker::reviewer::DEFAULT_PACE;
-        let (echo, reviewer, phases) = tokio::join!(
-            chorus_worker::echo::run(client.clone(), namespace, shutdown.clone()),
-            chorus_worker::reviewer::run(client.clone(), namespace, pace, shutdown.clone()),
-            chorus_worker::phases::run(client, namespace, shutdown),
-        );
-        for (agent, outcome) in [("echo", echo), ("reviewer", reviewer), ("phases", phases)] {
-            if let Err(error) = outcome {
-                tracing::error!(%error, agent, "a built-in agent stopped");
-            }
-        }
-    });
 }

@@ -9,7 +9,7 @@ use chorus_gateway::A2aGrpc;
 use chorus_hub::{Hub, grpc::HubGrpc, repository::sql::SqlHubRepository};
 use chorus_proto::{eventbus::event_bus_client::EventBusClient, taskstore::task_store_server::TaskStoreServer};
 use chorus_runtime::{
-    server::{ServerBuilder, serving_probe},
+    server::{ReadinessProbe, ServerBuilder, serving_probe},
     storage::{Db, redact_url, sqlite_file},
     transport::Transport,
     wakeup::Wakeups,
@@ -393,6 +393,11 @@ impl Stack {
     }
 
     /// Serves until `shutdown`, then waits for the lingering tasks.
+    /// Makes `/healthz` depend on `probe` too.
+    pub(crate) fn add_readiness_probe(&mut self, probe: ReadinessProbe) {
+        self.server.add_readiness_probe(probe);
+    }
+
     pub(crate) async fn serve(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let served = self.server.serve(self.listener, shutdown).await.context("server failed");
         self.lingering.close();

@@ -1,0 +1,118 @@
+//! The built-in agents of `chorus dev`: workers like any other that call the
+//! task store of this process in process. An agent that stops while the
+//! process serves is logged at once and keeps `/healthz` at 503, since
+//! every task sent to it would wait for a worker that is gone.
+
+use std::{
+    future::Future,
+    sync::{Arc, OnceLock},
+};
+
+use chorus_runtime::server::ReadinessProbe;
+use chorus_worker::WorkerError;
+use tokio_util::sync::CancellationToken;
+
+/// Starts `echo`, `reviewer` (which the catalog lists only when configured
+/// to) and the phase agents of the example workflows; the readiness check
+/// that fails once one of them stopped.
+pub(crate) fn start_demo_agents(client: chorus_worker::Client, shutdown: &CancellationToken) -> ReadinessProbe {
+    let stopped = Stopped::default();
+    let namespace = chorus_worker::DEFAULT_NAMESPACE;
+    let pace = chorus_worker::reviewer::DEFAULT_PACE;
+    stopped.watch("echo", chorus_worker::echo::run(client.clone(), namespace, shutdown.clone()), shutdown);
+    stopped.watch(
+        "reviewer",
+        chorus_worker::reviewer::run(client.clone(), namespace, pace, shutdown.clone()),
+        shutdown,
+    );
+    stopped.watch("phases", chorus_worker::phases::run(client, namespace, shutdown.clone()), shutdown);
+    stopped.probe()
+}
+
+/// The first agent that stopped while it should have worked on, and why.
+#[derive(Debug, Clone, Default)]
+struct Stopped(Arc<OnceLock<String>>);
+
+impl Stopped {
+    /// Runs `agent` in the background, noting its end unless `shutdown` ended it.
+    fn watch(
+        &self,
+        name: &'static str,
+        agent: impl Future<Output = Result<(), WorkerError>> + Send + 'static,
+        shutdown: &CancellationToken,
+    ) {
+        let stopped = self.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let outcome = agent.await;
+            if shutdown.is_cancelled() {
+                return;
+            }
+            let reason = match outcome {
+                Ok(()) => "it stopped".to_owned(),
+                Err(error) => error.to_string(),
+            };
+            tracing::error!(agent = name, error = %reason, "a built-in agent stopped; its tasks wait for a worker");
+            let _ = stopped.0.set(format!("the built-in agent {name} stopped: {reason}"));
+        });
+    }
+
+    fn probe(&self) -> ReadinessProbe {
+        let stopped = self.clone();
+        Arc::new(move || {
+            let reason = stopped.0.get().cloned();
+            Box::pin(async move { reason.map_or(Ok(()), Err) })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    async fn settled(probe: &ReadinessProbe) -> Result<(), String> {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        probe().await
+    }
+
+    #[tokio::test]
+    async fn an_agent_that_fails_while_serving_fails_readiness() {
+        let shutdown = CancellationToken::new();
+        let stopped = Stopped::default();
+        stopped.watch("echo", std::future::pending(), &shutdown);
+        let refused = tonic::Status::invalid_argument("no such namespace");
+        stopped.watch("reviewer", async move { Err(WorkerError::Stream(refused)) }, &shutdown);
+        let reason = settled(&stopped.probe()).await.expect_err("not ready");
+        assert!(reason.contains("reviewer") && reason.contains("no such namespace"), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn an_agent_that_ends_without_an_error_while_serving_fails_readiness() {
+        let shutdown = CancellationToken::new();
+        let stopped = Stopped::default();
+        stopped.watch("phases", async { Ok(()) }, &shutdown);
+        let reason = settled(&stopped.probe()).await.expect_err("not ready");
+        assert!(reason.contains("phases stopped"), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn agents_that_stop_at_shutdown_leave_readiness_alone() {
+        let shutdown = CancellationToken::new();
+        let stopped = Stopped::default();
+        let ended = shutdown.clone();
+        stopped.watch(
+            "echo",
+            async move {
+                ended.cancelled().await;
+                Ok(())
+            },
+            &shutdown,
+        );
+        let probe = stopped.probe();
+        assert_eq!(settled(&probe).await, Ok(()));
+        shutdown.cancel();
+        assert_eq!(settled(&probe).await, Ok(()));
+    }
+}
