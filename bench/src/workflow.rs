@@ -46,6 +46,8 @@ const RESUME_GOAL_MS: f64 = 1000.0;
 /// Runs, steps and kills of the resume measurement.
 const RESUME_RUNS: usize = 16;
 const RESUME_STEPS: usize = 20;
+/// Each step of the resume measurement's runs waits this long (a durable timer).
+const RESUME_WAIT_MICROS: i64 = 200_000;
 const KILLS: usize = 3;
 
 #[derive(Debug, Clone, Serialize)]
@@ -64,8 +66,9 @@ pub(crate) struct WorkflowReport {
     /// A step's duration: from its record's start to its end, the webhook
     /// call and the commit of its result included.
     pub(crate) step_latency: LatencySummary,
-    /// From the restarted engine's announcement to the first step after the
-    /// kill: under the same engine name, and under a new one.
+    /// How long the first step after the kill waited for the restarted
+    /// engine, from its announcement or, when later, from the moment the
+    /// step was due: under the same engine name, and under a new one.
     pub(crate) resume_same_name: LatencySummary,
     pub(crate) resume_new_name: LatencySummary,
     /// Where the CPU went while steps were measured (server: chorus), and
@@ -240,7 +243,8 @@ async fn resume(
     env: &[(&str, String)],
 ) -> anyhow::Result<(Server, LatencySummary, LatencySummary)> {
     let mut control = client(&server).await?;
-    put(&mut control, linear("waits", "wait: {duration: 200ms}", RESUME_STEPS)).await?;
+    let wait = format!("wait: {{duration: {}ms}}", RESUME_WAIT_MICROS / 1000);
+    put(&mut control, linear("waits", &wait, RESUME_STEPS)).await?;
     let mut results = Vec::new();
     for rename in [false, true] {
         let mut samples = Vec::new();
@@ -265,8 +269,7 @@ async fn resume(
             server = Server::start_with_env(binary, "workflow", database_url, workdir, &env).await?;
             let announced = micros_now();
             let mut control = client(&server).await?;
-            let first = first_step_after(&mut control, killed_at).await?;
-            samples.push(u64::try_from(first - announced).unwrap_or(0));
+            samples.push(resume_delay(&mut control, killed_at, announced).await?);
             cancel_all(&mut control).await?;
         }
         results.push(LatencySummary::from_micros(samples));
@@ -282,8 +285,12 @@ fn chorus_micros(at: std::time::SystemTime) -> i64 {
     at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
-/// When the first step record created after `after` started (polling).
-async fn first_step_after(client: &mut WorkflowClient<Channel>, after: i64) -> anyhow::Result<i64> {
+/// How long the first step after the restart waited for the engine: from
+/// the later of the restarted engine's announcement and the moment that
+/// step was due (its run's timer fired), to its start, in microseconds.
+/// Runs between steps are waiting on a timer; the wait is the workflow's,
+/// not the restart's, so it is not counted (polling).
+async fn resume_delay(client: &mut WorkflowClient<Channel>, killed_at: i64, announced: i64) -> anyhow::Result<u64> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let request = ListRunsRequest {
@@ -297,12 +304,17 @@ async fn first_step_after(client: &mut WorkflowClient<Channel>, after: i64) -> a
         let runs = client.list_runs(request).await?.into_inner().runs;
         let first = runs
             .iter()
-            .flat_map(|run| &run.steps)
-            .map(|step| micros(step.created_at.as_ref()))
-            .filter(|at| *at > after)
-            .min();
-        if let Some(first) = first {
-            return Ok(first);
+            .flat_map(|run| run.steps.iter().map(move |step| (run, step)))
+            .filter(|(_, step)| micros(step.created_at.as_ref()) > killed_at)
+            .min_by_key(|(_, step)| micros(step.created_at.as_ref()));
+        if let Some((run, step)) = first {
+            let due = run
+                .steps
+                .iter()
+                .find(|timer| timer.seq + 1 == step.seq)
+                .map_or(0, |timer| micros(timer.started_at.as_ref()) + RESUME_WAIT_MICROS);
+            let late = micros(step.created_at.as_ref()) - announced.max(due);
+            return Ok(u64::try_from(late).unwrap_or(0));
         }
         anyhow::ensure!(Instant::now() < deadline, "no run resumed within 30 s of the restart");
         tokio::time::sleep(Duration::from_millis(5)).await;

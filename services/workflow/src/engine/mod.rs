@@ -134,6 +134,7 @@ async fn claim_loop(
         let mut waiter = workflows.wakeups.waiter(ENGINE_KEY);
         let active = drivers.lock().expect("drivers lock poisoned").len();
         let free = config.max_active_runs.saturating_sub(u32::try_from(active).unwrap_or(u32::MAX));
+        let mut wait = config.poll();
         if free > 0 {
             let now = now_micros();
             match workflows.runs.claim_due(&owner, now, lease_end(&config, now), free).await {
@@ -144,6 +145,12 @@ async fn claim_loop(
                 }
                 Err(error) => tracing::warn!(%error, "cannot claim due runs"),
             }
+            // A timer that fires before the next poll (one set before this
+            // engine started, or by another process) is not left late.
+            match workflows.runs.next_due(now).await {
+                Ok(next) => wait = wait.min(until(next, now_micros())),
+                Err(error) => tracing::warn!(%error, "cannot read when the next run is due"),
+            }
         }
         if !has_statistics {
             has_statistics = workflows.runs.first_statistics(FIRST_STATISTICS_AT).await.unwrap_or_else(|error| {
@@ -152,10 +159,15 @@ async fn claim_loop(
             });
         }
         tokio::select! {
-            () = waiter.wait(config.poll()) => {}
+            () = waiter.wait(wait) => {}
             () = shutdown.cancelled() => return,
         }
     }
+}
+
+/// How long from `now` until `at` (none: forever), never less than nothing.
+fn until(at: Option<i64>, now: i64) -> Duration {
+    at.map_or(Duration::MAX, |at| Duration::from_micros(u64::try_from(at - now).unwrap_or(0)))
 }
 
 fn start_driver(workflows: &Workflows, drivers: &Drivers, claim: Claim, shutdown: &CancellationToken) {

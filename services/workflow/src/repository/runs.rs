@@ -134,6 +134,10 @@ pub trait RunRepository: Send + Sync + std::fmt::Debug {
     /// engine, until `lease_until`.
     async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: u32) -> Result<Vec<Claim>>;
 
+    /// The earliest time after `after` at which a run becomes due (its
+    /// timer, backoff or deadline), if any: when an engine must look next.
+    async fn next_due(&self, after: i64) -> Result<Option<i64>>;
+
     /// Takes back, under new claims until `lease_until`, the runs `owner`
     /// held before it restarted (an engine's id is stable across restarts
     /// when configured): those whose claim ends before `claimed_before`.

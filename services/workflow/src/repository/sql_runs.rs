@@ -403,6 +403,14 @@ impl RunRepository for SqlRunRepository {
         self.claim(owner, now, lease_until, limit).await
     }
 
+    async fn next_due(&self, after: i64) -> Result<Option<i64>> {
+        let next = sqlx::query_scalar("SELECT MIN(due_at) FROM workflow_runs WHERE due_at > $1")
+            .bind(after)
+            .fetch_one(&mut *self.db.read().await?)
+            .await?;
+        Ok(next)
+    }
+
     async fn adopt(&self, owner: &str, claimed_before: i64, lease_until: i64) -> Result<Vec<Claim>> {
         self.take_back(owner, claimed_before, lease_until).await
     }

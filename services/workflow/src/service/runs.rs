@@ -101,9 +101,13 @@ impl Workflows {
             let finished = run.state.is_finished().then(|| run.clone());
             self.feed.publish(&run.id, Fed { revision: written.revision, events: written.events, finished });
         }
+        let due = due_at(&run, now);
         if fence.is_none() {
             self.wakeups.notify(&drive_key(&run.id));
-            self.wake_engine_if_due(due_at(&run, now), now);
+            self.wake_engine_when_due(due, now);
+        } else if written.wrote && due.is_some_and(|at| at > now) {
+            // A driver let the run go until its timer: engines look then.
+            self.wake_engine_when_due(due, now);
         }
         Ok(run)
     }
@@ -118,10 +122,23 @@ impl Workflows {
         }
     }
 
-    /// Engines waiting for due runs look at once when a run is due now.
-    fn wake_engine_if_due(&self, due_at: Option<i64>, now: i64) {
-        if due_at.is_some_and(|at| at <= now) {
-            self.wakeups.notify(ENGINE_KEY);
+    /// Engines waiting for due runs look at once when a run is due now, and
+    /// when its time comes when that is before their next poll (a later one
+    /// they find when they poll: they wait for the earliest due run).
+    fn wake_engine_when_due(&self, due_at: Option<i64>, now: i64) {
+        let Some(at) = due_at else { return };
+        let Ok(wait) = u64::try_from(at - now).map(Duration::from_micros) else {
+            return self.wakeups.notify(ENGINE_KEY);
+        };
+        if wait.is_zero() {
+            return self.wakeups.notify(ENGINE_KEY);
+        }
+        if wait < self.config().poll() {
+            let wakeups = self.wakeups.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                wakeups.notify(ENGINE_KEY);
+            });
         }
     }
 
@@ -213,7 +230,7 @@ impl Workflows {
             return Ok(run);
         }
         match started_due {
-            Some(due_at) => self.wake_engine_if_due(due_at, now),
+            Some(due_at) => self.wake_engine_when_due(due_at, now),
             None => return self.transition(&run.namespace, &run.id, &spec, None, |_, _| Ok(())).await,
         }
         Ok(run)

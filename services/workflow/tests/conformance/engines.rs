@@ -31,6 +31,8 @@ chorus_runtime::backend_suite!(crate::harness::Harness::bare;
     a_run_created_for_an_engine_is_its_claim_from_the_start,
     a_run_started_beside_an_engine_is_created_claimed_for_it,
     a_restarted_engine_takes_back_only_the_claims_made_before_it_started,
+    a_timer_wakes_its_engine_before_the_next_poll,
+    an_engine_started_meanwhile_wakes_for_a_timer_set_before,
 );
 
 async fn task_count(h: &Harness) -> i64 {
@@ -158,6 +160,39 @@ async fn a_run_started_beside_an_engine_is_created_claimed_for_it(h: Harness) {
     assert_eq!(claim_of(&h, &run.id).await, (Some("engine-a".into()), 1), "claimed as it was created");
     h.start_worker("later").await;
     let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Completed, "{run:#?}");
+}
+
+/// Engines that look for due runs once a minute unless woken.
+fn minute_polls() -> WorkflowConfig {
+    WorkflowConfig { poll_ms: 60_000, ..test_config() }
+}
+
+async fn start(workflows: &chorus_workflow::Workflows, workflow: &str) -> String {
+    let call = StartCall { namespace: NS.into(), workflow: workflow.into(), ..StartCall::default() };
+    workflows.start_run(call).await.expect("the run starts").id
+}
+
+/// A run waiting on a timer needs no engine until the timer fires; the
+/// engine that let it go looks again then, not at its next poll.
+async fn a_timer_wakes_its_engine_before_the_next_poll(h: Harness) {
+    h.put("name: naps\nsteps:\n- id: one\n  wait: {duration: 300ms}\n- id: two\n  wait: {duration: 300ms}\n").await;
+    let (workflows, _stop) = h.spawn_engine(minute_polls());
+    let run_id = start(&workflows, "naps").await;
+    let run = h.finished(&run_id).await;
+    assert_eq!(run.state, RunState::Completed, "{run:#?}");
+}
+
+/// An engine that starts while a run waits on a timer (set by an engine
+/// gone since) wakes when it fires, not at its first poll after.
+async fn an_engine_started_meanwhile_wakes_for_a_timer_set_before(h: Harness) {
+    h.put("name: nap\nsteps:\n- id: one\n  wait: {duration: 1s}\n").await;
+    let (workflows, stop) = h.spawn_engine(minute_polls());
+    let run_id = start(&workflows, "nap").await;
+    h.waiting(&run_id).await;
+    stop.cancel();
+    let (_second, _stop) = h.spawn_engine(minute_polls());
+    let run = h.finished(&run_id).await;
     assert_eq!(run.state, RunState::Completed, "{run:#?}");
 }
 
