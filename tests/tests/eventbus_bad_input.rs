@@ -5,7 +5,7 @@
 use chorus_proto::eventbus::{
     AckRequest, DeregisterHandlerRequest, ExtendDeliveryRequest, GetDeliveryRequest, GetHandlerRequest, Handler,
     HandlerCycle, ListDeliveriesRequest, ListHandlersRequest, NackRequest, NewEvent, PublishBatchRequest,
-    PublishRequest, ReadEventsRequest, RegisterHandlerRequest, ReplayRequest, SubscribeRequest,
+    PublishRequest, ReadEventsRequest, RegisterHandlerRequest, ReplayRequest, RetryPolicy, SubscribeRequest,
     event_bus_client::EventBusClient,
 };
 use chorus_tests::{Sandbox, Server, status::assert_invalid};
@@ -111,6 +111,19 @@ async fn missing_and_malformed_fields_are_named_and_change_nothing() {
     let extend =
         ExtendDeliveryRequest { namespace: NS.to_owned(), delivery_id: "7".to_owned(), extension: None, attempt: 0 };
     assert_invalid(client.extend_delivery(extend).await, "delivery_id");
+
+    // Durations past google.protobuf.Duration's range (10,000 years).
+    let huge = Some(prost_types::Duration { seconds: i64::MAX, nanos: 999_999_999 });
+    let mut forever = registration("forever", &[]);
+    forever.retry_policy = Some(RetryPolicy { visibility_timeout: huge, ..RetryPolicy::default() });
+    assert_invalid(client.register_handler(forever).await, "retry_policy.visibility_timeout");
+    let extend = ExtendDeliveryRequest {
+        namespace: NS.to_owned(),
+        delivery_id: "1:audit".to_owned(),
+        extension: huge,
+        attempt: 1,
+    };
+    assert_invalid(client.extend_delivery(extend).await, "extension");
 
     assert_eq!(head(&mut client).await, 0, "no refused publish appended an event");
     assert_eq!(delivery_count(&mut client).await, 0, "no refused publish created a delivery");

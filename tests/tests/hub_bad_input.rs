@@ -167,6 +167,18 @@ async fn missing_and_malformed_fields_are_named_and_change_nothing() {
     let oversize_value = SetStateRequest { content_type: "text/plain".to_owned(), ..set_state("big", &oversize, None) };
     assert_invalid(client.set_state(oversize_value).await, "value");
 
+    // Durations past google.protobuf.Duration's range (10,000 years).
+    let huge = Some(prost_types::Duration { seconds: i64::MAX, nanos: 999_999_999 });
+    let confirmed = SendDirectRequest { confirm_timeout: huge, ..direct("coordinator", "worker", b"1".into()) };
+    assert_invalid(client.send_direct(confirmed).await, "confirm_timeout");
+    let receive = ReceiveRequest {
+        namespace: NS.to_owned(),
+        agent_id: "worker".to_owned(),
+        timeout: huge,
+        ..ReceiveRequest::default()
+    };
+    assert_invalid(client.receive(receive).await, "timeout");
+
     // An agent card must be a JSON object; for a new agent and a known one.
     for card in ["[1]", "\"a card\"", "{", "not json"] {
         for agent_id in ["carded", "worker"] {

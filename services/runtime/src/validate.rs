@@ -81,7 +81,11 @@ pub fn optional_id(field: &str, value: &str) -> Result<Option<String>, FieldViol
     id(field, value).map(Some)
 }
 
-/// A non-negative protobuf duration, or `default` when absent.
+/// The longest `google.protobuf.Duration`: 10,000 years.
+const MAX_DURATION_SECONDS: u64 = 315_576_000_000;
+
+/// A non-negative protobuf duration within the type's range (10,000 years;
+/// beyond it, deadlines computed from it overflow), or `default` when absent.
 pub fn duration(
     field: &str,
     value: Option<prost_types::Duration>,
@@ -90,7 +94,10 @@ pub fn duration(
     let Some(value) = value else {
         return Ok(default);
     };
-    Duration::try_from(value).map_err(|_| FieldViolation::new(field, "must be a non-negative duration"))
+    Duration::try_from(value)
+        .ok()
+        .filter(|duration| duration.as_secs() < MAX_DURATION_SECONDS)
+        .ok_or_else(|| FieldViolation::new(field, "must be a non-negative duration of less than 10,000 years"))
 }
 
 #[cfg(test)]
@@ -120,5 +127,9 @@ mod tests {
         let negative = prost_types::Duration { seconds: -1, nanos: 0 };
         assert!(duration("lease", Some(negative), Duration::ZERO).is_err());
         assert_eq!(duration("lease", None, Duration::from_secs(3)).unwrap(), Duration::from_secs(3));
+        let huge = prost_types::Duration { seconds: i64::MAX, nanos: 999_999_999 };
+        assert!(duration("lease", Some(huge), Duration::ZERO).is_err());
+        let longest = prost_types::Duration { seconds: 315_575_999_999, nanos: 0 };
+        assert!(duration("lease", Some(longest), Duration::ZERO).is_ok());
     }
 }
