@@ -6,7 +6,9 @@ use std::sync::Arc;
 use serde_json::{Map, json};
 
 use super::plan::{Located, Planner, Verdict, contains, find, finish};
-use crate::domain::{Action, Decision, Gate, GateDecision, OnExhausted, Outcome, Run, Step, StepRecord, StepState};
+use crate::domain::{
+    Action, Decision, Gate, GateDecision, OnExhausted, Outcome, Run, Step, StepKind, StepRecord, StepState,
+};
 
 impl Planner<'_> {
     pub(super) fn park_gate(&self, record: &mut StepRecord, gate: &Gate, reviewers: Option<String>, escalated: bool) {
@@ -144,4 +146,14 @@ impl Planner<'_> {
         self.park_gate(&mut record, gate, reviewers, escalated);
         run.body.steps.push(Arc::new(record));
     }
+}
+
+/// Whether `record` is a gate round whose rejection started its phase again.
+pub(super) fn reran(run: &Run, record: &StepRecord) -> bool {
+    record.kind == StepKind::Gate
+        && run.body.gate_decisions.iter().any(|decision| {
+            decision.step_id == record.step_id
+                && decision.iteration == record.iteration
+                && decision.outcome == Outcome::Rerun
+        })
 }

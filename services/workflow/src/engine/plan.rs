@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
-use super::render::Scope;
+use super::{gates::reran, render::Scope};
 use crate::domain::{
     Action, Decision, GateDecision, GateMode, JoinMode, MessageTarget, Outcome, Run, RunState, SpawnTarget, Step,
     StepKind, StepRecord, StepState, Wait, WorkflowSpec,
@@ -247,7 +247,8 @@ impl Planner<'_> {
         run.body.steps.iter().rposition(|r| r.step_id == step_id && r.seq > after)
     }
 
-    fn walk(&self, run: &mut Run, steps: &[Step], mut after: u32, parent: Option<&str>) -> Flow {
+    fn walk(&self, run: &mut Run, steps: &[Step], from: u32, parent: Option<&str>) -> Flow {
+        let mut after = from;
         for step in steps {
             loop {
                 let Some(index) = Self::latest_after(run, &step.id, after) else {
@@ -256,6 +257,9 @@ impl Planner<'_> {
                 };
                 let record = &run.body.steps[index];
                 match record.state {
+                    // An AUTO gate that just rejected started its phase
+                    // again: the walk goes back to it, not past the gate.
+                    StepState::Completed if reran(run, record) => return self.walk(run, steps, from, parent),
                     StepState::Completed | StepState::Skipped => {
                         after = record.seq;
                         break;

@@ -1,6 +1,7 @@
 //! The workflow definitions conformance suite: every test runs against
 //! SQLite and, when `CHORUS_TEST_POSTGRES_URL` is set, against PostgreSQL.
 
+mod auto_gates;
 mod definitions;
 mod engines;
 mod grpc;
