@@ -71,6 +71,11 @@ impl Planner<'_> {
                     OnExhausted::Fail => Outcome::Failed,
                 }
             }
+            // An AUTO gate with no phase before it to run again would judge
+            // the same again: its rejection is final.
+            Decision::Reject if verdict.automatic && rerun_target(gate, &step_id, sequence).is_none() => {
+                Outcome::Failed
+            }
             Decision::Reject => Outcome::Rerun,
         };
         let record = run.body.step_mut(index);
@@ -107,12 +112,7 @@ impl Planner<'_> {
 
     /// Starts the phase before a rejected gate again (a new iteration).
     fn rerun(&self, run: &mut Run, gate: &Gate, gate_id: &str, sequence: &[Step], parent: Option<&str>) {
-        let position = sequence.iter().position(|s| s.id == gate_id).unwrap_or_default();
-        let first = match &gate.rerun_from {
-            Some(target) => sequence[..position].iter().find(|s| contains(s, target)),
-            None => position.checked_sub(1).map(|p| &sequence[p]),
-        };
-        match first {
+        match rerun_target(gate, gate_id, sequence) {
             Some(step) => self.start(run, step, parent),
             None => {
                 let reviewers = gate.reviewers.clone();
@@ -145,6 +145,16 @@ impl Planner<'_> {
         record.input["mode"] = json!("HITL");
         self.park_gate(&mut record, gate, reviewers, escalated);
         run.body.steps.push(Arc::new(record));
+    }
+}
+
+/// The first step of the phase a rejection of the gate `gate_id` (in
+/// `sequence`) runs again: `rerun_from`, else the step just before it.
+fn rerun_target<'s>(gate: &Gate, gate_id: &str, sequence: &'s [Step]) -> Option<&'s Step> {
+    let position = sequence.iter().position(|s| s.id == gate_id).unwrap_or_default();
+    match &gate.rerun_from {
+        Some(target) => sequence[..position].iter().find(|s| contains(s, target)),
+        None => position.checked_sub(1).map(|p| &sequence[p]),
     }
 }
 

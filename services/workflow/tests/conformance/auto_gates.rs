@@ -10,6 +10,7 @@ use crate::harness::Harness;
 chorus_runtime::backend_suite!(crate::harness::Harness::start;
     an_auto_gate_that_holds_lets_the_run_go_on,
     an_auto_gate_that_rejects_reruns_its_phase_and_starts_nothing_after_it,
+    an_auto_gate_with_nothing_before_it_fails_the_run_when_it_rejects,
 );
 
 /// `design` answers with confidence 0.95, or 0.5 when its input starts "unsure".
@@ -58,4 +59,17 @@ async fn an_auto_gate_that_rejects_reruns_its_phase_and_starts_nothing_after_it(
     assert_eq!(rerun.input["feedback"]["decided_by"], json!("auto"), "the rerun was told why: {rerun:#?}");
     let outcomes: Vec<Outcome> = run.body.gate_decisions.iter().map(|d| d.outcome).collect();
     assert_eq!(outcomes, [Outcome::Rerun, Outcome::Failed]);
+}
+
+/// With no phase before it to run again, a rejection is final: the run
+/// fails, rather than wait for a decision nobody was asked for.
+async fn an_auto_gate_with_nothing_before_it_fails_the_run_when_it_rejects(h: Harness) {
+    h.put("name: guarded\nsteps:\n- id: guard\n  gate: {mode: AUTO, approve_when: \"1 > 2\", max_rejections: 2}\n- id: build\n  spawn: {agent: coder, input: build}\n").await;
+    let run = h.run("guarded", json!({})).await;
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Failed, "{run:#?}");
+    let steps: Vec<(&str, StepState)> = run.body.steps.iter().map(|s| (s.step_id.as_str(), s.state)).collect();
+    assert_eq!(steps, [("guard", StepState::Failed)]);
+    let outcomes: Vec<Outcome> = run.body.gate_decisions.iter().map(|d| d.outcome).collect();
+    assert_eq!(outcomes, [Outcome::Failed]);
 }
