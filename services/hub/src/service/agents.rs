@@ -17,20 +17,23 @@ impl Hub {
     pub async fn register_agent(&self, mut agent: Agent) -> Result<Agent> {
         agent.last_seen_at = now_micros();
         let agent = self.repository.register_agent(agent).await?;
-        self.announce(&agent).await?;
+        self.announce(&agent).await;
         Ok(agent)
     }
 
     pub async fn heartbeat(&self, namespace: &str, agent_id: &str) -> Result<Agent> {
         let agent = self.repository.heartbeat(namespace, agent_id, now_micros()).await?;
-        self.announce(&agent).await?;
+        self.announce(&agent).await;
         Ok(agent)
     }
 
-    /// Publishes an `agent.announced` message for an agent that asks for it.
-    async fn announce(&self, agent: &Agent) -> Result<()> {
+    /// Publishes an `agent.announced` message for an agent that asks for it,
+    /// as a courtesy: the registration or heartbeat stands whether or not
+    /// the announcement could go out (a listener's inbox may be full), and
+    /// the next heartbeat announces again.
+    async fn announce(&self, agent: &Agent) {
         if !agent.announce {
-            return Ok(());
+            return;
         }
         let payload = serde_json::json!({
             "id": agent.id,
@@ -52,7 +55,9 @@ impl Hub {
             ttl: self.config.stale_after(),
             idempotency_key: None,
         };
-        self.send(send).await.map(drop)
+        if let Err(error) = self.send(send).await {
+            tracing::warn!(agent_id = %agent.id, %error, "agent.announced not published");
+        }
     }
 
     pub async fn deregister_agent(&self, namespace: &str, agent_id: &str) -> Result<()> {

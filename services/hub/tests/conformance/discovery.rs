@@ -14,6 +14,7 @@ conformance!(
     discover_filters_by_capability_type_and_status,
     silent_agents_go_stale_and_heartbeats_revive_them,
     static_and_broadcast_modes,
+    a_listener_with_a_full_inbox_does_not_fail_announcing_agents,
     deregistering_drops_subscriptions_and_queued_messages,
     discovery_stays_in_its_namespace,
 );
@@ -93,6 +94,26 @@ async fn static_and_broadcast_modes(h: Harness) {
     assert!(announcements.iter().all(|m| m.sender == "loud" && m.content.message_type == "agent.announced"));
     let card: serde_json::Value = serde_json::from_slice(&announcements[0].content.payload).unwrap();
     assert_eq!(card["id"], "loud");
+}
+
+async fn a_listener_with_a_full_inbox_does_not_fail_announcing_agents(h: Harness) {
+    h.agent("listener", "worker").await;
+    h.hub.subscribe(NS, "listener", DISCOVERY_TOPIC).await.unwrap();
+    let mut loud = h.agent("loud", "worker").await;
+    loud.announce = true;
+    h.hub.register_agent(loud.clone()).await.unwrap();
+    // The listener never reads: its inbox fills (max_queue_depth 5).
+    for _ in 0..test_config().max_queue_depth {
+        h.hub.heartbeat(NS, "loud").await.unwrap();
+    }
+    let before = h.hub.get_agent(NS, "loud").await.unwrap().last_seen_at;
+    let heard = h.hub.heartbeat(NS, "loud").await.expect("a heartbeat is not refused for a listener's full inbox");
+    assert!(heard.last_seen_at > before);
+    let mut newcomer = loud;
+    newcomer.id = "newcomer".into();
+    h.hub.register_agent(newcomer).await.expect("nor is a registration");
+    let queued = h.receive("listener", InboxFilter::default(), false, Duration::ZERO).await.messages;
+    assert_eq!(queued.len(), test_config().max_queue_depth as usize, "the inbox holds what fitted");
 }
 
 async fn deregistering_drops_subscriptions_and_queued_messages(h: Harness) {
