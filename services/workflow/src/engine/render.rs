@@ -226,6 +226,16 @@ mod tests {
     }
 
     #[test]
+    fn a_render_that_would_run_for_ever_runs_out_of_fuel() {
+        let scope = Scope::of(&run(serde_json::json!({"n": 100_000})), &Value::Null, "s", 1, None);
+        let spin = "{% for i in range(inputs.n) %}{% for j in range(inputs.n) %}{% endfor %}{% endfor %}done";
+        let error = scope.render(spin).expect_err("out of fuel").to_string();
+        assert!(error.contains("fuel"), "{error}");
+        let ten = "{% for i in range(10) %}{{ i }}{% endfor %}";
+        assert_eq!(scope.render(ten).unwrap(), "0123456789", "an ordinary loop has fuel to spare");
+    }
+
+    #[test]
     fn a_missing_value_has_no_length() {
         let scope = Scope::of(&run(serde_json::json!({"who": "ann", "tags": ["a", "b"]})), &Value::Null, "s", 1, None);
         assert_eq!(scope.render("{{ inputs.missing | length }}/{{ skipped.output | count }}").unwrap(), "0/0");

@@ -94,6 +94,11 @@ const COMPARISONS: [(&str, Compare); 6] = [
     ("chorus:>=", |a, b| a >= b),
 ];
 
+/// The instructions one render may run (minijinja's fuel): some ten
+/// milliseconds of work, a loop over some hundred thousand items; far more
+/// than a step's template needs.
+const RENDER_FUEL: u64 = 1_000_000;
+
 /// The one environment expressions are checked and rendered in: building
 /// one registers every builtin filter and test, which cost more than
 /// rendering a short template.
@@ -104,6 +109,9 @@ pub(crate) fn environment() -> &'static Environment<'static> {
         // empty and tests false, as in the seed's examples, however deep the
         // path; a condition that compares one is false.
         env.set_undefined_behavior(UndefinedBehavior::Chainable);
+        // A template's work is bounded, whatever a run's inputs ask of its
+        // loops: past the budget the render fails, and so does its step.
+        env.set_fuel(Some(RENDER_FUEL));
         for (name, compare) in COMPARISONS {
             env.add_function(name, move |a: &Value, b: &Value| !a.is_undefined() && !b.is_undefined() && compare(a, b));
         }
