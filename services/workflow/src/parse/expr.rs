@@ -48,6 +48,8 @@ pub(crate) struct Expression {
 pub(crate) struct Compiled {
     /// The names it refers to.
     pub(crate) variables: BTreeSet<String>,
+    /// The inputs it names (`inputs.environment`).
+    pub(crate) inputs: BTreeSet<String>,
     /// The filters and tests it applies that do not exist: (`filter` or
     /// `test`, name).
     pub(crate) unknown: BTreeSet<(&'static str, String)>,
@@ -172,22 +174,24 @@ pub(crate) fn condition_holds(source: &str, context: &Value) -> Result<bool, min
 fn compile(text: &str, kind: ExprKind) -> Result<Compiled, String> {
     let env = environment();
     let describe = |error: minijinja::Error| error.detail().map_or_else(|| error.kind().to_string(), str::to_owned);
-    let (variables, unknown) = match kind {
+    let (variables, paths, unknown) = match kind {
         ExprKind::Template => {
             let template = env.template_from_str(text).map_err(describe)?;
             let compiled = machinery::get_compiled_template(&template);
             let unknown =
                 std::iter::once(&compiled.instructions).chain(compiled.blocks.values()).flat_map(unknown_calls);
-            (template.undeclared_variables(false), unknown.collect())
+            (template.undeclared_variables(false), template.undeclared_variables(true), unknown.collect())
         }
         ExprKind::Condition => {
             let source = condition_source(text);
             let expression = env.compile_expression(&source).map_err(describe)?;
             let instructions = condition_instructions(&source).map_err(describe)?;
-            (expression.undeclared_variables(false), unknown_calls(&instructions).into_iter().collect())
+            let unknown = unknown_calls(&instructions).into_iter().collect();
+            (expression.undeclared_variables(false), expression.undeclared_variables(true), unknown)
         }
     };
-    Ok(Compiled { variables: variables.into_iter().collect(), unknown })
+    let inputs = paths.iter().filter_map(|path| path.strip_prefix("inputs.")?.split('.').next()).map(str::to_owned);
+    Ok(Compiled { variables: variables.into_iter().collect(), inputs: inputs.collect(), unknown })
 }
 
 /// The filters and tests `instructions` apply that the environment lacks.
@@ -225,12 +229,21 @@ pub(crate) fn roots(expressions: &[Expression]) -> BTreeSet<String> {
 }
 
 /// Checks what every expression refers to. `declared` holds every step id
-/// of the definition.
-pub(crate) fn check(reader: &mut Reader, expressions: &[Expression], declared: &BTreeSet<String>) {
+/// of the definition, `inputs` the names of its inputs when they could be
+/// read (a run takes no other, so any other would render empty).
+pub(crate) fn check(
+    reader: &mut Reader,
+    expressions: &[Expression],
+    declared: &BTreeSet<String>,
+    inputs: Option<&BTreeSet<&str>>,
+) {
     for expression in expressions {
         match &expression.compiled {
             Ok(compiled) => {
                 references(reader, expression, declared, &compiled.variables);
+                if let Some(inputs) = inputs {
+                    unknown_inputs(reader, expression, &compiled.inputs, inputs);
+                }
                 for (what, name) in &compiled.unknown {
                     let message = format!("unknown {what} `{name}` in `{}`", expression.text);
                     push(reader, expression, &format!("unknown_{what}"), message);
@@ -245,6 +258,15 @@ pub(crate) fn check(reader: &mut Reader, expressions: &[Expression], declared: &
                 push(reader, expression, "bad_expression", message);
             }
         }
+    }
+}
+
+fn unknown_inputs(reader: &mut Reader, expression: &Expression, used: &BTreeSet<String>, inputs: &BTreeSet<&str>) {
+    for input in used.iter().filter(|input| !inputs.contains(input.as_str())) {
+        let known = inputs.iter().copied().collect::<Vec<_>>().join(", ");
+        let known = if known.is_empty() { "none".to_owned() } else { known };
+        let message = format!("`inputs.{input}` is not an input of this workflow; declared: {known}");
+        push(reader, expression, "unknown_input", message);
     }
 }
 

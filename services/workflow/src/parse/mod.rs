@@ -52,7 +52,8 @@ pub fn parse(source: &str, file: &str) -> Parsed {
         return Parsed { spec: None, name: None, problems: reader.problems };
     };
     let (draft, walk) = top::definition(&mut reader, document);
-    expr::check(&mut reader, &walk.expressions, &walk.declared);
+    let inputs = draft.as_ref().map(|spec| spec.inputs.iter().map(|input| input.name.as_str()).collect());
+    expr::check(&mut reader, &walk.expressions, &walk.declared, inputs.as_ref());
     let mut problems = reader.problems;
     sort_problems(&mut problems);
     let name = draft.as_ref().map(|spec| spec.name.clone()).filter(|name| !name.is_empty());

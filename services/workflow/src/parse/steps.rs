@@ -177,6 +177,17 @@ impl Scope<'_, '_, '_, '_> {
         self.reader.string(node, &self.path(key))
     }
 
+    /// A string used as written, which must not look like a template: a
+    /// `{{ }}` there would reach a URL, a topic or a role as it is.
+    fn literal(&mut self, fields: &Fields<'_, '_>, key: &str) -> Option<String> {
+        let text = self.string(fields, key)?;
+        if text.contains("{{") || text.contains("{%") {
+            let message = format!("`{key}` is not a template: its text is used as written, `{{{{ }}}}` included");
+            self.reader.error(fields.get(key), &self.path(key), "not_a_template", message);
+        }
+        Some(text)
+    }
+
     fn template(&mut self, fields: &Fields<'_, '_>, key: &str, kind: ExprKind) -> Option<String> {
         let node = fields.get(key)?;
         let field = self.path(key);
@@ -230,7 +241,7 @@ impl Scope<'_, '_, '_, '_> {
         let fields = self.reader.mapping(body, self.field, &["agent", "role", "input", "timeout", "retry"])?;
         let target = match self.exactly_one(&fields, &["agent", "role"]) {
             Some("agent") => self.template(&fields, "agent", ExprKind::Template).map(SpawnTarget::Agent),
-            Some(_) => self.string(&fields, "role").map(SpawnTarget::Role),
+            Some(_) => self.literal(&fields, "role").map(SpawnTarget::Role),
             None => None,
         };
         self.reader.required(
@@ -250,7 +261,7 @@ impl Scope<'_, '_, '_, '_> {
         let agent = self
             .reader
             .required(&fields, self.field, "agent", "the A2A agent (its id or card URL)")
-            .and(self.string(&fields, "agent"));
+            .and(self.literal(&fields, "agent"));
         self.reader.required(&fields, self.field, "input", "the message to send (strings are templates)");
         let input = self.templated_value(&fields, "input");
         let timeout = self.duration(&fields, "timeout");
@@ -261,20 +272,20 @@ impl Scope<'_, '_, '_, '_> {
     fn message(&mut self, body: &Node<'_>) -> Option<MessageStep> {
         let fields = self.reader.mapping(body, self.field, &["topic", "to", "webhook", "text", "type", "retry"])?;
         let to = match self.exactly_one(&fields, &["topic", "to", "webhook"]) {
-            Some("topic") => self.string(&fields, "topic").map(MessageTarget::Topic),
+            Some("topic") => self.literal(&fields, "topic").map(MessageTarget::Topic),
             Some("to") => self.template(&fields, "to", ExprKind::Template).map(MessageTarget::Agent),
             Some(_) => self.webhook(&fields),
             None => None,
         };
         self.reader.required(&fields, self.field, "text", "the message text (a template)");
         let text = self.template(&fields, "text", ExprKind::Template);
-        let message_type = self.string(&fields, "type");
+        let message_type = self.literal(&fields, "type");
         let retry = self.retry(&fields);
         Some(MessageStep { to: to?, text: text?, message_type, retry })
     }
 
     fn webhook(&mut self, fields: &Fields<'_, '_>) -> Option<MessageTarget> {
-        let url = self.string(fields, "webhook")?;
+        let url = self.literal(fields, "webhook")?;
         if !(url.starts_with("https://") || url.starts_with("http://")) {
             let node = fields.get("webhook");
             self.reader.error(
@@ -370,7 +381,7 @@ impl Scope<'_, '_, '_, '_> {
         let mode_node = self.reader.required(&fields, self.field, "mode", "AUTO or HITL")?;
         let mode =
             self.reader.choice(mode_node, &self.path("mode"), &[("AUTO", GateMode::Auto), ("HITL", GateMode::Hitl)])?;
-        let reviewers = self.string(&fields, "reviewers");
+        let reviewers = self.literal(&fields, "reviewers");
         let approve_when = self.template(&fields, "approve_when", ExprKind::Condition);
         match mode {
             GateMode::Auto if approve_when.is_none() => {
@@ -417,7 +428,7 @@ impl Scope<'_, '_, '_, '_> {
                 &[("escalate", OnExhausted::Escalate), ("fail", OnExhausted::Fail)],
             )?,
         };
-        let escalate_to = self.string(&fields, "escalate_to");
+        let escalate_to = self.literal(&fields, "escalate_to");
         if on_exhausted == OnExhausted::Escalate && escalate_to.is_none() {
             self.reader.error(
                 Some(body),

@@ -88,7 +88,7 @@ fn gates_cron_and_inputs_are_checked() {
 
 #[test]
 fn a_valid_gate_and_warnings_do_not_block() {
-    let source = "name: x\ntrigger: manual\nsteps:\n  - id: build\n    spawn: {agent: coder, input: {task: \"{{ inputs.task }}\"}}\n  - id: release\n    gate:\n      mode: HITL\n      reviewers: release-managers\n      rerun_from: build\n      max_rejections: 2\n      on_exhausted: escalate\n      escalate_to: cto\n      expires_after: 2d\nstate: {persistence: sqlite, retention: 7d}\nconcurrency: {max: 2, key: \"{{ inputs.repo }}\"}\n";
+    let source = "name: x\ntrigger: manual\ninputs: {task: {}, repo: {}}\nsteps:\n  - id: build\n    spawn: {agent: coder, input: {task: \"{{ inputs.task }}\"}}\n  - id: release\n    gate:\n      mode: HITL\n      reviewers: release-managers\n      rerun_from: build\n      max_rejections: 2\n      on_exhausted: escalate\n      escalate_to: cto\n      expires_after: 2d\nstate: {persistence: sqlite, retention: 7d}\nconcurrency: {max: 2, key: \"{{ inputs.repo }}\"}\n";
     let parsed = parse(source, "wf.yaml");
     assert!(parsed.spec.is_some(), "{:?}", parsed.problems);
     assert_eq!(parsed.problems.len(), 1);
@@ -97,7 +97,7 @@ fn a_valid_gate_and_warnings_do_not_block() {
 
 #[test]
 fn a_step_knows_the_names_its_templates_and_condition_use() {
-    let source = "name: x\nsteps:\n  - id: a\n    message: {topic: t, text: hi}\n  - id: b\n    condition: \"{{ a.output.ok }}\"\n    message: {to: \"{{ inputs.who }}\", text: \"{{ run.id }} {{ a.error | default('') }}\"}\n";
+    let source = "name: x\ninputs: {who: {}}\nsteps:\n  - id: a\n    message: {topic: t, text: hi}\n  - id: b\n    condition: \"{{ a.output.ok }}\"\n    message: {to: \"{{ inputs.who }}\", text: \"{{ run.id }} {{ a.error | default('') }}\"}\n";
     let parsed = parse(source, "wf.yaml");
     assert!(parsed.problems.is_empty(), "{:?}", parsed.problems);
     let steps = parsed.spec.expect("valid").steps;
@@ -153,4 +153,36 @@ fn durations_past_a_century_are_rejected() {
     );
     assert!(parse(&source("36500d"), "wf.yaml").problems.is_empty());
     assert_eq!(codes(&source("36501d")).len(), 2);
+}
+
+#[test]
+fn an_input_the_workflow_does_not_declare_is_rejected() {
+    let source = "name: x\ninputs:\n  environment: {type: string}\nsteps:\n  - id: a\n    spawn: {role: r, input: \"to {{ inputs.enviroment }}\"}\n  - id: b\n    condition: \"inputs.environment == 'prod' and inputs.region.name\"\n    spawn: {role: r, input: \"{{ inputs.environment | upper }}\"}\n";
+    let parsed = parse(source, "wf.yaml");
+    let unknown: Vec<_> = parsed.problems.iter().filter(|p| p.code == "unknown_input").collect();
+    let found: Vec<_> = unknown.iter().map(|p| (p.line, p.field.as_str())).collect();
+    assert_eq!(found, [(6, "steps[0].spawn.input"), (8, "steps[1].condition")], "{:?}", parsed.problems);
+    assert!(unknown[0].message.contains("`inputs.enviroment`") && unknown[0].message.contains("environment"));
+    let none = "name: x\nsteps:\n  - id: a\n    spawn: {role: r, input: \"{{ inputs.anything }}\"}\n";
+    assert_eq!(codes(none), [("unknown_input".to_owned(), 4, "steps[0].spawn.input".to_owned())]);
+}
+
+#[test]
+fn fields_used_as_written_refuse_template_syntax() {
+    let source = "name: x\nsteps:\n  - id: a\n    message: {webhook: \"http://h/{{ run.id }}\", text: hi}\n  - id: b\n    message: {topic: \"t-{% if true %}x{% endif %}\", type: \"{{ run.id }}\", text: hi}\n  - id: c\n    spawn: {role: \"{{ run.id }}\", input: hi}\n  - id: d\n    delegate: {agent: \"{{ run.id }}\", input: hi}\n  - id: e\n    gate: {mode: HITL, reviewers: \"{{ run.id }}\"}\n";
+    let found: Vec<_> =
+        codes(source).into_iter().filter(|(code, ..)| code == "not_a_template").map(|(_, _, field)| field).collect();
+    assert_eq!(
+        found,
+        [
+            "steps[0].message.webhook",
+            "steps[1].message.topic",
+            "steps[1].message.type",
+            "steps[2].spawn.role",
+            "steps[3].delegate.agent",
+            "steps[4].gate.reviewers",
+        ]
+    );
+    let agent = "name: x\nsteps:\n  - id: a\n    spawn: {agent: \"{{ run.id }}\", input: \"{{ run.id }}\"}\n";
+    assert!(codes(agent).is_empty(), "a spawn's agent and input are templates");
 }
