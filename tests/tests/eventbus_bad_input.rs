@@ -125,6 +125,14 @@ async fn missing_and_malformed_fields_are_named_and_change_nothing() {
     };
     assert_invalid(client.extend_delivery(extend).await, "extension");
 
+    // A filter longer than a statement may hold.
+    let read = ReadEventsRequest {
+        namespace: NS.to_owned(),
+        event_types: (0..=256).map(|n| format!("type.{n}")).collect(),
+        ..ReadEventsRequest::default()
+    };
+    assert_invalid(client.read_events(read).await, "event_types");
+
     assert_eq!(head(&mut client).await, 0, "no refused publish appended an event");
     assert_eq!(delivery_count(&mut client).await, 0, "no refused publish created a delivery");
     assert_eq!(handlers(&mut client).await, [audit], "no refused registration changed the handlers");

@@ -178,6 +178,14 @@ async fn missing_and_malformed_fields_are_named_and_change_nothing() {
         ..ReceiveRequest::default()
     };
     assert_invalid(client.receive(receive).await, "timeout");
+    // A filter longer than a statement may hold.
+    let receive = ReceiveRequest {
+        namespace: NS.to_owned(),
+        agent_id: "worker".to_owned(),
+        senders: (0..=256).map(|n| format!("agent-{n}")).collect(),
+        ..ReceiveRequest::default()
+    };
+    assert_invalid(client.receive(receive).await, "senders");
 
     // An agent card must be a JSON object; for a new agent and a known one.
     for card in ["[1]", "\"a card\"", "{", "not json"] {

@@ -81,6 +81,18 @@ pub fn optional_id(field: &str, value: &str) -> Result<Option<String>, FieldViol
     id(field, value).map(Some)
 }
 
+/// The most entries a list filter may hold (event types, senders, kinds):
+/// each becomes a condition of one statement, and databases bound those.
+pub const MAX_FILTER_ENTRIES: usize = 256;
+
+/// Checks a list filter's length against [`MAX_FILTER_ENTRIES`].
+pub fn filter_len(field: &str, len: usize) -> Result<(), FieldViolation> {
+    if len > MAX_FILTER_ENTRIES {
+        return Err(FieldViolation::new(field, format!("at most {MAX_FILTER_ENTRIES} entries, found {len}")));
+    }
+    Ok(())
+}
+
 /// The longest `google.protobuf.Duration`: 10,000 years.
 const MAX_DURATION_SECONDS: u64 = 315_576_000_000;
 

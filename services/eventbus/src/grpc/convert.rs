@@ -91,7 +91,25 @@ pub(super) fn new_event(field: &str, value: Option<pb::NewEvent>, max_payload: u
 }
 
 pub(super) fn patterns(field: &str, values: &[String]) -> Checked<Vec<Pattern>> {
+    validate::filter_len(field, values.len())?;
     values.iter().enumerate().map(|(n, value)| Pattern::parse(&format!("{field}[{n}]"), value)).collect()
+}
+
+/// The longest failure kept from a nack: a delivery repeats it in every
+/// answer that shows it (deliveries, dead letters, redeliveries).
+const MAX_ERROR_BYTES: usize = 16 << 10;
+
+/// A nack's failure as recorded: "nacked" when it gives none, its first
+/// 16 KiB when it gives more (a stack trace, a whole response).
+pub(super) fn failure(error: String) -> String {
+    if error.is_empty() {
+        return "nacked".to_owned();
+    }
+    if error.len() <= MAX_ERROR_BYTES {
+        return error;
+    }
+    let end = (0..=MAX_ERROR_BYTES).rev().find(|&end| error.is_char_boundary(end)).unwrap_or_default();
+    format!("{}… (cut from {} bytes)", &error[..end], error.len())
 }
 
 pub(super) fn failure_policy(value: i32) -> Checked<FailurePolicy> {
@@ -306,6 +324,25 @@ pub(super) fn delivery(value: Delivery) -> pb::Delivery {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_failure_keeps_its_first_16_kib() {
+        assert_eq!(failure(String::new()), "nacked");
+        assert_eq!(failure("timeout".into()), "timeout");
+        let long = "é".repeat(MAX_ERROR_BYTES);
+        let kept = failure(long.clone());
+        assert!(kept.len() < MAX_ERROR_BYTES + 64, "{}", kept.len());
+        assert!(kept.ends_with(&format!("… (cut from {} bytes)", long.len())), "{}", &kept[kept.len() - 40..]);
+        assert!(long.starts_with(kept.trim_end_matches(&format!("… (cut from {} bytes)", long.len()))));
+    }
+
+    #[test]
+    fn list_filters_are_bounded() {
+        let many: Vec<String> = (0..=validate::MAX_FILTER_ENTRIES).map(|n| format!("type.{n}")).collect();
+        let refused = patterns("event_types", &many).unwrap_err();
+        assert_eq!(refused.field, "event_types");
+        assert!(patterns("event_types", &many[1..]).is_ok());
+    }
 
     #[test]
     fn events_are_checked_field_by_field() {

@@ -234,7 +234,7 @@ impl pb::event_bus_server::EventBus for EventBusGrpc {
         let namespace = namespace(&request.namespace)?;
         let id = convert::delivery_id("delivery_id", &request.delivery_id)?;
         let nack = Nack {
-            error: if request.error.is_empty() { "nacked".to_owned() } else { request.error },
+            error: convert::failure(request.error),
             retry_delay: request
                 .retry_delay
                 .map(|delay| validate::duration("retry_delay", Some(delay), Default::default()))

@@ -101,6 +101,7 @@ pub(super) fn optional_text(field: &str, value: String) -> Checked<Option<String
 }
 
 pub(super) fn kinds(field: &str, values: &[i32]) -> Checked<Vec<MessageKind>> {
+    validate::filter_len(field, values.len())?;
     values
         .iter()
         .enumerate()

@@ -187,6 +187,7 @@ impl pb::hub_server::Hub for HubGrpc {
 
     async fn receive(&self, request: Request<pb::ReceiveRequest>) -> Result<Response<pb::ReceiveResponse>, Status> {
         let request = request.into_inner();
+        validate::filter_len("senders", request.senders.len())?;
         let senders = convert::agent_ids("senders", &request.senders)?;
         if request.require_all && senders.is_empty() {
             return Err(FieldViolation::new("senders", "require_all needs the senders to wait for").into());
