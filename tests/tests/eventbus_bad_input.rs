@@ -27,6 +27,11 @@ fn event(payload: Vec<u8>) -> NewEvent {
     NewEvent { r#type: "test.event".to_owned(), source: "bad-input".to_owned(), payload, ..NewEvent::default() }
 }
 
+/// A JSON string of `len` bytes, quotes included.
+fn json_string(len: usize) -> Vec<u8> {
+    format!("\"{}\"", "x".repeat(len - 2)).into_bytes()
+}
+
 fn registration(name: &str, after: &[&str]) -> RegisterHandlerRequest {
     RegisterHandlerRequest {
         namespace: NS.to_owned(),
@@ -97,6 +102,8 @@ async fn missing_and_malformed_fields_are_named_and_change_nothing() {
 
     let oversize = vec![b'x'; MAX_PAYLOAD_BYTES + 1];
     assert_invalid(client.publish(publish(NS, oversize.clone())).await, "event.payload");
+    // A payload labelled JSON (the default) must be JSON.
+    assert_invalid(client.publish(publish(NS, b"not json".to_vec())).await, "event.payload");
     let batch = PublishBatchRequest { namespace: NS.to_owned(), events: vec![event(b"1".to_vec()), event(oversize)] };
     assert_invalid(client.publish_batch(batch).await, "events[1].payload");
 
@@ -137,7 +144,8 @@ async fn missing_and_malformed_fields_are_named_and_change_nothing() {
     assert_eq!(delivery_count(&mut client).await, 0, "no refused publish created a delivery");
     assert_eq!(handlers(&mut client).await, [audit], "no refused registration changed the handlers");
     // The largest payload allowed is accepted, and takes the first sequence.
-    let largest = client.publish(publish(NS, vec![b'x'; MAX_PAYLOAD_BYTES])).await.expect("the largest payload");
+    let largest = json_string(MAX_PAYLOAD_BYTES);
+    let largest = client.publish(publish(NS, largest)).await.expect("the largest payload");
     assert_eq!(largest.into_inner().sequence, 1);
     server.assert_serving().await;
 }

@@ -167,6 +167,14 @@ async fn missing_and_malformed_fields_are_named_and_change_nothing() {
     let oversize_value = SetStateRequest { content_type: "text/plain".to_owned(), ..set_state("big", &oversize, None) };
     assert_invalid(client.set_state(oversize_value).await, "value");
 
+    // A payload labelled JSON (as one with no content type is) must be JSON.
+    let json =
+        |payload: &[u8]| Some(Content { r#type: "job".to_owned(), payload: payload.to_vec(), ..Content::default() });
+    let not_json = SendDirectRequest { content: json(b"not json"), ..direct("coordinator", "worker", Vec::new()) };
+    assert_invalid(client.send_direct(not_json).await, "content.payload");
+    let not_json = PublishRequest { content: json(b"{"), ..publish("coordinator", Vec::new()) };
+    assert_invalid(client.publish(not_json).await, "content.payload");
+
     // Durations past google.protobuf.Duration's range (10,000 years).
     let huge = Some(prost_types::Duration { seconds: i64::MAX, nanos: 999_999_999 });
     let confirmed = SendDirectRequest { confirm_timeout: huge, ..direct("coordinator", "worker", b"1".into()) };

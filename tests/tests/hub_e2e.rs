@@ -290,7 +290,7 @@ async fn delegate_to_each(client: &Client, handed: &mut Handed) {
                 content: Some(Content {
                     r#type: "review.request".to_owned(),
                     payload: draft.clone().into_bytes(),
-                    ..Content::default()
+                    content_type: "text/plain".to_owned(),
                 }),
                 timeout: duration(DEADLINE),
                 on_timeout: TimeoutPolicy::Raise.into(),

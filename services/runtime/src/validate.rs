@@ -81,6 +81,23 @@ pub fn optional_id(field: &str, value: &str) -> Result<Option<String>, FieldViol
     id(field, value).map(Some)
 }
 
+/// Whether `content_type` names JSON: `application/json`, whatever its case
+/// or parameters (`; charset=utf-8`).
+pub fn is_json(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or_default().trim();
+    essence.eq_ignore_ascii_case("application/json")
+}
+
+/// A payload labelled JSON must be JSON; an empty one is no payload.
+pub fn json_payload(field: &str, content_type: &str, payload: &[u8]) -> Result<(), FieldViolation> {
+    if payload.is_empty() || !is_json(content_type) {
+        return Ok(());
+    }
+    serde_json::from_slice::<serde::de::IgnoredAny>(payload).map(drop).map_err(|error| {
+        FieldViolation::new(field, format!("is not JSON ({error}); give its content_type if it is not"))
+    })
+}
+
 /// The most entries a list filter may hold (event types, senders, kinds):
 /// each becomes a condition of one statement, and databases bound those.
 pub const MAX_FILTER_ENTRIES: usize = 256;
@@ -132,6 +149,17 @@ mod tests {
         assert!(id("task_id", "a\u{7}b").is_err());
         assert!(id("task_id", &"x".repeat(MAX_ID_LEN + 1)).is_err());
         assert_eq!(optional_id("context_id", "").unwrap(), None);
+    }
+
+    #[test]
+    fn payloads_labelled_json_are_json() {
+        assert!(json_payload("payload", "application/json", br#"{"a": 1}"#).is_ok());
+        assert!(json_payload("payload", "Application/JSON; charset=utf-8", b"[1, 2]").is_ok());
+        assert!(json_payload("payload", "application/json", b"").is_ok(), "no payload");
+        assert!(json_payload("payload", "text/plain", b"not json").is_ok());
+        let refused = json_payload("content.payload", "application/json", b"not json").unwrap_err();
+        assert_eq!(refused.field, "content.payload");
+        assert!(json_payload("payload", "application/json", b"{\"a\": 1} trailing").is_err());
     }
 
     #[test]

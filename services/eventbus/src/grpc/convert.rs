@@ -78,12 +78,14 @@ pub(super) fn new_event(field: &str, value: Option<pb::NewEvent>, max_payload: u
         }
     }
     let content_type = text(&at("content_type"), value.content_type, false)?;
+    let content_type = if content_type.is_empty() { "application/json".to_owned() } else { content_type };
+    validate::json_payload(&at("payload"), &content_type, &value.payload)?;
     Ok(NewEvent {
         event_type: EventType::parse(&at("type"), &value.r#type)?,
         source: text(&at("source"), value.source, true)?,
         subject: text(&at("subject"), value.subject, false)?,
         payload: value.payload,
-        content_type: if content_type.is_empty() { "application/json".to_owned() } else { content_type },
+        content_type,
         attributes: value.attributes.into_iter().collect::<BTreeMap<_, _>>(),
         idempotency_key: Some(text(&at("idempotency_key"), value.idempotency_key, false)?).filter(|k| !k.is_empty()),
         time: timestamp_micros(&at("time"), value.time)?,

@@ -60,11 +60,9 @@ pub(super) fn content(field: &str, value: Option<pb::Content>, config: &HubConfi
             format!("must be at most {} bytes", config.max_payload_bytes),
         ));
     }
-    Ok(Content {
-        message_type: name(&format!("{field}.type"), &value.r#type)?,
-        payload: value.payload,
-        content_type: content_type(&format!("{field}.content_type"), value.content_type)?,
-    })
+    let content_type = content_type(&format!("{field}.content_type"), value.content_type)?;
+    validate::json_payload(&format!("{field}.payload"), &content_type, &value.payload)?;
+    Ok(Content { message_type: name(&format!("{field}.type"), &value.r#type)?, payload: value.payload, content_type })
 }
 
 pub(super) fn content_type(field: &str, value: String) -> Checked<String> {

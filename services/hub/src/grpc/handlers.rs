@@ -304,9 +304,10 @@ impl pb::hub_server::Hub for HubGrpc {
             );
         }
         let content_type = convert::content_type("content_type", request.content_type)?;
-        if content_type == "application/json" && serde_json::from_slice::<serde_json::Value>(&request.value).is_err() {
+        if request.value.is_empty() && validate::is_json(&content_type) {
             return Err(FieldViolation::new("value", "must be JSON (or give another content_type)").into());
         }
+        validate::json_payload("value", &content_type, &request.value)?;
         let write = StateWrite {
             namespace: namespace(&request.namespace)?,
             key: convert::name("key", &request.key)?,
