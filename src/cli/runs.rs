@@ -209,8 +209,9 @@ pub(super) async fn watch(client: &mut Client, target: &Target, run_id: &str) ->
     };
     let mut last = pb::RunState::Unspecified;
     // A record written again with nothing a person sees changed (a gate
-    // waiting, then announced) is printed once.
-    let mut shown: HashMap<(String, u32, u32), String> = HashMap::new();
+    // waiting, then announced) is printed once; one that only learned more
+    // (a spawn's task) prints what it learned.
+    let mut shown: HashMap<(String, u32, u32), (i32, String)> = HashMap::new();
     let mut lost: Option<(Instant, Duration)> = None;
     loop {
         // The run goes on while the server is away (a restart, a deploy):
@@ -221,13 +222,17 @@ pub(super) async fn watch(client: &mut Client, target: &Target, run_id: &str) ->
                 lost = None;
                 last = event.state();
                 request.after_cursor.clone_from(&event.cursor);
-                let line = view::event(&event);
+                let mut line = view::event(&event);
                 if let Some(step) = event.step.as_ref().filter(|_| event.kind() == run_event::Kind::StepUpdated) {
                     let record = (step.step_id.clone(), step.iteration, step.attempt);
-                    if shown.get(&record) == Some(&line) {
-                        continue;
+                    let before = shown.insert(record, (step.state, line.clone()));
+                    match before {
+                        Some((_, seen)) if seen == line => continue,
+                        Some((state, _)) if state == step.state => {
+                            line = format!("{} {}", view::step_name(step), view::step_detail(step));
+                        }
+                        _ => {}
                     }
-                    shown.insert(record, line.clone());
                 }
                 outln!("{}  {line}", view::time(event.time.as_ref()));
             }

@@ -79,7 +79,24 @@ pub(super) fn step_detail(step: &StepRecord) -> String {
             format!("decision by {}", field(step.input.as_ref(), "reviewers"))
         }
         pb::StepState::Waiting => format!("until {}", time(step.wake_at.as_ref())),
-        _ if !step.external_id.is_empty() => step.external_id.clone(),
+        // A decided round: who decided what (its record keeps the id of its
+        // gate.required event, which tells a reader nothing).
+        pb::StepState::Completed if step.kind() == pb::StepKind::Gate => {
+            let decided = match field(step.output.as_ref(), "decision").as_str() {
+                "approve" => "approved",
+                "reject" => "rejected",
+                _ => "decided",
+            };
+            format!("{decided} by {}", field(step.output.as_ref(), "decided_by"))
+        }
+        pb::StepState::Completed if field(step.output.as_ref(), "timed_out") == "true" => {
+            format!("timed out waiting for signal `{}`", field(step.output.as_ref(), "name"))
+        }
+        _ if !step.external_id.is_empty() => match step.kind() {
+            pb::StepKind::Spawn | pb::StepKind::Delegate => format!("task {}", step.external_id),
+            pb::StepKind::Message => format!("message {}", step.external_id),
+            _ => step.external_id.clone(),
+        },
         _ => String::new(),
     }
 }
@@ -140,6 +157,11 @@ fn decision_line(decision: &pb::GateDecision) -> String {
     format!("{verdict} by {} → {outcome}{reason}", decision.decided_by)
 }
 
+/// A step record as a watch names it: `build #1.2` (iteration 1, attempt 2).
+pub(super) fn step_name(step: &StepRecord) -> String {
+    format!("{} #{}.{}", step.step_id, step.iteration, step.attempt)
+}
+
 /// What a watch prints for an event, after its time.
 pub(super) fn event(event: &RunEvent) -> String {
     match event.kind() {
@@ -148,7 +170,7 @@ pub(super) fn event(event: &RunEvent) -> String {
             let step = event.step.clone().unwrap_or_default();
             let detail = step_detail(&step);
             let detail = if detail.is_empty() { String::new() } else { format!("  {detail}") };
-            format!("{} #{}.{} {}{detail}", step.step_id, step.iteration, step.attempt, step_state(step.state()))
+            format!("{} {}{detail}", step_name(&step), step_state(step.state()))
         }
         Kind::GateDecided => {
             let decision = event.gate_decision.clone().unwrap_or_default();
@@ -159,5 +181,40 @@ pub(super) fn event(event: &RunEvent) -> String {
             format!("signal {} from {}", signal.name, signal.sent_by)
         }
         Kind::Unspecified => "(unknown change)".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chorus_proto::json::struct_from_json;
+    use serde_json::json;
+
+    use super::*;
+
+    fn record(kind: pb::StepKind, state: pb::StepState, output: serde_json::Value, external_id: &str) -> StepRecord {
+        let mut step = StepRecord {
+            step_id: "s".into(),
+            iteration: 1,
+            attempt: 1,
+            output: output.as_object().cloned().map(struct_from_json),
+            external_id: external_id.into(),
+            ..StepRecord::default()
+        };
+        step.set_kind(kind);
+        step.set_state(state);
+        step
+    }
+
+    #[test]
+    fn a_step_says_what_it_did_in_words() {
+        let rejected = json!({"decision": "reject", "decided_by": "ana", "reason": "add tests"});
+        let gate = record(pb::StepKind::Gate, pb::StepState::Completed, rejected, "event:93");
+        assert_eq!(step_detail(&gate), "rejected by ana");
+        let timed_out = json!({"timed_out": true, "name": "resume"});
+        let wait = record(pb::StepKind::Wait, pb::StepState::Completed, timed_out, "");
+        assert_eq!(step_detail(&wait), "timed out waiting for signal `resume`");
+        let spawn = record(pb::StepKind::Spawn, pb::StepState::Running, json!(null), "01a2");
+        assert_eq!(step_detail(&spawn), "task 01a2");
+        assert_eq!(step_name(&spawn), "s #1.1");
     }
 }
