@@ -27,22 +27,52 @@ fn problem_line(problem: &ValidationProblem) -> String {
     )
 }
 
-pub(super) async fn validate(client: &mut Client, target: &Target, paths: &[PathBuf]) -> Outcome {
+/// A definition file read and checked by the server.
+struct Checked {
+    file: PathBuf,
+    source: String,
+    /// The workflow it defines, when it is valid.
+    name: Option<String>,
+}
+
+/// Reads and checks every file `paths` name, printing each problem; the
+/// files, and whether all are valid and no two define one workflow.
+async fn check_all(client: &mut Client, target: &Target, paths: &[PathBuf]) -> Result<(Vec<Checked>, bool), Failure> {
+    let mut checked = Vec::new();
     let mut valid = true;
-    for file in &definition_files_of(paths)? {
+    for file in definition_files_of(paths)? {
+        let source = read(&file)?;
         let request = ValidateDefinitionRequest {
             namespace: target.namespace.clone(),
-            source: read(file)?,
+            source: source.clone(),
             file: file.display().to_string(),
         };
         let answer = client.validate_definition(request).await?.into_inner();
         for problem in &answer.problems {
             outln!("{}", problem_line(problem));
         }
-        if answer.valid {
-            outln!("{}: ok ({})", file.display(), answer.name);
-        }
         valid &= answer.valid;
+        let name = answer.valid.then_some(answer.name);
+        if let Some(first) = checked.iter().find(|other: &&Checked| name.is_some() && other.name == name) {
+            let name = name.as_deref().unwrap_or_default();
+            outln!(
+                "{}:1:1: error in `name` [duplicate_name]: workflow `{name}` is also defined in {}",
+                file.display(),
+                first.file.display()
+            );
+            valid = false;
+        }
+        checked.push(Checked { file, source, name });
+    }
+    Ok((checked, valid))
+}
+
+pub(super) async fn validate(client: &mut Client, target: &Target, paths: &[PathBuf]) -> Outcome {
+    let (checked, valid) = check_all(client, target, paths).await?;
+    for Checked { file, name, .. } in &checked {
+        if let Some(name) = name {
+            outln!("{}: ok ({name})", file.display());
+        }
     }
     if valid { Ok(()) } else { Err(Failure::No) }
 }
@@ -75,12 +105,20 @@ fn definition_files_of(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Failure> {
     Ok(files)
 }
 
+/// Applies every definition, or none: each file is checked first, and one
+/// that is invalid, or two that define one workflow, leave every workflow
+/// as it was.
 pub(super) async fn apply(client: &mut Client, target: &Target, paths: &[PathBuf]) -> Outcome {
+    let (checked, valid) = check_all(client, target, paths).await?;
+    if !valid {
+        eprintln!("nothing applied");
+        return Err(Failure::No);
+    }
     let mut applied = true;
-    for file in definition_files_of(paths)? {
+    for Checked { file, source, .. } in checked {
         let request = PutDefinitionRequest {
             namespace: target.namespace.clone(),
-            source: read(&file)?,
+            source,
             file: file.display().to_string(),
             created_by: view::user(),
         };
@@ -102,10 +140,8 @@ pub(super) async fn apply(client: &mut Client, target: &Target, paths: &[PathBuf
         };
         let definition = answer.definition.unwrap_or_default();
         let unchanged = if answer.unchanged { " (unchanged)" } else { "" };
+        // Its warnings were printed as it was checked.
         outln!("{} v{}{unchanged}", definition.name, definition.version);
-        for warning in &answer.warnings {
-            outln!("{}", problem_line(warning));
-        }
     }
     if applied { Ok(()) } else { Err(Failure::No) }
 }

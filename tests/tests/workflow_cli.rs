@@ -156,18 +156,34 @@ async fn a_person_is_told_why_a_call_was_refused() {
         stdout(&forever)
     );
 
-    // An empty file is an invalid definition like any other: named, and the
-    // files after it are still checked and applied.
+    // An empty file is an invalid definition like any other: named, the
+    // files after it still checked, and, as one file is invalid, nothing
+    // applied.
     std::fs::create_dir(dir.join("mixed")).expect("mkdir");
     std::fs::write(dir.join("mixed/1-blank.yaml"), "").expect("write");
     std::fs::write(dir.join("mixed/2-held.yaml"), COUNTED.replace("name: counted", "name: held")).expect("write");
-    for verb in ["validate", "apply"] {
-        let mixed = chorus(&url, dir, &["workflow", verb, "mixed"]).await;
-        assert_eq!(mixed.status.code(), Some(1), "{verb}: {}", stderr(&mixed));
-        let out = stdout(&mixed);
-        assert!(out.starts_with("mixed/1-blank.yaml:1:1: error [document_count]: expected exactly one"), "{out}");
-        assert!(out.ends_with("held)\n") || out.ends_with("held v1\n"), "{verb}: {out}");
-    }
+    let mixed = chorus(&url, dir, &["workflow", "validate", "mixed"]).await;
+    assert_eq!(mixed.status.code(), Some(1), "{}", stderr(&mixed));
+    let out = stdout(&mixed);
+    assert!(out.starts_with("mixed/1-blank.yaml:1:1: error [document_count]: expected exactly one"), "{out}");
+    assert!(out.ends_with("mixed/2-held.yaml: ok (held)\n"), "{out}");
+    let mixed = chorus(&url, dir, &["workflow", "apply", "mixed"]).await;
+    assert_eq!(mixed.status.code(), Some(1), "{}", stderr(&mixed));
+    assert!(stdout(&mixed).starts_with("mixed/1-blank.yaml:1:1: error [document_count]"), "{}", stdout(&mixed));
+    assert!(!stdout(&mixed).contains("held v1"), "{}", stdout(&mixed));
+    assert_eq!(stderr(&mixed).trim(), "nothing applied");
+    // Two files that define one workflow: the second is named, nothing applied.
+    std::fs::create_dir(dir.join("twice")).expect("mkdir");
+    std::fs::write(dir.join("twice/a.yaml"), GATED).expect("write");
+    std::fs::write(dir.join("twice/b.yaml"), GATED.replace("50ms", "60ms")).expect("write");
+    let twice = chorus(&url, dir, &["workflow", "apply", "twice"]).await;
+    assert_eq!(twice.status.code(), Some(1), "{}", stderr(&twice));
+    assert_eq!(
+        stdout(&twice).trim(),
+        "twice/b.yaml:1:1: error in `name` [duplicate_name]: workflow `gated` is also defined in twice/a.yaml"
+    );
+    let listed = stdout(&chorus(&url, dir, &["workflow", "list"]).await);
+    assert!(!listed.contains("held") && !listed.contains("gated"), "nothing was applied: {listed}");
 
     let applied = chorus(&url, dir, &["workflow", "apply", "gated.yaml", "counted.yaml"]).await;
     assert_eq!(stdout(&applied), "gated v1\ncounted v1\n", "{}", stderr(&applied));
