@@ -22,9 +22,7 @@ pub enum EventBusError {
     DeliveryFinished { id: DeliveryId, state: DeliveryState, action: &'static str },
     #[error("delivery {id} is {state}, not in flight: only a leased delivery can be {action}")]
     NotInFlight { id: DeliveryId, state: DeliveryState, action: &'static str },
-    #[error(
-        "attempt {attempt} of delivery {id} is over (its lease ran out; attempt {current} holds it now): it cannot be {action}"
-    )]
+    #[error("attempt {attempt} of delivery {id} is over (attempt {current} is the current one): it cannot be {action}")]
     AttemptOver { id: DeliveryId, attempt: u32, current: u32, action: &'static str },
     #[error("delivery {id} is not a dead letter of handler {handler}")]
     NotDeadLettered { id: DeliveryId, handler: String },

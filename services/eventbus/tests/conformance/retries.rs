@@ -71,6 +71,11 @@ async fn a_consumer_whose_lease_ran_out_cannot_fail_or_extend_the_next_attempt(h
     assert!(matches!(error, EventBusError::AttemptOver { attempt: 1, current: 2, .. }), "{error:?}");
     let error = h.bus.extend(NS, &stale.id, None, Some(stale.attempt)).await.unwrap_err();
     assert!(matches!(error, EventBusError::AttemptOver { .. }), "{error:?}");
+    let error = h.bus.extend(NS, &stale.id, None, Some(7)).await.unwrap_err();
+    assert!(
+        matches!(&error, EventBusError::InvalidArgument(violation) if violation.field == "attempt"),
+        "an attempt never made is the caller's mistake: {error:?}"
+    );
     let unchanged = h.bus.get_delivery(NS, &current.id).await.unwrap();
     assert_eq!((unchanged.state, unchanged.attempt), (DeliveryState::InFlight, 2), "attempt 2 is untouched");
     h.bus.extend(NS, &current.id, None, Some(2)).await.expect("the holder extends its own attempt");

@@ -9,6 +9,7 @@ use std::{
 use chorus_runtime::{
     storage::{padded_len, placeholders},
     time::micros,
+    validate::FieldViolation,
 };
 use sqlx::{AnyConnection, AssertSqlSafe, Row as _};
 
@@ -393,11 +394,16 @@ pub(super) async fn deliveries_with_events(
     Ok(deliveries)
 }
 
-/// Refuses a call about `asked`, an attempt that is no longer the delivery's
-/// `current` one: its consumer's lease ran out and the delivery went to
-/// another attempt, which the call must not fail or extend.
+/// Refuses a call about `asked`, an attempt that is not the delivery's
+/// `current` one: an attempt that is over (its lease ran out, or it was
+/// nacked) must not fail or extend the one after it, and one never made is
+/// the caller's mistake.
 fn current_attempt(id: &DeliveryId, current: u32, asked: Option<u32>, action: &'static str) -> Result<()> {
     match asked {
+        Some(attempt) if attempt > current => Err(EventBusError::InvalidArgument(FieldViolation::new(
+            "attempt",
+            format!("delivery {id} has had {current} attempts; there is no attempt {attempt}"),
+        ))),
         Some(attempt) if attempt != current => {
             Err(EventBusError::AttemptOver { id: id.clone(), attempt, current, action })
         }
