@@ -226,6 +226,14 @@ mod tests {
     }
 
     #[test]
+    fn objects_and_lists_in_text_read_as_json() {
+        let scope = Scope::of(&run(serde_json::json!({"who": "ann", "tags": ["a", "b"]})), &Value::Null, "s", 1, None);
+        assert_eq!(scope.render("got {{ inputs }}").unwrap(), r#"got {"tags":["a","b"],"who":"ann"}"#);
+        assert_eq!(scope.render("{{ inputs.tags }}!").unwrap(), r#"["a","b"]!"#);
+        assert_eq!(scope.render("{{ inputs.who }} {{ 1.5 }} {{ true }}").unwrap(), "ann 1.5 true");
+    }
+
+    #[test]
     fn a_render_that_would_run_for_ever_runs_out_of_fuel() {
         let scope = Scope::of(&run(serde_json::json!({"n": 100_000})), &Value::Null, "s", 1, None);
         let spin = "{% for i in range(inputs.n) %}{% for j in range(inputs.n) %}{% endfor %}{% endfor %}done";

@@ -9,6 +9,7 @@ use std::{
 use minijinja::{
     AutoEscape, Environment, ErrorKind, UndefinedBehavior, Value,
     machinery::{self, Instruction, Instructions},
+    value::ValueKind,
 };
 
 use super::reader::{Node, Reader, position};
@@ -114,6 +115,17 @@ pub(crate) fn environment() -> &'static Environment<'static> {
         // A template's work is bounded, whatever a run's inputs ask of its
         // loops: past the budget the render fails, and so does its step.
         env.set_fuel(Some(RENDER_FUEL));
+        // An object, a list or a boolean in text reads as JSON (`{"ok":true}`),
+        // which an agent can parse, not as minijinja's Python-like `{'ok': True}`.
+        env.set_formatter(|out, state, value| match value.kind() {
+            ValueKind::Map | ValueKind::Seq | ValueKind::Bool => {
+                let json = serde_json::to_string(value).map_err(|error| {
+                    minijinja::Error::new(ErrorKind::BadSerialization, "cannot render as JSON").with_source(error)
+                })?;
+                out.write_str(&json).map_err(minijinja::Error::from)
+            }
+            _ => minijinja::escape_formatter(out, state, value),
+        });
         for (name, compare) in COMPARISONS {
             env.add_function(name, move |a: &Value, b: &Value| !a.is_undefined() && !b.is_undefined() && compare(a, b));
         }
