@@ -53,14 +53,23 @@ pub(super) async fn list(client: &mut Client, target: &Target, workflow: Option<
     Ok(())
 }
 
+/// A person's decision on a gate.
+pub(super) struct Decision {
+    pub(super) verdict: Verdict,
+    /// Who decides (default: $USER).
+    pub(super) by: Option<String>,
+    /// The round decided, when the person names it.
+    pub(super) iteration: Option<u32>,
+}
+
 pub(super) async fn decide(
     client: &mut Client,
     target: &Target,
     run_id: &str,
     step: &str,
-    verdict: Verdict,
-    by: Option<String>,
+    decision: Decision,
 ) -> Outcome {
+    let Decision { verdict, by, iteration } = decision;
     let (decision, reason) = match verdict {
         Verdict::Approve(reason) => (pb::Decision::Approve, reason),
         Verdict::Reject(feedback) if feedback.trim().is_empty() => {
@@ -75,6 +84,7 @@ pub(super) async fn decide(
         decision: decision.into(),
         decided_by: by.unwrap_or_else(view::user),
         reason,
+        iteration,
         ..DecideGateRequest::default()
     };
     let run = client.decide_gate(request).await?.into_inner();

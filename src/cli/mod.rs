@@ -142,6 +142,9 @@ pub(crate) enum GateCommand {
         /// Who decides (default: $USER).
         #[arg(long)]
         by: Option<String>,
+        /// The round decided (ITER in `gate list`): refused if the gate has moved on to another.
+        #[arg(long)]
+        iteration: Option<u32>,
     },
     /// Rejects a waiting gate: the phase before it runs again with the feedback.
     Reject {
@@ -153,6 +156,9 @@ pub(crate) enum GateCommand {
         /// Who decides (default: $USER).
         #[arg(long)]
         by: Option<String>,
+        /// The round decided (ITER in `gate list`): refused if the gate has moved on to another.
+        #[arg(long)]
+        iteration: Option<u32>,
     },
 }
 
@@ -268,11 +274,13 @@ pub(crate) async fn gate(target: &Target, command: GateCommand) -> ExitCode {
         let mut client = connect(target).await?;
         match command {
             GateCommand::List { workflow } => gates::list(&mut client, target, workflow).await,
-            GateCommand::Approve { run_id, step, reason, by } => {
-                gates::decide(&mut client, target, &run_id, &step, gates::Verdict::Approve(reason), by).await
+            GateCommand::Approve { run_id, step, reason, by, iteration } => {
+                let decision = gates::Decision { verdict: gates::Verdict::Approve(reason), by, iteration };
+                gates::decide(&mut client, target, &run_id, &step, decision).await
             }
-            GateCommand::Reject { run_id, step, feedback, by } => {
-                gates::decide(&mut client, target, &run_id, &step, gates::Verdict::Reject(feedback), by).await
+            GateCommand::Reject { run_id, step, feedback, by, iteration } => {
+                let decision = gates::Decision { verdict: gates::Verdict::Reject(feedback), by, iteration };
+                gates::decide(&mut client, target, &run_id, &step, decision).await
             }
         }
     };

@@ -83,7 +83,13 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
         "{gates}"
     );
 
-    let rejected = chorus(&url, dir, &["gate", "reject", &run_id, "signoff", "--feedback", "needs numbers"]).await;
+    // A decision on a round the gate is not at (the reviewer looked at another) changes nothing.
+    let stale = ["gate", "approve", &run_id, "signoff", "--iteration", "2"];
+    let stale = chorus(&url, dir, &stale).await;
+    assert_eq!(stale.status.code(), Some(2), "{}{}", stdout(&stale), stderr(&stale));
+    assert!(stderr(&stale).contains("iteration"), "{}", stderr(&stale));
+    let rejected = ["gate", "reject", &run_id, "signoff", "--feedback", "needs numbers", "--iteration", "1"];
+    let rejected = chorus(&url, dir, &rejected).await;
     assert!(stdout(&rejected).contains("signoff#1: rerun"), "{}{}", stdout(&rejected), stderr(&rejected));
     let watch = tokio::spawn({
         let (url, dir) = (url.clone(), dir.to_owned());
