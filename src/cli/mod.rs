@@ -173,17 +173,22 @@ pub(crate) enum Failure {
 
 impl From<tonic::Status> for Failure {
     fn from(status: tonic::Status) -> Self {
-        let message = status.message();
-        let fields: Vec<String> = status
-            .get_details_bad_request()
-            .map(|bad| bad.field_violations)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|violation| !message.contains(&violation.field))
-            .map(|violation| format!(" ({}: {})", violation.field, violation.description))
-            .collect();
-        Self::Call(format!("{message}{}", fields.concat()))
+        Self::Call(described(&status))
     }
+}
+
+/// A refused call's message, with the fields it names that it does not say.
+fn described(status: &tonic::Status) -> String {
+    let message = status.message();
+    let fields: Vec<String> = status
+        .get_details_bad_request()
+        .map(|bad| bad.field_violations)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|violation| !message.contains(&violation.field))
+        .map(|violation| format!(" ({}: {})", violation.field, violation.description))
+        .collect();
+    format!("{message}{}", fields.concat())
 }
 
 type Outcome = Result<(), Failure>;

@@ -44,6 +44,18 @@ fn object(what: &str, text: &str) -> Result<Map<String, Value>, Failure> {
     }
 }
 
+/// A refused start, with a word on quoting when an `--input` value the
+/// workflow takes as a string was read as JSON (`version=1.2` is a number).
+fn with_quoting_hint(status: tonic::Status, args: &StartArgs) -> Failure {
+    let read_as_json = args.inputs.iter().filter_map(|entry| entry.split_once('=')).find(|(key, value)| {
+        !matches!(serde_json::from_str(value), Ok(Value::String(_)) | Err(_))
+            && status.message().starts_with(&format!("input.{key}: must be of type string"))
+    });
+    let Some((key, value)) = read_as_json else { return status.into() };
+    let hint = format!("--input {key}={value} is read as JSON: quote it to pass text, --input '{key}=\"{value}\"'");
+    Failure::Call(format!("{}; {hint}", super::described(&status)))
+}
+
 fn input(args: &StartArgs) -> Result<Map<String, Value>, Failure> {
     let mut input = match &args.input_json {
         Some(text) => object("--input-json", text)?,
@@ -72,7 +84,10 @@ pub(super) async fn start(client: &mut Client, target: &Target, args: StartArgs)
             ..pb::RunOrigin::default()
         }),
     };
-    let run = client.start_run(request).await?.into_inner();
+    let run = match client.start_run(request).await {
+        Ok(run) => run.into_inner(),
+        Err(status) => return Err(with_quoting_hint(status, &args)),
+    };
     outln!("{}", run.id);
     if args.watch { watch(client, target, &run.id).await } else { Ok(()) }
 }

@@ -193,6 +193,13 @@ async fn a_person_is_told_why_a_call_was_refused() {
 
     let applied = chorus(&url, dir, &["workflow", "apply", "gated.yaml", "counted.yaml"]).await;
     assert_eq!(stdout(&applied), "gated v1\ncounted v1\n", "{}", stderr(&applied));
+    // A string input given what reads as JSON: the error says how to quote it.
+    let tagged = "name: tagged\ninputs:\n  version: {type: string}\nsteps:\n- id: hold\n  wait: {signal: go}\n";
+    std::fs::write(dir.join("tagged.yaml"), tagged).expect("write");
+    chorus(&url, dir, &["workflow", "apply", "tagged.yaml"]).await;
+    let unquoted = chorus(&url, dir, &["run", "start", "tagged", "--input", "version=1.2"]).await;
+    assert_eq!(unquoted.status.code(), Some(2), "{}", stdout(&unquoted));
+    assert!(stderr(&unquoted).contains(r#"quote it to pass text, --input 'version="1.2"'"#), "{}", stderr(&unquoted));
     let start = ["run", "start", "counted", "--input", "count=5", "--idempotency-key", "k1"];
     let started = chorus(&url, dir, &start).await;
     assert_eq!(started.status.code(), Some(0), "an integer input: {}", stderr(&started));
