@@ -146,6 +146,7 @@ fn run_json(run: &pb::Run) -> Value {
             })
         })
         .collect();
+    let origin = run.origin.clone().unwrap_or_default();
     serde_json::json!({
         "id": run.id,
         "workflow": run.workflow,
@@ -154,10 +155,25 @@ fn run_json(run: &pb::Run) -> Value {
         "input": struct_json(run.input.as_ref()),
         "output": struct_json(run.output.as_ref()),
         "error": run.error,
+        "cancel_reason": run.cancel_reason,
+        "origin": {
+            "kind": origin.kind().as_str_name(), "started_by": origin.started_by,
+            "event_sequence": origin.event_sequence, "event_type": origin.event_type, "task_id": origin.task_id,
+        },
+        "idempotency_key": run.idempotency_key,
+        "created_at": timestamp_json(run.created_at.as_ref()),
+        "updated_at": timestamp_json(run.updated_at.as_ref()),
+        "finished_at": timestamp_json(run.finished_at.as_ref()),
         "steps": steps,
         "gate_decisions": decisions,
         "signals": signals,
     })
+}
+
+/// A time as RFC 3339 text to the microsecond, or null when there is none.
+fn timestamp_json(at: Option<&prost_types::Timestamp>) -> Value {
+    at.and_then(|at| chrono::DateTime::from_timestamp(at.seconds, u32::try_from(at.nanos).unwrap_or_default()))
+        .map_or(Value::Null, |at| Value::String(at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)))
 }
 
 fn struct_json(value: Option<&prost_types::Struct>) -> Value {
@@ -238,6 +254,21 @@ pub(super) async fn watch(client: &mut Client, target: &Target, run_id: &str) ->
                 last = event.state();
                 request.after_cursor.clone_from(&event.cursor);
                 let mut line = view::event(&event);
+                if event.kind() == run_event::Kind::RunStateChanged
+                    && matches!(event.state(), pb::RunState::Failed | pb::RunState::Canceled)
+                {
+                    // Why it ended: the run says (its TTL, a failed step, who canceled it).
+                    let request = GetRunRequest {
+                        namespace: target.namespace.clone(),
+                        run_id: run_id.to_owned(),
+                        wait_finished: false,
+                    };
+                    let run = client.get_run(request).await?.into_inner();
+                    let why = if run.cancel_reason.is_empty() { run.error } else { run.cancel_reason };
+                    if !why.is_empty() {
+                        line = format!("{line}: {why}");
+                    }
+                }
                 if let Some(step) = event.step.as_ref().filter(|_| event.kind() == run_event::Kind::StepUpdated) {
                     let record = (step.step_id.clone(), step.iteration, step.attempt);
                     let before = shown.insert(record, (step.state, line.clone()));

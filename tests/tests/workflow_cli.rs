@@ -249,6 +249,20 @@ async fn a_person_is_told_why_a_call_was_refused() {
         .expect("the watch stops on SIGTERM")
         .expect("the CLI ends");
     assert_eq!(stopped.status.code(), Some(130), "{}", stderr(&stopped));
+
+    // A run that ended otherwise than completed says why, in watch and in get.
+    let canceled = chorus(&url, dir, &["run", "cancel", &waiting, "--reason", "no longer needed"]).await;
+    assert_eq!(canceled.status.code(), Some(0), "{}", stderr(&canceled));
+    let watched = chorus(&url, dir, &["run", "watch", &waiting]).await;
+    assert_eq!(watched.status.code(), Some(1), "not completed: {}", stderr(&watched));
+    let last = stdout(&watched).lines().last().unwrap_or_default().to_owned();
+    assert!(last.ends_with("run canceled: no longer needed (canceled by ana)"), "{}", stdout(&watched));
+    let shown = chorus(&url, dir, &["run", "get", &waiting, "--json"]).await;
+    let shown: serde_json::Value = serde_json::from_str(&stdout(&shown)).expect("the run as JSON");
+    assert_eq!(shown["cancel_reason"], "no longer needed (canceled by ana)", "{shown}");
+    assert_eq!(shown["origin"]["started_by"], "ana", "{shown}");
+    assert!(shown["created_at"].as_str().is_some_and(|at| at.ends_with('Z')), "{shown}");
+    assert!(shown["finished_at"].is_string(), "{shown}");
 }
 
 /// A watch outlives a restart of its server: it picks the run up again after
