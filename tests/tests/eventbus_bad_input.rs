@@ -132,6 +132,18 @@ async fn missing_and_malformed_fields_are_named_and_change_nothing() {
     };
     assert_invalid(client.extend_delivery(extend).await, "extension");
 
+    // A lease longer than a day: a consumer that needs longer extends.
+    let day_and_more = Some(prost_types::Duration { seconds: 25 * 3600, nanos: 0 });
+    let mut long = registration("long", &[]);
+    long.retry_policy = Some(RetryPolicy { visibility_timeout: day_and_more, ..RetryPolicy::default() });
+    assert_invalid(client.register_handler(long).await, "retry_policy.visibility_timeout");
+    let extend = ExtendDeliveryRequest {
+        namespace: NS.to_owned(),
+        delivery_id: "1:audit".to_owned(),
+        extension: day_and_more,
+        attempt: 1,
+    };
+    assert_invalid(client.extend_delivery(extend).await, "extension");
     // A filter longer than a statement may hold.
     let read = ReadEventsRequest {
         namespace: NS.to_owned(),

@@ -186,6 +186,14 @@ async fn missing_and_malformed_fields_are_named_and_change_nothing() {
         ..ReceiveRequest::default()
     };
     assert_invalid(client.receive(receive).await, "timeout");
+    // A lease longer than a message may live (hub.max_ttl_ms, 7 days by default).
+    let receive = ReceiveRequest {
+        namespace: NS.to_owned(),
+        agent_id: "worker".to_owned(),
+        ack_timeout: duration(Duration::from_secs(8 * 24 * 3600)),
+        ..ReceiveRequest::default()
+    };
+    assert_invalid(client.receive(receive).await, "ack_timeout");
     // A filter longer than a statement may hold.
     let receive = ReceiveRequest {
         namespace: NS.to_owned(),

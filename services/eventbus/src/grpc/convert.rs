@@ -122,6 +122,21 @@ pub(super) fn failure_policy(value: i32) -> Checked<FailurePolicy> {
     }
 }
 
+/// The longest a consumer may hold a delivery at once: one that died holds
+/// it, and its handler's later deliveries, for as long. Longer work extends.
+const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// A lease no longer than [`MAX_LEASE`]; why not otherwise.
+pub(super) fn lease(value: Duration) -> Result<Duration, String> {
+    if value > MAX_LEASE {
+        return Err(format!(
+            "must be at most {}h; a consumer that needs longer extends its lease",
+            MAX_LEASE.as_secs() / 3600
+        ));
+    }
+    Ok(value)
+}
+
 fn nonzero_duration(field: &str, value: Option<prost_types::Duration>, default: Duration) -> Checked<Duration> {
     let duration = validate::duration(field, value, default)?;
     Ok(if duration.is_zero() { default } else { duration })
@@ -138,11 +153,12 @@ pub(super) fn retry_policy(value: Option<pb::RetryPolicy>, config: &EventBusConf
             defaults.initial_backoff,
         )?,
         max_backoff: nonzero_duration("retry_policy.max_backoff", value.max_backoff, defaults.max_backoff)?,
-        visibility_timeout: nonzero_duration(
+        visibility_timeout: lease(nonzero_duration(
             "retry_policy.visibility_timeout",
             value.visibility_timeout,
             defaults.visibility_timeout,
-        )?,
+        )?)
+        .map_err(|reason| FieldViolation::new("retry_policy.visibility_timeout", reason))?,
     };
     if policy.max_attempts > 1000 {
         return Err(FieldViolation::new("retry_policy.max_attempts", "must be at most 1000"));

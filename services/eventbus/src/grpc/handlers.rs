@@ -260,7 +260,9 @@ impl pb::event_bus_server::EventBus for EventBusGrpc {
             .extension
             .map(|extension| validate::duration("extension", Some(extension), Default::default()))
             .transpose()?
-            .filter(|extension| !extension.is_zero());
+            .filter(|extension| !extension.is_zero())
+            .map(|extension| convert::lease(extension).map_err(|reason| FieldViolation::new("extension", reason)))
+            .transpose()?;
         let attempt = (request.attempt != 0).then_some(request.attempt);
         let until = self.bus.extend(&namespace, &id, extension, attempt).await?;
         Ok(Response::new(pb::ExtendDeliveryResponse { visible_until: Some(timestamp(until)) }))

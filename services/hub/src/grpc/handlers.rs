@@ -149,11 +149,7 @@ impl pb::hub_server::Hub for HubGrpc {
                 topics: convert::names("topics", &request.topics)?,
                 ..InboxFilter::default()
             },
-            ack_timeout: convert::duration_or(
-                "ack_timeout",
-                request.ack_timeout,
-                self.hub.config().default_ack_timeout(),
-            )?,
+            ack_timeout: convert::ack_timeout(request.ack_timeout, self.hub.config())?,
             max_in_flight: page_size("max_in_flight", request.max_in_flight, DEFAULT_IN_FLIGHT, MAX_IN_FLIGHT)?,
             after: request
                 .after_sequence
@@ -205,11 +201,7 @@ impl pb::hub_server::Hub for HubGrpc {
             max: page_size("max_messages", request.max_messages, DEFAULT_RECEIVE, MAX_RECEIVE)?,
             max_bytes: self.max_message_bytes,
             timeout: validate::duration("timeout", request.timeout, Duration::ZERO)?,
-            ack_timeout: convert::duration_or(
-                "ack_timeout",
-                request.ack_timeout,
-                self.hub.config().default_ack_timeout(),
-            )?,
+            ack_timeout: convert::ack_timeout(request.ack_timeout, self.hub.config())?,
         };
         let received = self.hub.receive(receive).await?;
         Ok(Response::new(pb::ReceiveResponse {
