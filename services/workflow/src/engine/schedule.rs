@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::domain::{Run, RunChange, StepKind, StepRecord, StepState};
+use crate::domain::{GateDecision, Run, RunChange, RunState, StepKind, StepRecord, StepState};
 
 /// Whether an engine must hold the run now: a side effect to issue, a task or
 /// remote agent to await, a gate to announce, or a task to cancel.
@@ -46,16 +46,21 @@ pub(crate) fn next_timer(run: &Run) -> Option<i64> {
     timers.chain(deadline).min()
 }
 
-/// What changed between two versions of a run, in the order a watch sees it.
+/// What changed between two versions of a run, in the order a watch sees it:
+/// cause before effect. A run that starts running does so before its steps;
+/// signals come before the steps that take them; a gate's decision comes
+/// right before its round ends (after the steps it judged), and any other
+/// change of the run's state last.
 pub(crate) fn changes(before: &Run, after: &Run) -> Vec<RunChange> {
     let mut changes = Vec::new();
+    let started = before.state == RunState::Pending && after.state == RunState::Running;
+    if started {
+        changes.push(RunChange::RunStateChanged);
+    }
     for signal in &after.body.signals {
         if !before.body.signals.iter().any(|s| s.id == signal.id) {
             changes.push(RunChange::SignalReceived { signal: signal.clone() });
         }
-    }
-    for decision in after.body.gate_decisions.iter().skip(before.body.gate_decisions.len()) {
-        changes.push(RunChange::GateDecided { decision: decision.clone() });
     }
     let mut steps: Vec<Arc<StepRecord>> = Vec::new();
     for step in &after.body.steps {
@@ -65,8 +70,20 @@ pub(crate) fn changes(before: &Run, after: &Run) -> Vec<RunChange> {
         }
     }
     finish_after_nested(&mut steps, after);
-    changes.extend(steps.into_iter().map(|step| RunChange::StepUpdated { step }));
-    if before.state != after.state {
+    let mut decisions: Vec<&GateDecision> =
+        after.body.gate_decisions.iter().skip(before.body.gate_decisions.len()).collect();
+    for step in steps {
+        if step.kind == StepKind::Gate && step.state.is_finished() {
+            let of_round =
+                |decision: &mut &GateDecision| decision.step_id == step.step_id && decision.iteration == step.iteration;
+            for decision in decisions.extract_if(.., of_round) {
+                changes.push(RunChange::GateDecided { decision: decision.clone() });
+            }
+        }
+        changes.push(RunChange::StepUpdated { step });
+    }
+    changes.extend(decisions.into_iter().map(|decision| RunChange::GateDecided { decision: decision.clone() }));
+    if before.state != after.state && !started {
         changes.push(RunChange::RunStateChanged);
     }
     changes

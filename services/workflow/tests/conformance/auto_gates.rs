@@ -2,10 +2,11 @@
 //! approving (the run goes on) or rejecting (the phase runs again, and
 //! nothing after the gate starts until a round approves).
 
-use chorus_workflow::domain::{Outcome, RunState, StepState};
+use chorus_workflow::domain::{Outcome, RunChange, RunState, StepState};
+use futures_util::StreamExt as _;
 use serde_json::json;
 
-use crate::harness::Harness;
+use crate::harness::{Harness, NS};
 
 chorus_runtime::backend_suite!(crate::harness::Harness::start;
     an_auto_gate_that_holds_lets_the_run_go_on,
@@ -36,6 +37,22 @@ async fn an_auto_gate_that_holds_lets_the_run_go_on(h: Harness) {
     let decisions: Vec<(&str, Outcome)> =
         run.body.gate_decisions.iter().map(|d| (d.decided_by.as_str(), d.outcome)).collect();
     assert_eq!(decisions, [("auto", Outcome::Continued)]);
+    // A watch sees cause before effect: the work judged ends, the gate
+    // decides, its round ends, the next step starts.
+    let events = h.workflows.watch_run(NS, &run.id, 0).await.expect("watch").collect::<Vec<_>>().await;
+    let changes: Vec<String> = events
+        .into_iter()
+        .map(|event| match event.expect("an event").change {
+            RunChange::StepUpdated { step } => format!("{} {:?}", step.step_id, step.state),
+            RunChange::GateDecided { decision } => format!("decided {}", decision.step_id),
+            RunChange::SignalReceived { .. } => "signal".to_owned(),
+            RunChange::RunStateChanged => "run".to_owned(),
+        })
+        .collect();
+    let at = |change: &str| changes.iter().position(|c| c == change).unwrap_or_else(|| panic!("{change}: {changes:?}"));
+    assert!(at("design Completed") < at("decided sure"), "{changes:?}");
+    assert!(at("decided sure") < at("sure Completed"), "{changes:?}");
+    assert!(at("sure Completed") < at("build Running"), "{changes:?}");
 }
 
 async fn an_auto_gate_that_rejects_reruns_its_phase_and_starts_nothing_after_it(h: Harness) {
