@@ -115,12 +115,17 @@ fn step(reader: &mut Reader, node: &Node<'_>, path: &str, seen: Seen<'_>, walk: 
     Some(Step { id: id?, condition, action: action?, roots })
 }
 
+/// Letters, digits and `_`, starting with a letter or `_`: a name templates
+/// can use as written (`review.output`, `inputs.env`).
+pub(super) fn is_identifier(text: &str) -> bool {
+    text.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && text.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
 fn step_id(reader: &mut Reader, node: &Node<'_>, path: &str, walk: &mut Walk) -> Option<String> {
     let field = join(path, "id");
     let id = reader.string(node, &field)?;
-    let identifier = id.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-        && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !identifier {
+    if !is_identifier(&id) {
         let message = format!(
             "expected letters, digits and `_`, starting with a letter (templates name steps by id), found `{id}`"
         );

@@ -186,3 +186,9 @@ fn fields_used_as_written_refuse_template_syntax() {
     let agent = "name: x\nsteps:\n  - id: a\n    spawn: {agent: \"{{ run.id }}\", input: \"{{ run.id }}\"}\n";
     assert!(codes(agent).is_empty(), "a spawn's agent and input are templates");
 }
+
+#[test]
+fn an_input_name_templates_cannot_use_is_rejected() {
+    let source = "name: x\ninputs:\n  bad name: {type: string}\n  good_name: {type: string}\nsteps:\n  - id: a\n    spawn: {role: r, input: \"{{ inputs.good_name }}\"}\n";
+    assert_eq!(codes(source), [("bad_input_name".to_owned(), 3, "inputs.bad name".to_owned())]);
+}

@@ -139,6 +139,14 @@ fn inputs(reader: &mut Reader, node: &Node<'_>) -> Vec<Input> {
 
 fn input(reader: &mut Reader, name: &str, node: &Node<'_>) -> Option<Input> {
     let field = format!("inputs.{name}");
+    if !super::steps::is_identifier(name) {
+        let message = format!(
+            "expected letters, digits and `_`, starting with a letter (templates name inputs as `inputs.NAME`), \
+             found `{name}`"
+        );
+        reader.error(Some(node), &field, "bad_input_name", message);
+        return None;
+    }
     let fields = reader.mapping(node, &field, &["type", "required", "default", "description"])?;
     let kind = match fields.get("type") {
         None => InputType::String,
