@@ -115,6 +115,16 @@ pub struct TaskPage {
     pub tasks: Vec<Task>,
     pub next_page_token: Option<PageToken>,
     pub total_size: u64,
+    /// The digest of the filters the total was counted under, which every
+    /// page token after one of its tasks carries.
+    pub filters: u64,
+}
+
+impl TaskPage {
+    /// The token of the page after `task`, one of this page's.
+    pub fn after(&self, task: &Task) -> PageToken {
+        PageToken::after(task, Counted { total: self.total_size, filters: self.filters })
+    }
 }
 
 #[cfg(test)]

@@ -17,8 +17,8 @@ use tonic::{Request, Response, Status};
 use super::{convert, push_convert};
 use crate::{
     domain::{
-        ArtifactChunk, ClaimRequest, Counted, NewSubtask, NewTask, Notification, PageToken, PushConfigKey,
-        StatusUpdate, TaskPage, TaskQuery,
+        ArtifactChunk, ClaimRequest, NewSubtask, NewTask, Notification, PageToken, PushConfigKey, StatusUpdate,
+        TaskPage, TaskQuery,
     },
     service::{TaskStore, WatchFilter, WatchStart},
 };
@@ -55,9 +55,8 @@ impl TaskStoreGrpc {
 
 /// The page's tasks on the wire, as many as fit in `budget` bytes (at least
 /// one): a page cut short continues after its last task.
-fn fit_page(page: TaskPage, filters: u64, budget: usize) -> pb::ListTasksResponse {
-    let counted = Counted { total: page.total_size, filters };
-    let afters: Vec<PageToken> = page.tasks.iter().map(|task| PageToken::after(task, counted)).collect();
+fn fit_page(page: TaskPage, budget: usize) -> pb::ListTasksResponse {
+    let afters: Vec<PageToken> = page.tasks.iter().map(|task| page.after(task)).collect();
     let mut tasks: Vec<pb::Task> = page.tasks.into_iter().map(convert::task_out).collect();
     let fit = fitting(tasks.iter().map(prost::Message::encoded_len), budget);
     let mut next_page_token = page.next_page_token;
@@ -152,9 +151,8 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
             history_length: request.history_length,
             include_artifacts: request.include_artifacts,
         };
-        let filters = query.filters();
         let page = self.store.list_tasks(query).await?;
-        Ok(Response::new(fit_page(page, filters, self.max_message_bytes.saturating_sub(PAGE_OVERHEAD))))
+        Ok(Response::new(fit_page(page, self.max_message_bytes.saturating_sub(PAGE_OVERHEAD))))
     }
 
     async fn add_message(&self, request: Request<pb::AddMessageRequest>) -> Result<Response<pb::Task>, Status> {

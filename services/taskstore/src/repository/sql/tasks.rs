@@ -12,10 +12,7 @@ use super::{
     save, set_status,
 };
 use crate::{
-    domain::{
-        Artifact, ArtifactChunk, Counted, EventKind, Message, PageToken, Role, StatusUpdate, Task, TaskPage, TaskQuery,
-        TaskState,
-    },
+    domain::{Artifact, ArtifactChunk, EventKind, Message, Role, StatusUpdate, Task, TaskPage, TaskQuery, TaskState},
     error::{Result, TaskStoreError},
 };
 
@@ -107,9 +104,9 @@ impl SqlTaskRepository {
             let record = TaskRecord::decode(row)?;
             tasks.push(complete_task_view(&mut conn, record, query.history_length, query.include_artifacts).await?);
         }
-        let counted = Counted { total, filters: query.filters() };
-        let next_page_token = tasks.last().filter(|_| has_more).map(|last| PageToken::after(last, counted));
-        Ok(TaskPage { tasks, next_page_token, total_size: total })
+        let mut page = TaskPage { tasks, next_page_token: None, total_size: total, filters: query.filters() };
+        page.next_page_token = page.tasks.last().filter(|_| has_more).map(|last| page.after(last));
+        Ok(page)
     }
 
     pub(super) async fn add_message_to(
