@@ -41,10 +41,12 @@ struct Link {
 
 /// The `chorus.workflow` metadata of the task's messages, newest first.
 fn links(task: &pb::Task) -> impl Iterator<Item = Value> + '_ {
-    task.history
-        .iter()
-        .rev()
-        .filter_map(|message| Some(chorus_proto::json::value_to_json(message.metadata.as_ref()?.fields.get(LINK)?)))
+    task.history.iter().rev().filter_map(link_in)
+}
+
+/// A message's `chorus.workflow` metadata, if it has some.
+fn link_in(message: &pb::Message) -> Option<Value> {
+    Some(chorus_proto::json::value_to_json(message.metadata.as_ref()?.fields.get(LINK)?))
 }
 
 /// The gate the task's last interruption waits on, if it was one: the
@@ -308,8 +310,7 @@ impl Runner {
             pb::GetTaskRequest { namespace: namespace.clone(), id: turn.task.id.clone(), history_length: Some(0) };
         let task = turn.tasks.get_task(get).await?.into_inner();
         let status = task.status.as_ref().filter(|status| status.state() == pb::TaskState::InputRequired);
-        let fields = status.and_then(|status| Some(&status.message.as_ref()?.metadata.as_ref()?.fields));
-        let waiting = fields.and_then(|fields| parse_link(&chorus_proto::json::value_to_json(fields.get(LINK)?)));
+        let waiting = status.and_then(|status| parse_link(&link_in(status.message.as_ref()?)?));
         let same_gate = waiting
             .is_some_and(|now| (&now.run_id, &now.gate, now.iteration) == (&link.run_id, &link.gate, link.iteration));
         if !same_gate {
