@@ -127,12 +127,10 @@ impl Workflows {
     /// they find when they poll: they wait for the earliest due run).
     fn wake_engine_when_due(&self, due_at: Option<i64>, now: i64) {
         let Some(at) = due_at else { return };
-        let Ok(wait) = u64::try_from(at - now).map(Duration::from_micros) else {
-            return self.wakeups.notify(ENGINE_KEY);
-        };
-        if wait.is_zero() {
+        if at <= now {
             return self.wakeups.notify(ENGINE_KEY);
         }
+        let wait = Duration::from_micros(u64::try_from(at - now).unwrap_or_default());
         if wait < self.config().poll() {
             let wakeups = self.wakeups.clone();
             tokio::spawn(async move {
