@@ -126,13 +126,12 @@ pub(super) fn failure_policy(value: i32) -> Checked<FailurePolicy> {
 /// it, and its handler's later deliveries, for as long. Longer work extends.
 const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// A lease no longer than [`MAX_LEASE`]; why not otherwise.
-pub(super) fn lease(value: Duration) -> Result<Duration, String> {
+/// A lease no longer than [`MAX_LEASE`].
+pub(super) fn lease(field: &str, value: Duration) -> Checked<Duration> {
     if value > MAX_LEASE {
-        return Err(format!(
-            "must be at most {}h; a consumer that needs longer extends its lease",
-            MAX_LEASE.as_secs() / 3600
-        ));
+        let hours = MAX_LEASE.as_secs() / 3600;
+        let reason = format!("must be at most {hours}h; a consumer that needs longer extends its lease");
+        return Err(FieldViolation::new(field, reason));
     }
     Ok(value)
 }
@@ -153,12 +152,10 @@ pub(super) fn retry_policy(value: Option<pb::RetryPolicy>, config: &EventBusConf
             defaults.initial_backoff,
         )?,
         max_backoff: nonzero_duration("retry_policy.max_backoff", value.max_backoff, defaults.max_backoff)?,
-        visibility_timeout: lease(nonzero_duration(
+        visibility_timeout: lease(
             "retry_policy.visibility_timeout",
-            value.visibility_timeout,
-            defaults.visibility_timeout,
-        )?)
-        .map_err(|reason| FieldViolation::new("retry_policy.visibility_timeout", reason))?,
+            nonzero_duration("retry_policy.visibility_timeout", value.visibility_timeout, defaults.visibility_timeout)?,
+        )?,
     };
     if policy.max_attempts > 1000 {
         return Err(FieldViolation::new("retry_policy.max_attempts", "must be at most 1000"));

@@ -261,7 +261,7 @@ impl pb::event_bus_server::EventBus for EventBusGrpc {
             .map(|extension| validate::duration("extension", Some(extension), Default::default()))
             .transpose()?
             .filter(|extension| !extension.is_zero())
-            .map(|extension| convert::lease(extension).map_err(|reason| FieldViolation::new("extension", reason)))
+            .map(|extension| convert::lease("extension", extension))
             .transpose()?;
         let attempt = (request.attempt != 0).then_some(request.attempt);
         let until = self.bus.extend(&namespace, &id, extension, attempt).await?;
