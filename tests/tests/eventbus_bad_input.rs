@@ -119,31 +119,22 @@ async fn missing_and_malformed_fields_are_named_and_change_nothing() {
         ExtendDeliveryRequest { namespace: NS.to_owned(), delivery_id: "7".to_owned(), extension: None, attempt: 0 };
     assert_invalid(client.extend_delivery(extend).await, "delivery_id");
 
-    // Durations past google.protobuf.Duration's range (10,000 years).
-    let huge = Some(prost_types::Duration { seconds: i64::MAX, nanos: 999_999_999 });
-    let mut forever = registration("forever", &[]);
-    forever.retry_policy = Some(RetryPolicy { visibility_timeout: huge, ..RetryPolicy::default() });
-    assert_invalid(client.register_handler(forever).await, "retry_policy.visibility_timeout");
-    let extend = ExtendDeliveryRequest {
-        namespace: NS.to_owned(),
-        delivery_id: "1:audit".to_owned(),
-        extension: huge,
-        attempt: 1,
-    };
-    assert_invalid(client.extend_delivery(extend).await, "extension");
-
-    // A lease longer than a day: a consumer that needs longer extends.
-    let day_and_more = Some(prost_types::Duration { seconds: 25 * 3600, nanos: 0 });
-    let mut long = registration("long", &[]);
-    long.retry_policy = Some(RetryPolicy { visibility_timeout: day_and_more, ..RetryPolicy::default() });
-    assert_invalid(client.register_handler(long).await, "retry_policy.visibility_timeout");
-    let extend = ExtendDeliveryRequest {
-        namespace: NS.to_owned(),
-        delivery_id: "1:audit".to_owned(),
-        extension: day_and_more,
-        attempt: 1,
-    };
-    assert_invalid(client.extend_delivery(extend).await, "extension");
+    // Leases past google.protobuf.Duration's range (10,000 years), and
+    // longer than a day (a consumer that needs longer extends).
+    let huge = prost_types::Duration { seconds: i64::MAX, nanos: 999_999_999 };
+    let day_and_more = prost_types::Duration { seconds: 25 * 3600, nanos: 0 };
+    for (name, lease) in [("forever", huge), ("long", day_and_more)] {
+        let mut handler = registration(name, &[]);
+        handler.retry_policy = Some(RetryPolicy { visibility_timeout: Some(lease), ..RetryPolicy::default() });
+        assert_invalid(client.register_handler(handler).await, "retry_policy.visibility_timeout");
+        let extend = ExtendDeliveryRequest {
+            namespace: NS.to_owned(),
+            delivery_id: "1:audit".to_owned(),
+            extension: Some(lease),
+            attempt: 1,
+        };
+        assert_invalid(client.extend_delivery(extend).await, "extension");
+    }
     // A filter longer than a statement may hold.
     let read = ReadEventsRequest {
         namespace: NS.to_owned(),
