@@ -364,12 +364,37 @@ async fn per_token(webhook: &mut Webhook, tokens: &[&str]) -> std::collections::
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_gateway_resumes_the_push_deliveries_of_waiting_tasks() {
+    // Killed and restarted on another port, the gateway has another name: it
+    // takes its configs over once the leases of its previous run lapse.
+    resumes_after_a_restart(&[], Restart::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_stopped_and_started_under_its_name_resumes_the_push_deliveries_of_waiting_tasks() {
+    // Under one name, as a gateway restarted on its address is by default:
+    // it hands back as it starts the leases of its previous run, and claims
+    // them like any other (it used to renew them, and so never claimed them).
+    resumes_after_a_restart(&[("CHORUS_GATEWAY__PUSH__FOLLOWER_ID", "gateway-1")], Restart::Stop).await;
+}
+
+/// How a test ends the gateway's first run.
+#[derive(Clone, Copy)]
+enum Restart {
+    /// `SIGKILL`: it hands nothing back.
+    Kill,
+    /// `SIGTERM`: it hands its leases back as it stops.
+    Stop,
+}
+
+/// A task waiting for input has two push configs; the gateway restarts
+/// (`env` on top of the defaults for both runs); the task's next turn
+/// reaches both webhooks.
+async fn resumes_after_a_restart(env: &[(&str, &str)], restart: Restart) {
     let mut webhook = Webhook::start().await;
     let sandbox = Sandbox::new();
-    // Restarted on another port, the gateway has another name: it takes its
-    // configs over once the leases of its previous run lapse.
-    let lease = [("CHORUS_GATEWAY__PUSH__LEASE_MS", "1000")];
-    let server = push_server(&sandbox, &lease).await;
+    let env: Vec<(&str, &str)> =
+        [("CHORUS_GATEWAY__PUSH__LEASE_MS", "1000")].into_iter().chain(env.iter().copied()).collect();
+    let server = push_server(&sandbox, &env).await;
     let a2a = A2a::new(&server);
 
     // One config sent with the message that makes the task, one added once
@@ -387,8 +412,11 @@ async fn a_restarted_gateway_resumes_the_push_deliveries_of_waiting_tasks() {
     a2a.call("tck", "CreateTaskPushNotificationConfig", added).await;
     webhook.assert_quiet(Duration::from_millis(300)).await;
 
-    server.kill().await;
-    let server = push_server(&sandbox, &lease).await;
+    match restart {
+        Restart::Kill => drop(server.kill().await),
+        Restart::Stop => drop(server.stop().await),
+    }
+    let server = push_server(&sandbox, &env).await;
     let a2a = A2a::new(&server);
     let mut follow_up = message(&unique("tck-complete-task"), "dessert");
     follow_up["taskId"] = id.clone();

@@ -84,7 +84,11 @@ impl PushDispatcher {
             && let Some(follower) = following.remove(key)
         {
             follower.stop.cancel();
-            tracing::info!(task_id = %key.1, config_id = %key.2, "push config followed by another gateway now");
+            tracing::info!(
+                task_id = %key.1,
+                config_id = %key.2,
+                "stopped following a push config this gateway holds no more: deleted, or taken by another gateway"
+            );
         }
     }
 

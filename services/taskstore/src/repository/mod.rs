@@ -219,9 +219,11 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// `lease`; skips those another claim is taking.
     async fn claim_push_configs(&self, lease: &PushLease, now: i64, limit: u32) -> Result<Vec<PendingPush>>;
 
-    /// Extends to `lease.until` the lease of every unfinished config
-    /// `lease.follower` holds, in one statement; the configs it holds.
-    async fn renew_push_configs(&self, lease: &PushLease) -> Result<Vec<PushConfigKey>>;
+    /// Extends to `lease.until` the leases `lease.follower` holds on the
+    /// unfinished configs of `following`, in one statement; those it holds.
+    /// A config it holds but no longer follows (its previous run's, handed
+    /// back as it started) keeps its lease, which runs out.
+    async fn renew_push_configs(&self, lease: &PushLease, following: &[PushConfigKey]) -> Result<Vec<PushConfigKey>>;
 
     /// Ends at `now` the leases `follower` holds on unfinished configs, so
     /// that any follower claims them at once; how many.

@@ -53,16 +53,17 @@ impl TaskStore {
         self.repository.claim_push_configs(&lease, now_micros(), limit).await
     }
 
-    /// Extends the lease of every config `follower` holds; those of
-    /// `following` it no longer holds (another follower took them, or they
-    /// finished or are gone): it must stop delivering them.
+    /// Extends the leases `follower` holds on the configs of `following`;
+    /// those of them it no longer holds (another follower took them, or
+    /// they finished or are gone): it must stop delivering them. A config
+    /// it holds but does not follow is left to its lease, and then claimed.
     pub async fn renew_push_configs(
         &self,
         follower: String,
         lease: Duration,
         following: Vec<PushConfigKey>,
     ) -> Result<Vec<PushConfigKey>> {
-        let held = self.repository.renew_push_configs(&self.push_lease(follower, lease)).await?;
+        let held = self.repository.renew_push_configs(&self.push_lease(follower, lease), &following).await?;
         let held: HashSet<PushConfigKey> = held.into_iter().collect();
         Ok(following.into_iter().filter(|key| !held.contains(key)).collect())
     }

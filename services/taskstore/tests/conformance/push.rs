@@ -15,7 +15,7 @@ conformance!(
     claims_take_every_namespaces_unowned_configs_each_once,
     a_created_config_is_held_by_its_follower_until_its_lease_ends,
     only_the_holder_advances_a_config,
-    renewing_extends_every_held_lease_and_names_the_configs_lost,
+    renewing_extends_the_leases_followed_and_names_the_configs_lost,
     released_leases_are_claimed_at_once,
     a_finished_config_keeps_no_token_or_credentials
 );
@@ -193,7 +193,7 @@ async fn only_the_holder_advances_a_config(h: Harness) {
     assert!(matches!(missing, TaskStoreError::PushConfigNotFound { .. }), "{missing}");
 }
 
-async fn renewing_extends_every_held_lease_and_names_the_configs_lost(h: Harness) {
+async fn renewing_extends_the_leases_followed_and_names_the_configs_lost(h: Harness) {
     let task = h.task("ns", "echo", "notify me").await;
     let now = now_micros();
     for (id, follower, until) in [("x", "a", 1_000), ("y", "a", 1_000), ("z", "b", 10_000)] {
@@ -202,15 +202,23 @@ async fn renewing_extends_every_held_lease_and_names_the_configs_lost(h: Harness
     }
     let [x, y, z, gone] = ["x", "y", "z", "gone"].map(|id| key("ns", &task.id, id));
 
-    let held = h.repository.renew_push_configs(&lease("a", now + 5_000)).await.unwrap();
-    assert_eq!(held.len(), 2, "{held:?}");
-    assert_eq!(claimed(&h, "c", now + 4_999).await, [], "x and y renewed, z still held");
-    assert_eq!(claimed(&h, "c", now + 5_000).await, [x.clone(), y.clone()]);
+    let followed = [x.clone(), z.clone(), gone.clone()];
+    let held = h.repository.renew_push_configs(&lease("a", now + 5_000), &followed).await.unwrap();
+    assert_eq!(held, std::slice::from_ref(&x), "what a holds of what it follows");
+    assert_eq!(claimed(&h, "c", now + 999).await, [], "no lease has ended");
+    assert_eq!(
+        claimed(&h, "c", now + 1_000).await,
+        std::slice::from_ref(&y),
+        "a holds y but follows it no more (its previous run did): y's lease was left to run out"
+    );
+    assert_eq!(claimed(&h, "c", now + 4_999).await, [], "x renewed, z still held");
+    assert_eq!(claimed(&h, "c", now + 5_000).await, std::slice::from_ref(&x));
     assert_eq!(
         claimed(&h, "c", now + 10_000).await,
         std::slice::from_ref(&z),
         "renewing does not touch another's lease"
     );
+    assert_eq!(h.repository.renew_push_configs(&lease("c", now), &[]).await.unwrap(), [], "following nothing");
 
     let following = vec![x.clone(), y.clone(), z.clone(), gone.clone()];
     let lost = h.store.renew_push_configs("a".into(), MINUTE, following.clone()).await.unwrap();

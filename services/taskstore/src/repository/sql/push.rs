@@ -160,10 +160,26 @@ impl SqlTaskRepository {
         rows.iter().map(rows::decode_pending_push).collect()
     }
 
-    pub(super) async fn renew_push(&self, lease: &PushLease) -> Result<Vec<PushConfigKey>> {
-        let rows = sqlx::query(RENEW_PUSH)
+    pub(super) async fn renew_push(
+        &self,
+        lease: &PushLease,
+        following: &[PushConfigKey],
+    ) -> Result<Vec<PushConfigKey>> {
+        if following.is_empty() {
+            return Ok(Vec::new());
+        }
+        let renew = match self.backend() {
+            Backend::Postgres => RENEW_PUSH_POSTGRES,
+            Backend::Sqlite => RENEW_PUSH_SQLITE,
+        };
+        let keys: Vec<KeyRow<'_>> = following
+            .iter()
+            .map(|key| KeyRow { namespace: &key.namespace, task_id: &key.task_id, id: &key.id })
+            .collect();
+        let rows = sqlx::query(renew)
             .bind(&lease.follower)
             .bind(lease.until)
+            .bind(rows::to_json(&keys)?)
             .fetch_all(&mut *self.db.acquire().await?)
             .await?;
         rows.iter().map(rows::decode_push_key).collect()
@@ -230,9 +246,32 @@ const CLAIM_PUSH_SQLITE: &str = concat!(
     ") RETURNING namespace, task_id, id, delivered_tx, delivered_id"
 );
 
-/// Extends to $2 every lease follower $1 holds on an unfinished config.
-const RENEW_PUSH: &str = "UPDATE taskstore_push_configs SET follower_until = $2 \
-     WHERE follower = $1 AND finished_at IS NULL RETURNING namespace, task_id, id";
+/// A push config's key as the renewal's JSON list ($3) holds it.
+#[derive(serde::Serialize)]
+struct KeyRow<'a> {
+    namespace: &'a str,
+    task_id: &'a str,
+    id: &'a str,
+}
+
+/// Extends to $2 the leases follower $1 holds on the unfinished configs of
+/// $3, a JSON list of keys.
+macro_rules! renew_push {
+    ($keys:literal) => {
+        concat!(
+            "UPDATE taskstore_push_configs SET follower_until = $2 \
+             WHERE follower = $1 AND finished_at IS NULL AND (namespace, task_id, id) IN (",
+            $keys,
+            ") RETURNING namespace, task_id, id"
+        )
+    };
+}
+const RENEW_PUSH_POSTGRES: &str = renew_push!(
+    "SELECT k.namespace, k.task_id, k.id \
+     FROM json_to_recordset(CAST($3 AS json)) AS k(namespace text, task_id text, id text)"
+);
+const RENEW_PUSH_SQLITE: &str =
+    renew_push!("SELECT k.value ->> 'namespace', k.value ->> 'task_id', k.value ->> 'id' FROM json_each($3) k");
 
 /// Ends at $2 the leases follower $1 holds on unfinished configs; it stays
 /// their follower (and may advance them) until another claims them.

@@ -212,8 +212,8 @@ impl TaskRepository for SqlTaskRepository {
         self.claim_push(lease, now, limit).await
     }
 
-    async fn renew_push_configs(&self, lease: &PushLease) -> Result<Vec<PushConfigKey>> {
-        self.renew_push(lease).await
+    async fn renew_push_configs(&self, lease: &PushLease, following: &[PushConfigKey]) -> Result<Vec<PushConfigKey>> {
+        self.renew_push(lease, following).await
     }
 
     async fn release_push_configs(&self, follower: &str, now: i64) -> Result<u64> {
