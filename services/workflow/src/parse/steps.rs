@@ -11,7 +11,7 @@ use super::{
 };
 use crate::domain::{
     Action, Branch, Delegate, Gate, GateMode, JoinMode, MessageStep, MessageTarget, OnExhausted, Parallel, Retry,
-    Spawn, SpawnTarget, Step, Wait,
+    Severity, Spawn, SpawnTarget, Step, Wait,
 };
 
 const KINDS: &[&str] = &["spawn", "delegate", "message", "wait", "parallel", "gate"];
@@ -444,6 +444,23 @@ impl Scope<'_, '_, '_, '_> {
         }
         let expires_after = self.duration(&fields, "expires_after");
         let artifacts = self.templated_value(&fields, "artifacts");
+        let escalates = on_exhausted == OnExhausted::Escalate;
+        let unused = [
+            ("reviewers", mode == GateMode::Auto, "an AUTO gate is decided by `approve_when`, not by reviewers"),
+            ("approve_when", mode == GateMode::Hitl, "a HITL gate is decided by its reviewers"),
+            ("escalate_to", !escalates, "only `on_exhausted: escalate` hands the gate to `escalate_to`"),
+            (
+                "expires_after",
+                mode == GateMode::Auto && !escalates,
+                "an AUTO gate decides at once; only its escalation (`on_exhausted: escalate`) waits and expires",
+            ),
+        ];
+        for (field, ignored, why) in unused {
+            if ignored && let Some(node) = fields.get(field) {
+                let message = format!("`{field}` is ignored: {why}");
+                self.reader.report(Severity::Warning, Some(node), &self.path(field), "unused_field", message);
+            }
+        }
         Some(Gate {
             mode,
             reviewers,

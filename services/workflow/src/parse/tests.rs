@@ -192,3 +192,32 @@ fn an_input_name_templates_cannot_use_is_rejected() {
     let source = "name: x\ninputs:\n  bad name: {type: string}\n  good_name: {type: string}\nsteps:\n  - id: a\n    spawn: {role: r, input: \"{{ inputs.good_name }}\"}\n";
     assert_eq!(codes(source), [("bad_input_name".to_owned(), 3, "inputs.bad name".to_owned())]);
 }
+
+#[test]
+fn gate_fields_its_mode_ignores_are_warned_about() {
+    let gate = |fields: &str| {
+        let source = format!(
+            "name: x\nsteps:\n  - id: build\n    spawn: {{role: r, input: go}}\n  - id: check\n    gate: {{{fields}}}\n"
+        );
+        let parsed = parse(&source, "wf.yaml");
+        assert!(parsed.spec.is_some(), "a warning must not block: {:?}", parsed.problems);
+        let mut unused: Vec<String> =
+            parsed.problems.into_iter().filter(|p| p.code == "unused_field").map(|p| p.field).collect();
+        unused.sort();
+        unused
+    };
+    let auto = "mode: AUTO, approve_when: \"{{ build.output.ok }}\"";
+    assert_eq!(
+        gate(&format!("{auto}, reviewers: qa, expires_after: 1h, escalate_to: cto")),
+        ["steps[1].gate.escalate_to", "steps[1].gate.expires_after", "steps[1].gate.reviewers"]
+    );
+    assert_eq!(
+        gate(&format!("{auto}, on_exhausted: escalate, escalate_to: cto, expires_after: 1h")),
+        Vec::<String>::new(),
+        "an escalated AUTO gate waits for `escalate_to` and may expire"
+    );
+    assert_eq!(
+        gate("mode: HITL, reviewers: qa, approve_when: \"{{ build.output.ok }}\", expires_after: 1h"),
+        ["steps[1].gate.approve_when"]
+    );
+}
