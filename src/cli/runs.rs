@@ -156,6 +156,7 @@ fn run_json(run: &pb::Run) -> Value {
         "output": struct_json(run.output.as_ref()),
         "error": run.error,
         "cancel_reason": run.cancel_reason,
+        "pending_reason": run.pending_reason,
         "origin": {
             "kind": origin.kind().as_str_name(), "started_by": origin.started_by,
             "event_sequence": origin.event_sequence, "event_type": origin.event_type, "task_id": origin.task_id,

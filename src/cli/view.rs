@@ -117,7 +117,7 @@ pub(super) fn run(run: &pb::Run) -> String {
             out.push_str(&format!("{what}: {text}\n"));
         }
     }
-    for (what, text) in [("error", &run.error), ("canceled", &run.cancel_reason)] {
+    for (what, text) in [("error", &run.error), ("canceled", &run.cancel_reason), ("pending", &run.pending_reason)] {
         if !text.is_empty() {
             out.push_str(&format!("{what}: {text}\n"));
         }

@@ -226,6 +226,9 @@ pub struct RunBody {
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_reason: Option<String>,
+    /// Why a pending run has not started: its concurrency limit is reached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_reason: Option<String>,
     pub origin: RunOrigin,
     /// Shared: a copy of the run (the engine keeps the one it last wrote)
     /// shares the records neither copy changed, and telling which changed

@@ -122,8 +122,10 @@ impl Planner<'_> {
         }
         if run.state == RunState::Pending {
             if !slot_free {
+                run.body.pending_reason = Some(self.pending_reason(run));
                 return;
             }
+            run.body.pending_reason = None;
             run.state = RunState::Running;
         }
         if run.body.expires_at.is_some_and(|at| at <= self.now) {
@@ -145,6 +147,13 @@ impl Planner<'_> {
         }
     }
 
+    /// Why a run waits for a slot: the limit it is held by.
+    fn pending_reason(&self, run: &Run) -> String {
+        let max = self.spec.concurrency.as_ref().map_or(0, |concurrency| concurrency.max);
+        let key = run.concurrency_key.as_ref().map(|key| format!(" with key `{key}`")).unwrap_or_default();
+        format!("waiting for a slot: at most {max} runs of `{}`{key} run at once", run.workflow)
+    }
+
     /// Cancels the run: its active steps end canceled.
     pub(crate) fn cancel(&self, run: &mut Run, reason: String) {
         run.body.cancel_reason = Some(reason);
@@ -152,6 +161,7 @@ impl Planner<'_> {
     }
 
     fn end(&self, run: &mut Run, state: RunState, error: String) {
+        run.body.pending_reason = None;
         for record in run.body.steps.iter_mut().filter(|r| !r.state.is_finished()) {
             cancel_record(Arc::make_mut(record), self.now);
         }

@@ -189,6 +189,7 @@ pub(super) fn run_out(run: Run) -> pb::Run {
         output: body.output.map(struct_of),
         error: body.error.unwrap_or_default(),
         cancel_reason: body.cancel_reason.unwrap_or_default(),
+        pending_reason: body.pending_reason.unwrap_or_default(),
         origin: Some(origin_out(body.origin)),
         idempotency_key: run.idempotency_key.unwrap_or_default(),
         steps: body.steps.into_iter().map(Arc::unwrap_or_clone).map(step_out).collect(),

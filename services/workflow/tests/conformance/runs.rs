@@ -355,11 +355,21 @@ async fn concurrency_limits_queue_runs(h: Harness) {
     let other = h.run("limited", json!({"team": "b"})).await;
     h.waiting(&first.id).await;
     h.waiting(&other.id).await;
-    let queued = h.workflows.get_run(NS, &second.id).await.expect("run");
+    // The engine looks at the queued run, finds no slot, and says so.
+    let queued = h.until(&second.id, "the engine to find no slot", |run| run.body.pending_reason.is_some()).await;
     assert_eq!(queued.state, RunState::Pending, "the second run of team a waits for a slot");
+    assert_eq!(
+        queued.body.pending_reason.as_deref(),
+        Some("waiting for a slot: at most 1 runs of `limited` with key `a` run at once")
+    );
     signal(&h, &first.id, "go", "1").await;
     h.finished(&first.id).await;
-    h.waiting(&second.id).await;
+    let started = h.waiting(&second.id).await;
+    assert_eq!(started.body.pending_reason, None, "a run that started no longer waits for a slot");
+    let third = h.run("limited", json!({"team": "a"})).await;
+    h.until(&third.id, "the engine to find no slot", |run| run.body.pending_reason.is_some()).await;
+    let canceled = h.workflows.cancel_run(NS, &third.id, "not needed", "ana").await.expect("cancel");
+    assert_eq!(canceled.body.pending_reason, None, "a canceled run waits for nothing");
 }
 
 async fn starts_are_idempotent_and_inputs_checked(h: Harness) {
