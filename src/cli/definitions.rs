@@ -7,6 +7,7 @@ use chorus_proto::workflow::{
     validation_problem::Severity, workflow_client::WorkflowClient,
 };
 use chorus_runtime::transport::Transport;
+use chorus_workflow::{domain::has_errors, grpc::problem_out, parse::parse};
 use prost::Message as _;
 
 use super::{Failure, Outcome, Target, view};
@@ -27,7 +28,7 @@ fn problem_line(problem: &ValidationProblem) -> String {
     )
 }
 
-/// A definition file read and checked by the server.
+/// A definition file read and checked.
 struct Checked {
     file: PathBuf,
     source: String,
@@ -35,19 +36,48 @@ struct Checked {
     name: Option<String>,
 }
 
+/// What checks definitions: the parser this binary carries, or the server
+/// the definitions go to.
+pub(super) enum Checker<'c> {
+    Local,
+    Server(&'c mut Client, &'c Target),
+}
+
+/// What a checker found in one file.
+struct Verdict {
+    problems: Vec<ValidationProblem>,
+    valid: bool,
+    name: String,
+}
+
+impl Checker<'_> {
+    async fn check(&mut self, source: &str, file: &Path) -> Result<Verdict, Failure> {
+        let file = file.display().to_string();
+        match self {
+            Self::Local => {
+                let parsed = parse(source, &file);
+                let valid = !has_errors(&parsed.problems);
+                let problems = parsed.problems.into_iter().map(problem_out).collect();
+                Ok(Verdict { problems, valid, name: parsed.name.unwrap_or_default() })
+            }
+            Self::Server(client, target) => {
+                let request =
+                    ValidateDefinitionRequest { namespace: target.namespace.clone(), source: source.to_owned(), file };
+                let answer = client.validate_definition(request).await?.into_inner();
+                Ok(Verdict { problems: answer.problems, valid: answer.valid, name: answer.name })
+            }
+        }
+    }
+}
+
 /// Reads and checks every file `paths` name, printing each problem; the
 /// files, and whether all are valid and no two define one workflow.
-async fn check_all(client: &mut Client, target: &Target, paths: &[PathBuf]) -> Result<(Vec<Checked>, bool), Failure> {
+async fn check_all(checker: &mut Checker<'_>, paths: &[PathBuf]) -> Result<(Vec<Checked>, bool), Failure> {
     let mut checked = Vec::new();
     let mut valid = true;
     for file in definition_files_of(paths)? {
         let source = read(&file)?;
-        let request = ValidateDefinitionRequest {
-            namespace: target.namespace.clone(),
-            source: source.clone(),
-            file: file.display().to_string(),
-        };
-        let answer = client.validate_definition(request).await?.into_inner();
+        let answer = checker.check(&source, &file).await?;
         for problem in &answer.problems {
             outln!("{}", problem_line(problem));
         }
@@ -67,8 +97,8 @@ async fn check_all(client: &mut Client, target: &Target, paths: &[PathBuf]) -> R
     Ok((checked, valid))
 }
 
-pub(super) async fn validate(client: &mut Client, target: &Target, paths: &[PathBuf]) -> Outcome {
-    let (checked, valid) = check_all(client, target, paths).await?;
+pub(super) async fn validate(mut checker: Checker<'_>, paths: &[PathBuf]) -> Outcome {
+    let (checked, valid) = check_all(&mut checker, paths).await?;
     for Checked { file, name, .. } in &checked {
         if let Some(name) = name {
             outln!("{}: ok ({name})", file.display());
@@ -109,7 +139,7 @@ fn definition_files_of(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Failure> {
 /// that is invalid, or two that define one workflow, leave every workflow
 /// as it was.
 pub(super) async fn apply(client: &mut Client, target: &Target, paths: &[PathBuf]) -> Outcome {
-    let (checked, valid) = check_all(client, target, paths).await?;
+    let (checked, valid) = check_all(&mut Checker::Server(client, target), paths).await?;
     if !valid {
         eprintln!("nothing applied");
         return Err(Failure::No);

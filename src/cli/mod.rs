@@ -61,10 +61,15 @@ pub(crate) fn bearer_token(file: Option<&Path>) -> anyhow::Result<Option<String>
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum WorkflowCommand {
-    /// Checks definition files (or every *.yaml/*.yml of a folder) without storing them.
+    /// Checks definition files (or every *.yaml/*.yml of a folder) without storing them; with
+    /// the checks this binary carries, needing no server, unless `--remote` asks the server.
     Validate {
         #[arg(required = true)]
         paths: Vec<std::path::PathBuf>,
+        /// Asks the server (`--server`) the definitions would be applied to, which may run
+        /// another chorus version.
+        #[arg(long)]
+        remote: bool,
     },
     /// Stores definition files (or every *.yaml/*.yml of a folder) as new versions.
     Apply {
@@ -245,9 +250,14 @@ fn exit(outcome: Outcome) -> ExitCode {
 
 pub(crate) async fn workflow(target: &Target, command: WorkflowCommand) -> ExitCode {
     let outcome = async {
+        if let WorkflowCommand::Validate { paths, remote: false } = &command {
+            return definitions::validate(definitions::Checker::Local, paths).await;
+        }
         let mut client = connect(target).await?;
         match command {
-            WorkflowCommand::Validate { paths } => definitions::validate(&mut client, target, &paths).await,
+            WorkflowCommand::Validate { paths, .. } => {
+                definitions::validate(definitions::Checker::Server(&mut client, target), &paths).await
+            }
             WorkflowCommand::Apply { paths } => definitions::apply(&mut client, target, &paths).await,
             WorkflowCommand::List { name } => definitions::list(&mut client, target, name).await,
         }

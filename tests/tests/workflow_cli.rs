@@ -54,13 +54,21 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
     let (sandbox, _server, url) = stack(&[("gated.yaml", GATED), ("bad.yaml", bad)]).await;
     let dir = sandbox.path();
 
-    let bad = chorus(&url, dir, &["workflow", "validate", "bad.yaml"]).await;
-    assert_eq!(bad.status.code(), Some(1), "{}", stderr(&bad));
-    assert!(
-        stdout(&bad).contains("bad.yaml:4:10: error in `steps[0].spawn.input` [missing_field]"),
-        "{}",
-        stdout(&bad)
-    );
+    // Checking needs no server (nothing listens on port 1), unless the
+    // server is asked; both answer alike.
+    let offline = chorus("http://127.0.0.1:1", dir, &["workflow", "validate", "bad.yaml"]).await;
+    let bad = chorus(&url, dir, &["workflow", "validate", "--remote", "bad.yaml"]).await;
+    for bad in [&offline, &bad] {
+        assert_eq!(bad.status.code(), Some(1), "{}", stderr(bad));
+        assert!(
+            stdout(bad).contains("bad.yaml:4:10: error in `steps[0].spawn.input` [missing_field]"),
+            "{}",
+            stdout(bad)
+        );
+    }
+    assert_eq!(stdout(&offline), stdout(&bad));
+    let unreachable = chorus("http://127.0.0.1:1", dir, &["workflow", "validate", "--remote", "bad.yaml"]).await;
+    assert_eq!(unreachable.status.code(), Some(2), "asking a server that is not there fails the call");
     let applied = chorus(&url, dir, &["workflow", "apply", "gated.yaml"]).await;
     assert_eq!(stdout(&applied).trim(), "gated v1", "{}", stderr(&applied));
     let again = chorus(&url, dir, &["workflow", "apply", "gated.yaml"]).await;
