@@ -129,6 +129,16 @@ pub fn duration(
         .ok_or_else(|| FieldViolation::new(field, "must be a non-negative duration of less than 10,000 years"))
 }
 
+/// As [`duration`], and a zero duration also means `default`.
+pub fn nonzero_duration(
+    field: &str,
+    value: Option<prost_types::Duration>,
+    default: Duration,
+) -> Result<Duration, FieldViolation> {
+    let duration = duration(field, value, default)?;
+    Ok(if duration.is_zero() { default } else { duration })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

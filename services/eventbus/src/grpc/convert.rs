@@ -136,25 +136,24 @@ pub(super) fn lease(field: &str, value: Duration) -> Checked<Duration> {
     Ok(value)
 }
 
-fn nonzero_duration(field: &str, value: Option<prost_types::Duration>, default: Duration) -> Checked<Duration> {
-    let duration = validate::duration(field, value, default)?;
-    Ok(if duration.is_zero() { default } else { duration })
-}
-
 pub(super) fn retry_policy(value: Option<pb::RetryPolicy>, config: &EventBusConfig) -> Checked<RetryPolicy> {
     let defaults = config.default_retry();
     let Some(value) = value else { return Ok(defaults) };
     let policy = RetryPolicy {
         max_attempts: if value.max_attempts == 0 { defaults.max_attempts } else { value.max_attempts },
-        initial_backoff: nonzero_duration(
+        initial_backoff: validate::nonzero_duration(
             "retry_policy.initial_backoff",
             value.initial_backoff,
             defaults.initial_backoff,
         )?,
-        max_backoff: nonzero_duration("retry_policy.max_backoff", value.max_backoff, defaults.max_backoff)?,
+        max_backoff: validate::nonzero_duration("retry_policy.max_backoff", value.max_backoff, defaults.max_backoff)?,
         visibility_timeout: lease(
             "retry_policy.visibility_timeout",
-            nonzero_duration("retry_policy.visibility_timeout", value.visibility_timeout, defaults.visibility_timeout)?,
+            validate::nonzero_duration(
+                "retry_policy.visibility_timeout",
+                value.visibility_timeout,
+                defaults.visibility_timeout,
+            )?,
         )?,
     };
     if policy.max_attempts > 1000 {

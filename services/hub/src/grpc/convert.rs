@@ -93,18 +93,13 @@ pub(super) fn state_ttl(value: Option<prost_types::Duration>, config: &HubConfig
 /// the default when unset, at most `max_ttl` (a lease cannot outlive its
 /// message, and a consumer that died would hide it for as long).
 pub(super) fn ack_timeout(value: Option<prost_types::Duration>, config: &HubConfig) -> Checked<Duration> {
-    let timeout = duration_or("ack_timeout", value, config.default_ack_timeout())?;
+    let timeout = validate::nonzero_duration("ack_timeout", value, config.default_ack_timeout())?;
     if timeout > config.max_ttl() {
         let message =
             format!("must be at most {:?} (hub.max_ttl_ms): a lease cannot outlive its message", config.max_ttl());
         return Err(FieldViolation::new("ack_timeout", message));
     }
     Ok(timeout)
-}
-
-pub(super) fn duration_or(field: &str, value: Option<prost_types::Duration>, default: Duration) -> Checked<Duration> {
-    let duration = validate::duration(field, value, default)?;
-    Ok(if duration.is_zero() { default } else { duration })
 }
 
 pub(super) fn optional_text(field: &str, value: String) -> Checked<Option<String>> {

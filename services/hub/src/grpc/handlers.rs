@@ -69,7 +69,7 @@ fn page_size(field: &str, value: u32, default: u32, max: u32) -> Result<u32, Fie
 
 impl HubGrpc {
     fn stale_after(&self, value: Option<prost_types::Duration>) -> Result<Duration, FieldViolation> {
-        convert::duration_or("stale_after", value, self.hub.config().stale_after())
+        validate::nonzero_duration("stale_after", value, self.hub.config().stale_after())
     }
 
     fn agent_out(&self, agent: crate::domain::Agent, stale_after: Duration) -> pb::Agent {
@@ -239,7 +239,7 @@ impl pb::hub_server::Hub for HubGrpc {
             sender: validate::id("sender", &request.sender)?,
             recipient: validate::id("recipient", &request.recipient)?,
             content: convert::content("content", request.content, config)?,
-            timeout: convert::duration_or("timeout", request.timeout, DEFAULT_DELEGATE_TIMEOUT)?,
+            timeout: validate::nonzero_duration("timeout", request.timeout, DEFAULT_DELEGATE_TIMEOUT)?,
             on_timeout,
         };
         if delegation.timeout > config.max_ttl() {
