@@ -99,18 +99,43 @@ impl StorageConfig {
 /// user info (`user:password@`) and a `password` query parameter, which
 /// PostgreSQL's URLs also take.
 pub fn redact_url(url: &str) -> String {
-    let (address, query) = match url.split_once('?') {
-        Some((address, query)) => (address, Some(query)),
-        None => (url, None),
+    match url.split_once("://") {
+        Some((scheme, rest)) => format!("{scheme}://{}", redact_query(&redact_userinfo(rest))),
+        None => redact_query(url),
+    }
+}
+
+/// The part of a URL after its scheme, its user info's password omitted.
+/// As URL parsers read it, the user info ends at the last `@` of the
+/// authority, which ends at the first `/`, `?` or `#`. When that authority
+/// is no `host:port` (a password holding one of those three, which no
+/// parser accepts but an error message repeats), all up to the last `@`
+/// may be the password.
+fn redact_userinfo(rest: &str) -> String {
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let at = match authority.rfind('@') {
+        Some(at) => Some(at),
+        None if !is_host_port(authority) => rest.rfind('@'),
+        None => None,
     };
-    let address = match address.split_once("://").and_then(|(scheme, rest)| Some((scheme, rest.split_once('@')?))) {
-        Some((scheme, (userinfo, host))) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:OMITTED@{host}"),
-            None => address.to_owned(),
-        },
-        None => address.to_owned(),
+    let Some((userinfo, host)) = at.map(|at| rest.split_at(at)) else { return rest.to_owned() };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{user}:OMITTED{host}"),
+        None => rest.to_owned(),
+    }
+}
+
+/// Whether `authority` reads as a host, with a port or not.
+fn is_host_port(authority: &str) -> bool {
+    let port = match authority.rsplit_once(':') {
+        Some((host, port)) if !host.ends_with(':') && !port.ends_with(']') => port,
+        _ => return true,
     };
-    let Some(query) = query else { return address };
+    port.bytes().all(|byte| byte.is_ascii_digit())
+}
+
+fn redact_query(url: &str) -> String {
+    let Some((address, query)) = url.split_once('?') else { return url.to_owned() };
     let pairs: Vec<String> = query
         .split('&')
         .map(|pair| match pair.split_once('=') {
@@ -168,6 +193,21 @@ mod tests {
             "an @ in the query is no user info"
         );
         assert_eq!(redact_url("sqlite://.chorus/chorus.db?mode=rwc"), "sqlite://.chorus/chorus.db?mode=rwc");
+        // Passwords holding what URLs use as separators: an @ (which parsers
+        // accept, the user info ending at the last one), or a ?, / or #
+        // (which they refuse, and errors repeat).
+        for (url, redacted) in [
+            ("postgres://u:p@ss@h:5432/db", "postgres://u:OMITTED@h:5432/db"),
+            ("postgres://u:p@ss:w0rd@h/db?sslmode=disable", "postgres://u:OMITTED@h/db?sslmode=disable"),
+            ("postgres://u:pa?ss@h:5999/x", "postgres://u:OMITTED@h:5999/x"),
+            ("postgres://u:pa/ss@h/x", "postgres://u:OMITTED@h/x"),
+            ("postgres://u:pa#ss@h/x", "postgres://u:OMITTED@h/x"),
+            ("postgres://u@[::1]:5432/db", "postgres://u@[::1]:5432/db"),
+            ("postgres://[::1]/db?user=a@b", "postgres://[::1]/db?user=a@b"),
+            ("postgres://h:5432/db?user=a@b&password=x", "postgres://h:5432/db?user=a@b&password=OMITTED"),
+        ] {
+            assert_eq!(redact_url(url), redacted, "{url}");
+        }
         let config = StorageConfig { database_url: "postgres://u:hunter2@h/db".into(), ..Default::default() };
         assert!(!format!("{config:?}").contains("hunter2"));
     }
