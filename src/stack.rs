@@ -82,6 +82,13 @@ fn reach(
         return Ok((local.clone(), "in process".to_owned()));
     }
     let url = configured.cloned().unwrap_or_else(|| format!("http://{address}"));
+    // Without a scheme, an address parses and every call then fails with a
+    // bare "transport error"; and the services speak plain HTTP/2 only.
+    anyhow::ensure!(
+        url.starts_with("http://"),
+        "{key} {url:?} must start with http:// (chorus services call each other over plain HTTP/2; TLS, where \
+         needed, ends in front of them)"
+    );
     let channel =
         Channel::from_shared(url.clone()).with_context(|| format!("{key} {url:?} is not a URL"))?.connect_lazy();
     Ok((Transport::remote(channel), url))
@@ -271,9 +278,13 @@ impl Stack {
                         address,
                         "gateway.taskstore_url",
                     )?;
-                    let local = local_workflows.as_ref().map(|(transport, _)| transport);
-                    let (workflows, _) =
-                        reach(config.gateway.workflow_url.as_ref(), local, address, "gateway.workflow_url")?;
+                    let workflows = match (config.gateway.workflow_url.as_ref(), &local_workflows) {
+                        (None, None) => None,
+                        (configured, local) => {
+                            let local = local.as_ref().map(|(transport, _)| transport);
+                            Some(reach(configured, local, address, "gateway.workflow_url")?.0)
+                        }
+                    };
                     let mut gateway_config = config.gateway.clone();
                     gateway_config.push.follower_id.get_or_insert_with(|| format!("{}/{address}", host_name()));
                     if gateway_config.registry_file.is_none() && db.is_some() && config.storage.database_url.is_empty()
@@ -433,6 +444,17 @@ mod tests {
         assert_eq!(sqlite_lock_path("sqlite::memory:"), None);
         assert_eq!(sqlite_lock_path("sqlite://x.db?mode=memory"), None);
         assert_eq!(sqlite_lock_path("postgres://u@h/db"), None);
+    }
+
+    #[tokio::test]
+    async fn a_service_url_needs_its_scheme() {
+        let address: SocketAddr = "127.0.0.1:7800".parse().expect("address");
+        for url in ["127.0.0.1:7801", "localhost:7801", "https://tasks:7801"] {
+            let error = reach(Some(&url.to_owned()), None, address, "gateway.taskstore_url").expect_err("refused");
+            assert!(error.to_string().starts_with(&format!("gateway.taskstore_url {url:?} must start with http://")));
+        }
+        assert!(reach(Some(&"http://tasks:7801".to_owned()), None, address, "gateway.taskstore_url").is_ok());
+        assert!(reach(None, None, address, "gateway.taskstore_url").is_ok(), "this process's own address");
     }
 
     #[test]

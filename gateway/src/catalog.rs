@@ -76,6 +76,11 @@ impl Catalog {
         Ok(Self { agents, cards, default_agent: config.default_agent.clone(), last_modified })
     }
 
+    /// The ids of the agents of `kind`.
+    pub(crate) fn ids_of(&self, kind: AgentKind) -> Vec<&str> {
+        self.agents.values().filter(|agent| agent.kind == kind).map(|agent| agent.id.as_str()).collect()
+    }
+
     pub(crate) fn agent(&self, id: &str) -> Option<&AgentConfig> {
         self.agents.get(id)
     }

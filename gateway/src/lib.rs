@@ -35,13 +35,14 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 pub use crate::{config::GatewayConfig, delegation::DelegateGrpc, grpc::A2aGrpc, http::router, service::Gateway};
 
 /// Builds the gateway over the task store behind `taskstore` and the
-/// workflow engine behind `workflows` (in this process or not), advertising
+/// workflow engine behind `workflows` (in this process or not; none: the
+/// catalog may hold no workflow agent), advertising
 /// `base_url` (`http://host:port`) in its cards unless `public_url` is set,
 /// counting what it does into `metrics`.
 pub fn build(
     mut config: GatewayConfig,
     taskstore: Transport,
-    workflows: Transport,
+    workflows: Option<Transport>,
     base_url: &str,
     shutdown: CancellationToken,
     lingering: &TaskTracker,
@@ -56,6 +57,20 @@ pub fn build(
     };
     let base_url = base_url.trim_end_matches('/');
     let catalog = catalog::Catalog::new(&config, base_url)?;
+    let workflow_agents = catalog.ids_of(config::AgentKind::Workflow);
+    let workflows = match workflows {
+        Some(workflows) => workflows,
+        // It would start, answer /healthz, and fail every message to them.
+        None if !workflow_agents.is_empty() => {
+            return Err(format!(
+                "the workflow agents ({}) start runs on a workflow engine, and this process serves none: set \
+                 gateway.workflow_url (CHORUS_GATEWAY__WORKFLOW_URL) to the engine's address",
+                workflow_agents.join(", ")
+            ));
+        }
+        // Never called: no agent starts runs.
+        None => Transport::later().0,
+    };
     if let Some(path) = &config.registry_file {
         let registry = serde_json::to_vec_pretty(&catalog.registry(base_url)).expect("the registry serializes");
         std::fs::write(path, registry).map_err(|error| format!("cannot write {}: {error}", path.display()))?;
@@ -114,6 +129,30 @@ fn checked_public_url(public: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn workflow_agents_need_a_workflow_engine() {
+        let mut config = GatewayConfig::default();
+        let agent =
+            serde_json::json!({"id": "ops", "name": "Ops", "description": "the ops workflow", "kind": "workflow"});
+        config.agents.push(serde_json::from_value(agent).expect("an agent"));
+        config.default_agent = "ops".into();
+        let build = |config: GatewayConfig, workflows: Option<Transport>| {
+            let (taskstore, _) = Transport::later();
+            build(
+                config,
+                taskstore,
+                workflows,
+                "http://127.0.0.1:1",
+                CancellationToken::new(),
+                &TaskTracker::new(),
+                Metrics::default(),
+            )
+        };
+        let error = build(config.clone(), None).expect_err("refused");
+        assert!(error.contains("workflow agents (ops)") && error.contains("gateway.workflow_url"), "{error}");
+        assert!(build(config, Some(Transport::later().0)).is_ok());
+    }
 
     #[test]
     fn the_public_url_is_an_http_url_with_a_host() {
