@@ -39,8 +39,9 @@ pub struct GatewayConfig {
     pub auth: AuthConfig,
     pub push: PushPolicy,
     pub delegate: DelegateConfig,
-    /// Origins a browser may call the gRPC services from (grpc-web);
-    /// `["*"]` allows any.
+    /// Origins whose web pages may call the gRPC services (grpc-web) and open
+    /// the ACP WebSocket; `["*"]` allows any. None by default: a page on any
+    /// site could otherwise drive a chorus that checks no credentials.
     pub cors_origins: Vec<String>,
 }
 
@@ -61,7 +62,7 @@ impl Default for GatewayConfig {
             auth: AuthConfig::default(),
             push: PushPolicy::default(),
             delegate: DelegateConfig::default(),
-            cors_origins: vec!["*".to_owned()],
+            cors_origins: Vec::new(),
         }
     }
 }

@@ -48,6 +48,9 @@ pub enum GatewayError {
     Unauthenticated,
     #[error("the credentials do not grant access to tenant {0:?}")]
     PermissionDenied(String),
+    /// Refused for what the caller is, not its credentials (a web page's origin).
+    #[error("{0}")]
+    Forbidden(String),
     #[error("{0}")]
     Unavailable(String),
     /// An external agent refused or failed a delegated task.
@@ -78,7 +81,7 @@ impl GatewayError {
             Self::AgentNotFound(_) => "AGENT_NOT_FOUND",
             Self::PayloadTooLarge(_) => "PAYLOAD_TOO_LARGE",
             Self::Unauthenticated => "UNAUTHENTICATED",
-            Self::PermissionDenied(_) => "PERMISSION_DENIED",
+            Self::PermissionDenied(_) | Self::Forbidden(_) => "PERMISSION_DENIED",
             Self::Unavailable(_) => "UNAVAILABLE",
             Self::RemoteAgent(_) => "REMOTE_AGENT_ERROR",
             Self::Timeout(_) => "DEADLINE_EXCEEDED",
@@ -98,9 +101,11 @@ impl GatewayError {
             Self::ExtendedCardNotConfigured => -32007,
             Self::VersionNotSupported(..) => -32009,
             Self::Parse(_) => -32700,
-            Self::InvalidRequest(_) | Self::PayloadTooLarge(_) | Self::Unauthenticated | Self::PermissionDenied(_) => {
-                -32600
-            }
+            Self::InvalidRequest(_)
+            | Self::PayloadTooLarge(_)
+            | Self::Unauthenticated
+            | Self::PermissionDenied(_)
+            | Self::Forbidden(_) => -32600,
             Self::MethodNotFound(_) => -32601,
             Self::InvalidParams(_) | Self::AgentNotFound(_) => -32602,
             Self::Unavailable(_) | Self::RemoteAgent(_) | Self::Timeout(_) | Self::Internal(_) => -32603,
@@ -128,7 +133,7 @@ impl GatewayError {
             }
             Self::PayloadTooLarge(_) => Code::OutOfRange,
             Self::Unauthenticated => Code::Unauthenticated,
-            Self::PermissionDenied(_) => Code::PermissionDenied,
+            Self::PermissionDenied(_) | Self::Forbidden(_) => Code::PermissionDenied,
             Self::Unavailable(_) => Code::Unavailable,
             Self::Timeout(_) => Code::DeadlineExceeded,
             Self::InvalidAgentResponse(_) | Self::Internal(_) => Code::Internal,
@@ -154,7 +159,7 @@ impl GatewayError {
             | Self::InvalidParams(_) => S::BAD_REQUEST,
             Self::PayloadTooLarge(_) => S::PAYLOAD_TOO_LARGE,
             Self::Unauthenticated => S::UNAUTHORIZED,
-            Self::PermissionDenied(_) => S::FORBIDDEN,
+            Self::PermissionDenied(_) | Self::Forbidden(_) => S::FORBIDDEN,
             Self::Unavailable(_) => S::SERVICE_UNAVAILABLE,
             Self::RemoteAgent(_) => S::BAD_GATEWAY,
             Self::Timeout(_) => S::GATEWAY_TIMEOUT,

@@ -139,16 +139,7 @@ async fn the_websocket_endpoint_refuses_a_caller_without_the_gateways_token() {
     let sandbox = Sandbox::new();
     acp::write_config(&sandbox, Some("s3cret-ide-token"));
     let server = sandbox.dev().start().await;
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let http = reqwest::Client::new();
-    let upgrade = |url: String| {
-        http.get(url)
-            .header("Connection", "Upgrade")
-            .header("Upgrade", "websocket")
-            .header("Sec-WebSocket-Version", "13")
-            .header("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
-            .send()
-    };
+    let upgrade = |url: String| websocket_upgrade(url, None);
     let anonymous = upgrade(format!("{}/acp?agent=echo", server.url())).await.expect("an answer");
     assert_eq!(anonymous.status(), 401);
     let wrong = upgrade(format!("{}/acp?agent=echo&token=guess", server.url())).await.expect("an answer");
@@ -157,6 +148,38 @@ async fn the_websocket_endpoint_refuses_a_caller_without_the_gateways_token() {
     assert_eq!(unknown.status(), 404, "an unknown agent is refused before the upgrade");
     let welcome = upgrade(format!("{}/acp?agent=echo&token=s3cret-ide-token", server.url())).await.expect("answer");
     assert_eq!(welcome.status(), 101, "the token lets the upgrade through");
+}
+
+/// A WebSocket upgrade of `url`, from a web page of `origin` if one is given.
+async fn websocket_upgrade(url: String, origin: Option<&str>) -> reqwest::Result<reqwest::Response> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut request = reqwest::Client::new()
+        .get(url)
+        .header("Connection", "Upgrade")
+        .header("Upgrade", "websocket")
+        .header("Sec-WebSocket-Version", "13")
+        .header("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==");
+    if let Some(origin) = origin {
+        request = request.header("Origin", origin);
+    }
+    request.send().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_websocket_endpoint_refuses_web_pages_of_origins_not_allowed() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().env("CHORUS_GATEWAY__CORS_ORIGINS", "[\"https://ide.example\"]").start().await;
+    let url = format!("{}/acp?agent=echo", server.url());
+    // No credentials are checked here: without the origin check, any page
+    // its user opens could drive their sessions.
+    let foreign = websocket_upgrade(url.clone(), Some("https://evil.example")).await.expect("an answer");
+    assert_eq!(foreign.status(), 403);
+    let body: Value = foreign.json().await.expect("a JSON error");
+    assert_eq!(body["error"]["message"], "origin \"https://evil.example\" is not among gateway.cors_origins");
+    let listed = websocket_upgrade(url.clone(), Some("https://ide.example")).await.expect("an answer");
+    assert_eq!(listed.status(), 101, "a listed origin is let through");
+    let native = websocket_upgrade(url, None).await.expect("an answer");
+    assert_eq!(native.status(), 101, "a client that is no web page sends no origin");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

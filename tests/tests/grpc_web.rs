@@ -39,7 +39,8 @@ fn node_modules() -> Option<PathBuf> {
 async fn a_grpc_web_client_calls_the_task_store_health_and_a2a_across_origins() {
     let Some(modules) = node_modules() else { return };
     let sandbox = Sandbox::new();
-    let server = sandbox.dev().start().await;
+    // The client's page is on http://app.example.test: allowed, as no origin is by default.
+    let server = sandbox.dev().env("CHORUS_GATEWAY__CORS_ORIGINS", "[\"http://app.example.test\"]").start().await;
 
     let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/grpc-web/client.cjs");
     let mut node = command("node", sandbox.path());

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt as _, StreamExt as _, future};
 
@@ -35,6 +35,14 @@ pub(crate) async fn handle(
     headers: HeaderMap,
     upgrade: WebSocketUpgrade,
 ) -> Response {
+    if let Some(origin) = headers.get(header::ORIGIN).map(|origin| origin.to_str().unwrap_or_default())
+        && !origin_allowed(origin, &gateway.config().cors_origins)
+    {
+        // A browser does not hold a WebSocket to the origin policy: without
+        // this, any page the IDE's user opens could drive their sessions.
+        let refused = format!("origin {origin:?} is not among gateway.cors_origins");
+        return crate::rest::error_response(&GatewayError::Forbidden(refused));
+    }
     let query_token = query.get("token").map(|token| format!("Bearer {token}"));
     let lookup = |name: &str| match (name, &query_token) {
         ("authorization", Some(token)) => Some(token.as_str()),
@@ -55,6 +63,12 @@ pub(crate) async fn handle(
     let base_url = card_url.strip_suffix(&format!("/a2a/{agent}")).unwrap_or(&card_url).to_owned();
     let upstream = Upstream::new(http(), &base_url, &agent, TokenSource::Fixed(credentials));
     upgrade.on_upgrade(move |socket| serve(socket, Arc::new(Bridge::new(upstream)))).into_response()
+}
+
+/// Whether a page of `origin` may open the WebSocket: one `allowed` names
+/// (`*`: any). A client that is no web page (an IDE's) sends no origin.
+fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
+    allowed.iter().any(|allowed| allowed == "*" || allowed.eq_ignore_ascii_case(origin))
 }
 
 /// The connection's credentials, to call the gateway with.
