@@ -279,6 +279,12 @@ async fn a_push_config_the_store_or_a_webhook_would_refuse_is_refused_before_the
         ),
         // HTTP+JSON could not name it in a path to read or delete it.
         (json!({ "url": webhook.url(), "id": "a/b" }), "configuration.taskPushNotificationConfig.id"),
+        // A TAB: a header may hold one, the task store refuses it.
+        (json!({ "url": webhook.url(), "token": "a\tb" }), "configuration.taskPushNotificationConfig.token"),
+        (
+            json!({ "url": webhook.url(), "authentication": { "scheme": "Bearer", "credentials": "x\ty" } }),
+            "configuration.taskPushNotificationConfig.authentication.credentials",
+        ),
     ];
     for (config, field) in refused {
         let before = a2a.task_count().await;

@@ -46,13 +46,17 @@ impl Gateway {
                 return Err(invalid(FieldViolation::new(format!("{field}id"), why)));
             }
         }
-        let control = |text: &str| text.chars().any(char::is_control);
-        if control(&config.url) {
-            return Err(invalid(FieldViolation::new(format!("{field}url"), "must not hold control characters")));
-        }
-        if config.authentication.as_ref().is_some_and(|auth| control(&auth.scheme)) {
-            let at = format!("{field}authentication.scheme");
-            return Err(invalid(FieldViolation::new(at, "must not hold control characters")));
+        // As the task store refuses them: a TAB, which a header may hold, too.
+        let auth = config.authentication.as_ref();
+        let texts = [
+            ("url", Some(config.url.as_str())),
+            ("token", config.token.as_deref()),
+            ("authentication.scheme", auth.map(|auth| auth.scheme.as_str())),
+            ("authentication.credentials", auth.and_then(|auth| auth.credentials.as_deref())),
+        ];
+        if let Some((at, _)) = texts.iter().find(|(_, text)| text.is_some_and(|text| text.chars().any(char::is_control)))
+        {
+            return Err(invalid(FieldViolation::new(format!("{field}{at}"), "must not hold control characters")));
         }
         push::notification_headers(&target(&config_in(config))).map_err(|error| match error {
             PushError::InvalidHeader(what) => invalid(FieldViolation::new(
