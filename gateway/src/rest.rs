@@ -52,7 +52,15 @@ pub(crate) async fn handle(
 
 /// The error body and status of spec 1.0.1 §11.6.
 pub(crate) fn error_response(error: &GatewayError) -> Response {
-    http::challenged((error.http_status(), axum::Json(error.rest_body())).into_response(), error)
+    http::challenged(a2a_json(error.http_status(), error.rest_body()), error)
+}
+
+/// A response of the HTTP+JSON binding: `application/a2a+json` (spec §11.1),
+/// an error's as well as a result's.
+fn a2a_json(status: StatusCode, body: Value) -> Response {
+    let mut response = (status, axum::Json(body)).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/a2a+json"));
+    response
 }
 
 async fn serve(
@@ -128,9 +136,7 @@ async fn serve(
         }
         Operation::ExtendedCard => to_value(gateway.extended_card(&agent.id)?),
     };
-    let mut response = (StatusCode::OK, axum::Json(result)).into_response();
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/a2a+json"));
-    Ok(response)
+    Ok(a2a_json(StatusCode::OK, result))
 }
 
 /// The tenant a request acts in: its path's, else the one its body or query

@@ -180,6 +180,9 @@ async fn unknown_task_ids_are_not_found_on_every_binding() {
         let (status, body) = json(a2a.rest(method.clone(), "tck", &path)).await;
         assert_rest_error(status, &body, StatusCode::NOT_FOUND, "TASK_NOT_FOUND");
     }
+    // An error is of the binding's media type, as a result is (spec §11.1).
+    let response = a2a.rest(Method::GET, "tck", &format!("tasks/{id}")).send().await.expect("an answer");
+    assert_eq!(response.headers()[CONTENT_TYPE], "application/a2a+json");
 
     let mut client = A2a::grpc(&server).await;
     let get = pb::GetTaskRequest { id: id.to_owned(), ..pb::GetTaskRequest::default() };
