@@ -272,6 +272,19 @@ impl Stack {
                     server.add_grpc_service(grpc);
                 }
                 Service::Gateway => {
+                    let (blocking, limit) = (config.gateway.blocking_timeout_ms, config.server.request_timeout_ms);
+                    anyhow::ensure!(
+                        blocking < limit,
+                        "gateway.blocking_timeout_ms ({blocking}) must be shorter than server.request_timeout_ms \
+                         ({limit}), which ends every call: raise that too"
+                    );
+                    if config.gateway.public_url.is_none() && address.ip().is_unspecified() {
+                        tracing::warn!(
+                            %address,
+                            "agent cards advertise this address, which no client can call: set gateway.public_url \
+                             (CHORUS_GATEWAY__PUBLIC_URL) to the one clients use"
+                        );
+                    }
                     let (taskstore, target) = reach(
                         config.gateway.taskstore_url.as_ref(),
                         local_taskstore.as_ref(),

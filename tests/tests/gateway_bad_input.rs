@@ -426,3 +426,58 @@ async fn the_grpc_binding_refuses_what_json_rpc_refuses() {
     assert_grpc_error(client.get_task(grpc_request(get)).await, Code::NotFound, "AGENT_NOT_FOUND");
     still_serving(&a2a, 0).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_the_request_timeout_gets_an_answer_its_binding_reads() {
+    // A task store that takes connections and never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let silent = format!("http://{}", listener.local_addr().expect("address"));
+    let _held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            open.push(socket);
+        }
+    });
+    let sandbox = Sandbox::new();
+    let server = sandbox
+        .serve("gateway", "")
+        .env("CHORUS_GATEWAY__TASKSTORE_URL", &silent)
+        .env("CHORUS_SERVER__REQUEST_TIMEOUT_MS", "1000")
+        .env("CHORUS_GATEWAY__BLOCKING_TIMEOUT_MS", "500")
+        .start()
+        .await;
+    let a2a = A2a::new(&server);
+
+    // HTTP callers get 504 and a body they read, not a gRPC status in
+    // trailers of an empty 200.
+    let get = json!({ "id": "01a20e17-efb3-7144-a5b3-4e3c0228e429" });
+    let (status, body) = json(a2a.rpc("tck", "GetTask", get)).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body:#}");
+    assert_eq!(body["error"]["status"], "DEADLINE_EXCEEDED", "{body:#}");
+    let (status, body) = json(a2a.rest(Method::GET, "tck", "tasks/01a20e17-efb3-7144-a5b3-4e3c0228e429")).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body:#}");
+    assert!(body["error"]["message"].as_str().unwrap_or_default().contains("server.request_timeout_ms"), "{body:#}");
+
+    // gRPC callers get the status tonic's own timeout gives.
+    let mut client = A2a::grpc(&server).await;
+    let get = pb::GetTaskRequest { id: "01a20e17-efb3-7144-a5b3-4e3c0228e429".into(), ..Default::default() };
+    let error = client.get_task(grpc_request(get)).await.expect_err("timed out");
+    assert_eq!(error.code(), Code::Cancelled, "{error:?}");
+
+    // A blocking send the request timeout would cut is refused at start-up.
+    let refused = tokio::process::Command::new(chorus_tests::server::chorus_bin())
+        .args(["serve", "gateway", "--listen", "127.0.0.1:0"])
+        .current_dir(sandbox.path())
+        .env("CHORUS_GATEWAY__TASKSTORE_URL", &silent)
+        .env("CHORUS_SERVER__REQUEST_TIMEOUT_MS", "1000")
+        .env("CHORUS_GATEWAY__BLOCKING_TIMEOUT_MS", "1000")
+        .output()
+        .await
+        .expect("run chorus");
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("gateway.blocking_timeout_ms (1000) must be shorter than server.request_timeout_ms"),
+        "{stderr}"
+    );
+}

@@ -54,7 +54,8 @@ impl Gateway {
             ("authentication.scheme", auth.map(|auth| auth.scheme.as_str())),
             ("authentication.credentials", auth.and_then(|auth| auth.credentials.as_deref())),
         ];
-        if let Some((at, _)) = texts.iter().find(|(_, text)| text.is_some_and(|text| text.chars().any(char::is_control)))
+        if let Some((at, _)) =
+            texts.iter().find(|(_, text)| text.is_some_and(|text| text.chars().any(char::is_control)))
         {
             return Err(invalid(FieldViolation::new(format!("{field}{at}"), "must not hold control characters")));
         }

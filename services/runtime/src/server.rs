@@ -36,7 +36,8 @@ use crate::{
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
-    /// Longest a unary call may take (streams are not limited).
+    /// Longest a call may take to answer: a unary call's whole answer, a
+    /// stream's or an SSE response's start (what follows is not limited).
     pub request_timeout_ms: u64,
     /// Largest accepted request message.
     pub max_message_bytes: usize,
@@ -179,9 +180,11 @@ impl ServerBuilder {
         // gRPC messages are size-checked by each service while decoding (a
         // clear OUT_OF_RANGE); plain HTTP bodies are limited here. Like
         // `/healthz`, `/metrics` asks for no credentials: it holds no tenant data.
+        let limit = Duration::from_millis(self.config.request_timeout_ms);
         let http = std::mem::take(&mut self.http)
             .route("/healthz", get(move || healthz(Arc::clone(&probes))))
             .route("/metrics", get(move || metrics_page(scraped.clone())))
+            .layer(axum::middleware::from_fn(move |request, next| http_limit(limit, request, next)))
             .layer(RequestBodyLimitLayer::new(self.config.max_message_bytes))
             // Outside the limit, so that a body refused as too large is counted.
             .route_layer(axum::middleware::from_fn_with_state(self.metrics.clone(), observe::http));
@@ -200,6 +203,7 @@ impl ServerBuilder {
                 }
             }));
         }
+        grpc = grpc.layer(axum::middleware::from_fn(move |request, next| grpc_limit(limit, request, next)));
         let methods = [SERVICE_DESCRIPTORS, REFLECTION_DESCRIPTORS].concat();
         let observer = observe::GrpcObserver::new(self.metrics.clone(), &methods);
         grpc = grpc.layer(axum::middleware::from_fn_with_state(observer, observe::grpc));
@@ -236,7 +240,6 @@ impl ServerBuilder {
         let stopping = shutdown.clone();
         let server = Server::builder()
             .accept_http1(true)
-            .timeout(Duration::from_millis(self.config.request_timeout_ms))
             .layer(layers)
             .add_routes(Routes::from(router))
             .serve_with_incoming_shutdown(incoming, async move {
@@ -268,6 +271,31 @@ impl ServerBuilder {
         let v1 = builder().build_v1().expect("embedded descriptor sets are valid");
         let v1alpha = builder().build_v1alpha().expect("embedded descriptor sets are valid");
         (v1, v1alpha)
+    }
+}
+
+/// A gRPC call's answer, or, past `limit`, the status tonic's own server
+/// timeout answers (a caller's shorter `grpc-timeout` is tonic's to keep).
+/// Set on the gRPC routes alone: an HTTP caller would not read a status in
+/// trailers.
+async fn grpc_limit(limit: Duration, request: axum::extract::Request, next: Next) -> axum::response::Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => tonic::Status::cancelled("Timeout expired").into_http(),
+    }
+}
+
+/// An HTTP call's answer, or, past `limit`, 504 with a `google.rpc.Status`
+/// body, the error shape of the HTTP+JSON APIs served here.
+async fn http_limit(limit: Duration, request: axum::extract::Request, next: Next) -> axum::response::Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            let message = format!("no answer within {} ms (server.request_timeout_ms)", limit.as_millis());
+            let body =
+                serde_json::json!({ "error": { "code": 504, "status": "DEADLINE_EXCEEDED", "message": message } });
+            (StatusCode::GATEWAY_TIMEOUT, axum::Json(body)).into_response()
+        }
     }
 }
 
