@@ -176,6 +176,7 @@ impl ServerBuilder {
             self.health.set_service_status(*name, ServingStatus::Serving).await;
         }
         let probes = Arc::new(std::mem::take(&mut self.probes));
+        readiness::follow(Arc::clone(&probes), self.health.clone(), self.service_names.clone(), shutdown.clone());
         let scraped = self.metrics.clone();
         // gRPC messages are size-checked by each service while decoding (a
         // clear OUT_OF_RANGE); plain HTTP bodies are limited here. Like

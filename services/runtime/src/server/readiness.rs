@@ -4,9 +4,11 @@
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use axum::http::StatusCode;
+use tokio_util::sync::CancellationToken;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus as WireStatus, health_client::HealthClient,
 };
+use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::transport::Transport;
 
@@ -35,12 +37,104 @@ pub fn serving_probe(transport: Transport, service: &'static str, target: String
     })
 }
 
+/// How often the gRPC health status is brought in line with the probes.
+const FOLLOW_EVERY: Duration = Duration::from_secs(1);
+
+/// Whether every probe passes; else the reason of the first that fails.
+async fn ready(probes: &[ReadinessProbe]) -> Result<(), String> {
+    for probe in probes {
+        probe().await?;
+    }
+    Ok(())
+}
+
 /// `GET /healthz`: ok once every probe passes, else 503 naming the first that fails.
 pub(super) async fn healthz(probes: Arc<Vec<ReadinessProbe>>) -> (StatusCode, String) {
-    for probe in probes.iter() {
-        if let Err(reason) = probe().await {
-            return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n"));
-        }
+    match ready(&probes).await {
+        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")),
     }
-    (StatusCode::OK, "ok\n".to_owned())
+}
+
+/// Keeps, until `shutdown`, the gRPC health status of the server ("") and
+/// of each of `services` at what the probes say, as `/healthz` does: a
+/// caller that checks a service's gRPC health (a gateway its task store, a
+/// Kubernetes gRPC probe) sees it not serving while its database is down.
+pub(super) fn follow(
+    probes: Arc<Vec<ReadinessProbe>>,
+    health: HealthReporter,
+    services: Vec<&'static str>,
+    shutdown: CancellationToken,
+) {
+    if probes.is_empty() {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut serving = true;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(FOLLOW_EVERY) => {}
+            }
+            let ready = ready(&probes).await;
+            if ready.is_ok() == serving || shutdown.is_cancelled() {
+                continue;
+            }
+            serving = ready.is_ok();
+            let status = if serving { ServingStatus::Serving } else { ServingStatus::NotServing };
+            match ready {
+                Ok(()) => tracing::info!("ready again: health checks answer serving"),
+                Err(reason) => tracing::warn!(%reason, "not ready: health checks answer not serving"),
+            }
+            for service in services.iter().copied().chain([""]) {
+                health.set_service_status(service, status).await;
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use tokio::net::TcpListener;
+    use tonic_health::pb::HealthCheckRequest;
+
+    use super::*;
+    use crate::server::{ServerBuilder, ServerConfig};
+
+    #[tokio::test]
+    async fn grpc_health_follows_the_probes() {
+        let up = Arc::new(AtomicBool::new(true));
+        let mut builder = ServerBuilder::new(ServerConfig::default());
+        let flag = Arc::clone(&up);
+        builder.add_readiness_probe(Arc::new(move || {
+            let up = flag.load(Ordering::SeqCst);
+            Box::pin(async move { if up { Ok(()) } else { Err("the database is down".to_owned()) } })
+        }));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(builder.serve(listener, shutdown.clone()));
+        let channel = tonic::transport::Channel::from_shared(format!("http://{address}")).unwrap().connect_lazy();
+        let mut health = HealthClient::new(channel);
+        let mut status_becomes = async |wanted: WireStatus| {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let status = health.check(HealthCheckRequest::default()).await.unwrap().into_inner().status;
+                if status == wanted as i32 {
+                    return;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "health stayed {status}, not {wanted:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        status_becomes(WireStatus::Serving).await;
+        up.store(false, Ordering::SeqCst);
+        status_becomes(WireStatus::NotServing).await;
+        up.store(true, Ordering::SeqCst);
+        status_becomes(WireStatus::Serving).await;
+        shutdown.cancel();
+        server.await.unwrap().unwrap();
+    }
 }
