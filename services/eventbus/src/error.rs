@@ -28,6 +28,8 @@ pub enum EventBusError {
     NotDeadLettered { id: DeliveryId, handler: String },
     #[error("consumer {0} opened a newer stream, which replaces this one")]
     StreamSuperseded(String),
+    #[error("the event bus is shutting down; call again (another replica, or this one once restarted)")]
+    ShuttingDown,
     #[error("the database is unavailable, retry later: {0}")]
     Unavailable(sqlx::Error),
     #[error("storage error: {0}")]
@@ -55,7 +57,7 @@ impl ServiceError for EventBusError {
             | Self::AttemptOver { .. }
             | Self::NotDeadLettered { .. } => ErrorCode::FailedPrecondition,
             Self::StreamSuperseded(_) => ErrorCode::Aborted,
-            Self::Unavailable(_) => ErrorCode::Unavailable,
+            Self::Unavailable(_) | Self::ShuttingDown => ErrorCode::Unavailable,
             Self::Storage(_) | Self::Corrupt(_) => ErrorCode::Internal,
         }
     }

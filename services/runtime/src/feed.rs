@@ -1,6 +1,18 @@
 //! Streams fed by a task: what each service's long-lived streams share.
 
+use std::time::Duration;
+
 use tokio::sync::mpsc;
+
+/// How long a stopping service waits for room to tell a stream it ends.
+const SHUTDOWN_NOTICE: Duration = Duration::from_secs(1);
+
+/// Ends a stream because the service is stopping, with `error` (UNAVAILABLE):
+/// its client then opens it again, on another replica or this one once
+/// restarted, rather than take the end for the last of the stream.
+pub async fn stopping<T, E>(sender: &mpsc::Sender<Result<T, E>>, error: E) {
+    let _ = tokio::time::timeout(SHUTDOWN_NOTICE, sender.send(Err(error))).await;
+}
 
 /// Sends `items` in order, or the error that ends the stream. False when the
 /// stream is over: it failed, or its receiver went away.

@@ -9,12 +9,15 @@ use chorus_runtime::time::now_micros;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use chorus_runtime::{feed::forward, wakeup::wait_any};
+use chorus_runtime::{
+    feed::{self, forward},
+    wakeup::wait_any,
+};
 
 use super::{EventBus, keys};
 use crate::{
     domain::{ClaimRequest, Delivery, Event, EventQuery, OpenedStream, Pattern},
-    error::Result,
+    error::{EventBusError, Result},
 };
 
 /// Events read per query of a log stream.
@@ -146,7 +149,7 @@ impl EventBus {
                 poll = poll.min(until_due.max(Duration::from_millis(1)));
             }
             tokio::select! {
-                () = self.shutdown.cancelled() => return,
+                () = self.shutdown.cancelled() => return feed::stopping(sender, EventBusError::ShuttingDown).await,
                 () = sender.closed() => return,
                 () = wait_any(&mut waiters, poll) => {}
             }
@@ -191,7 +194,7 @@ impl EventBus {
             }
             if caught_up {
                 tokio::select! {
-                    () = self.shutdown.cancelled() => return,
+                    () = self.shutdown.cancelled() => return feed::stopping(&sender, EventBusError::ShuttingDown).await,
                     () = sender.closed() => return,
                     () = waiter.wait(self.config.poll_interval()) => {}
                 }

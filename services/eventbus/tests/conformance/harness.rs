@@ -20,7 +20,7 @@ pub(crate) struct Harness {
     pub(crate) bus: EventBus,
     pub(crate) repository: Arc<dyn EventRepository>,
     pub(crate) db: Db,
-    shutdown: CancellationToken,
+    pub(crate) shutdown: CancellationToken,
     _database: TestDatabase,
 }
 

@@ -24,6 +24,7 @@ conformance!(
     deregistering_ends_open_subscriptions,
     the_log_streams_from_a_sequence_then_live,
     in_process_handlers_run_in_dependency_order_with_retries,
+    streams_cut_short_by_shutdown_end_unavailable,
 );
 
 fn subscription(handler: &str, consumer: &str, after: Option<i64>) -> Subscription {
@@ -254,4 +255,19 @@ async fn in_process_handlers_run_in_dependency_order_with_retries(h: Harness) {
     assert_eq!(attempts, 4);
     first.abort();
     second.abort();
+}
+
+/// A subscription or a log stream that a shutdown ends says so
+/// (UNAVAILABLE): its client opens it again rather than take the end for
+/// the last of it.
+async fn streams_cut_short_by_shutdown_end_unavailable(h: Harness) {
+    h.handler("a", &[], FailurePolicy::Fail).await;
+    let subscribed = h.bus.subscribe(subscription("a", "c1", None)).await.unwrap();
+    let logged = h.bus.stream_events(NS, None, vec![]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.shutdown.cancel();
+    let subscribed: Vec<_> = tokio::time::timeout(WAIT, subscribed.collect()).await.expect("ended");
+    assert!(matches!(subscribed.as_slice(), [Err(EventBusError::ShuttingDown)]), "{subscribed:?}");
+    let logged: Vec<_> = tokio::time::timeout(WAIT, logged.collect()).await.expect("ended");
+    assert!(matches!(logged.as_slice(), [Err(EventBusError::ShuttingDown)]), "{logged:?}");
 }

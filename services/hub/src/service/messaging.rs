@@ -4,7 +4,7 @@
 use std::{sync::Arc, time::Duration};
 
 use chorus_runtime::{
-    feed::forward,
+    feed::{self, forward},
     time::{micros, now_micros},
     wakeup::Waiter,
 };
@@ -289,7 +289,7 @@ impl Hub {
                 return;
             }
             tokio::select! {
-                () = self.shutdown.cancelled() => return,
+                () = self.shutdown.cancelled() => return feed::stopping(sender, HubError::ShuttingDown).await,
                 () = sender.closed() => return,
                 () = waiter.wait(self.config.poll_interval()) => {}
             }

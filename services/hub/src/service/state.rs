@@ -1,6 +1,6 @@
 //! Shared state: reads, conditional writes, watches.
 
-use chorus_runtime::time::now_micros;
+use chorus_runtime::{feed, time::now_micros};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -63,7 +63,7 @@ impl Hub {
                     }
                 }
                 tokio::select! {
-                    () = hub.shutdown.cancelled() => return,
+                    () = hub.shutdown.cancelled() => return feed::stopping(&sender, HubError::ShuttingDown).await,
                     () = sender.closed() => return,
                     () = waiter.wait(hub.config.poll_interval()) => {}
                 }

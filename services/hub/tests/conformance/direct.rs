@@ -22,6 +22,7 @@ conformance!(
     an_inbox_stream_resumes_from_its_cursor,
     direct_messages_stay_in_their_namespace,
     a_receive_cut_short_by_shutdown_says_so_rather_than_timed_out,
+    an_inbox_stream_cut_short_by_shutdown_ends_unavailable,
 );
 
 async fn an_unknown_recipient_is_an_error_not_a_drop(h: Harness) {
@@ -222,4 +223,24 @@ async fn a_receive_cut_short_by_shutdown_says_so_rather_than_timed_out(h: Harnes
     h.shutdown.cancel();
     let outcome = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("ended by the shutdown").unwrap();
     assert!(matches!(outcome, Err(HubError::ShuttingDown)), "{outcome:?}");
+}
+
+/// An inbox stream that the hub's shutdown ends says so (UNAVAILABLE): its
+/// consumer opens it again rather than take the end for the last of it.
+async fn an_inbox_stream_cut_short_by_shutdown_ends_unavailable(h: Harness) {
+    h.agent("me", "worker").await;
+    let inbox = Inbox {
+        namespace: NS.into(),
+        agent_id: "me".into(),
+        consumer_id: "me-1".into(),
+        filter: InboxFilter::default(),
+        ack_timeout: Duration::from_secs(30),
+        max_in_flight: 10,
+        after: None,
+    };
+    let stream = h.hub.stream_inbox(inbox).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    h.shutdown.cancel();
+    let ended: Vec<_> = tokio::time::timeout(Duration::from_secs(10), stream.collect()).await.expect("ended");
+    assert!(matches!(ended.as_slice(), [Err(HubError::ShuttingDown)]), "{ended:?}");
 }

@@ -5,7 +5,10 @@
 
 use std::time::Duration;
 
-use chorus_runtime::wakeup::{Waiter, wait_any};
+use chorus_runtime::{
+    feed,
+    wakeup::{Waiter, wait_any},
+};
 use tokio::sync::mpsc;
 use tokio_stream::{
     Stream, StreamExt as _,
@@ -25,9 +28,6 @@ const EVENT_BATCH: u32 = 256;
 
 /// How soon to read again when committed events wait behind an older transaction.
 pub(super) const HELD_BACK_RETRY: Duration = Duration::from_millis(5);
-
-/// The longest a stream waits for room to tell its client of a shutdown.
-const SHUTDOWN_NOTICE: Duration = Duration::from_secs(1);
 
 /// What a watch of many tasks follows.
 #[derive(Debug, Clone, Default)]
@@ -339,8 +339,7 @@ impl TaskStore {
             if held_back { HELD_BACK_RETRY.min(self.config.poll_interval()) } else { self.config.poll_interval() };
         tokio::select! {
             () = self.shutdown.cancelled() => {
-                let notice = sender.send(Err(TaskStoreError::ShuttingDown));
-                let _ = tokio::time::timeout(SHUTDOWN_NOTICE, notice).await;
+                feed::stopping(sender, TaskStoreError::ShuttingDown).await;
                 false
             }
             () = sender.closed() => false,
