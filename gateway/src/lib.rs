@@ -98,7 +98,7 @@ pub fn build(
         timeout,
         shutdown.clone(),
     );
-    let push = notify::PushDispatcher::new(tasks.clone(), &config.push, shutdown, metrics)?;
+    let push = notify::PushDispatcher::new(tasks.clone(), &config.push, shutdown.clone(), metrics)?;
     push.keep_leases(lingering);
     // Where credentials are checked, the gateway's own agents take one more,
     // known only to this process, for the delegations it makes to them.
@@ -112,7 +112,7 @@ pub fn build(
         delegation::OwnAgents::new(&[bound_url, base_url], secret)
     });
     let delegation = delegation::DelegateGrpc::new(client, timeout, own);
-    Ok(Gateway::new(tasks, catalog, runner, push, delegation, config))
+    Ok(Gateway::new(tasks, catalog, runner, push, delegation, config, shutdown))
 }
 
 /// `gateway.public_url`, which every card advertises: an http or https URL

@@ -104,3 +104,37 @@ async fn working_tasks(a2a: &A2a, count: usize) -> Vec<Value> {
     }
     panic!("the worker did not take {count} tasks: {listed:#}");
 }
+
+/// A gateway that stops answers a blocking send with the task as it is, as
+/// at its blocking timeout, and ends a stream with an error that says to
+/// subscribe again, at once: held for the grace period, they were cut with
+/// no answer, and a client that never learnt its task's id sent it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_gateway_answers_its_waiting_calls_at_once() {
+    let sandbox = Sandbox::new();
+    write_chorus_toml(sandbox.path(), CATALOG);
+    // No worker serves `reverser`: both calls wait. The grace period is
+    // longer than the test waits for their answers.
+    let server = sandbox.dev().no_agents().env("CHORUS_SERVER__SHUTDOWN_GRACE_MS", "120000").start().await;
+    let a2a = A2a::new(&server);
+    let blocking = a2a.rpc("reverser", "SendMessage", json!({ "message": message(&unique("blocking"), "wait") }));
+    let blocking = tokio::spawn(async move { chorus_tests::a2a::json(blocking).await });
+    let streaming =
+        a2a.rpc("reverser", "SendStreamingMessage", json!({ "message": message(&unique("streaming"), "wait") }));
+    let streaming = tokio::spawn(events(streaming));
+    while a2a.task_count().await < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let stopped = tokio::spawn(server.stop());
+    let answers = async { (blocking.await.expect("blocking call"), streaming.await.expect("stream")) };
+    let ((status, answer), events) =
+        tokio::time::timeout(Duration::from_secs(30), answers).await.expect("answered before the grace period ends");
+    assert_eq!(status, StatusCode::OK, "{answer:#}");
+    assert_eq!(state(&answer["result"]["task"]), "TASK_STATE_SUBMITTED", "the task as it is: {answer:#}");
+    let last = events.last().expect("events");
+    let error = last["error"]["message"].as_str().unwrap_or_default();
+    assert!(error.contains("shutting down; subscribe to the task again"), "{events:#?}");
+    assert!(stopped.await.expect("stopped").success());
+}

@@ -16,6 +16,7 @@ use a2a::{
 use chorus_proto::taskstore::{self as pb, task_store_client::TaskStoreClient};
 use chorus_runtime::transport::Transport;
 use futures_util::{Stream, StreamExt as _, stream};
+use tokio_util::sync::CancellationToken;
 
 pub(crate) use self::inputs::history_length;
 use self::{
@@ -57,6 +58,9 @@ struct Inner {
     push: PushDispatcher,
     delegation: DelegateGrpc,
     config: GatewayConfig,
+    /// Cancelled when the process stops: blocking sends answer and streams
+    /// end at once, rather than hold their callers for the grace period.
+    stopping: CancellationToken,
 }
 
 /// What starting a turn produced.
@@ -75,9 +79,10 @@ impl Gateway {
         push: PushDispatcher,
         delegation: DelegateGrpc,
         config: GatewayConfig,
+        stopping: CancellationToken,
     ) -> Self {
         let auth = Authenticator::new(&config.auth, &config.default_namespace);
-        Self { inner: Arc::new(Inner { tasks, catalog, auth, runner, push, delegation, config }) }
+        Self { inner: Arc::new(Inner { tasks, catalog, auth, runner, push, delegation, config, stopping }) }
     }
 
     /// The `chorus.gateway.v1.Gateway` service (outbound delegation).
@@ -425,13 +430,19 @@ impl Gateway {
             history_length,
             timeout: None,
         };
-        let settled = rewatch::await_task(self.tasks(), request, timeout).await.map_err(|status| {
-            match task_error(&status, task_id) {
-                GatewayError::Unavailable(message) => GatewayError::Unavailable(format!(
-                    "{message}; task {task_id} was created and goes on: read it with GetTask"
-                )),
-                error => error,
+        let settled = tokio::select! {
+            settled = rewatch::await_task(self.tasks(), request, timeout) => settled,
+            // As at the blocking timeout: the task as it is, which goes on.
+            () = self.inner.stopping.cancelled() => {
+                let get = pb::GetTaskRequest { namespace: scope.namespace.clone(), id: task_id.to_owned(), history_length };
+                self.tasks().get_task(get).await.map(|task| pb::AwaitTaskResponse { task: Some(task.into_inner()), ..Default::default() })
             }
+        };
+        let settled = settled.map_err(|status| match task_error(&status, task_id) {
+            GatewayError::Unavailable(message) => GatewayError::Unavailable(format!(
+                "{message}; task {task_id} was created and goes on: read it with GetTask"
+            )),
+            error => error,
         })?;
         let task =
             settled.task.ok_or_else(|| GatewayError::Internal("the task store answered without a task".to_owned()))?;
@@ -456,7 +467,9 @@ impl Gateway {
         request: pb::WatchTaskRequest,
         task_id: &str,
     ) -> Result<impl Stream<Item = Result<StreamResponse>> + Send + 'static> {
-        let events = rewatch::watch(self.tasks(), request).await.map_err(|status| task_error(&status, task_id))?;
+        let stopping = self.inner.stopping.clone();
+        let events =
+            rewatch::watch(self.tasks(), request, stopping).await.map_err(|status| task_error(&status, task_id))?;
         let task_id = task_id.to_owned();
         Ok(events.filter_map(move |event| {
             let item = match event {

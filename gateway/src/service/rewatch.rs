@@ -9,6 +9,7 @@ use std::time::Duration;
 use chorus_proto::taskstore::{self as pb, task_store_client::TaskStoreClient};
 use chorus_runtime::transport::Transport;
 use futures_util::{Stream, stream};
+use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status, Streaming};
 
 use crate::convert;
@@ -22,6 +23,8 @@ const GIVE_UP_AFTER: Duration = Duration::from_secs(60);
 
 struct Watch {
     tasks: TaskStoreClient<Transport>,
+    /// The gateway's shutdown: the watch ends, for its caller to call again.
+    stopping: CancellationToken,
     namespace: String,
     task_id: String,
     /// The last change given (empty: none yet, or the request's own start).
@@ -40,10 +43,12 @@ struct Watch {
 pub(super) async fn watch(
     mut tasks: TaskStoreClient<Transport>,
     request: pb::WatchTaskRequest,
+    stopping: CancellationToken,
 ) -> Result<impl Stream<Item = Result<pb::TaskEvent, Status>> + Send + use<>, Status> {
     let events = open(&mut tasks, request.clone(), tokio::time::Instant::now()).await?;
     let watch = Watch {
         tasks,
+        stopping,
         namespace: request.namespace.clone(),
         task_id: request.task_id.clone(),
         cursor: request.after_cursor.clone(),
@@ -77,7 +82,24 @@ async fn open(
 }
 
 impl Watch {
+    /// The next change, or, once the gateway is stopping, UNAVAILABLE (its
+    /// caller subscribes again, to another gateway or this one restarted).
     async fn next(&mut self) -> Option<Result<pb::TaskEvent, Status>> {
+        let stopping = self.stopping.clone();
+        tokio::select! {
+            biased;
+            next = self.next_change() => next,
+            () = stopping.cancelled() => {
+                self.finished = true;
+                Some(Err(Status::unavailable(
+                    "the gateway is shutting down; subscribe to the task again (another gateway, or this one once \
+                     restarted)",
+                )))
+            }
+        }
+    }
+
+    async fn next_change(&mut self) -> Option<Result<pb::TaskEvent, Status>> {
         let mut broken_since = None;
         loop {
             if self.finished {
