@@ -129,9 +129,17 @@ async fn without_a_token_the_gateway_takes_calls_fail_auth_required_until_authen
     assert_eq!(accepted["result"], json!({}), "{accepted}");
     let session = ide.new_session(6, sandbox.path()).await;
     let prompt = json!({ "sessionId": session, "prompt": [{ "type": "text", "text": "let me in" }] });
-    let (answer, updates) = ide.call(7, "session/prompt", prompt).await;
+    let (answer, updates) = ide.call(7, "session/prompt", prompt.clone()).await;
     assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
     assert_eq!(agent_texts(&updates), ["let me in"]);
+
+    // The token changes under the session (rotated, revoked): a prompt the
+    // gateway refuses asks the IDE to authenticate, like any other call.
+    std::fs::write(&token_file, "rotated-away\n").expect("token file");
+    let (stale, _) = ide.call(8, "authenticate", json!({ "methodId": "chorus-token" })).await;
+    assert_eq!(error_code(&stale), -32000, "{stale}");
+    let (revoked, _) = ide.call(9, "session/prompt", prompt).await;
+    assert_eq!(error_code(&revoked), -32000, "{revoked}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

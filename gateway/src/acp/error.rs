@@ -83,6 +83,9 @@ impl AcpError {
             Self::UnknownSession(_) | Self::NoSuchSession(..) | Self::UnknownAgent { .. } => Code::ResourceNotFound,
             Self::InvalidParams(_) | Self::Busy(_) => Code::InvalidParams,
             Self::AuthRequired(_) => Code::AuthRequired,
+            // The gateway refused the token (revoked, rotated): the IDE's
+            // cue to authenticate again, whichever call met it.
+            Self::Gateway(error) if error.refused_credentials() => Code::AuthRequired,
             Self::Gateway(_) | Self::StreamEnded(_) | Self::TaskEnded { .. } | Self::Client(_) => Code::Internal,
         }
     }

@@ -159,6 +159,13 @@ pub(crate) enum DelegateError {
     Canceled { task_id: Option<String> },
 }
 
+impl DelegateError {
+    /// Whether the agent refused the caller's credentials (HTTP 401 or 403).
+    pub(crate) fn refused_credentials(&self) -> bool {
+        matches!(self, Self::Status { status: 401 | 403, .. } | Self::Remote { code: 401 | 403, .. })
+    }
+}
+
 fn timeout_message(task_id: Option<&str>) -> String {
     match task_id {
         Some(id) => format!("the remote A2A task {id} did not finish in time; it was asked to cancel"),
