@@ -45,10 +45,17 @@ pub(crate) async fn tasks_of(upstream: &Upstream, context_id: &str) -> Result<Ve
         }
         page_token = Some(page.next_page_token);
     }
-    // The gateway lists the most recently updated first; a session's turns
-    // never overlap, so the reverse is the order they were prompted in.
+    Ok(in_prompt_order(tasks))
+}
+
+/// A session's tasks as the gateway lists them, most recently updated
+/// first, in the order their turns were prompted in: a turn left waiting
+/// (interrupted, decided later) can be updated after the turns that
+/// followed it. A task made before the bridge noted when keeps its place.
+fn in_prompt_order(mut tasks: Vec<Task>) -> Vec<Task> {
     tasks.reverse();
-    Ok(tasks)
+    tasks.sort_by_cached_key(prompted_at);
+    tasks
 }
 
 /// One `ListTasks` page request; `history_length` unset is the whole history.
@@ -179,6 +186,12 @@ pub(crate) async fn list(upstream: &Upstream, cwd: Option<&PathBuf>) -> Result<V
     Ok(sessions)
 }
 
+/// When the turn that made `task` was prompted, as the bridge noted it.
+fn prompted_at(task: &Task) -> Option<String> {
+    let session = task.metadata.as_ref()?.get(SESSION_METADATA)?;
+    Some(session.get("promptedAt")?.as_str()?.to_owned())
+}
+
 /// Whether the bridge made `task` for `agent`: a session is one agent's,
 /// and another agent's bridge neither lists, loads nor resumes it.
 fn made_for(agent: &str, task: &Task) -> bool {
@@ -202,4 +215,34 @@ fn summary(agent: &str, task: &Task) -> Option<SessionSummary> {
         title: session.get("title").and_then(Value::as_str).filter(|title| !title.is_empty()).map(str::to_owned),
         updated_at: task.status.timestamp.map(|at| at.to_rfc3339()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn task(id: &str, prompted_at: &str) -> Task {
+        let session = json!({ "agent": "approver", "cwd": "/w", "promptedAt": prompted_at });
+        let task = json!({
+            "id": id,
+            "contextId": "s1",
+            "status": { "state": "TASK_STATE_COMPLETED" },
+            "metadata": { SESSION_METADATA: session },
+        });
+        serde_json::from_value(task).expect("a task")
+    }
+
+    #[test]
+    fn a_turn_decided_after_the_next_one_is_still_replayed_first() {
+        // As listed: the first turn, interrupted and decided last, comes first.
+        let listed = vec![
+            task("first", "2026-11-28T01:00:00.000001Z"),
+            task("third", "2026-11-28T01:02:00.000000Z"),
+            task("second", "2026-11-28T01:01:00.000000Z"),
+        ];
+        let ids: Vec<String> = in_prompt_order(listed).into_iter().map(|task| task.id).collect();
+        assert_eq!(ids, ["first", "second", "third"]);
+    }
 }

@@ -152,6 +152,9 @@ impl Turn {
             "cwd": self.context.cwd,
             "additionalDirectories": self.context.additional_directories,
             "title": title,
+            // What a replay orders the session's turns by (RFC 3339, UTC:
+            // text order is time order).
+            "promptedAt": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
         });
         HashMap::from([(SESSION_METADATA.to_owned(), session)])
     }
