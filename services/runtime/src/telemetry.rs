@@ -60,7 +60,13 @@ pub fn init(
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,h2=warn"));
     let fmt_layer = match config.log_format {
-        LogFormat::Pretty => tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false).boxed(),
+        // Colours only for a person at a terminal: in a file, a pipe (an
+        // IDE's log pane), journald or `docker logs` they are escape codes.
+        LogFormat::Pretty => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none())
+            .boxed(),
         LogFormat::Json => {
             tracing_subscriber::fmt::layer().with_writer(std::io::stderr).json().flatten_event(true).boxed()
         }
