@@ -192,12 +192,35 @@ async fn the_websocket_endpoint_refuses_web_pages_of_origins_not_allowed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ide_that_fails_a_permission_request_ends_the_turn_and_its_task() {
+    let error = json!({ "code": -32603, "message": "the IDE broke" });
+    an_unusable_answer_ends_the_turn_and_its_task(
+        |id| json!({ "jsonrpc": "2.0", "id": id, "error": error }),
+        "the IDE broke",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_option_the_bridge_did_not_offer_ends_the_turn_and_its_task() {
+    // It would reach the agent as the user's words (the reviewer took it
+    // for a rejection; a workflow agent asked again, for ever).
+    let bogus = json!({ "outcome": { "outcome": "selected", "optionId": "bogus" } });
+    an_unusable_answer_ends_the_turn_and_its_task(
+        |id| json!({ "jsonrpc": "2.0", "id": id, "result": bogus }),
+        "it chose option \"bogus\", which was not offered (allow, reject)",
+    )
+    .await;
+}
+
+/// The reviewer asks its question; the IDE's `answer` to it (by the
+/// request's id) fails the turn with `reason`, and the task is canceled.
+async fn an_unusable_answer_ends_the_turn_and_its_task(answer: impl Fn(&Value) -> Value, reason: &str) {
     let (_sandbox, server, _reviewer, mut ide, session) = prompting_the_reviewer(10, "review this").await;
     let asked = ide.wait_for(|m| m["method"] == "session/request_permission").await;
-    let error = json!({ "code": -32603, "message": "the IDE broke" });
-    ide.send(json!({ "jsonrpc": "2.0", "id": asked["id"], "error": error })).await;
+    ide.send(answer(&asked["id"])).await;
     let (failed, _) = ide.response(&json!(2)).await;
     assert_eq!(error_code(&failed), -32603, "{failed}");
+    assert!(failed["error"]["message"].as_str().unwrap_or_default().contains(reason), "{failed}");
 
     // Nobody will answer the question: the task is canceled, not left waiting.
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Ide;
 use super::content::{Content, PART_URI, ToolCall, ToolKind, ToolStatus, Update};
-use super::error::Result;
+use super::error::{AcpError, Result};
 
 /// Metadata key of an agent's request for an IDE file, and of its answer.
 pub const READ_TEXT_FILE: &str = "acp/readTextFile";
@@ -119,8 +119,19 @@ impl Question<'_> {
             () = self.cancel.cancelled() => None,
             chosen = self.ide.request_permission(self.session_id, call) => chosen?,
         };
-        let status = if chosen.is_some() { ToolStatus::Completed } else { ToolStatus::Failed };
+        // A selected outcome names an offered option (ACP schema); another
+        // would reach the agent as the user's words.
+        let offered = chosen.as_ref().is_none_or(|chosen| OPTIONS.iter().any(|option| option.id == chosen));
+        let status = if chosen.is_some() && offered { ToolStatus::Completed } else { ToolStatus::Failed };
         self.update(Update::ToolChange { id, status: Some(status), content: None })?;
+        if !offered {
+            let ids: Vec<&str> = OPTIONS.iter().map(|option| option.id).collect();
+            return Err(AcpError::Client(format!(
+                "it chose option {:?}, which was not offered ({})",
+                chosen.unwrap_or_default(),
+                ids.join(", ")
+            )));
+        }
         Ok(match chosen {
             Some(option) => Answer::Reply(vec![Part::text(option.clone())], (PERMISSION.to_owned(), json!(option))),
             None => Answer::Cancelled,
