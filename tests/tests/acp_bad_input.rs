@@ -256,3 +256,25 @@ async fn a_session_with_one_agent_is_not_loaded_by_another() {
     assert!(loaded.get("result").is_some(), "its own agent loads it: {loaded}");
     assert!(!replayed.is_empty(), "and replays it");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_the_bridge_cannot_use_is_named_in_the_auth_required_error() {
+    let sandbox = Sandbox::new();
+    acp::write_config(&sandbox, Some("s3cret-ide-token"));
+    let server = sandbox.dev().start().await;
+    let two_lines = acp::project_file(sandbox.path(), "token", "s3cret-ide-token\nsecond line\n");
+    let missing = sandbox.path().join("no-such.token");
+    for (file, problem) in
+        [(missing, "no-such.token cannot be read"), (two_lines, "holds a line break or another control character")]
+    {
+        let file = file.to_string_lossy().into_owned();
+        let mut ide = AcpProcess::start(server.url(), "echo", sandbox.path(), &["--token-file", &file]);
+        ide.initialize(json!({})).await;
+        let (refused, _) = ide.call(1, "session/new", json!({ "cwd": sandbox.path(), "mcpServers": [] })).await;
+        assert_eq!(error_code(&refused), -32000, "{refused}");
+        assert!(refused["error"]["message"].as_str().unwrap_or_default().contains(problem), "{refused}");
+        let (again, _) = ide.call(2, "authenticate", json!({ "methodId": "chorus-token" })).await;
+        assert_eq!(error_code(&again), -32000, "{again}");
+        assert!(again["error"]["message"].as_str().unwrap_or_default().contains(problem), "{again}");
+    }
+}

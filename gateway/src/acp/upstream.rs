@@ -44,10 +44,18 @@ impl TokenSource {
             Self::Fixed(credentials) => return Ok(credentials.clone()),
             Self::FileOrEnv(file) => file.as_deref(),
         };
-        let token = bearer_token(file).map_err(|error| {
-            let path = file.map(|path| path.display().to_string()).unwrap_or_default();
-            AcpError::AuthRequired(format!("cannot read the token file {path}: {error}"))
-        })?;
+        let from = || match file {
+            Some(path) => format!("the token file {}", path.display()),
+            None => TOKEN_ENV.to_owned(),
+        };
+        let token = bearer_token(file)
+            .map_err(|error| AcpError::AuthRequired(format!("{} cannot be read: {error}", from())))?;
+        if token.as_ref().is_some_and(|token| token.chars().any(char::is_control)) {
+            return Err(AcpError::AuthRequired(format!(
+                "the token in {} holds a line break or another control character, which no header can carry",
+                from()
+            )));
+        }
         Ok(token.map(Credentials::Bearer))
     }
 }
@@ -68,15 +76,21 @@ struct Inner {
     card: OnceCell<(AgentCard, Endpoint)>,
     tokens: TokenSource,
     credentials: RwLock<Option<Credentials>>,
+    /// Why the token could not be read, when it could not: what a refusal
+    /// of the bridge's missing credentials then names.
+    token_problem: RwLock<Option<String>>,
 }
 
 impl Upstream {
     /// The agent `agent` of the gateway at `gateway`; its card is read on first use.
     pub(crate) fn new(http: reqwest::Client, gateway: &str, agent: &str, tokens: TokenSource) -> Self {
-        let credentials = tokens.read().unwrap_or_else(|error| {
-            tracing::warn!(%error, "no gateway token until authenticate");
-            None
-        });
+        let (credentials, token_problem) = match tokens.read() {
+            Ok(credentials) => (credentials, None),
+            Err(error) => {
+                tracing::warn!(%error, "no gateway token until authenticate");
+                (None, Some(error.to_string()))
+            }
+        };
         let inner = Inner {
             client: A2aClient::new(http.clone()),
             http,
@@ -85,6 +99,7 @@ impl Upstream {
             card: OnceCell::new(),
             tokens,
             credentials: RwLock::new(credentials),
+            token_problem: RwLock::new(token_problem),
         };
         Self { inner: Arc::new(inner) }
     }
@@ -126,8 +141,10 @@ impl Upstream {
 
     /// `authenticate`: reads the token again and checks the gateway takes it.
     pub(crate) async fn authenticate(&self) -> Result<()> {
-        let credentials = self.inner.tokens.read()?;
-        *self.inner.credentials.write().unwrap_or_else(PoisonError::into_inner) = credentials;
+        let read = self.inner.tokens.read();
+        *self.inner.token_problem.write().unwrap_or_else(PoisonError::into_inner) =
+            read.as_ref().err().map(ToString::to_string);
+        *self.inner.credentials.write().unwrap_or_else(PoisonError::into_inner) = read?;
         self.check_access().await
     }
 
@@ -159,10 +176,19 @@ impl Upstream {
                 Some(_) => {
                     format!("the gateway refused the token for agent {}; fix it and authenticate again", self.agent())
                 }
-                None => format!(
-                    "the gateway at {} needs a token: give chorus acp --token-file or set {TOKEN_ENV}, then authenticate",
-                    self.inner.gateway
-                ),
+                None => match self.inner.token_problem.read().unwrap_or_else(PoisonError::into_inner).as_deref() {
+                    Some(problem) => {
+                        format!(
+                            "the gateway at {} needs a token, and {problem}; fix it, then authenticate",
+                            self.inner.gateway
+                        )
+                    }
+                    None => format!(
+                        "the gateway at {} needs a token: give chorus acp --token-file or set {TOKEN_ENV}, then \
+                         authenticate",
+                        self.inner.gateway
+                    ),
+                },
             })),
             _ => Ok(()),
         }
