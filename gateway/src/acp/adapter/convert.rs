@@ -45,9 +45,25 @@ pub(super) fn content_in(block: ContentBlock) -> Content {
     }
 }
 
-/// The IDE's MCP servers, as the agent receives them in metadata.
+/// What an MCP server's environment variable or header holds once stored.
+const REDACTED: &str = "[redacted]";
+
+/// The IDE's MCP servers, as the agent receives them in metadata: without
+/// the values of their environment variables and headers, which IDEs fill
+/// with API tokens, and which every message would otherwise store in the
+/// task's history, for anyone who may read the task, and hand to the agent
+/// (a remote one too).
 pub(super) fn mcp_servers(servers: &[McpServer]) -> Vec<Value> {
-    servers.iter().filter_map(|server| serde_json::to_value(server).ok()).collect()
+    let mut servers: Vec<Value> = servers.iter().filter_map(|server| serde_json::to_value(server).ok()).collect();
+    for server in &mut servers {
+        for list in ["env", "headers"] {
+            let entries = server.get_mut(list).and_then(Value::as_array_mut).into_iter().flatten();
+            for value in entries.filter_map(|entry| entry.get_mut("value")) {
+                *value = Value::from(REDACTED);
+            }
+        }
+    }
+    servers
 }
 
 fn content_out(content: Content) -> ContentBlock {
@@ -172,4 +188,28 @@ pub(super) fn sessions_out(sessions: Vec<SessionSummary>) -> ListSessionsRespons
         })
         .collect();
     ListSessionsResponse::new(infos)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn mcp_servers_keep_their_shape_but_not_their_secrets() {
+        let servers: Vec<McpServer> = serde_json::from_value(json!([
+            { "name": "github", "command": "/usr/bin/github-mcp", "args": ["--stdio"],
+              "env": [{ "name": "GITHUB_TOKEN", "value": "ghp_SECRET123" }] },
+            { "type": "http", "name": "remote", "url": "https://mcp.example.com",
+              "headers": [{ "name": "Authorization", "value": "Bearer SECRET456" }] },
+        ]))
+        .expect("ACP MCP servers");
+        let stored = mcp_servers(&servers);
+        let text = serde_json::to_string(&stored).expect("JSON");
+        assert!(!text.contains("SECRET"), "{text}");
+        assert_eq!(stored[0]["env"][0], json!({ "name": "GITHUB_TOKEN", "value": REDACTED }));
+        assert_eq!(stored[1]["headers"][0]["name"], "Authorization");
+        assert_eq!(stored[1]["url"], "https://mcp.example.com");
+    }
 }
