@@ -278,3 +278,15 @@ async fn a_token_the_bridge_cannot_use_is_named_in_the_auth_required_error() {
         assert!(again["error"]["message"].as_str().unwrap_or_default().contains(problem), "{again}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_started_before_its_gateway_offers_the_token_method() {
+    // The IDE starts before its chorus: the card cannot be read, and the
+    // gateway may want a token once it is up. An IDE answers -32000 with the
+    // methods initialize gave it; none would leave it stuck.
+    let sandbox = Sandbox::new();
+    let nowhere = format!("http://{}", chorus_tests::a2a::dead_address().await);
+    let mut ide = AcpProcess::start(&nowhere, "echo", sandbox.path(), &[]);
+    let info = ide.initialize(json!({})).await;
+    assert_eq!(info["authMethods"][0]["id"], "chorus-token", "{info}");
+}

@@ -38,14 +38,16 @@ impl Bridge {
 
     /// `initialize`: notes what the IDE can do, and learns from the agent's
     /// card whether the gateway wants a token. An unreachable gateway is not
-    /// an error yet: the first call that needs it reports it.
+    /// an error yet: the first call that needs it reports it, and, as it may
+    /// want a token once it is up (an IDE started before its chorus), the
+    /// token method is offered.
     pub(crate) async fn initialize(&self, can_read_files: bool) -> AgentInfo {
         self.can_read_files.store(can_read_files, Ordering::Relaxed);
         let needs_token = match self.upstream.needs_token().await {
             Ok(needs) => needs,
             Err(error) => {
                 tracing::warn!(agent = %self.upstream.agent(), %error, "cannot read the agent card");
-                false
+                true
             }
         };
         AgentInfo { needs_token }
