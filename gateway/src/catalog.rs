@@ -34,6 +34,7 @@ pub(crate) struct Catalog {
     agents: BTreeMap<String, AgentConfig>,
     cards: BTreeMap<String, CardEntry>,
     default_agent: String,
+    default_namespace: String,
     /// `Last-Modified` of every card: when this process built them.
     pub(crate) last_modified: String,
 }
@@ -66,14 +67,33 @@ impl Catalog {
         let cards = agents
             .values()
             .map(|agent| {
-                let tenant =
-                    (agent.id != config.default_agent).then(|| format!("{}/{}", config.default_namespace, agent.id));
+                let (namespace, default) = (&config.default_namespace, &config.default_agent);
+                let tenant = grpc_tenant_of(namespace, default, namespace, &agent.id);
                 let card = card(agent, base_url, tenant, &config.auth);
                 (agent.id.clone(), entry(card))
             })
             .collect();
         let last_modified = chrono::Utc::now().format("%a, %d %b %Y %H:%M:%S GMT").to_string();
-        Ok(Self { agents, cards, default_agent: config.default_agent.clone(), last_modified })
+        Ok(Self {
+            agents,
+            cards,
+            default_agent: config.default_agent.clone(),
+            default_namespace: config.default_namespace.clone(),
+            last_modified,
+        })
+    }
+
+    /// `agent`'s card as a caller acting in `namespace` uses it: its gRPC
+    /// interface names that namespace's tenant (the public card names the
+    /// default namespace's, which a credential for another cannot use).
+    pub(crate) fn card_in(&self, namespace: &str, agent: &str) -> Option<AgentCard> {
+        let mut card = self.cards.get(agent)?.card.clone();
+        let tenant = grpc_tenant_of(&self.default_namespace, &self.default_agent, namespace, agent);
+        let grpc = card.supported_interfaces.iter_mut().filter(|i| i.protocol_binding == a2a::TRANSPORT_PROTOCOL_GRPC);
+        for interface in grpc {
+            interface.tenant.clone_from(&tenant);
+        }
+        Some(card)
     }
 
     /// The ids of the agents of `kind`.
@@ -173,6 +193,16 @@ fn builtin_agents() -> Vec<AgentConfig> {
             streaming: true,
         },
     ]
+}
+
+/// The `tenant` a gRPC call to `agent` acting in `namespace` names: the
+/// namespace and the agent, either left out where it is the default.
+fn grpc_tenant_of(default_namespace: &str, default_agent: &str, namespace: &str, agent: &str) -> Option<String> {
+    match (namespace == default_namespace, agent == default_agent) {
+        (true, true) => None,
+        (false, true) => Some(namespace.to_owned()),
+        (_, false) => Some(format!("{namespace}/{agent}")),
+    }
 }
 
 fn card(agent: &AgentConfig, base_url: &str, grpc_tenant: Option<String>, auth: &AuthConfig) -> AgentCard {

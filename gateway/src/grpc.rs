@@ -175,8 +175,8 @@ impl pb::a2a_service_server::A2aService for A2aGrpc {
         &self,
         request: Request<pb::GetExtendedAgentCardRequest>,
     ) -> Result<Response<pb::AgentCard>, Status> {
-        let (_, agent) = self.scope(request.metadata(), &request.get_ref().tenant)?;
-        let card = self.gateway.extended_card(&agent.id)?;
+        let (scope, agent) = self.scope(request.metadata(), &request.get_ref().tenant)?;
+        let card = self.gateway.extended_card(&scope, &agent.id)?;
         Ok(Response::new(pbc::to_proto_agent_card(&card)))
     }
 

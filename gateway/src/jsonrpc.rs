@@ -174,7 +174,7 @@ async fn dispatch(gateway: &Gateway, agent: &str, call: Call) -> Result<Reply> {
             gateway.delete_push_config(&scope, agent, &request.task_id, &request.id).await?;
             json!({})
         }
-        "GetExtendedAgentCard" => to_value(gateway.extended_card(&agent.id)?),
+        "GetExtendedAgentCard" => to_value(gateway.extended_card(&scope, &agent.id)?),
         other => return Err(GatewayError::MethodNotFound(other.to_owned())),
     };
     Ok(Reply::Value(match version {

@@ -134,7 +134,7 @@ async fn serve(
             gateway.delete_push_config(&scope, agent, &task_id, &id).await?;
             json!({})
         }
-        Operation::ExtendedCard => to_value(gateway.extended_card(&agent.id)?),
+        Operation::ExtendedCard => to_value(gateway.extended_card(&scope, &agent.id)?),
     };
     Ok(a2a_json(StatusCode::OK, result))
 }

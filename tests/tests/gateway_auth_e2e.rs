@@ -135,6 +135,13 @@ async fn credentials_are_required_and_scoped_to_their_namespaces() {
     let extended = ops(a2a.rpc("tck", "GetExtendedAgentCard", json!({})));
     let (_, extended) = json(extended).await;
     assert_eq!(extended["result"]["name"], "A2A TCK agent", "{extended:#}");
+    // The extended card's gRPC interface names the caller's own tenant, which
+    // its credential may use (the public card's is the default namespace's).
+    let grpc_tenant = |card: &Value| card["supportedInterfaces"][2]["tenant"].clone();
+    assert_eq!(grpc_tenant(&card), json!(null), "the default agent in the default namespace: {card:#}");
+    assert_eq!(grpc_tenant(&extended["result"]), "default/tck", "{extended:#}");
+    let (_, mine) = json(team_a(a2a.rpc("tck", "GetExtendedAgentCard", json!({})))).await;
+    assert_eq!(grpc_tenant(&mine["result"]), "team-a/tck", "{mine:#}");
     assert_refused(a2a.rpc("tck", "GetExtendedAgentCard", json!({})), StatusCode::UNAUTHORIZED, "UNAUTHENTICATED")
         .await;
 }

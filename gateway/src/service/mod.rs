@@ -152,14 +152,13 @@ impl Gateway {
 
     /// `GetExtendedAgentCard`: the card an authenticated caller sees. There is
     /// one only where credentials are configured.
-    pub(crate) fn extended_card(&self, agent: &str) -> Result<a2a::AgentCard> {
+    pub(crate) fn extended_card(&self, scope: &Scope, agent: &str) -> Result<a2a::AgentCard> {
         if !self.inner.auth.enabled() {
             return Err(GatewayError::UnsupportedOperation(
                 "this gateway authenticates no one, so it has no extended agent card".to_owned(),
             ));
         }
-        let entry = self.inner.catalog.card(agent).ok_or_else(|| GatewayError::AgentNotFound(agent.to_owned()))?;
-        Ok(entry.card.clone())
+        self.inner.catalog.card_in(&scope.namespace, agent).ok_or_else(|| GatewayError::AgentNotFound(agent.to_owned()))
     }
 
     /// `SendMessage`: blocking unless `returnImmediately`; a blocking call
