@@ -117,6 +117,11 @@ enum Command {
         /// `CHORUS_TOKEN` environment variable, if set).
         #[arg(long)]
         token_file: Option<PathBuf>,
+        /// How long, in seconds, a prompt turn whose gateway went away (a
+        /// restart, a deploy) waits for it to come back and follows its task
+        /// again before it fails.
+        #[arg(long, default_value_t = 60)]
+        gateway_wait: u64,
     },
 }
 
@@ -231,8 +236,9 @@ async fn run(command: Command, config: &ChorusConfig, shutdown: CancellationToke
             chorus_worker::phases::run(client, &namespace, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Acp { agent, gateway, token_file } => {
-            let options = chorus_gateway::acp::StdioOptions { gateway, agent, token_file };
+        Command::Acp { agent, gateway, token_file, gateway_wait } => {
+            let gateway_wait = std::time::Duration::from_secs(gateway_wait);
+            let options = chorus_gateway::acp::StdioOptions { gateway, agent, token_file, gateway_wait };
             tokio::select! {
                 served = chorus_gateway::acp::serve_stdio(options) => served.map(done).map_err(anyhow::Error::msg),
                 () = shutdown.cancelled() => Ok(ExitCode::SUCCESS),

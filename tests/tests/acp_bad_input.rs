@@ -70,14 +70,18 @@ async fn an_agent_the_gateway_does_not_have_is_named_as_not_found() {
 }
 
 /// A stack with the reviewer agent (`pace_ms` between its steps) and a
-/// `chorus acp` for it, whose session's prompt `text` (request 2) is under
-/// way; and the session's id.
-async fn prompting_the_reviewer(pace_ms: u64, text: &str) -> (Sandbox, Server, ChildProcess, AcpProcess, String) {
+/// `chorus acp` for it (with `acp_args`), whose session's prompt `text`
+/// (request 2) is under way; and the session's id.
+async fn prompting_the_reviewer(
+    pace_ms: u64,
+    text: &str,
+    acp_args: &[&str],
+) -> (Sandbox, Server, ChildProcess, AcpProcess, String) {
     let sandbox = Sandbox::new();
     acp::write_config(&sandbox, None);
     let server = sandbox.dev().no_agents().start().await;
     let reviewer = acp::reviewer(&sandbox, server.url(), pace_ms);
-    let mut ide = AcpProcess::start(server.url(), "reviewer", sandbox.path(), &[]);
+    let mut ide = AcpProcess::start(server.url(), "reviewer", sandbox.path(), acp_args);
     ide.initialize(json!({})).await;
     let session = ide.new_session(1, sandbox.path()).await;
     let prompt = json!({ "sessionId": session, "prompt": [{ "type": "text", "text": text }] });
@@ -87,7 +91,9 @@ async fn prompting_the_reviewer(pace_ms: u64, text: &str) -> (Sandbox, Server, C
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_that_goes_away_mid_turn_fails_that_prompt_and_the_bridge_keeps_serving() {
-    let (sandbox, server, _reviewer, mut ide, _session) = prompting_the_reviewer(2_000, "slowly, please").await;
+    // It does not come back within the second the turn waits for it.
+    let (sandbox, server, _reviewer, mut ide, _session) =
+        prompting_the_reviewer(2_000, "slowly, please", &["--gateway-wait", "1"]).await;
     let first = ide.wait_for(|m| m["params"]["update"]["sessionUpdate"] == "agent_message_chunk").await;
     assert_eq!(first["params"]["update"]["content"]["text"], "Reviewing the message.", "{first}");
 
@@ -215,7 +221,7 @@ async fn an_option_the_bridge_did_not_offer_ends_the_turn_and_its_task() {
 /// The reviewer asks its question; the IDE's `answer` to it (by the
 /// request's id) fails the turn with `reason`, and the task is canceled.
 async fn an_unusable_answer_ends_the_turn_and_its_task(answer: impl Fn(&Value) -> Value, reason: &str) {
-    let (_sandbox, server, _reviewer, mut ide, session) = prompting_the_reviewer(10, "review this").await;
+    let (_sandbox, server, _reviewer, mut ide, session) = prompting_the_reviewer(10, "review this", &[]).await;
     let asked = ide.wait_for(|m| m["method"] == "session/request_permission").await;
     ide.send(answer(&asked["id"])).await;
     let (failed, _) = ide.response(&json!(2)).await;
@@ -289,4 +295,28 @@ async fn a_bridge_started_before_its_gateway_offers_the_token_method() {
     let mut ide = AcpProcess::start(&nowhere, "echo", sandbox.path(), &[]);
     let info = ide.initialize(json!({})).await;
     assert_eq!(info["authMethods"][0]["id"], "chorus-token", "{info}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_outlives_a_restart_of_its_gateway() {
+    let sandbox = Sandbox::new();
+    // No worker yet: the task waits, and the turn's stream with it.
+    let server = sandbox.dev().no_agents().start().await;
+    let address = server.address();
+    let mut ide = AcpProcess::start(server.url(), "echo", sandbox.path(), &[]);
+    ide.initialize(json!({})).await;
+    let session = ide.new_session(1, sandbox.path()).await;
+    let prompt = json!({ "sessionId": session, "prompt": [{ "type": "text", "text": "still there?" }] });
+    ide.send(json!({ "jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": prompt })).await;
+    let a2a = chorus_tests::a2a::A2a::new(&server);
+    while a2a.task_count().await == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+
+    // A restart (a deploy): back on its address, with the echo worker now.
+    server.stop().await;
+    let _server = sandbox.dev().listen(address).start().await;
+    let (answer, updates) = ide.response(&json!(2)).await;
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "the turn followed its task again: {answer}");
+    assert_eq!(agent_texts(&updates), ["still there?"]);
 }

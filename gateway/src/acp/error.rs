@@ -90,6 +90,16 @@ impl AcpError {
         }
     }
 
+    /// Whether the gateway may have gone away for a while (a restart, a
+    /// deploy), rather than refused or failed the call for good.
+    pub(crate) fn gateway_went_away(&self) -> bool {
+        match self {
+            Self::StreamEnded(_) => true,
+            Self::Gateway(error) => error.unavailable(),
+            _ => false,
+        }
+    }
+
     /// Structured details for the error's `data`, when there are any.
     pub(crate) fn data(&self) -> Option<serde_json::Value> {
         match self {

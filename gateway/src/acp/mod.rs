@@ -75,6 +75,8 @@ pub struct StdioOptions {
     pub agent: String,
     /// Where the gateway token is (unset: `CHORUS_TOKEN`, if set).
     pub token_file: Option<std::path::PathBuf>,
+    /// How long a turn whose gateway went away waits for it to come back.
+    pub gateway_wait: std::time::Duration,
 }
 
 /// Serves ACP on stdin/stdout until the IDE closes stdin.
@@ -85,7 +87,8 @@ pub async fn serve_stdio(options: StdioOptions) -> std::result::Result<(), Strin
         .build()
         .map_err(|error| format!("cannot build the HTTP client: {error}"))?;
     let tokens = upstream::TokenSource::FileOrEnv(options.token_file);
-    let upstream = upstream::Upstream::new(http, &options.gateway, &options.agent, tokens);
+    let upstream =
+        upstream::Upstream::new(http, &options.gateway, &options.agent, tokens).with_gateway_wait(options.gateway_wait);
     let bridge = Arc::new(bridge::Bridge::new(upstream));
     adapter::serve_stdio(bridge).await.map_err(|error| format!("the ACP connection failed: {error}"))
 }

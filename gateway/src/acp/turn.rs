@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use a2a::{Message, Part, Role, SendMessageRequest, StreamResponse, TaskState, TaskStatus};
-use futures_util::StreamExt as _;
+use futures_util::{StreamExt as _, future, stream, stream::BoxStream};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -28,7 +28,14 @@ use super::plan;
 use super::session::{SESSION_METADATA, SessionContext};
 use super::upstream::Upstream;
 use super::{Ide, StopReason};
+use crate::delegate::DelegateError;
 
+/// A stream of the task's events.
+type Events = BoxStream<'static, Result<StreamResponse, DelegateError>>;
+
+/// The first and the longest pause before following a task again.
+const FIRST_PAUSE: Duration = Duration::from_millis(200);
+const LONGEST_PAUSE: Duration = Duration::from_secs(2);
 /// How long a cancelled turn waits for the gateway to name the task it made.
 const CANCEL_GRACE: Duration = Duration::from_secs(2);
 /// How long a cancelled turn waits for `CancelTask`.
@@ -166,7 +173,7 @@ impl Turn {
             () = self.cancel.cancelled() => return Ok(Settled::Cancelled),
             stream = self.upstream.stream(request) => stream?,
         };
-        let mut stream = std::pin::pin!(stream);
+        let mut stream: Events = Box::pin(stream);
         loop {
             let event = tokio::select! {
                 biased;
@@ -180,11 +187,62 @@ impl Turn {
                 }
                 event = stream.next() => event,
             };
-            let Some(event) = event else {
-                return Err(AcpError::StreamEnded(self.task_id.clone().unwrap_or_else(|| "(none yet)".to_owned())));
+            let failure = match event {
+                Some(Ok(event)) => match self.on_event(event)? {
+                    Some(settled) => return Ok(settled),
+                    None => continue,
+                },
+                Some(Err(error)) => AcpError::Gateway(error),
+                None => AcpError::StreamEnded(self.task_id.clone().unwrap_or_else(|| "(none yet)".to_owned())),
             };
-            if let Some(settled) = self.on_event(event?)? {
-                return Ok(settled);
+            // The gateway may have gone away for a while (a restart, a
+            // deploy): the task goes on there, and the turn follows it again.
+            let Some(task_id) = self.task_id.clone().filter(|_| failure.gateway_went_away()) else {
+                return Err(failure);
+            };
+            match self.follow_again(&task_id, failure).await? {
+                Some(events) => stream = events,
+                None => return Ok(Settled::Cancelled),
+            }
+        }
+    }
+
+    /// Subscribes to the task again, after pauses that double, until the
+    /// gateway answers or [`Upstream::gateway_wait`] has passed; `None` when
+    /// the turn is cancelled meanwhile. The subscription starts with the task
+    /// as it is, whose messages and artifacts already shown are not shown
+    /// twice.
+    async fn follow_again(&self, task_id: &str, mut failure: AcpError) -> Result<Option<Events>> {
+        tracing::info!(task_id, error = %failure, "the stream of the task broke; following it again once the gateway answers");
+        let deadline = tokio::time::Instant::now() + self.upstream.gateway_wait();
+        let mut pause = FIRST_PAUSE;
+        loop {
+            if tokio::time::Instant::now() + pause > deadline {
+                return Err(failure);
+            }
+            tokio::select! {
+                () = self.cancel.cancelled() => return Ok(None),
+                () = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(LONGEST_PAUSE);
+            let mut events: Events = Box::pin(self.upstream.subscribe(task_id).await?);
+            let first = tokio::select! {
+                () = self.cancel.cancelled() => return Ok(None),
+                first = events.next() => first,
+            };
+            match first {
+                Some(Ok(event)) => return Ok(Some(Box::pin(stream::once(future::ready(Ok(event))).chain(events)))),
+                // It settled meanwhile: no stream follows a finished task,
+                // whose last state is read instead.
+                Some(Err(DelegateError::Remote { code: a2a::error_code::UNSUPPORTED_OPERATION, .. })) => {
+                    let task = StreamResponse::Task(self.upstream.get(task_id).await?);
+                    return Ok(Some(Box::pin(stream::once(future::ready(Ok(task))))));
+                }
+                Some(Err(error)) => failure = AcpError::Gateway(error),
+                None => {}
+            }
+            if !failure.gateway_went_away() {
+                return Err(failure);
             }
         }
     }

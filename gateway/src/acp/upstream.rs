@@ -3,9 +3,11 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
 use a2a::{
-    AgentCard, CancelTaskRequest, ListTasksRequest, ListTasksResponse, SendMessageRequest, StreamResponse, Task,
+    AgentCard, CancelTaskRequest, GetTaskRequest, ListTasksRequest, ListTasksResponse, SendMessageRequest,
+    StreamResponse, SubscribeToTaskRequest, Task,
 };
 use futures_util::Stream;
 use tokio::sync::OnceCell;
@@ -64,7 +66,12 @@ impl TokenSource {
 #[derive(Debug, Clone)]
 pub(crate) struct Upstream {
     inner: Arc<Inner>,
+    /// How long a turn whose gateway went away waits for it to come back.
+    gateway_wait: Duration,
 }
+
+/// How long a turn waits for its gateway by default: a restart or a deploy.
+const GATEWAY_WAIT: Duration = Duration::from_secs(60);
 
 #[derive(Debug)]
 struct Inner {
@@ -101,7 +108,16 @@ impl Upstream {
             credentials: RwLock::new(credentials),
             token_problem: RwLock::new(token_problem),
         };
-        Self { inner: Arc::new(inner) }
+        Self { inner: Arc::new(inner), gateway_wait: GATEWAY_WAIT }
+    }
+
+    /// The same, waiting `wait` for a gateway that went away mid-turn.
+    pub(crate) fn with_gateway_wait(self, wait: Duration) -> Self {
+        Self { gateway_wait: wait, ..self }
+    }
+
+    pub(crate) fn gateway_wait(&self) -> Duration {
+        self.gateway_wait
     }
 
     /// The agent's id.
@@ -201,6 +217,23 @@ impl Upstream {
     ) -> Result<impl Stream<Item = Result<StreamResponse, DelegateError>> + Send + 'static> {
         let endpoint = self.endpoint().await?;
         Ok(self.inner.client.stream(&endpoint, request, self.credentials().as_ref()))
+    }
+
+    /// `SubscribeToTask`: the task as it is, then its events until it settles.
+    pub(crate) async fn subscribe(
+        &self,
+        task_id: &str,
+    ) -> Result<impl Stream<Item = Result<StreamResponse, DelegateError>> + Send + 'static> {
+        let endpoint = self.endpoint().await?;
+        let request = SubscribeToTaskRequest { id: task_id.to_owned(), tenant: None };
+        Ok(self.inner.client.subscribe(&endpoint, request, self.credentials().as_ref()))
+    }
+
+    /// `GetTask`, its history whole.
+    pub(crate) async fn get(&self, task_id: &str) -> Result<Task> {
+        let endpoint = self.endpoint().await?;
+        let request = GetTaskRequest { id: task_id.to_owned(), history_length: None, tenant: None };
+        Ok(self.inner.client.get_task(&endpoint, request, self.credentials().as_ref()).await?)
     }
 
     /// `CancelTask`.

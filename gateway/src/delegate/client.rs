@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use a2a::{
     AgentCard, CancelTaskRequest, GetTaskRequest, JsonRpcId, JsonRpcResponse, ListTasksRequest, ListTasksResponse,
-    SendMessageRequest, SendMessageResponse, StreamResponse, Task, methods,
+    SendMessageRequest, SendMessageResponse, StreamResponse, SubscribeToTaskRequest, Task, methods,
 };
 use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt, TryStreamExt, future, stream};
@@ -203,7 +203,32 @@ impl A2aClient {
     ) -> impl Stream<Item = Result<StreamResponse, DelegateError>> + Send + 'static + use<> {
         copy_tenant(endpoint, &mut request.tenant);
         let call = Call::post(methods::SEND_STREAMING_MESSAGE, vec!["message:stream".to_owned()]);
-        let prepared = self.prepare(endpoint, &call, &request, credentials, EVENT_STREAM);
+        self.streaming(endpoint, &call, &request, credentials)
+    }
+
+    /// `SubscribeToTask` (JSON-RPC) or `POST /tasks/{id}:subscribe`
+    /// (HTTP+JSON): the task as it is, then its events, as [`Self::stream`].
+    pub(crate) fn subscribe(
+        &self,
+        endpoint: &Endpoint,
+        mut request: SubscribeToTaskRequest,
+        credentials: Option<&Credentials>,
+    ) -> impl Stream<Item = Result<StreamResponse, DelegateError>> + Send + 'static + use<> {
+        copy_tenant(endpoint, &mut request.tenant);
+        let call =
+            Call::post(methods::SUBSCRIBE_TO_TASK, vec!["tasks".to_owned(), format!("{}:subscribe", request.id)]);
+        self.streaming(endpoint, &call, &request, credentials)
+    }
+
+    /// A streaming `call`: its events, opened when first polled.
+    fn streaming<Req: Serialize>(
+        &self,
+        endpoint: &Endpoint,
+        call: &Call,
+        request: &Req,
+        credentials: Option<&Credentials>,
+    ) -> impl Stream<Item = Result<StreamResponse, DelegateError>> + Send + 'static + use<Req> {
+        let prepared = self.prepare(endpoint, call, request, credentials, EVENT_STREAM);
         let (url, binding) = (endpoint.url.clone(), endpoint.binding);
         stream::once(async move { open_stream(prepared?, url, binding).await }).try_flatten()
     }

@@ -160,6 +160,13 @@ pub(crate) enum DelegateError {
 }
 
 impl DelegateError {
+    /// Whether the agent could not be reached or could not answer for now:
+    /// the connection failed or broke, a 5xx, or an internal error (a
+    /// gateway that is stopping ends its streams with one).
+    pub(crate) fn unavailable(&self) -> bool {
+        matches!(self, Self::Http { .. } | Self::Status { status: 500..=599, .. } | Self::Remote { code: -32603, .. })
+    }
+
     /// Whether the agent refused the caller's credentials (HTTP 401 or 403).
     pub(crate) fn refused_credentials(&self) -> bool {
         matches!(self, Self::Status { status: 401 | 403, .. } | Self::Remote { code: 401 | 403, .. })
