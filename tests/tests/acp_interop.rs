@@ -152,6 +152,9 @@ async fn the_typescript_sdk_runs_a_session_and_loads_it_again_through_chorus_acp
     ];
     assert!(order.iter().all(Option::is_some), "the whole conversation is replayed: {replay:#?}");
     assert!(order.windows(2).all(|pair| pair[0] < pair[1]), "in the order it happened: {replay:#?}");
+    // The IDE's answers to the agent's questions come back as questions
+    // answered, not as words the user typed.
+    assert!(!replay.iter().any(|said| ["user: allow", "user: reject"].contains(said)), "{replay:#?}");
 
     // What the agent saw: every message carries the IDE's context; the
     // cancelled turn's task is canceled.

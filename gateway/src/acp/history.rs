@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::Ide;
 use super::ask;
-use super::content::{ToolCall, ToolKind, ToolStatus, Update, content_of};
+use super::content::{Content, ToolCall, ToolKind, ToolStatus, Update, content_of};
 use super::error::Result;
 use super::plan;
 use super::session::SESSION_METADATA;
@@ -123,6 +123,20 @@ fn replay_message(ide: &dyn Ide, session_id: &str, message: &Message) -> Result<
         && let Some(plan) = plan::plan_of(message)
     {
         return ide.update(session_id, Update::Plan(plan));
+    }
+    // The IDE's answer to a question, not words the user typed: as live, a
+    // question answered.
+    if let Some(chosen) = message.metadata.as_ref().and_then(|metadata| metadata.get(ask::PERMISSION)) {
+        let chosen = chosen.as_str().unwrap_or_default();
+        let call = ToolCall {
+            id: format!("input-{}", message.message_id),
+            title: format!("Answered: {chosen}"),
+            kind: ToolKind::Other,
+            status: ToolStatus::Completed,
+            content: vec![Content::Text(chosen.to_owned())],
+            locations: Vec::new(),
+        };
+        return ide.update(session_id, Update::ToolCall(call));
     }
     let thought = plan::is_thought(message);
     for part in &message.parts {
