@@ -47,6 +47,10 @@ async fn malformed_lines_unknown_methods_and_unknown_sessions_get_errors_and_the
     let image = json!({ "type": "image", "data": "AAAA", "mimeType": "image/png" });
     let (refused, _) = ide.call(9, "session/prompt", json!({ "sessionId": session, "prompt": [image] })).await;
     assert_eq!(error_code(&refused), -32602, "images are not advertised, so not taken: {refused}");
+    // Larger than the gateway takes (1 MiB by default): the IDE's to shorten.
+    let huge = json!({ "sessionId": session, "prompt": [{ "type": "text", "text": "x".repeat(1_100_000) }] });
+    let (refused, _) = ide.call(11, "session/prompt", huge).await;
+    assert_eq!(error_code(&refused), -32602, "{}", refused["error"]);
     let prompt = json!({ "sessionId": session, "prompt": [{ "type": "text", "text": "still here" }] });
     let (answer, updates) = ide.call(10, "session/prompt", prompt).await;
     assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");

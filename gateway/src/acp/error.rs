@@ -86,6 +86,8 @@ impl AcpError {
             // The gateway refused the token (revoked, rotated): the IDE's
             // cue to authenticate again, whichever call met it.
             Self::Gateway(error) if error.refused_credentials() => Code::AuthRequired,
+            // A prompt larger than the gateway takes: the IDE's to shorten.
+            Self::Gateway(error) if error.too_large() => Code::InvalidParams,
             Self::Gateway(_) | Self::StreamEnded(_) | Self::TaskEnded { .. } | Self::Client(_) => Code::Internal,
         }
     }

@@ -167,6 +167,11 @@ impl DelegateError {
         matches!(self, Self::Http { .. } | Self::Status { status: 500..=599, .. } | Self::Remote { code: -32603, .. })
     }
 
+    /// Whether the agent refused the request as too large (HTTP 413).
+    pub(crate) fn too_large(&self) -> bool {
+        matches!(self, Self::Status { status: 413, .. } | Self::Remote { code: 413, .. })
+    }
+
     /// Whether the agent refused the caller's credentials (HTTP 401 or 403).
     pub(crate) fn refused_credentials(&self) -> bool {
         matches!(self, Self::Status { status: 401 | 403, .. } | Self::Remote { code: 401 | 403, .. })

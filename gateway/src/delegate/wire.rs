@@ -123,9 +123,10 @@ pub(super) fn decode_jsonrpc<T: DeserializeOwned>(
     id: &JsonRpcId,
     body: &[u8],
 ) -> Result<T, DelegateError> {
-    // A refusal of the caller's credentials is the HTTP status's to say: its
-    // JSON-RPC code (-32600) is any invalid request's.
-    if matches!(status, 401 | 403) {
+    // A refusal of the caller's credentials, or of a body too large, is the
+    // HTTP status's to say: its JSON-RPC code (-32600) is any invalid
+    // request's.
+    if matches!(status, 401 | 403 | 413) {
         return Err(status_error(url, status, body));
     }
     let response: JsonRpcResponse = match serde_json::from_slice(body) {
