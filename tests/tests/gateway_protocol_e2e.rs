@@ -86,3 +86,25 @@ async fn a_stream_starts_with_as_much_history_as_asked() {
     let ids: Vec<&Value> = history.iter().map(|message| &message["messageId"]).collect();
     assert_eq!(ids, [&json!("answer-1")], "historyLength 1 keeps the latest message: {streamed:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_config_sent_with_a_message_is_read_back_by_the_task_id_as_0_3_clients_do() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().env("CHORUS_GATEWAY__PUSH__ALLOW_PRIVATE", "true").start().await;
+    let a2a = A2a::new(&server);
+    // A 0.3 client (no A2A-Version) registers its webhook with the message,
+    // then reads it back the 0.3 way: by the task's id alone.
+    let v03 = |body: Value| a2a.http().post(format!("{}/a2a/echo", a2a.base())).json(&body);
+    let send = json!({ "jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {
+        "configuration": { "blocking": true, "pushNotificationConfig": { "url": "http://127.0.0.1:9/hook" } },
+        "message": { "kind": "message", "messageId": unique("v03"), "role": "user",
+            "parts": [{ "kind": "text", "text": "tell me" }] } } });
+    let (_, sent) = json(v03(send)).await;
+    let task_id = sent["result"]["id"].clone();
+    assert!(task_id.is_string(), "{sent:#}");
+    let get = json!({ "jsonrpc": "2.0", "id": 2, "method": "tasks/pushNotificationConfig/get",
+        "params": { "id": task_id } });
+    let (_, read) = json(v03(get)).await;
+    assert_eq!(read["result"]["pushNotificationConfig"]["url"], "http://127.0.0.1:9/hook", "{read:#}");
+    assert_eq!(read["result"]["pushNotificationConfig"]["id"], task_id, "{read:#}");
+}

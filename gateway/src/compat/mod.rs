@@ -15,7 +15,8 @@
 //!   out as `{"value": v}` with `metadata.data_part_compat = true` (the marker a2a-python's 0.3
 //!   compatibility layer uses), and an incoming data part with that marker is unwrapped again.
 //! - 0.3 text and data parts have no `filename` or `mediaType`; those survive on file parts only.
-//! - A 0.3 push config set without an `id` gets the task id as its id, and a 0.3 get without
+//! - A 0.3 push config set without an `id` gets the task id as its id (as does one sent with a
+//!   message, of any version), and a 0.3 get without
 //!   `pushNotificationConfigId` asks for that id: the 0.3 SDKs' one-config-per-task default.
 //! - A 1.0 push config has one authentication scheme; of several 0.3 `schemes` the first is kept.
 //! - A 0.3 `tasks/pushNotificationConfig/list` result is a bare array, so `nextPageToken` is lost.

@@ -344,10 +344,9 @@ impl Gateway {
             answer,
         };
         let task = self.tasks().create_task(create).await.map_err(|status| task_error(&status, ""))?.into_inner();
-        if let Some(mut push) = push {
-            push.task_id = task.id.clone();
+        if let Some(push) = push {
             let changes = self.inner.push.open(&scope.namespace, &task.id, Follow::FromCreation).await?;
-            self.store_push_config(scope, push, changes).await?;
+            self.store_push_config(scope, push_configs::sent_for(push, &task.id), changes).await?;
         }
         if !answered && matches!(agent.kind, AgentKind::Builtin | AgentKind::Remote | AgentKind::Workflow) {
             self.inner.runner.start(agent, &scope.namespace, &task, message);
@@ -411,9 +410,8 @@ impl Gateway {
             };
             tasks.add_message(request).await.map_err(|status| task_error(&status, task_id))?.into_inner()
         };
-        if let (Some(mut push), Some(changes)) = (push, changes) {
-            push.task_id = task.id.clone();
-            self.store_push_config(scope, push, changes).await?;
+        if let (Some(push), Some(changes)) = (push, changes) {
+            self.store_push_config(scope, push_configs::sent_for(push, &task.id), changes).await?;
         }
         Ok(Started::Task(Box::new(task)))
     }

@@ -17,6 +17,18 @@ use crate::{
 /// Where a config sent with a message sits in its request, for errors.
 pub(super) const SENT_CONFIG: &str = "configuration.taskPushNotificationConfig.";
 
+/// A config sent with a message, for the task the message made or
+/// continued. Without an id of its own it takes the task's, as the 0.3
+/// clients that read it back by the task's id expect (a later one sent
+/// without an id replaces it).
+pub(super) fn sent_for(mut config: TaskPushNotificationConfig, task_id: &str) -> TaskPushNotificationConfig {
+    config.task_id = task_id.to_owned();
+    if config.id.as_deref().is_none_or(str::is_empty) {
+        config.id = Some(task_id.to_owned());
+    }
+    config
+}
+
 impl Gateway {
     /// `CreateTaskPushNotificationConfig`: notifications cover the changes
     /// from about now on.
