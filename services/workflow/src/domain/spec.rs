@@ -4,6 +4,8 @@ use std::{collections::BTreeSet, time::Duration};
 
 use serde_json::{Map, Value};
 
+use super::StepKind;
+
 /// A valid workflow definition.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkflowSpec {
@@ -102,6 +104,21 @@ pub enum Action {
     Wait(Wait),
     Parallel(Parallel),
     Gate(Gate),
+}
+
+impl Action {
+    /// The kind of step records of this action.
+    pub fn kind(&self) -> StepKind {
+        match self {
+            Self::Spawn(_) => StepKind::Spawn,
+            Self::Delegate(_) => StepKind::Delegate,
+            Self::Message(_) => StepKind::Message,
+            Self::Condition => StepKind::Condition,
+            Self::Wait(_) => StepKind::Wait,
+            Self::Parallel(_) => StepKind::Parallel,
+            Self::Gate(_) => StepKind::Gate,
+        }
+    }
 }
 
 /// Who a spawned task is for.
@@ -251,4 +268,12 @@ pub struct Concurrency {
     pub max: u32,
     /// An expression over `trigger` and `inputs`; runs with equal keys share the limit.
     pub key: Option<String>,
+}
+
+impl Concurrency {
+    /// Why a run of `workflow` (with the concurrency key `key`) waits for a slot.
+    pub fn holding(&self, workflow: &str, key: Option<&str>) -> String {
+        let key = key.map(|key| format!(" with key `{key}`")).unwrap_or_default();
+        format!("waiting for a slot: at most {} runs of `{workflow}`{key} run at once", self.max)
+    }
 }

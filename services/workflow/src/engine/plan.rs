@@ -40,18 +40,6 @@ pub(crate) struct Verdict {
     pub(crate) automatic: bool,
 }
 
-pub(crate) fn kind_of(action: &Action) -> StepKind {
-    match action {
-        Action::Spawn(_) => StepKind::Spawn,
-        Action::Delegate(_) => StepKind::Delegate,
-        Action::Message(_) => StepKind::Message,
-        Action::Condition => StepKind::Condition,
-        Action::Wait(_) => StepKind::Wait,
-        Action::Parallel(_) => StepKind::Parallel,
-        Action::Gate(_) => StepKind::Gate,
-    }
-}
-
 /// The step with `id` anywhere in `steps`, with the sequence that holds it
 /// and the parallel step around that sequence.
 pub(crate) fn find<'s>(steps: &'s [Step], id: &str, parent: Option<&'s str>) -> Option<Located<'s>> {
@@ -122,7 +110,9 @@ impl Planner<'_> {
         }
         if run.state == RunState::Pending {
             if !slot_free {
-                run.body.pending_reason = Some(self.pending_reason(run));
+                let limit = self.spec.concurrency.as_ref();
+                run.body.pending_reason =
+                    limit.map(|limit| limit.holding(&run.workflow, run.concurrency_key.as_deref()));
                 return;
             }
             run.body.pending_reason = None;
@@ -145,13 +135,6 @@ impl Planner<'_> {
                 run.state = if working { RunState::Running } else { RunState::Waiting };
             }
         }
-    }
-
-    /// Why a run waits for a slot: the limit it is held by.
-    fn pending_reason(&self, run: &Run) -> String {
-        let max = self.spec.concurrency.as_ref().map_or(0, |concurrency| concurrency.max);
-        let key = run.concurrency_key.as_ref().map(|key| format!(" with key `{key}`")).unwrap_or_default();
-        format!("waiting for a slot: at most {max} runs of `{}`{key} run at once", run.workflow)
     }
 
     /// Cancels the run: its active steps end canceled.
@@ -347,7 +330,7 @@ impl Planner<'_> {
         let mut record = StepRecord {
             seq: u32::try_from(run.body.steps.len() + 1).unwrap_or(u32::MAX),
             step_id: step.id.clone(),
-            kind: kind_of(&step.action),
+            kind: step.action.kind(),
             state: StepState::Running,
             parent_step_id: parent.map(str::to_owned),
             iteration,
