@@ -213,7 +213,8 @@ impl Turn {
     /// as it is, whose messages and artifacts already shown are not shown
     /// twice.
     async fn follow_again(&self, task_id: &str, mut failure: AcpError) -> Result<Option<Events>> {
-        tracing::info!(task_id, error = %failure, "the stream of the task broke; following it again once the gateway answers");
+        let error = failure.to_string();
+        tracing::info!(task_id, error, "the task's stream broke; following it again when the gateway answers");
         let deadline = tokio::time::Instant::now() + self.upstream.gateway_wait();
         let mut pause = FIRST_PAUSE;
         loop {

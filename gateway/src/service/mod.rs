@@ -421,18 +421,15 @@ impl Gateway {
     /// when this starts: continuing it moved it past its interruption.
     async fn settle(&self, scope: &Scope, task_id: &str, history_length: Option<u32>) -> Result<Task> {
         let timeout = Duration::from_millis(self.inner.config.blocking_timeout_ms).min(LONGEST_BLOCKING_WAIT);
-        let request = pb::AwaitTaskRequest {
-            namespace: scope.namespace.clone(),
-            id: task_id.to_owned(),
-            history_length,
-            timeout: None,
-        };
+        let (namespace, id) = (scope.namespace.clone(), task_id.to_owned());
+        let request =
+            pb::AwaitTaskRequest { namespace: namespace.clone(), id: id.clone(), history_length, timeout: None };
         let settled = tokio::select! {
-            settled = rewatch::await_task(self.tasks(), request, timeout) => settled,
+            settled = rewatch::await_task(self.tasks(), request, timeout) => settled.map(|settled| settled.task),
             // As at the blocking timeout: the task as it is, which goes on.
             () = self.inner.stopping.cancelled() => {
-                let get = pb::GetTaskRequest { namespace: scope.namespace.clone(), id: task_id.to_owned(), history_length };
-                self.tasks().get_task(get).await.map(|task| pb::AwaitTaskResponse { task: Some(task.into_inner()), ..Default::default() })
+                let get = pb::GetTaskRequest { namespace, id, history_length };
+                self.tasks().get_task(get).await.map(|task| Some(task.into_inner()))
             }
         };
         let settled = settled.map_err(|status| match task_error(&status, task_id) {
@@ -442,7 +439,7 @@ impl Gateway {
             error => error,
         })?;
         let task =
-            settled.task.ok_or_else(|| GatewayError::Internal("the task store answered without a task".to_owned()))?;
+            settled.ok_or_else(|| GatewayError::Internal("the task store answered without a task".to_owned()))?;
         Ok(convert::task_out(task, true))
     }
 
