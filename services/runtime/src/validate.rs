@@ -123,6 +123,11 @@ pub fn duration(
     let Some(value) = value else {
         return Ok(default);
     };
+    // As google.protobuf.Duration defines them: nanos within a second, of
+    // the sign of the seconds (here, not negative).
+    if !(0..1_000_000_000).contains(&value.nanos) {
+        return Err(FieldViolation::new(field, "must have nanos from 0 to 999,999,999"));
+    }
     Duration::try_from(value)
         .ok()
         .filter(|duration| duration.as_secs() < MAX_DURATION_SECONDS)
@@ -181,5 +186,13 @@ mod tests {
         assert!(duration("lease", Some(huge), Duration::ZERO).is_err());
         let longest = prost_types::Duration { seconds: 315_575_999_999, nanos: 0 };
         assert!(duration("lease", Some(longest), Duration::ZERO).is_ok());
+        // Malformed: nanos past a second, or of the other sign than the seconds.
+        for (seconds, nanos) in [(1, -5), (0, 2_000_000_000), (0, 1_420_103_679)] {
+            let malformed = prost_types::Duration { seconds, nanos };
+            let refused = duration("lease", Some(malformed), Duration::ZERO).unwrap_err();
+            assert_eq!(refused.reason, "must have nanos from 0 to 999,999,999", "{seconds} s {nanos} ns");
+        }
+        let precise = prost_types::Duration { seconds: 1, nanos: 500_000_000 };
+        assert_eq!(duration("lease", Some(precise), Duration::ZERO).unwrap(), Duration::from_millis(1500));
     }
 }
