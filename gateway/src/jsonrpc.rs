@@ -22,6 +22,8 @@ use crate::{
 /// A parsed call: its id, what it asks, in which version.
 struct Call {
     id: Value,
+    /// Sent without an id: the caller wants no answer (JSON-RPC 2.0 §4.1).
+    notification: bool,
     principal: Principal,
     method: &'static str,
     params: Value,
@@ -55,7 +57,13 @@ pub(crate) async fn handle(
         Err((id, error)) => return error_response(&id, &error),
     };
     let id = call.id.clone();
-    match dispatch(&gateway, &agent, call).await {
+    let notification = call.notification;
+    let reply = dispatch(&gateway, &agent, call).await;
+    if notification {
+        // Done, and not answered: not even an error (JSON-RPC 2.0 §4.1).
+        return StatusCode::NO_CONTENT.into_response();
+    }
+    match reply {
         Ok(Reply::Value(result)) => axum::Json(json!({ "jsonrpc": "2.0", "id": id, "result": result })).into_response(),
         Ok(Reply::Stream(response)) => response,
         Err(error) => error_response(&id, &error),
@@ -84,6 +92,7 @@ async fn parse(
     let Value::Object(mut request) = request else {
         return Err(fail(GatewayError::InvalidRequest("a JSON-RPC request is an object".to_owned())));
     };
+    let notification = !request.contains_key("id");
     let id = match request.remove("id") {
         Some(id @ (Value::String(_) | Value::Number(_) | Value::Null)) => id,
         Some(_) => return Err(fail(GatewayError::InvalidRequest("id must be a string, a number or null".to_owned()))),
@@ -114,7 +123,7 @@ async fn parse(
         }
         (None, Version::V1) => return Err((id, GatewayError::MethodNotFound(method))),
     };
-    Ok(Call { id, principal, method, params, version })
+    Ok(Call { id, notification, principal, method, params, version })
 }
 
 fn params<T: DeserializeOwned>(params: Value) -> Result<T> {

@@ -108,3 +108,28 @@ async fn a_push_config_sent_with_a_message_is_read_back_by_the_task_id_as_0_3_cl
     assert_eq!(read["result"]["pushNotificationConfig"]["url"], "http://127.0.0.1:9/hook", "{read:#}");
     assert_eq!(read["result"]["pushNotificationConfig"]["id"], task_id, "{read:#}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_is_carried_out_and_not_answered() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().start().await;
+    let a2a = A2a::new(&server);
+    // JSON-RPC 2.0 §4.1: a request without an id wants no answer, not even
+    // an error.
+    let notify = |method: &str, params: Value| {
+        let body = json!({ "jsonrpc": "2.0", "method": method, "params": params });
+        a2a.rpc_body("echo", &body).send()
+    };
+    let sent = notify("SendMessage", json!({ "message": message(&unique("n"), "fire and forget") })).await;
+    let sent = sent.expect("an answer");
+    assert_eq!(sent.status(), StatusCode::NO_CONTENT);
+    assert_eq!(sent.text().await.expect("body"), "");
+    assert_eq!(a2a.task_count().await, 1, "the notification was carried out");
+    let failed = notify("GetTask", json!({ "id": "01a20e17-efb3-7144-a5b3-4e3c0228e429" })).await.expect("an answer");
+    assert_eq!(failed.status(), StatusCode::NO_CONTENT);
+    // With an id, even null, a request is answered.
+    let body = json!({ "jsonrpc": "2.0", "id": null, "method": "GetTask", "params": { "id": "nope" } });
+    let (status, answer) = json(a2a.rpc_body("echo", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{answer:#}");
+    assert_rpc_error(&answer["error"], -32001, "TASK_NOT_FOUND");
+}
