@@ -125,6 +125,8 @@ async fn the_typescript_sdk_runs_a_session_and_loads_it_again_through_chorus_acp
         json!([
             ["Read notes.txt:high:in_progress", "Ask before publishing the review:medium:pending"],
             ["Read notes.txt:high:completed", "Ask before publishing the review:medium:pending"],
+            ["Read notes.txt:high:completed", "Ask before publishing the review:medium:in_progress"],
+            ["Read notes.txt:high:completed", "Ask before publishing the review:medium:completed"],
         ]),
         "the agent's plan arrives as `plan` updates, kept current: {results:#}"
     );

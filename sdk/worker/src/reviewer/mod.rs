@@ -70,7 +70,7 @@ enum Source {
 pub async fn handle(task: TaskContext, pace: Duration) -> Result<Reply, HandlerError> {
     let files = files_of(task.task().history.iter().rev().find(|m| m.role == i32::from(Role::User)));
     let names: Vec<String> = files.iter().map(|(name, _)| name.clone()).collect();
-    show_plan(&task, &names, 0).await?;
+    show_plan(&task, &names, 0, "pending").await?;
     step(&task, format!("Reviewing {}.", names.join(", ")), pace).await?;
     let mut reviews = Vec::new();
     for (read, (name, source)) in files.into_iter().enumerate() {
@@ -85,6 +85,7 @@ pub async fn handle(task: TaskContext, pace: Duration) -> Result<Reply, HandlerE
                     }
                 });
                 if let Some(error) = failed {
+                    show_plan(&task, &names, read + 1, "pending").await?;
                     step(&task, format!("Could not read {name}: {}.", string_of(&error)), pace).await?;
                     continue;
                 }
@@ -92,7 +93,7 @@ pub async fn handle(task: TaskContext, pace: Duration) -> Result<Reply, HandlerE
             }
         };
         let found = review::review(&name, &text);
-        show_plan(&task, &names, read + 1).await?;
+        show_plan(&task, &names, read + 1, "pending").await?;
         step(&task, format!("Read {name}: {}.", review::count(found.lines, "line")), pace).await?;
         reviews.push(found);
     }
@@ -100,7 +101,9 @@ pub async fn handle(task: TaskContext, pace: Duration) -> Result<Reply, HandlerE
         return Ok(Reply::text("There was nothing I could read to review."));
     }
     let summary = review::summary(&reviews);
+    show_plan(&task, &names, names.len(), "in_progress").await?;
     let answer = ask(&task, format!("{summary} Publish the review?"), None).await?;
+    show_plan(&task, &names, names.len(), "completed").await?;
     if texts(&answer).first().is_some_and(|text| text.trim() == ALLOW) {
         let artifact = text_artifact("review", review::table(&reviews));
         return Ok(Reply::text(format!("Published: {summary}")).with_artifact(artifact));
@@ -162,8 +165,9 @@ fn file_request(path: &str) -> Struct {
 }
 
 /// Shows the plan (metadata [`PLAN`]): read each of `files`, the first
-/// `done` of them read, then ask before publishing.
-async fn show_plan(task: &TaskContext, files: &[String], done: usize) -> Result<(), HandlerError> {
+/// `done` of them read (or given up), then ask before publishing (`asking`:
+/// that step's status).
+async fn show_plan(task: &TaskContext, files: &[String], done: usize, asking: &str) -> Result<(), HandlerError> {
     let string = |text: &str| Value { kind: Some(ValueKind::StringValue(text.to_owned())) };
     let entry = |content: &str, priority: &str, status: &str| {
         let fields = [("content", content), ("priority", priority), ("status", status)]
@@ -184,7 +188,7 @@ async fn show_plan(task: &TaskContext, files: &[String], done: usize) -> Result<
             entry(&format!("Read {file}"), "high", status)
         })
         .collect();
-    entries.push(entry("Ask before publishing the review", "medium", "pending"));
+    entries.push(entry("Ask before publishing the review", "medium", asking));
     let plan = Value { kind: Some(ValueKind::ListValue(prost_types::ListValue { values: entries })) };
     let mut message = agent_message(task.task(), vec![text_part("Plan")]);
     message.metadata = Some(Struct { fields: [(PLAN.to_owned(), plan)].into() });
