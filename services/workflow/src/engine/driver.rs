@@ -283,20 +283,44 @@ fn task_result(outcome: TaskOutcome) -> Result<Value, String> {
 /// calls to the task store and the bus (a spawn's task, a cancel, a gate's
 /// announcement), whose outage a run waits out; a spawn's timeout bounds its
 /// task.
-async fn retrying<T, F, Fut>(mut call: F) -> Result<T, String>
+async fn retrying<T, F, Fut>(call: F) -> Result<T, String>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, EffectError>>,
 {
-    let mut pause = Duration::from_millis(100);
+    retrying_with(Duration::from_millis(100), Duration::from_secs(5), call).await
+}
+
+/// As [`retrying`], the pauses from `first` doubling up to `longest`.
+async fn retrying_with<T, F, Fut>(first: Duration, longest: Duration, mut call: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, EffectError>>,
+{
+    let mut pause = first;
+    let mut warned = false;
     loop {
         match call().await {
-            Ok(value) => return Ok(value),
+            Ok(value) => {
+                if warned {
+                    tracing::info!("side effect done after all: the service answers again");
+                }
+                return Ok(value);
+            }
             Err(EffectError::Failed(error)) => return Err(error),
+            // A blip is retried quietly; an outage is said once, when the
+            // pauses reach their longest, so that a step that waits on a
+            // service that is down shows in the log.
+            Err(EffectError::Transient(error)) if pause == longest && !warned => {
+                let every = humanize(longest);
+                tracing::warn!(%error, "a service a step needs does not answer; the step waits, trying every {every}");
+                warned = true;
+                tokio::time::sleep(pause).await;
+            }
             Err(EffectError::Transient(error)) => {
                 tracing::debug!(%error, "side effect failed; retrying");
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(5));
+                pause = (pause * 2).min(longest);
             }
         }
     }
@@ -309,5 +333,29 @@ fn humanize(duration: Duration) -> String {
         s if s % 3600 == 0 => format!("{}h", s / 3600),
         s if s % 60 == 0 => format!("{}m", s / 60),
         s => format!("{s}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_transient_failure_is_tried_again_with_growing_pauses_until_it_passes() {
+        let calls = AtomicU32::new(0);
+        let started = tokio::time::Instant::now();
+        let (first, longest) = (Duration::from_millis(10), Duration::from_millis(40));
+        let outcome = retrying_with(first, longest, || {
+            let call = calls.fetch_add(1, Ordering::SeqCst);
+            async move { if call < 5 { Err(EffectError::Transient("down".into())) } else { Ok(call) } }
+        })
+        .await;
+        assert_eq!(outcome, Ok(5), "tried until it passed, past the longest pause");
+        // 10 + 20 + 40 ms, then the longest pause twice more.
+        assert!(started.elapsed() >= Duration::from_millis(150), "{:?}", started.elapsed());
+        let failed = retrying(|| async { Err::<(), _>(EffectError::Failed("no such agent".into())) }).await;
+        assert_eq!(failed, Err("no such agent".to_owned()), "a lasting failure is not tried again");
     }
 }
