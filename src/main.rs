@@ -179,6 +179,15 @@ async fn main() -> anyhow::Result<ExitCode> {
     let telemetry = chorus_runtime::telemetry::init(&service_name, &config.telemetry)?;
     let shutdown = chorus_runtime::signal::shutdown_on_signal();
     let outcome = run(cli.command, &config, shutdown).await;
+    // Where logs are JSON (a collector reads them), so is the error that
+    // stops the process, rather than anyhow's lines of plain text.
+    let outcome = match outcome {
+        Err(error) if config.telemetry.log_format == chorus_runtime::telemetry::LogFormat::Json => {
+            tracing::error!(error = format!("{error:#}"), "chorus stopped");
+            Ok(ExitCode::FAILURE)
+        }
+        outcome => outcome,
+    };
     telemetry.shutdown().await;
     outcome
 }

@@ -483,4 +483,18 @@ async fn a_call_past_the_request_timeout_gets_an_answer_its_binding_reads() {
         stderr.contains("gateway.blocking_timeout_ms (1000) must be shorter than server.request_timeout_ms"),
         "{stderr}"
     );
+    // Where logs are JSON, so is the error that stops the process.
+    let refused = tokio::process::Command::new(chorus_tests::server::chorus_bin())
+        .args(["serve", "gateway", "--listen", "127.0.0.1:0"])
+        .current_dir(sandbox.path())
+        .env("CHORUS_GATEWAY__TASKSTORE_URL", "127.0.0.1:7800")
+        .env("CHORUS_TELEMETRY__LOG_FORMAT", "json")
+        .output()
+        .await
+        .expect("run chorus");
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    let last: Value = serde_json::from_str(stderr.lines().last().unwrap_or_default()).expect("a JSON line");
+    assert_eq!((&last["level"], &last["message"]), (&json!("ERROR"), &json!("chorus stopped")), "{stderr}");
+    assert!(last["error"].as_str().is_some_and(|error| error.contains("must start with http://")), "{stderr}");
 }
