@@ -96,6 +96,11 @@ macro_rules! service_migrations {
 }
 
 impl ServiceMigrations {
+    /// The table that records `service`'s migrations.
+    fn table(service: &str) -> String {
+        format!("_chorus_{service}_migrations")
+    }
+
     fn migrator(&self, backend: Backend) -> Migrator {
         let files = match backend {
             Backend::Postgres => self.postgres,
@@ -114,7 +119,7 @@ impl ServiceMigrations {
             })
             .collect();
         let mut migrator = Migrator::with_migrations(migrations);
-        migrator.dangerous_set_table_name(format!("_chorus_{}_migrations", self.service));
+        migrator.dangerous_set_table_name(Self::table(self.service));
         migrator
     }
 }
@@ -137,6 +142,8 @@ pub struct Db {
     statements: Batcher<grouped::PendingStatement, scripts::ScriptAnswer>,
     backend: Backend,
     url: String,
+    /// The services whose tables this process made sure of ([`Db::migrate`]).
+    migrated: Arc<std::sync::Mutex<Vec<&'static str>>>,
 }
 
 impl fmt::Debug for Db {
@@ -239,7 +246,7 @@ impl Db {
         }
         let scripts = scripts::script_batcher(pool.clone(), Arc::clone(&lane));
         let statements = grouped::statement_batcher(pool.clone(), Arc::clone(&lane));
-        Ok(Self { pool, lane, readers, scripts, statements, backend, url: url.to_owned() })
+        Ok(Self { pool, lane, readers, scripts, statements, backend, url: url.to_owned(), migrated: Arc::default() })
     }
 
     /// A connection for reads outside any transaction. On a SQLite file, one
@@ -280,7 +287,9 @@ impl Db {
                 Err(error) => Err(error.into()),
             },
         };
-        migrated.map_err(|source| StorageError::Migrate { service: migrations.service, source })
+        migrated.map_err(|source| StorageError::Migrate { service: migrations.service, source })?;
+        self.migrated.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(migrations.service);
+        Ok(())
     }
 
     /// Closes every connection, waiting for those in use to come back.
@@ -361,9 +370,22 @@ impl Db {
         Ok(tx)
     }
 
-    /// Succeeds when the database answers.
-    pub async fn ping(&self) -> Result<(), sqlx::Error> {
-        self.acquire().await?.execute("SELECT 1").await.map(drop)
+    /// Succeeds when the database answers and still holds the tables of the
+    /// services migrated: a database dropped and made again empty under a
+    /// running process answers, but every call would fail.
+    pub async fn ping(&self) -> Result<(), String> {
+        let mut connection = self.acquire().await.map_err(|error| error.to_string())?;
+        connection.execute("SELECT 1").await.map_err(|error| error.to_string())?;
+        let services = self.migrated.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        for service in services {
+            let probe = format!("SELECT 1 FROM {} LIMIT 1", ServiceMigrations::table(service));
+            if connection.execute(sqlx::AssertSqlSafe(probe)).await.is_err() {
+                return Err(format!(
+                    "the {service} tables are gone (was the database made again?); restart the process to create them"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Carries `wakeups` across processes sharing this PostgreSQL database
@@ -441,5 +463,9 @@ mod tests {
         db.migrate(&migrations).await.unwrap();
         db.migrate(&migrations).await.unwrap();
         db.ping().await.unwrap();
+        // Its tables gone under it (a database made again): not ready.
+        db.acquire().await.unwrap().execute("DROP TABLE _chorus_demo_migrations").await.unwrap();
+        let gone = db.ping().await.unwrap_err();
+        assert!(gone.starts_with("the demo tables are gone"), "{gone}");
     }
 }
