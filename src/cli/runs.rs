@@ -173,8 +173,7 @@ fn run_json(run: &pb::Run) -> Value {
 
 /// A time as RFC 3339 text to the microsecond, or null when there is none.
 fn timestamp_json(at: Option<&prost_types::Timestamp>) -> Value {
-    at.and_then(|at| chrono::DateTime::from_timestamp(at.seconds, u32::try_from(at.nanos).unwrap_or_default()))
-        .map_or(Value::Null, |at| Value::String(at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)))
+    view::datetime(at).map_or(Value::Null, |at| Value::String(at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)))
 }
 
 fn struct_json(value: Option<&prost_types::Struct>) -> Value {

@@ -10,10 +10,13 @@ pub(super) fn user() -> String {
 
 /// A timestamp as `2026-11-24T14:03:29Z`.
 pub(super) fn time(at: Option<&Timestamp>) -> String {
-    let Some(at) = at else { return "-".to_owned() };
-    let nanos = u32::try_from(at.nanos).unwrap_or_default();
-    chrono::DateTime::from_timestamp(at.seconds, nanos)
-        .map_or_else(|| "-".to_owned(), |time| time.format("%Y-%m-%dT%H:%M:%SZ").to_string())
+    datetime(at).map_or_else(|| "-".to_owned(), |time| time.format("%Y-%m-%dT%H:%M:%SZ").to_string())
+}
+
+/// A protobuf timestamp as a time, when there is one and it is in range.
+pub(super) fn datetime(at: Option<&Timestamp>) -> Option<chrono::DateTime<chrono::Utc>> {
+    let at = at?;
+    chrono::DateTime::from_timestamp(at.seconds, u32::try_from(at.nanos).unwrap_or_default())
 }
 
 /// Rows as left-aligned columns.

@@ -370,6 +370,20 @@ async fn record(State(sender): State<mpsc::UnboundedSender<Notification>>, heade
     let _ = sender.send(Notification { headers, body });
 }
 
+/// A local address that takes connections and never answers, while the
+/// task lives: a hung webhook or service.
+pub async fn silent_address() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|error| panic!("cannot bind: {error}"));
+    let address = listener.local_addr().unwrap_or_else(|error| panic!("address: {error}"));
+    let held = tokio::spawn(async move {
+        let mut connections = Vec::new();
+        while let Ok((connection, _)) = listener.accept().await {
+            connections.push(connection);
+        }
+    });
+    (address, held)
+}
+
 /// An address nothing listens on (bound, then released).
 pub async fn dead_address() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await;

@@ -430,14 +430,8 @@ async fn the_grpc_binding_refuses_what_json_rpc_refuses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_past_the_request_timeout_gets_an_answer_its_binding_reads() {
     // A task store that takes connections and never answers.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let silent = format!("http://{}", listener.local_addr().expect("address"));
-    let _held = tokio::spawn(async move {
-        let mut open = Vec::new();
-        while let Ok((socket, _)) = listener.accept().await {
-            open.push(socket);
-        }
-    });
+    let (address, _held) = chorus_tests::a2a::silent_address().await;
+    let silent = format!("http://{address}");
     let sandbox = Sandbox::new();
     let server = sandbox
         .serve("gateway", "")

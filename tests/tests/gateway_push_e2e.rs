@@ -317,15 +317,8 @@ async fn a_push_config_the_store_or_a_webhook_would_refuse_is_refused_before_the
 
 /// A webhook that accepts connections and never answers.
 async fn silent_webhook() -> (String, tokio::task::JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}/hook", listener.local_addr().expect("address"));
-    let held = tokio::spawn(async move {
-        let mut connections = Vec::new();
-        while let Ok((connection, _)) = listener.accept().await {
-            connections.push(connection);
-        }
-    });
-    (url, held)
+    let (address, held) = chorus_tests::a2a::silent_address().await;
+    (format!("http://{address}/hook"), held)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

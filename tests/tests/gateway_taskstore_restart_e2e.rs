@@ -13,6 +13,7 @@ use chorus_tests::{
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use tokio::task::JoinHandle;
 
 const CATALOG: &str = r#"[gateway]
 default_agent = "reverser"
@@ -48,11 +49,7 @@ where
     let _worker = test_worker!(sandbox, taskstore.url()).mode(Mode::Hang).capacity(2).start().await;
     let a2a = A2a::new(&gateway);
 
-    let blocking = a2a.rpc("reverser", "SendMessage", json!({ "message": message(&unique("blocking"), "wait") }));
-    let blocking = tokio::spawn(async move { chorus_tests::a2a::json(blocking).await });
-    let streaming =
-        a2a.rpc("reverser", "SendStreamingMessage", json!({ "message": message(&unique("streaming"), "wait") }));
-    let streaming = tokio::spawn(events(streaming));
+    let (blocking, streaming) = waiting_calls(&a2a);
     let working = working_tasks(&a2a, 2).await;
 
     assert_eq!(healthz(&a2a).await.0, StatusCode::OK);
@@ -83,6 +80,15 @@ where
     assert_eq!(seen.last().map(String::as_str), Some("status CANCELED"), "{seen:?}");
     let working_seen = seen.iter().filter(|event| *event == "status WORKING").count();
     assert_eq!(working_seen, 1, "a change was lost or sent twice: {seen:?}");
+}
+
+/// A blocking `SendMessage` and a `SendStreamingMessage` to `reverser`,
+/// under way: the first's status and answer, the second's events.
+fn waiting_calls(a2a: &A2a) -> (JoinHandle<(StatusCode, Value)>, JoinHandle<Vec<Value>>) {
+    let blocking = a2a.rpc("reverser", "SendMessage", json!({ "message": message(&unique("blocking"), "wait") }));
+    let streaming =
+        a2a.rpc("reverser", "SendStreamingMessage", json!({ "message": message(&unique("streaming"), "wait") }));
+    (tokio::spawn(chorus_tests::a2a::json(blocking)), tokio::spawn(events(streaming)))
 }
 
 /// The gateway's `/healthz` answer.
@@ -117,11 +123,7 @@ async fn a_stopping_gateway_answers_its_waiting_calls_at_once() {
     // longer than the test waits for their answers.
     let server = sandbox.dev().no_agents().env("CHORUS_SERVER__SHUTDOWN_GRACE_MS", "120000").start().await;
     let a2a = A2a::new(&server);
-    let blocking = a2a.rpc("reverser", "SendMessage", json!({ "message": message(&unique("blocking"), "wait") }));
-    let blocking = tokio::spawn(async move { chorus_tests::a2a::json(blocking).await });
-    let streaming =
-        a2a.rpc("reverser", "SendStreamingMessage", json!({ "message": message(&unique("streaming"), "wait") }));
-    let streaming = tokio::spawn(events(streaming));
+    let (blocking, streaming) = waiting_calls(&a2a);
     while a2a.task_count().await < 2 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -394,6 +394,26 @@ mod tests {
         http_request(address, &format!("GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n")).await
     }
 
+    /// A server of `builder` on a free port: its address, the token that
+    /// stops it, and its task.
+    pub(super) async fn started(
+        builder: ServerBuilder,
+    ) -> (std::net::SocketAddr, CancellationToken, tokio::task::JoinHandle<Result<(), tonic::transport::Error>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        (address, shutdown.clone(), tokio::spawn(builder.serve(listener, shutdown)))
+    }
+
+    /// A readiness probe that passes while `up` holds, and fails with `reason` while not.
+    pub(super) fn flag_probe(up: &Arc<AtomicBool>, reason: &'static str) -> ReadinessProbe {
+        let up = Arc::clone(up);
+        Arc::new(move || {
+            let up = up.load(Ordering::SeqCst);
+            Box::pin(async move { if up { Ok(()) } else { Err(reason.to_owned()) } })
+        })
+    }
+
     async fn http_request(address: std::net::SocketAddr, request: &str) -> String {
         let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
         stream.write_all(request.as_bytes()).await.unwrap();
@@ -406,15 +426,8 @@ mod tests {
     async fn healthz_follows_readiness_and_unknown_paths_are_404() {
         let ready = Arc::new(AtomicBool::new(false));
         let mut builder = ServerBuilder::new(ServerConfig::default());
-        let probe_ready = Arc::clone(&ready);
-        builder.add_readiness_probe(Arc::new(move || {
-            let ready = probe_ready.load(Ordering::SeqCst);
-            Box::pin(async move { if ready { Ok(()) } else { Err("warming up".to_owned()) } })
-        }));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        let server = tokio::spawn(builder.serve(listener, shutdown.clone()));
+        builder.add_readiness_probe(flag_probe(&ready, "warming up"));
+        let (address, shutdown, server) = started(builder).await;
 
         let warming = http_get(address, "/healthz").await;
         assert!(warming.starts_with("HTTP/1.1 503"), "{warming}");
@@ -431,11 +444,7 @@ mod tests {
     async fn metrics_count_grpc_calls_http_requests_and_open_streams() {
         use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
-        let builder = ServerBuilder::new(ServerConfig::default());
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        let server = tokio::spawn(builder.serve(listener, shutdown.clone()));
+        let (address, shutdown, server) = started(ServerBuilder::new(ServerConfig::default())).await;
         let channel = tonic::transport::Channel::from_shared(format!("http://{address}")).unwrap().connect_lazy();
         let mut health = HealthClient::new(channel.clone());
 

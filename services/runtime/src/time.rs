@@ -33,6 +33,12 @@ pub fn timestamp_micros(field: &str, value: Option<Timestamp>) -> Result<Option<
         .ok_or_else(|| FieldViolation::new(field, "is out of range"))
 }
 
+/// How long from `from` until `to` (both in microseconds): nothing when `to`
+/// is not later.
+pub fn until(from: i64, to: i64) -> std::time::Duration {
+    std::time::Duration::from_micros(u64::try_from(to.saturating_sub(from)).unwrap_or_default())
+}
+
 /// A duration in microseconds, saturating.
 pub fn micros(duration: std::time::Duration) -> i64 {
     i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
@@ -50,5 +56,11 @@ mod tests {
         assert!(timestamp_micros("t", Some(Timestamp { seconds: 1, nanos: -1 })).is_err());
         assert!(timestamp_micros("t", Some(Timestamp { seconds: i64::MAX, nanos: 0 })).is_err());
         assert_eq!(timestamp_micros("t", None).unwrap(), None);
+    }
+
+    #[test]
+    fn until_is_never_negative() {
+        assert_eq!(until(1_000, 3_500), std::time::Duration::from_micros(2_500));
+        assert_eq!(until(3_500, 1_000), std::time::Duration::ZERO);
     }
 }

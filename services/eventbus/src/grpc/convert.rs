@@ -110,8 +110,7 @@ pub(super) fn failure(error: String) -> String {
     if error.len() <= MAX_ERROR_BYTES {
         return error;
     }
-    let end = (0..=MAX_ERROR_BYTES).rev().find(|&end| error.is_char_boundary(end)).unwrap_or_default();
-    format!("{}… (cut from {} bytes)", &error[..end], error.len())
+    format!("{}… (cut from {} bytes)", &error[..error.floor_char_boundary(MAX_ERROR_BYTES)], error.len())
 }
 
 pub(super) fn failure_policy(value: i32) -> Checked<FailurePolicy> {

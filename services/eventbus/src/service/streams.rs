@@ -5,14 +5,13 @@
 
 use std::time::Duration;
 
-use chorus_runtime::time::now_micros;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-
 use chorus_runtime::{
     feed::{self, forward},
+    time::{now_micros, until},
     wakeup::wait_any,
 };
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 
 use super::{EventBus, keys};
 use crate::{
@@ -145,7 +144,7 @@ impl EventBus {
             }
             let mut poll = self.config.poll_interval();
             if let Some(due) = next_due {
-                let until_due = Duration::from_micros(u64::try_from(due - now_micros()).unwrap_or_default());
+                let until_due = until(now_micros(), due);
                 poll = poll.min(until_due.max(Duration::from_millis(1)));
             }
             tokio::select! {

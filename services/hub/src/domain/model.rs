@@ -191,7 +191,7 @@ pub struct Agent {
 
 impl Agent {
     pub fn status(&self, now: i64, stale_after: Duration) -> AgentStatus {
-        let silent = Duration::from_micros(u64::try_from(now - self.last_seen_at).unwrap_or_default());
+        let silent = chorus_runtime::time::until(self.last_seen_at, now);
         if silent > stale_after { AgentStatus::Stale } else { AgentStatus::Active }
     }
 }

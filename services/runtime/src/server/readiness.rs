@@ -97,25 +97,20 @@ pub(super) fn follow(
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use tokio::net::TcpListener;
     use tonic_health::pb::HealthCheckRequest;
 
     use super::*;
-    use crate::server::{ServerBuilder, ServerConfig};
+    use crate::server::{
+        ServerBuilder, ServerConfig,
+        tests::{flag_probe, started},
+    };
 
     #[tokio::test]
     async fn grpc_health_follows_the_probes() {
         let up = Arc::new(AtomicBool::new(true));
         let mut builder = ServerBuilder::new(ServerConfig::default());
-        let flag = Arc::clone(&up);
-        builder.add_readiness_probe(Arc::new(move || {
-            let up = flag.load(Ordering::SeqCst);
-            Box::pin(async move { if up { Ok(()) } else { Err("the database is down".to_owned()) } })
-        }));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        let server = tokio::spawn(builder.serve(listener, shutdown.clone()));
+        builder.add_readiness_probe(flag_probe(&up, "the database is down"));
+        let (address, shutdown, server) = started(builder).await;
         let channel = tonic::transport::Channel::from_shared(format!("http://{address}")).unwrap().connect_lazy();
         let mut health = HealthClient::new(channel);
         let mut status_becomes = async |wanted: WireStatus| {

@@ -19,7 +19,7 @@ use std::{
     time::Duration,
 };
 
-use chorus_runtime::time::{micros, now_micros};
+use chorus_runtime::time::{micros, now_micros, until};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -152,7 +152,8 @@ async fn claim_loop(
             // A timer that fires before the next poll (one set before this
             // engine started, or by another process) is not left late.
             match workflows.runs.next_due(now).await {
-                Ok(next) => wait = wait.min(until(next, now_micros())),
+                Ok(Some(next)) => wait = wait.min(until(now_micros(), next)),
+                Ok(None) => {}
                 Err(error) => tracing::warn!(%error, "cannot read when the next run is due"),
             }
         }
@@ -174,11 +175,6 @@ async fn claim_loop(
             () = shutdown.cancelled() => return,
         }
     }
-}
-
-/// How long from `now` until `at` (none: forever), never less than nothing.
-fn until(at: Option<i64>, now: i64) -> Duration {
-    at.map_or(Duration::MAX, |at| Duration::from_micros(u64::try_from(at - now).unwrap_or(0)))
 }
 
 fn start_driver(workflows: &Workflows, drivers: &Drivers, claim: Claim, shutdown: &CancellationToken) {

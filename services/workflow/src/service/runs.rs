@@ -4,7 +4,10 @@
 
 use std::{sync::Arc, time::Duration};
 
-use chorus_runtime::{time::now_micros, validate::FieldViolation};
+use chorus_runtime::{
+    time::{now_micros, until},
+    validate::FieldViolation,
+};
 use serde_json::{Map, Value};
 
 use super::{ENGINE_KEY, Workflows, feed::Fed};
@@ -130,7 +133,7 @@ impl Workflows {
         if at <= now {
             return self.wakeups.notify(ENGINE_KEY);
         }
-        let wait = Duration::from_micros(u64::try_from(at - now).unwrap_or_default());
+        let wait = until(now, at);
         if wait < self.config().poll() {
             let wakeups = self.wakeups.clone();
             tokio::spawn(async move {
