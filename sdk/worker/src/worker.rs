@@ -303,6 +303,9 @@ where
     }
 }
 
+/// Errors reconnecting would not help. ABORTED ends a stream that a newer
+/// stream of the same worker id replaced: another worker runs under this
+/// one's id, and the two would only keep replacing each other.
 fn refused_for_good(status: &tonic::Status) -> bool {
     matches!(
         status.code(),
@@ -310,6 +313,7 @@ fn refused_for_good(status: &tonic::Status) -> bool {
             | tonic::Code::PermissionDenied
             | tonic::Code::Unauthenticated
             | tonic::Code::Unimplemented
+            | tonic::Code::Aborted
     )
 }
 

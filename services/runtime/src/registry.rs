@@ -34,8 +34,18 @@ impl<K, T> fmt::Debug for Registry<K, T> {
 impl<K: Eq + Hash + Clone, T> Registry<K, T> {
     /// Lists `live` under `key` until the registration is dropped.
     pub fn register(&self, key: K, live: T) -> Registration<K, T> {
+        self.register_after(key, live, |_| {})
+    }
+
+    /// As [`register`](Self::register), once `before` has seen the streams
+    /// listed under `key` so far, under the same lock: two registrations
+    /// each see the other's only if it came first.
+    pub fn register_after(&self, key: K, live: T, before: impl FnOnce(&[Arc<T>])) -> Registration<K, T> {
         let live = Arc::new(live);
-        self.lock().entry(key.clone()).or_default().push(Arc::clone(&live));
+        let mut streams = self.lock();
+        let lives = streams.entry(key.clone()).or_default();
+        before(lives);
+        lives.push(Arc::clone(&live));
         Registration { registry: self.clone(), key, live }
     }
 
@@ -91,5 +101,15 @@ mod tests {
         assert_eq!(**second.live(), 2);
         drop(second);
         assert!(registry.lock().is_empty(), "a key without streams goes");
+    }
+
+    #[test]
+    fn a_registration_sees_the_streams_listed_before_it() {
+        let registry: Registry<&str, u32> = Registry::default();
+        let _first = registry.register("a", 1);
+        let _other = registry.register("b", 9);
+        let mut seen = Vec::new();
+        let _second = registry.register_after("a", 2, |lives| seen.extend(lives.iter().map(|live| **live)));
+        assert_eq!(seen, [1]);
     }
 }

@@ -52,6 +52,11 @@ pub enum TaskStoreError {
     RateLimit { parent_id: String, limit: u32 },
     #[error("spawn cycle: agent {agent_id} already works on the same prompt in ancestor task {ancestor_id}")]
     Cycle { agent_id: String, ancestor_id: String },
+    #[error(
+        "worker {worker_id} opened another claim stream for agent {agent_id}, which replaces this one: a worker id \
+         names one worker, with one stream per agent"
+    )]
+    StreamReplaced { worker_id: String, agent_id: String },
     #[error("outbox relay {relay} is not leased to {owner}: its lease ran out or another replica took it")]
     OutboxLeaseLost { relay: String, owner: String },
     #[error("the event bus did not take the events ({:?}): {}", .0.code(), .0.message())]
@@ -92,6 +97,7 @@ impl ServiceError for TaskStoreError {
             | Self::Cycle { .. }
             | Self::OutboxLeaseLost { .. }
             | Self::PushConfigNotHeld { .. } => ErrorCode::FailedPrecondition,
+            Self::StreamReplaced { .. } => ErrorCode::Aborted,
             Self::ConcurrencyLimit { .. } | Self::TotalLimit { .. } | Self::RateLimit { .. } => {
                 ErrorCode::ResourceExhausted
             }

@@ -48,8 +48,9 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
 
     /// Returns the task whole (full history, artifacts), as do
     /// `complete_task` and `fail_task`: the service keeps finished ones for
-    /// the awaits that follow.
-    async fn update_status(&self, namespace: &str, task_id: &str, update: StatusUpdate) -> Result<Task>;
+    /// the awaits that follow. A task moved to CANCELED takes its unfinished
+    /// subtree with it, as `cancel_task` does: those follow it, without history.
+    async fn update_status(&self, namespace: &str, task_id: &str, update: StatusUpdate) -> Result<Vec<Task>>;
 
     async fn append_artifact(&self, namespace: &str, task_id: &str, chunk: ArtifactChunk) -> Result<Task>;
 

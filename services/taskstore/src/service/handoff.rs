@@ -25,6 +25,7 @@ use std::{
 
 use chorus_runtime::registry::{Registration, Registry};
 use tokio::sync::mpsc::{OwnedPermit, Sender, UnboundedSender};
+use tokio_util::sync::CancellationToken;
 
 use crate::{
     domain::{ClaimRequest, Claimed, Handoff, WorkerLeases},
@@ -44,6 +45,8 @@ pub(super) struct Live {
     sender: Sender<Result<Claimed>>,
     /// Where the ids of its tasks canceled here go, when the worker asked.
     canceled: Option<UnboundedSender<String>>,
+    /// Cancelled when a newer stream of the same worker and agent opens here.
+    replaced: CancellationToken,
     state: Mutex<LiveState>,
 }
 
@@ -132,6 +135,15 @@ impl Live {
         self.state.lock().expect("claim stream state lock poisoned")
     }
 
+    /// Resolves once a newer stream of the same worker and agent replaced this one.
+    pub(super) async fn replaced(&self) {
+        self.replaced.cancelled().await;
+    }
+
+    pub(super) fn is_replaced(&self) -> bool {
+        self.replaced.is_cancelled()
+    }
+
     /// Starts a claim read.
     pub(super) fn begin_read(&self) -> Read {
         let mut state = self.state();
@@ -201,7 +213,8 @@ impl Live {
     fn load(&self, now: i64) -> Option<u32> {
         let state = self.state();
         let in_flight = state.in_flight(now);
-        (state.caught_up && in_flight < self.request.capacity && self.sender.capacity() > 0).then_some(in_flight)
+        let open = !self.is_replaced() && self.sender.capacity() > 0;
+        (open && state.caught_up && in_flight < self.request.capacity).then_some(in_flight)
     }
 
     /// A promise of a hand-off from a stream [`Live::load`] found room on.
@@ -223,7 +236,9 @@ impl Live {
 
 impl Streams {
     /// Registers a stream feeding `sender`; it is not caught up until its
-    /// first read says so.
+    /// first read says so. It replaces the worker's older streams for the
+    /// agent here: a worker that reconnects before its old stream is seen
+    /// closed has one stream, so one count of its leases under its capacity.
     pub(super) fn register(
         &self,
         request: ClaimRequest,
@@ -231,7 +246,13 @@ impl Streams {
         canceled: Option<UnboundedSender<String>>,
     ) -> Registration<Key, Live> {
         let key = (request.namespace.clone(), request.agent_id.clone());
-        self.0.register(key, Live { request, sender, canceled, state: Mutex::default() })
+        let worker_id = request.worker_id.clone();
+        let live = Live { request, sender, canceled, replaced: CancellationToken::new(), state: Mutex::default() };
+        self.0.register_after(key, live, |lives| {
+            for older in lives.iter().filter(|older| older.request.worker_id == worker_id) {
+                older.replaced.cancel();
+            }
+        })
     }
 
     /// A hand-off promised by the least loaded caught-up stream of the
@@ -253,24 +274,27 @@ impl Streams {
 
     /// A lease on `task_id` ended here (the task finished, was `canceled`,
     /// or went back to the queue): its stream has room again, and is told of
-    /// a cancel when it asked. True when a stream must read the queue for
-    /// that room to be used: the lease was not held by a stream here, or its
-    /// stream is not caught up.
+    /// a cancel when it asked (the newest, when a stream replaced the one
+    /// that handed the task out). True when a stream must read the queue
+    /// for that room to be used: the lease was not held by a stream here, or
+    /// its stream is not caught up.
     pub(super) fn released(&self, namespace: &str, agent_id: &str, task_id: &str, canceled: bool) -> bool {
         let streams = self.0.lock();
         let Some(lives) = streams.get(&(namespace.to_owned(), agent_id.to_owned())) else {
             return true;
         };
-        for live in lives {
+        let mut holder = None;
+        for live in lives.iter().rev() {
             let mut state = live.state();
-            if state.held.remove(task_id).is_some() {
-                if let Some(notices) = live.canceled.as_ref().filter(|_| canceled) {
-                    // A worker gone away needs no notice.
-                    let _ = notices.send(task_id.to_owned());
-                }
-                return !state.caught_up;
+            if state.held.remove(task_id).is_some() && holder.is_none() {
+                holder = Some((live, state.caught_up));
             }
         }
-        true
+        let Some((live, caught_up)) = holder else { return true };
+        if let Some(notices) = live.canceled.as_ref().filter(|_| canceled) {
+            // A worker gone away needs no notice.
+            let _ = notices.send(task_id.to_owned());
+        }
+        !caught_up
     }
 }

@@ -223,10 +223,17 @@ impl TaskStore {
         Ok(task)
     }
 
+    /// Moves a task through the state machine; moved to CANCELED, it takes
+    /// its unfinished subtree with it, as [`cancel_task`](Self::cancel_task) does.
     pub async fn update_status(&self, namespace: &str, task_id: &str, update: StatusUpdate) -> Result<Task> {
-        let task = self.repository.update_status(namespace, task_id, update).await?;
+        let mut changed = self.repository.update_status(namespace, task_id, update).await?.into_iter();
+        let task = changed.next().ok_or_else(|| TaskStoreError::TaskNotFound(task_id.to_owned()))?;
         self.changed_whole(&task);
         self.count_if_finished(&task);
+        for below in changed {
+            self.changed(&below);
+            self.count_if_finished(&below);
+        }
         Ok(task)
     }
 

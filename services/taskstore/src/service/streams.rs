@@ -102,6 +102,14 @@ impl TaskStore {
         let registration = self.streams.register(request.clone(), sender.clone(), canceled);
         let live = registration.live();
         loop {
+            if live.is_replaced() {
+                let replaced = TaskStoreError::StreamReplaced {
+                    worker_id: request.worker_id.clone(),
+                    agent_id: request.agent_id.clone(),
+                };
+                let _ = sender.send(Err(replaced)).await;
+                return;
+            }
             // Created before the read: a task becoming claimable, or one of
             // this worker's leases ending with its stream not caught up
             // (room freed, tasks waiting), wakes this key.
@@ -130,7 +138,11 @@ impl TaskStore {
             if full && live.room(now_micros()) > 0 {
                 continue;
             }
-            if !self.pause(&sender, std::slice::from_mut(&mut waiter), false).await {
+            let going_on = tokio::select! {
+                going_on = self.pause(&sender, std::slice::from_mut(&mut waiter), false) => going_on,
+                () = live.replaced() => true,
+            };
+            if !going_on {
                 return;
             }
         }
@@ -142,7 +154,7 @@ impl TaskStore {
         let read = live.begin_read();
         let leases = self.repository.worker_leases(&request.namespace, &request.worker_id, &request.agent_id).await?;
         let room = live.room_after(read, &leases, now_micros());
-        if !leases.ready {
+        if !leases.ready || live.is_replaced() {
             live.drained(read);
             return Ok((Vec::new(), false));
         }

@@ -8,7 +8,10 @@
 
 use std::time::Duration;
 
-use chorus_runtime::testing::given_up_after;
+use chorus_runtime::{
+    error::{ErrorCode, ServiceError as _},
+    testing::given_up_after,
+};
 
 use chorus_taskstore::{
     domain::{EventKind, TaskState},
@@ -29,6 +32,7 @@ conformance!(
     a_repeated_create_hands_nothing_off,
     a_create_whose_caller_goes_away_still_reaches_the_worker,
     tasks_another_replica_queued_go_first_as_room_frees,
+    a_newer_stream_of_the_worker_replaces_the_older_and_keeps_its_capacity,
 );
 
 async fn a_waiting_worker_gets_a_new_task_at_once(h: Harness) {
@@ -167,4 +171,34 @@ async fn tasks_another_replica_queued_go_first_as_room_frees(h: Harness) {
     here.complete_task("ns", &second.id, &claimed.lease_id, None, Vec::new()).await.unwrap();
     assert_eq!(next_claim(&mut claims).await.task.id, later.id);
     shutdown.cancel();
+}
+
+/// A worker that reconnects before its old stream is seen closed (or opens a
+/// second by mistake) has one stream for the agent: the newer. The older
+/// ends ABORTED, saying why, and takes no hand-off: two streams each
+/// counting their own leases would together hold twice the capacity.
+async fn a_newer_stream_of_the_worker_replaces_the_older_and_keeps_its_capacity(h: Harness) {
+    let primer = h.task("ns", "echo", "primer").await;
+    let lease = Duration::from_secs(30);
+    let mut older = h.store.claim_stream(claim_request("echo", "w1", 2, lease, 0));
+    let first = next_claim(&mut older).await;
+    assert_eq!(first.task.id, primer.id);
+    let mut newer = h.store.claim_stream(claim_request("echo", "w1", 2, lease, 0));
+    let ended = tokio::time::timeout(Duration::from_secs(10), older.next()).await.expect("the older stream ends");
+    let error = ended.expect("with an error").unwrap_err();
+    assert!(matches!(error, TaskStoreError::StreamReplaced { .. }), "{error}");
+    assert_eq!(error.error_code(), ErrorCode::Aborted);
+    assert!(older.next().await.is_none(), "and nothing after it");
+
+    // The worker holds the primer: of two new tasks it takes one, whether
+    // handed over or claimed.
+    let second = h.task("ns", "echo", "second").await;
+    let third = h.task("ns", "echo", "third").await;
+    let taken = next_claim(&mut newer).await;
+    assert!([&second.id, &third.id].contains(&&taken.task.id));
+    let beyond = tokio::time::timeout(Duration::from_millis(500), newer.next()).await;
+    assert!(beyond.is_err(), "past its capacity: {beyond:?}");
+    h.store.complete_task("ns", &primer.id, &first.lease_id, None, Vec::new()).await.unwrap();
+    let last = next_claim(&mut newer).await;
+    assert!([&second.id, &third.id].contains(&&last.task.id) && last.task.id != taken.task.id);
 }

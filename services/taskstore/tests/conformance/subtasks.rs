@@ -7,15 +7,15 @@ use chorus_runtime::error::{ErrorCode, ServiceError as _};
 use chorus_taskstore::{
     TaskStore, TaskStoreConfig,
     domain::{
-        InboxKind, Limits, Message, NewSubtask, Notification, Owner, OwnerKind, Part, SpawnContext, Task, TaskQuery,
-        TaskState, new_task_id,
+        ClaimEvent, InboxKind, Limits, Message, NewSubtask, Notification, Owner, OwnerKind, Part, SpawnContext,
+        StatusUpdate, Task, TaskQuery, TaskState, new_task_id,
     },
     error::TaskStoreError,
 };
 
 use crate::{
     harness::{Harness, agent_message, conformance, new_task, test_config, user_message},
-    workers::{claim_request, next_claim},
+    workers::{claim_request, next_claim, next_claim_event},
 };
 
 conformance!(
@@ -34,6 +34,7 @@ conformance!(
     concurrent_and_total_subtasks_are_limited,
     spawn_rate_is_limited,
     a_spawn_that_repeats_an_ancestor_is_a_cycle,
+    a_worker_canceling_its_task_cancels_the_subtree_and_tells_the_workers_below,
 );
 
 pub(crate) fn limits_config() -> TaskStoreConfig {
@@ -397,6 +398,44 @@ async fn a_spawn_that_repeats_an_ancestor_is_a_cycle(h: Harness) {
     assert!(matches!(&error, TaskStoreError::Cycle { ancestor_id, .. } if ancestor_id == &root.id), "{error}");
     let other_prompt = spawn(&h, &child.id, "coder", "fix the other bug").await;
     assert_eq!(other_prompt.depth, 2);
+}
+
+/// A worker that moves its own task to CANCELED (UpdateStatus, under its
+/// lease) cancels what the task spawned, as CancelTask does; the worker
+/// holding a child is told on its claim stream.
+async fn a_worker_canceling_its_task_cancels_the_subtree_and_tells_the_workers_below(h: Harness) {
+    let root = orchestrator_root(&h).await;
+    let lease = Duration::from_secs(30);
+    let mut planners = h.store.claim_stream(claim_request("planner", "planner-1", 1, lease, 0));
+    let planning = next_claim(&mut planners).await;
+    let child = spawn(&h, &root.id, "coder", "code it").await;
+    let grandchild = spawn(&h, &child.id, "tester", "test it").await;
+    let done = spawn(&h, &root.id, "writer", "write docs").await;
+    let finished = StatusUpdate { state: TaskState::Completed, message: None, lease_id: None };
+    h.store.update_status("ns", &done.id, finished).await.unwrap();
+    let mut coders = Box::pin(h.store.claim_stream_with_cancellations(claim_request("coder", "coder-1", 1, lease, 0)));
+    let ClaimEvent::Claimed(coding) = next_claim_event(&mut coders).await else { panic!("the child first") };
+    assert_eq!(coding.task.id, child.id);
+
+    let cancel = StatusUpdate {
+        state: TaskState::Canceled,
+        message: Some(agent_message("the plan was dropped")),
+        lease_id: Some(planning.lease_id.clone()),
+    };
+    let canceled = h.store.update_status("ns", &root.id, cancel).await.unwrap();
+    assert_eq!(canceled.status.state, TaskState::Canceled);
+    assert_eq!(canceled.status.message.as_ref().unwrap().joined_text(), "the plan was dropped");
+    let ClaimEvent::Canceled(told) = next_claim_event(&mut coders).await else { panic!("a notice") };
+    assert_eq!(told, child.id, "the worker holding the child is told");
+    for id in [&child.id, &grandchild.id] {
+        let below = h.store.get_task("ns", id, Some(0)).await.unwrap();
+        assert_eq!(below.status.state, TaskState::Canceled, "{id} is canceled with its ancestor");
+        assert!(below.status.message.unwrap().joined_text().contains(&root.id), "it says which task took it");
+    }
+    let untouched = h.store.get_task("ns", &done.id, Some(0)).await.unwrap();
+    assert_eq!(untouched.status.state, TaskState::Completed, "finished tasks stay as they were");
+    let late = h.store.complete_task("ns", &child.id, &coding.lease_id, None, Vec::new()).await.unwrap_err();
+    assert!(matches!(late, TaskStoreError::TaskFinished { state: TaskState::Canceled, .. }), "{late}");
 }
 
 async fn start(database: chorus_runtime::testing::TestDatabase) -> Harness {

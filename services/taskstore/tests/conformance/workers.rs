@@ -322,7 +322,7 @@ async fn a_plain_renewal_extends_by_the_length_granted(h: Harness) {
     assert_lease_of(renewal.lease_expires_at, before, shorter, "after a renewal that named a length");
 }
 
-async fn next_claim_event(
+pub(crate) async fn next_claim_event(
     events: &mut (impl tokio_stream::Stream<Item = Result<ClaimEvent, TaskStoreError>> + Unpin),
 ) -> ClaimEvent {
     tokio::time::timeout(Duration::from_secs(10), events.next())

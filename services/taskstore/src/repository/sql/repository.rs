@@ -41,7 +41,7 @@ impl TaskRepository for SqlTaskRepository {
         self.add_message_to(namespace, task_id, message, lease_id).await
     }
 
-    async fn update_status(&self, namespace: &str, task_id: &str, update: StatusUpdate) -> Result<Task> {
+    async fn update_status(&self, namespace: &str, task_id: &str, update: StatusUpdate) -> Result<Vec<Task>> {
         self.update(namespace, task_id, update).await
     }
 

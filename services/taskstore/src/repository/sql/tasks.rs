@@ -136,14 +136,21 @@ impl SqlTaskRepository {
         Ok(task)
     }
 
-    pub(super) async fn update(&self, namespace: &str, task_id: &str, update: StatusUpdate) -> Result<Task> {
+    /// Moves the task to the state asked; a task canceled so takes its
+    /// unfinished subtree with it, as a cancel does. Returns the task whole,
+    /// then the tasks below it canceled (without history).
+    pub(super) async fn update(&self, namespace: &str, task_id: &str, update: StatusUpdate) -> Result<Vec<Task>> {
         let mut tx = self.begin().await?;
         let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
         check_writable(&record, update.lease_id.as_deref())?;
         apply_status(&mut tx, &mut record, update.state, update.message).await?;
-        let task = complete_task_view(&mut tx, record, None, true).await?;
+        let mut changed = vec![complete_task_view(&mut tx, record, None, true).await?];
+        if update.state == TaskState::Canceled {
+            let text = format!("canceled: task {task_id} above it was canceled");
+            changed.extend(self.cancel_below(&mut tx, namespace, task_id, &text).await?);
+        }
         tx.commit().await?;
-        Ok(task)
+        Ok(changed)
     }
 
     pub(super) async fn write_artifact(&self, namespace: &str, task_id: &str, chunk: ArtifactChunk) -> Result<Task> {
@@ -166,31 +173,43 @@ impl SqlTaskRepository {
     pub(super) async fn cancel(&self, namespace: &str, id: &str, reason: Option<String>) -> Result<Vec<Task>> {
         let mut tx = self.begin().await?;
         let text = reason.map_or_else(|| "canceled".to_owned(), |reason| format!("canceled: {reason}"));
-        let mut canceled = Vec::new();
-        // Top down, each task's children are read only once it is locked: a
-        // spawn below it has then either committed, and its child is read
-        // here, or waits for the lock and finds its parent finished.
-        let mut subtree = VecDeque::from([id.to_owned()]);
-        while let Some(task_id) = subtree.pop_front() {
-            let mut record = self.lock_record(&mut tx, namespace, &task_id).await?;
-            let whole = task_id == id;
-            let state = record.task.status.state;
-            if whole && state.is_terminal() {
-                return Err(TaskStoreError::TaskFinished { task_id, state });
-            }
-            subtree.extend(children_ids(&mut tx, namespace, &task_id).await?);
-            if state.is_terminal() {
-                continue;
-            }
-            let message = Message::text(uuid::Uuid::new_v4().to_string(), Role::Agent, text.clone());
-            set_status(&mut tx, &mut record, TaskState::Canceled, Some(message)).await?;
-            // The root comes back whole (the caller answers with it); the rest as ids.
-            let history_length = if whole { None } else { Some(0) };
-            canceled.push(complete_task_view(&mut tx, record, history_length, whole).await?);
+        let mut record = self.lock_record(&mut tx, namespace, id).await?;
+        let state = record.task.status.state;
+        if state.is_terminal() {
+            return Err(TaskStoreError::TaskFinished { task_id: id.to_owned(), state });
         }
+        set_status(&mut tx, &mut record, TaskState::Canceled, Some(agent_note(&text))).await?;
+        // The root comes back whole (the caller answers with it); the rest as ids.
+        let mut canceled = vec![complete_task_view(&mut tx, record, None, true).await?];
+        canceled.extend(self.cancel_below(&mut tx, namespace, id, &text).await?);
         tx.commit().await?;
         Ok(canceled)
     }
+
+    /// Cancels the unfinished tasks below `root`, which is finished and
+    /// locked, with `text` as their status message; returns them without
+    /// history. Top down, each task's children are read only once it is
+    /// locked: a spawn below it has then either committed, and its child is
+    /// read here, or waits for the lock and finds its parent finished.
+    async fn cancel_below(&self, tx: &mut AnyConnection, namespace: &str, root: &str, text: &str) -> Result<Vec<Task>> {
+        let mut canceled = Vec::new();
+        let mut subtree = VecDeque::from(children_ids(tx, namespace, root).await?);
+        while let Some(task_id) = subtree.pop_front() {
+            let mut record = self.lock_record(tx, namespace, &task_id).await?;
+            subtree.extend(children_ids(tx, namespace, &task_id).await?);
+            if record.task.status.state.is_terminal() {
+                continue;
+            }
+            set_status(tx, &mut record, TaskState::Canceled, Some(agent_note(text))).await?;
+            canceled.push(complete_task_view(tx, record, Some(0), false).await?);
+        }
+        Ok(canceled)
+    }
+}
+
+/// The store's own status message.
+fn agent_note(text: &str) -> Message {
+    Message::text(uuid::Uuid::new_v4().to_string(), Role::Agent, text)
 }
 
 /// The ids of a task's children, oldest first.
