@@ -12,20 +12,23 @@ use chorus_runtime::server::ReadinessProbe;
 use chorus_worker::WorkerError;
 use tokio_util::sync::CancellationToken;
 
+/// The agents of `chorus dev` keep their worker ids across restarts
+/// (`echo@chorus-dev`, ...): the tasks they held when the process stopped,
+/// or was killed, are requeued as it starts again and done again.
+const DEV_WORKER_NAME: &str = "chorus-dev";
+
 /// Starts `echo`, `reviewer` (which the catalog lists only when configured
 /// to) and the phase agents of the example workflows; the readiness check
 /// that fails once one of them stopped.
 pub(crate) fn start_demo_agents(client: chorus_worker::Client, shutdown: &CancellationToken) -> ReadinessProbe {
     let stopped = Stopped::default();
-    let namespace = chorus_worker::DEFAULT_NAMESPACE;
     let pace = chorus_worker::reviewer::DEFAULT_PACE;
-    stopped.watch("echo", chorus_worker::echo::run(client.clone(), namespace, shutdown.clone()), shutdown);
-    stopped.watch(
-        "reviewer",
-        chorus_worker::reviewer::run(client.clone(), namespace, pace, shutdown.clone()),
-        shutdown,
-    );
-    stopped.watch("phases", chorus_worker::phases::run(client, namespace, shutdown.clone()), shutdown);
+    let placement = chorus_worker::Placement::new(chorus_worker::DEFAULT_NAMESPACE).named(DEV_WORKER_NAME);
+    let echo = chorus_worker::echo::run(client.clone(), placement.clone(), shutdown.clone());
+    stopped.watch("echo", echo, shutdown);
+    let reviewer = chorus_worker::reviewer::run(client.clone(), placement.clone(), pace, shutdown.clone());
+    stopped.watch("reviewer", reviewer, shutdown);
+    stopped.watch("phases", chorus_worker::phases::run(client, placement, shutdown.clone()), shutdown);
     stopped.probe()
 }
 

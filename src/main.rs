@@ -81,6 +81,12 @@ enum Command {
         /// variable, if set).
         #[arg(long)]
         token_file: Option<PathBuf>,
+        /// A name kept across restarts (a pod's, say) for the worker ids,
+        /// `{agent}@{name}`: a restart then requeues at once the tasks the
+        /// previous process held. No two live processes may share one.
+        /// Default: new ids per process.
+        #[arg(long)]
+        worker_name: Option<String>,
     },
     /// Workflow definitions: validate, apply, list.
     Workflow {
@@ -226,23 +232,21 @@ async fn run(command: Command, config: &ChorusConfig, shutdown: CancellationToke
             announce(stack.address);
             stack.serve(shutdown).await.map(done)
         }
-        Command::Agent { agent: Agent::Echo, server, namespace, token_file, .. } => {
+        Command::Agent { agent, server, namespace, pace_ms, token_file, worker_name } => {
             let client = worker_client(&server, token_file.as_deref()).await?;
-            tracing::info!(%server, %namespace, "echo agent working");
-            chorus_worker::echo::run(client, &namespace, shutdown).await?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Agent { agent: Agent::Reviewer, server, namespace, pace_ms, token_file } => {
-            let client = worker_client(&server, token_file.as_deref()).await?;
-            tracing::info!(%server, %namespace, "reviewer agent working");
-            let pace = std::time::Duration::from_millis(pace_ms);
-            chorus_worker::reviewer::run(client, &namespace, pace, shutdown).await?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Agent { agent: Agent::Phases, server, namespace, token_file, .. } => {
-            let client = worker_client(&server, token_file.as_deref()).await?;
-            tracing::info!(%server, %namespace, "phase agents working");
-            chorus_worker::phases::run(client, &namespace, shutdown).await?;
+            let mut placement = chorus_worker::Placement::new(namespace);
+            if let Some(name) = worker_name {
+                placement = placement.named(name);
+            }
+            tracing::info!(%server, namespace = placement.namespace(), ?agent, "agent working");
+            match agent {
+                Agent::Echo => chorus_worker::echo::run(client, placement, shutdown).await?,
+                Agent::Reviewer => {
+                    let pace = std::time::Duration::from_millis(pace_ms);
+                    chorus_worker::reviewer::run(client, placement, pace, shutdown).await?;
+                }
+                Agent::Phases => chorus_worker::phases::run(client, placement, shutdown).await?,
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Acp { agent, gateway, token_file, gateway_wait } => {

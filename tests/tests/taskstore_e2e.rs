@@ -394,3 +394,32 @@ async fn two_replicas_on_one_postgres_share_the_work_and_complete_each_task_once
         assert!(workers.contains(&artifact.name.as_str()), "task {id} done by {}", artifact.name);
     }
 }
+
+/// The agents of `chorus dev` keep their worker ids: a task one held when
+/// the process was killed is requeued as it starts again, and taken up at
+/// once, not failed when its lease runs out (30 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chorus_dev_killed_while_its_agent_works_does_the_task_again_as_it_restarts() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().start().await;
+    let address = server.address();
+    let mut client = server.task_store().await;
+    // The reviewer asks whether to publish, and holds the task meanwhile.
+    let task = create_task(&mut client, "default", "reviewer", "Review this: fn main() {}").await;
+    let mut watch = TaskWatch::open(&mut client, "default", &task.id, "").await;
+    let asked = watch.until_status(TaskState::InputRequired).await;
+    drop(watch);
+    server.kill().await;
+
+    let server = sandbox.dev().listen(address).start().await;
+    let restarted = Instant::now();
+    let mut client = server.task_store().await;
+    let mut watch = TaskWatch::open(&mut client, "default", &task.id, &asked.cursor).await;
+    watch.until_status(TaskState::Submitted).await;
+    watch.until_status(TaskState::InputRequired).await;
+    assert!(restarted.elapsed() < Duration::from_secs(20), "asked again {:?} after the restart", restarted.elapsed());
+    let again = get_task(&mut client, "default", &task.id).await;
+    assert_eq!((state(&again), again.attempt), (TaskState::InputRequired, 2), "{again:?}");
+    let note = again.history.iter().any(|message| text_of(Some(message)).contains("worker restarted; requeued"));
+    assert!(note, "the history says why it came back: {again:?}");
+}

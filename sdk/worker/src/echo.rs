@@ -3,16 +3,16 @@
 
 use tokio_util::sync::CancellationToken;
 
-use crate::{Client, HandlerError, Reply, TaskContext, Worker, WorkerError, text_artifact};
+use crate::{Client, HandlerError, Placement, Reply, TaskContext, WorkerError, text_artifact};
 
 /// The echo agent's id.
 pub const AGENT_ID: &str = "echo";
 /// How many tasks one echo worker handles at once.
 pub const CAPACITY: u32 = 256;
 
-/// Runs an echo worker in `namespace` until `shutdown` is cancelled.
-pub async fn run(client: Client, namespace: &str, shutdown: CancellationToken) -> Result<(), WorkerError> {
-    Worker::new(client, AGENT_ID).namespace(namespace).capacity(CAPACITY).run(handle, shutdown).await
+/// Runs an echo worker placed at `placement` until `shutdown` is cancelled.
+pub async fn run(client: Client, placement: Placement, shutdown: CancellationToken) -> Result<(), WorkerError> {
+    placement.worker(client, AGENT_ID).capacity(CAPACITY).run(handle, shutdown).await
 }
 
 /// The echo handler.

@@ -12,7 +12,7 @@ use chorus_proto::{
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::{Client, HandlerError, Reply, TaskContext, Worker, WorkerError, text_part};
+use crate::{Client, HandlerError, Placement, Reply, TaskContext, WorkerError, text_part};
 
 /// The roles the phase agents work for.
 pub const ROLES: &[&str] = &[
@@ -30,10 +30,11 @@ pub const ROLES: &[&str] = &[
 /// How many tasks one phase worker handles at once.
 pub const CAPACITY: u32 = 8;
 
-/// Runs a worker for every role in [`ROLES`] until `shutdown` is cancelled.
-pub async fn run(client: Client, namespace: &str, shutdown: CancellationToken) -> Result<(), WorkerError> {
+/// Runs a worker for every role in [`ROLES`], placed at `placement`, until
+/// `shutdown` is cancelled.
+pub async fn run(client: Client, placement: Placement, shutdown: CancellationToken) -> Result<(), WorkerError> {
     let workers = ROLES.iter().map(|role| {
-        let worker = Worker::new(client.clone(), *role).namespace(namespace).capacity(CAPACITY);
+        let worker = placement.worker(client.clone(), role).capacity(CAPACITY);
         let handler = move |task: TaskContext| async move { handle(role, &task) };
         worker.run(handler, shutdown.clone())
     });

@@ -28,7 +28,7 @@ use prost_types::{Struct, Value, value::Kind as ValueKind};
 use tokio_util::sync::CancellationToken;
 
 use crate::reply::{agent_message, text_part};
-use crate::{Client, HandlerError, Reply, TaskContext, Worker, WorkerError, text_artifact};
+use crate::{Client, HandlerError, Placement, Reply, TaskContext, WorkerError, text_artifact};
 
 /// The reviewer agent's id.
 pub const AGENT_ID: &str = "reviewer";
@@ -44,19 +44,15 @@ pub const ALLOW: &str = "allow";
 /// The pause between two steps by default.
 pub const DEFAULT_PACE: Duration = Duration::from_millis(100);
 
-/// Runs a reviewer worker in `namespace` until `shutdown` is cancelled,
-/// pausing `pace` between the steps of a review.
+/// Runs a reviewer worker placed at `placement` until `shutdown` is
+/// cancelled, pausing `pace` between the steps of a review.
 pub async fn run(
     client: Client,
-    namespace: &str,
+    placement: Placement,
     pace: Duration,
     shutdown: CancellationToken,
 ) -> Result<(), WorkerError> {
-    Worker::new(client, AGENT_ID)
-        .namespace(namespace)
-        .capacity(CAPACITY)
-        .run(move |task| handle(task, pace), shutdown)
-        .await
+    placement.worker(client, AGENT_ID).capacity(CAPACITY).run(move |task| handle(task, pace), shutdown).await
 }
 
 /// One file of the message.

@@ -20,7 +20,7 @@ async fn echo_completes_with_the_text_as_message_and_artifact() {
     let store = LiveStore::start().await;
     let client = crate::connect(&store.url).await.expect("connect");
     let shutdown = CancellationToken::new();
-    let run = tokio::spawn(crate::echo::run(client, "ns1", shutdown.clone()));
+    let run = tokio::spawn(crate::echo::run(client, crate::Placement::new("ns1"), shutdown.clone()));
 
     let created = store.create("ns1", crate::echo::AGENT_ID, "hello", None).await;
     let done = store.finished("ns1", &created.id).await;
