@@ -72,6 +72,13 @@ impl Default for GatewayConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DelegateConfig {
+    /// Call agents at loopback, private, link-local and other non-public
+    /// addresses (development and single-network deployments only). The
+    /// gateway's own addresses are always allowed.
+    pub allow_private: bool,
+    /// Hosts exempt from the address check, matched exactly and
+    /// case-insensitively against a URL's host.
+    pub allowed_hosts: Vec<String>,
     /// How long a delegation may take when the caller gives no timeout.
     pub timeout_ms: u64,
     /// How long a fetched agent card is reused.
@@ -84,7 +91,14 @@ pub struct DelegateConfig {
 
 impl Default for DelegateConfig {
     fn default() -> Self {
-        Self { timeout_ms: 300_000, card_ttl_ms: 60_000, poll_initial_ms: 250, poll_max_ms: 5_000 }
+        Self {
+            allow_private: false,
+            allowed_hosts: Vec::new(),
+            timeout_ms: 300_000,
+            card_ttl_ms: 60_000,
+            poll_initial_ms: 250,
+            poll_max_ms: 5_000,
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use chorus_proto::gateway::{self as pb, delegate_response::Result as Outcome, gateway_server::GatewayServer};
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::{
@@ -93,8 +94,19 @@ impl pb::gateway_server::Gateway for DelegateGrpc {
             (true, true) => self.own.as_ref().and_then(|own| own.credentials_for(&request.agent_url)),
         };
         let target = DelegateTarget::new(request.agent_url);
-        let outcome =
-            self.client.delegate(&target, message, timeout, credentials.as_ref()).await.map_err(GatewayError::from)?;
+        // A caller that goes away (its deadline, a workflow step's timeout,
+        // its run canceled) drops this call; the remote task is then asked
+        // to cancel rather than left running for nobody.
+        let abandoned = CancellationToken::new();
+        let _on_drop = abandoned.clone().drop_guard();
+        let client = self.client.clone();
+        let delegation = tokio::spawn(async move {
+            client.delegate_until(&target, message, timeout, credentials.as_ref(), &abandoned).await
+        });
+        let outcome = delegation
+            .await
+            .map_err(|error| GatewayError::Internal(format!("the delegation stopped: {error}")))?
+            .map_err(GatewayError::from)?;
         let result = match outcome {
             DelegateOutcome::Task(task) => Outcome::Task(convert::task_in(&task)),
             DelegateOutcome::Message(message) => Outcome::Message(convert::message_in(&message)),

@@ -230,10 +230,12 @@ impl From<crate::delegate::DelegateError> for GatewayError {
         use crate::delegate::DelegateError as D;
         let message = error.to_string();
         match error {
-            D::Http { .. } => Self::Unavailable(message),
+            D::Http { .. } | D::Status { status: 500..=599, .. } => Self::Unavailable(message),
+            // A refusal (its credentials, its card or path not found, ...).
+            D::Status { status: 400..=499, .. } => Self::RemoteAgent(message),
             D::Status { .. } | D::Protocol { .. } => Self::InvalidAgentResponse(message),
             D::Remote { .. } | D::NoInterface { .. } | D::Canceled { .. } => Self::RemoteAgent(message),
-            D::InvalidCredentials { .. } => Self::InvalidParams(message),
+            D::InvalidCredentials { .. } | D::Refused { .. } => Self::InvalidParams(message),
             D::Timeout { .. } => Self::Timeout(message),
         }
     }

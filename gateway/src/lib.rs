@@ -81,12 +81,17 @@ pub fn build(
     let tasks = TaskStoreClient::new(taskstore).max_decoding_message_size(usize::MAX);
     let settings = &config.delegate;
     let timeout = Duration::from_millis(settings.timeout_ms);
-    let http = reqwest::Client::builder()
+    let own = [bound_url, base_url];
+    let egress = delegate::egress_guard(settings, &own);
+    let http = egress
+        .client_builder()
         .connect_timeout(Duration::from_secs(10))
         .build()
         .map_err(|error| format!("cannot build the HTTP client: {error}"))?;
-    let client =
-        delegate::A2aClient::new(http).with_card_ttl(Duration::from_millis(settings.card_ttl_ms)).with_poll_backoff(
+    let client = delegate::A2aClient::new(http)
+        .guarded(egress, &own)
+        .with_card_ttl(Duration::from_millis(settings.card_ttl_ms))
+        .with_poll_backoff(
             Duration::from_millis(settings.poll_initial_ms),
             Duration::from_millis(settings.poll_max_ms),
         );
@@ -109,7 +114,7 @@ pub fn build(
             secret: secret.clone(),
             namespaces: vec!["*".to_owned()],
         });
-        delegation::OwnAgents::new(&[bound_url, base_url], secret)
+        delegation::OwnAgents::new(&own, secret)
     });
     let delegation = delegation::DelegateGrpc::new(client, timeout, own);
     Ok(Gateway::new(tasks, catalog, runner, push, delegation, config, shutdown))

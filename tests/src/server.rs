@@ -64,7 +64,8 @@ impl ServerBuilder {
         let mut args = args.to_vec();
         args.push(data_dir.into());
         let ready_service = TASK_STORE_SERVICE.to_owned();
-        Self { name: "chorus dev".to_owned(), args, env: Vec::new(), workdir: workdir.to_owned(), ready_service }
+        let env = vec![local_delegation()];
+        Self { name: "chorus dev".to_owned(), args, env, workdir: workdir.to_owned(), ready_service }
     }
 
     /// `chorus serve <service>` on `database_url`, run in `workdir`.
@@ -80,7 +81,7 @@ impl ServerBuilder {
         Self {
             name: format!("chorus serve {service}"),
             args: args.map(OsString::from).to_vec(),
-            env: Vec::new(),
+            env: vec![local_delegation()],
             workdir: workdir.to_owned(),
             ready_service: ready_service.to_owned(),
         }
@@ -100,7 +101,8 @@ impl ServerBuilder {
         self
     }
 
-    /// Sets an environment variable of the process, such as
+    /// Sets an environment variable of the process (the last setting of a
+    /// variable wins), such as
     /// `CHORUS_TASKSTORE__REAPER_INTERVAL_MS`.
     pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
         self.env.push((key.into(), value.into()));
@@ -235,4 +237,10 @@ async fn health_status(url: &str, service: &str) -> Result<ServingStatus, String
         Ok(response.into_inner().status())
     };
     tokio::time::timeout(Duration::from_secs(5), check).await.unwrap_or_else(|_| Err("timed out".to_owned()))
+}
+
+/// The external agents these tests delegate to listen on loopback, which a
+/// gateway refuses to call by default; the test of that refusal sets it back.
+fn local_delegation() -> (OsString, OsString) {
+    ("CHORUS_GATEWAY__DELEGATE__ALLOW_PRIVATE".into(), "true".into())
 }

@@ -108,3 +108,56 @@ async fn delegate_follows_a_remote_task_and_cancels_it_past_its_deadline() {
     let after = on_a.call("tck", "GetTask", json!({ "id": task_id })).await;
     assert_eq!(state(&after), "TASK_STATE_CANCELED", "{after:#}");
 }
+
+/// Without `gateway.delegate.allow_private`, a gateway calls no loopback,
+/// private or link-local address (a remote agent's, a Delegate call's), but
+/// its own: a workflow's delegate step to a catalog agent goes through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_allow_private_no_private_agent_is_called_but_the_gateway_s_own() {
+    let sandbox_a = Sandbox::new();
+    let a = sandbox_a.dev().name("chorus A").start().await;
+    let sandbox_b = Sandbox::new();
+    write_chorus_toml(sandbox_b.path(), &echo_and_remote_catalog("far", "Far echo", &format!("{}/a2a/echo", a.url())));
+    let b = sandbox_b.dev().name("chorus B").env("CHORUS_GATEWAY__DELEGATE__ALLOW_PRIVATE", "false").start().await;
+    let (on_a, on_b) = (A2a::new(&a), A2a::new(&b));
+
+    let task = on_b.send("far", message("far-refused", "hello from B")).await;
+    assert_eq!(state(&task), "TASK_STATE_FAILED", "{task:#}");
+    let reason = text(&task["status"]["message"]);
+    assert!(reason.contains("is a loopback address, not a public address"), "{reason}");
+    assert!(reason.contains("gateway.delegate.allow_private"), "it says how to allow it: {reason}");
+
+    let mut gateway = GatewayClient::new(b.channel().await);
+    let to_a = gateway.delegate(delegate(format!("{}/a2a/tck", a.url()), "d-a", "hi", Duration::from_secs(10))).await;
+    assert_grpc_error(to_a, Code::InvalidArgument, "INVALID_PARAMS");
+    let on_a_tasks = on_a.call("echo", "ListTasks", json!({})).await;
+    assert_eq!(on_a_tasks["tasks"], json!([]), "nothing reached A: {on_a_tasks:#}");
+
+    let own = format!("{}/a2a/echo", b.url());
+    let done = delegated_task(&mut gateway, delegate(own, &unique("own"), "to myself", Duration::from_secs(20))).await;
+    assert_eq!((task_state(&done), status_text(&done).as_str()), (TaskState::Completed, "to myself"));
+}
+
+/// A caller that goes away (a workflow step's timeout, its run canceled)
+/// drops its Delegate call: the remote task is asked to cancel, not left
+/// running for nobody until the delegation's own deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delegation_whose_caller_goes_away_cancels_the_remote_task() {
+    let (_sandbox_a, a, _sandbox_b, b) = two_choruses().await;
+    let on_a = A2a::new(&a);
+    let mut gateway = GatewayClient::new(b.channel().await);
+    let slow = unique("test-resubscribe-message-id");
+    let call = gateway.delegate(delegate(format!("{}/a2a/tck", a.url()), &slow, "take 4 s", Duration::from_secs(60)));
+    assert!(tokio::time::timeout(Duration::from_secs(1), call).await.is_err(), "the caller gives up first");
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let canceled = on_a.call("tck", "ListTasks", json!({ "status": "TASK_STATE_CANCELED" })).await;
+        if let [task] = canceled["tasks"].as_array().map(Vec::as_slice).unwrap_or_default() {
+            assert_eq!(task["history"][0]["messageId"], slow.as_str());
+            break;
+        }
+        assert!(Instant::now() < deadline, "A's task was not canceled: {canceled:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -9,10 +9,11 @@ use a2a::{
     AgentCard, CancelTaskRequest, GetTaskRequest, JsonRpcId, JsonRpcResponse, ListTasksRequest, ListTasksResponse,
     SendMessageRequest, SendMessageResponse, StreamResponse, SubscribeToTaskRequest, Task, methods,
 };
+use chorus_runtime::egress::EgressGuard;
 use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt, TryStreamExt, future, stream};
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
-use reqwest::{Method, RequestBuilder};
+use reqwest::{Method, RequestBuilder, Url};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -33,10 +34,20 @@ const CARD_PATH: &str = ".well-known/agent-card.json";
 #[derive(Debug, Clone)]
 pub(crate) struct A2aClient {
     http: reqwest::Client,
+    /// The SSRF guard of the URLs called, when they are vetted.
+    guard: Option<Arc<Guard>>,
     cards: Arc<Mutex<HashMap<String, CachedCard>>>,
     card_ttl: Duration,
     pub(super) poll_initial: Duration,
     pub(super) poll_max: Duration,
+}
+
+/// What [`A2aClient::guarded`] vets URLs with.
+#[derive(Debug)]
+struct Guard {
+    egress: EgressGuard,
+    /// The gateway's own origins (`scheme://host:port`), called unvetted.
+    own: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -77,10 +88,32 @@ impl A2aClient {
     pub(crate) fn new(http: reqwest::Client) -> Self {
         Self {
             http,
+            guard: None,
             cards: Arc::default(),
             card_ttl: DEFAULT_CARD_TTL,
             poll_initial: DEFAULT_POLL_INITIAL,
             poll_max: DEFAULT_POLL_MAX,
+        }
+    }
+
+    /// Vets the IP-literal host of every URL it calls with `egress`, but the
+    /// gateway's `own` base URLs. Its HTTP client must resolve names through
+    /// `egress` too ([`EgressGuard::client_builder`]).
+    pub(crate) fn guarded(mut self, egress: EgressGuard, own: &[&str]) -> Self {
+        let own = own.iter().filter_map(|url| Some(Url::parse(url).ok()?.origin().ascii_serialization())).collect();
+        self.guard = Some(Arc::new(Guard { egress, own }));
+        self
+    }
+
+    /// `url`, if the guard lets it be called.
+    fn vetted(&self, url: Url) -> Result<Url, DelegateError> {
+        let Some(guard) = &self.guard else { return Ok(url) };
+        if guard.own.contains(&url.origin().ascii_serialization()) {
+            return Ok(url);
+        }
+        match guard.egress.vet_url(&url) {
+            Ok(()) => Ok(url),
+            Err(refused) => Err(DelegateError::Refused { url: url.to_string(), reason: refused.0 }),
         }
     }
 
@@ -102,7 +135,7 @@ impl A2aClient {
     /// at `base_url` itself when it already names an `agent-card.json`.
     pub(crate) async fn fetch_card(&self, base_url: &str) -> Result<AgentCard, DelegateError> {
         let url = card_url(base_url);
-        let builder = self.http.get(wire::parse_url(&url)?).header(ACCEPT, JSON);
+        let builder = self.http.get(self.vetted(wire::parse_url(&url)?)?).header(ACCEPT, JSON);
         let response = wire::send(builder, &url).await?;
         let status = response.status().as_u16();
         let body = wire::read_body(response, &url).await?;
@@ -268,7 +301,8 @@ impl A2aClient {
             Binding::JsonRpc => {
                 let id = JsonRpcId::String(uuid::Uuid::new_v4().to_string());
                 let body = RpcRequest { jsonrpc: "2.0", id: &id, method: call.method, params };
-                let builder = self.http.post(wire::parse_url(&endpoint.url)?).header(CONTENT_TYPE, JSON).json(&body);
+                let url = self.vetted(wire::parse_url(&endpoint.url)?)?;
+                let builder = self.http.post(url).header(CONTENT_TYPE, JSON).json(&body);
                 (builder, Some(id))
             }
             Binding::HttpJson => {
@@ -278,7 +312,7 @@ impl A2aClient {
                 if !call.query.is_empty() {
                     url.query_pairs_mut().extend_pairs(&call.query);
                 }
-                let mut builder = self.http.request(call.verb.clone(), url);
+                let mut builder = self.http.request(call.verb.clone(), self.vetted(url)?);
                 if call.verb != Method::GET {
                     builder = builder.header(CONTENT_TYPE, A2A_JSON).json(params);
                 }

@@ -20,6 +20,9 @@ use std::fmt;
 use std::time::Duration;
 
 use a2a::{Message, Task};
+use chorus_runtime::egress::EgressGuard;
+
+use crate::config::DelegateConfig;
 
 pub(crate) use client::{A2aClient, pick_interface};
 
@@ -113,6 +116,14 @@ pub(crate) enum DelegateError {
         /// The start of the response body.
         body: String,
     },
+    /// The agent's address may not be called (the SSRF guard).
+    #[error("the A2A agent at {url} may not be called: {reason}")]
+    Refused {
+        /// The URL that was refused.
+        url: String,
+        /// Which address, and the settings that would allow it.
+        reason: String,
+    },
     /// The agent answered with something that is not valid A2A 1.0.
     #[error("the A2A agent at {url} sent an invalid response: {detail}")]
     Protocol {
@@ -195,6 +206,20 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
         cause = inner.source();
     }
     text
+}
+
+/// The SSRF guard of delegations: `settings`' policy, and the host names of
+/// the gateway's `own` base URLs (their IP literals are exempt by origin, in
+/// [`A2aClient::guarded`]; a name resolves before its port is known).
+pub(crate) fn egress_guard(settings: &DelegateConfig, own: &[&str]) -> EgressGuard {
+    let mut allowed = settings.allowed_hosts.clone();
+    let hosts = own.iter().filter_map(|url| Some(reqwest::Url::parse(url).ok()?.host_str()?.to_owned()));
+    allowed.extend(hosts.filter(|host| !host.starts_with('[') && host.parse::<std::net::IpAddr>().is_err()));
+    EgressGuard::new(
+        settings.allow_private,
+        &allowed,
+        "set gateway.delegate.allow_private or list the host in gateway.delegate.allowed_hosts to allow it",
+    )
 }
 
 /// Defaults of [`A2aClient`].

@@ -35,7 +35,8 @@ impl A2aClient {
     /// the task over SSE when the card declares `capabilities.streaming`, else
     /// sends with `returnImmediately` and polls `GetTask` with backoff. When
     /// the deadline passes the remote task is asked to cancel and the result
-    /// is [`DelegateError::Timeout`].
+    /// is [`DelegateError::Timeout`]. (The gateway's callers all pass a cancel.)
+    #[cfg(test)]
     pub(crate) async fn delegate(
         &self,
         target: &DelegateTarget,

@@ -72,7 +72,10 @@ pub(super) fn parse_url(base: &str) -> Result<Url, DelegateError> {
 
 /// Sends `builder`, mapping a transport failure to [`DelegateError::Http`].
 pub(super) async fn send(builder: RequestBuilder, url: &str) -> Result<Response, DelegateError> {
-    builder.send().await.map_err(|source| DelegateError::Http { url: url.to_owned(), source })
+    builder.send().await.map_err(|source| match chorus_runtime::egress::refusal(&source) {
+        Some(refused) => DelegateError::Refused { url: url.to_owned(), reason: refused.0.clone() },
+        None => DelegateError::Http { url: url.to_owned(), source },
+    })
 }
 
 /// Reads the whole body, refusing more than [`MAX_BODY_BYTES`].

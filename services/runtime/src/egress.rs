@@ -1,13 +1,18 @@
 //! Which addresses outbound HTTP may reach: the address table behind the
-//! SSRF guards of the gateway's push notifications and the workflow engine's
-//! webhooks. A URL from a client or a definition is untrusted; its host must
-//! not be, or resolve to, an address of this machine, its networks or its
-//! cloud's metadata service unless the operator allows it.
+//! SSRF guards of the gateway's push notifications and delegations and the
+//! workflow engine's webhooks ([`EgressGuard`] for the last two). A URL from
+//! a client, a card or a definition is untrusted; its host must not be, or
+//! resolve to, an address of this machine, its networks or its cloud's
+//! metadata service unless the operator allows it.
+
+mod guard;
 
 use std::{
     fmt,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
+
+pub use guard::{EgressGuard, Refused, refusal};
 
 /// The AWS, GCP and Azure instance metadata address.
 const METADATA_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);

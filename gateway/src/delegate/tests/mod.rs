@@ -270,3 +270,31 @@ async fn a_refused_stream_and_an_error_event_surface_as_remote() {
         );
     }
 }
+
+/// A client guarded as the gateway's: `own` are its base URLs.
+fn guarded(own: &[&str]) -> A2aClient {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let settings = crate::config::DelegateConfig::default();
+    let guard = super::egress_guard(&settings, own);
+    A2aClient::new(guard.client_builder().build().expect("a client")).guarded(guard, own)
+}
+
+#[tokio::test]
+async fn a_guarded_client_calls_no_private_address_but_the_gateway_s_own() {
+    let agent = agent::start(JSONRPC).await;
+    let hits = || agent.state.card_hits.load(std::sync::atomic::Ordering::SeqCst);
+    let by_name = agent.base_url.replace("127.0.0.1", "localhost");
+    for url in [agent.base_url.as_str(), by_name.as_str(), "http://169.254.169.254/latest"] {
+        let error = guarded(&["http://127.0.0.1:1"]).fetch_card(url).await.expect_err("refused");
+        let DelegateError::Refused { reason, .. } = &error else { panic!("expected Refused, got {error:?}") };
+        assert!(reason.contains("not a public address; set gateway.delegate.allow_private"), "{reason}");
+    }
+    assert_eq!(hits(), 0, "nothing reached the agent");
+    let own = guarded(&[agent.base_url.as_str()]).fetch_card(&agent.base_url).await.expect("the gateway's own agent");
+    assert_eq!(own.name, "Echo Agent");
+    let settings = crate::config::DelegateConfig { allowed_hosts: vec!["localhost".to_owned()], ..Default::default() };
+    let guard = super::egress_guard(&settings, &[]);
+    let listed = A2aClient::new(guard.client_builder().build().expect("a client")).guarded(guard, &[]);
+    assert_eq!(listed.fetch_card(&by_name).await.expect("an allowed host").name, "Echo Agent");
+    assert_eq!(hits(), 2);
+}

@@ -1,10 +1,7 @@
 //! [`Effects`] over the other services' gRPC clients and an egress-guarded
 //! HTTP client for webhooks.
 
-use std::{
-    net::{IpAddr, SocketAddr},
-    time::Duration,
-};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chorus_proto::{
@@ -14,7 +11,10 @@ use chorus_proto::{
     json::struct_from_json,
     taskstore::{self as ts, task_event::Kind as EventKind, task_store_client::TaskStoreClient},
 };
-use chorus_runtime::transport::Transport;
+use chorus_runtime::{
+    egress::{self, EgressGuard},
+    transport::Transport,
+};
 use serde_json::{Value, json};
 use tonic::{Code, Status};
 
@@ -37,6 +37,9 @@ pub struct Endpoints {
     pub webhook_timeout: Duration,
 }
 
+/// What a webhook refused for its address names.
+const WEBHOOK_REMEDY: &str = "set workflow.allow_private_webhooks to allow it";
+
 /// The engine's side effects over gRPC and HTTP.
 #[derive(Debug, Clone)]
 pub struct ClientEffects {
@@ -45,7 +48,7 @@ pub struct ClientEffects {
     bus: EventBusClient<Transport>,
     gateway: GatewayClient<Transport>,
     gateway_url: String,
-    allow_private_webhooks: bool,
+    guard: EgressGuard,
     http: reqwest::Client,
 }
 
@@ -54,6 +57,7 @@ impl ClientEffects {
     /// provider (what reqwest's HTTPS needs), unless one is installed already.
     pub fn new(endpoints: Endpoints) -> Result<Self, EffectError> {
         let _ = rustls::crypto::ring::default_provider().install_default();
+        let guard = EgressGuard::new(endpoints.allow_private_webhooks, &[], WEBHOOK_REMEDY);
         Ok(Self {
             // Tasks can outgrow the default 4 MiB answer (see the gateway's client).
             tasks: TaskStoreClient::new(endpoints.taskstore).max_decoding_message_size(usize::MAX),
@@ -62,8 +66,8 @@ impl ClientEffects {
             // A delegation answers with the remote task, as large as it grew.
             gateway: GatewayClient::new(endpoints.gateway).max_decoding_message_size(usize::MAX),
             gateway_url: endpoints.gateway_url.trim_end_matches('/').to_owned(),
-            allow_private_webhooks: endpoints.allow_private_webhooks,
-            http: webhook_client(endpoints.allow_private_webhooks, endpoints.webhook_timeout)?,
+            http: webhook_client(&guard, endpoints.webhook_timeout)?,
+            guard,
         })
     }
 }
@@ -260,20 +264,14 @@ impl ClientEffects {
     ) -> Result<Value, EffectError> {
         let failed = |why: String| EffectError::Failed(format!("webhook {url}: {why}"));
         let parsed = reqwest::Url::parse(url).map_err(|e| failed(e.to_string()))?;
-        let host = parsed.host_str().ok_or_else(|| failed("no host".into()))?;
-        let literal = host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>();
-        if let Ok(ip) = literal
-            && !self.allow_private_webhooks
-            && !is_public(ip)
-        {
-            return Err(failed(refused(host, ip)));
-        }
+        parsed.host_str().ok_or_else(|| failed("no host".into()))?;
+        self.guard.vet_url(&parsed).map_err(|refused| failed(refused.0))?;
         let mut body = body.clone();
         body["type"] = json!(message_type);
         let response =
             self.http.post(parsed.clone()).header("Idempotency-Key", &origin.key).json(&body).send().await.map_err(
-                |error| match refusal(&error) {
-                    Some(why) => failed(why),
+                |error| match egress::refusal(&error) {
+                    Some(refused) => failed(refused.0.clone()),
                     None => EffectError::Transient(format!("webhook {url}: {}", with_causes(&error))),
                 },
             )?;
@@ -286,11 +284,6 @@ impl ClientEffects {
         }
         Ok(json!({ "status": status.as_u16() }))
     }
-}
-
-fn refused(host: &str, ip: IpAddr) -> String {
-    let kind = chorus_runtime::egress::classify(ip).map_or_else(|| "not public".to_owned(), |kind| kind.to_string());
-    format!("{host} resolves to {ip}, {kind}, not a public address; set workflow.allow_private_webhooks to allow it")
 }
 
 /// `error` and what caused it (reqwest names the cause, such as a refused
@@ -306,52 +299,8 @@ fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// A refusal by [`VettingResolver`], from a reqwest error's sources.
-fn refusal(error: &reqwest::Error) -> Option<String> {
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(current) = next {
-        if let Some(Refused(why)) = current.downcast_ref::<Refused>() {
-            return Some(why.clone());
-        }
-        next = current.source();
-    }
-    None
-}
-
-/// A host that resolved to an address webhooks may not call.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct Refused(String);
-
-/// Resolves webhook hosts and refuses any that resolve to a non-public
-/// address, at connection time, so a host cannot pass a check and then
-/// resolve elsewhere (DNS rebinding).
-#[derive(Debug)]
-struct VettingResolver;
-
-impl reqwest::dns::Resolve for VettingResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        Box::pin(async move {
-            let host = name.as_str().to_owned();
-            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            if let Some(addr) = addrs.iter().find(|addr| !is_public(addr.ip())) {
-                return Err(Box::new(Refused(refused(&host, addr.ip()))) as Box<dyn std::error::Error + Send + Sync>);
-            }
-            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
-        })
-    }
-}
-
-/// The webhook client: no redirects, no proxy, and unless private addresses
-/// are allowed, the vetting resolver.
-fn webhook_client(allow_private: bool, timeout: Duration) -> Result<reqwest::Client, EffectError> {
-    let builder = reqwest::Client::builder().timeout(timeout).redirect(reqwest::redirect::Policy::none()).no_proxy();
-    let builder = if allow_private { builder } else { builder.dns_resolver(std::sync::Arc::new(VettingResolver)) };
+/// The webhook client: no redirects, no proxy, and the egress guard.
+fn webhook_client(guard: &EgressGuard, timeout: Duration) -> Result<reqwest::Client, EffectError> {
+    let builder = guard.client_builder().timeout(timeout).redirect(reqwest::redirect::Policy::none()).no_proxy();
     builder.build().map_err(|error| EffectError::Failed(format!("cannot build the webhook client: {error}")))
-}
-
-/// Whether `ip` is public: not loopback, private, link-local, metadata,
-/// shared, documentation or otherwise reserved ([`chorus_runtime::egress`]).
-fn is_public(ip: IpAddr) -> bool {
-    chorus_runtime::egress::classify(ip).is_none()
 }

@@ -36,20 +36,30 @@ pub(super) fn outcome(task: &pb::Task) -> TaskOutcome {
             output.extend(fields);
         }
     }
-    let text = text_of(parts.iter().copied());
+    // An artifact's text parts are chunks of one text (streamed, appended):
+    // they join as they are; artifacts, and a message's parts, by lines.
+    let text = if task.artifacts.is_empty() {
+        text_of(status_parts.iter())
+    } else {
+        let texts = task.artifacts.iter().map(|artifact| texts(artifact.parts.iter()).concat());
+        texts.filter(|text| !text.is_empty()).collect::<Vec<_>>().join("\n")
+    };
     output.entry("text").or_insert(Value::String(text));
     output.entry("task_id").or_insert(Value::String(task.id.clone()));
     TaskOutcome::Completed(Value::Object(output))
 }
 
 fn text_of<'p>(parts: impl Iterator<Item = &'p pb::Part>) -> String {
-    let texts: Vec<&str> = parts
+    texts(parts).join("\n")
+}
+
+fn texts<'p>(parts: impl Iterator<Item = &'p pb::Part>) -> Vec<&'p str> {
+    parts
         .filter_map(|part| match &part.content {
             Some(Content::Text(text)) => Some(text.as_str()),
             _ => None,
         })
-        .collect();
-    texts.join("\n")
+        .collect()
 }
 
 /// The parts of a spawn's message: its input as text (a string) or data,
@@ -69,4 +79,29 @@ fn part_of(value: &Value) -> pb::Part {
         other => Content::Data(value_from_json(other.clone())),
     };
     pb::Part { content: Some(content), ..pb::Part::default() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(text: &str) -> pb::Part {
+        pb::Part { content: Some(Content::Text(text.to_owned())), ..pb::Part::default() }
+    }
+
+    fn artifact(parts: &[&str]) -> pb::Artifact {
+        pb::Artifact { parts: parts.iter().map(|part| text(part)).collect(), ..pb::Artifact::default() }
+    }
+
+    #[test]
+    fn an_artifact_s_chunks_join_as_they_are_and_artifacts_by_lines() {
+        let task = pb::Task {
+            id: "t".into(),
+            status: Some(pb::TaskStatus { state: TaskState::Completed.into(), ..pb::TaskStatus::default() }),
+            artifacts: vec![artifact(&["chunk0;", "chunk1;", "chunk2;"]), artifact(&["notes"])],
+            ..pb::Task::default()
+        };
+        let TaskOutcome::Completed(output) = outcome(&task) else { panic!("completed") };
+        assert_eq!(output["text"], "chunk0;chunk1;chunk2;\nnotes");
+    }
 }
