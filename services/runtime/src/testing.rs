@@ -210,3 +210,40 @@ mod tests {
         assert_eq!(database_url("postgres://h", "t1"), "postgres://h/t1");
     }
 }
+
+/// The migration files under `{manifest_dir}/migrations/{postgres,sqlite}/`
+/// that `migrations` does not embed: written, but never run.
+///
+/// # Panics
+///
+/// When a folder cannot be read.
+pub fn unregistered_migrations(migrations: &ServiceMigrations, manifest_dir: &str) -> Vec<String> {
+    let backends = [("postgres", migrations.postgres), ("sqlite", migrations.sqlite)];
+    let mut missing = Vec::new();
+    for (backend, files) in backends {
+        let folder = std::path::Path::new(manifest_dir).join("migrations").join(backend);
+        let entries = std::fs::read_dir(&folder).unwrap_or_else(|error| panic!("{}: {error}", folder.display()));
+        for entry in entries {
+            let path = entry.unwrap_or_else(|error| panic!("{}: {error}", folder.display())).path();
+            let sql = std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+            if !files.iter().any(|file| file.sql == sql) {
+                missing.push(format!("{backend}/{}", path.file_name().unwrap_or_default().to_string_lossy()));
+            }
+        }
+    }
+    missing.sort();
+    missing
+}
+
+/// A test that every migration file of the calling crate is embedded in
+/// `$migrations` (a file left out is never run).
+#[macro_export]
+macro_rules! every_migration_is_registered {
+    ($migrations:expr) => {
+        #[test]
+        fn every_migration_file_is_registered() {
+            let missing = $crate::testing::unregistered_migrations(&$migrations, env!("CARGO_MANIFEST_DIR"));
+            assert!(missing.is_empty(), "migration files written but never run: {missing:?}");
+        }
+    };
+}

@@ -242,3 +242,6 @@ impl DefinitionRepository for SqlDefinitionRepository {
         Ok(u64::try_from(count).unwrap_or_default())
     }
 }
+
+#[cfg(test)]
+chorus_runtime::every_migration_is_registered!(MIGRATIONS);

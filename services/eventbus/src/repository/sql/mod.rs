@@ -132,3 +132,6 @@ async fn participants(
     }
     Ok(events)
 }
+
+#[cfg(test)]
+chorus_runtime::every_migration_is_registered!(MIGRATIONS);

@@ -45,3 +45,6 @@ impl SqlHubRepository {
         Ok(self.db.begin_relaxed().await?)
     }
 }
+
+#[cfg(test)]
+chorus_runtime::every_migration_is_registered!(MIGRATIONS);

@@ -41,6 +41,7 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
         (7, "lease length", "0007_lease_length.sql"),
         (8, "artifact last chunk", "0008_artifact_last_chunk.sql"),
         (9, "retention", "0009_retention.sql"),
+        (10, "context listing", "0010_context_listing.sql"),
     ]
 );
 
@@ -301,3 +302,6 @@ async fn deliver_completion(conn: &mut AnyConnection, task: &Task) -> Result<()>
     .await?;
     Ok(())
 }
+
+#[cfg(test)]
+chorus_runtime::every_migration_is_registered!(MIGRATIONS);
