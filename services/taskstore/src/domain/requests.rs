@@ -367,13 +367,29 @@ pub struct PushConfigKey {
     pub id: String,
 }
 
-/// A gateway's hold on the push configs it follows: it alone delivers them
-/// and advances their cursors, until `until` (micros) unless it renews.
+/// A gateway's hold on the push configs it follows (it alone delivers them
+/// and advances their cursors) or the tasks whose turns it runs, until
+/// `until` (micros) unless it renews.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PushLease {
     /// The gateway, unique among live ones and the same across its restarts.
     pub follower: String,
     pub until: i64,
+}
+
+/// Names one task among every namespace's.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TaskKey {
+    pub namespace: String,
+    pub task_id: String,
+}
+
+/// What a follower of turns learns as it keeps following: the tasks it
+/// lost, and those it claimed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Followed {
+    pub lost: Vec<TaskKey>,
+    pub claimed: Vec<TaskKey>,
 }
 
 /// A push config whose task has not ended for it: it still gets the task's

@@ -7,19 +7,16 @@ use futures_util::StreamExt as _;
 
 use chorus_proto::taskstore::{self as pb, task_store_server::TaskStoreServer};
 use chorus_runtime::{
-    grpc::{ResponseStream, fitting, namespace, stream_of},
+    grpc::{ResponseStream, namespace, stream_of},
     server::ServerConfig,
     telemetry::{current_context_headers, record_ids},
     validate::{self, FieldViolation},
 };
 use tonic::{Request, Response, Status};
 
-use super::{convert, push_convert};
+use super::{convert, pages, push_convert};
 use crate::{
-    domain::{
-        ArtifactChunk, ClaimRequest, NewSubtask, NewTask, Notification, PageToken, PushConfigKey, StatusUpdate,
-        TaskPage, TaskQuery,
-    },
+    domain::{ArtifactChunk, ClaimRequest, NewSubtask, NewTask, Notification, PushConfigKey, StatusUpdate, TaskQuery},
     service::{TaskStore, WatchFilter, WatchStart},
 };
 
@@ -50,24 +47,6 @@ impl TaskStoreGrpc {
     /// keeping pages of tasks under it.
     pub fn into_server(self, max_message_bytes: usize) -> TaskStoreServer<Self> {
         TaskStoreServer::new(Self { max_message_bytes, ..self }).max_decoding_message_size(max_message_bytes)
-    }
-}
-
-/// The page's tasks on the wire, as many as fit in `budget` bytes (at least
-/// one): a page cut short continues after its last task.
-fn fit_page(page: TaskPage, budget: usize) -> pb::ListTasksResponse {
-    let afters: Vec<PageToken> = page.tasks.iter().map(|task| page.after(task)).collect();
-    let mut tasks: Vec<pb::Task> = page.tasks.into_iter().map(convert::task_out).collect();
-    let fit = fitting(tasks.iter().map(prost::Message::encoded_len), budget);
-    let mut next_page_token = page.next_page_token;
-    if fit < tasks.len() {
-        tasks.truncate(fit);
-        next_page_token = afters.into_iter().nth(fit - 1);
-    }
-    pb::ListTasksResponse {
-        tasks,
-        next_page_token: next_page_token.map(|token| token.to_string()).unwrap_or_default(),
-        total_size: u32::try_from(page.total_size).unwrap_or(u32::MAX),
     }
 }
 
@@ -152,7 +131,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
             include_artifacts: request.include_artifacts,
         };
         let page = self.store.list_tasks(query).await?;
-        Ok(Response::new(fit_page(page, self.max_message_bytes.saturating_sub(PAGE_OVERHEAD))))
+        Ok(Response::new(pages::fit_page(page, self.max_message_bytes.saturating_sub(PAGE_OVERHEAD))))
     }
 
     async fn add_message(&self, request: Request<pb::AddMessageRequest>) -> Result<Response<pb::Task>, Status> {
@@ -453,13 +432,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
     ) -> Result<Response<pb::ClaimPushConfigsResponse>, Status> {
         let request = request.into_inner();
         let (follower, lease) = push_convert::follower_lease(request.follower, request.lease_ms)?;
-        let limit = match request.limit {
-            0 => MAX_PAGE_SIZE,
-            limit if limit > MAX_PAGE_SIZE => {
-                return Err(FieldViolation::new("limit", format!("must be at most {MAX_PAGE_SIZE}")).into());
-            }
-            limit => limit,
-        };
+        let limit = push_convert::claim_limit("limit", request.limit, MAX_PAGE_SIZE, MAX_PAGE_SIZE)?;
         let configs = self.store.claim_push_configs(follower, lease, limit).await?;
         Ok(Response::new(pb::ClaimPushConfigsResponse {
             configs: configs.into_iter().map(push_convert::pending_push_out).collect(),
@@ -472,12 +445,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
     ) -> Result<Response<pb::RenewPushConfigsResponse>, Status> {
         let request = request.into_inner();
         let (follower, lease) = push_convert::follower_lease(request.follower, request.lease_ms)?;
-        let following = request
-            .following
-            .into_iter()
-            .enumerate()
-            .map(|(at, key)| push_convert::push_config_key(&format!("following[{at}]"), key))
-            .collect::<Result<Vec<_>, _>>()?;
+        let following = push_convert::push_config_keys("following", request.following)?;
         let lost = self.store.renew_push_configs(follower, lease, following).await?;
         Ok(Response::new(pb::RenewPushConfigsResponse {
             lost: lost.into_iter().map(push_convert::push_key_out).collect(),
@@ -488,9 +456,44 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         &self,
         request: Request<pb::ReleasePushConfigsRequest>,
     ) -> Result<Response<pb::ReleasePushConfigsResponse>, Status> {
-        let follower = push_convert::follower(request.into_inner().follower)?
-            .ok_or_else(|| FieldViolation::required("follower"))?;
+        let follower = push_convert::required_follower(request.into_inner().follower)?;
         let released = self.store.release_push_configs(&follower).await?;
         Ok(Response::new(pb::ReleasePushConfigsResponse { released }))
+    }
+
+    async fn follow_task(
+        &self,
+        request: Request<pb::FollowTaskRequest>,
+    ) -> Result<Response<pb::FollowTaskResponse>, Status> {
+        let request = request.into_inner();
+        let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
+        let follower = push_convert::follower(request.follower)?.ok_or_else(|| FieldViolation::required("follower"))?;
+        let lease = (request.lease_ms > 0).then(|| Duration::from_millis(request.lease_ms));
+        self.store.follow_task(&namespace, &task_id, follower, lease).await?;
+        Ok(Response::new(pb::FollowTaskResponse {}))
+    }
+
+    async fn keep_following_tasks(
+        &self,
+        request: Request<pb::KeepFollowingTasksRequest>,
+    ) -> Result<Response<pb::KeepFollowingTasksResponse>, Status> {
+        let request = request.into_inner();
+        let (follower, lease) = push_convert::follower_lease(request.follower, request.lease_ms)?;
+        let following = push_convert::task_keys("following", request.following)?;
+        let claim = push_convert::claim_limit("claim", request.claim, 0, MAX_PAGE_SIZE)?;
+        let followed = self.store.keep_following(follower, lease, following, claim).await?;
+        Ok(Response::new(pb::KeepFollowingTasksResponse {
+            lost: push_convert::task_keys_out(followed.lost),
+            claimed: push_convert::task_keys_out(followed.claimed),
+        }))
+    }
+
+    async fn release_followed_tasks(
+        &self,
+        request: Request<pb::ReleaseFollowedTasksRequest>,
+    ) -> Result<Response<pb::ReleaseFollowedTasksResponse>, Status> {
+        let follower = push_convert::required_follower(request.into_inner().follower)?;
+        let released = self.store.release_followed_tasks(&follower).await?;
+        Ok(Response::new(pb::ReleaseFollowedTasksResponse { released }))
     }
 }

@@ -2,6 +2,7 @@
 
 mod convert;
 mod handlers;
+mod pages;
 mod push_convert;
 
 pub use handlers::TaskStoreGrpc;

@@ -7,7 +7,7 @@ use chorus_proto::taskstore as pb;
 use chorus_runtime::validate::{self, FieldViolation};
 
 use super::convert::{Checked, non_empty};
-use crate::domain::{PendingPush, PushConfig, PushConfigKey};
+use crate::domain::{PendingPush, PushConfig, PushConfigKey, TaskKey};
 
 /// The longest follower name: a host name and a listen address fit.
 const MAX_FOLLOWER: usize = 300;
@@ -43,7 +43,7 @@ pub(super) fn push_config(namespace_task: &str, value: Option<pb::PushConfig>) -
 }
 
 /// A config's key at `field`.
-pub(super) fn push_config_key(field: &str, value: pb::PushConfigKey) -> Checked<PushConfigKey> {
+fn push_config_key(field: &str, value: pb::PushConfigKey) -> Checked<PushConfigKey> {
     Ok(PushConfigKey {
         namespace: validate::namespace(&value.namespace)
             .map_err(|violation| FieldViolation { field: format!("{field}.namespace"), ..violation })?,
@@ -64,10 +64,19 @@ pub(super) fn follower(value: String) -> Checked<Option<String>> {
     Ok(non_empty(value))
 }
 
+/// A follower's name, required.
+pub(super) fn required_follower(value: String) -> Checked<String> {
+    follower(value)?.ok_or_else(|| FieldViolation::required("follower"))
+}
+
 /// A named follower and its lease, both required.
 pub(super) fn follower_lease(follower_name: String, lease_ms: u64) -> Checked<(String, Duration)> {
-    let follower = follower(follower_name)?.ok_or_else(|| FieldViolation::required("follower"))?;
-    Ok((follower, lease(lease_ms)?))
+    Ok((required_follower(follower_name)?, lease(lease_ms)?))
+}
+
+/// The push configs `field` lists, each checked.
+pub(super) fn push_config_keys(field: &str, values: Vec<pb::PushConfigKey>) -> Checked<Vec<PushConfigKey>> {
+    values.into_iter().enumerate().map(|(at, key)| push_config_key(&format!("{field}[{at}]"), key)).collect()
 }
 
 /// The lease of a follower: at least 1 ms.
@@ -81,6 +90,31 @@ pub(super) fn lease(lease_ms: u64) -> Checked<Duration> {
 /// The follower a config is created with, if any, and its lease.
 pub(super) fn creating_follower(follower_name: String, lease_ms: u64) -> Checked<Option<(String, Duration)>> {
     follower(follower_name)?.map(|follower| Ok((follower, lease(lease_ms)?))).transpose()
+}
+
+/// The tasks a follower of turns names, each checked.
+pub(super) fn task_keys(field: &str, values: Vec<pb::TaskKey>) -> Checked<Vec<TaskKey>> {
+    let key = |(at, value): (usize, pb::TaskKey)| {
+        Ok(TaskKey {
+            namespace: validate::namespace(&value.namespace)
+                .map_err(|violation| FieldViolation { field: format!("{field}[{at}].namespace"), ..violation })?,
+            task_id: validate::id(&format!("{field}[{at}].task_id"), &value.task_id)?,
+        })
+    };
+    values.into_iter().enumerate().map(key).collect()
+}
+
+pub(super) fn task_keys_out(keys: Vec<TaskKey>) -> Vec<pb::TaskKey> {
+    keys.into_iter().map(|TaskKey { namespace, task_id }| pb::TaskKey { namespace, task_id }).collect()
+}
+
+/// How many to claim at once: `default` for 0, at most `max`.
+pub(super) fn claim_limit(field: &str, value: u32, default: u32, max: u32) -> Checked<u32> {
+    match value {
+        0 => Ok(default),
+        value if value > max => Err(FieldViolation::new(field, format!("must be at most {max}"))),
+        value => Ok(value),
+    }
 }
 
 pub(super) fn push_key_out(key: PushConfigKey) -> pb::PushConfigKey {

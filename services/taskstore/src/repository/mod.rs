@@ -15,7 +15,7 @@ use crate::{
     domain::{
         ArtifactChunk, ClaimRequest, Claimed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff, InboxMessage,
         Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PurgeCursor, Purged, PushConfig,
-        PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskCursor, TaskEvent, TaskPage, TaskQuery,
+        PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskCursor, TaskEvent, TaskKey, TaskPage, TaskQuery,
         WorkerLeases,
     },
     error::Result,
@@ -229,4 +229,20 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// Ends at `now` the leases `follower` holds on unfinished configs, so
     /// that any follower claims them at once; how many.
     async fn release_push_configs(&self, follower: &str, now: i64) -> Result<u64>;
+
+    /// Has `lease.follower` follow the task's turns until `lease.until`, or
+    /// no one (`None`). NotFound when there is no such task.
+    async fn follow_task(&self, namespace: &str, task_id: &str, lease: Option<&PushLease>) -> Result<()>;
+
+    /// Extends to `lease.until` the follower's leases on the unfinished
+    /// tasks of `following`, and lets go of those finished; returns those it
+    /// still holds.
+    async fn renew_turns(&self, lease: &PushLease, following: &[TaskKey]) -> Result<Vec<TaskKey>>;
+
+    /// Hands the follower, until `lease.until`, up to `limit` unfinished
+    /// tasks whose follower's lease ended by `now`.
+    async fn claim_turns(&self, lease: &PushLease, now: i64, limit: u32) -> Result<Vec<TaskKey>>;
+
+    /// Ends at `now` the leases `follower` holds on tasks.
+    async fn release_turns(&self, follower: &str, now: i64) -> Result<u64>;
 }

@@ -12,6 +12,7 @@ mod reaper;
 mod recent;
 mod settled;
 mod streams;
+mod turns;
 mod waits;
 
 use std::{sync::Arc, time::Duration};

@@ -75,7 +75,7 @@ impl TaskStore {
     }
 
     /// A lease for `follower` from now, no longer than a worker's may be.
-    fn push_lease(&self, follower: String, lease: Duration) -> PushLease {
+    pub(super) fn push_lease(&self, follower: String, lease: Duration) -> PushLease {
         PushLease { follower, until: now_micros() + micros(lease.min(self.config.max_lease())) }
     }
 }

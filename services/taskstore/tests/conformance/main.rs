@@ -14,5 +14,6 @@ mod restarts;
 mod retention;
 mod subtasks;
 mod tasks;
+mod turns;
 mod wakeups;
 mod workers;

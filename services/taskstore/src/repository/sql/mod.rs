@@ -15,6 +15,7 @@ mod retention;
 mod rows;
 mod subtasks;
 mod tasks;
+mod turns;
 mod workers;
 
 use std::sync::Arc;
@@ -42,6 +43,7 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
         (8, "artifact last chunk", "0008_artifact_last_chunk.sql"),
         (9, "retention", "0009_retention.sql"),
         (10, "context listing", "0010_context_listing.sql"),
+        (11, "turn follower", "0011_turn_follower.sql"),
     ]
 );
 

@@ -10,8 +10,8 @@ use crate::{
     domain::{
         Artifact, ArtifactChunk, ClaimRequest, Claimed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff,
         InboxMessage, Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PurgeCursor, Purged,
-        PushConfig, PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskCursor, TaskEvent, TaskPage, TaskQuery,
-        WorkerLeases,
+        PushConfig, PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskCursor, TaskEvent, TaskKey, TaskPage,
+        TaskQuery, WorkerLeases,
     },
     error::Result,
     repository::TaskRepository,
@@ -218,5 +218,21 @@ impl TaskRepository for SqlTaskRepository {
 
     async fn release_push_configs(&self, follower: &str, now: i64) -> Result<u64> {
         self.release_push(follower, now).await
+    }
+
+    async fn follow_task(&self, namespace: &str, task_id: &str, lease: Option<&PushLease>) -> Result<()> {
+        self.follow(namespace, task_id, lease).await
+    }
+
+    async fn renew_turns(&self, lease: &PushLease, following: &[TaskKey]) -> Result<Vec<TaskKey>> {
+        self.renew_followed(lease, following).await
+    }
+
+    async fn claim_turns(&self, lease: &PushLease, now: i64, limit: u32) -> Result<Vec<TaskKey>> {
+        self.claim_followed(lease, now, limit).await
+    }
+
+    async fn release_turns(&self, follower: &str, now: i64) -> Result<u64> {
+        self.release_followed(follower, now).await
     }
 }
