@@ -197,20 +197,6 @@ pub async fn given_up_after<F: std::future::Future>(future: F, waits: usize) {
     .await;
 }
 
-#[cfg(test)]
-mod tests {
-    use super::database_url;
-
-    #[test]
-    fn the_database_name_is_replaced_and_the_query_kept() {
-        let url = database_url("postgres://u:p@h:5432/postgres", "t1");
-        assert_eq!(url, "postgres://u:p@h:5432/t1");
-        let url = database_url("postgres://u@h/postgres?sslmode=disable", "t1");
-        assert_eq!(url, "postgres://u@h/t1?sslmode=disable");
-        assert_eq!(database_url("postgres://h", "t1"), "postgres://h/t1");
-    }
-}
-
 /// The migration files under `{manifest_dir}/migrations/{postgres,sqlite}/`
 /// that `migrations` does not embed: written, but never run.
 ///
@@ -246,4 +232,18 @@ macro_rules! every_migration_is_registered {
             assert!(missing.is_empty(), "migration files written but never run: {missing:?}");
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::database_url;
+
+    #[test]
+    fn the_database_name_is_replaced_and_the_query_kept() {
+        let url = database_url("postgres://u:p@h:5432/postgres", "t1");
+        assert_eq!(url, "postgres://u:p@h:5432/t1");
+        let url = database_url("postgres://u@h/postgres?sslmode=disable", "t1");
+        assert_eq!(url, "postgres://u@h/t1?sslmode=disable");
+        assert_eq!(database_url("postgres://h", "t1"), "postgres://h/t1");
+    }
 }
