@@ -29,7 +29,7 @@ pub(crate) struct CardEntry {
     pub(crate) etag: String,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Catalog {
     agents: BTreeMap<String, AgentConfig>,
     cards: BTreeMap<String, CardEntry>,

@@ -101,7 +101,7 @@ impl pb::gateway_server::Gateway for DelegateGrpc {
         let _on_drop = abandoned.clone().drop_guard();
         let client = self.client.clone();
         let delegation = tokio::spawn(async move {
-            client.delegate_until(&target, message, timeout, credentials.as_ref(), &abandoned).await
+            client.delegate_until(&target, message, timeout, credentials.as_ref(), &abandoned, None).await
         });
         let outcome = delegation
             .await

@@ -95,16 +95,21 @@ pub fn build(
             Duration::from_millis(settings.poll_initial_ms),
             Duration::from_millis(settings.poll_max_ms),
         );
+    let push = notify::PushDispatcher::new(tasks.clone(), &config.push, shutdown.clone(), metrics)?;
+    push.keep_leases(lingering);
+    // The turns of workflow and remote agents are followed under the same
+    // name and leases as push configs.
+    let turns = builtin::Turns::new(push.follower().to_owned(), Duration::from_millis(push.lease_ms()));
     let runner = builtin::Runner::new(
         tasks.clone(),
         // As tasks, runs grow with their steps' outputs.
         chorus_proto::workflow::workflow_client::WorkflowClient::new(workflows).max_decoding_message_size(usize::MAX),
         client.clone(),
         timeout,
+        turns,
         shutdown.clone(),
     );
-    let push = notify::PushDispatcher::new(tasks.clone(), &config.push, shutdown.clone(), metrics)?;
-    push.keep_leases(lingering);
+    runner.keep_following(catalog.clone(), lingering);
     // Where credentials are checked, the gateway's own agents take one more,
     // known only to this process, for the delegations it makes to them.
     let own = config.auth.enabled().then(|| {

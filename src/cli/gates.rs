@@ -17,7 +17,8 @@ pub(super) enum Verdict {
 }
 
 pub(super) async fn list(client: &mut Client, target: &Target, workflow: Option<String>) -> Outcome {
-    let mut rows = vec![["RUN", "WORKFLOW", "GATE", "ITER", "REVIEWERS", "EXPIRES"].map(str::to_owned).to_vec()];
+    let header = ["RUN", "WORKFLOW", "GATE", "ITER", "REVIEWERS", "IF REJECTED", "EXPIRES"];
+    let mut rows = vec![header.map(str::to_owned).to_vec()];
     let mut page_token = String::new();
     loop {
         let request = ListRunsRequest {
@@ -40,6 +41,12 @@ pub(super) async fn list(client: &mut Client, target: &Target, workflow: Option<
                     step.step_id.clone(),
                     step.iteration.to_string(),
                     reviewers,
+                    match input.get("on_reject").and_then(|r| r.as_str()) {
+                        Some("fail") => "run fails",
+                        Some("escalate") => "escalates",
+                        _ => "phase reruns",
+                    }
+                    .to_owned(),
                     step.wake_at.as_ref().map_or_else(|| "-".to_owned(), |at| view::time(Some(at))),
                 ]);
             }

@@ -151,7 +151,9 @@ pub(crate) enum GateCommand {
         #[arg(long)]
         iteration: Option<u32>,
     },
-    /// Rejects a waiting gate: the phase before it runs again with the feedback.
+    /// Rejects a waiting gate: the phase before it runs again with the feedback, unless the
+    /// gate's rejections are spent (it escalates, or the run fails) or the round was escalated
+    /// (the run fails): IF REJECTED in `gate list` says which.
     Reject {
         run_id: String,
         step: String,

@@ -161,3 +161,42 @@ async fn a_delegation_whose_caller_goes_away_cancels_the_remote_task() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A gateway killed while a remote agent works on its task, and started
+/// again under its name, follows the remote task it had linked to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_gateway_follows_the_remote_task_it_forwarded_to_its_end() {
+    let sandbox_a = Sandbox::new();
+    let a = sandbox_a.dev().name("chorus A").start().await;
+    let sandbox_b = Sandbox::new();
+    write_chorus_toml(sandbox_b.path(), &echo_and_remote_catalog("far", "Far tck", &format!("{}/a2a/tck", a.url())));
+    let b = sandbox_b.dev().no_agents().name("chorus B").start().await;
+    let address = b.address();
+    let on_b = A2a::new(&b);
+    let slow = message(&unique("test-resubscribe-message-id"), "take 4 s");
+    let sent = json!({ "message": slow, "configuration": { "returnImmediately": true } });
+    let task = on_b.call("far", "SendMessage", sent).await["task"].clone();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let read = on_b.call("far", "GetTask", json!({ "id": task["id"] })).await;
+        if read["status"]["message"]["metadata"]["chorus.remote"]["taskId"].is_string() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the remote task is linked: {read:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    b.kill().await;
+
+    let b = sandbox_b.dev().no_agents().name("chorus B").listen(address).start().await;
+    let on_b = A2a::new(&b);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let read = on_b.call("far", "GetTask", json!({ "id": task["id"] })).await;
+        if state(&read) == "TASK_STATE_COMPLETED" {
+            break;
+        }
+        assert_eq!(state(&read), "TASK_STATE_WORKING", "{read:#}");
+        assert!(Instant::now() < deadline, "the task did not follow its remote task: {read:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

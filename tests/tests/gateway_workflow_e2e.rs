@@ -176,3 +176,55 @@ async fn a_task_whose_gate_was_decided_elsewhere_catches_up_with_its_run() {
     let history: Vec<&str> = done["history"].as_array().into_iter().flatten().map(text).collect();
     assert!(!history.iter().any(|text| text.contains("outside this conversation")), "{history:#?}");
 }
+
+const PACED: &str = "name: paced\nsteps:\n- id: draft\n  wait: {duration: 1500ms}\n\
+                     - id: signoff\n  gate: {mode: HITL, reviewers: editors}\n";
+
+/// The task, read until `done` says it is where it should be.
+async fn until(a2a: &A2a, agent: &str, task: &Value, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = tokio::time::Instant::now() + chorus_tests::DEADLINE;
+    loop {
+        let read = a2a.call(agent, "GetTask", json!({ "id": task["id"] })).await;
+        if done(&read) {
+            return read;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the task is not {what}: {read:#}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// A gateway killed while it ran workflow agents' turns, and started again
+/// under its name (its address), takes them up at once: a task whose run
+/// went on meanwhile catches up (to its gate), and one whose gate is then
+/// decided with the API follows its run to the end, as if nothing happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_gateway_takes_up_the_workflow_turns_it_ran() {
+    let sandbox = Sandbox::new();
+    std::fs::create_dir(sandbox.path().join("workflows")).expect("dir");
+    std::fs::write(sandbox.path().join("workflows/gated.yaml"), GATED).expect("write");
+    std::fs::write(sandbox.path().join("workflows/paced.yaml"), PACED).expect("write");
+    let paced = "\n[[gateway.agents]]\nid = \"paced\"\nname = \"Paced\"\ndescription = \"Waits, then asks.\"\n\
+                 kind = \"workflow\"\n";
+    write_chorus_toml(sandbox.path(), &format!("{CATALOG}{paced}"));
+    let server = sandbox.dev().no_agents().start().await;
+    let address = server.address();
+    let a2a = A2a::new(&server);
+    let gated = a2a.send("gated", message(&unique("start"), "review")).await;
+    assert_eq!(state(&gated), "TASK_STATE_INPUT_REQUIRED", "{gated:#}");
+    let sent = json!({ "message": message(&unique("start"), "draft"), "configuration": { "returnImmediately": true } });
+    let working = a2a.call("paced", "SendMessage", sent).await["task"].clone();
+    server.kill().await;
+
+    let server = sandbox.dev().no_agents().listen(address).start().await;
+    let a2a = A2a::new(&server);
+    let asked = until(&a2a, "paced", &working, "at its gate", |task| state(task) == "TASK_STATE_INPUT_REQUIRED").await;
+    assert!(status_text(&asked).contains("Gate `signoff` (round 1)"), "{asked:#}");
+    let done = a2a.send("paced", reply(&asked, "approve")).await;
+    assert_eq!(state(&done), "TASK_STATE_COMPLETED", "{done:#}");
+    let history: Vec<&str> = done["history"].as_array().into_iter().flatten().map(text).collect();
+    assert_eq!(history.iter().filter(|text| text.contains("Step `draft` completed")).count(), 1, "{history:#?}");
+
+    let mut workflows = WorkflowClient::new(server.channel().await);
+    approve_with_the_api(&mut workflows, &gated).await;
+    assert_eq!(state(&ended(&a2a, &gated).await), "TASK_STATE_COMPLETED");
+}

@@ -7,10 +7,13 @@
 //! They write to the task store like any worker, through its gRPC API; the
 //! task is not leased (no worker claims a built-in agent's tasks). A turn
 //! that needs no work (most of the `tck` agent's, and every echo) is the
-//! task's answer: the task is created with it, settled, in one write.
+//! task's answer: the task is created with it, settled, in one write. The
+//! tasks of workflow and remote agents are followed instead (`turns`), so
+//! that another gateway takes them up if this one dies.
 
 mod remote;
 mod tck;
+mod turns;
 mod workflow;
 
 use std::time::Duration;
@@ -24,6 +27,7 @@ use chorus_runtime::transport::Transport;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+pub(crate) use self::turns::Turns;
 use crate::{
     catalog::TCK,
     config::{AgentConfig, AgentKind},
@@ -38,6 +42,7 @@ pub(crate) struct Runner {
     workflows: WorkflowClient<Transport>,
     delegate: A2aClient,
     remote_timeout: Duration,
+    turns: Turns,
     shutdown: CancellationToken,
 }
 
@@ -109,9 +114,10 @@ impl Runner {
         workflows: WorkflowClient<Transport>,
         delegate: A2aClient,
         remote_timeout: Duration,
+        turns: Turns,
         shutdown: CancellationToken,
     ) -> Self {
-        Self { tasks, workflows, delegate, remote_timeout, shutdown }
+        Self { tasks, workflows, delegate, remote_timeout, turns, shutdown }
     }
 
     /// The message a built-in agent answers without a task, if it does.
@@ -141,9 +147,13 @@ impl Runner {
         let runner = self.clone();
         let agent = agent.clone();
         tokio::spawn(async move {
-            let task_id = turn.task.id.clone();
+            let (namespace, task_id) = (turn.namespace.clone(), turn.task.id.clone());
+            let run = async {
+                let outcome = runner.run(&agent, turn, message).await;
+                runner.carry_on(&agent, &namespace, &task_id, outcome).await
+            };
             let outcome = tokio::select! {
-                outcome = runner.run(&agent, turn, message) => outcome,
+                outcome = run => outcome,
                 () = runner.shutdown.cancelled() => Ok(()),
             };
             if let Err(status) = outcome {
@@ -155,9 +165,26 @@ impl Runner {
 
     async fn run(&self, agent: &AgentConfig, turn: Turn, message: Message) -> Written {
         match agent.kind {
-            AgentKind::Remote => self.forward(agent, turn, message).await,
-            AgentKind::Workflow => self.drive_workflow(agent, turn, message).await,
+            AgentKind::Remote => {
+                self.follow(&turn.namespace, &turn.task.id).await;
+                self.forward(agent, turn, message).await
+            }
+            AgentKind::Workflow => {
+                self.follow(&turn.namespace, &turn.task.id).await;
+                self.workflow_turn(agent, turn, message).await
+            }
             AgentKind::Builtin | AgentKind::Worker => tck::run(turn, &message).await,
+        }
+    }
+
+    /// Catches `task`, which another gateway (or this one's previous run)
+    /// followed, up with the run or remote task behind it.
+    async fn resume(&self, agent: &AgentConfig, namespace: &str, task: pb::Task) -> Written {
+        let turn = Turn { tasks: self.tasks.clone(), namespace: namespace.to_owned(), task };
+        match agent.kind {
+            AgentKind::Remote => self.resume_remote(agent, turn).await,
+            AgentKind::Workflow => self.resume_workflow(agent, turn).await,
+            AgentKind::Builtin | AgentKind::Worker => Ok(()),
         }
     }
 }

@@ -1,15 +1,17 @@
 //! `remote` agents: each turn goes to an external A2A agent, and what it
 //! answers comes back into the chorus task.
 //!
-//! The chorus task and the remote task stay one conversation: when the
-//! remote task waits for input, the status message recording that carries
-//! the remote task's ids (metadata `chorus.remote`), so the answer continues
-//! that remote task. Canceling the chorus task cancels the remote one.
+//! The chorus task and the remote task stay one conversation: once the
+//! remote task exists, and when it waits for input, a status message
+//! carries its ids (metadata `chorus.remote`), so the answer continues that
+//! remote task, and a gateway taking the task up follows it. Canceling the
+//! chorus task cancels the remote one.
 
 use a2a::{CancelTaskRequest, Message, StreamResponse};
 use chorus_proto::taskstore as pb;
 use futures_util::StreamExt as _;
 use serde_json::{Value, json};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::{Runner, Turn, Written};
@@ -34,42 +36,80 @@ fn remote_of(task: &pb::Task) -> Option<(String, String)> {
 }
 
 impl Runner {
-    /// One turn of `agent`, a remote agent, on `turn`'s task.
+    /// One turn of `agent`, a remote agent, on `turn`'s task. Once the remote
+    /// task exists, a status message links it (so that a cancel, or another
+    /// gateway taking the task up, finds it); a new remote task goes in the
+    /// chorus task's context, so that the remote agent sees one conversation.
     pub(super) async fn forward(&self, agent: &AgentConfig, mut turn: Turn, mut message: Message) -> Written {
         turn.status(pb::TaskState::Working, None, None).await?;
         let (task_id, context_id) = remote_of(&turn.task).unzip();
         message.task_id = task_id;
-        message.context_id = context_id;
+        message.context_id = context_id.or_else(|| Some(turn.task.context_id.clone()));
         let canceled = CancellationToken::new();
         let watcher = tokio::spawn(cancel_when_canceled(turn.clone_writer(), canceled.clone()));
         let target = DelegateTarget::new(agent.url.clone().unwrap_or_default());
-        let outcome = self.delegate.delegate_until(&target, message, self.remote_timeout, None, &canceled).await;
+        let (tell, learnt) = oneshot::channel();
+        let delegation =
+            self.delegate.delegate_until(&target, message, self.remote_timeout, None, &canceled, Some(tell));
+        tokio::pin!(delegation);
+        let outcome = tokio::select! {
+            outcome = &mut delegation => outcome,
+            Ok((id, context_id)) = learnt => {
+                let link = json!({ "taskId": id, "contextId": context_id });
+                let text = format!("Remote task {id} works on it.");
+                turn.status(pb::TaskState::Working, Some(&text), Some(link_metadata(link))).await?;
+                delegation.await
+            }
+        };
         watcher.abort();
-        match outcome {
-            Ok(DelegateOutcome::Task(task)) => {
-                for artifact in task.artifacts.iter().flatten() {
-                    turn.artifact(artifact.clone(), false, true).await?;
-                }
-                let state = convert::state_in(&task.status.state);
-                let text = task.status.message.as_ref().and_then(Message::text).map(str::to_owned);
-                let waiting = convert::is_interrupted(&task.status.state);
-                let link = waiting.then(|| json!({ "taskId": task.id, "contextId": task.context_id }));
-                turn.status(
-                    state,
-                    text.as_deref().or(waiting.then_some("The agent needs input")),
-                    link.map(link_metadata),
-                )
+        settle(agent, turn, outcome).await
+    }
+
+    /// Takes up a remote agent's task whose gateway stopped while its remote
+    /// task worked: follows that task to its end. One waiting on its user
+    /// needs nothing; one whose remote task was never linked is failed,
+    /// since its message may or may not have reached the remote agent.
+    pub(super) async fn resume_remote(&self, agent: &AgentConfig, mut turn: Turn) -> Written {
+        let state = turn.task.status.as_ref().map(pb::TaskStatus::state);
+        if !matches!(state, Some(pb::TaskState::Working | pb::TaskState::Submitted)) {
+            return Ok(());
+        }
+        let Some((remote_id, _)) = remote_of(&turn.task) else {
+            let why = "The gateway forwarding this turn stopped before the remote agent made a task of it: send \
+                       the message again.";
+            return turn.status(pb::TaskState::Failed, Some(why), None).await;
+        };
+        let canceled = CancellationToken::new();
+        let watcher = tokio::spawn(cancel_when_canceled(turn.clone_writer(), canceled.clone()));
+        let target = DelegateTarget::new(agent.url.clone().unwrap_or_default());
+        let outcome = self.delegate.resume_until(&target, remote_id, self.remote_timeout, &canceled).await;
+        watcher.abort();
+        settle(agent, turn, outcome).await
+    }
+}
+
+/// Mirrors what the remote agent answered into the chorus task.
+async fn settle(agent: &AgentConfig, mut turn: Turn, outcome: Result<DelegateOutcome, DelegateError>) -> Written {
+    match outcome {
+        Ok(DelegateOutcome::Task(task)) => {
+            for artifact in task.artifacts.iter().flatten() {
+                turn.artifact(artifact.clone(), false, true).await?;
+            }
+            let state = convert::state_in(&task.status.state);
+            let text = task.status.message.as_ref().and_then(Message::text).map(str::to_owned);
+            let waiting = convert::is_interrupted(&task.status.state);
+            let link = waiting.then(|| json!({ "taskId": task.id, "contextId": task.context_id }));
+            turn.status(state, text.as_deref().or(waiting.then_some("The agent needs input")), link.map(link_metadata))
                 .await
-            }
-            Ok(DelegateOutcome::Message(reply)) => {
-                let text = reply.text().unwrap_or_default().to_owned();
-                turn.status(pb::TaskState::Completed, Some(&text), None).await
-            }
-            Err(DelegateError::Canceled { .. }) => Ok(()),
-            Err(error) => {
-                let reason = format!("remote agent {}: {error}", agent.id);
-                turn.status(pb::TaskState::Failed, Some(&reason), None).await
-            }
+        }
+        Ok(DelegateOutcome::Message(reply)) => {
+            let text = reply.text().unwrap_or_default().to_owned();
+            turn.status(pb::TaskState::Completed, Some(&text), None).await
+        }
+        Err(DelegateError::Canceled { .. }) => Ok(()),
+        Err(error) => {
+            let reason = format!("remote agent {}: {error}", agent.id);
+            turn.status(pb::TaskState::Failed, Some(&reason), None).await
         }
     }
 }

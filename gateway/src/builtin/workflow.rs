@@ -10,9 +10,9 @@
 //!
 //! The status message of an interruption carries the run, the gate and the
 //! watch cursor under metadata `chorus.workflow`, so the next turn resumes
-//! the watch where this one stopped.
-
-use std::{future::Future, pin::Pin};
+//! the watch where this one stopped; every status of the run's progress
+//! carries the run and its cursor, where a gateway taking the task up after
+//! this one died goes on from (`turns`).
 
 use a2a::{Artifact, Message, Part, PartContent};
 use chorus_proto::{
@@ -67,8 +67,20 @@ fn parse_link(link: &Value) -> Option<Link> {
 
 /// The run the task started.
 fn run_of(task: &pb::Task) -> Option<String> {
-    links(task).find_map(|link| Some(link.get("runId")?.as_str()?.to_owned()))
+    resume_point(task).map(|(run_id, _)| run_id)
 }
+
+/// The run the task started, and its last change the task shows (empty:
+/// none yet).
+fn resume_point(task: &pb::Task) -> Option<(String, String)> {
+    links(task).find_map(|link| {
+        let cursor = link.get("cursor").and_then(Value::as_str).unwrap_or_default().to_owned();
+        Some((link.get("runId")?.as_str()?.to_owned(), cursor))
+    })
+}
+
+/// Where mirroring a run stopped: at the gate it waits on, or at its end.
+type Stopped = Result<Option<Link>, tonic::Status>;
 
 /// What a rejection from an IDE (which offers allow or reject, no
 /// feedback) gives the rerun phase as its feedback.
@@ -114,19 +126,60 @@ fn input_of(message: &Message) -> prost_types::Struct {
 }
 
 impl Runner {
-    /// One turn of a workflow agent on `turn`'s task.
-    pub(super) async fn drive_workflow(&self, agent: &AgentConfig, mut turn: Turn, message: Message) -> Written {
+    /// One turn of a workflow agent on `turn`'s task: the message, then
+    /// the gates the run meets, until the run ends or a reply answers a gate
+    /// (its own turn follows the run on).
+    pub(super) async fn workflow_turn(&self, agent: &AgentConfig, mut turn: Turn, message: Message) -> Written {
+        let gate = self.drive_workflow(agent, &mut turn, message).await?;
+        self.await_gates(&mut turn, gate).await
+    }
+
+    /// Takes up a workflow agent's task whose gateway stopped: follows its
+    /// run on from the last change the task shows, or watches the gate it
+    /// waits on; a run it may not have started yet is started (or found:
+    /// the start is idempotent on the task).
+    pub(super) async fn resume_workflow(&self, agent: &AgentConfig, mut turn: Turn) -> Written {
+        let state = turn.task.status.as_ref().map(pb::TaskStatus::state);
+        let gate = match (state, resume_point(&turn.task)) {
+            (Some(pb::TaskState::InputRequired), _) => link_of(&turn.task),
+            (Some(pb::TaskState::Working | pb::TaskState::Submitted), Some((run_id, cursor))) => {
+                self.follow_run(&mut turn, run_id, cursor).await?
+            }
+            (Some(pb::TaskState::Working | pb::TaskState::Submitted), None) => {
+                let first = turn.task.history.iter().find(|message| message.role() == pb::Role::User).cloned();
+                let Some(first) = first else { return Ok(()) };
+                self.drive_workflow(agent, &mut turn, crate::convert::message_out(first)).await?
+            }
+            _ => None,
+        };
+        self.await_gates(&mut turn, gate).await
+    }
+
+    /// Watches each gate the run waits on in turn, until it ends or a reply
+    /// answers one.
+    async fn await_gates(&self, turn: &mut Turn, mut gate: Option<Link>) -> Written {
+        while let Some(link) = gate {
+            gate = self.await_gate(turn, link).await?;
+        }
+        Ok(())
+    }
+
+    /// Starts or steers the run for `message`; the gate the run then waits
+    /// on, if it does.
+    async fn drive_workflow(&self, agent: &AgentConfig, turn: &mut Turn, message: Message) -> Stopped {
         let mut workflows = self.workflows.clone();
         let (run_id, cursor) = match link_of(&turn.task) {
             Some(link) => {
                 let Some((decision, reason)) = verdict(&message) else {
                     if self.gate_waits(&turn.namespace, &link).await? {
                         let again = "Reply `approve`, or `reject: <feedback>`, to decide the gate.";
-                        return turn.status(pb::TaskState::InputRequired, Some(again), Some(linked(&link, None))).await;
+                        let metadata = Some(linked(&link, None));
+                        turn.status(pb::TaskState::InputRequired, Some(again), metadata).await?;
+                        return Ok(Some(link));
                     }
                     // Decided elsewhere meanwhile: the task catches up with the run.
                     turn.status(pb::TaskState::Working, Some("The gate was decided. Following the run."), None).await?;
-                    return self.follow_run(&mut turn, link.run_id, link.cursor).await;
+                    return self.follow_run(turn, link.run_id, link.cursor).await;
                 };
                 let request = DecideGateRequest {
                     namespace: turn.namespace.clone(),
@@ -148,7 +201,9 @@ impl Runner {
                     }
                     Err(status) => {
                         let text = format!("The gate was not decided: {}", status.message());
-                        return turn.status(pb::TaskState::InputRequired, Some(&text), Some(linked(&link, None))).await;
+                        let metadata = Some(linked(&link, None));
+                        turn.status(pb::TaskState::InputRequired, Some(&text), metadata).await?;
+                        return Ok(Some(link));
                     }
                 }
                 (link.run_id, link.cursor)
@@ -169,9 +224,13 @@ impl Runner {
                 };
                 let run = match workflows.start_run(request).await {
                     Ok(run) => run.into_inner(),
+                    // Out of reach: the turn is taken up again (see `turns`).
+                    Err(status) if matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Unknown) => {
+                        return Err(status);
+                    }
                     Err(status) => {
                         let text = format!("The workflow did not start: {}", status.message());
-                        return turn.status(pb::TaskState::Failed, Some(&text), None).await;
+                        return turn.status(pb::TaskState::Failed, Some(&text), None).await.map(|()| None);
                     }
                 };
                 let started = std::collections::HashMap::from([(LINK.to_owned(), json!({ "runId": run.id }))]);
@@ -179,7 +238,7 @@ impl Runner {
                 (run.id, String::new())
             }
         };
-        self.follow_run(&mut turn, run_id, cursor).await
+        self.follow_run(turn, run_id, cursor).await
     }
 
     /// Whether the gate `link` names still waits for a decision.
@@ -191,8 +250,10 @@ impl Runner {
         }))
     }
 
-    /// Mirrors the run into the task until it ends or a gate waits.
-    async fn follow_run(&self, turn: &mut Turn, run_id: String, after_cursor: String) -> Written {
+    /// Mirrors the run into the task until it ends, or a gate waits: that
+    /// gate. Each status written notes the run's change it came from, where
+    /// a gateway taking the task up goes on from.
+    async fn follow_run(&self, turn: &mut Turn, run_id: String, after_cursor: String) -> Stopped {
         let mut workflows = self.workflows.clone();
         let request = WatchRunRequest { namespace: turn.namespace.clone(), run_id: run_id.clone(), after_cursor };
         let mut events = workflows.watch_run(request).await?.into_inner();
@@ -213,20 +274,26 @@ impl Runner {
                         };
                         let input = step.input.as_ref().map(chorus_proto::json::struct_to_json).unwrap_or_default();
                         let reviewers = input.get("reviewers").and_then(Value::as_str).unwrap_or("a reviewer");
+                        let consequence = match input.get("on_reject").and_then(Value::as_str) {
+                            Some("fail") => " A rejection now fails the run.",
+                            Some("escalate") => " A rejection now escalates the gate.",
+                            _ => "",
+                        };
                         let text = format!(
-                            "Gate `{}` (round {}) waits for a decision by {reviewers}: reply `approve`, or `reject: <feedback>`.",
+                            "Gate `{}` (round {}) waits for a decision by {reviewers}: reply `approve`, or `reject: <feedback>`.{consequence}",
                             step.step_id, step.iteration
                         );
                         let details = json!({ "artifacts": input.get("artifacts"), "reviewers": reviewers });
                         let metadata = Some(linked(&link, Some(details)));
                         turn.status(pb::TaskState::InputRequired, Some(&text), metadata).await?;
-                        self.watch_gate(turn.clone_writer(), link);
-                        return Ok(());
+                        return Ok(Some(link));
                     }
                 }
                 (Kind::StepUpdated, Some(step)) if step.state() == StepState::Completed => {
                     let text = format!("Step `{}` completed.", step.step_id);
-                    turn.status(pb::TaskState::Working, Some(&text), None).await?;
+                    let progress = json!({ "runId": run_id, "cursor": event.cursor });
+                    let metadata = std::collections::HashMap::from([(LINK.to_owned(), progress)]);
+                    turn.status(pb::TaskState::Working, Some(&text), Some(metadata)).await?;
                 }
                 (Kind::RunStateChanged, _) if event.state() == RunState::Completed => {
                     let run = workflows.get_run(get.clone()).await?.into_inner();
@@ -240,46 +307,29 @@ impl Runner {
                         extensions: None,
                     };
                     turn.artifact(artifact, false, true).await?;
-                    return turn
-                        .status(pb::TaskState::Completed, Some(&format!("Run {run_id} completed.")), None)
-                        .await;
+                    let text = format!("Run {run_id} completed.");
+                    return turn.status(pb::TaskState::Completed, Some(&text), None).await.map(|()| None);
                 }
                 (Kind::RunStateChanged, _) if event.state() == RunState::Failed => {
                     let run = workflows.get_run(get.clone()).await?.into_inner();
-                    return turn
-                        .status(pb::TaskState::Failed, Some(&format!("Run {run_id} failed: {}", run.error)), None)
-                        .await;
+                    let text = format!("Run {run_id} failed: {}", run.error);
+                    return turn.status(pb::TaskState::Failed, Some(&text), None).await.map(|()| None);
                 }
                 (Kind::RunStateChanged, _) if event.state() == RunState::Canceled => {
-                    return turn
-                        .status(pb::TaskState::Canceled, Some(&format!("Run {run_id} was canceled.")), None)
-                        .await;
+                    let text = format!("Run {run_id} was canceled.");
+                    return turn.status(pb::TaskState::Canceled, Some(&text), None).await.map(|()| None);
                 }
                 _ => {}
             }
         }
-        Ok(())
+        Ok(None)
     }
 
-    /// Watches, in the background, the gate the task now waits on: when it is
-    /// decided elsewhere (`chorus gate`, the workflow API) or its run ends,
-    /// the task catches up with the run, unless an A2A reply answered first.
-    fn watch_gate(&self, turn: Turn, link: Link) {
-        let shutdown = self.shutdown.clone();
-        let task_id = turn.task.id.clone();
-        let watch: Pin<Box<dyn Future<Output = Written> + Send>> = Box::pin(self.clone().await_gate(turn, link));
-        tokio::spawn(async move {
-            let outcome = tokio::select! {
-                outcome = watch => outcome,
-                () = shutdown.cancelled() => Ok(()),
-            };
-            if let Err(status) = outcome {
-                tracing::debug!(%task_id, error = %status.message(), "stopped watching the task's gate");
-            }
-        });
-    }
-
-    async fn await_gate(self, mut turn: Turn, link: Link) -> Written {
+    /// Watches the gate the task waits on: when it is decided elsewhere
+    /// (`chorus gate`, the workflow API) or its run ends, the task catches
+    /// up with the run (to the next gate, if there is one), unless an A2A
+    /// reply answered first: its turn follows the run then.
+    async fn await_gate(&self, turn: &mut Turn, link: Link) -> Stopped {
         let namespace = turn.namespace.clone();
         let request = WatchRunRequest {
             namespace: namespace.clone(),
@@ -288,7 +338,7 @@ impl Runner {
         };
         let mut events = self.workflows.clone().watch_run(request).await?.into_inner();
         let note = loop {
-            let Some(event) = events.message().await? else { return Ok(()) };
+            let Some(event) = events.message().await? else { return Ok(None) };
             let ended = event.kind() == Kind::RunStateChanged
                 && matches!(event.state(), RunState::Completed | RunState::Failed | RunState::Canceled);
             if ended {
@@ -314,13 +364,13 @@ impl Runner {
         let same_gate = waiting
             .is_some_and(|now| (&now.run_id, &now.gate, now.iteration) == (&link.run_id, &link.gate, link.iteration));
         if !same_gate {
-            return Ok(());
+            return Ok(None);
         }
         let answer = turn.agent_message(&note, None);
         let answered = pb::AnswerQuestionRequest { namespace, task_id: task.id.clone(), answer: Some(answer) };
         match turn.tasks.answer_question(answered).await {
-            Ok(_) => self.follow_run(&mut turn, link.run_id, link.cursor).await,
-            Err(status) if status.code() == tonic::Code::FailedPrecondition => Ok(()),
+            Ok(_) => self.follow_run(turn, link.run_id, link.cursor).await,
+            Err(status) if status.code() == tonic::Code::FailedPrecondition => Ok(None),
             Err(status) => Err(status),
         }
     }

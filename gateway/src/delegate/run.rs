@@ -9,6 +9,7 @@ use a2a::{
     StreamResponse, Task, TaskArtifactUpdateEvent, TaskState, TaskStatus,
 };
 use futures_util::StreamExt;
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -19,11 +20,27 @@ use crate::convert::is_settled;
 /// How long the cancel request of a timed-out delegation may take.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Who learns the remote task's id and context id as soon as it exists.
+pub(crate) type TaskTeller = oneshot::Sender<(String, String)>;
+
 /// What a delegation has learnt so far, kept when the deadline cuts it short.
 #[derive(Debug, Default)]
 struct Progress {
     endpoint: Option<Endpoint>,
     task_id: Option<String>,
+    tell: Option<TaskTeller>,
+}
+
+impl Progress {
+    /// The remote task exists: noted, and told once.
+    fn learn(&mut self, task: &Task) {
+        if self.task_id.is_none() {
+            self.task_id = Some(task.id.clone());
+        }
+        if let Some(tell) = self.tell.take() {
+            let _ = tell.send((task.id.clone(), task.context_id.clone()));
+        }
+    }
 }
 
 impl A2aClient {
@@ -44,12 +61,13 @@ impl A2aClient {
         timeout: Duration,
         credentials: Option<&Credentials>,
     ) -> Result<DelegateOutcome, DelegateError> {
-        self.delegate_until(target, message, timeout, credentials, &CancellationToken::new()).await
+        self.delegate_until(target, message, timeout, credentials, &CancellationToken::new(), None).await
     }
 
     /// [`delegate`](Self::delegate), which `cancel` also cuts short: the
     /// remote task is then asked to cancel and the result is
-    /// [`DelegateError::Canceled`].
+    /// [`DelegateError::Canceled`]. `tell` learns the remote task as soon as
+    /// it exists.
     pub(crate) async fn delegate_until(
         &self,
         target: &DelegateTarget,
@@ -57,8 +75,9 @@ impl A2aClient {
         timeout: Duration,
         credentials: Option<&Credentials>,
         cancel: &CancellationToken,
+        tell: Option<TaskTeller>,
     ) -> Result<DelegateOutcome, DelegateError> {
-        let mut progress = Progress::default();
+        let mut progress = Progress { tell, ..Progress::default() };
         let finished = {
             let run = Box::pin(self.run(target, message, credentials, &mut progress));
             tokio::select! {
@@ -66,6 +85,42 @@ impl A2aClient {
                 () = cancel.cancelled() => None,
             }
         };
+        self.settled(finished, progress, credentials, cancel).await
+    }
+
+    /// Follows the remote task `task_id` an earlier delegation to `target`
+    /// made, as [`delegate_until`](Self::delegate_until) would have.
+    pub(crate) async fn resume_until(
+        &self,
+        target: &DelegateTarget,
+        task_id: String,
+        timeout: Duration,
+        cancel: &CancellationToken,
+    ) -> Result<DelegateOutcome, DelegateError> {
+        let mut progress = Progress { task_id: Some(task_id.clone()), ..Progress::default() };
+        let finished = {
+            let run = Box::pin(async {
+                let endpoint = pick_interface(&*self.card(&target.base_url).await?)?;
+                progress.endpoint = Some(endpoint.clone());
+                self.poll(&endpoint, task_id, None).await.map(DelegateOutcome::Task)
+            });
+            tokio::select! {
+                result = tokio::time::timeout(timeout, run) => result.ok(),
+                () = cancel.cancelled() => None,
+            }
+        };
+        self.settled(finished, progress, None, cancel).await
+    }
+
+    /// The outcome of a delegation, or, cut short by its deadline or
+    /// `cancel`, its remote task asked to cancel and why it stopped.
+    async fn settled(
+        &self,
+        finished: Option<Result<DelegateOutcome, DelegateError>>,
+        progress: Progress,
+        credentials: Option<&Credentials>,
+        cancel: &CancellationToken,
+    ) -> Result<DelegateOutcome, DelegateError> {
         if let Some(outcome) = finished {
             return outcome;
         }
@@ -108,7 +163,7 @@ impl A2aClient {
             DelegateOutcome::Task(task) if !is_settled(&task.status.state) => task,
             settled => return Ok(settled),
         };
-        progress.task_id = Some(task.id.clone());
+        progress.learn(&task);
         self.poll(&endpoint, task.id, credentials).await.map(DelegateOutcome::Task)
     }
 
@@ -139,7 +194,7 @@ impl A2aClient {
             }
             apply(&mut task, event);
             if let Some(current) = &task {
-                progress.task_id.get_or_insert_with(|| current.id.clone());
+                progress.learn(current);
                 if is_settled(&current.status.state) {
                     break;
                 }

@@ -11,10 +11,27 @@ use crate::domain::{
 };
 
 impl Planner<'_> {
-    pub(super) fn park_gate(&self, record: &mut StepRecord, gate: &Gate, reviewers: Option<String>, escalated: bool) {
+    /// Parks a HITL gate's round for `reviewers`; its input says what a
+    /// rejection of this round does (`on_reject`: rerun, escalate or fail),
+    /// after the `rejected` rounds before it.
+    pub(super) fn park_gate(
+        &self,
+        record: &mut StepRecord,
+        gate: &Gate,
+        reviewers: Option<String>,
+        escalated: bool,
+        rejected: usize,
+    ) {
         record.state = StepState::Waiting;
         record.input["reviewers"] = json!(reviewers);
         record.input["escalated"] = json!(escalated);
+        let exhausted = u32::try_from(rejected + 1).unwrap_or(u32::MAX) > gate.max_rejections;
+        let on_reject = match (escalated, exhausted, gate.on_exhausted) {
+            (true, _, _) | (false, true, OnExhausted::Fail) => "fail",
+            (false, true, OnExhausted::Escalate) => "escalate",
+            (false, false, _) => "rerun",
+        };
+        record.input["on_reject"] = json!(on_reject);
         record.wake_at = gate.expires_after.map(|after| self.now + chorus_runtime::time::micros(after));
         if let Some(at) = record.wake_at {
             record.input["expires_at"] = json!(at);
@@ -49,13 +66,7 @@ impl Planner<'_> {
             }
             _ => return Outcome::Failed,
         };
-        let rejections = run
-            .body
-            .gate_decisions
-            .iter()
-            .filter(|d| d.step_id == step_id && d.decision == Decision::Reject && d.outcome != Outcome::Expired)
-            .count()
-            + 1;
+        let rejections = rejections(run, &step_id) + 1;
         let summary = json!({
             "decision": verdict.decision,
             "decided_by": verdict.decided_by,
@@ -143,9 +154,16 @@ impl Planner<'_> {
         record.started_at = Some(self.now);
         record.finished_at = None;
         record.input["mode"] = json!("HITL");
-        self.park_gate(&mut record, gate, reviewers, escalated);
+        self.park_gate(&mut record, gate, reviewers, escalated, rejections(run, gate_id));
         run.body.steps.push(Arc::new(record));
     }
+}
+
+/// How many times the gate `step_id` was rejected (an expiry is no rejection).
+pub(super) fn rejections(run: &Run, step_id: &str) -> usize {
+    let rejected =
+        |d: &&GateDecision| d.step_id == step_id && d.decision == Decision::Reject && d.outcome != Outcome::Expired;
+    run.body.gate_decisions.iter().filter(rejected).count()
 }
 
 /// The first step of the phase a rejection of the gate `gate_id` (in

@@ -446,7 +446,10 @@ impl Planner<'_> {
                         record.output = Some(json!({ "approved": approved }));
                         finish(record, StepState::Completed, self.now);
                     }
-                    GateMode::Hitl => self.park_gate(record, gate, gate.reviewers.clone(), false),
+                    GateMode::Hitl => {
+                        let rejected = super::gates::rejections(run, &step.id);
+                        self.park_gate(record, gate, gate.reviewers.clone(), false, rejected);
+                    }
                 }
             }
         }

@@ -3,11 +3,11 @@
 //! namespace isolation.
 
 use chorus_workflow::{
-    domain::{Decision, Outcome, RunFilter, RunState, StepState},
+    domain::{Decision, Outcome, Run, RunFilter, RunState, StepState},
     error::WorkflowError,
     service::{GateCall, SignalCall, StartCall},
 };
-use serde_json::{Map, json};
+use serde_json::{Map, Value, json};
 
 use crate::harness::{Harness, NS, conformance};
 
@@ -215,15 +215,23 @@ async fn a_rejected_gate_reruns_its_phase_with_feedback_then_approves(h: Harness
     assert_eq!(decisions, [("ana", Outcome::Rerun, 1), ("ben", Outcome::Continued, 2)]);
 }
 
+/// Each waiting round of a gate says what rejecting it does.
+fn on_reject(run: &Run) -> &Value {
+    &run.body.steps.last().expect("a gate round").input["on_reject"]
+}
+
 async fn rejections_past_the_limit_escalate_then_fail(h: Harness) {
     h.put(GATED).await;
     let run = h.run("gated", json!({})).await;
-    h.waiting(&run.id).await;
+    let run = h.waiting(&run.id).await;
+    assert_eq!(on_reject(&run), "rerun");
     h.workflows.decide_gate(NS, &run.id, gate("signoff", Decision::Reject, "ana", "no")).await.expect("first");
-    h.until(&run.id, "round two", |r| {
-        r.body.steps.iter().filter(|s| s.step_id == "signoff").count() == 2 && r.state == RunState::Waiting
-    })
-    .await;
+    let run = h
+        .until(&run.id, "round two", |r| {
+            r.body.steps.iter().filter(|s| s.step_id == "signoff").count() == 2 && r.state == RunState::Waiting
+        })
+        .await;
+    assert_eq!(on_reject(&run), "escalate", "its rejections are spent");
     let (run, outcome) = h
         .workflows
         .decide_gate(NS, &run.id, gate("signoff", Decision::Reject, "ana", "still no"))
@@ -233,6 +241,7 @@ async fn rejections_past_the_limit_escalate_then_fail(h: Harness) {
     let escalated = run.body.steps.last().expect("escalated gate");
     assert_eq!(escalated.input["reviewers"], json!("cto"));
     assert_eq!(escalated.state, StepState::Waiting);
+    assert_eq!(on_reject(&run), "fail", "an escalated round's rejection is final");
     let (run, outcome) =
         h.workflows.decide_gate(NS, &run.id, gate("signoff", Decision::Reject, "cto", "stop")).await.expect("third");
     assert_eq!(outcome, Outcome::Failed);

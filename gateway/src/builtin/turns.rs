@@ -1,0 +1,205 @@
+//! The turns this gateway runs itself (its workflow and remote agents'),
+//! followed in the task store under a lease: every third of a lease it
+//! renews what it follows and claims the unfinished tasks a dead gateway
+//! followed, and catches each up with the run or remote task behind it. A
+//! gateway restarted under its name takes its previous run's at once.
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use chorus_proto::taskstore as pb;
+use tokio_util::task::TaskTracker;
+use tonic::{Code, Status};
+
+use super::{Runner, Written};
+use crate::{catalog::Catalog, config::AgentConfig};
+
+/// Tasks claimed per call.
+const CLAIM_PAGE: u32 = 50;
+/// The first pause before a turn whose service was out of reach is taken
+/// up again; it doubles up to a lease.
+const FIRST_PAUSE: Duration = Duration::from_millis(250);
+/// How long such a turn is taken up again before its error is left to stand.
+const GIVE_UP_AFTER: Duration = Duration::from_secs(300);
+
+/// A followed task: (namespace, task id).
+type Key = (String, String);
+
+/// What this gateway follows, and under which name.
+#[derive(Debug, Clone)]
+pub(crate) struct Turns {
+    follower: String,
+    lease: Duration,
+    following: Arc<Mutex<HashSet<Key>>>,
+}
+
+impl Turns {
+    /// Turns followed as `follower`, under leases of `lease`.
+    pub(crate) fn new(follower: String, lease: Duration) -> Self {
+        Self { follower, lease, following: Arc::default() }
+    }
+
+    fn lease_ms(&self) -> u64 {
+        u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn following(&self) -> std::sync::MutexGuard<'_, HashSet<Key>> {
+        self.following.lock().expect("followed turns lock")
+    }
+}
+
+impl Runner {
+    /// Follows the task whose turn starts here (another gateway that
+    /// followed it no longer does). A failure is logged: the turn runs
+    /// unfollowed, as before a restart would lose it.
+    pub(super) async fn follow(&self, namespace: &str, task_id: &str) {
+        let request = pb::FollowTaskRequest {
+            namespace: namespace.to_owned(),
+            task_id: task_id.to_owned(),
+            follower: self.turns.follower.clone(),
+            lease_ms: self.turns.lease_ms(),
+        };
+        match self.tasks.clone().follow_task(request).await {
+            Ok(_) => {
+                self.turns.following().insert((namespace.to_owned(), task_id.to_owned()));
+            }
+            Err(status) => tracing::warn!(%task_id, error = %status.message(), "cannot follow the task's turn"),
+        }
+    }
+
+    /// Hands back the leases of this gateway's previous run, then keeps
+    /// following until shutdown, when it hands its own back.
+    pub(crate) fn keep_following(&self, catalog: Catalog, lingering: &TaskTracker) {
+        let runner = self.clone();
+        lingering.spawn(async move {
+            tokio::select! {
+                () = runner.hold(&catalog) => {}
+                () = runner.shutdown.cancelled() => {}
+            }
+            let release = pb::ReleaseFollowedTasksRequest { follower: runner.turns.follower.clone() };
+            if let Err(status) = runner.tasks.clone().release_followed_tasks(release).await {
+                tracing::warn!(error = %status.message(), "cannot hand back the turns this gateway follows");
+            }
+        });
+    }
+
+    async fn hold(&self, catalog: &Catalog) {
+        let release = pb::ReleaseFollowedTasksRequest { follower: self.turns.follower.clone() };
+        while let Err(status) = self.tasks.clone().release_followed_tasks(release.clone()).await {
+            tracing::warn!(error = %status.message(), "cannot hand back the turns of this gateway's previous run");
+            tokio::time::sleep(self.turns.lease / 3).await;
+        }
+        loop {
+            self.renew_and_claim(catalog).await;
+            tokio::time::sleep((self.turns.lease / 3).max(Duration::from_millis(1))).await;
+        }
+    }
+
+    /// Renews the leases held, forgets the tasks lost, and takes up those
+    /// no live gateway follows, a page at a time.
+    async fn renew_and_claim(&self, catalog: &Catalog) {
+        let mut following: Vec<pb::TaskKey> = self
+            .turns
+            .following()
+            .iter()
+            .map(|(namespace, task_id)| pb::TaskKey { namespace: namespace.clone(), task_id: task_id.clone() })
+            .collect();
+        loop {
+            let request = pb::KeepFollowingTasksRequest {
+                follower: self.turns.follower.clone(),
+                lease_ms: self.turns.lease_ms(),
+                following: std::mem::take(&mut following),
+                claim: CLAIM_PAGE,
+            };
+            let kept = match self.tasks.clone().keep_following_tasks(request).await {
+                Ok(kept) => kept.into_inner(),
+                Err(status) => {
+                    return tracing::warn!(error = %status.message(), "cannot renew the turns this gateway follows");
+                }
+            };
+            let last_page = kept.claimed.len() < CLAIM_PAGE as usize;
+            let mut held = self.turns.following();
+            for lost in kept.lost {
+                held.remove(&(lost.namespace, lost.task_id));
+            }
+            // A task a turn here still follows (its lease lapsed while the
+            // task store was out of reach) is not taken up a second time.
+            let claimed: Vec<pb::TaskKey> = kept
+                .claimed
+                .into_iter()
+                .filter(|claimed| held.insert((claimed.namespace.clone(), claimed.task_id.clone())))
+                .collect();
+            drop(held);
+            for claimed in claimed {
+                self.clone().take_up(catalog.clone(), claimed);
+            }
+            if last_page {
+                return;
+            }
+        }
+    }
+
+    /// Catches a claimed task up with the run or remote task behind it.
+    fn take_up(self, catalog: Catalog, key: pb::TaskKey) {
+        tokio::spawn(async move {
+            let taken_up = async {
+                let task = self.read(&key.namespace, &key.task_id).await;
+                let agent = match &task {
+                    Ok(task) => catalog.agent(&task.agent_id),
+                    Err(_) => None,
+                };
+                let Some(agent) = agent else { return task.map(drop) };
+                tracing::info!(task_id = %key.task_id, agent = %agent.id, "taking up a turn another gateway ran");
+                let outcome = match task {
+                    Ok(task) => self.resume(agent, &key.namespace, task).await,
+                    Err(status) => Err(status),
+                };
+                self.carry_on(agent, &key.namespace, &key.task_id, outcome).await
+            };
+            let outcome = tokio::select! {
+                outcome = taken_up => outcome,
+                () = self.shutdown.cancelled() => Ok(()),
+            };
+            if let Err(status) = outcome {
+                tracing::debug!(task_id = %key.task_id, error = %status.message(), "taken-up turn ended early");
+            }
+        });
+    }
+
+    /// A turn's `outcome`; while it failed for a service out of reach (the
+    /// workflow engine, the task store), the turn taken up again from the
+    /// task as it then is, with backoff, for up to [`GIVE_UP_AFTER`].
+    pub(super) async fn carry_on(
+        &self,
+        agent: &AgentConfig,
+        namespace: &str,
+        task_id: &str,
+        outcome: Written,
+    ) -> Written {
+        let mut outcome = outcome;
+        let mut pause = FIRST_PAUSE;
+        let started = tokio::time::Instant::now();
+        while let Err(status) = &outcome
+            && matches!(status.code(), Code::Unavailable | Code::Unknown)
+            && started.elapsed() < GIVE_UP_AFTER
+        {
+            tracing::info!(%task_id, error = %status.message(), "a turn's service is out of reach; taking it up again");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(self.turns.lease);
+            outcome = match self.read(namespace, task_id).await {
+                Ok(task) => self.resume(agent, namespace, task).await,
+                Err(status) => Err(status),
+            };
+        }
+        outcome
+    }
+
+    async fn read(&self, namespace: &str, task_id: &str) -> Result<pb::Task, Status> {
+        let request =
+            pb::GetTaskRequest { namespace: namespace.to_owned(), id: task_id.to_owned(), history_length: None };
+        Ok(self.tasks.clone().get_task(request).await?.into_inner())
+    }
+}
