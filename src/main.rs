@@ -212,10 +212,17 @@ async fn run(command: Command, config: &ChorusConfig, shutdown: CancellationToke
     let done = |()| ExitCode::SUCCESS;
     match command {
         Command::Workflow { command, target } => {
+            let target = target.on(&config.listen);
             Ok(cli::interruptible(cli::workflow(&target, command), &shutdown).await)
         }
-        Command::Run { command, target } => Ok(cli::interruptible(cli::run(&target, command), &shutdown).await),
-        Command::Gate { command, target } => Ok(cli::interruptible(cli::gate(&target, command), &shutdown).await),
+        Command::Run { command, target } => {
+            let target = target.on(&config.listen);
+            Ok(cli::interruptible(cli::run(&target, command), &shutdown).await)
+        }
+        Command::Gate { command, target } => {
+            let target = target.on(&config.listen);
+            Ok(cli::interruptible(cli::gate(&target, command), &shutdown).await)
+        }
         Command::Dev { no_agents, .. } => {
             let mut stack = Stack::build(config, ALL_SERVICES, &shutdown).await?;
             let address = stack.address;

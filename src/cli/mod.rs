@@ -40,9 +40,10 @@ use tonic_types::StatusExt as _;
 /// Where the workflow service is, and in which namespace to work.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct Target {
-    /// The workflow service (or `chorus dev`).
-    #[arg(long, global = true, default_value = "http://127.0.0.1:7800", env = "CHORUS_SERVER")]
-    server: String,
+    /// The workflow service (or `chorus dev`) [default: http:// and the configuration's `listen`, 127.0.0.1:7800
+    /// unless the configuration file sets it]
+    #[arg(long, global = true, env = "CHORUS_SERVER")]
+    server: Option<String>,
     /// The namespace to work in.
     #[arg(long, global = true, default_value = "default")]
     namespace: String,
@@ -50,6 +51,24 @@ pub(crate) struct Target {
     /// credentials (default: the `CHORUS_TOKEN` environment variable, if set).
     #[arg(long, global = true)]
     token_file: Option<PathBuf>,
+}
+
+impl Target {
+    /// The target with its server named: `--server` (or `CHORUS_SERVER`),
+    /// else where a `chorus dev` of the same configuration listens
+    /// (`listen`, a wildcard address read as this machine).
+    pub(crate) fn on(mut self, listen: &str) -> Self {
+        let local = match listen.rsplit_once(':') {
+            Some(("0.0.0.0" | "[::]" | "", port)) => format!("127.0.0.1:{port}"),
+            _ => listen.to_owned(),
+        };
+        self.server.get_or_insert_with(|| format!("http://{local}"));
+        self
+    }
+
+    fn server(&self) -> &str {
+        self.server.as_deref().unwrap_or("http://127.0.0.1:7800")
+    }
 }
 
 /// The bearer token in `file`, else in `CHORUS_TOKEN`; none when neither
@@ -202,10 +221,12 @@ type Outcome = Result<(), Failure>;
 
 async fn connect(target: &Target) -> Result<WorkflowClient<Transport>, Failure> {
     let token = bearer_token(target.token_file.as_deref()).map_err(|error| Failure::Call(format!("{error:#}")))?;
-    let endpoint = Channel::from_shared(target.server.clone())
-        .map_err(|error| Failure::Call(format!("--server {}: {error}", target.server)))?;
-    let channel =
-        endpoint.connect().await.map_err(|error| Failure::Call(format!("cannot reach {}: {error}", target.server)))?;
+    let endpoint = Channel::from_shared(target.server().to_owned())
+        .map_err(|error| Failure::Call(format!("--server {}: {error}", target.server())))?;
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|error| Failure::Call(format!("cannot reach {}: {error}", target.server())))?;
     let transport = match token {
         Some(token) => Transport::remote(channel)
             .with_bearer(&token)

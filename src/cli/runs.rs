@@ -292,9 +292,9 @@ pub(super) async fn watch(client: &mut Client, target: &Target, run_id: &str) ->
         };
         let (since, delay) = lost.get_or_insert_with(|| (Instant::now(), Duration::from_millis(100)));
         if since.elapsed() > RECONNECT_FOR {
-            return Err(Failure::Call(format!("lost {}: {}", target.server, status.message())));
+            return Err(Failure::Call(format!("lost {}: {}", target.server(), status.message())));
         }
-        eprintln!("lost {} ({}); watching again in {} ms", target.server, status.message(), delay.as_millis());
+        eprintln!("lost {} ({}); watching again in {} ms", target.server(), status.message(), delay.as_millis());
         tokio::time::sleep(*delay).await;
         *delay = (*delay * 2).min(Duration::from_secs(2));
     }

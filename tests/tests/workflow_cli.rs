@@ -302,3 +302,21 @@ async fn a_watch_goes_on_across_a_server_restart() {
     assert_eq!(ended.expect("exit status").code(), Some(0), "the run completed: {rest:#?}");
     assert!(rest.last().is_some_and(|line| line.contains("completed")), "{rest:#?}");
 }
+
+/// Without `--server` (or `CHORUS_SERVER`), the CLI goes where a `chorus
+/// dev` of the same configuration file listens, a wildcard address read as
+/// this machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_goes_where_its_configuration_listens() {
+    let (sandbox, server, _url) = stack(&[]).await;
+    let port = server.address().port();
+    for listen in [format!("127.0.0.1:{port}"), format!("0.0.0.0:{port}")] {
+        let dir = sandbox.path().join(format!("cli-{}", listen.replace([':', '.'], "-")));
+        std::fs::create_dir(&dir).expect("dir");
+        std::fs::write(dir.join("chorus.toml"), format!("listen = \"{listen}\"\n")).expect("write");
+        let mut command = tokio::process::Command::new(chorus_bin());
+        command.args(["run", "list"]).env_remove("CHORUS_SERVER").current_dir(&dir);
+        let output = command.output().await.expect("run the CLI");
+        assert!(output.status.success(), "listen = {listen}: {}", stderr(&output));
+    }
+}
