@@ -90,6 +90,18 @@ async fn chorus_dev_runs_the_example_workflows_and_delegates_through_the_gateway
     let output = run.output.expect("output");
     assert!(output.fields.contains_key("deployment"), "{output:?}");
 
+    // The built-in reviewer asks no question of a workflow's task (no one
+    // would answer): pr-review runs to its end, its review as data.
+    let run = start(&mut client, "pr-review", &[]).await;
+    let run = approve_until_done(&mut client, &run.id).await;
+    assert_eq!(run.state(), RunState::Completed, "{run:#?}");
+    let review = run.steps.iter().find(|step| step.step_id == "review").and_then(|step| step.output.as_ref());
+    let confidence = review.and_then(|output| output.fields.get("confidence")).and_then(|value| match value.kind {
+        Some(prost_types::value::Kind::NumberValue(confidence)) => Some(confidence),
+        _ => None,
+    });
+    assert_eq!(confidence, Some(0.9), "{run:#?}");
+
     let delegate = "name: ask-echo\nsteps:\n- id: ask\n  delegate: {agent: echo, input: \"hello from a workflow\"}\n";
     let put = PutDefinitionRequest { namespace: NS.into(), source: delegate.into(), ..Default::default() };
     client.put_definition(put).await.expect("put");

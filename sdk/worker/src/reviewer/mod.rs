@@ -16,6 +16,11 @@
 //! 4. it asks whether to publish the review (`input-required` again); the
 //!    answer `allow` completes the task with the review as an artifact named
 //!    `review` and a one-line summary, any other answer completes it without.
+//!
+//! A task a workflow's step made has no one to answer: the reviewer asks
+//! nothing (a linked file goes unread), and completes with the review, its
+//! artifact holding a data part `{summary, confidence, files}` for the steps
+//! after it.
 
 mod review;
 
@@ -64,6 +69,7 @@ enum Source {
 
 /// The reviewer's handler.
 pub async fn handle(task: TaskContext, pace: Duration) -> Result<Reply, HandlerError> {
+    let unattended = for_a_workflow(task.task());
     let files = files_of(task.task().history.iter().rev().find(|m| m.role == i32::from(Role::User)));
     let names: Vec<String> = files.iter().map(|(name, _)| name.clone()).collect();
     show_plan(&task, &names, 0, "pending").await?;
@@ -72,6 +78,12 @@ pub async fn handle(task: TaskContext, pace: Duration) -> Result<Reply, HandlerE
     for (read, (name, source)) in files.into_iter().enumerate() {
         let text = match source {
             Source::Embedded(text) => text,
+            Source::Linked(path) if unattended => {
+                show_plan(&task, &names, read + 1, "pending").await?;
+                step(&task, format!("Could not read {name}: no one to ask for {path} in a workflow run."), pace)
+                    .await?;
+                continue;
+            }
             Source::Linked(path) => {
                 let answer = ask(&task, format!("May I read {path}?"), Some(file_request(&path))).await?;
                 let failed = answer.metadata.as_ref().and_then(|m| m.fields.get(READ_TEXT_FILE)).and_then(|request| {
@@ -97,6 +109,12 @@ pub async fn handle(task: TaskContext, pace: Duration) -> Result<Reply, HandlerE
         return Ok(Reply::text("There was nothing I could read to review."));
     }
     let summary = review::summary(&reviews);
+    if unattended {
+        show_plan(&task, &names, names.len(), "completed").await?;
+        let mut artifact = text_artifact("review", review::table(&reviews));
+        artifact.parts.push(review::verdict(&reviews, &summary));
+        return Ok(Reply::text(summary).with_artifact(artifact));
+    }
     show_plan(&task, &names, names.len(), "in_progress").await?;
     let answer = ask(&task, format!("{summary} Publish the review?"), None).await?;
     show_plan(&task, &names, names.len(), "completed").await?;
@@ -105,6 +123,13 @@ pub async fn handle(task: TaskContext, pace: Duration) -> Result<Reply, HandlerE
         return Ok(Reply::text(format!("Published: {summary}")).with_artifact(artifact));
     }
     Ok(Reply::text("The review was not published."))
+}
+
+/// Whether a workflow's step made the task (its metadata names the
+/// workflow): no one answers its questions then, so the reviewer asks none,
+/// and answers with its verdict as data for the steps after it.
+fn for_a_workflow(task: &chorus_proto::taskstore::Task) -> bool {
+    task.metadata.as_ref().is_some_and(|metadata| metadata.fields.contains_key("workflow"))
 }
 
 /// The files a message refers to, by name; the message itself when none.

@@ -76,6 +76,16 @@ pub(super) fn summary(reviews: &[FileReview]) -> String {
     format!("Reviewed {files} ({lines}): {notes}.")
 }
 
+/// The review as data for a workflow's next steps: the summary, and how
+/// sure the reviewer is (less when TODO or FIXME markers remain).
+pub(super) fn verdict(reviews: &[FileReview], summary: &str) -> chorus_proto::taskstore::Part {
+    let clean = reviews.iter().all(|review| review.markers.is_empty());
+    let confidence = if clean { 0.9 } else { 0.6 };
+    let data = serde_json::json!({ "summary": summary, "confidence": confidence, "files": reviews.len() });
+    let content = chorus_proto::taskstore::part::Content::Data(chorus_proto::json::value_from_json(data));
+    chorus_proto::taskstore::Part { content: Some(content), ..Default::default() }
+}
+
 /// `1 line`, `2 lines`.
 pub(super) fn count(n: usize, noun: &str) -> String {
     if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
