@@ -122,14 +122,20 @@ async fn approve_with_the_api(workflows: &mut WorkflowClient<tonic::transport::C
 
 /// The task once it has ended, read until then.
 async fn ended(a2a: &A2a, task: &Value) -> Value {
+    let finished =
+        |read: &Value| ["TASK_STATE_COMPLETED", "TASK_STATE_CANCELED", "TASK_STATE_FAILED"].contains(&state(read));
+    until(a2a, "gated", task, "following its run", finished).await
+}
+
+/// The task, read until `done` says it is where it should be.
+async fn until(a2a: &A2a, agent: &str, task: &Value, what: &str, done: impl Fn(&Value) -> bool) -> Value {
     let deadline = tokio::time::Instant::now() + chorus_tests::DEADLINE;
     loop {
-        let read = a2a.call("gated", "GetTask", json!({ "id": task["id"] })).await;
-        let state = state(&read);
-        if ["TASK_STATE_COMPLETED", "TASK_STATE_CANCELED", "TASK_STATE_FAILED"].contains(&state) {
+        let read = a2a.call(agent, "GetTask", json!({ "id": task["id"] })).await;
+        if done(&read) {
             return read;
         }
-        assert!(tokio::time::Instant::now() < deadline, "the task did not follow its run: {read:#}");
+        assert!(tokio::time::Instant::now() < deadline, "the task is not {what}: {read:#}");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
@@ -179,19 +185,6 @@ async fn a_task_whose_gate_was_decided_elsewhere_catches_up_with_its_run() {
 
 const PACED: &str = "name: paced\nsteps:\n- id: draft\n  wait: {duration: 1500ms}\n\
                      - id: signoff\n  gate: {mode: HITL, reviewers: editors}\n";
-
-/// The task, read until `done` says it is where it should be.
-async fn until(a2a: &A2a, agent: &str, task: &Value, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = tokio::time::Instant::now() + chorus_tests::DEADLINE;
-    loop {
-        let read = a2a.call(agent, "GetTask", json!({ "id": task["id"] })).await;
-        if done(&read) {
-            return read;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the task is not {what}: {read:#}");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-}
 
 /// A gateway killed while it ran workflow agents' turns, and started again
 /// under its name (its address), takes them up at once: a task whose run

@@ -4,7 +4,9 @@ use std::net::IpAddr;
 
 use reqwest::StatusCode;
 
-use super::{AddressKind, guard::bare_host};
+use chorus_runtime::egress::bare_host;
+
+use super::AddressKind;
 
 /// Why a push URL was refused or a notification was not delivered.
 #[derive(Debug, thiserror::Error)]

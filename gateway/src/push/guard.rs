@@ -6,7 +6,7 @@ use std::{
     sync::Arc,
 };
 
-use chorus_runtime::egress::classify;
+use chorus_runtime::egress::{bare_host, classify, normalize_host};
 
 use reqwest::{
     Url,
@@ -22,7 +22,7 @@ type ParseError = <Url as std::str::FromStr>::Err;
 #[derive(Debug, Clone)]
 pub(crate) struct UrlGuard {
     allow_private: bool,
-    /// Normalised with [`normalize_host`].
+    /// Normalised with [`chorus_runtime::egress::normalize_host`].
     allowed_hosts: Vec<String>,
 }
 
@@ -128,20 +128,5 @@ impl Resolve for GuardedResolver {
             let addrs = guard.resolve_host(name.as_str(), 0).await?;
             Ok(Box::new(addrs.into_iter()) as Addrs)
         })
-    }
-}
-
-/// `host` without the brackets of an IPv6 literal.
-pub(super) fn bare_host(host: &str) -> &str {
-    host.strip_prefix('[').and_then(|inner| inner.strip_suffix(']')).unwrap_or(host)
-}
-
-/// The form hosts are compared in: IP literals in canonical text, names in
-/// lower case.
-fn normalize_host(host: &str) -> String {
-    let bare = bare_host(host);
-    match bare.parse::<IpAddr>() {
-        Ok(ip) => ip.to_string(),
-        Err(_) => bare.to_ascii_lowercase(),
     }
 }

@@ -12,7 +12,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
-pub use guard::{EgressGuard, Refused, refusal};
+pub use guard::{EgressGuard, Refused, bare_host, normalize_host, refusal};
 
 /// The AWS, GCP and Azure instance metadata address.
 const METADATA_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);

@@ -126,13 +126,13 @@ impl Resolve for VettingResolver {
 }
 
 /// `host` without the brackets of an IPv6 literal.
-fn bare_host(host: &str) -> &str {
+pub fn bare_host(host: &str) -> &str {
     host.strip_prefix('[').and_then(|inner| inner.strip_suffix(']')).unwrap_or(host)
 }
 
 /// The form hosts are compared in: IP literals in canonical text, names in
 /// lower case.
-fn normalize_host(host: &str) -> String {
+pub fn normalize_host(host: &str) -> String {
     let bare = bare_host(host);
     match bare.parse::<IpAddr>() {
         Ok(ip) => ip.to_string(),

@@ -150,13 +150,7 @@ impl SqlTaskRepository {
             Backend::Postgres => CLAIM_PUSH_POSTGRES,
             Backend::Sqlite => CLAIM_PUSH_SQLITE,
         };
-        let rows = sqlx::query(claim)
-            .bind(&lease.follower)
-            .bind(lease.until)
-            .bind(now)
-            .bind(i64::from(limit))
-            .fetch_all(&mut *self.db.acquire().await?)
-            .await?;
+        let rows = claim_leased(&mut *self.db.acquire().await?, claim, lease, now, limit).await?;
         rows.iter().map(rows::decode_pending_push).collect()
     }
 
@@ -190,6 +184,25 @@ impl SqlTaskRepository {
             sqlx::query(RELEASE_PUSH).bind(follower).bind(now).execute(&mut *self.db.acquire().await?).await?;
         Ok(released.rows_affected())
     }
+}
+
+/// Runs a claim statement: to follower $1 until $2, what lapsed by $3, at
+/// most $4.
+pub(super) async fn claim_leased(
+    conn: &mut sqlx::AnyConnection,
+    claim: &'static str,
+    lease: &PushLease,
+    now: i64,
+    limit: u32,
+) -> Result<Vec<sqlx::any::AnyRow>> {
+    let rows = sqlx::query(claim)
+        .bind(&lease.follower)
+        .bind(lease.until)
+        .bind(now)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(rows)
 }
 
 /// Whether cursor ($4, $5) is past the one saved (none saved: before all).

@@ -134,13 +134,7 @@ impl SqlTaskRepository {
             Backend::Postgres => CLAIM_POSTGRES,
             Backend::Sqlite => CLAIM_SQLITE,
         };
-        let rows = sqlx::query(claim)
-            .bind(&lease.follower)
-            .bind(lease.until)
-            .bind(now)
-            .bind(i64::from(limit))
-            .fetch_all(&mut *conn)
-            .await?;
+        let rows = super::push::claim_leased(&mut conn, claim, lease, now, limit).await?;
         rows.iter().map(key_of).collect()
     }
 
