@@ -141,6 +141,20 @@ fn validate(agent: &AgentConfig) -> Result<(), String> {
     if !agent.id.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.".contains(c)) {
         return Err(format!("agent id {:?} may only hold a-z, 0-9, '-', '_' and '.'", agent.id));
     }
+    let credentials = [("bearer_token_env", &agent.bearer_token_env), ("api_key_env", &agent.api_key_env)];
+    let named: Vec<(&str, &String)> =
+        credentials.into_iter().filter_map(|(field, variable)| Some((field, variable.as_ref()?))).collect();
+    if agent.kind != AgentKind::Remote && (!named.is_empty() || agent.api_key_header.is_some()) {
+        return Err(format!("agent {:?}: credentials are for remote agents only", agent.id));
+    }
+    if named.len() > 1 {
+        return Err(format!("agent {:?}: set bearer_token_env or api_key_env, not both", agent.id));
+    }
+    if let Some((field, variable)) = named.first()
+        && std::env::var(variable).map_or(true, |value| value.is_empty())
+    {
+        return Err(format!("agent {:?}: the environment variable {variable} ({field}) is not set", agent.id));
+    }
     match agent.kind {
         AgentKind::Remote if agent.url.is_none() => Err(format!("remote agent {:?} needs a url", agent.id)),
         AgentKind::Builtin if agent.id != TCK => {
@@ -167,6 +181,9 @@ fn builtin_agents() -> Vec<AgentConfig> {
             description: "Answers every message with its own text, as a message and an artifact.".to_owned(),
             kind: AgentKind::Worker,
             url: None,
+            bearer_token_env: None,
+            api_key_env: None,
+            api_key_header: None,
             workflow: None,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             skills: vec![skill(ECHO, "Echo", "Echoes text back", &["hello"])],
@@ -180,6 +197,9 @@ fn builtin_agents() -> Vec<AgentConfig> {
             description: "Behaves as the A2A conformance kit's scenarios ask, by messageId prefix.".to_owned(),
             kind: AgentKind::Builtin,
             url: None,
+            bearer_token_env: None,
+            api_key_env: None,
+            api_key_header: None,
             workflow: None,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             skills: vec![skill(
@@ -329,6 +349,28 @@ mod tests {
         remote.kind = AgentKind::Remote;
         let config = GatewayConfig { agents: vec![remote], ..GatewayConfig::default() };
         assert!(Catalog::new(&config, "http://h").unwrap_err().contains("needs a url"));
+    }
+
+    #[test]
+    fn a_remote_agent_s_credentials_name_a_variable_that_is_set() {
+        let refused = |agent: AgentConfig| {
+            let config = GatewayConfig { agents: vec![agent], ..GatewayConfig::default() };
+            Catalog::new(&config, "http://h").unwrap_err()
+        };
+        let mut remote = builtin_agents().remove(0);
+        remote.kind = AgentKind::Remote;
+        remote.url = Some("https://agents.example.com".into());
+        remote.bearer_token_env = Some("CHORUS_TEST_NO_SUCH_VARIABLE".into());
+        let missing = refused(remote.clone());
+        assert!(missing.contains("CHORUS_TEST_NO_SUCH_VARIABLE (bearer_token_env) is not set"), "{missing}");
+        remote.api_key_env = Some("PATH".into());
+        assert!(refused(remote.clone()).contains("not both"));
+        let mut worker = builtin_agents().remove(0);
+        worker.api_key_env = Some("PATH".into());
+        assert!(refused(worker).contains("remote agents only"));
+        remote.bearer_token_env = None;
+        let config = GatewayConfig { agents: vec![remote], default_agent: "echo".into(), ..GatewayConfig::default() };
+        Catalog::new(&config, "http://h").expect("PATH is set");
     }
 
     #[test]

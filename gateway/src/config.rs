@@ -129,6 +129,16 @@ pub struct AgentConfig {
     /// For `remote` agents: the agent's base URL (its card is read there).
     #[serde(default)]
     pub url: Option<String>,
+    /// For `remote` agents: the environment variable holding the bearer
+    /// token sent to it (the file names the variable, never the secret).
+    #[serde(default)]
+    pub bearer_token_env: Option<String>,
+    /// For `remote` agents: the environment variable holding the API key
+    /// sent to it, in the header `api_key_header` (default `X-API-Key`).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    #[serde(default)]
+    pub api_key_header: Option<String>,
     /// For `workflow` agents: the workflow definition's name (default: the id).
     #[serde(default)]
     pub workflow: Option<String>,

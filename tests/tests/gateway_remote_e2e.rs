@@ -16,7 +16,7 @@ use chorus_tests::{
     },
     tasks::{state as task_state, status_text, text_message},
 };
-use serde_json::json;
+use serde_json::{Value, json};
 use tonic::{Code, transport::Channel};
 
 fn delegate(agent_url: String, message_id: &str, text: &str, timeout: Duration) -> DelegateRequest {
@@ -176,27 +176,62 @@ async fn a_restarted_gateway_follows_the_remote_task_it_forwarded_to_its_end() {
     let slow = message(&unique("test-resubscribe-message-id"), "take 4 s");
     let sent = json!({ "message": slow, "configuration": { "returnImmediately": true } });
     let task = on_b.call("far", "SendMessage", sent).await["task"].clone();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let read = on_b.call("far", "GetTask", json!({ "id": task["id"] })).await;
-        if read["status"]["message"]["metadata"]["chorus.remote"]["taskId"].is_string() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the remote task is linked: {read:#}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let linked = |read: &Value| read["status"]["message"]["metadata"]["chorus.remote"]["taskId"].is_string();
+    far_task_until(&on_b, &task, "linked to its remote task", linked).await;
     b.kill().await;
 
     let b = sandbox_b.dev().no_agents().name("chorus B").listen(address).start().await;
     let on_b = A2a::new(&b);
+    let done = far_task_until(&on_b, &task, "following its remote task", |read| state(read) != "TASK_STATE_WORKING");
+    assert_eq!(state(&done.await), "TASK_STATE_COMPLETED");
+}
+
+/// B's task `task` of agent `far`, read until `done` says it is `what`.
+async fn far_task_until(on_b: &A2a, task: &Value, what: &str, done: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let read = on_b.call("far", "GetTask", json!({ "id": task["id"] })).await;
-        if state(&read) == "TASK_STATE_COMPLETED" {
-            break;
+        if done(&read) {
+            return read;
         }
-        assert_eq!(state(&read), "TASK_STATE_WORKING", "{read:#}");
-        assert!(Instant::now() < deadline, "the task did not follow its remote task: {read:#}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(Instant::now() < deadline, "the task is not {what}: {read:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A remote agent's progress shows on the chorus task as it comes: each
+/// working status message, before the remote task asks its question.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_agent_s_progress_shows_on_the_chorus_task_as_it_comes() {
+    let sandbox_a = Sandbox::new();
+    chorus_tests::acp::write_config(&sandbox_a, None);
+    let a = sandbox_a.dev().name("chorus A").start().await;
+    let sandbox_b = Sandbox::new();
+    let far = format!("{}/a2a/reviewer", a.url());
+    write_chorus_toml(sandbox_b.path(), &echo_and_remote_catalog("far", "Far reviewer", &far));
+    let b = sandbox_b.dev().no_agents().name("chorus B").start().await;
+    let on_b = A2a::new(&b);
+    let task = on_b.send("far", message(&unique("review"), "fn main() {}")).await;
+    assert_eq!(state(&task), "TASK_STATE_INPUT_REQUIRED", "{task:#}");
+    let history: Vec<&str> = task["history"].as_array().into_iter().flatten().map(text).collect();
+    assert!(history.iter().any(|said| said.starts_with("Remote task ")), "the remote task is linked: {history:#?}");
+    assert!(history.contains(&"Reviewing the message."), "its progress came through: {history:#?}");
+    assert!(text(&task["status"]["message"]).contains("Publish the review?"), "{task:#}");
+}
+
+/// A remote agent that checks credentials is called with those the
+/// catalog names: the value of an environment variable, never the file's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_agent_is_called_with_the_credentials_its_configuration_names() {
+    let sandbox_a = Sandbox::new();
+    let auth = "[gateway.auth]\nbearer_tokens = [{ name = \"b\", secret = \"far-token-1\", namespaces = [\"*\"] }]\n";
+    write_chorus_toml(sandbox_a.path(), auth);
+    let a = sandbox_a.dev().name("chorus A").start().await;
+    let sandbox_b = Sandbox::new();
+    let far = echo_and_remote_catalog("far", "Far echo", &format!("{}/a2a/echo", a.url()));
+    write_chorus_toml(sandbox_b.path(), &format!("{far}bearer_token_env = \"FAR_TOKEN\"\n"));
+    let b = sandbox_b.dev().no_agents().name("chorus B").env("FAR_TOKEN", "far-token-1").start().await;
+    let task = A2a::new(&b).send("far", message(&unique("far-auth"), "hello with a token")).await;
+    assert_eq!(state(&task), "TASK_STATE_COMPLETED", "{task:#}");
+    assert_eq!(text(&task["artifacts"][0]), "hello with a token");
 }

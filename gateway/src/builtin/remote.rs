@@ -7,18 +7,20 @@
 //! remote task, and a gateway taking the task up follows it. Canceling the
 //! chorus task cancels the remote one.
 
-use a2a::{CancelTaskRequest, Message, StreamResponse};
+use std::future::Future;
+
+use a2a::{CancelTaskRequest, Message, StreamResponse, TaskState};
 use chorus_proto::taskstore as pb;
 use futures_util::StreamExt as _;
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{Runner, Turn, Written};
 use crate::{
     config::AgentConfig,
     convert,
-    delegate::{DelegateError, DelegateOutcome, DelegateTarget, pick_interface},
+    delegate::{Credentials, DelegateError, DelegateOutcome, DelegateTarget, pick_interface},
 };
 
 /// The metadata key linking a chorus task to the remote task behind it.
@@ -48,19 +50,17 @@ impl Runner {
         let canceled = CancellationToken::new();
         let watcher = tokio::spawn(cancel_when_canceled(turn.clone_writer(), canceled.clone()));
         let target = DelegateTarget::new(agent.url.clone().unwrap_or_default());
-        let (tell, learnt) = oneshot::channel();
-        let delegation =
-            self.delegate.delegate_until(&target, message, self.remote_timeout, None, &canceled, Some(tell));
-        tokio::pin!(delegation);
-        let outcome = tokio::select! {
-            outcome = &mut delegation => outcome,
-            Ok((id, context_id)) = learnt => {
-                let link = json!({ "taskId": id, "contextId": context_id });
-                let text = format!("Remote task {id} works on it.");
-                turn.status(pb::TaskState::Working, Some(&text), Some(link_metadata(link))).await?;
-                delegation.await
-            }
-        };
+        let (observer, observed) = mpsc::unbounded_channel();
+        let credentials = credentials_of(agent);
+        let delegation = self.delegate.delegate_until(
+            &target,
+            message,
+            self.remote_timeout,
+            credentials.as_ref(),
+            &canceled,
+            Some(observer),
+        );
+        let outcome = Mirror::default().run(&mut turn, delegation, observed).await?;
         watcher.abort();
         settle(agent, turn, outcome).await
     }
@@ -82,14 +82,99 @@ impl Runner {
         let canceled = CancellationToken::new();
         let watcher = tokio::spawn(cancel_when_canceled(turn.clone_writer(), canceled.clone()));
         let target = DelegateTarget::new(agent.url.clone().unwrap_or_default());
-        let outcome = self.delegate.resume_until(&target, remote_id, self.remote_timeout, &canceled).await;
+        let (observer, observed) = mpsc::unbounded_channel();
+        let credentials = credentials_of(agent);
+        let (timeout, remote) = (self.remote_timeout, remote_id.clone());
+        let delegation =
+            self.delegate.resume_until(&target, remote, timeout, credentials.as_ref(), &canceled, Some(observer));
+        let mirror = Mirror { linked: Some(remote_id), ..Mirror::default() };
+        let outcome = mirror.run(&mut turn, delegation, observed).await?;
         watcher.abort();
         settle(agent, turn, outcome).await
     }
 }
 
+/// The credentials `agent` is called with: the value of the environment
+/// variable its configuration names.
+fn credentials_of(agent: &AgentConfig) -> Option<Credentials> {
+    let read = |variable: &Option<String>| std::env::var(variable.as_deref()?).ok().filter(|value| !value.is_empty());
+    if let Some(token) = read(&agent.bearer_token_env) {
+        return Some(Credentials::Bearer(token));
+    }
+    let value = read(&agent.api_key_env)?;
+    Some(Credentials::ApiKey { header: agent.api_key_header.clone().unwrap_or_else(|| "X-API-Key".to_owned()), value })
+}
+
+/// What of the remote task the chorus task already shows.
+#[derive(Debug, Default)]
+struct Mirror {
+    /// The remote task linked (by a status message).
+    linked: Option<String>,
+    /// The last progress message written.
+    said: Option<String>,
+    /// The artifacts written so far.
+    artifacts: std::collections::HashSet<String>,
+}
+
+impl Mirror {
+    /// Writes into the chorus task what the remote task shows while
+    /// `delegation` follows it: a link once it exists, its progress
+    /// messages, its artifacts as they are streamed. Returns the outcome.
+    async fn run(
+        mut self,
+        turn: &mut Turn,
+        delegation: impl Future<Output = Delegated>,
+        mut observed: mpsc::UnboundedReceiver<StreamResponse>,
+    ) -> Result<Delegated, tonic::Status> {
+        tokio::pin!(delegation);
+        loop {
+            tokio::select! {
+                outcome = &mut delegation => return Ok(outcome),
+                Some(event) = observed.recv() => self.show(turn, event).await?,
+            }
+        }
+    }
+
+    async fn show(&mut self, turn: &mut Turn, event: StreamResponse) -> Written {
+        let (task_id, context_id) = match &event {
+            StreamResponse::Task(task) => (&task.id, &task.context_id),
+            StreamResponse::StatusUpdate(update) => (&update.task_id, &update.context_id),
+            StreamResponse::ArtifactUpdate(update) => (&update.task_id, &update.context_id),
+            StreamResponse::Message(_) => return Ok(()),
+        };
+        if self.linked.is_none() {
+            let link = json!({ "taskId": task_id, "contextId": context_id });
+            let text = format!("Remote task {task_id} works on it.");
+            turn.status(pb::TaskState::Working, Some(&text), Some(link_metadata(link))).await?;
+            self.linked = Some(task_id.clone());
+        }
+        let status = match event {
+            StreamResponse::Task(task) => task.status,
+            StreamResponse::StatusUpdate(update) => update.status,
+            StreamResponse::ArtifactUpdate(update) => {
+                // A chunk of an artifact not written yet starts it.
+                let append = update.append == Some(true) && self.artifacts.contains(&update.artifact.artifact_id);
+                self.artifacts.insert(update.artifact.artifact_id.clone());
+                return turn.artifact(update.artifact, append, update.last_chunk == Some(true)).await;
+            }
+            StreamResponse::Message(_) => return Ok(()),
+        };
+        // Progress only: the final state, or a question, is the outcome's.
+        let text = status.message.as_ref().and_then(Message::text).map(str::to_owned);
+        if status.state != TaskState::Working || text.is_none() || text == self.said {
+            return Ok(());
+        }
+        turn.status(pb::TaskState::Working, text.as_deref(), None).await?;
+        self.said = text;
+        Ok(())
+    }
+}
+
+/// What following a remote task came to.
+type Delegated = Result<DelegateOutcome, DelegateError>;
+
 /// Mirrors what the remote agent answered into the chorus task.
-async fn settle(agent: &AgentConfig, mut turn: Turn, outcome: Result<DelegateOutcome, DelegateError>) -> Written {
+async fn settle(agent: &AgentConfig, mut turn: Turn, outcome: Delegated) -> Written {
     match outcome {
         Ok(DelegateOutcome::Task(task)) => {
             for artifact in task.artifacts.iter().flatten() {
@@ -125,7 +210,7 @@ impl Runner {
             let card = self.delegate.card(&base_url).await?;
             let endpoint = pick_interface(&card)?;
             let request = CancelTaskRequest { id: remote_id.clone(), metadata: None, tenant: None };
-            self.delegate.cancel_task(&endpoint, request, None).await
+            self.delegate.cancel_task(&endpoint, request, credentials_of(agent).as_ref()).await
         };
         match canceled.await {
             Ok(remote) => tracing::debug!(%remote_id, state = ?remote.status.state, "remote task canceled"),

@@ -280,7 +280,8 @@ impl Runner {
                             _ => "",
                         };
                         let text = format!(
-                            "Gate `{}` (round {}) waits for a decision by {reviewers}: reply `approve`, or `reject: <feedback>`.{consequence}",
+                            "Gate `{}` (round {}) waits for a decision by {reviewers}: reply `approve`, or \
+                             `reject: <feedback>`.{consequence}",
                             step.step_id, step.iteration
                         );
                         let details = json!({ "artifacts": input.get("artifacts"), "reviewers": reviewers });

@@ -9,7 +9,7 @@ use a2a::{
     StreamResponse, Task, TaskArtifactUpdateEvent, TaskState, TaskStatus,
 };
 use futures_util::StreamExt;
-use tokio::sync::oneshot;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -20,25 +20,31 @@ use crate::convert::is_settled;
 /// How long the cancel request of a timed-out delegation may take.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Who learns the remote task's id and context id as soon as it exists.
-pub(crate) type TaskTeller = oneshot::Sender<(String, String)>;
+/// Who is told of the remote task as it goes: its first snapshot, then each
+/// status and artifact update streamed, or each snapshot polled whose status
+/// changed.
+pub(crate) type Observer = mpsc::UnboundedSender<StreamResponse>;
 
 /// What a delegation has learnt so far, kept when the deadline cuts it short.
 #[derive(Debug, Default)]
 struct Progress {
     endpoint: Option<Endpoint>,
     task_id: Option<String>,
-    tell: Option<TaskTeller>,
+    observer: Option<Observer>,
 }
 
 impl Progress {
-    /// The remote task exists: noted, and told once.
+    /// The remote task exists: noted.
     fn learn(&mut self, task: &Task) {
         if self.task_id.is_none() {
             self.task_id = Some(task.id.clone());
         }
-        if let Some(tell) = self.tell.take() {
-            let _ = tell.send((task.id.clone(), task.context_id.clone()));
+    }
+
+    /// Tells the observer, if any, of `event`.
+    fn tell(&self, event: &StreamResponse) {
+        if let Some(observer) = &self.observer {
+            let _ = observer.send(event.clone());
         }
     }
 }
@@ -66,8 +72,8 @@ impl A2aClient {
 
     /// [`delegate`](Self::delegate), which `cancel` also cuts short: the
     /// remote task is then asked to cancel and the result is
-    /// [`DelegateError::Canceled`]. `tell` learns the remote task as soon as
-    /// it exists.
+    /// [`DelegateError::Canceled`]. `observer` is told of the remote task as
+    /// it goes.
     pub(crate) async fn delegate_until(
         &self,
         target: &DelegateTarget,
@@ -75,9 +81,9 @@ impl A2aClient {
         timeout: Duration,
         credentials: Option<&Credentials>,
         cancel: &CancellationToken,
-        tell: Option<TaskTeller>,
+        observer: Option<Observer>,
     ) -> Result<DelegateOutcome, DelegateError> {
-        let mut progress = Progress { tell, ..Progress::default() };
+        let mut progress = Progress { observer, ..Progress::default() };
         let finished = {
             let run = Box::pin(self.run(target, message, credentials, &mut progress));
             tokio::select! {
@@ -95,21 +101,23 @@ impl A2aClient {
         target: &DelegateTarget,
         task_id: String,
         timeout: Duration,
+        credentials: Option<&Credentials>,
         cancel: &CancellationToken,
+        observer: Option<Observer>,
     ) -> Result<DelegateOutcome, DelegateError> {
-        let mut progress = Progress { task_id: Some(task_id.clone()), ..Progress::default() };
+        let mut progress = Progress { task_id: Some(task_id.clone()), observer, ..Progress::default() };
         let finished = {
             let run = Box::pin(async {
                 let endpoint = pick_interface(&*self.card(&target.base_url).await?)?;
                 progress.endpoint = Some(endpoint.clone());
-                self.poll(&endpoint, task_id, None).await.map(DelegateOutcome::Task)
+                self.poll(&endpoint, task_id, credentials, &progress).await.map(DelegateOutcome::Task)
             });
             tokio::select! {
                 result = tokio::time::timeout(timeout, run) => result.ok(),
                 () = cancel.cancelled() => None,
             }
         };
-        self.settled(finished, progress, None, cancel).await
+        self.settled(finished, progress, credentials, cancel).await
     }
 
     /// The outcome of a delegation, or, cut short by its deadline or
@@ -164,7 +172,10 @@ impl A2aClient {
             settled => return Ok(settled),
         };
         progress.learn(&task);
-        self.poll(&endpoint, task.id, credentials).await.map(DelegateOutcome::Task)
+        if !streaming {
+            progress.tell(&StreamResponse::Task(task.clone()));
+        }
+        self.poll(&endpoint, task.id, credentials, progress).await.map(DelegateOutcome::Task)
     }
 
     /// Follows the event stream; returns the task once it settles, or as last
@@ -192,6 +203,7 @@ impl A2aClient {
             {
                 return Ok(DelegateOutcome::Message(message));
             }
+            progress.tell(&event);
             apply(&mut task, event);
             if let Some(current) = &task {
                 progress.learn(current);
@@ -205,20 +217,27 @@ impl A2aClient {
         Ok(DelegateOutcome::Task(task))
     }
 
-    /// Polls `GetTask` with exponential backoff until the task settles.
+    /// Polls `GetTask` with exponential backoff until the task settles,
+    /// telling the observer of each snapshot whose status changed.
     async fn poll(
         &self,
         endpoint: &Endpoint,
         id: String,
         credentials: Option<&Credentials>,
+        progress: &Progress,
     ) -> Result<Task, DelegateError> {
         let mut delay = self.poll_initial;
+        let mut last: Option<TaskStatus> = None;
         loop {
             tokio::time::sleep(delay).await;
             let request = GetTaskRequest { id: id.clone(), history_length: None, tenant: None };
             let task = self.get_task(endpoint, request, credentials).await?;
             if is_settled(&task.status.state) {
                 return Ok(task);
+            }
+            if last.as_ref() != Some(&task.status) {
+                last = Some(task.status.clone());
+                progress.tell(&StreamResponse::Task(task));
             }
             delay = (delay * 2).min(self.poll_max);
         }
