@@ -221,3 +221,23 @@ async fn a_restarted_gateway_takes_up_the_workflow_turns_it_ran() {
     approve_with_the_api(&mut workflows, &gated).await;
     assert_eq!(state(&ended(&a2a, &gated).await), "TASK_STATE_COMPLETED");
 }
+
+/// A run held by its workflow's concurrency limit says so on its task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_run_says_why_on_its_task() {
+    let sandbox = Sandbox::new();
+    std::fs::create_dir(sandbox.path().join("workflows")).expect("dir");
+    let single = GATED.replace("name: gated\n", "name: gated\nconcurrency: {max: 1}\n");
+    std::fs::write(sandbox.path().join("workflows/gated.yaml"), single).expect("write");
+    write_chorus_toml(sandbox.path(), CATALOG);
+    let server = sandbox.dev().no_agents().start().await;
+    let a2a = A2a::new(&server);
+    let first = a2a.send("gated", message(&unique("start"), "first")).await;
+    assert_eq!(state(&first), "TASK_STATE_INPUT_REQUIRED", "{first:#}");
+    let sent =
+        json!({ "message": message(&unique("start"), "second"), "configuration": { "returnImmediately": true } });
+    let second = a2a.call("gated", "SendMessage", sent).await["task"].clone();
+    let said = |task: &Value| task["status"]["message"]["parts"][0]["text"].as_str().unwrap_or_default().to_owned();
+    let queued = until(&a2a, "gated", &second, "queued", |task| said(task).contains("is queued")).await;
+    assert!(status_text(&queued).ends_with("waiting for a slot: at most 1 run of `gated` at once."), "{queued:#}");
+}

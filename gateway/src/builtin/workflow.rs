@@ -234,7 +234,11 @@ impl Runner {
                     }
                 };
                 let started = std::collections::HashMap::from([(LINK.to_owned(), json!({ "runId": run.id }))]);
-                turn.status(pb::TaskState::Working, Some(&format!("Run {} started.", run.id)), Some(started)).await?;
+                let text = match (run.state(), run.pending_reason.as_str()) {
+                    (RunState::Pending, reason) if !reason.is_empty() => format!("Run {} is queued, {reason}.", run.id),
+                    _ => format!("Run {} started.", run.id),
+                };
+                turn.status(pb::TaskState::Working, Some(&text), Some(started)).await?;
                 (run.id, String::new())
             }
         };

@@ -401,9 +401,12 @@ async fn open_stream(
             Some(id) => wire::decode_jsonrpc::<Value>(&url, status, id, &body).err(),
             None => wire::decode_rest::<Value>(&url, status, &body).err(),
         };
+        let expected = format!("expected an event stream, got HTTP {status} with {content_type:?}");
         return Err(match error {
             Some(error @ (DelegateError::Remote { .. } | DelegateError::Status { .. })) => error,
-            _ => wire::protocol(&url, format!("expected an event stream, got HTTP {status} with {content_type:?}")),
+            // What was wrong with what came instead (not JSON, another call's id, ...).
+            Some(DelegateError::Protocol { detail, .. }) => wire::protocol(&url, format!("{expected}, and {detail}")),
+            _ => wire::protocol(&url, expected),
         });
     }
     let id = prepared.id;

@@ -214,6 +214,10 @@ async fn http_failures_are_status_protocol_and_transport_errors() {
     assert!(matches!(&error, DelegateError::Status { status: 502, body, .. } if body.contains("upstream is down")));
     let error = client.send(&at("/garbage"), request("hello"), None).await.expect_err("not JSON");
     assert!(matches!(error, DelegateError::Protocol { .. }), "{error:?}");
+    let mut stream = Box::pin(client.stream(&at("/garbage"), request("hello"), None));
+    let error = stream.next().await.expect("an item").expect_err("not an event stream");
+    let said = error.to_string();
+    assert!(said.contains("expected an event stream") && said.contains("not a JSON-RPC 2.0 response"), "{said}");
 
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}/rpc", closed.local_addr().expect("address"));

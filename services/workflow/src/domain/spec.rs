@@ -274,6 +274,7 @@ impl Concurrency {
     /// Why a run of `workflow` (with the concurrency key `key`) waits for a slot.
     pub fn holding(&self, workflow: &str, key: Option<&str>) -> String {
         let key = key.map(|key| format!(" with key `{key}`")).unwrap_or_default();
-        format!("waiting for a slot: at most {} runs of `{workflow}`{key} run at once", self.max)
+        let runs = if self.max == 1 { "1 run" } else { &format!("{} runs", self.max) };
+        format!("waiting for a slot: at most {runs} of `{workflow}`{key} at once")
     }
 }

@@ -430,13 +430,14 @@ fn checked_input(spec: &WorkflowSpec, mut input: Map<String, Value>) -> Result<M
         let declared: Vec<&str> = spec.inputs.iter().map(|i| i.name.as_str()).collect();
         return Err(invalid(unknown, format!("is not an input of {}; declared: {}", spec.name, declared.join(", "))));
     }
+    let mut missing = Vec::new();
     for declared in &spec.inputs {
         match input.get(&declared.name) {
             Some(value) if !declared.kind.admits(value) => {
                 return Err(invalid(&declared.name, format!("must be of type {:?}", declared.kind).to_lowercase()));
             }
             Some(_) => {}
-            None if declared.required => return Err(invalid(&declared.name, "is required".into())),
+            None if declared.required => missing.push(declared.name.as_str()),
             None => {
                 if let Some(default) = &declared.default {
                     input.insert(declared.name.clone(), default.clone());
@@ -444,7 +445,14 @@ fn checked_input(spec: &WorkflowSpec, mut input: Map<String, Value>) -> Result<M
             }
         }
     }
-    Ok(input)
+    match missing.as_slice() {
+        [] => Ok(input),
+        [name] => Err(invalid(name, "is required".into())),
+        names => Err(WorkflowError::InvalidArgument(FieldViolation::new(
+            "input",
+            format!("misses the required inputs {}", names.join(", ")),
+        ))),
+    }
 }
 
 /// How far a run had come: whether it had finished, and its steps completed.

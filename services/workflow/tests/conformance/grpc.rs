@@ -153,6 +153,9 @@ steps:
     )
     .await;
     let grpc = WorkflowGrpc::new(h.workflows.clone());
+    let bare = pb::StartRunRequest { namespace: NS.into(), workflow: "counted".into(), ..Default::default() };
+    let status = grpc.start_run(Request::new(bare)).await.expect_err("no input");
+    assert!(status.message().contains("misses the required inputs count, size"), "every one named: {status:?}");
     let number = |n: f64| prost_types::Value { kind: Some(prost_types::value::Kind::NumberValue(n)) };
     let input = prost_types::Struct {
         fields: [("count".to_owned(), number(5.0)), ("size".to_owned(), number(10.0))].into_iter().collect(),

@@ -369,7 +369,7 @@ async fn concurrency_limits_queue_runs(h: Harness) {
     assert_eq!(queued.state, RunState::Pending, "the second run of team a waits for a slot");
     assert_eq!(
         queued.body.pending_reason.as_deref(),
-        Some("waiting for a slot: at most 1 runs of `limited` with key `a` run at once")
+        Some("waiting for a slot: at most 1 run of `limited` with key `a` at once")
     );
     signal(&h, &first.id, "go", "1").await;
     h.finished(&first.id).await;
