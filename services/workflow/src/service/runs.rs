@@ -370,7 +370,7 @@ impl Workflows {
         let mut outcome = Outcome::Continued;
         let run = self
             .transition(namespace, run_id, &spec, None, |planner, run| {
-                let index = waiting_gate(run, &call)?;
+                let index = waiting_gate(run, &spec, &call)?;
                 let verdict = Verdict {
                     decision: call.decision,
                     decided_by: call.decided_by.clone(),
@@ -392,9 +392,18 @@ fn finished(run: &Run) -> WorkflowError {
 }
 
 /// The index of the waiting record of the gate `call` names.
-fn waiting_gate(run: &Run, call: &GateCall) -> Result<usize> {
+fn waiting_gate(run: &Run, spec: &WorkflowSpec, call: &GateCall) -> Result<usize> {
     let Some(index) = run.body.steps.iter().rposition(|r| r.step_id == call.step_id) else {
-        return Err(WorkflowError::FailedPrecondition(format!("step {} has not run in run {}", call.step_id, run.id)));
+        if crate::engine::plan::find(&spec.steps, &call.step_id, None).is_none() {
+            return Err(WorkflowError::InvalidArgument(FieldViolation::new(
+                "step_id",
+                format!("workflow {} (version {}) has no step `{}`", spec.name, run.version, call.step_id),
+            )));
+        }
+        return Err(WorkflowError::FailedPrecondition(format!(
+            "step {} has not been reached yet in run {}",
+            call.step_id, run.id
+        )));
     };
     let record = &run.body.steps[index];
     if record.kind != StepKind::Gate {

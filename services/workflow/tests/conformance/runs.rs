@@ -225,6 +225,15 @@ async fn rejections_past_the_limit_escalate_then_fail(h: Harness) {
     let run = h.run("gated", json!({})).await;
     let run = h.waiting(&run.id).await;
     assert_eq!(on_reject(&run), "rerun");
+    let unknown = h.workflows.decide_gate(NS, &run.id, gate("nosuch", Decision::Approve, "ana", "")).await;
+    let unknown = unknown.expect_err("no such step");
+    assert!(unknown.to_string().contains("workflow gated (version 1) has no step `nosuch`"), "{unknown}");
+    let early = h.workflows.decide_gate(NS, &run.id, gate("build", Decision::Approve, "ana", "")).await;
+    let early = early.expect_err("not reached");
+    assert!(
+        matches!(&early, WorkflowError::FailedPrecondition(why) if why.contains("not been reached yet")),
+        "{early}"
+    );
     h.workflows.decide_gate(NS, &run.id, gate("signoff", Decision::Reject, "ana", "no")).await.expect("first");
     let run = h
         .until(&run.id, "round two", |r| {
