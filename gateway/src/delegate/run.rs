@@ -84,13 +84,7 @@ impl A2aClient {
         observer: Option<Observer>,
     ) -> Result<DelegateOutcome, DelegateError> {
         let mut progress = Progress { observer, ..Progress::default() };
-        let finished = {
-            let run = Box::pin(self.run(target, message, credentials, &mut progress));
-            tokio::select! {
-                result = tokio::time::timeout(timeout, run) => result.ok(),
-                () = cancel.cancelled() => None,
-            }
-        };
+        let finished = within(timeout, cancel, self.run(target, message, credentials, &mut progress)).await;
         self.settled(finished, progress, credentials, cancel).await
     }
 
@@ -106,17 +100,12 @@ impl A2aClient {
         observer: Option<Observer>,
     ) -> Result<DelegateOutcome, DelegateError> {
         let mut progress = Progress { task_id: Some(task_id.clone()), observer, ..Progress::default() };
-        let finished = {
-            let run = Box::pin(async {
-                let endpoint = pick_interface(&*self.card(&target.base_url).await?)?;
-                progress.endpoint = Some(endpoint.clone());
-                self.poll(&endpoint, task_id, credentials, &progress).await.map(DelegateOutcome::Task)
-            });
-            tokio::select! {
-                result = tokio::time::timeout(timeout, run) => result.ok(),
-                () = cancel.cancelled() => None,
-            }
+        let run = async {
+            let endpoint = pick_interface(&*self.card(&target.base_url).await?)?;
+            progress.endpoint = Some(endpoint.clone());
+            self.poll(&endpoint, task_id, credentials, &progress).await.map(DelegateOutcome::Task)
         };
+        let finished = within(timeout, cancel, run).await;
         self.settled(finished, progress, credentials, cancel).await
     }
 
@@ -254,6 +243,15 @@ impl A2aClient {
             Ok(Err(error)) => warn!(task_id, %error, "could not cancel a timed-out remote A2A task"),
             Err(_) => warn!(task_id, "the remote A2A agent did not answer the cancel request in time"),
         }
+    }
+}
+
+/// What `run` came to, unless `timeout` passed or `cancel` fired first.
+async fn within<T>(timeout: Duration, cancel: &CancellationToken, run: impl Future<Output = T>) -> Option<T> {
+    let run = Box::pin(run);
+    tokio::select! {
+        result = tokio::time::timeout(timeout, run) => result.ok(),
+        () = cancel.cancelled() => None,
     }
 }
 
