@@ -82,12 +82,12 @@ async fn check_all(checker: &mut Checker<'_>, paths: &[PathBuf]) -> Result<(Vec<
             outln!("{}", problem_line(problem));
         }
         valid &= answer.valid;
-        let name = answer.valid.then_some(answer.name);
+        let mut name = answer.valid.then_some(answer.name);
         if let Some(first) = checked.iter().find(|other: &&Checked| name.is_some() && other.name == name) {
-            let name = name.as_deref().unwrap_or_default();
             outln!(
-                "{}:1:1: error in `name` [duplicate_name]: workflow `{name}` is also defined in {}",
+                "{}:1:1: error in `name` [duplicate_name]: workflow `{}` is also defined in {}",
                 file.display(),
+                name.take().unwrap_or_default(),
                 first.file.display()
             );
             valid = false;

@@ -198,6 +198,10 @@ async fn a_person_is_told_why_a_call_was_refused() {
     );
     let listed = stdout(&chorus(&url, dir, &["workflow", "list"]).await);
     assert!(!listed.contains("held") && !listed.contains("gated"), "nothing was applied: {listed}");
+    let checked = chorus(&url, dir, &["workflow", "validate", "twice"]).await;
+    assert_eq!(checked.status.code(), Some(1), "{}", stderr(&checked));
+    let said = stdout(&checked);
+    assert!(said.contains("twice/a.yaml: ok (gated)") && !said.contains("twice/b.yaml: ok"), "{said}");
 
     let applied = chorus(&url, dir, &["workflow", "apply", "gated.yaml", "counted.yaml"]).await;
     assert_eq!(stdout(&applied), "gated v1\ncounted v1\n", "{}", stderr(&applied));

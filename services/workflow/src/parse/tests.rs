@@ -221,3 +221,15 @@ fn gate_fields_its_mode_ignores_are_warned_about() {
         ["steps[1].gate.approve_when"]
     );
 }
+
+#[test]
+fn one_pass_reports_every_problem_and_none_that_follows_from_another() {
+    let source = "name: x\ninputs:\n  n: {type: integr}\nsteps:\n  - id: a\n    spawn: {agent: \"{{ inputs.n }}\", input: go}\n\
+                  state: {persistence: sometimes, ttl: forever}\nconcurrency: {max: 0, key: \"{{ inputs.nope }}\"}\n";
+    let found = codes(source);
+    let fields: Vec<&str> = found.iter().map(|(_, _, field)| field.as_str()).collect();
+    for expected in ["inputs.n.type", "state.persistence", "state.ttl", "concurrency.max", "concurrency.key"] {
+        assert!(fields.contains(&expected), "{expected} not in {found:?}");
+    }
+    assert!(!fields.contains(&"steps[0].spawn.agent"), "a declared input with a bad type is still declared: {found:?}");
+}

@@ -148,16 +148,21 @@ fn input(reader: &mut Reader, name: &str, node: &Node<'_>) -> Option<Input> {
         return None;
     }
     let fields = reader.mapping(node, &field, &["type", "required", "default", "description"])?;
-    let kind = match fields.get("type") {
-        None => InputType::String,
+    // A bad type is reported, and the input still declared (as a string,
+    // never used: the definition is refused), so that the templates naming
+    // it are not reported too.
+    let (kind, typed) = match fields.get("type") {
+        None => (InputType::String, true),
         Some(type_node) => {
             let text = reader.string(type_node, &join(&field, "type"))?;
-            let Some(kind) = InputType::parse(&text) else {
-                let message = format!("expected one of {}, found `{text}`", InputType::NAMES);
-                reader.error(Some(type_node), &join(&field, "type"), "bad_value", message);
-                return None;
-            };
-            kind
+            match InputType::parse(&text) {
+                Some(kind) => (kind, true),
+                None => {
+                    let message = format!("expected one of {}, found `{text}`", InputType::NAMES);
+                    reader.error(Some(type_node), &join(&field, "type"), "bad_value", message);
+                    (InputType::String, false)
+                }
+            }
         }
     };
     let required =
@@ -166,7 +171,7 @@ fn input(reader: &mut Reader, name: &str, node: &Node<'_>) -> Option<Input> {
         None => None,
         Some(default_node) => {
             let value = reader.value(default_node, &join(&field, "default"))?;
-            if !kind.admits(&value) {
+            if typed && !kind.admits(&value) {
                 reader.error(
                     Some(default_node),
                     &join(&field, "default"),
@@ -207,13 +212,13 @@ fn state(reader: &mut Reader, node: &Node<'_>) -> Option<StatePolicy> {
                 format!("runs are kept in the configured database whatever its kind; `{text}` is read as `durable`"),
             ),
             _ => {
+                // An error; the fields after it are still checked.
                 reader.error(
                     Some(persistence),
                     "state.persistence",
                     "bad_value",
                     format!("expected `durable`, found `{text}`"),
                 );
-                return None;
             }
         }
     }
@@ -224,12 +229,13 @@ fn state(reader: &mut Reader, node: &Node<'_>) -> Option<StatePolicy> {
 
 fn concurrency(reader: &mut Reader, node: &Node<'_>, walk: &mut Walk) -> Option<Concurrency> {
     let fields = reader.mapping(node, "concurrency", &["max", "key"])?;
-    let max = reader.required(&fields, "concurrency", "max", "the most runs at once (1 or more)")?;
-    let max = reader.integer(max, "concurrency.max", 1, 100_000)?;
+    // The key is checked whatever the max, so that one pass reports both.
     let key = fields.get("key").and_then(|key_node| {
         let text = reader.string(key_node, "concurrency.key")?;
         walk.expressions.push(Expression::at(key_node, "concurrency.key", &text, ExprKind::Template, &BTreeSet::new()));
         Some(text)
     });
+    let max = reader.required(&fields, "concurrency", "max", "the most runs at once (1 or more)")?;
+    let max = reader.integer(max, "concurrency.max", 1, 100_000)?;
     Some(Concurrency { max, key })
 }
