@@ -80,6 +80,11 @@ pub(crate) fn condition_source(text: &str) -> String {
     out
 }
 
+/// What the `{{ }}` placeholders of `text` hold, trimmed.
+fn placeholders(text: &str) -> impl Iterator<Item = &str> {
+    text.split("{{").skip(1).filter_map(|part| Some(part.split_once("}}")?.0.trim()))
+}
+
 /// A comparison of two values that are both there.
 type Compare = fn(&Value, &Value) -> bool;
 
@@ -196,7 +201,13 @@ fn compile(text: &str, kind: ExprKind) -> Result<Compiled, String> {
         }
         ExprKind::Condition => {
             let source = condition_source(text);
-            let expression = env.compile_expression(&source).map_err(describe)?;
+            // An error inside a placeholder is told of the placeholder alone,
+            // not of the parentheses it became (an `unexpected )` the
+            // condition does not hold).
+            let expression = env.compile_expression(&source).map_err(|error| {
+                let inner = placeholders(text).find_map(|inner| env.compile_expression(inner).err());
+                describe(inner.unwrap_or(error))
+            })?;
             let instructions = condition_instructions(&source).map_err(describe)?;
             let unknown = unknown_calls(&instructions).into_iter().collect();
             (expression.undeclared_variables(false), expression.undeclared_variables(true), unknown)

@@ -233,3 +233,11 @@ fn one_pass_reports_every_problem_and_none_that_follows_from_another() {
     }
     assert!(!fields.contains(&"steps[0].spawn.agent"), "a declared input with a bad type is still declared: {found:?}");
 }
+
+#[test]
+fn a_broken_placeholder_in_a_condition_is_told_of_as_written() {
+    let source = "name: x\nsteps:\n  - id: a\n    wait: {duration: 1s}\n  - id: b\n    condition: \"{{ a.output.n > }}\"\n    wait: {duration: 1s}\n";
+    let parsed = parse(source, "wf.yaml");
+    let message = &parsed.problems.first().expect("a problem").message;
+    assert!(!message.contains("unexpected `)`"), "no parenthesis is in the source: {message}");
+}
