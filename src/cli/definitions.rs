@@ -215,6 +215,25 @@ pub(super) async fn list(client: &mut Client, target: &Target, name: Option<Stri
         }
         page_token = page.next_page_token;
     }
+    if let Some(name) = name.filter(|_| rows.len() == 1) {
+        return Err(unknown(&name, target));
+    }
     out!("{}", view::table(&rows));
     Ok(())
+}
+
+/// Whether the namespace holds a workflow named `name`.
+pub(super) async fn exists(client: &mut Client, target: &Target, name: &str) -> Result<bool, Failure> {
+    let request = ListDefinitionsRequest {
+        namespace: target.namespace.clone(),
+        name: name.to_owned(),
+        page_size: 1,
+        ..ListDefinitionsRequest::default()
+    };
+    Ok(!client.list_definitions(request).await?.into_inner().definitions.is_empty())
+}
+
+/// A workflow name the namespace does not hold.
+pub(super) fn unknown(name: &str, target: &Target) -> Failure {
+    Failure::Call(format!("no workflow `{name}` in namespace {}", target.namespace))
 }

@@ -225,6 +225,11 @@ pub(super) async fn list(
         }
         page_token = page.next_page_token;
     }
+    if let Some(name) = workflow.filter(|_| rows.len() == 1)
+        && !super::definitions::exists(client, target, &name).await?
+    {
+        return Err(super::definitions::unknown(&name, target));
+    }
     out!("{}", view::table(&rows));
     Ok(())
 }
