@@ -183,7 +183,10 @@ async fn main() -> anyhow::Result<ExitCode> {
         Command::Workflow { .. } | Command::Run { .. } | Command::Gate { .. } => "chorus-cli".to_owned(),
     };
     let telemetry = chorus_runtime::telemetry::init(&service_name, &config.telemetry)?;
-    let shutdown = chorus_runtime::signal::shutdown_on_signal();
+    let shutdown = match person_facing {
+        true => chorus_runtime::signal::shutdown_on_signal_quietly(),
+        false => chorus_runtime::signal::shutdown_on_signal(),
+    };
     let outcome = run(cli.command, &config, shutdown).await;
     // Where logs are JSON (a collector reads them), so is the error that
     // stops the process, rather than anyhow's lines of plain text.

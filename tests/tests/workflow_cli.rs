@@ -266,6 +266,11 @@ async fn a_person_is_told_why_a_call_was_refused() {
         .expect("the watch stops on SIGTERM")
         .expect("the CLI ends");
     assert_eq!(stopped.status.code(), Some(130), "{}", stderr(&stopped));
+    assert!(
+        !stderr(&stopped).contains("shutdown signal received"),
+        "a person's terminal is no log: {}",
+        stderr(&stopped)
+    );
 
     // A run that ended otherwise than completed says why, in watch and in get.
     let canceled = chorus(&url, dir, &["run", "cancel", &waiting, "--reason", "no longer needed"]).await;

@@ -6,11 +6,23 @@ use tokio_util::sync::CancellationToken;
 ///
 /// Must be called inside a tokio runtime.
 pub fn shutdown_on_signal() -> CancellationToken {
+    on_signal(true)
+}
+
+/// As [`shutdown_on_signal`], without its log line: for a command a person
+/// runs at a terminal, which is no log.
+pub fn shutdown_on_signal_quietly() -> CancellationToken {
+    on_signal(false)
+}
+
+fn on_signal(logged: bool) -> CancellationToken {
     let token = CancellationToken::new();
     let on_signal = token.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
-        tracing::info!("shutdown signal received");
+        if logged {
+            tracing::info!("shutdown signal received");
+        }
         on_signal.cancel();
     });
     token
