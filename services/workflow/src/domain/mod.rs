@@ -15,5 +15,6 @@ pub use self::{
     spec::{
         Action, Branch, Concurrency, Delegate, Gate, GateMode, Input, InputType, JoinMode, MessageStep, MessageTarget,
         OnExhausted, Parallel, Persistence, Retry, Spawn, SpawnTarget, StatePolicy, Step, Trigger, Wait, WorkflowSpec,
+        waits_for_signal,
     },
 };

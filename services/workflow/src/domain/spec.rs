@@ -201,6 +201,15 @@ pub struct Branch {
     pub steps: Vec<Step>,
 }
 
+/// Whether a step of `steps` (branches included) waits for signal `name`.
+pub fn waits_for_signal(steps: &[Step], name: &str) -> bool {
+    steps.iter().any(|step| match &step.action {
+        Action::Wait(Wait::Signal { name: waited, .. }) => waited == name,
+        Action::Parallel(parallel) => parallel.branches.iter().any(|branch| waits_for_signal(&branch.steps, name)),
+        _ => false,
+    })
+}
+
 /// Fan-out over branches, joined when they end.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Parallel {

@@ -340,7 +340,14 @@ impl Workflows {
 
     /// Sends a signal; `true` when its id had been received already.
     pub async fn signal_run(&self, namespace: &str, run_id: &str, call: SignalCall) -> Result<bool> {
-        let (_, spec) = self.existing(namespace, run_id).await?;
+        let (run, spec) = self.existing(namespace, run_id).await?;
+        // Kept for a wait that can never come, it would go unread.
+        if !crate::domain::waits_for_signal(&spec.steps, &call.name) {
+            return Err(WorkflowError::InvalidArgument(FieldViolation::new(
+                "name",
+                format!("no step of workflow {} (version {}) waits for signal `{}`", spec.name, run.version, call.name),
+            )));
+        }
         let mut duplicate = false;
         self.transition(namespace, run_id, &spec, None, |planner, run| {
             duplicate = run.body.signals.iter().any(|s| s.id == call.signal_id);

@@ -286,6 +286,10 @@ async fn a_signal_sent_early_is_kept_and_one_sent_late_wakes_the_wait(h: Harness
     h.waiting(&run.id).await;
     assert!(!signal(&h, &run.id, "ship", "early").await, "the early signal is new");
     assert!(signal(&h, &run.id, "ship", "early").await, "the same id again is a duplicate");
+    let call =
+        SignalCall { name: "nobody-waits".into(), payload: Map::new(), signal_id: "x".into(), sent_by: "ops".into() };
+    let unread = h.workflows.signal_run(NS, &run.id, call).await.expect_err("no wait for it");
+    assert!(unread.to_string().contains("no step of workflow signals (version 1) waits for signal `nobody-waits`"));
     signal(&h, &run.id, "resume", "late").await;
     let run = h.finished(&run.id).await;
     assert_eq!(run.state, RunState::Completed, "{run:#?}");
