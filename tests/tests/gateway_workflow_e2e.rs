@@ -240,4 +240,11 @@ async fn a_queued_run_says_why_on_its_task() {
     let said = |task: &Value| task["status"]["message"]["parts"][0]["text"].as_str().unwrap_or_default().to_owned();
     let queued = until(&a2a, "gated", &second, "queued", |task| said(task).contains("is queued")).await;
     assert!(status_text(&queued).ends_with("waiting for a slot: at most 1 run of `gated` at once."), "{queued:#}");
+
+    // Input the workflow does not take: the agent rejects the task.
+    let mut odd = message(&unique("start"), "odd");
+    odd["parts"] = json!([{"text": "odd"}, {"data": {"colour": "blue"}}]);
+    let rejected = a2a.send("gated", odd).await;
+    assert_eq!(state(&rejected), "TASK_STATE_REJECTED", "{rejected:#}");
+    assert!(status_text(&rejected).contains("input.colour: is not an input of gated"), "{rejected:#}");
 }

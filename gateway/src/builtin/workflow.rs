@@ -228,9 +228,15 @@ impl Runner {
                     Err(status) if matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Unknown) => {
                         return Err(status);
                     }
+                    // Inputs the workflow does not take: the agent cannot do
+                    // this task (A2A's REJECTED), as opposed to failing at it.
                     Err(status) => {
                         let text = format!("The workflow did not start: {}", status.message());
-                        return turn.status(pb::TaskState::Failed, Some(&text), None).await.map(|()| None);
+                        let state = match status.code() {
+                            tonic::Code::InvalidArgument => pb::TaskState::Rejected,
+                            _ => pb::TaskState::Failed,
+                        };
+                        return turn.status(state, Some(&text), None).await.map(|()| None);
                     }
                 };
                 let started = std::collections::HashMap::from([(LINK.to_owned(), json!({ "runId": run.id }))]);
