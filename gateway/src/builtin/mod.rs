@@ -141,8 +141,13 @@ impl Runner {
         tck::reply(message).map(tck::Reply::into_answer)
     }
 
-    /// Runs `agent`'s turn on `task` for `message` in the background.
-    pub(crate) fn start(&self, agent: &AgentConfig, namespace: &str, task: &pb::Task, message: Message) {
+    /// Runs `agent`'s turn on `task` for `message` in the background; a
+    /// workflow or remote agent's task is followed first, before the caller
+    /// is answered, so that a gateway dying now leaves it to another.
+    pub(crate) async fn start(&self, agent: &AgentConfig, namespace: &str, task: &pb::Task, message: Message) {
+        if matches!(agent.kind, AgentKind::Remote | AgentKind::Workflow) {
+            self.follow(namespace, &task.id).await;
+        }
         let turn = Turn { tasks: self.tasks.clone(), namespace: namespace.to_owned(), task: task.clone() };
         let runner = self.clone();
         let agent = agent.clone();
@@ -165,14 +170,8 @@ impl Runner {
 
     async fn run(&self, agent: &AgentConfig, turn: Turn, message: Message) -> Written {
         match agent.kind {
-            AgentKind::Remote => {
-                self.follow(&turn.namespace, &turn.task.id).await;
-                self.forward(agent, turn, message).await
-            }
-            AgentKind::Workflow => {
-                self.follow(&turn.namespace, &turn.task.id).await;
-                self.workflow_turn(agent, turn, message).await
-            }
+            AgentKind::Remote => self.forward(agent, turn, message).await,
+            AgentKind::Workflow => self.workflow_turn(agent, turn, message).await,
             AgentKind::Builtin | AgentKind::Worker => tck::run(turn, &message).await,
         }
     }

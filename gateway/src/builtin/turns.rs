@@ -27,6 +27,8 @@ const GIVE_UP_AFTER: Duration = Duration::from_secs(300);
 
 /// A followed task: (namespace, task id).
 type Key = (String, String);
+/// A watched gate: (namespace, task id, gate, round).
+type GateKey = (String, String, String, u32);
 
 /// What this gateway follows, and under which name.
 #[derive(Debug, Clone)]
@@ -34,12 +36,35 @@ pub(crate) struct Turns {
     follower: String,
     lease: Duration,
     following: Arc<Mutex<HashSet<Key>>>,
+    /// The gates a turn here watches: (namespace, task id, gate, round).
+    watching: Arc<Mutex<HashSet<GateKey>>>,
+}
+
+/// A gate a turn watches, until dropped.
+pub(super) struct Watching {
+    watching: Arc<Mutex<HashSet<GateKey>>>,
+    key: GateKey,
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.watching.lock().expect("watched gates lock").remove(&self.key);
+    }
 }
 
 impl Turns {
     /// Turns followed as `follower`, under leases of `lease`.
     pub(crate) fn new(follower: String, lease: Duration) -> Self {
-        Self { follower, lease, following: Arc::default() }
+        Self { follower, lease, following: Arc::default(), watching: Arc::default() }
+    }
+
+    /// Notes that a turn watches the gate `gate` (round `round`) of a task,
+    /// unless another turn here already does: two would only both see it
+    /// decided (a reply that did not decide it re-arms a watch).
+    pub(super) fn watch(&self, namespace: &str, task_id: &str, gate: &str, round: u32) -> Option<Watching> {
+        let key = (namespace.to_owned(), task_id.to_owned(), gate.to_owned(), round);
+        let fresh = self.watching.lock().expect("watched gates lock").insert(key.clone());
+        fresh.then(|| Watching { watching: Arc::clone(&self.watching), key })
     }
 
     fn lease_ms(&self) -> u64 {
@@ -54,7 +79,7 @@ impl Turns {
 impl Runner {
     /// Follows the task whose turn starts here (another gateway that
     /// followed it no longer does). A failure is logged: the turn runs
-    /// unfollowed, as before a restart would lose it.
+    /// unfollowed, and a restart of this gateway would leave it behind.
     pub(super) async fn follow(&self, namespace: &str, task_id: &str) {
         let request = pb::FollowTaskRequest {
             namespace: namespace.to_owned(),

@@ -159,6 +159,9 @@ impl Runner {
     /// answers one.
     async fn await_gates(&self, turn: &mut Turn, mut gate: Option<Link>) -> Written {
         while let Some(link) = gate {
+            let Some(_watching) = self.turns.watch(&turn.namespace, &turn.task.id, &link.gate, link.iteration) else {
+                return Ok(());
+            };
             gate = self.await_gate(turn, link).await?;
         }
         Ok(())

@@ -349,7 +349,7 @@ impl Gateway {
             self.store_push_config(scope, push_configs::sent_for(push, &task.id), changes).await?;
         }
         if !answered && matches!(agent.kind, AgentKind::Builtin | AgentKind::Remote | AgentKind::Workflow) {
-            self.inner.runner.start(agent, &scope.namespace, &task, message);
+            self.inner.runner.start(agent, &scope.namespace, &task, message).await;
         }
         Ok(Started::Task(Box::new(task)))
     }
@@ -399,7 +399,7 @@ impl Gateway {
             let request = pb::AnswerQuestionRequest { namespace, task_id: task_id.to_owned(), answer: stored };
             let task = tasks.answer_question(request).await.map_err(|status| task_error(&status, task_id))?;
             let task = task.into_inner();
-            self.inner.runner.start(agent, &scope.namespace, &task, message);
+            self.inner.runner.start(agent, &scope.namespace, &task, message).await;
             task
         } else {
             let request = pb::AddMessageRequest {
