@@ -113,7 +113,7 @@ impl A2aClient {
         }
         match guard.egress.vet_url(&url) {
             Ok(()) => Ok(url),
-            Err(refused) => Err(DelegateError::Refused { url: url.to_string(), reason: refused.0 }),
+            Err(refused) => Err(DelegateError::Refused { url: url.to_string(), reason: refused.to_string() }),
         }
     }
 

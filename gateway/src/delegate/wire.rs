@@ -73,7 +73,7 @@ pub(super) fn parse_url(base: &str) -> Result<Url, DelegateError> {
 /// Sends `builder`, mapping a transport failure to [`DelegateError::Http`].
 pub(super) async fn send(builder: RequestBuilder, url: &str) -> Result<Response, DelegateError> {
     builder.send().await.map_err(|source| match chorus_runtime::egress::refusal(&source) {
-        Some(refused) => DelegateError::Refused { url: url.to_owned(), reason: refused.0.clone() },
+        Some(refused) => DelegateError::Refused { url: url.to_owned(), reason: refused.to_string() },
         None => DelegateError::Http { url: url.to_owned(), source },
     })
 }

@@ -6,7 +6,7 @@ use std::{
     sync::Arc,
 };
 
-use chorus_runtime::egress::{bare_host, classify, normalize_host};
+use chorus_runtime::egress::{EgressGuard, bare_host};
 
 use reqwest::{
     Url,
@@ -18,19 +18,15 @@ use super::{PushError, PushPolicy};
 /// `url`'s parse error type (reqwest does not re-export the `url` crate).
 type ParseError = <Url as std::str::FromStr>::Err;
 
-/// Checks push URLs and the addresses their hosts resolve to.
+/// Checks push URLs and the addresses their hosts resolve to, by the
+/// egress guard's rules; its refusals are [`PushError::Blocked`].
 #[derive(Debug, Clone)]
-pub(crate) struct UrlGuard {
-    allow_private: bool,
-    /// Normalised with [`chorus_runtime::egress::normalize_host`].
-    allowed_hosts: Vec<String>,
-}
+pub(crate) struct UrlGuard(EgressGuard);
 
 impl UrlGuard {
     /// A guard enforcing `policy`'s `allow_private` and `allowed_hosts`.
     pub(crate) fn new(policy: &PushPolicy) -> Self {
-        let allowed_hosts = policy.allowed_hosts.iter().map(|host| normalize_host(host)).collect();
-        Self { allow_private: policy.allow_private, allowed_hosts }
+        Self(EgressGuard::new(policy.allow_private, &policy.allowed_hosts, "set gateway.push.allow_private"))
     }
 
     /// Parses `url` and checks its syntax: `http` or `https`, a host, and no
@@ -53,7 +49,7 @@ impl UrlGuard {
     }
 
     /// Checks `url`, resolves its host and refuses it when any address is
-    /// not public (see [`classify`]), unless private addresses are allowed or
+    /// not public (see [`chorus_runtime::egress::classify`]), unless private addresses are allowed or
     /// the host is listed in `allowed_hosts`. Returns the vetted addresses.
     pub(crate) async fn resolve(&self, url: &str) -> Result<Vec<SocketAddr>, PushError> {
         let url = self.check(url)?;
@@ -93,15 +89,11 @@ impl UrlGuard {
     /// Refuses the first address of `ips` that is not public, unless the
     /// policy exempts `host`.
     fn vet(&self, host: &str, ips: impl IntoIterator<Item = IpAddr>) -> Result<(), PushError> {
-        if self.allow_private || self.allowed_hosts.contains(&normalize_host(host)) {
-            return Ok(());
-        }
-        for ip in ips {
-            if let Some(kind) = classify(ip) {
-                return Err(PushError::Blocked { host: host.to_owned(), addr: ip, kind });
-            }
-        }
-        Ok(())
+        self.0.vet(host, ips).map_err(|refused| PushError::Blocked {
+            host: refused.host,
+            addr: refused.addr,
+            kind: refused.kind,
+        })
     }
 }
 

@@ -20,7 +20,7 @@ use reqwest::{
     redirect,
 };
 
-use super::classify;
+use super::{AddressKind, classify};
 
 /// Most redirects a guarded client follows.
 const MAX_REDIRECTS: usize = 5;
@@ -35,10 +35,22 @@ pub struct EgressGuard {
     remedy: String,
 }
 
-/// An address the guard refused, saying which and how to allow it.
+/// An address the guard refused: the host named, the address it is or
+/// resolved to, what kind of address that is, and how to allow it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct Refused(pub String);
+#[error("{}", refusal_text(.host, *.addr, *.kind, .remedy))]
+pub struct Refused {
+    pub host: String,
+    pub addr: IpAddr,
+    pub kind: AddressKind,
+    pub remedy: String,
+}
+
+fn refusal_text(host: &str, addr: IpAddr, kind: AddressKind, remedy: &str) -> String {
+    let literal = bare_host(host).parse::<IpAddr>().is_ok_and(|literal| literal == addr);
+    let at = if literal { String::new() } else { format!(" resolves to {addr}, which") };
+    format!("{host}{at} is {kind}, not a public address; {remedy}")
+}
 
 impl EgressGuard {
     /// A guard refusing non-public addresses unless `allow_private`, or the
@@ -57,9 +69,7 @@ impl EgressGuard {
         }
         for ip in ips {
             if let Some(kind) = classify(ip) {
-                let literal = bare_host(host).parse::<IpAddr>().is_ok_and(|literal| literal == ip);
-                let at = if literal { String::new() } else { format!(" resolves to {ip}, which") };
-                return Err(Refused(format!("{host}{at} is {kind}, not a public address; {}", self.remedy)));
+                return Err(Refused { host: host.to_owned(), addr: ip, kind, remedy: self.remedy.clone() });
             }
         }
         Ok(())
@@ -158,7 +168,7 @@ mod tests {
         let guard = guard(&[]);
         let refused = guard.vet_url(&url("http://169.254.169.254/latest/")).unwrap_err();
         assert_eq!(
-            refused.0,
+            refused.to_string(),
             "169.254.169.254 is the cloud metadata address, not a public address; set x.allow_private"
         );
         assert!(guard.vet_url(&url("http://[::1]:8080/")).is_err());
@@ -171,7 +181,7 @@ mod tests {
     fn a_resolved_name_is_named_with_its_address() {
         let refused = guard(&[]).vet("db.internal", ["10.0.0.7".parse().unwrap()]).unwrap_err();
         assert_eq!(
-            refused.0,
+            refused.to_string(),
             "db.internal resolves to 10.0.0.7, which is a private address, not a public address; set x.allow_private"
         );
     }
@@ -192,6 +202,6 @@ mod tests {
         let client = guard(&[]).client_builder().build().expect("a client");
         let error = client.get("http://localhost:9/").send().await.unwrap_err();
         let refused = refusal(&error).expect("refused by the guard");
-        assert!(refused.0.starts_with("localhost resolves to "), "{refused}");
+        assert!(refused.to_string().starts_with("localhost resolves to "), "{refused}");
     }
 }

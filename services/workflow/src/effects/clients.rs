@@ -265,13 +265,13 @@ impl ClientEffects {
         let failed = |why: String| EffectError::Failed(format!("webhook {url}: {why}"));
         let parsed = reqwest::Url::parse(url).map_err(|e| failed(e.to_string()))?;
         parsed.host_str().ok_or_else(|| failed("no host".into()))?;
-        self.guard.vet_url(&parsed).map_err(|refused| failed(refused.0))?;
+        self.guard.vet_url(&parsed).map_err(|refused| failed(refused.to_string()))?;
         let mut body = body.clone();
         body["type"] = json!(message_type);
         let response =
             self.http.post(parsed.clone()).header("Idempotency-Key", &origin.key).json(&body).send().await.map_err(
                 |error| match egress::refusal(&error) {
-                    Some(refused) => failed(refused.0.clone()),
+                    Some(refused) => failed(refused.to_string()),
                     None => EffectError::Transient(format!("webhook {url}: {}", with_causes(&error))),
                 },
             )?;
