@@ -171,18 +171,13 @@ impl Runner {
     fn take_up(self, catalog: Catalog, key: pb::TaskKey) {
         tokio::spawn(async move {
             let taken_up = async {
-                let task = self.read(&key.namespace, &key.task_id).await;
-                let agent = match &task {
-                    Ok(task) => catalog.agent(&task.agent_id),
-                    Err(_) => None,
-                };
-                let Some(agent) = agent else { return task.map(drop) };
-                tracing::info!(task_id = %key.task_id, agent = %agent.id, "taking up a turn another gateway ran");
-                let outcome = match task {
-                    Ok(task) => self.resume(agent, &key.namespace, task).await,
-                    Err(status) => Err(status),
-                };
-                self.carry_on(agent, &key.namespace, &key.task_id, outcome).await
+                let (namespace, task_id) = (key.namespace.as_str(), key.task_id.as_str());
+                let first = self.read(namespace, task_id).await;
+                let task = self.patiently(task_id, first, || self.read(namespace, task_id)).await?;
+                let Some(agent) = catalog.agent(&task.agent_id) else { return Ok(()) };
+                tracing::info!(%task_id, agent = %agent.id, "taking up a turn another gateway ran");
+                let outcome = self.resume(agent, namespace, task).await;
+                self.carry_on(agent, namespace, task_id, outcome).await
             };
             let outcome = tokio::select! {
                 outcome = taken_up => outcome,
@@ -196,7 +191,7 @@ impl Runner {
 
     /// A turn's `outcome`; while it failed for a service out of reach (the
     /// workflow engine, the task store), the turn taken up again from the
-    /// task as it then is, with backoff, for up to [`GIVE_UP_AFTER`].
+    /// task as it then is.
     pub(super) async fn carry_on(
         &self,
         agent: &AgentConfig,
@@ -204,20 +199,33 @@ impl Runner {
         task_id: &str,
         outcome: Written,
     ) -> Written {
-        let mut outcome = outcome;
+        let again = move || async move { self.resume(agent, namespace, self.read(namespace, task_id).await?).await };
+        self.patiently(task_id, outcome, again).await
+    }
+
+    /// `first`, a call's outcome on the task; while it failed for a service
+    /// out of reach, the call made `again`, with backoff, for up to
+    /// [`GIVE_UP_AFTER`].
+    async fn patiently<T, F>(
+        &self,
+        task_id: &str,
+        first: Result<T, Status>,
+        mut again: impl FnMut() -> F,
+    ) -> Result<T, Status>
+    where
+        F: Future<Output = Result<T, Status>>,
+    {
+        let mut outcome = first;
         let mut pause = FIRST_PAUSE;
         let started = tokio::time::Instant::now();
         while let Err(status) = &outcome
             && matches!(status.code(), Code::Unavailable | Code::Unknown)
             && started.elapsed() < GIVE_UP_AFTER
         {
-            tracing::info!(%task_id, error = %status.message(), "a turn's service is out of reach; taking it up again");
+            tracing::info!(%task_id, error = %status.message(), "a turn's service is out of reach; trying again");
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(self.turns.lease);
-            outcome = match self.read(namespace, task_id).await {
-                Ok(task) => self.resume(agent, namespace, task).await,
-                Err(status) => Err(status),
-            };
+            outcome = again().await;
         }
         outcome
     }
