@@ -170,12 +170,7 @@ impl SqlTaskRepository {
             .iter()
             .map(|key| KeyRow { namespace: &key.namespace, task_id: &key.task_id, id: &key.id })
             .collect();
-        let rows = sqlx::query(renew)
-            .bind(&lease.follower)
-            .bind(lease.until)
-            .bind(rows::to_json(&keys)?)
-            .fetch_all(&mut *self.db.acquire().await?)
-            .await?;
+        let rows = renew_leased(&mut *self.db.acquire().await?, renew, lease, &keys).await?;
         rows.iter().map(rows::decode_push_key).collect()
     }
 
@@ -200,6 +195,23 @@ pub(super) async fn claim_leased(
         .bind(lease.until)
         .bind(now)
         .bind(i64::from(limit))
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(rows)
+}
+
+/// Runs a renewal statement: follower $1's leases extended to $2 on the
+/// keys of $3, a JSON list of `keys`.
+pub(super) async fn renew_leased(
+    conn: &mut sqlx::AnyConnection,
+    renew: &'static str,
+    lease: &PushLease,
+    keys: &impl serde::Serialize,
+) -> Result<Vec<sqlx::any::AnyRow>> {
+    let rows = sqlx::query(renew)
+        .bind(&lease.follower)
+        .bind(lease.until)
+        .bind(rows::to_json(keys)?)
         .fetch_all(&mut *conn)
         .await?;
     Ok(rows)

@@ -4,7 +4,7 @@
 use chorus_runtime::storage::Backend;
 use sqlx::Row as _;
 
-use super::{SqlTaskRepository, rows};
+use super::SqlTaskRepository;
 use crate::{
     domain::{PushLease, TaskKey, TaskState},
     error::{Result, TaskStoreError},
@@ -108,12 +108,7 @@ impl SqlTaskRepository {
         };
         let keys: Vec<KeyRow<'_>> =
             following.iter().map(|key| KeyRow { namespace: &key.namespace, task_id: &key.task_id }).collect();
-        let rows = sqlx::query(renew)
-            .bind(&lease.follower)
-            .bind(lease.until)
-            .bind(rows::to_json(&keys)?)
-            .fetch_all(&mut *self.db.acquire().await?)
-            .await?;
+        let rows = super::push::renew_leased(&mut *self.db.acquire().await?, renew, lease, &keys).await?;
         let mut held = Vec::with_capacity(rows.len());
         for row in &rows {
             let state: String = row.try_get("state")?;
