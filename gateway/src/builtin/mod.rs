@@ -141,13 +141,33 @@ impl Runner {
         tck::reply(message).map(tck::Reply::into_answer)
     }
 
+    /// Who follows the turns of `agent`'s new tasks: this gateway, from the
+    /// write that makes each, for a workflow or remote agent, so that a
+    /// gateway dying as it creates one leaves it to another.
+    pub(crate) fn follower(&self, agent: &AgentConfig) -> Option<pb::TurnFollower> {
+        runs_turns_apart(agent).then(|| self.turns.follower())
+    }
+
+    /// Runs `agent`'s turn on `task`, just created with [`Runner::follower`]
+    /// as its follower, in the background.
+    pub(crate) fn start_created(&self, agent: &AgentConfig, namespace: &str, task: &pb::Task, message: Message) {
+        if runs_turns_apart(agent) {
+            self.turns.followed(namespace, &task.id);
+        }
+        self.spawn_turn(agent, namespace, task, message);
+    }
+
     /// Runs `agent`'s turn on `task` for `message` in the background; a
     /// workflow or remote agent's task is followed first, before the caller
     /// is answered, so that a gateway dying now leaves it to another.
     pub(crate) async fn start(&self, agent: &AgentConfig, namespace: &str, task: &pb::Task, message: Message) {
-        if matches!(agent.kind, AgentKind::Remote | AgentKind::Workflow) {
+        if runs_turns_apart(agent) {
             self.follow(namespace, &task.id).await;
         }
+        self.spawn_turn(agent, namespace, task, message);
+    }
+
+    fn spawn_turn(&self, agent: &AgentConfig, namespace: &str, task: &pb::Task, message: Message) {
         let turn = Turn { tasks: self.tasks.clone(), namespace: namespace.to_owned(), task: task.clone() };
         let runner = self.clone();
         let agent = agent.clone();
@@ -186,6 +206,12 @@ impl Runner {
             AgentKind::Builtin | AgentKind::Worker => Ok(()),
         }
     }
+}
+
+/// Whether the gateway follows `agent`'s turns in the task store, under a
+/// lease: they run here, not in a worker, and outlive a request.
+fn runs_turns_apart(agent: &AgentConfig) -> bool {
+    matches!(agent.kind, AgentKind::Remote | AgentKind::Workflow)
 }
 
 #[cfg(test)]

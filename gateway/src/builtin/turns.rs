@@ -67,6 +67,16 @@ impl Turns {
         fresh.then(|| Watching { watching: Arc::clone(&self.watching), key })
     }
 
+    /// This gateway as a new task's follower.
+    pub(super) fn follower(&self) -> pb::TurnFollower {
+        pb::TurnFollower { name: self.follower.clone(), lease_ms: self.lease_ms() }
+    }
+
+    /// Notes a task this gateway follows from now on.
+    pub(super) fn followed(&self, namespace: &str, task_id: &str) {
+        self.following().insert((namespace.to_owned(), task_id.to_owned()));
+    }
+
     fn lease_ms(&self) -> u64 {
         u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
     }
@@ -88,9 +98,7 @@ impl Runner {
             lease_ms: self.turns.lease_ms(),
         };
         match self.tasks.clone().follow_task(request).await {
-            Ok(_) => {
-                self.turns.following().insert((namespace.to_owned(), task_id.to_owned()));
-            }
+            Ok(_) => self.turns.followed(namespace, task_id),
             Err(status) => tracing::warn!(%task_id, error = %status.message(), "cannot follow the task's turn"),
         }
     }

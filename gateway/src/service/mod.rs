@@ -341,6 +341,7 @@ impl Gateway {
             // each key lands at the end of the task store's index of them
             // rather than in a random page of it.
             idempotency_key: format!("a2a-{}", uuid::Uuid::now_v7()),
+            follower: if answer.is_some() { None } else { self.inner.runner.follower(agent) },
             answer,
         };
         let task = self.tasks().create_task(create).await.map_err(|status| task_error(&status, ""))?.into_inner();
@@ -349,7 +350,7 @@ impl Gateway {
             self.store_push_config(scope, push_configs::sent_for(push, &task.id), changes).await?;
         }
         if !answered && matches!(agent.kind, AgentKind::Builtin | AgentKind::Remote | AgentKind::Workflow) {
-            self.inner.runner.start(agent, &scope.namespace, &task, message).await;
+            self.inner.runner.start_created(agent, &scope.namespace, &task, message);
         }
         Ok(Started::Task(Box::new(task)))
     }

@@ -20,6 +20,16 @@ pub struct NewTask {
     pub idempotency_key: Option<String>,
     /// The agent's answer, when it gives one as the task is made.
     pub answer: Option<TaskAnswer>,
+    /// The gateway that runs the task's turn itself and follows it from
+    /// the start (see [`TaskStore::follow_task`](crate::service::TaskStore::follow_task)).
+    pub follower: Option<TurnFollower>,
+}
+
+/// Who follows a task's turn, and for how long unless it renews.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnFollower {
+    pub name: String,
+    pub lease: Duration,
 }
 
 /// An agent's answer to a task's first message: the task is created with

@@ -7,7 +7,7 @@ use chorus_proto::taskstore as pb;
 use chorus_runtime::validate::{self, FieldViolation};
 
 use super::convert::{Checked, non_empty};
-use crate::domain::{PendingPush, PushConfig, PushConfigKey, TaskKey};
+use crate::domain::{PendingPush, PushConfig, PushConfigKey, TaskKey, TurnFollower};
 
 /// The longest follower name: a host name and a listen address fit.
 const MAX_FOLLOWER: usize = 300;
@@ -72,6 +72,17 @@ pub(super) fn required_follower(value: String) -> Checked<String> {
 /// A named follower and its lease, both required.
 pub(super) fn follower_lease(follower_name: String, lease_ms: u64) -> Checked<(String, Duration)> {
     Ok((required_follower(follower_name)?, lease(lease_ms)?))
+}
+
+/// The follower a task is created with, if any: its name and lease, both required.
+pub(super) fn turn_follower(value: Option<pb::TurnFollower>) -> Checked<Option<TurnFollower>> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let name = required_follower(value.name)
+        .map_err(|violation| FieldViolation { field: "follower.name".to_owned(), ..violation })?;
+    let lease = lease(value.lease_ms).map_err(|violation| violation.nested("follower"))?;
+    Ok(Some(TurnFollower { name, lease }))
 }
 
 /// The push configs `field` lists, each checked.
@@ -156,5 +167,18 @@ mod tests {
         let scheme =
             pb::PushConfig { url: "https://a.example".into(), auth_scheme: "Be\0arer".into(), ..Default::default() };
         assert_eq!(push_config("t", Some(scheme)).unwrap_err().field, "config.auth_scheme");
+    }
+
+    #[test]
+    fn a_turn_follower_needs_a_name_and_a_lease() {
+        let follower = |name: &str, lease_ms| Some(pb::TurnFollower { name: name.into(), lease_ms });
+        assert_eq!(turn_follower(None), Ok(None));
+        let followed = turn_follower(follower("gw-1", 1_500)).expect("a follower");
+        assert_eq!(followed, Some(TurnFollower { name: "gw-1".into(), lease: Duration::from_millis(1_500) }));
+        for (name, lease_ms, field) in
+            [("", 1_000, "follower.name"), ("gw\n1", 1_000, "follower.name"), ("gw-1", 0, "follower.lease_ms")]
+        {
+            assert_eq!(turn_follower(follower(name, lease_ms)).unwrap_err().field, field, "{name:?} {lease_ms}");
+        }
     }
 }

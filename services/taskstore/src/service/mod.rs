@@ -165,7 +165,10 @@ impl TaskStore {
         chorus_runtime::detach::to_completion(async move { store.create_now(task).await }).await
     }
 
-    async fn create_now(&self, task: NewTask) -> Result<Task> {
+    async fn create_now(&self, mut task: NewTask) -> Result<Task> {
+        if let Some(follower) = &mut task.follower {
+            follower.lease = follower.lease.min(self.config.max_lease());
+        }
         if task.answer.is_some() {
             // Settled from the start: no worker is offered it, and the
             // awaits that follow find it finished here.

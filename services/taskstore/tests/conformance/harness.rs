@@ -69,6 +69,7 @@ pub(crate) fn new_task(namespace: &str, agent: &str, text: &str) -> NewTask {
         trace_context: Default::default(),
         idempotency_key: None,
         answer: None,
+        follower: None,
     }
 }
 

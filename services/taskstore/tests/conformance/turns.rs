@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use chorus_taskstore::{
-    domain::{StatusUpdate, TaskKey, TaskState},
+    domain::{NewTask, StatusUpdate, TaskKey, TaskState, TurnFollower},
     error::TaskStoreError,
 };
 
-use crate::harness::{Harness, conformance};
+use crate::harness::{Harness, conformance, new_task};
 
 conformance!(
     a_followed_task_is_claimed_only_once_its_lease_ran_out,
@@ -17,6 +17,7 @@ conformance!(
     a_task_no_one_follows_is_not_claimed,
     released_leases_are_claimed_at_once,
     a_new_follower_takes_a_task_over,
+    a_task_created_with_its_follower_is_followed_from_the_start,
 );
 
 const LONG: Duration = Duration::from_secs(30);
@@ -84,4 +85,25 @@ async fn a_new_follower_takes_a_task_over(h: Harness) {
     h.store.follow_task("ns", &task.id, "gw-2".to_owned(), Some(LONG)).await.unwrap();
     let kept = h.store.keep_following("gw-1".to_owned(), LONG, vec![key(&task.id)], 0).await.unwrap();
     assert_eq!(kept.lost, [key(&task.id)]);
+}
+
+async fn a_task_created_with_its_follower_is_followed_from_the_start(h: Harness) {
+    let follower = |name: &str, lease| Some(TurnFollower { name: name.to_owned(), lease });
+    let mut new = new_task("ns", "ops", "deploy");
+    new.idempotency_key = Some("create-1".to_owned());
+    let task = h.store.create_task(NewTask { follower: follower("gw-1", SHORT), ..new.clone() }).await.unwrap();
+    assert_eq!(claims(&h, "gw-2").await, [], "followed as it was made");
+    tokio::time::sleep(SHORT * 3).await;
+    assert_eq!(claims(&h, "gw-2").await, [key(&task.id)], "its follower died before it renewed: claimed");
+
+    let again = h.store.create_task(NewTask { follower: follower("gw-3", LONG), ..new.clone() }).await.unwrap();
+    assert_eq!(again.id, task.id, "a retried create returns the task");
+    let kept = h.store.keep_following("gw-2".to_owned(), LONG, vec![key(&task.id)], 0).await.unwrap();
+    assert_eq!(kept.lost, [key(&task.id)], "the retry's follower took the task over");
+    tokio::time::sleep(SHORT * 3).await;
+    assert_eq!(claims(&h, "gw-4").await, [], "held by the retry's follower");
+
+    let plain = h.task("ns", "ops", "unfollowed").await;
+    tokio::time::sleep(SHORT * 3).await;
+    assert!(!claims(&h, "gw-4").await.contains(&key(&plain.id)), "a task made without a follower is no one's");
 }

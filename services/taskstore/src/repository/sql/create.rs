@@ -3,7 +3,10 @@
 
 use std::sync::LazyLock;
 
-use chorus_runtime::storage::{Backend, TransactionScript};
+use chorus_runtime::{
+    storage::{Backend, TransactionScript},
+    time::micros,
+};
 use sqlx::{AnyConnection, Row as _};
 
 use super::{
@@ -14,8 +17,8 @@ use super::{
 };
 use crate::{
     domain::{
-        Created, Handoff, Message, NewTask, Owner, SpawnContext, Task, TaskAnswer, TaskState, TaskStatus,
-        prompt_fingerprint,
+        Created, Handoff, Message, NewTask, Owner, PushLease, SpawnContext, Task, TaskAnswer, TaskState, TaskStatus,
+        TurnFollower, now_micros, prompt_fingerprint,
     },
     error::{Result, TaskStoreError},
 };
@@ -39,6 +42,8 @@ pub(super) struct TaskInsert<'a> {
     pub(super) handoff: Option<&'a Handoff>,
     /// The agent's answer, which settles the task as it is made.
     pub(super) answer: Option<&'a TaskAnswer>,
+    /// The gateway that follows the new task's turn from the start.
+    pub(super) follower: Option<&'a TurnFollower>,
 }
 
 /// What a create or spawn asks for under its request key (its first
@@ -189,7 +194,9 @@ pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> R
         .bind(payload)
         .bind(changed)
         .bind(to_json_opt(task.status.message.as_ref())?)
-        .bind(handoff.map(|handoff| chorus_runtime::time::micros(handoff.lease)));
+        .bind(handoff.map(|handoff| micros(handoff.lease)))
+        .bind(insert.follower.map(|follower| follower.name.as_str()))
+        .bind(insert.follower.map(|follower| now + micros(follower.lease)));
     let query = match stored {
         Some(stored) => query.bind(stored),
         None => query,
@@ -207,24 +214,24 @@ pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> R
     Ok((inserted != 0).then_some(task))
 }
 
-/// A new task row; $1..$21, $25 (its status message) and $26 (its lease's
-/// length) as bound in
+/// A new task row; $1..$21, $25 (its status message), $26 (its lease's
+/// length) and $27, $28 (who follows its turn, until when) as bound in
 /// [`insert_task`].
 macro_rules! insert_task_row {
     () => {
         "INSERT INTO taskstore_tasks (namespace, id, context_id, agent_id, state, status_timestamp, metadata, \
          parent_id, owner_kind, owner_id, depth, spawn_context, prompt_fingerprint, request_message_id, \
          trace_context, history_count, created_at, worker_id, lease_id, lease_expires_at, attempt, max_retries, \
-         status_message, lease_length) \
+         status_message, lease_length, turn_follower, turn_follower_until) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-         CASE WHEN $25 IS NULL THEN 1 ELSE 2 END, $16, $17, $18, $19, $20, $21, $25, $26) \
+         CASE WHEN $25 IS NULL THEN 1 ELSE 2 END, $16, $17, $18, $19, $20, $21, $25, $26, $27, $28) \
          ON CONFLICT (namespace, request_message_id) DO NOTHING"
     };
 }
 
 /// The task row; its history: the first message ($22), then the status
 /// message ($25) when there is one; its events: `created` ($23), then, in
-/// the second form, the artifacts' (with the artifacts themselves, $27 as
+/// the second form, the artifacts' (with the artifacts themselves, $29 as
 /// [`completed_artifacts`] makes it), then `status_changed` ($24) when the
 /// task left `submitted` as it was made.
 static INSERT_TASK_POSTGRES: LazyLock<[String; 2]> = LazyLock::new(|| {
@@ -233,8 +240,8 @@ static INSERT_TASK_POSTGRES: LazyLock<[String; 2]> = LazyLock::new(|| {
             (
                 "stored AS (INSERT INTO taskstore_artifacts (namespace, task_id, artifact_id, position, artifact) \
                  SELECT namespace, id, a.artifact_id, a.ord, a.artifact \
-                 FROM task, json_to_recordset($27::json) AS a(ord int, artifact_id text, artifact text)), ",
-                "SELECT ord, 'artifact_updated', payload FROM json_to_recordset($27::json) AS a(ord int, payload text) \
+                 FROM task, json_to_recordset($29::json) AS a(ord int, artifact_id text, artifact text)), ",
+                "SELECT ord, 'artifact_updated', payload FROM json_to_recordset($29::json) AS a(ord int, payload text) \
                  UNION ALL ",
             )
         } else {
@@ -275,8 +282,8 @@ static INSERT_TASK_SQLITE: LazyLock<[String; 2]> = LazyLock::new(|| {
             (
                 "INSERT INTO taskstore_artifacts (namespace, task_id, artifact_id, position, artifact) \
                  SELECT t.namespace, t.id, a.value ->> 'artifact_id', a.value ->> 'ord', a.value ->> 'artifact' \
-                 FROM taskstore_tasks t, json_each($27) a WHERE t.namespace = $1 AND t.id = $2; ",
-                "SELECT a.value ->> 'ord', 'artifact_updated', a.value ->> 'payload' FROM json_each($27) a UNION ALL ",
+                 FROM taskstore_tasks t, json_each($29) a WHERE t.namespace = $1 AND t.id = $2; ",
+                "SELECT a.value ->> 'ord', 'artifact_updated', a.value ->> 'payload' FROM json_each($29) a UNION ALL ",
             )
         } else {
             ("", "")
@@ -325,12 +332,17 @@ impl SqlTaskRepository {
             request_key: request.key,
             handoff: handoff.as_ref(),
             answer: new.answer.as_ref(),
+            follower: new.follower.as_ref(),
         };
         // One round trip: on PostgreSQL a statement, on SQLite a script, in
         // a transaction of its own or of the batch it waits in.
         let inserted = insert_task(Writer::OwnTransaction(&self.db), insert).await?;
         let Some(task) = inserted else {
             let task = self.existing(&request).await?;
+            if let Some(follower) = new.follower.filter(|_| !task.status.state.is_terminal()) {
+                let lease = PushLease { until: now_micros() + micros(follower.lease), follower: follower.name };
+                self.follow(&task.namespace, &task.id, Some(&lease)).await?;
+            }
             return Ok(Created { task, handed_off: false });
         };
         if let Some(handoff) = &handoff {
