@@ -20,30 +20,41 @@ use std::{
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::TcpStream,
+    sync::OwnedSemaphorePermit,
 };
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-/// An accepted connection that does not offer vectored writes.
+/// An accepted connection that does not offer vectored writes, holding its
+/// place among the listener's connections until it is dropped.
 #[derive(Debug)]
-pub(crate) struct FlatWrites(pub(crate) TcpStream);
+pub(crate) struct FlatWrites {
+    stream: TcpStream,
+    _place: OwnedSemaphorePermit,
+}
+
+impl FlatWrites {
+    pub(crate) fn new(stream: TcpStream, place: OwnedSemaphorePermit) -> Self {
+        Self { stream, _place: place }
+    }
+}
 
 impl AsyncRead for FlatWrites {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for FlatWrites {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        Pin::new(&mut self.stream).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        Pin::new(&mut self.stream).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
@@ -51,6 +62,6 @@ impl Connected for FlatWrites {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.0.connect_info()
+        self.stream.connect_info()
     }
 }

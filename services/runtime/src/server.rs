@@ -43,13 +43,25 @@ pub struct ServerConfig {
     pub max_message_bytes: usize,
     /// How long shutdown waits for calls in flight.
     pub shutdown_grace_ms: u64,
+    /// The most connections served at once; 0: three quarters of the
+    /// process's open-file limit.
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        Self { request_timeout_ms: 120_000, max_message_bytes: 4 * 1024 * 1024, shutdown_grace_ms: 10_000 }
+        Self {
+            request_timeout_ms: 120_000,
+            max_message_bytes: 4 * 1024 * 1024,
+            shutdown_grace_ms: 10_000,
+            max_connections: 0,
+        }
     }
 }
+
+/// How often an HTTP/2 connection is pinged, and how long its answer may take.
+const HTTP2_PING_EVERY: Duration = Duration::from_secs(30);
+const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A check of a call's credentials (its headers): `Err` is the call's answer.
 pub type Guard = Arc<dyn Fn(&http::HeaderMap) -> Result<(), tonic::Status> + Send + Sync>;
@@ -226,7 +238,8 @@ impl ServerBuilder {
             .layer(CatchPanicLayer::custom(panic_response));
         // WebSocket handshakes go to axum (tonic completes no upgrade); the
         // rest to tonic.
-        let upgrade::Split { grpc: incoming, upgrades } = upgrade::split(listener, shutdown.clone());
+        let limit = upgrade::connection_limit(self.config.max_connections);
+        let upgrade::Split { grpc: incoming, upgrades } = upgrade::split(listener, limit, shutdown.clone());
         let upgrade_routes = router.clone().layer(CatchPanicLayer::custom(panic_response));
         let stopped = shutdown.clone();
         tokio::spawn(async move {
@@ -241,6 +254,10 @@ impl ServerBuilder {
         let stopping = shutdown.clone();
         let server = Server::builder()
             .accept_http1(true)
+            // A peer that went away without closing its HTTP/2 connection
+            // stops answering pings: its connection is closed.
+            .http2_keepalive_interval(Some(HTTP2_PING_EVERY))
+            .http2_keepalive_timeout(Some(HTTP2_PING_TIMEOUT))
             .layer(layers)
             .add_routes(Routes::from(router))
             .serve_with_incoming_shutdown(incoming, async move {
