@@ -42,6 +42,9 @@ pub struct TaskStoreConfig {
     /// (a subtask goes with its whole tree, once every task in it is that
     /// old). 0 keeps every task forever.
     pub retention_ms: u64,
+    /// The most push notification configs one task may have (at least 1).
+    #[serde(deserialize_with = "at_least_one")]
+    pub max_push_configs_per_task: u32,
     pub limits: Limits,
 }
 
@@ -58,6 +61,14 @@ fn lease_ms<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D:
     }
 }
 
+/// A count that must be at least 1: 0 would refuse everything it counts.
+fn at_least_one<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+    match u32::deserialize(deserializer)? {
+        0 => Err(serde::de::Error::custom("must be at least 1")),
+        count => Ok(count),
+    }
+}
+
 impl Default for TaskStoreConfig {
     fn default() -> Self {
         Self {
@@ -71,6 +82,7 @@ impl Default for TaskStoreConfig {
             outbox_lease_ms: 10_000,
             outbox_max_payload_bytes: 1 << 20,
             retention_ms: 30 * 24 * 3_600_000,
+            max_push_configs_per_task: 10,
             limits: Limits::default(),
         }
     }

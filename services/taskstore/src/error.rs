@@ -26,6 +26,11 @@ pub enum TaskStoreError {
          another gateway took it, or it was replaced"
     )]
     PushConfigNotHeld { task_id: String, id: String, follower: String },
+    #[error(
+        "task {task_id} has {limit} push notification configs, the most a task may have \
+         (taskstore.max_push_configs_per_task): delete one first, or replace one by its id"
+    )]
+    TooManyPushConfigs { task_id: String, limit: u32 },
     #[error("task {task_id} cannot move from {from} to {to}")]
     IllegalTransition { task_id: String, from: TaskState, to: TaskState },
     #[error("task {task_id} is {state} and can no longer change")]
@@ -96,7 +101,8 @@ impl ServiceError for TaskStoreError {
             | Self::DepthLimit { .. }
             | Self::Cycle { .. }
             | Self::OutboxLeaseLost { .. }
-            | Self::PushConfigNotHeld { .. } => ErrorCode::FailedPrecondition,
+            | Self::PushConfigNotHeld { .. }
+            | Self::TooManyPushConfigs { .. } => ErrorCode::FailedPrecondition,
             Self::StreamReplaced { .. } => ErrorCode::Aborted,
             Self::ConcurrencyLimit { .. } | Self::TotalLimit { .. } | Self::RateLimit { .. } => {
                 ErrorCode::ResourceExhausted

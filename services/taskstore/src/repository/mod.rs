@@ -187,14 +187,16 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// (`None`: from the task's first), followed under `lease` (`None`: by
     /// no one, claimable at once). Replacing a config (same id) keeps how far
     /// the one replaced was delivered, and takes its lease; a finished one
-    /// stays finished and keeps no token or credentials. Returns the config
-    /// as stored.
+    /// stays finished and keeps no token or credentials. A new config of a
+    /// task that has `limit` already is [`TaskStoreError::TooManyPushConfigs`].
+    /// Returns the config as stored.
     async fn create_push_config(
         &self,
         namespace: &str,
         config: PushConfig,
         after: Option<Cursor>,
         lease: Option<&PushLease>,
+        limit: u32,
     ) -> Result<PushConfig>;
     async fn get_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<PushConfig>;
     async fn list_push_configs(&self, namespace: &str, task_id: &str) -> Result<Vec<PushConfig>>;

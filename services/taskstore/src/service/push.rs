@@ -22,7 +22,8 @@ impl TaskStore {
         follower: Option<(String, Duration)>,
     ) -> Result<PushConfig> {
         let lease = follower.map(|(follower, lease)| self.push_lease(follower, lease));
-        self.repository.create_push_config(namespace, config, after, lease.as_ref()).await
+        let limit = self.config.max_push_configs_per_task;
+        self.repository.create_push_config(namespace, config, after, lease.as_ref(), limit).await
     }
 
     pub async fn get_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<PushConfig> {

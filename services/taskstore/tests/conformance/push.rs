@@ -17,10 +17,13 @@ conformance!(
     only_the_holder_advances_a_config,
     renewing_extends_the_leases_followed_and_names_the_configs_lost,
     released_leases_are_claimed_at_once,
-    a_finished_config_keeps_no_token_or_credentials
+    a_finished_config_keeps_no_token_or_credentials,
+    a_task_holds_at_most_its_limit_of_configs
 );
 
 const MINUTE: Duration = Duration::from_secs(60);
+/// The configs a task may have, for the repository's creates.
+const LIMIT: u32 = 10;
 
 fn hook(task_id: &str, id: &str) -> PushConfig {
     PushConfig {
@@ -155,10 +158,10 @@ async fn a_created_config_is_held_by_its_follower_until_its_lease_ends(h: Harnes
     let now = now_micros();
     let start = Cursor { tx: 3, id: 9 };
     h.repository
-        .create_push_config("ns", hook(&task.id, "held"), Some(start), Some(&lease("a", now + 1_000)))
+        .create_push_config("ns", hook(&task.id, "held"), Some(start), Some(&lease("a", now + 1_000)), LIMIT)
         .await
         .unwrap();
-    h.repository.create_push_config("ns", hook(&task.id, "free"), None, None).await.unwrap();
+    h.repository.create_push_config("ns", hook(&task.id, "free"), None, None, LIMIT).await.unwrap();
     let (held, free) = (key("ns", &task.id, "held"), key("ns", &task.id, "free"));
 
     assert_eq!(claimed(&h, "b", now).await, [free], "an unowned config is claimed at once, a held one not");
@@ -167,7 +170,10 @@ async fn a_created_config_is_held_by_its_follower_until_its_lease_ends(h: Harnes
     assert_eq!(taken, [PendingPush { key: held.clone(), delivered: Some(start) }], "with its cursor");
     assert_eq!(claimed(&h, "a", now + 1_000).await, [], "its creator holds it no more");
 
-    h.repository.create_push_config("ns", hook(&task.id, "held"), None, Some(&lease("a", now + 2_000))).await.unwrap();
+    h.repository
+        .create_push_config("ns", hook(&task.id, "held"), None, Some(&lease("a", now + 2_000)), LIMIT)
+        .await
+        .unwrap();
     assert_eq!(claimed(&h, "c", now + 1_999).await, [], "a replacement takes the lease of its creator");
 }
 
@@ -198,7 +204,7 @@ async fn renewing_extends_the_leases_followed_and_names_the_configs_lost(h: Harn
     let now = now_micros();
     for (id, follower, until) in [("x", "a", 1_000), ("y", "a", 1_000), ("z", "b", 10_000)] {
         let lease = lease(follower, now + until);
-        h.repository.create_push_config("ns", hook(&task.id, id), None, Some(&lease)).await.unwrap();
+        h.repository.create_push_config("ns", hook(&task.id, id), None, Some(&lease), LIMIT).await.unwrap();
     }
     let [x, y, z, gone] = ["x", "y", "z", "gone"].map(|id| key("ns", &task.id, id));
 
@@ -224,7 +230,10 @@ async fn renewing_extends_the_leases_followed_and_names_the_configs_lost(h: Harn
     let lost = h.store.renew_push_configs("a".into(), MINUTE, following.clone()).await.unwrap();
     assert_eq!(lost, following, "c holds every config now; gone is no config");
     for id in [&x, &y] {
-        h.repository.create_push_config("ns", hook(&task.id, &id.id), None, Some(&lease("a", now))).await.unwrap();
+        h.repository
+            .create_push_config("ns", hook(&task.id, &id.id), None, Some(&lease("a", now)), LIMIT)
+            .await
+            .unwrap();
     }
     h.store.advance_push_config(&y, None, true, Some("a")).await.unwrap();
     let lost = h.store.renew_push_configs("a".into(), MINUTE, vec![x.clone(), y.clone()]).await.unwrap();
@@ -276,4 +285,20 @@ async fn a_finished_config_keeps_no_token_or_credentials(h: Harness) {
     let replaced = h.store.create_push_config("ns", secret("done"), None, None).await.unwrap();
     assert_eq!(replaced, cleared, "a finished config replaced stays finished, without secrets");
     assert_eq!(h.store.get_push_config("ns", &task.id, "done").await.unwrap(), cleared);
+}
+
+async fn a_task_holds_at_most_its_limit_of_configs(h: Harness) {
+    let task = h.task("ns", "echo", "notify me often").await;
+    let limit = crate::harness::test_config().max_push_configs_per_task;
+    for n in 0..limit {
+        h.store.create_push_config("ns", hook(&task.id, &format!("c{n}")), None, None).await.unwrap();
+    }
+    let refused = h.store.create_push_config("ns", hook(&task.id, "one-more"), None, None).await.unwrap_err();
+    assert!(matches!(refused, TaskStoreError::TooManyPushConfigs { limit: l, .. } if l == limit), "{refused}");
+    assert!(h.store.get_push_config("ns", &task.id, "one-more").await.is_err(), "nothing stored");
+    h.store.create_push_config("ns", hook(&task.id, "c0"), None, None).await.expect("a config replaced by its id");
+    h.store.delete_push_config("ns", &task.id, "c1").await.unwrap();
+    h.store.create_push_config("ns", hook(&task.id, "one-more"), None, None).await.expect("room again");
+    let other = h.task("ns", "echo", "another task").await;
+    h.store.create_push_config("ns", hook(&other.id, "c0"), None, None).await.expect("the limit is per task");
 }

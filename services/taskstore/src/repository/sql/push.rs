@@ -21,9 +21,22 @@ impl SqlTaskRepository {
         config: PushConfig,
         after: Option<Cursor>,
         lease: Option<&PushLease>,
+        limit: u32,
     ) -> Result<PushConfig> {
         let mut tx = self.begin().await?;
-        read_record(&mut tx, namespace, &config.task_id).await?;
+        // Locked: creates of one task's configs count them one at a time.
+        self.lock_record(&mut tx, namespace, &config.task_id).await?;
+        let others: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM taskstore_push_configs WHERE namespace = $1 AND task_id = $2 AND id <> $3",
+        )
+        .bind(namespace)
+        .bind(&config.task_id)
+        .bind(&config.id)
+        .fetch_one(&mut *tx)
+        .await?;
+        if others >= i64::from(limit) {
+            return Err(TaskStoreError::TooManyPushConfigs { task_id: config.task_id, limit });
+        }
         let row = sqlx::query(concat!(
             "INSERT INTO taskstore_push_configs (namespace, task_id, id, url, token, auth_scheme, auth_credentials, \
              created_at, delivered_tx, delivered_id, follower, follower_until) \

@@ -182,8 +182,9 @@ impl TaskRepository for SqlTaskRepository {
         config: PushConfig,
         after: Option<Cursor>,
         lease: Option<&PushLease>,
+        limit: u32,
     ) -> Result<PushConfig> {
-        self.create_push(namespace, config, after, lease).await
+        self.create_push(namespace, config, after, lease, limit).await
     }
 
     async fn get_push_config(&self, namespace: &str, task_id: &str, id: &str) -> Result<PushConfig> {
