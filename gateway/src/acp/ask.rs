@@ -6,13 +6,16 @@
 //!   `fs.readTextFile`, the bridge calls `fs/read_text_file` and answers with
 //!   a user message holding the text (one text part named by the path, the
 //!   same metadata key set to `{"path"}`); when it cannot, with the reason
-//!   (metadata `{"path", "error"}`). The IDE sees a `read` tool call.
+//!   (metadata `{"path", "error"}`). The IDE sees a `read` tool call. Only
+//!   files in the session's folders (`cwd`, `additionalDirectories`) are
+//!   asked for, their paths with `.` and `..` resolved as written: the agent
+//!   reads nothing else of the IDE's machine.
 //! - Any other question becomes `session/request_permission` with the
 //!   options `allow` and `reject`; the answer is a user message whose text
 //!   is the chosen option id (metadata [`PERMISSION`] holds it too). If the
 //!   IDE cancels the request, the turn ends `cancelled`.
 
-use std::path::PathBuf;
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use a2a::{Message, Part, PartContent};
@@ -82,6 +85,8 @@ pub(crate) struct Question<'a> {
     /// Which question of the turn this is (tool call ids stay unique).
     pub(crate) number: usize,
     pub(crate) can_read_files: bool,
+    /// The session's folders: the only ones the agent may read files in.
+    pub(crate) folders: &'a [PathBuf],
     pub(crate) cancel: &'a CancellationToken,
 }
 
@@ -139,7 +144,8 @@ impl Question<'_> {
     }
 
     async fn read_file(&self, request: FileRequest) -> Result<Answer> {
-        let path = request.path.clone();
+        let path = resolved(&request.path);
+        let request = FileRequest { path: path.clone(), ..request };
         let call = ToolCall {
             id: format!("read-{}-{}", self.task_id, self.number),
             title: format!("Read {}", path.display()),
@@ -152,6 +158,13 @@ impl Question<'_> {
         self.update(Update::ToolCall(call))?;
         let read = if !path.is_absolute() {
             Err(format!("the agent asked for {}, which is not an absolute path", path.display()))
+        } else if !self.folders.iter().any(|folder| path.starts_with(resolved(folder))) {
+            let folders: Vec<String> = self.folders.iter().map(|folder| folder.display().to_string()).collect();
+            Err(format!(
+                "the agent asked for {}, which is outside the session's folders ({})",
+                path.display(),
+                folders.join(", ")
+            ))
         } else if !self.can_read_files {
             Err("the client does not let the agent read its files (no fs.readTextFile capability)".to_owned())
         } else {
@@ -182,6 +195,22 @@ impl Question<'_> {
     }
 }
 
+/// `path` with its `.` and `..` resolved as written (not on disk: the
+/// files are the IDE's); `..` above the root stays at the root.
+fn resolved(path: &Path) -> PathBuf {
+    let mut clean = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                clean.pop();
+            }
+            other => clean.push(other),
+        }
+    }
+    clean
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,5 +222,64 @@ mod tests {
         message.metadata = Some([(READ_TEXT_FILE.to_owned(), json!({"path": "/src/a.rs", "line": 3}))].into());
         let request = file_request(Some(&message)).expect("a request");
         assert_eq!(request, FileRequest { path: PathBuf::from("/src/a.rs"), line: Some(3), limit: None });
+    }
+
+    #[test]
+    fn paths_are_resolved_as_written() {
+        assert_eq!(resolved(Path::new("/w/./src/../lib.rs")), PathBuf::from("/w/lib.rs"));
+        assert_eq!(resolved(Path::new("/w/../../etc/passwd")), PathBuf::from("/etc/passwd"));
+        assert_eq!(resolved(Path::new("/w/a/")), PathBuf::from("/w/a"));
+        assert!(!resolved(Path::new("/w/../wx/a")).starts_with("/w"), "a sibling whose name begins alike");
+    }
+
+    /// An IDE that reads every file it is asked for, noting its path.
+    #[derive(Default)]
+    struct Reader(std::sync::Mutex<Vec<PathBuf>>);
+
+    #[async_trait::async_trait]
+    impl Ide for Reader {
+        fn update(&self, _: &str, _: Update) -> Result<()> {
+            Ok(())
+        }
+
+        async fn request_permission(&self, _: &str, _: ToolCall) -> Result<Option<String>> {
+            Ok(None)
+        }
+
+        async fn read_text_file(&self, _: &str, request: &FileRequest) -> Result<String> {
+            self.0.lock().expect("reads").push(request.path.clone());
+            Ok("text".to_owned())
+        }
+    }
+
+    #[tokio::test]
+    async fn only_files_in_the_session_s_folders_are_asked_for() {
+        let ide = Arc::new(Reader::default());
+        let folders = [PathBuf::from("/w"), PathBuf::from("/lib/extra")];
+        let cancel = CancellationToken::new();
+        let question = Question {
+            ide: Arc::clone(&ide) as Arc<dyn Ide>,
+            session_id: "s",
+            task_id: "t",
+            number: 1,
+            can_read_files: true,
+            folders: &folders,
+            cancel: &cancel,
+        };
+        let ask = |path: &str| {
+            let mut message = Message::new(a2a::Role::Agent, vec![Part::text("need a file")]);
+            message.metadata = Some([(READ_TEXT_FILE.to_owned(), json!({ "path": path }))].into());
+            message
+        };
+        for path in ["/w/../../etc/passwd", "/etc/passwd", "/wx/a", "/lib/other"] {
+            let Ok(Answer::Reply(_, (_, answer))) = question.answer(Some(&ask(path))).await else { panic!("{path}") };
+            assert!(answer["error"].as_str().is_some_and(|error| error.contains("outside")), "{path}: {answer}");
+        }
+        for path in ["/w/src/./a.rs", "/lib/extra/b/../c.rs"] {
+            let Ok(Answer::Reply(_, (_, answer))) = question.answer(Some(&ask(path))).await else { panic!("{path}") };
+            assert_eq!(answer.get("error"), None, "{path}: {answer}");
+        }
+        let read = ide.0.lock().expect("reads").clone();
+        assert_eq!(read, [PathBuf::from("/w/src/a.rs"), PathBuf::from("/lib/extra/c.rs")], "resolved, nothing else");
     }
 }

@@ -40,6 +40,12 @@ impl SessionContext {
         Ok(Self { cwd, additional_directories, mcp_servers })
     }
 
+    /// The folders the IDE opened to the session: its working directory and
+    /// the additional ones. The agent may read files in them alone.
+    pub(crate) fn folders(&self) -> Vec<PathBuf> {
+        std::iter::once(&self.cwd).chain(&self.additional_directories).cloned().collect()
+    }
+
     /// The metadata every A2A message of the session carries: the IDE context.
     pub(crate) fn metadata(&self, session_id: &str) -> Value {
         json!({

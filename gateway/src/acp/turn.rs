@@ -117,12 +117,14 @@ impl Turn {
             };
             self.questions += 1;
             let task_id = self.task_id.clone().unwrap_or_default();
+            let folders = self.context.folders();
             let question = ask::Question {
                 ide: Arc::clone(&self.ide),
                 session_id: &self.session_id,
                 task_id: &task_id,
                 number: self.questions,
                 can_read_files: self.can_read_files,
+                folders: &folders,
                 cancel: &self.cancel,
             };
             let answered = question.answer(status.message.as_ref()).await;
