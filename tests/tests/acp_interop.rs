@@ -314,4 +314,5 @@ async fn the_typescript_sdk_speaks_acp_over_the_gateways_websocket() {
     assert_eq!(results["stopReason"], "end_turn", "{results}");
     assert_eq!(results["said"], json!(["hello over a websocket"]), "{results}");
     assert_eq!(results["toolCalls"], json!(["echo"]), "the echo artifact as a tool call: {results}");
+    assert!(results["tooBigClosedWith"].is_number(), "a message past the limit closes its connection: {results}");
 }

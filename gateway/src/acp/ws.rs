@@ -62,7 +62,19 @@ pub(crate) async fn handle(
     let card_url = entry.card.supported_interfaces.first().map(|interface| interface.url.clone()).unwrap_or_default();
     let base_url = card_url.strip_suffix(&format!("/a2a/{agent}")).unwrap_or(&card_url).to_owned();
     let upstream = Upstream::new(http(), &base_url, &agent, TokenSource::Fixed(credentials));
-    upgrade.on_upgrade(move |socket| serve(socket, Arc::new(Bridge::new(upstream)))).into_response()
+    let limit = message_limit(gateway.config().max_body_bytes);
+    upgrade
+        .max_message_size(limit)
+        .max_frame_size(limit)
+        .on_upgrade(move |socket| serve(socket, Arc::new(Bridge::new(upstream))))
+        .into_response()
+}
+
+/// The largest ACP message (and frame) a WebSocket takes: twice the body
+/// limit of the A2A calls it turns into, for the JSON-RPC around them; a
+/// larger one closes the connection (1009, message too big).
+fn message_limit(max_body_bytes: usize) -> usize {
+    max_body_bytes.saturating_mul(2)
 }
 
 /// Whether a page of `origin` may open the WebSocket: one `allowed` names

@@ -1,6 +1,7 @@
 // A remote IDE on the TypeScript ACP SDK's WebSocket transport
 // (@agentclientprotocol/sdk/experimental/ws-client) against the gateway's
-// `GET /acp`: initialize, a new session, one prompt to the echo agent.
+// `GET /acp`: initialize, a new session, one prompt to the echo agent; then,
+// on a connection of its own, a message past the gateway's limit.
 //
 // Usage: node [--experimental-websocket] ws_client.mjs NODE_DIR WS_URL CWD
 //   (Node 20 needs the flag for its WebSocket; Node 22 has it built in.)
@@ -37,6 +38,18 @@ const results = await app.connectWith(createWebSocketStream(url), async (ctx) =>
     stopReason: answer.stopReason,
     said: updates.filter((u) => u.sessionUpdate === "agent_message_chunk").map((u) => u.content.text),
     toolCalls: updates.filter((u) => u.sessionUpdate === "tool_call").map((u) => u.title),
+  };
+});
+// 3 MiB, past the limit of twice the gateway's 1 MiB body limit: the
+// connection is closed (its close code, or null if it stayed open 5 s).
+results.tooBigClosedWith = await new Promise((resolve) => {
+  const socket = new WebSocket(url);
+  const timer = setTimeout(() => resolve(null), 5000);
+  socket.onopen = () => socket.send("x".repeat(3 * 1024 * 1024));
+  socket.onerror = () => {};
+  socket.onclose = (event) => {
+    clearTimeout(timer);
+    resolve(event.code);
   };
 });
 console.log(JSON.stringify(results));
