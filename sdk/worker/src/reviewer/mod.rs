@@ -44,8 +44,11 @@ pub const CAPACITY: u32 = 8;
 pub const READ_TEXT_FILE: &str = "acp/readTextFile";
 /// Metadata key of the reviewer's plan (the ACP bridge shows it as a `plan`).
 pub const PLAN: &str = "acp/plan";
-/// The answer that lets the reviewer publish its review.
+/// The answer that lets the reviewer publish its review: an IDE's option
+/// over ACP; over A2A a person may also say yes.
 pub const ALLOW: &str = "allow";
+/// The answers, in any case, that let it publish.
+const YES: [&str; 6] = [ALLOW, "yes", "y", "ok", "publish", "approve"];
 /// The pause between two steps by default.
 pub const DEFAULT_PACE: Duration = Duration::from_millis(100);
 
@@ -118,11 +121,17 @@ pub async fn handle(task: TaskContext, pace: Duration) -> Result<Reply, HandlerE
     show_plan(&task, &names, names.len(), "in_progress").await?;
     let answer = ask(&task, format!("{summary} Publish the review?"), None).await?;
     show_plan(&task, &names, names.len(), "completed").await?;
-    if texts(&answer).first().is_some_and(|text| text.trim() == ALLOW) {
+    if texts(&answer).first().is_some_and(|text| publishes(text)) {
         let artifact = text_artifact("review", review::table(&reviews));
         return Ok(Reply::text(format!("Published: {summary}")).with_artifact(artifact));
     }
     Ok(Reply::text("The review was not published."))
+}
+
+/// Whether `answer` lets the reviewer publish its review.
+fn publishes(answer: &str) -> bool {
+    let answer = answer.trim().trim_end_matches(['.', '!']);
+    YES.iter().any(|yes| answer.eq_ignore_ascii_case(yes))
 }
 
 /// Whether a workflow's step made the task (its metadata names the
@@ -286,6 +295,16 @@ mod tests {
     use chorus_proto::taskstore::Part;
 
     use super::*;
+
+    #[test]
+    fn allow_or_a_yes_publishes_the_review() {
+        for answer in ["allow", "Allow", "yes", "Yes!", " y ", "OK.", "publish", "Approve"] {
+            assert!(publishes(answer), "{answer:?}");
+        }
+        for answer in ["reject", "no", "yes, but not now", ""] {
+            assert!(!publishes(answer), "{answer:?}");
+        }
+    }
 
     #[test]
     fn linked_and_embedded_files_are_told_apart_from_words() {
