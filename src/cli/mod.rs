@@ -203,9 +203,16 @@ impl From<tonic::Status> for Failure {
     }
 }
 
-/// A refused call's message, with the fields it names that it does not say.
+/// A refused call's message, with the fields it names that it does not say,
+/// or, from a server that has no workflow service, where to point instead.
 fn described(status: &tonic::Status) -> String {
     let message = status.message();
+    if status.code() == tonic::Code::Unimplemented {
+        return format!(
+            "{message}: this server does not serve the workflow API; point --server (or CHORUS_SERVER) at the \
+             workflow engine (`chorus serve workflow`) or at `chorus dev`"
+        );
+    }
     let fields: Vec<String> = status
         .get_details_bad_request()
         .map(|bad| bad.field_violations)
@@ -323,4 +330,18 @@ pub(crate) async fn gate(target: &Target, command: GateCommand) -> ExitCode {
         }
     };
     exit(outcome.await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_without_the_workflow_api_is_named_as_such() {
+        let status = tonic::Status::unimplemented("no such method: /chorus.workflow.v1.Workflow/ListDefinitions");
+        let said = described(&status);
+        assert!(said.starts_with("no such method") && said.contains("at the workflow engine"), "{said}");
+        let refused = described(&tonic::Status::invalid_argument("name: is required"));
+        assert_eq!(refused, "name: is required");
+    }
 }
