@@ -84,14 +84,24 @@ impl fmt::Debug for StorageConfig {
 
 impl StorageConfig {
     /// The URL to connect to: the configured one, or SQLite under `data_dir`.
+    /// The folder and the database are made readable by their owner alone
+    /// (they hold every task, and the credentials of push configs); SQLite
+    /// gives its WAL the database's permissions.
     pub fn effective_url(&self) -> Result<String, StorageError> {
+        use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+
         if !self.database_url.is_empty() {
             return Ok(self.database_url.clone());
         }
-        std::fs::create_dir_all(&self.data_dir)
-            .map_err(|source| StorageError::DataDir { dir: self.data_dir.clone(), source })?;
-        // `Db::connect` creates a file URL's database when it names no mode.
-        Ok(format!("sqlite://{}/chorus.db", self.data_dir))
+        let data_dir = |source| StorageError::DataDir { dir: self.data_dir.clone(), source };
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.data_dir).map_err(data_dir)?;
+        let file = format!("{}/chorus.db", self.data_dir);
+        match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&file) {
+            Ok(_) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(error) => return Err(data_dir(error)),
+        }
+        Ok(format!("sqlite://{file}"))
     }
 }
 
@@ -168,6 +178,21 @@ impl Backend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_database_is_its_owners_alone() {
+        use std::os::unix::fs::PermissionsExt as _;
+
+        let root = tempfile::tempdir().expect("a folder");
+        let data_dir = root.path().join("a/.chorus").display().to_string();
+        let config = StorageConfig { data_dir: data_dir.clone(), ..StorageConfig::default() };
+        let url = config.effective_url().expect("a URL");
+        assert_eq!(url, format!("sqlite://{data_dir}/chorus.db"));
+        let mode = |path: String| std::fs::metadata(path).expect("made").permissions().mode() & 0o777;
+        assert_eq!(mode(data_dir.clone()), 0o700);
+        assert_eq!(mode(format!("{data_dir}/chorus.db")), 0o600);
+        assert_eq!(config.effective_url().expect("again"), url, "an existing database is kept");
+    }
 
     #[test]
     fn urls_select_backends() {
