@@ -16,6 +16,8 @@ use crate::{
 pub(crate) struct Principal {
     /// `None`: every namespace.
     namespaces: Option<Vec<String>>,
+    /// The credential's name; `None` when the gateway checks none.
+    caller: Option<String>,
 }
 
 impl Principal {
@@ -31,6 +33,8 @@ impl Principal {
 pub(crate) struct Scope {
     pub(crate) namespace: String,
     pub(crate) agent: Option<String>,
+    /// The name of the credential the request came with, if one was asked for.
+    pub(crate) caller: Option<String>,
 }
 
 #[derive(Debug)]
@@ -71,7 +75,7 @@ impl Authenticator {
     /// The caller `lookup` (a header by lower-case name) identifies.
     pub(crate) fn authenticate<'a>(&self, lookup: impl Fn(&str) -> Option<&'a str>) -> Result<Principal> {
         if !self.enabled() {
-            return Ok(Principal { namespaces: None });
+            return Ok(Principal { namespaces: None, caller: None });
         }
         // The scheme's name is case-insensitive (RFC 9110 §11.1).
         let bearer = lookup("authorization")
@@ -84,7 +88,8 @@ impl Authenticator {
             if let Some((_, credential)) = known.iter().find(|(hash, _)| same(hash, &presented)) {
                 tracing::debug!(caller = %credential.name, "authenticated");
                 let all = credential.namespaces.iter().any(|namespace| namespace == "*");
-                return Ok(Principal { namespaces: (!all).then(|| credential.namespaces.clone()) });
+                let namespaces = (!all).then(|| credential.namespaces.clone());
+                return Ok(Principal { namespaces, caller: Some(credential.name.clone()) });
             }
         }
         Err(GatewayError::Unauthenticated)
@@ -108,7 +113,7 @@ impl Authenticator {
         {
             return Err(GatewayError::PermissionDenied(namespace));
         }
-        Ok(Scope { namespace, agent })
+        Ok(Scope { namespace, agent, caller: principal.caller.clone() })
     }
 }
 
@@ -142,7 +147,8 @@ mod tests {
         let ops = auth.authenticate(|name| (name == "authorization").then_some("Bearer token-ops")).expect("bearer");
         assert_eq!(auth.scope(&ops, "").expect("default").namespace, "default");
         let scope = auth.scope(&ops, "team-b/tck").expect("any namespace");
-        assert_eq!(scope, Scope { namespace: "team-b".into(), agent: Some("tck".into()) });
+        let caller = Some("ops".into());
+        assert_eq!(scope, Scope { namespace: "team-b".into(), agent: Some("tck".into()), caller });
         assert!(matches!(auth.scope(&ops, "Bad Tenant"), Err(GatewayError::InvalidParams(_))));
     }
 

@@ -56,6 +56,11 @@ async fn credentials_are_required_and_scoped_to_their_namespaces() {
     assert_eq!(state(&task), "TASK_STATE_COMPLETED", "{created:#}");
     let id = task["id"].clone();
     let in_team_a = json!({ "id": id, "tenant": "team-a" });
+    let noted = &task["history"][0]["metadata"]["chorus.caller"];
+    assert_eq!(noted, "team-a", "a message notes the credential it came with: {task:#}");
+    let mut forged = send.clone();
+    forged["message"]["metadata"] = json!({ "chorus.caller": "ops" });
+    assert_refused(team_a(a2a.rpc("tck", "SendMessage", forged)), StatusCode::OK, "INVALID_PARAMS").await;
 
     assert_refused(a2a.rpc("tck", "GetTask", in_team_a.clone()), StatusCode::UNAUTHORIZED, "UNAUTHENTICATED").await;
     assert_refused(a2a.rpc("tck", "SendMessage", send.clone()), StatusCode::UNAUTHORIZED, "UNAUTHENTICATED").await;

@@ -55,11 +55,16 @@ struct Turn {
 
 type Written = Result<(), tonic::Status>;
 
+/// The metadata key under which the gateway notes, on a message it was sent,
+/// the name of the credential it came with (when it checks credentials): a
+/// workflow gate a reply decides records it as who decided.
+pub(crate) const CALLER: &str = "chorus.caller";
+
 /// The metadata keys by which the gateway's own status messages link a task
-/// to the run or remote task behind it. A client's message may not carry
-/// them: the gateway would take its word for which run or remote task to
-/// drive.
-pub(crate) const LINK_KEYS: [&str; 2] = [workflow::LINK, remote::REMOTE];
+/// to the run or remote task behind it, and by which it notes a message's
+/// sender. A client's message may not carry them: the gateway would take
+/// its word for which run or remote task to drive, or who sent it.
+pub(crate) const LINK_KEYS: [&str; 3] = [workflow::LINK, remote::REMOTE, CALLER];
 
 /// A status message's metadata.
 type Metadata = std::collections::HashMap<String, Value>;

@@ -125,6 +125,13 @@ fn input_of(message: &Message) -> prost_types::Struct {
     chorus_proto::json::struct_from_json(data.unwrap_or_default())
 }
 
+/// Who decided a gate by `message`: `a2a`, and the name of the credential
+/// it came with when the gateway checks credentials.
+fn decider(message: &Message) -> String {
+    let caller = message.metadata.as_ref().and_then(|metadata| metadata.get(super::CALLER)).and_then(Value::as_str);
+    caller.map_or_else(|| "a2a".to_owned(), |caller| format!("a2a:{caller}"))
+}
+
 impl Runner {
     /// One turn of a workflow agent on `turn`'s task: the message, then
     /// the gates the run meets, until the run ends or a reply answers a gate
@@ -189,7 +196,7 @@ impl Runner {
                     run_id: link.run_id.clone(),
                     step_id: link.gate.clone(),
                     decision: decision.into(),
-                    decided_by: "a2a".into(),
+                    decided_by: decider(&message),
                     reason,
                     iteration: Some(link.iteration),
                     ..DecideGateRequest::default()
@@ -426,6 +433,14 @@ mod tests {
 
     fn text(value: &str) -> Message {
         Message::new(Role::User, vec![Part::text(value)])
+    }
+
+    #[test]
+    fn a_gate_decided_over_a2a_names_the_credential_it_came_with() {
+        assert_eq!(decider(&text("approve")), "a2a", "no credentials checked");
+        let mut reply = text("approve");
+        reply.metadata = Some([(super::super::CALLER.to_owned(), json!("release-managers"))].into());
+        assert_eq!(decider(&reply), "a2a:release-managers");
     }
 
     #[test]

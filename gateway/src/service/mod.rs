@@ -25,7 +25,7 @@ use self::{
 };
 use crate::{
     auth::{Authenticator, Scope},
-    builtin::Runner,
+    builtin::{self, Runner},
     catalog::Catalog,
     config::{AgentConfig, AgentKind, GatewayConfig},
     convert,
@@ -314,8 +314,11 @@ impl Gateway {
 
     /// Creates or continues the task, or lets a built-in agent answer.
     async fn start(&self, scope: &Scope, agent: &AgentConfig, request: SendMessageRequest) -> Result<Started> {
-        let message = request.message;
+        let mut message = request.message;
         validate_message(&message)?;
+        if let Some(caller) = &scope.caller {
+            message.metadata.get_or_insert_default().insert(builtin::CALLER.to_owned(), caller.clone().into());
+        }
         check_input_modes(agent, &message)?;
         let push = request.configuration.and_then(|configuration| configuration.task_push_notification_config);
         if let Some(push) = &push {
