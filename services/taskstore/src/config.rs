@@ -42,6 +42,10 @@ pub struct TaskStoreConfig {
     /// (a subtask goes with its whole tree, once every task in it is that
     /// old). 0 keeps every task forever.
     pub retention_ms: u64,
+    /// The most bytes of messages and artifacts (as stored, JSON) a task may
+    /// hold; a message or artifact that would take it past is refused.
+    /// 0: no limit.
+    pub max_task_bytes: u64,
     /// The most push notification configs one task may have (at least 1).
     #[serde(deserialize_with = "at_least_one")]
     pub max_push_configs_per_task: u32,
@@ -82,6 +86,7 @@ impl Default for TaskStoreConfig {
             outbox_lease_ms: 10_000,
             outbox_max_payload_bytes: 1 << 20,
             retention_ms: 30 * 24 * 3_600_000,
+            max_task_bytes: 16 << 20,
             max_push_configs_per_task: 10,
             limits: Limits::default(),
         }

@@ -31,6 +31,11 @@ pub enum TaskStoreError {
          (taskstore.max_push_configs_per_task): delete one first, or replace one by its id"
     )]
     TooManyPushConfigs { task_id: String, limit: u32 },
+    #[error(
+        "task {task_id} holds {held} bytes of messages and artifacts, and {adding} more would pass the {limit} \
+         a task may hold (taskstore.max_task_bytes): start a new task"
+    )]
+    TaskTooLarge { task_id: String, held: u64, adding: u64, limit: u64 },
     #[error("task {task_id} cannot move from {from} to {to}")]
     IllegalTransition { task_id: String, from: TaskState, to: TaskState },
     #[error("task {task_id} is {state} and can no longer change")]
@@ -102,7 +107,8 @@ impl ServiceError for TaskStoreError {
             | Self::Cycle { .. }
             | Self::OutboxLeaseLost { .. }
             | Self::PushConfigNotHeld { .. }
-            | Self::TooManyPushConfigs { .. } => ErrorCode::FailedPrecondition,
+            | Self::TooManyPushConfigs { .. }
+            | Self::TaskTooLarge { .. } => ErrorCode::FailedPrecondition,
             Self::StreamReplaced { .. } => ErrorCode::Aborted,
             Self::ConcurrencyLimit { .. } | Self::TotalLimit { .. } | Self::RateLimit { .. } => {
                 ErrorCode::ResourceExhausted

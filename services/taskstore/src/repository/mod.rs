@@ -54,6 +54,10 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
 
     async fn append_artifact(&self, namespace: &str, task_id: &str, chunk: ArtifactChunk) -> Result<Task>;
 
+    /// The bytes a task's messages and artifacts take as stored (0 for a
+    /// task that does not exist).
+    async fn task_bytes(&self, namespace: &str, task_id: &str) -> Result<u64>;
+
     /// Cancels the task and every unfinished task below it; returns the
     /// canceled tasks, root first and whole (the others without history).
     async fn cancel_task(&self, namespace: &str, id: &str, reason: Option<String>) -> Result<Vec<Task>>;

@@ -222,6 +222,7 @@ impl TaskStore {
         message: Message,
         lease_id: Option<&str>,
     ) -> Result<Task> {
+        self.check_room(namespace, task_id, &message).await?;
         let task = self.repository.add_message(namespace, task_id, message, lease_id).await?;
         self.changed(&task);
         Ok(task)
@@ -242,6 +243,7 @@ impl TaskStore {
     }
 
     pub async fn append_artifact(&self, namespace: &str, task_id: &str, chunk: ArtifactChunk) -> Result<Task> {
+        self.check_room(namespace, task_id, &chunk.artifact).await?;
         let task = self.repository.append_artifact(namespace, task_id, chunk).await?;
         self.changed(&task);
         Ok(task)
@@ -311,9 +313,27 @@ impl TaskStore {
     }
 
     pub async fn answer_question(&self, namespace: &str, task_id: &str, answer: Message) -> Result<Task> {
+        self.check_room(namespace, task_id, &answer).await?;
         let task = self.repository.answer_question(namespace, task_id, answer).await?;
         self.changed(&task);
         Ok(task)
+    }
+
+    /// Refuses to add `content` (a message or an artifact) to a task that
+    /// would then hold more than `taskstore.max_task_bytes` of them: every
+    /// read of the task carries them. Appends at once may each pass the
+    /// check, and the task go past the limit by what they add.
+    async fn check_room(&self, namespace: &str, task_id: &str, content: &impl serde::Serialize) -> Result<()> {
+        let limit = self.config.max_task_bytes;
+        if limit == 0 {
+            return Ok(());
+        }
+        let adding = serde_json::to_vec(content).map_or(0, |json| u64::try_from(json.len()).unwrap_or(u64::MAX));
+        let held = self.repository.task_bytes(namespace, task_id).await?;
+        if held + adding > limit {
+            return Err(TaskStoreError::TaskTooLarge { task_id: task_id.to_owned(), held, adding, limit });
+        }
+        Ok(())
     }
 
     /// A worker's lease length: what it asked for, or the default when it

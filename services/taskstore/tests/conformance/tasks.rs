@@ -2,16 +2,21 @@
 
 use std::time::Duration;
 
-use chorus_runtime::storage::Backend;
+use std::sync::Arc;
+
+use chorus_runtime::{storage::Backend, wakeup::Wakeups};
 use chorus_taskstore::{
+    TaskStore,
     domain::{
         Artifact, ArtifactChunk, EventKind, PageToken, Part, Role, SpawnContext, StatusUpdate, TaskAnswer, TaskQuery,
         TaskState,
     },
     error::TaskStoreError,
+    repository::sql::SqlTaskRepository,
 };
+use tokio_util::sync::CancellationToken;
 
-use crate::harness::{Harness, agent_message, conformance, new_task, text_artifact, user_message};
+use crate::harness::{Harness, agent_message, conformance, new_task, test_config, text_artifact, user_message};
 
 conformance!(
     create_is_idempotent_on_the_first_message_id,
@@ -32,6 +37,7 @@ conformance!(
     a_new_database_gets_its_first_statistics_once_it_holds_tasks,
     an_answered_task_is_created_settled_with_each_change_logged,
     a_task_answered_with_a_question_takes_the_reply,
+    a_task_holds_at_most_its_limit_of_messages_and_artifacts,
 );
 
 fn status(state: TaskState) -> StatusUpdate {
@@ -525,4 +531,33 @@ async fn a_task_answered_with_a_question_takes_the_reply(h: Harness) {
     assert_eq!(resumed.status.state, TaskState::Working);
     let texts: Vec<String> = resumed.history.iter().map(|message| message.joined_text()).collect();
     assert_eq!(texts, ["book a flight", "where to?", "Lisbon"]);
+}
+
+async fn a_task_holds_at_most_its_limit_of_messages_and_artifacts(h: Harness) {
+    let shutdown = CancellationToken::new();
+    let config = chorus_taskstore::config::TaskStoreConfig { max_task_bytes: 4_000, ..test_config() };
+    let store =
+        TaskStore::new(Arc::new(SqlTaskRepository::new(h.db.clone())), Wakeups::new(), config, shutdown.clone());
+    let task = store.create_task(new_task("ns", "echo", "a long talk")).await.unwrap();
+    let words = "w".repeat(1_000);
+    let mut added = 0;
+    let refused = loop {
+        match store.add_message("ns", &task.id, user_message(&words), None).await {
+            Ok(_) => added += 1,
+            Err(error) => break error,
+        }
+        assert!(added < 10, "the limit holds");
+    };
+    assert_eq!(added, 3, "three messages of 1,000 letters (and their JSON) fit beside the first in 4,000 bytes");
+    assert!(matches!(refused, TaskStoreError::TaskTooLarge { limit: 4_000, .. }), "{refused}");
+    let held = store.get_task("ns", &task.id, None).await.unwrap();
+    assert_eq!(held.history.len(), 4, "the refused message changed nothing");
+    let chunk =
+        ArtifactChunk { artifact: text_artifact("out", &words), append: false, last_chunk: true, lease_id: None };
+    let refused = store.append_artifact("ns", &task.id, chunk).await.unwrap_err();
+    assert!(matches!(refused, TaskStoreError::TaskTooLarge { .. }), "artifacts count too: {refused}");
+    store.add_message("ns", &task.id, user_message("ok"), None).await.expect("a short one still fits");
+    let other = store.create_task(new_task("ns", "echo", "another talk")).await.unwrap();
+    store.add_message("ns", &other.id, user_message(&words), None).await.expect("the limit is per task");
+    shutdown.cancel();
 }

@@ -131,6 +131,10 @@ impl TaskRepository for SqlTaskRepository {
         self.notify(notification).await
     }
 
+    async fn task_bytes(&self, namespace: &str, task_id: &str) -> Result<u64> {
+        self.bytes_of(namespace, task_id).await
+    }
+
     async fn answer_question(&self, namespace: &str, task_id: &str, answer: Message) -> Result<Task> {
         self.answer(namespace, task_id, answer).await
     }

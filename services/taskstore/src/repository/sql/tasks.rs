@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 
+use chorus_runtime::storage::Backend;
 use sqlx::{Any, AnyConnection, AssertSqlSafe, Row as _, any::AnyArguments, query::Query};
 
 use super::{
@@ -109,6 +110,16 @@ impl SqlTaskRepository {
         Ok(page)
     }
 
+    pub(super) async fn bytes_of(&self, namespace: &str, task_id: &str) -> Result<u64> {
+        let sql = match self.backend() {
+            Backend::Postgres => TASK_BYTES_POSTGRES,
+            Backend::Sqlite => TASK_BYTES_SQLITE,
+        };
+        let mut conn = self.db.read().await?;
+        let bytes: i64 = sqlx::query_scalar(sql).bind(namespace).bind(task_id).fetch_one(&mut *conn).await?;
+        Ok(u64::try_from(bytes).unwrap_or(0))
+    }
+
     pub(super) async fn add_message_to(
         &self,
         namespace: &str,
@@ -206,6 +217,23 @@ impl SqlTaskRepository {
         Ok(canceled)
     }
 }
+
+/// The bytes of a task's stored messages and artifacts, $1 and $2 its key;
+/// `$message` and `$artifact` measure one row's.
+macro_rules! task_bytes {
+    ($message:literal, $artifact:literal) => {
+        concat!(
+            "SELECT CAST(COALESCE((SELECT SUM(",
+            $message,
+            ") FROM taskstore_history WHERE namespace = $1 AND task_id = $2), 0) + COALESCE((SELECT SUM(",
+            $artifact,
+            ") FROM taskstore_artifacts WHERE namespace = $1 AND task_id = $2), 0) AS BIGINT) AS bytes"
+        )
+    };
+}
+const TASK_BYTES_POSTGRES: &str = task_bytes!("octet_length(message)", "octet_length(artifact)");
+/// SQLite's `length` of a text counts characters; of a blob, bytes.
+const TASK_BYTES_SQLITE: &str = task_bytes!("length(CAST(message AS BLOB))", "length(CAST(artifact AS BLOB))");
 
 /// The store's own status message.
 fn agent_note(text: &str) -> Message {
