@@ -229,9 +229,19 @@ async fn a_remote_agent_is_called_with_the_credentials_its_configuration_names()
     let a = sandbox_a.dev().name("chorus A").start().await;
     let sandbox_b = Sandbox::new();
     let far = echo_and_remote_catalog("far", "Far echo", &format!("{}/a2a/echo", a.url()));
-    write_chorus_toml(sandbox_b.path(), &format!("{far}bearer_token_env = \"FAR_TOKEN\"\n"));
+    let b_auth =
+        "[gateway.auth]\nbearer_tokens = [{ name = \"client\", secret = \"client-token\", namespaces = [\"*\"] }]\n";
+    write_chorus_toml(sandbox_b.path(), &format!("{far}bearer_token_env = \"FAR_TOKEN\"\n{b_auth}"));
     let b = sandbox_b.dev().no_agents().name("chorus B").env("FAR_TOKEN", "far-token-1").start().await;
-    let task = A2a::new(&b).send("far", message(&unique("far-auth"), "hello with a token")).await;
-    assert_eq!(state(&task), "TASK_STATE_COMPLETED", "{task:#}");
+    let send = json!({ "message": message(&unique("far-auth"), "hello with a token") });
+    let (_, sent) =
+        chorus_tests::a2a::json(A2a::new(&b).rpc("far", "SendMessage", send).bearer_auth("client-token")).await;
+    let task = &sent["result"]["task"];
+    assert_eq!(state(task), "TASK_STATE_COMPLETED", "{sent:#}");
     assert_eq!(text(&task["artifacts"][0]), "hello with a token");
+    // Which of B's credentials sent the message stays B's to know.
+    let (_, listed) =
+        chorus_tests::a2a::json(A2a::new(&a).rpc("echo", "ListTasks", json!({})).bearer_auth("far-token-1")).await;
+    let first = &listed["result"]["tasks"][0]["history"][0];
+    assert_eq!(first["metadata"]["chorus.caller"], "b", "A notes its own caller, not B's: {listed:#}");
 }

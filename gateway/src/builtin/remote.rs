@@ -47,6 +47,10 @@ impl Runner {
         let (task_id, context_id) = remote_of(&turn.task).unzip();
         message.task_id = task_id;
         message.context_id = context_id.or_else(|| Some(turn.task.context_id.clone()));
+        // Which of chorus's credentials sent it is chorus's to know.
+        if let Some(metadata) = &mut message.metadata {
+            metadata.remove(super::CALLER);
+        }
         let canceled = CancellationToken::new();
         let watcher = tokio::spawn(cancel_when_canceled(turn.clone_writer(), canceled.clone()));
         let target = DelegateTarget::new(agent.url.clone().unwrap_or_default());
