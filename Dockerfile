@@ -21,10 +21,15 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 RUN useradd --system --uid 10001 --user-group --create-home --home-dir /var/lib/chorus chorus
 COPY --from=builder /out/chorus /usr/local/bin/chorus
+# The example workflows, which `chorus dev` loads from ./workflows.
+COPY workflows /var/lib/chorus/workflows
 USER chorus
 # `chorus dev` keeps its SQLite files under ./.chorus, i.e. here.
 WORKDIR /var/lib/chorus
 EXPOSE 7800
+# What agent cards advertise: the address `docker run -p 7800:7800` publishes (override it
+# for any other), not the 0.0.0.0 the server listens on.
+ENV CHORUS_GATEWAY__PUBLIC_URL=http://localhost:7800
 ENTRYPOINT ["chorus"]
 # `docker run -p 7800:7800 chorus` runs every service in one process.
 CMD ["dev", "--listen", "0.0.0.0:7800"]

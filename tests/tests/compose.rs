@@ -56,6 +56,20 @@ fn every_service_has_an_image_or_a_build() {
     }
 }
 
+/// A worker kept under one name across restarts requeues at once what the
+/// container before it held; under new ids, that waits for the leases.
+#[test]
+fn every_agent_service_names_its_workers() {
+    let compose = load_yaml("docker-compose.yml");
+    for (name, service) in services(&compose) {
+        let command: Vec<String> =
+            service.get("command").map(|command| list(command).iter().map(scalar).collect()).unwrap_or_default();
+        if command.first().map(String::as_str) == Some("agent") {
+            assert!(command.iter().any(|arg| arg == "--worker-name"), "service `{name}` runs workers without a name");
+        }
+    }
+}
+
 /// The host port of a `ports` entry, with its protocol ("7800/tcp"); None for a container port.
 fn host_port(entry: &Value) -> Option<String> {
     if entry.is_mapping() {
