@@ -27,8 +27,17 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// claimed under its lease (`working`, both events recorded). A retry
     /// (the same request under the same key: the first message id, or the
     /// idempotency key) returns the task of the first; another request under
-    /// the key is `RequestKeyInUse` and changes nothing.
-    async fn create_task(&self, id: &str, task: NewTask, handoff: Option<Handoff>) -> Result<Created>;
+    /// the key is `RequestKeyInUse` and changes nothing. With `follow`, the
+    /// task is followed under that lease from the insert (see
+    /// [`follow_task`](Self::follow_task)); a retry has it follow the task it
+    /// returns, unless that one finished.
+    async fn create_task(
+        &self,
+        id: &str,
+        task: NewTask,
+        handoff: Option<Handoff>,
+        follow: Option<PushLease>,
+    ) -> Result<Created>;
 
     /// `history_length`: `None` the whole history, `Some(n)` the last n messages.
     async fn get_task(&self, namespace: &str, id: &str, history_length: Option<u32>) -> Result<Task>;

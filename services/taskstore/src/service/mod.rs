@@ -166,13 +166,11 @@ impl TaskStore {
     }
 
     async fn create_now(&self, mut task: NewTask) -> Result<Task> {
-        if let Some(follower) = &mut task.follower {
-            follower.lease = follower.lease.min(self.config.max_lease());
-        }
+        let follow = task.follower.take().map(|follower| self.push_lease(follower.name, follower.lease));
         if task.answer.is_some() {
             // Settled from the start: no worker is offered it, and the
             // awaits that follow find it finished here.
-            let task = self.repository.create_task(&new_task_id(), task, None).await?.task;
+            let task = self.repository.create_task(&new_task_id(), task, None, follow).await?.task;
             self.changed_whole(&task);
             self.metrics.tasks_created.get().inc();
             self.count_if_finished(&task);
@@ -182,7 +180,7 @@ impl TaskStore {
         let trace_context = offer.as_ref().map(|_| task.trace_context.clone()).unwrap_or_default();
         let creating = self.creating(&task.namespace);
         let handoff = offer.as_ref().map(|offer| offer.handoff.clone());
-        let created = self.repository.create_task(&creating.id, task, handoff).await?;
+        let created = self.repository.create_task(&creating.id, task, handoff, follow).await?;
         let task = created.task;
         self.changed(&task);
         self.metrics.tasks_created.get().inc();

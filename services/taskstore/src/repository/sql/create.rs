@@ -18,7 +18,7 @@ use super::{
 use crate::{
     domain::{
         Created, Handoff, Message, NewTask, Owner, PushLease, SpawnContext, Task, TaskAnswer, TaskState, TaskStatus,
-        TurnFollower, now_micros, prompt_fingerprint,
+        prompt_fingerprint,
     },
     error::{Result, TaskStoreError},
 };
@@ -43,7 +43,7 @@ pub(super) struct TaskInsert<'a> {
     /// The agent's answer, which settles the task as it is made.
     pub(super) answer: Option<&'a TaskAnswer>,
     /// The gateway that follows the new task's turn from the start.
-    pub(super) follower: Option<&'a TurnFollower>,
+    pub(super) follow: Option<&'a PushLease>,
 }
 
 /// What a create or spawn asks for under its request key (its first
@@ -195,8 +195,8 @@ pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> R
         .bind(changed)
         .bind(to_json_opt(task.status.message.as_ref())?)
         .bind(handoff.map(|handoff| micros(handoff.lease)))
-        .bind(insert.follower.map(|follower| follower.name.as_str()))
-        .bind(insert.follower.map(|follower| now + micros(follower.lease)));
+        .bind(insert.follow.map(|lease| lease.follower.as_str()))
+        .bind(insert.follow.map(|lease| lease.until));
     let query = match stored {
         Some(stored) => query.bind(stored),
         None => query,
@@ -309,7 +309,13 @@ static INSERT_TASK_SCRIPT: LazyLock<[TransactionScript; 2]> =
     LazyLock::new(|| INSERT_TASK_SQLITE.each_ref().map(|sql| TransactionScript::new(sql)));
 
 impl SqlTaskRepository {
-    pub(super) async fn create(&self, id: &str, new: NewTask, handoff: Option<Handoff>) -> Result<Created> {
+    pub(super) async fn create(
+        &self,
+        id: &str,
+        new: NewTask,
+        handoff: Option<Handoff>,
+        follow: Option<PushLease>,
+    ) -> Result<Created> {
         let request = Request {
             namespace: &new.namespace,
             key: new.idempotency_key.as_deref().unwrap_or(&new.message.message_id),
@@ -332,15 +338,14 @@ impl SqlTaskRepository {
             request_key: request.key,
             handoff: handoff.as_ref(),
             answer: new.answer.as_ref(),
-            follower: new.follower.as_ref(),
+            follow: follow.as_ref(),
         };
         // One round trip: on PostgreSQL a statement, on SQLite a script, in
         // a transaction of its own or of the batch it waits in.
         let inserted = insert_task(Writer::OwnTransaction(&self.db), insert).await?;
         let Some(task) = inserted else {
             let task = self.existing(&request).await?;
-            if let Some(follower) = new.follower.filter(|_| !task.status.state.is_terminal()) {
-                let lease = PushLease { until: now_micros() + micros(follower.lease), follower: follower.name };
+            if let Some(lease) = follow.filter(|_| !task.status.state.is_terminal()) {
                 self.follow(&task.namespace, &task.id, Some(&lease)).await?;
             }
             return Ok(Created { task, handed_off: false });

@@ -19,8 +19,14 @@ use crate::{
 
 #[async_trait]
 impl TaskRepository for SqlTaskRepository {
-    async fn create_task(&self, id: &str, task: NewTask, handoff: Option<Handoff>) -> Result<Created> {
-        self.create(id, task, handoff).await
+    async fn create_task(
+        &self,
+        id: &str,
+        task: NewTask,
+        handoff: Option<Handoff>,
+        follow: Option<PushLease>,
+    ) -> Result<Created> {
+        self.create(id, task, handoff, follow).await
     }
 
     async fn get_task(&self, namespace: &str, id: &str, history_length: Option<u32>) -> Result<Task> {

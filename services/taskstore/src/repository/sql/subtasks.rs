@@ -81,7 +81,7 @@ impl SqlTaskRepository {
             request_key: request.key,
             handoff: None,
             answer: None,
-            follower: None,
+            follow: None,
         };
         let inserted = insert_task(Writer::In(&mut tx, self.backend()), insert).await?;
         self.commit_insert(tx, inserted, &request).await
