@@ -153,26 +153,12 @@ impl Runner {
         runs_turns_apart(agent).then(|| self.turns.follower())
     }
 
-    /// Runs `agent`'s turn on `task`, just created with [`Runner::follower`]
-    /// as its follower, in the background.
-    pub(crate) fn start_created(&self, agent: &AgentConfig, namespace: &str, task: &pb::Task, message: Message) {
+    /// Runs `agent`'s turn on `task` for `message` in the background: a task
+    /// just created or answered with [`Runner::follower`] as its follower.
+    pub(crate) fn start(&self, agent: &AgentConfig, namespace: &str, task: &pb::Task, message: Message) {
         if runs_turns_apart(agent) {
             self.turns.followed(namespace, &task.id);
         }
-        self.spawn_turn(agent, namespace, task, message);
-    }
-
-    /// Runs `agent`'s turn on `task` for `message` in the background; a
-    /// workflow or remote agent's task is followed first, before the caller
-    /// is answered, so that a gateway dying now leaves it to another.
-    pub(crate) async fn start(&self, agent: &AgentConfig, namespace: &str, task: &pb::Task, message: Message) {
-        if runs_turns_apart(agent) {
-            self.follow(namespace, &task.id).await;
-        }
-        self.spawn_turn(agent, namespace, task, message);
-    }
-
-    fn spawn_turn(&self, agent: &AgentConfig, namespace: &str, task: &pb::Task, message: Message) {
         let turn = Turn { tasks: self.tasks.clone(), namespace: namespace.to_owned(), task: task.clone() };
         let runner = self.clone();
         let agent = agent.clone();

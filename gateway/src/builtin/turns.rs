@@ -87,22 +87,6 @@ impl Turns {
 }
 
 impl Runner {
-    /// Follows the task whose turn starts here (another gateway that
-    /// followed it no longer does). A failure is logged: the turn runs
-    /// unfollowed, and a restart of this gateway would leave it behind.
-    pub(super) async fn follow(&self, namespace: &str, task_id: &str) {
-        let request = pb::FollowTaskRequest {
-            namespace: namespace.to_owned(),
-            task_id: task_id.to_owned(),
-            follower: self.turns.follower.clone(),
-            lease_ms: self.turns.lease_ms(),
-        };
-        match self.tasks.clone().follow_task(request).await {
-            Ok(_) => self.turns.followed(namespace, task_id),
-            Err(status) => tracing::warn!(%task_id, error = %status.message(), "cannot follow the task's turn"),
-        }
-    }
-
     /// Hands back the leases of this gateway's previous run, then keeps
     /// following until shutdown, when it hands its own back.
     pub(crate) fn keep_following(&self, catalog: Catalog, lingering: &TaskTracker) {

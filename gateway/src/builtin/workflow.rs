@@ -388,7 +388,12 @@ impl Runner {
             return Ok(None);
         }
         let answer = turn.agent_message(&note, None);
-        let answered = pb::AnswerQuestionRequest { namespace, task_id: task.id.clone(), answer: Some(answer) };
+        let answered = pb::AnswerQuestionRequest {
+            namespace,
+            task_id: task.id.clone(),
+            answer: Some(answer),
+            follower: Some(self.turns.follower()),
+        };
         match turn.tasks.answer_question(answered).await {
             Ok(_) => self.follow_run(turn, link.run_id, link.cursor).await,
             Err(status) if status.code() == tonic::Code::FailedPrecondition => Ok(None),

@@ -353,7 +353,7 @@ impl Gateway {
             self.store_push_config(scope, push_configs::sent_for(push, &task.id), changes).await?;
         }
         if !answered && matches!(agent.kind, AgentKind::Builtin | AgentKind::Remote | AgentKind::Workflow) {
-            self.inner.runner.start_created(agent, &scope.namespace, &task, message);
+            self.inner.runner.start(agent, &scope.namespace, &task, message);
         }
         Ok(Started::Task(Box::new(task)))
     }
@@ -400,10 +400,12 @@ impl Gateway {
             // answers the task's interruption starts one. A second message
             // sent meanwhile, or one to a task still working, is refused by
             // the task store, under the task's lock, and changes nothing.
-            let request = pb::AnswerQuestionRequest { namespace, task_id: task_id.to_owned(), answer: stored };
+            let follower = self.inner.runner.follower(agent);
+            let request =
+                pb::AnswerQuestionRequest { namespace, task_id: task_id.to_owned(), answer: stored, follower };
             let task = tasks.answer_question(request).await.map_err(|status| task_error(&status, task_id))?;
             let task = task.into_inner();
-            self.inner.runner.start(agent, &scope.namespace, &task, message).await;
+            self.inner.runner.start(agent, &scope.namespace, &task, message);
             task
         } else {
             let request = pb::AddMessageRequest {

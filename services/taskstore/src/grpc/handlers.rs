@@ -25,8 +25,7 @@ const MAX_PAGE_SIZE: u32 = 100;
 const DEFAULT_AWAIT_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_AWAIT_TIMEOUT: Duration = Duration::from_secs(3600);
 
-/// What a `ListTasksResponse` holds besides its tasks, at most: the page
-/// token, the total and their framing.
+/// What a `ListTasksResponse` holds besides its tasks, at most: the page token, the total and their framing.
 const PAGE_OVERHEAD: usize = 1024;
 
 /// The `chorus.taskstore.v1.TaskStore` service over a [`TaskStore`].
@@ -344,8 +343,9 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
     async fn answer_question(&self, request: Request<pb::AnswerQuestionRequest>) -> Result<Response<pb::Task>, Status> {
         let request = request.into_inner();
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
-        let answer = convert::message("answer", request.answer)?;
-        let task = self.store.answer_question(&namespace, &task_id, answer).await?;
+        let (answer, follower) =
+            (convert::message("answer", request.answer)?, push_convert::turn_follower(request.follower)?);
+        let task = self.store.answer_question(&namespace, &task_id, answer, follower).await?;
         Ok(Response::new(convert::task_out(task)))
     }
 

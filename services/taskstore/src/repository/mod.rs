@@ -154,7 +154,15 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
 
     async fn notify_owner(&self, notification: Notification) -> Result<(InboxMessage, Task)>;
 
-    async fn answer_question(&self, namespace: &str, task_id: &str, answer: Message) -> Result<Task>;
+    /// Answers a task waiting for input; with `follow`, the task is
+    /// followed under that lease from the same write.
+    async fn answer_question(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        answer: Message,
+        follow: Option<PushLease>,
+    ) -> Result<Task>;
 
     /// Up to `max` unread messages, oldest first; consumed unless `peek`.
     async fn read_inbox(&self, namespace: &str, owner: &Owner, max: u32, peek: bool) -> Result<Vec<InboxMessage>>;

@@ -32,7 +32,7 @@ use crate::{
     config::TaskStoreConfig,
     domain::{
         Artifact, ArtifactChunk, Claimed, InboxMessage, Message, NewTask, Notification, Owner, Renewal, StatusUpdate,
-        Task, TaskPage, TaskQuery, TaskState, new_task_id, now_micros,
+        Task, TaskPage, TaskQuery, TaskState, TurnFollower, new_task_id, now_micros,
     },
     error::{Result, TaskStoreError},
     repository::TaskRepository,
@@ -310,9 +310,18 @@ impl TaskStore {
         Ok(message)
     }
 
-    pub async fn answer_question(&self, namespace: &str, task_id: &str, answer: Message) -> Result<Task> {
+    /// Answers a task waiting for input; `follower` follows its turn from
+    /// the same write.
+    pub async fn answer_question(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        answer: Message,
+        follower: Option<TurnFollower>,
+    ) -> Result<Task> {
         self.check_room(namespace, task_id, &answer).await?;
-        let task = self.repository.answer_question(namespace, task_id, answer).await?;
+        let follow = follower.map(|follower| self.push_lease(follower.name, follower.lease));
+        let task = self.repository.answer_question(namespace, task_id, answer, follow).await?;
         self.changed(&task);
         Ok(task)
     }

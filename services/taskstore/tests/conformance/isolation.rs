@@ -79,7 +79,7 @@ async fn nothing_crosses_namespaces(h: Harness) {
     };
     not_found(h.store.spawn_subtask(spawn.clone(), false, None).await);
     not_found(h.store.await_subtasks("b", id, &[], false, Duration::ZERO).await);
-    not_found(h.store.answer_question("b", id, user_message("x")).await);
+    not_found(h.store.answer_question("b", id, user_message("x"), None).await);
     let notification = Notification {
         namespace: "b".into(),
         task_id: id.into(),

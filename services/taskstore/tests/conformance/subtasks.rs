@@ -224,10 +224,10 @@ async fn questions_interrupt_the_child_until_answered(h: Harness) {
     let inbox = h.store.read_inbox("ns", &owner, 10, Duration::ZERO, false).await.unwrap();
     let kinds: Vec<InboxKind> = inbox.iter().map(|message| message.kind).collect();
     assert_eq!(kinds, [InboxKind::Status, InboxKind::Question]);
-    let answered = h.store.answer_question("ns", &child.id, user_message("yes, keep it")).await.unwrap();
+    let answered = h.store.answer_question("ns", &child.id, user_message("yes, keep it"), None).await.unwrap();
     assert_eq!(answered.status.state, TaskState::Working);
     assert_eq!(answered.history.last().unwrap().joined_text(), "yes, keep it");
-    let again = h.store.answer_question("ns", &child.id, user_message("twice")).await.unwrap_err();
+    let again = h.store.answer_question("ns", &child.id, user_message("twice"), None).await.unwrap_err();
     assert!(matches!(again, TaskStoreError::NoQuestion { state: TaskState::Working, .. }));
     let orphan = h.task("ns", "echo", "no parent").await;
     let lonely = Notification { task_id: orphan.id, ..notify(InboxKind::Error, "help") };

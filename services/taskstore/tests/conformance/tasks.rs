@@ -348,12 +348,12 @@ async fn a_user_message_resumes_an_interrupted_task(h: Harness) {
 async fn only_the_first_answer_to_an_interruption_lands(h: Harness) {
     for interruption in [TaskState::InputRequired, TaskState::AuthRequired] {
         let task = h.task("ns", "echo", "start").await;
-        let working = h.store.answer_question("ns", &task.id, user_message("too early")).await.unwrap_err();
+        let working = h.store.answer_question("ns", &task.id, user_message("too early"), None).await.unwrap_err();
         assert!(matches!(working, TaskStoreError::NoQuestion { state: TaskState::Submitted, .. }), "{working}");
         h.store.update_status("ns", &task.id, status(interruption)).await.unwrap();
-        let answered = h.store.answer_question("ns", &task.id, user_message("first")).await.unwrap();
+        let answered = h.store.answer_question("ns", &task.id, user_message("first"), None).await.unwrap();
         assert_eq!(answered.status.state, TaskState::Working);
-        let late = h.store.answer_question("ns", &task.id, user_message("second")).await.unwrap_err();
+        let late = h.store.answer_question("ns", &task.id, user_message("second"), None).await.unwrap_err();
         assert!(matches!(late, TaskStoreError::NoQuestion { state: TaskState::Working, .. }), "{late}");
         let history = h.store.get_task("ns", &task.id, None).await.unwrap().history;
         let texts: Vec<String> = history.iter().map(|message| message.joined_text()).collect();

@@ -9,7 +9,7 @@ use chorus_taskstore::{
     error::TaskStoreError,
 };
 
-use crate::harness::{Harness, conformance, new_task};
+use crate::harness::{Harness, conformance, new_task, user_message};
 
 conformance!(
     a_followed_task_is_claimed_only_once_its_lease_ran_out,
@@ -18,6 +18,7 @@ conformance!(
     released_leases_are_claimed_at_once,
     a_new_follower_takes_a_task_over,
     a_task_created_with_its_follower_is_followed_from_the_start,
+    an_answer_with_its_follower_follows_the_task_from_the_same_write,
 );
 
 const LONG: Duration = Duration::from_secs(30);
@@ -106,4 +107,28 @@ async fn a_task_created_with_its_follower_is_followed_from_the_start(h: Harness)
     let plain = h.task("ns", "ops", "unfollowed").await;
     tokio::time::sleep(SHORT * 3).await;
     assert!(!claims(&h, "gw-4").await.contains(&key(&plain.id)), "a task made without a follower is no one's");
+}
+
+async fn an_answer_with_its_follower_follows_the_task_from_the_same_write(h: Harness) {
+    let task = h.task("ns", "ops", "deploy").await;
+    h.store.follow_task("ns", &task.id, "gw-1".to_owned(), Some(LONG)).await.unwrap();
+    let question = StatusUpdate { state: TaskState::InputRequired, message: None, lease_id: None };
+    h.store.update_status("ns", &task.id, question.clone()).await.unwrap();
+    let follower = Some(TurnFollower { name: "gw-2".to_owned(), lease: SHORT });
+    let answered = h.store.answer_question("ns", &task.id, user_message("go on"), follower.clone()).await.unwrap();
+    assert_eq!(answered.status.state, TaskState::Working);
+    let kept = h.store.keep_following("gw-1".to_owned(), LONG, vec![key(&task.id)], 0).await.unwrap();
+    assert_eq!(kept.lost, [key(&task.id)], "the answering gateway took the turn over");
+    tokio::time::sleep(SHORT * 3).await;
+    assert_eq!(claims(&h, "gw-3").await, [key(&task.id)], "its follower died before it renewed: claimed");
+
+    let refused = h.store.answer_question("ns", &task.id, user_message("again"), follower).await.unwrap_err();
+    assert!(matches!(refused, TaskStoreError::NoQuestion { .. }), "{refused}");
+    let kept = h.store.keep_following("gw-3".to_owned(), LONG, vec![key(&task.id)], 0).await.unwrap();
+    assert!(kept.lost.is_empty(), "a refused answer follows nothing: {kept:?}");
+
+    h.store.update_status("ns", &task.id, question).await.unwrap();
+    h.store.answer_question("ns", &task.id, user_message("plain"), None).await.unwrap();
+    let kept = h.store.keep_following("gw-3".to_owned(), LONG, vec![key(&task.id)], 0).await.unwrap();
+    assert!(kept.lost.is_empty(), "an answer without a follower keeps the task's: {kept:?}");
 }

@@ -141,8 +141,14 @@ impl TaskRepository for SqlTaskRepository {
         self.bytes_of(namespace, task_id).await
     }
 
-    async fn answer_question(&self, namespace: &str, task_id: &str, answer: Message) -> Result<Task> {
-        self.answer(namespace, task_id, answer).await
+    async fn answer_question(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        answer: Message,
+        follow: Option<PushLease>,
+    ) -> Result<Task> {
+        self.answer(namespace, task_id, answer, follow).await
     }
 
     async fn read_inbox(&self, namespace: &str, owner: &Owner, max: u32, peek: bool) -> Result<Vec<InboxMessage>> {

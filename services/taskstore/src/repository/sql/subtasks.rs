@@ -13,8 +13,8 @@ use super::{
 };
 use crate::{
     domain::{
-        EventKind, InboxKind, InboxMessage, Limits, Message, NewSubtask, Notification, Owner, OwnerKind, Role, Task,
-        TaskState, now_micros, prompt_fingerprint,
+        EventKind, InboxKind, InboxMessage, Limits, Message, NewSubtask, Notification, Owner, OwnerKind, PushLease,
+        Role, Task, TaskState, now_micros, prompt_fingerprint,
     },
     error::{Result, TaskStoreError},
 };
@@ -177,12 +177,21 @@ impl SqlTaskRepository {
         Ok((inbox_message, task))
     }
 
-    pub(super) async fn answer(&self, namespace: &str, task_id: &str, answer: Message) -> Result<Task> {
+    pub(super) async fn answer(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        answer: Message,
+        follow: Option<PushLease>,
+    ) -> Result<Task> {
         let mut tx = self.begin().await?;
         let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
         let state = record.task.status.state;
         if !state.is_interrupted() {
             return Err(TaskStoreError::NoQuestion { task_id: task_id.to_owned(), state });
+        }
+        if let Some(lease) = &follow {
+            super::turns::follow_in(&mut tx, namespace, task_id, lease).await?;
         }
         let answer = Message { role: Role::User, ..answer }.bound_to(task_id, &record.task.context_id);
         append_history(&mut tx, &mut record, &answer).await?;

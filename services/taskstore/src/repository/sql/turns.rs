@@ -83,6 +83,18 @@ fn key_of(row: &sqlx::any::AnyRow) -> Result<TaskKey> {
     Ok(TaskKey { namespace: row.try_get("namespace")?, task_id: row.try_get("id")? })
 }
 
+/// Has `lease`'s follower follow a task, within the caller's transaction.
+pub(super) async fn follow_in(
+    conn: &mut sqlx::AnyConnection,
+    namespace: &str,
+    task_id: &str,
+    lease: &PushLease,
+) -> Result<()> {
+    let statement = sqlx::query(FOLLOW).bind(namespace).bind(task_id).bind(lease.follower.as_str()).bind(lease.until);
+    statement.execute(conn).await?;
+    Ok(())
+}
+
 impl SqlTaskRepository {
     pub(super) async fn follow(&self, namespace: &str, task_id: &str, lease: Option<&PushLease>) -> Result<()> {
         let followed = sqlx::query(FOLLOW)
