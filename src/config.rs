@@ -63,3 +63,44 @@ impl StorageFlags {
         self.database_url.is_none() && self.data_dir.is_none()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use figment::{Figment, providers::Format as _, providers::Toml};
+
+    use super::*;
+
+    /// The README's configuration reference, which a reader copies from.
+    fn readme_reference() -> String {
+        let readme = include_str!("../README.md");
+        let section = &readme[readme.find("## Configuration").expect("a configuration section")..];
+        let block = &section[section.find("```toml\n").expect("a TOML block") + "```toml\n".len()..];
+        block[..block.find("```").expect("the block ends")].to_owned()
+    }
+
+    /// A line that sets a key, commented out (`# key = value`), set.
+    fn uncommented(line: &str) -> &str {
+        let setting = line.strip_prefix("# ").filter(|rest| {
+            rest.split_once(" = ").is_some_and(|(key, _)| key.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        });
+        setting.unwrap_or(line)
+    }
+
+    #[test]
+    fn the_readme_configuration_reference_names_only_real_settings() {
+        let reference = readme_reference();
+        let load = |toml: &str| {
+            Figment::from(Toml::string(toml))
+                .extract::<ChorusConfig>()
+                .unwrap_or_else(|error| panic!("the README's configuration block does not load: {error}\n{toml}"))
+        };
+        let loaded = load(&reference);
+        assert_eq!(loaded.gateway.agents.len(), 3, "{:?}", loaded.gateway.agents);
+        assert_eq!(loaded.taskstore.max_push_configs_per_task, 10);
+        let every: String = reference.lines().map(|line| format!("{}\n", uncommented(line))).collect();
+        assert_ne!(every, reference, "the reference shows optional settings commented out");
+        let loaded = load(&every);
+        assert_eq!(loaded.workflow.engine_id.as_deref(), Some("engine-1"));
+        assert!(loaded.gateway.registry_file.is_some());
+    }
+}

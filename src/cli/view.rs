@@ -60,14 +60,25 @@ pub(super) fn json(value: Option<&Struct>) -> String {
 }
 
 fn field(value: Option<&Struct>, key: &str) -> String {
-    value
-        .and_then(|value| value.fields.get(key))
-        .map(chorus_proto::json::value_to_json)
-        .map(|value| match value {
-            serde_json::Value::String(text) => text,
-            other => other.to_string(),
-        })
-        .unwrap_or_default()
+    value.and_then(|value| value.fields.get(key)).map(chorus_proto::json::value_to_json).map(text).unwrap_or_default()
+}
+
+/// A JSON value as words: a string without its quotes.
+fn text(value: serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(text) => text,
+        other => other.to_string(),
+    }
+}
+
+/// A gate's reviewers, as its input lists them: `lead, security`.
+fn reviewers(input: Option<&Struct>) -> String {
+    let listed = input.and_then(|input| input.fields.get("reviewers")).map(chorus_proto::json::value_to_json);
+    match listed {
+        Some(serde_json::Value::Array(names)) => names.into_iter().map(text).collect::<Vec<_>>().join(", "),
+        Some(serde_json::Value::Null) | None => String::new(),
+        Some(other) => text(other),
+    }
 }
 
 /// What a step is doing or did, in a few words.
@@ -78,12 +89,12 @@ pub(super) fn step_detail(step: &StepRecord) -> String {
         pb::StepState::Waiting if !step.waiting_for_signal.is_empty() => {
             format!("signal `{}`", step.waiting_for_signal)
         }
-        pb::StepState::Waiting if step.kind() == pb::StepKind::Gate => {
-            format!("decision by {}", field(step.input.as_ref(), "reviewers"))
-        }
+        pb::StepState::Waiting if step.kind() == pb::StepKind::Gate => match reviewers(step.input.as_ref()) {
+            reviewers if reviewers.is_empty() => "awaiting a decision".to_owned(),
+            reviewers => format!("decision by {reviewers}"),
+        },
         pb::StepState::Waiting => format!("until {}", time(step.wake_at.as_ref())),
-        // A decided round: who decided what (its record keeps the id of its
-        // gate.required event, which tells a reader nothing).
+        // A decided round: who decided what.
         pb::StepState::Completed if step.kind() == pb::StepKind::Gate => {
             let decided = match field(step.output.as_ref(), "decision").as_str() {
                 "approve" => "approved",
@@ -95,9 +106,12 @@ pub(super) fn step_detail(step: &StepRecord) -> String {
         pb::StepState::Completed if field(step.output.as_ref(), "timed_out") == "true" => {
             format!("timed out waiting for signal `{}`", field(step.output.as_ref(), "name"))
         }
+        // A gate's record keeps the id of its gate.required event, which
+        // tells a reader nothing.
         _ if !step.external_id.is_empty() => match step.kind() {
             pb::StepKind::Spawn | pb::StepKind::Delegate => format!("task {}", step.external_id),
             pb::StepKind::Message => format!("message {}", step.external_id),
+            pb::StepKind::Gate => String::new(),
             _ => step.external_id.clone(),
         },
         _ => String::new(),
@@ -213,6 +227,12 @@ mod tests {
         let rejected = json!({"decision": "reject", "decided_by": "ana", "reason": "add tests"});
         let gate = record(pb::StepKind::Gate, pb::StepState::Completed, rejected, "event:93");
         assert_eq!(step_detail(&gate), "rejected by ana");
+        let canceled = record(pb::StepKind::Gate, pb::StepState::Canceled, json!(null), "event:93");
+        assert_eq!(step_detail(&canceled), "", "the gate's event id tells a reader nothing");
+        let mut open = record(pb::StepKind::Gate, pb::StepState::Waiting, json!(null), "event:93");
+        assert_eq!(step_detail(&open), "awaiting a decision");
+        open.input = json!({"reviewers": ["lead", "security"]}).as_object().cloned().map(struct_from_json);
+        assert_eq!(step_detail(&open), "decision by lead, security");
         let timed_out = json!({"timed_out": true, "name": "resume"});
         let wait = record(pb::StepKind::Wait, pb::StepState::Completed, timed_out, "");
         assert_eq!(step_detail(&wait), "timed out waiting for signal `resume`");

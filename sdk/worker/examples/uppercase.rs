@@ -9,8 +9,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let telemetry = telemetry::init("uppercase-worker", &TelemetryConfig::default())?;
     let url = std::env::var("CHORUS_URL").unwrap_or_else(|_| "http://127.0.0.1:7800".to_owned());
     let client = chorus_worker::connect(&url).await?;
-    let handler = |task: TaskContext| async move { Ok(Reply::text(task.text().to_uppercase())) };
-    Worker::new(client, "uppercase").namespace("default").run(handler, chorus_worker::shutdown_on_signal()).await?;
+    Worker::new(client, "uppercase")
+        .capacity(4) // tasks at once (default 1)
+        .run(
+            |task: TaskContext| async move {
+                task.status("shouting").await?; // a progress message on the task
+                Ok(Reply::text(task.text().to_uppercase()))
+            },
+            chorus_worker::shutdown_on_signal(),
+        )
+        .await?;
     telemetry.shutdown().await;
     Ok(())
 }

@@ -295,6 +295,13 @@ where
                 error!(agent_id = %runner.agent_id, error = %status, "claim stream refused");
                 return Err(WorkerError::Stream(status));
             }
+            // A task store that stops (the whole stack, or one replica)
+            // ends its streams so: the worker is stopping too, or reconnects.
+            Err(_) if shutdown.is_cancelled() => return Ok(StreamEnd::Shutdown),
+            Err(status) if status.code() == tonic::Code::Unavailable => {
+                info!(agent_id = %runner.agent_id, error = %status.message(), "claim stream closed by the task store");
+                return Ok(StreamEnd::Broken);
+            }
             Err(status) => {
                 warn!(agent_id = %runner.agent_id, error = %status, "claim stream broke");
                 return Ok(StreamEnd::Broken);
