@@ -9,6 +9,7 @@ use chorus_proto::workflow::{
     self as pb, DecideGateRequest, GetRunRequest, ListDefinitionsRequest, PutDefinitionRequest, RunState,
     StartRunRequest, StepKind, StepState, WatchRunRequest, workflow_client::WorkflowClient,
 };
+use chorus_runtime::testing::{POSTGRES_URL_VAR, PostgresDatabase, postgres_admin_url};
 use chorus_tests::Sandbox;
 use tokio::time::Instant;
 use tonic::{Code, transport::Channel};
@@ -60,8 +61,8 @@ async fn approve_until_done(client: &mut WorkflowClient<Channel>, run_id: &str) 
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chorus_dev_runs_the_example_workflows_and_delegates_through_the_gateway() {
+/// A sandbox whose `workflows/` folder holds the shipped examples.
+fn with_examples() -> Sandbox {
     let sandbox = Sandbox::new();
     std::fs::create_dir(sandbox.path().join("workflows")).expect("dir");
     for (file, source) in [
@@ -71,6 +72,12 @@ async fn chorus_dev_runs_the_example_workflows_and_delegates_through_the_gateway
     ] {
         std::fs::write(sandbox.path().join("workflows").join(file), source).expect("write");
     }
+    sandbox
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chorus_dev_runs_the_example_workflows_and_delegates_through_the_gateway() {
+    let sandbox = with_examples();
     let server = sandbox.dev().start().await;
     let mut client = WorkflowClient::new(server.channel().await);
 
@@ -199,4 +206,33 @@ steps:
     request.set_timeout(Duration::from_secs(20));
     let done = client.get_run(request).await.expect("the run finishes").into_inner();
     assert_eq!(done.state(), RunState::Completed, "{done:#?}");
+}
+
+/// Each start logs every definition it loads, unchanged ones too. With a
+/// log filter per layer, the line after the first put's queries went
+/// missing on PostgreSQL from the second start on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_start_logs_each_definition_it_loads() {
+    let Some(admin_url) = postgres_admin_url() else {
+        eprintln!("skipped: {POSTGRES_URL_VAR} is not set");
+        return;
+    };
+    let database = PostgresDatabase::create(&admin_url).await;
+    let sandbox = with_examples();
+    for start in ["first", "second"] {
+        let engine = sandbox.serve("workflow", database.url()).env("RUST_LOG", "info,sqlx=warn,h2=warn").start().await;
+        let deadline = Instant::now() + DEADLINE;
+        while !engine.output().contains("workflow engine started") {
+            assert!(Instant::now() < deadline, "no engine start logged:\n{}", engine.output());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let output = engine.output();
+        let loaded: Vec<&str> = output
+            .lines()
+            .filter(|line| line.contains("workflow definition loaded"))
+            .filter_map(|line| line.split("workflow=").nth(1)?.split(' ').next())
+            .collect();
+        assert_eq!(loaded, ["deployment", "pr-review", "software-delivery"], "{start} start:\n{output}");
+        engine.stop().await;
+    }
 }

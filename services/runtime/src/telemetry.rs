@@ -58,19 +58,10 @@ pub fn init(
     config: &TelemetryConfig,
 ) -> Result<TelemetryGuard, opentelemetry_otlp::ExporterBuildError> {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,h2=warn"));
-    let fmt_layer = match config.log_format {
-        // Colours only for a person at a terminal: in a file, a pipe (an
-        // IDE's log pane), journald or `docker logs` they are escape codes.
-        LogFormat::Pretty => tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
-            .with_target(false)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none())
-            .boxed(),
-        LogFormat::Json => {
-            tracing_subscriber::fmt::layer().with_writer(std::io::stderr).json().flatten_event(true).boxed()
-        }
-    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    // Colours only for a person at a terminal: in a file, a pipe (an IDE's
+    // log pane), journald or `docker logs` they are escape codes.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
     let provider = match std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
         Ok(endpoint) if !endpoint.is_empty() => otlp_provider(service_name)?,
         // Spans sent nowhere still carry the trace context callers sent to
@@ -78,11 +69,37 @@ pub fn init(
         // is dropped at once.
         _ => SdkTracerProvider::builder().build(),
     };
-    let otel_layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("chorus")).with_filter(filter());
     // Another subscriber already installed (tests running several services
     // in one process) is not an error: the first one keeps logging.
-    let _ = tracing_subscriber::registry().with(fmt_layer.with_filter(filter())).with(otel_layer).try_init();
+    let _ = subscriber(filter, config.log_format, ansi, std::io::stderr, &provider).try_init();
     Ok(TelemetryGuard { provider })
+}
+
+/// What is logged and traced unless `RUST_LOG` says otherwise.
+const DEFAULT_FILTER: &str = "info,sqlx=warn,h2=warn";
+
+/// The log and span layers, behind one filter. With a filter per layer,
+/// lines went missing: on PostgreSQL, the line logged after some of sqlx's
+/// queries, which ask whether their own logging is on (see the workflow e2e
+/// test `every_start_logs_each_definition_it_loads`).
+fn subscriber<W>(
+    filter: EnvFilter,
+    format: LogFormat,
+    ansi: bool,
+    writer: W,
+    provider: &SdkTracerProvider,
+) -> impl tracing::Subscriber + Send + Sync + 'static
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let log = match format {
+        LogFormat::Pretty => {
+            tracing_subscriber::fmt::layer().with_writer(writer).with_target(false).with_ansi(ansi).boxed()
+        }
+        LogFormat::Json => tracing_subscriber::fmt::layer().with_writer(writer).json().flatten_event(true).boxed(),
+    };
+    let spans = tracing_opentelemetry::layer().with_tracer(provider.tracer("chorus"));
+    tracing_subscriber::registry().with(filter).with(log).with(spans)
 }
 
 fn otlp_provider(service_name: &str) -> Result<SdkTracerProvider, opentelemetry_otlp::ExporterBuildError> {
