@@ -59,7 +59,39 @@ pub fn namespace(value: &str) -> Result<String, FieldViolation> {
     Ok(value.to_owned())
 }
 
-/// A non-empty identifier of printable characters, at most [`MAX_ID_LEN`] bytes.
+/// Whether `c` is an invisible format character: a bidirectional control, a
+/// zero-width one, a soft hyphen, a tag (Unicode's `Cf` category, in effect).
+/// In an id they make two ids that look alike differ, or one id show as
+/// another (`Trojan Source`).
+fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{0600}'..='\u{0605}'
+            | '\u{061C}'
+            | '\u{06DD}'
+            | '\u{070F}'
+            | '\u{0890}'..='\u{0891}'
+            | '\u{08E2}'
+            | '\u{180E}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{206F}'
+            | '\u{FEFF}'
+            | '\u{FFF9}'..='\u{FFFB}'
+            | '\u{110BD}'
+            | '\u{110CD}'
+            | '\u{13430}'..='\u{1343F}'
+            | '\u{1BCA0}'..='\u{1BCA3}'
+            | '\u{1D173}'..='\u{1D17A}'
+            | '\u{E0001}'
+            | '\u{E0020}'..='\u{E007F}'
+    )
+}
+
+/// A non-empty identifier of printable characters, at most [`MAX_ID_LEN`]
+/// bytes, with no invisible ones.
 pub fn id(field: &str, value: &str) -> Result<String, FieldViolation> {
     if value.is_empty() {
         return Err(FieldViolation::required(field));
@@ -69,6 +101,12 @@ pub fn id(field: &str, value: &str) -> Result<String, FieldViolation> {
     }
     if value.chars().any(char::is_control) {
         return Err(FieldViolation::new(field, "must not contain control characters"));
+    }
+    if let Some(c) = value.chars().find(|&c| is_invisible(c)) {
+        return Err(FieldViolation::new(
+            field,
+            format!("must not contain invisible characters (U+{:04X}: bidirectional or zero-width)", u32::from(c)),
+        ));
     }
     Ok(value.to_owned())
 }
@@ -162,6 +200,11 @@ mod tests {
         assert!(id("task_id", "abc").is_ok());
         assert_eq!(id("task_id", "").unwrap_err().field, "task_id");
         assert!(id("task_id", "a\u{7}b").is_err());
+        for invisible in ["admin\u{202E}nimda", "ta\u{200B}sk", "\u{FEFF}task", "a\u{2066}b", "x\u{E0041}"] {
+            let refused = id("task_id", invisible).unwrap_err();
+            assert!(refused.reason.contains("invisible"), "{invisible:?}: {refused}");
+        }
+        assert!(id("agent_id", "café-日本-🙂").is_ok(), "visible letters and symbols are fine");
         assert!(id("task_id", &"x".repeat(MAX_ID_LEN + 1)).is_err());
         assert_eq!(optional_id("context_id", "").unwrap(), None);
     }
