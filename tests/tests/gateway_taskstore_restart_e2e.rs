@@ -1,14 +1,16 @@
 //! A gateway in a process of its own outlives its task store's restarts: a
 //! blocking `SendMessage` and a `SendStreamingMessage` stream that were
 //! waiting when the task store stopped (gracefully or killed) end as their
-//! task does once it is back, rather than fail while the task goes on.
+//! task does once it is back, rather than fail while the task goes on. So
+//! does a worker waiting for its task's answer.
 
 use std::time::Duration;
 
+use chorus_proto::taskstore::{AnswerQuestionRequest, Role, TaskState};
 use chorus_tests::{
     Sandbox, Server,
     a2a::{A2a, describe, events, message, state, unique, write_chorus_toml},
-    test_worker,
+    tasks, test_worker,
     worker::Mode,
 };
 use reqwest::StatusCode;
@@ -139,4 +141,49 @@ async fn a_stopping_gateway_answers_its_waiting_calls_at_once() {
     let error = last["error"]["message"].as_str().unwrap_or_default();
     assert!(error.contains("shutting down; subscribe to the task again"), "{events:#?}");
     assert!(stopped.await.expect("stopped").success());
+}
+
+/// The reviewer asks before it publishes; a rolling restart of the task
+/// store while it waits for the answer leaves the task waiting, and the
+/// answer given afterwards completes it (the worker's watch failed as
+/// UNAVAILABLE, which used to fail the task for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_waiting_for_an_answer_outlives_a_task_store_that_stops() {
+    let sandbox = Sandbox::new();
+    let database = format!("sqlite://{}?mode=rwc", sandbox.path().join("tasks.db").display());
+    let taskstore = sandbox.serve_taskstore(&database).start().await;
+    let address = taskstore.address();
+    let _reviewer = sandbox.builtin_agent("reviewer", taskstore.url(), "default");
+    let mut client = taskstore.task_store().await;
+    let task = tasks::create_task(&mut client, "default", "reviewer", "Review the notes").await;
+    let mut waiting = tasks::get_task(&mut client, "default", &task.id).await;
+    for _ in 0..300 {
+        if tasks::state(&waiting) == TaskState::InputRequired {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waiting = tasks::get_task(&mut client, "default", &task.id).await;
+    }
+    assert_eq!(tasks::state(&waiting), TaskState::InputRequired, "the reviewer asks: {waiting:#?}");
+
+    taskstore.stop().await;
+    let taskstore = sandbox.serve_taskstore(&database).listen(address).start().await;
+    let mut client = taskstore.task_store().await;
+    let answer = AnswerQuestionRequest {
+        namespace: "default".to_owned(),
+        task_id: task.id.clone(),
+        answer: Some(tasks::text_message(Role::User, "yes")),
+        ..AnswerQuestionRequest::default()
+    };
+    let answered = client.answer_question(answer).await.expect("the task still waits for its answer").into_inner();
+    assert_eq!(answered.attempt, waiting.attempt, "the same attempt goes on");
+    let mut done = tasks::get_task(&mut client, "default", &task.id).await;
+    for _ in 0..300 {
+        if tasks::state(&done) == TaskState::Completed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        done = tasks::get_task(&mut client, "default", &task.id).await;
+    }
+    assert_eq!(tasks::state(&done), TaskState::Completed, "{done:#?}");
 }

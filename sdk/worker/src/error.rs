@@ -29,8 +29,10 @@ pub enum WorkerError {
 /// the agent has retries left, or ends `REJECTED` when the handler
 /// [rejected](HandlerError::rejected) it.
 ///
-/// Any `std::error::Error` converts into a fatal `HandlerError`, so handlers
-/// can use `?`.
+/// Any `std::error::Error` converts into a `HandlerError`, so handlers can
+/// use `?`: a fatal one, except that a task-store call refused as
+/// UNAVAILABLE (the task store is restarting, or out of reach) is retryable.
+/// Such a call changed nothing, and the task is worth another attempt.
 #[derive(Debug)]
 pub struct HandlerError {
     message: String,
@@ -92,8 +94,17 @@ where
             message.push_str(&cause.to_string());
             source = cause.source();
         }
-        Self::fatal(message)
+        if unavailable(&error) { Self::retryable(message) } else { Self::fatal(message) }
     }
+}
+
+/// Whether `error` is a task-store call refused as UNAVAILABLE.
+fn unavailable(error: &(dyn std::error::Error + 'static)) -> bool {
+    let status = match error.downcast_ref::<WorkerError>() {
+        Some(WorkerError::Transport(status)) => Some(status),
+        _ => error.downcast_ref::<tonic::Status>(),
+    };
+    status.is_some_and(|status| status.code() == tonic::Code::Unavailable)
 }
 
 #[cfg(test)]
@@ -102,11 +113,21 @@ mod tests {
 
     #[test]
     fn question_mark_makes_a_fatal_error_with_the_source_chain() {
-        let error = WorkerError::Transport(tonic::Status::unavailable("down"));
+        let error = WorkerError::Transport(tonic::Status::invalid_argument("no such field"));
         let converted = HandlerError::from(error);
         assert!(!converted.is_retryable());
         assert!(converted.to_string().starts_with("task store call failed"));
-        assert!(converted.to_string().contains("down"));
+        assert!(converted.to_string().contains("no such field"));
+        let io = std::io::Error::other("disk full");
+        assert!(!HandlerError::from(io).is_retryable());
+    }
+
+    #[test]
+    fn a_task_store_out_of_reach_makes_a_retryable_error() {
+        let shutting_down = WorkerError::Transport(tonic::Status::unavailable("the task store is shutting down"));
+        assert!(HandlerError::from(shutting_down).is_retryable());
+        assert!(HandlerError::from(tonic::Status::unavailable("tcp connect error")).is_retryable());
+        assert!(!HandlerError::from(tonic::Status::failed_precondition("lease lost")).is_retryable());
     }
 
     #[test]

@@ -32,6 +32,7 @@ use chorus_proto::taskstore::{
 use prost_types::{Struct, Value, value::Kind as ValueKind};
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::{Backoff, next_jittered};
 use crate::reply::{agent_message, text_part};
 use crate::{Client, HandlerError, Placement, Reply, TaskContext, WorkerError, text_artifact};
 
@@ -256,20 +257,54 @@ async fn ask(task: &TaskContext, question: String, metadata: Option<Struct>) -> 
         lease_id: task.lease_id().to_owned(),
     };
     client.update_status(update).await.map_err(WorkerError::from)?;
+    let mut backoff = Backoff::new(REWATCH_FIRST, REWATCH_LONGEST);
+    loop {
+        // The task store restarts, or is out of reach for a moment: the
+        // task still waits, and a new watch's snapshot shows an answer given
+        // meanwhile. The lease, renewed apart, bounds the wait.
+        if let Some(answer) = watch_answer(task, &mut client).await? {
+            return Ok(answer);
+        }
+        tokio::select! {
+            () = task.cancelled() => return Err(HandlerError::fatal("the task was cancelled")),
+            () = tokio::time::sleep(next_jittered(&mut backoff)) => {}
+        }
+    }
+}
+
+/// The first pause before the answer is watched for again, and the longest.
+const REWATCH_FIRST: Duration = Duration::from_millis(200);
+const REWATCH_LONGEST: Duration = Duration::from_secs(5);
+
+/// Watches the task until the user answers it; `None` when the task store
+/// went away first (UNAVAILABLE), and the watch is worth opening again.
+async fn watch_answer(task: &TaskContext, client: &mut Client) -> Result<Option<Message>, HandlerError> {
+    let went_away = |status: tonic::Status| match status.code() {
+        tonic::Code::Unavailable => {
+            tracing::info!(task_id = task.id(), error = status.message(), "watching for the answer again");
+            Ok(None)
+        }
+        _ => Err(HandlerError::from(WorkerError::from(status))),
+    };
     let watch = WatchTaskRequest {
         namespace: task.namespace().to_owned(),
         task_id: task.id().to_owned(),
         snapshot: true,
         ..WatchTaskRequest::default()
     };
-    let mut events = client.watch_task(watch).await.map_err(WorkerError::from)?.into_inner();
+    let mut events = match client.watch_task(watch).await {
+        Ok(events) => events.into_inner(),
+        Err(status) => return went_away(status),
+    };
     loop {
         let event = tokio::select! {
             () = task.cancelled() => return Err(HandlerError::fatal("the task was cancelled")),
-            event = events.message() => event.map_err(WorkerError::from)?,
+            event = events.message() => event,
         };
-        let Some(event) = event else {
-            return Err(HandlerError::retryable("the task store ended the watch before the answer came"));
+        let event = match event {
+            Ok(Some(event)) => event,
+            Ok(None) => return Err(HandlerError::retryable("the task store ended the watch before the answer came")),
+            Err(status) => return went_away(status),
         };
         match Kind::try_from(event.kind) {
             Ok(Kind::Snapshot) => {
@@ -277,12 +312,12 @@ async fn ask(task: &TaskContext, question: String, metadata: Option<Struct>) -> 
                 let answered = snapshot.status.as_ref().is_some_and(|s| s.state == i32::from(TaskState::Working));
                 let latest = snapshot.history.iter().rev().find(|m| m.role == i32::from(Role::User));
                 if let (true, Some(answer)) = (answered, latest) {
-                    return Ok(answer.clone());
+                    return Ok(Some(answer.clone()));
                 }
             }
             Ok(Kind::MessageAdded) => {
                 if let Some(answer) = event.message.filter(|m| m.role == i32::from(Role::User)) {
-                    return Ok(answer);
+                    return Ok(Some(answer));
                 }
             }
             Ok(Kind::StatusChanged | Kind::ArtifactUpdated | Kind::Created | Kind::Unspecified) | Err(_) => {}
