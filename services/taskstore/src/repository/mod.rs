@@ -119,7 +119,10 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Task>;
 
     /// Ends or requeues up to `limit` tasks whose lease ran out before `now`.
-    async fn expire_leases(&self, now: i64, limit: u32) -> Result<Vec<Expiry>>;
+    /// A lease that ran out before `started` (while no reaper of this task
+    /// store ran, nor perhaps any task store its worker could renew with)
+    /// gets one more lease length from `started` to be renewed.
+    async fn expire_leases(&self, now: i64, started: i64, limit: u32) -> Result<Vec<Expiry>>;
 
     /// Ends or requeues, as if their leases had run out, the tasks of
     /// `agent_id` leased to `worker_id`: its previous run's, gone.

@@ -3,7 +3,9 @@
 //! completion that tells its owner the child is gone. On its rounds it also
 //! gives a new database its first statistics (see `Db::analyze_once_filled`)
 //! and deletes the finished tasks past `retention_ms`. A worker that starts
-//! again under its old id ends its previous run's leases at once instead.
+//! again under its old id ends its previous run's leases at once instead. A
+//! lease that ran out while no task store ran is left a lease length from
+//! the reaper's start, for its worker to come back and renew it.
 
 use std::time::Duration;
 
@@ -32,6 +34,7 @@ impl TaskStore {
     /// locked with `SKIP LOCKED`, so each lease is expired exactly once.
     pub fn spawn_reaper(&self) -> JoinHandle<()> {
         let store = self.clone();
+        let started = now_micros();
         tokio::spawn(async move {
             let mut interval = tokio::time::interval(store.config.reaper_interval());
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -40,7 +43,7 @@ impl TaskStore {
             loop {
                 tokio::select! {
                     () = store.shutdown.cancelled() => return,
-                    _ = interval.tick() => store.reap().await,
+                    _ = interval.tick() => store.reap(started).await,
                 }
                 if let Some(retention) = store.config.retention()
                     && last_purge.is_none_or(|last| last.elapsed() >= retention.min(PURGE_EVERY))
@@ -59,9 +62,12 @@ impl TaskStore {
         })
     }
 
-    async fn reap(&self) {
+    /// Expires the leases that ran out; those that ran out before `started`,
+    /// when the workers holding them may have found no task store to renew
+    /// with, a lease length later (see `TaskRepository::expire_leases`).
+    async fn reap(&self, started: i64) {
         loop {
-            let expired = match self.repository.expire_leases(now_micros(), BATCH).await {
+            let expired = match self.repository.expire_leases(now_micros(), started, BATCH).await {
                 Ok(expired) => expired,
                 Err(error) => {
                     tracing::warn!(%error, "lease reaper failed; retrying on the next tick");

@@ -1,15 +1,17 @@
 //! A worker started again under its old id: its previous run's leases end
-//! at once, and nobody else's.
+//! at once, and nobody else's. A task store started again leaves the leases
+//! that ran out while it was down a lease length to be renewed.
 
 use std::time::Duration;
 
 use chorus_taskstore::{
-    domain::{Task, TaskState},
+    TaskStoreConfig,
+    domain::{Task, TaskState, now_micros},
     error::TaskStoreError,
 };
 
 use crate::{
-    harness::{Harness, conformance},
+    harness::{Harness, conformance, test_config},
     workers::{claim_request, next_claim},
 };
 
@@ -18,6 +20,20 @@ conformance!(
     a_new_run_fails_the_tasks_whose_retries_are_spent,
     a_new_run_leaves_other_workers_and_agents_alone,
 );
+
+/// On a store whose reaper runs once, at its start: the test expires leases itself.
+mod downtime {
+    use super::leases_that_ran_out_before_the_reaper_started_get_a_lease_length_more;
+
+    crate::harness::conformance!(
+        start = crate::restarts::start_without_reaping;
+        leases_that_ran_out_before_the_reaper_started_get_a_lease_length_more,
+    );
+}
+
+async fn start_without_reaping(database: chorus_runtime::testing::TestDatabase) -> Harness {
+    Harness::start_with(database, TaskStoreConfig { reaper_interval_ms: 3_600_000, ..test_config() }).await
+}
 
 /// Long enough that no lease in these tests runs out on its own.
 const LEASE: Duration = Duration::from_secs(60);
@@ -82,4 +98,28 @@ async fn a_new_run_leaves_other_workers_and_agents_alone(h: Harness) {
         let kept = h.store.get_task(namespace, &task.id, None).await.unwrap();
         assert_eq!((kept.status.state, kept.attempt), (TaskState::Working, 1), "{}", task.id);
     }
+}
+
+async fn leases_that_ran_out_before_the_reaper_started_get_a_lease_length_more(h: Harness) {
+    let lease = Duration::from_millis(200);
+    let length = i64::try_from(lease.as_micros()).unwrap();
+    let task = h.task("ns", "echo", "long job").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "pod-0", 1, lease, 1));
+    let claimed = next_claim(&mut claims).await;
+    // The repository is told the time: the reaper started 1 ms after the
+    // lease ran out, and looks 2 ms after that.
+    let expired_at = claimed.lease_expires_at;
+    assert!(expired_at > now_micros(), "the lease runs");
+    let restarted_after = h.repository.expire_leases(expired_at + 3_000, expired_at + 1_000, 10).await.unwrap();
+    assert!(restarted_after.is_empty(), "it ran out while no reaper ran: its worker may still renew it");
+    let waiting = h.store.get_task("ns", &task.id, None).await.unwrap();
+    assert_eq!((waiting.status.state, waiting.attempt), (TaskState::Working, 1));
+    let later = h.repository.expire_leases(expired_at + 1_000 + length, expired_at + 1_000, 10).await.unwrap();
+    assert_eq!(later.len(), 1, "a lease length after the start, its worker did not come back");
+    assert!(later[0].requeued);
+
+    let claimed = next_claim(&mut claims).await;
+    assert_eq!((claimed.task.id.as_str(), claimed.task.attempt), (task.id.as_str(), 2), "requeued, claimed again");
+    let started_before = h.repository.expire_leases(claimed.lease_expires_at + 1, claimed.lease_expires_at - 1, 10);
+    assert_eq!(started_before.await.unwrap().len(), 1, "it ran out while the reaper ran: expired at once");
 }

@@ -104,8 +104,8 @@ impl TaskRepository for SqlTaskRepository {
         self.fail(namespace, task_id, lease_id, reason, retry).await
     }
 
-    async fn expire_leases(&self, now: i64, limit: u32) -> Result<Vec<Expiry>> {
-        self.expire(now, limit).await
+    async fn expire_leases(&self, now: i64, started: i64, limit: u32) -> Result<Vec<Expiry>> {
+        self.expire(now, started, limit).await
     }
 
     async fn end_previous_run(&self, namespace: &str, worker_id: &str, agent_id: &str) -> Result<Vec<Expiry>> {

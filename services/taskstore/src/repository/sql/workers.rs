@@ -62,15 +62,17 @@ const RENEW: &str = "UPDATE taskstore_tasks SET lease_expires_at = $4 + COALESCE
      lease_length = COALESCE($5, lease_length, $6) \
      WHERE namespace = $1 AND id = $2 AND lease_id = $3 AND worker_id IS NOT NULL RETURNING lease_expires_at";
 
-/// Expired leases, oldest first. A task has a lease end exactly while it has
-/// a worker: `worker_id IS NOT NULL` lets the planner read only the live
-/// leases, through `taskstore_tasks_worker`.
+/// Leases expired by $1, oldest first; one that ran out before $3 (the
+/// reaper's start) only once its length passed since then. A task has a
+/// lease end exactly while it has a worker: `worker_id IS NOT NULL` lets the
+/// planner read only the live leases, through `taskstore_tasks_worker`.
 macro_rules! expired_leases {
     () => {
         concat!(
             "SELECT ",
             task_columns!(),
             " FROM taskstore_tasks WHERE worker_id IS NOT NULL AND lease_expires_at < $1 \
+             AND (lease_expires_at >= $3 OR $1 >= $3 + COALESCE(lease_length, 0)) \
              ORDER BY lease_expires_at LIMIT $2"
         )
     };
@@ -293,12 +295,13 @@ impl SqlTaskRepository {
         Ok(task)
     }
 
-    pub(super) async fn expire(&self, now: i64, limit: u32) -> Result<Vec<Expiry>> {
+    pub(super) async fn expire(&self, now: i64, started: i64, limit: u32) -> Result<Vec<Expiry>> {
         let sql = match self.backend() {
             Backend::Postgres => EXPIRED_POSTGRES,
             Backend::Sqlite => EXPIRED_SQLITE,
         };
-        self.end_leases(sqlx::query(sql).bind(now).bind(i64::from(limit)), "worker lease expired").await
+        let leases = sqlx::query(sql).bind(now).bind(i64::from(limit)).bind(started);
+        self.end_leases(leases, "worker lease expired").await
     }
 
     pub(super) async fn end_run(&self, namespace: &str, worker_id: &str, agent_id: &str) -> Result<Vec<Expiry>> {
