@@ -72,13 +72,24 @@ impl ClientEffects {
     }
 }
 
-/// A failed call: transient when retrying later may help.
-fn status_error(what: &str, status: &Status) -> EffectError {
+/// The settings that point the engine at the services its steps call.
+const TASKSTORE_URL: &str = "workflow.taskstore_url";
+const HUB_URL: &str = "workflow.hub_url";
+const EVENTBUS_URL: &str = "workflow.eventbus_url";
+const GATEWAY_URL: &str = "workflow.gateway_url";
+
+/// A failed call: transient when retrying later may help. A service that
+/// has no such method is not the one the call is for: `setting` points the
+/// engine elsewhere (unset, the engine calls its own process).
+fn status_error(what: &str, setting: &str, status: &Status) -> EffectError {
     let message = format!("{what}: {}", status.message());
     match status.code() {
         Code::Unavailable | Code::DeadlineExceeded | Code::ResourceExhausted | Code::Aborted | Code::Unknown => {
             EffectError::Transient(message)
         }
+        Code::Unimplemented => EffectError::Failed(format!(
+            "{message}: the engine does not reach that service where it calls it; point {setting} at it"
+        )),
         _ => EffectError::Failed(message),
     }
 }
@@ -117,7 +128,12 @@ impl Effects for ClientEffects {
             idempotency_key: origin.key.clone(),
             ..ts::CreateTaskRequest::default()
         };
-        let task = self.tasks.clone().create_task(request).await.map_err(|s| status_error("create task", &s))?;
+        let task = self
+            .tasks
+            .clone()
+            .create_task(request)
+            .await
+            .map_err(|s| status_error("create task", TASKSTORE_URL, &s))?;
         Ok(task.into_inner().id)
     }
 
@@ -129,9 +145,10 @@ impl Effects for ClientEffects {
             ..ts::WatchTaskRequest::default()
         };
         let mut tasks = self.tasks.clone();
-        let mut stream = tasks.watch_task(request).await.map_err(|s| status_error("watch task", &s))?.into_inner();
+        let mut stream =
+            tasks.watch_task(request).await.map_err(|s| status_error("watch task", TASKSTORE_URL, &s))?.into_inner();
         loop {
-            let event = stream.message().await.map_err(|s| status_error("watch task", &s))?;
+            let event = stream.message().await.map_err(|s| status_error("watch task", TASKSTORE_URL, &s))?;
             let Some(event) = event else {
                 return Err(EffectError::Transient(format!("the watch of task {task_id} ended early")));
             };
@@ -146,7 +163,7 @@ impl Effects for ClientEffects {
         }
         let request =
             ts::GetTaskRequest { namespace: namespace.to_owned(), id: task_id.to_owned(), history_length: Some(0) };
-        let task = tasks.get_task(request).await.map_err(|s| status_error("get task", &s))?.into_inner();
+        let task = tasks.get_task(request).await.map_err(|s| status_error("get task", TASKSTORE_URL, &s))?.into_inner();
         Ok(outcome(&task))
     }
 
@@ -160,7 +177,7 @@ impl Effects for ClientEffects {
             Ok(_) => Ok(()),
             // Already finished, or gone: nothing to cancel.
             Err(status) if matches!(status.code(), Code::FailedPrecondition | Code::NotFound) => Ok(()),
-            Err(status) => Err(status_error("cancel task", &status)),
+            Err(status) => Err(status_error("cancel task", TASKSTORE_URL, &status)),
         }
     }
 
@@ -172,7 +189,8 @@ impl Effects for ClientEffects {
         let mut sent = message(origin, input);
         sent.context_id.clear();
         let request = gw::DelegateRequest { agent_url, message: Some(sent), ..gw::DelegateRequest::default() };
-        let response = self.gateway.clone().delegate(request).await.map_err(|s| status_error("delegate", &s))?;
+        let response =
+            self.gateway.clone().delegate(request).await.map_err(|s| status_error("delegate", GATEWAY_URL, &s))?;
         Ok(match response.into_inner().result {
             Some(gw::delegate_response::Result::Task(task)) => outcome(&task),
             Some(gw::delegate_response::Result::Message(answer)) => {
@@ -215,7 +233,7 @@ impl Effects for ClientEffects {
                     idempotency_key: origin.key.clone(),
                     ..hub::PublishRequest::default()
                 };
-                self.hub.clone().publish(request).await.map_err(|s| status_error("hub publish", &s))?
+                self.hub.clone().publish(request).await.map_err(|s| status_error("hub publish", HUB_URL, &s))?
             }
             Destination::Agent(agent) => {
                 let request = hub::SendDirectRequest {
@@ -226,7 +244,7 @@ impl Effects for ClientEffects {
                     idempotency_key: origin.key.clone(),
                     ..hub::SendDirectRequest::default()
                 };
-                self.hub.clone().send_direct(request).await.map_err(|s| status_error("hub send", &s))?
+                self.hub.clone().send_direct(request).await.map_err(|s| status_error("hub send", HUB_URL, &s))?
             }
             Destination::Webhook(url) => return self.webhook(origin, url, &body, message_type).await,
         };
@@ -247,7 +265,8 @@ impl Effects for ClientEffects {
                 ..bus::NewEvent::default()
             }),
         };
-        let published = self.bus.clone().publish(request).await.map_err(|s| status_error("publish event", &s))?;
+        let published =
+            self.bus.clone().publish(request).await.map_err(|s| status_error("publish event", EVENTBUS_URL, &s))?;
         Ok(published.into_inner().sequence)
     }
 }
@@ -303,4 +322,21 @@ fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
 fn webhook_client(guard: &EgressGuard, timeout: Duration) -> Result<reqwest::Client, EffectError> {
     let builder = guard.client_builder().timeout(timeout).redirect(reqwest::redirect::Policy::none()).no_proxy();
     builder.build().map_err(|error| EffectError::Failed(format!("cannot build the webhook client: {error}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_service_without_the_method_names_the_setting_that_points_at_the_right_one() {
+        let status = Status::unimplemented("no such method: /chorus.taskstore.v1.TaskStore/CreateTask");
+        let EffectError::Failed(message) = status_error("create task", TASKSTORE_URL, &status) else {
+            panic!("a lasting failure");
+        };
+        assert!(message.starts_with("create task: no such method"), "{message}");
+        assert!(message.ends_with("point workflow.taskstore_url at it"), "{message}");
+        let down = status_error("hub publish", HUB_URL, &Status::unavailable("tcp connect error"));
+        assert!(matches!(down, EffectError::Transient(_)), "an outage is waited out: {down:?}");
+    }
 }

@@ -186,8 +186,9 @@ fn effect(
                 Some(await_task(effects, origin.namespace, task_id, deadline).map(move |done| (seq, done)).boxed())
             }
         },
-        // A delegate or message attempt is one call: its failure, even one
-        // worth trying again, ends the attempt, and the step's retry decides.
+        // A delegate attempt is one call, as a webhook message's is: its
+        // failure, even one worth trying again, ends the attempt, and the
+        // step's retry decides.
         (StepKind::Delegate, StepState::Running, Action::Delegate(delegate)) => {
             let agent = delegate.agent.clone();
             let timeout = delegate.timeout;
@@ -214,8 +215,15 @@ fn effect(
             let text = input["text"].as_str().unwrap_or_default().to_owned();
             let kind = input["type"].as_str().unwrap_or("workflow.message").to_owned();
             let future = async move {
-                let sent = effects.message(&origin, &to, &text, &kind).await;
-                (seq, Done::Attempt(sent.map_err(|error| error.to_string())))
+                let send = || effects.message(&origin, &to, &text, &kind);
+                let sent = match &to {
+                    // The hub is chorus's own: its outage (a restart) is
+                    // waited out, as the task store's is for a spawn, and the
+                    // step's idempotency key makes a repeated send harmless.
+                    Destination::Topic(_) | Destination::Agent(_) => retrying(send).await,
+                    Destination::Webhook(_) => send().await.map_err(|error| error.to_string()),
+                };
+                (seq, Done::Attempt(sent))
             };
             Some(future.boxed())
         }
@@ -280,9 +288,9 @@ fn task_result(outcome: TaskOutcome) -> Result<Value, String> {
 
 /// Runs `call` until it succeeds or fails for good; transient failures are
 /// retried with a growing pause (the step stays running meanwhile). For the
-/// calls to the task store and the bus (a spawn's task, a cancel, a gate's
-/// announcement), whose outage a run waits out; a spawn's timeout bounds its
-/// task.
+/// calls to the task store, the hub and the bus (a spawn's task, a cancel, a
+/// message to a topic or an agent, a gate's announcement), whose outage a run
+/// waits out; a spawn's timeout bounds its task.
 async fn retrying<T, F, Fut>(call: F) -> Result<T, String>
 where
     F: FnMut() -> Fut,

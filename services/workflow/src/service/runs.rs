@@ -13,8 +13,8 @@ use serde_json::{Map, Value};
 use super::{ENGINE_KEY, Workflows, feed::Fed};
 use crate::{
     domain::{
-        Decision, NewRun, Outcome, Run, RunBody, RunCursor, RunFilter, RunOrigin, RunPage, Signal, Started, StepKind,
-        StepState, WorkflowSpec,
+        Decision, NewRun, Outcome, Run, RunBody, RunCursor, RunFilter, RunOrigin, RunPage, RunState, Signal, Started,
+        StepKind, StepState, WorkflowSpec,
     },
     engine::{
         plan::{Planner, Verdict},
@@ -115,13 +115,18 @@ impl Workflows {
         Ok(run)
     }
 
-    /// Counts the steps a write completed, and the run when it finished it.
+    /// Counts the steps a write completed, and the run when it finished it;
+    /// a run that failed is logged, with why.
     fn count_progress(&self, before: Progress, run: &Run) {
         let after = Progress::of(run);
         let steps = after.steps_completed.saturating_sub(before.steps_completed);
         self.metrics.workflow_steps_completed.get().inc_by(steps as u64);
         if run.state.is_finished() && !before.finished {
             self.metrics.workflow_runs_finished.with([run.state.as_str()]).inc();
+            if run.state == RunState::Failed {
+                let error = run.body.error.as_deref().unwrap_or("(no reason recorded)");
+                tracing::warn!(run_id = %run.id, namespace = %run.namespace, workflow = %run.workflow, error, "workflow run failed");
+            }
         }
     }
 
@@ -177,7 +182,7 @@ impl Workflows {
             id: id.clone(),
             workflow: call.workflow.clone(),
             version,
-            state: crate::domain::RunState::Pending,
+            state: RunState::Pending,
             idempotency_key: None,
             concurrency_key: None,
             body: body.clone(),

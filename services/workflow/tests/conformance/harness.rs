@@ -85,13 +85,7 @@ impl Harness {
         );
         store.spawn_reaper();
         server.add_grpc_service(TaskStoreGrpc::new(store).into_server(limit));
-        let hub = Hub::new(
-            Arc::new(SqlHubRepository::new(db.clone())),
-            Wakeups::new(),
-            HubConfig::default(),
-            shutdown.clone(),
-        );
-        server.add_grpc_service(HubGrpc::new(hub).into_server(limit));
+        server.add_grpc_service(hub_service(&db, &shutdown));
         let bus = EventBus::new(
             Arc::new(SqlEventRepository::new(db.clone())),
             Wakeups::new(),
@@ -101,15 +95,29 @@ impl Harness {
         server.add_grpc_service(EventBusGrpc::new(bus).into_server(limit));
         server.add_grpc_service(gateway_server::GatewayServer::new(UnreachableAgents));
         tokio::spawn(server.serve(listener, shutdown.clone()));
-        let harness =
-            Self { workflows: build(&db, address, test_config()), db, address, shutdown, _database: database };
+        let workflows = build(&db, address, address, test_config());
+        let harness = Self { workflows, db, address, shutdown, _database: database };
         harness.start_worker(AGENT).await;
         harness
     }
 
     /// Another service (and engine) on the same database with `config`.
     pub(crate) fn with_config(&self, config: WorkflowConfig) -> Workflows {
-        build(&self.db, self.address, config)
+        build(&self.db, self.address, self.address, config)
+    }
+
+    /// An engine whose hub is at `hub` (where none may serve yet).
+    pub(crate) fn spawn_engine_with_hub(&self, hub: SocketAddr) -> Workflows {
+        let workflows = build(&self.db, self.address, hub, test_config());
+        chorus_workflow::engine::spawn(workflows.clone(), None, self.shutdown.child_token());
+        workflows
+    }
+
+    /// Serves the hub, on the harness's database, on `listener` as well.
+    pub(crate) fn serve_hub(&self, listener: tokio::net::TcpListener) {
+        let mut server = ServerBuilder::new(ServerConfig::default());
+        server.add_grpc_service(hub_service(&self.db, &self.shutdown));
+        tokio::spawn(server.serve(listener, self.shutdown.clone()));
     }
 
     /// The same database, another engine (a second replica).
@@ -185,11 +193,21 @@ impl Harness {
     }
 }
 
-fn build(db: &chorus_runtime::storage::Db, address: SocketAddr, config: WorkflowConfig) -> Workflows {
-    let channel = Transport::remote(Channel::from_shared(format!("http://{address}")).expect("url").connect_lazy());
+fn hub_service(
+    db: &chorus_runtime::storage::Db,
+    shutdown: &CancellationToken,
+) -> chorus_proto::hub::hub_server::HubServer<HubGrpc> {
+    let repository = Arc::new(SqlHubRepository::new(db.clone()));
+    let hub = Hub::new(repository, Wakeups::new(), HubConfig::default(), shutdown.clone());
+    HubGrpc::new(hub).into_server(4 << 20)
+}
+
+fn build(db: &chorus_runtime::storage::Db, address: SocketAddr, hub: SocketAddr, config: WorkflowConfig) -> Workflows {
+    let connect = |at: SocketAddr| Channel::from_shared(format!("http://{at}")).expect("url").connect_lazy();
+    let channel = Transport::remote(connect(address));
     let endpoints = Endpoints {
         taskstore: channel.clone(),
-        hub: channel.clone(),
+        hub: Transport::remote(connect(hub)),
         eventbus: channel.clone(),
         gateway: channel,
         gateway_url: format!("http://{address}"),

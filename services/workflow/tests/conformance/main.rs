@@ -7,6 +7,7 @@ mod engines;
 mod grpc;
 mod harness;
 mod loading;
+mod outages;
 mod runs;
 mod steps;
 mod triggers;

@@ -1,0 +1,53 @@
+//! Chorus's own services out of reach: a step that calls one waits until it
+//! answers again, rather than failing its run.
+
+use std::time::Duration;
+
+use chorus_proto::hub::{ReceiveRequest, RegisterAgentRequest, SubscribeRequest, hub_client::HubClient};
+use chorus_workflow::{
+    domain::{RunState, StepState},
+    service::StartCall,
+};
+
+use crate::harness::{Harness, NS};
+
+chorus_runtime::backend_suite!(crate::harness::Harness::bare;
+    a_message_step_waits_out_a_hub_that_does_not_answer_yet,
+);
+
+async fn a_message_step_waits_out_a_hub_that_does_not_answer_yet(h: Harness) {
+    let mut hub = HubClient::connect(h.url()).await.expect("hub");
+    let register = RegisterAgentRequest {
+        namespace: NS.into(),
+        agent_id: "watcher".into(),
+        agent_type: "observer".into(),
+        ..Default::default()
+    };
+    hub.register_agent(register).await.expect("register");
+    let subscribe = SubscribeRequest { namespace: NS.into(), agent_id: "watcher".into(), topic: "news".into() };
+    hub.subscribe(subscribe).await.expect("subscribe");
+    let reserved = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let hub_at = reserved.local_addr().expect("address");
+    drop(reserved);
+    let workflows = h.spawn_engine_with_hub(hub_at);
+    let source = "name: tell\nsteps:\n- id: post\n  message: {topic: news, text: hello}\n";
+    workflows.put(NS, source, "tell.yaml", "test").await.expect("a valid definition");
+    let call = StartCall { namespace: NS.into(), workflow: "tell".into(), ..StartCall::default() };
+    let run = workflows.start_run(call).await.expect("the run starts");
+
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let waiting = workflows.get_run(NS, &run.id).await.expect("the run");
+    assert_eq!(waiting.state, RunState::Running, "the hub's outage is waited out: {waiting:#?}");
+    assert_eq!(waiting.body.steps[0].state, StepState::Running, "{waiting:#?}");
+    h.serve_hub(tokio::net::TcpListener::bind(hub_at).await.expect("the hub's address is free again"));
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Completed, "{run:#?}");
+    let receive = ReceiveRequest {
+        namespace: NS.into(),
+        agent_id: "watcher".into(),
+        timeout: Some(prost_types::Duration { seconds: 1, nanos: 0 }),
+        ..Default::default()
+    };
+    let received = hub.receive(receive).await.expect("receive").into_inner().messages;
+    assert_eq!(received.len(), 1, "sent once: {received:#?}");
+}
