@@ -388,7 +388,8 @@ impl Stack {
                         wakeups,
                         workflow.clone(),
                     )
-                    .with_metrics(metrics.clone());
+                    .with_metrics(metrics.clone())
+                    .with_shutdown(shutdown.clone());
                     workflows.load_definitions_dir().await.map_err(startup_error)?;
                     let triggers = TriggerSource { bus: EventBusClient::new(eventbus) };
                     chorus_workflow::engine::spawn(workflows.clone(), Some(triggers), shutdown.clone());

@@ -33,6 +33,8 @@ pub enum WorkflowError {
     Conflict(String),
     #[error("cannot read {path}: {source}")]
     Folder { path: String, source: std::io::Error },
+    #[error("the workflow service is shutting down; watch again (another replica, or this one once restarted)")]
+    ShuttingDown,
     #[error("the database is unavailable, retry later: {0}")]
     Unavailable(sqlx::Error),
     #[error("storage error: {0}")]
@@ -57,7 +59,7 @@ impl ServiceError for WorkflowError {
             Self::KeyInUse { .. } => ErrorCode::AlreadyExists,
             Self::FailedPrecondition(_) => ErrorCode::FailedPrecondition,
             Self::Conflict(_) | Self::LeaseLost(_) => ErrorCode::Aborted,
-            Self::Unavailable(_) => ErrorCode::Unavailable,
+            Self::Unavailable(_) | Self::ShuttingDown => ErrorCode::Unavailable,
             Self::Folder { .. } | Self::Storage(_) | Self::Corrupt(_) => ErrorCode::Internal,
         }
     }

@@ -15,6 +15,7 @@ use chorus_runtime::time::now_micros;
 use sha2::{Digest as _, Sha256};
 
 use chorus_runtime::{metrics::Metrics, wakeup::Wakeups};
+use tokio_util::sync::CancellationToken;
 
 pub(crate) use self::runs::drive_key;
 pub use self::runs::{GateCall, SignalCall, StartCall};
@@ -54,6 +55,8 @@ pub struct Workflows {
     engine: Arc<OnceLock<LocalEngine>>,
     /// Where runs started and finished and steps completed are counted.
     pub(crate) metrics: Metrics,
+    /// Cancelled when the process stops: watches end then.
+    shutdown: CancellationToken,
 }
 
 /// Parsed specs by (namespace, name, version).
@@ -86,7 +89,15 @@ impl Workflows {
             feed: self::feed::RunFeed::default(),
             engine: Arc::default(),
             metrics: Metrics::default(),
+            shutdown: CancellationToken::new(),
         }
+    }
+
+    /// Ends the watches of runs when `shutdown` is cancelled, rather than
+    /// hold the process's stop for its grace period.
+    pub fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
+        self.shutdown = shutdown;
+        self
     }
 
     /// Counts into `metrics` (the server's) instead of a set of its own.

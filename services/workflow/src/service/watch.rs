@@ -1,5 +1,6 @@
 //! Watching a run: its stored events after a cursor, then each write of
-//! this process as it is committed, until the event that finishes the run.
+//! this process as it is committed, until the event that finishes the run,
+//! or the process stops.
 
 use futures_util::Stream;
 use tokio::sync::mpsc;
@@ -33,7 +34,13 @@ impl Workflows {
         }
         let (sender, receiver) = mpsc::channel(64);
         let (namespace, run_id) = (namespace.to_owned(), run_id.to_owned());
-        tokio::spawn(follow(self.clone(), feed, namespace, run_id, after, first, sender));
+        let (workflows, shutdown) = (self.clone(), self.shutdown.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = follow(workflows, feed, namespace, run_id, after, first, &sender) => {}
+                () = shutdown.cancelled() => chorus_runtime::feed::stopping(&sender, WorkflowError::ShuttingDown).await,
+            }
+        });
         Ok(ReceiverStream::new(receiver))
     }
 }
@@ -49,7 +56,7 @@ async fn follow(
     run_id: String,
     mut cursor: i64,
     first: EventPage,
-    sender: mpsc::Sender<Result<RunEvent>>,
+    sender: &mpsc::Sender<Result<RunEvent>>,
 ) {
     let ends =
         |events: &[RunEvent]| events.iter().any(|e| e.change == RunChange::RunStateChanged && e.state.is_finished());
@@ -67,7 +74,7 @@ async fn follow(
         if let Ok(events) = &events {
             cursor = events.last().map_or(cursor, |e| e.cursor);
         }
-        if !chorus_runtime::feed::forward(events, &sender).await || ended {
+        if !chorus_runtime::feed::forward(events, sender).await || ended {
             return;
         }
         if full {
@@ -96,7 +103,7 @@ async fn follow(
             let events: Vec<RunEvent> = fed.events.iter().filter(|e| e.cursor > cursor).cloned().collect();
             let ended = ends(&events);
             cursor = events.last().map_or(cursor, |e| e.cursor);
-            if !chorus_runtime::feed::forward(Ok(events), &sender).await || ended {
+            if !chorus_runtime::feed::forward(Ok(events), sender).await || ended {
                 return;
             }
             seen = Some(fed.revision);

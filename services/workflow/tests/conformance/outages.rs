@@ -1,18 +1,23 @@
 //! Chorus's own services out of reach: a step that calls one waits until it
-//! answers again, rather than failing its run.
+//! answers again, rather than failing its run. A workflow service that stops
+//! ends its watches at once, saying so.
 
 use std::time::Duration;
 
 use chorus_proto::hub::{ReceiveRequest, RegisterAgentRequest, SubscribeRequest, hub_client::HubClient};
 use chorus_workflow::{
     domain::{RunState, StepState},
+    error::WorkflowError,
     service::StartCall,
 };
+use futures_util::StreamExt as _;
+use tokio_util::sync::CancellationToken;
 
-use crate::harness::{Harness, NS};
+use crate::harness::{Harness, NS, test_config};
 
 chorus_runtime::backend_suite!(crate::harness::Harness::bare;
     a_message_step_waits_out_a_hub_that_does_not_answer_yet,
+    a_stopping_service_ends_its_watches_at_once,
 );
 
 async fn a_message_step_waits_out_a_hub_that_does_not_answer_yet(h: Harness) {
@@ -50,4 +55,23 @@ async fn a_message_step_waits_out_a_hub_that_does_not_answer_yet(h: Harness) {
     };
     let received = hub.receive(receive).await.expect("receive").into_inner().messages;
     assert_eq!(received.len(), 1, "sent once: {received:#?}");
+}
+
+async fn a_stopping_service_ends_its_watches_at_once(h: Harness) {
+    let shutdown = CancellationToken::new();
+    let workflows = h.with_config(test_config()).with_shutdown(shutdown.clone());
+    h.put("name: later\nsteps:\n- id: nap\n  wait: {duration: 1h}\n").await;
+    let run = h.run("later", serde_json::json!({})).await;
+    let mut watch = Box::pin(workflows.watch_run(NS, &run.id, 0).await.expect("watch"));
+    watch.next().await.expect("the run's first event").expect("an event");
+    shutdown.cancel();
+    let ended = tokio::time::timeout(Duration::from_secs(2), async {
+        let mut last = None;
+        while let Some(item) = watch.next().await {
+            last = Some(item);
+        }
+        last
+    });
+    let last = ended.await.expect("the watch ends at once, not with the process's grace period");
+    assert!(matches!(last, Some(Err(WorkflowError::ShuttingDown))), "it says why: {last:?}");
 }
