@@ -197,6 +197,10 @@ async fn main() -> anyhow::Result<ExitCode> {
         }
         outcome => outcome,
     };
+    // A log read alone tells a clean stop from a hang or a kill.
+    if !person_facing && outcome.is_ok() {
+        tracing::info!("stopped");
+    }
     telemetry.shutdown().await;
     outcome
 }

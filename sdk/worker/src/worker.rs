@@ -13,7 +13,7 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 use tonic::codec::Streaming;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::{
     Client, HandlerError, Reply, TaskContext, WorkerError,
@@ -215,6 +215,8 @@ impl Worker {
         // Until a stream opens, this process holds no task: what the worker
         // id still holds is a previous process's, which the store requeues.
         let mut fresh_start = true;
+        // An outage is said once, when it starts, not at every attempt.
+        let mut unavailable = false;
         loop {
             let mut client = self.client.clone();
             let request = ClaimTasksRequest { fresh_start, ..request.clone() };
@@ -225,6 +227,7 @@ impl Worker {
             match opened {
                 Ok(stream) => {
                     fresh_start = false;
+                    unavailable = false;
                     backoff.reset();
                     info!(agent_id = %self.agent_id, worker_id = %self.worker_id, "claiming tasks");
                     let stream = stream.into_inner();
@@ -237,8 +240,12 @@ impl Worker {
                     error!(agent_id = %self.agent_id, error = %status, "claim stream refused");
                     return Err(WorkerError::Stream(status));
                 }
+                Err(status) if unavailable => {
+                    debug!(agent_id = %self.agent_id, error = status.message(), "claim stream still unavailable");
+                }
                 Err(status) => {
-                    warn!(agent_id = %self.agent_id, error = %status, "claim stream unavailable");
+                    unavailable = true;
+                    warn!(agent_id = %self.agent_id, error = status.message(), "claim stream unavailable; retrying");
                 }
             }
             reap(tasks);
