@@ -54,11 +54,15 @@ pub(crate) async fn handle(
 ) -> Response {
     let call = match parse(&gateway, &uri, &headers, body).await {
         Ok(call) => call,
-        Err((id, error)) => return error_response(&id, &error),
+        Err((id, error)) => {
+            count(&gateway, "unknown", Err(&error));
+            return error_response(&id, &error);
+        }
     };
     let id = call.id.clone();
-    let notification = call.notification;
+    let (notification, method) = (call.notification, call.method);
     let reply = dispatch(&gateway, &agent, call).await;
+    count(&gateway, method, reply.as_ref().map(|_| ()));
     if notification {
         // Done, and not answered: not even an error (JSON-RPC 2.0 §4.1).
         return StatusCode::NO_CONTENT.into_response();
@@ -124,6 +128,14 @@ async fn parse(
         (None, Version::V1) => return Err((id, GatewayError::MethodNotFound(method))),
     };
     Ok(Call { id, notification, principal, method, params, version })
+}
+
+/// Counts a call by its method (one of [`METHODS`], or `unknown` when it
+/// could not be read) and outcome: JSON-RPC errors travel in HTTP 200s, so
+/// the HTTP metrics do not tell them.
+fn count(gateway: &Gateway, method: &str, outcome: std::result::Result<(), &GatewayError>) {
+    let outcome = outcome.map_or_else(GatewayError::reason, |()| "ok");
+    gateway.metrics().a2a_jsonrpc_calls.with([method, outcome]).inc();
 }
 
 fn params<T: DeserializeOwned>(params: Value) -> Result<T> {

@@ -138,6 +138,11 @@ impl PushDispatcher {
         })
     }
 
+    /// The server's metrics, which deliveries are counted into.
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// This gateway's name in the leases of the configs it follows.
     pub(crate) fn follower(&self) -> &str {
         &self.follower

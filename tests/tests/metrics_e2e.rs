@@ -63,6 +63,10 @@ async fn metrics_follow_a2a_and_grpc_calls_and_name_no_tenant() {
     tasks.get_task(request).await.expect("GetTask");
     let missing = GetTaskRequest { namespace: namespace.clone(), id: "no-such-task".to_owned(), history_length: None };
     assert_eq!(tasks.get_task(missing).await.expect_err("no such task").code(), tonic::Code::NotFound);
+    let not_found = a2a.rpc("echo", "GetTask", json!({ "id": "no-such-task" }));
+    assert_eq!(chorus_tests::a2a::json(not_found).await.1["error"]["code"], -32001, "an error in an HTTP 200");
+    let bogus = a2a.rpc("echo", "Bogus", json!({}));
+    assert_eq!(chorus_tests::a2a::json(bogus).await.1["error"]["code"], -32601);
 
     let after = scrape(&a2a).await;
     let grew = |series: &str| growth(&before, &after, series);
@@ -72,7 +76,12 @@ async fn metrics_follow_a2a_and_grpc_calls_and_name_no_tenant() {
     assert_eq!(grew(&format!("chorus_grpc_requests_total{{{taskstore},method=\"GetTask\",code=\"NotFound\"}}")), 1.0);
     assert_eq!(grew(&format!("chorus_grpc_request_duration_seconds_count{{{taskstore},method=\"GetTask\"}}")), 2.0);
     let rpc = "chorus_http_requests_total{route=\"/a2a/{agent}\",method=\"POST\",status=\"200\"";
-    assert_eq!(grew(&format!("{rpc},kind=\"http\"}}")), 1.0, "SendMessage is one JSON-RPC request");
+    assert_eq!(grew(&format!("{rpc},kind=\"http\"}}")), 3.0, "SendMessage, GetTask and Bogus");
+    let calls = "chorus_a2a_jsonrpc_calls_total";
+    assert_eq!(grew(&format!("{calls}{{method=\"SendMessage\",outcome=\"ok\"}}")), 1.0);
+    assert_eq!(grew(&format!("{calls}{{method=\"SendStreamingMessage\",outcome=\"ok\"}}")), 1.0);
+    assert_eq!(grew(&format!("{calls}{{method=\"GetTask\",outcome=\"TASK_NOT_FOUND\"}}")), 1.0);
+    assert_eq!(grew(&format!("{calls}{{method=\"unknown\",outcome=\"METHOD_NOT_FOUND\"}}")), 1.0);
     assert_eq!(grew(&format!("{rpc},kind=\"sse\"}}")), 1.0, "SendStreamingMessage is one SSE response");
     assert_eq!(after.get("chorus_streams_in_flight{protocol=\"sse\"}"), Some(&0.0), "the stream was read to its end");
     assert!(grew("chorus_tasks_created_total") >= 3.0, "two A2A tasks and one by gRPC");

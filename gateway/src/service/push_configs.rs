@@ -30,6 +30,11 @@ pub(super) fn sent_for(mut config: TaskPushNotificationConfig, task_id: &str) ->
 }
 
 impl Gateway {
+    /// The server's metrics (the push dispatcher's, which counts its deliveries there).
+    pub(crate) fn metrics(&self) -> &chorus_runtime::metrics::Metrics {
+        self.inner.push.metrics()
+    }
+
     /// `CreateTaskPushNotificationConfig`: notifications cover the changes
     /// from about now on.
     pub(crate) async fn create_push_config(

@@ -42,6 +42,7 @@ pub struct Registry {
     /// HTTP requests by `route` (its template), `method`, `status` and
     /// `kind` (`http`, `sse` or `websocket`).
     pub http_requests: Family<4, Counter>,
+    pub a2a_jsonrpc_calls: Family<2, Counter>,
     /// Streams open now by `protocol` (`grpc`: server-streaming calls; `sse`).
     pub streams_in_flight: Family<1, Gauge>,
     pub tasks_created: Family<0, Counter>,
@@ -82,6 +83,12 @@ impl Default for Registry {
                 "chorus_http_requests_total",
                 "HTTP requests handled, by route template, method, status and kind (http, sse, websocket).",
                 ["route", "method", "status", "kind"],
+            ),
+            a2a_jsonrpc_calls: Family::new(
+                "chorus_a2a_jsonrpc_calls_total",
+                "A2A JSON-RPC calls answered (their errors travel in HTTP 200s), by method and outcome: ok, or the \
+                 A2A error's name (TASK_NOT_FOUND, INVALID_PARAMS, UNAVAILABLE, ...).",
+                ["method", "outcome"],
             ),
             streams_in_flight: Family::new(
                 "chorus_streams_in_flight",
@@ -149,6 +156,7 @@ impl Metrics {
         self.grpc_requests.encode(&mut out);
         self.grpc_latency.encode(&mut out);
         self.http_requests.encode(&mut out);
+        self.a2a_jsonrpc_calls.encode(&mut out);
         self.streams_in_flight.encode(&mut out);
         self.tasks_created.encode(&mut out);
         self.tasks_finished.encode(&mut out);
