@@ -156,15 +156,7 @@ async fn a_worker_waiting_for_an_answer_outlives_a_task_store_that_stops() {
     let _reviewer = sandbox.builtin_agent("reviewer", taskstore.url(), "default");
     let mut client = taskstore.task_store().await;
     let task = tasks::create_task(&mut client, "default", "reviewer", "Review the notes").await;
-    let mut waiting = tasks::get_task(&mut client, "default", &task.id).await;
-    for _ in 0..300 {
-        if tasks::state(&waiting) == TaskState::InputRequired {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        waiting = tasks::get_task(&mut client, "default", &task.id).await;
-    }
-    assert_eq!(tasks::state(&waiting), TaskState::InputRequired, "the reviewer asks: {waiting:#?}");
+    let waiting = until_state(&mut client, &task.id, TaskState::InputRequired).await;
 
     taskstore.stop().await;
     let taskstore = sandbox.serve_taskstore(&database).listen(address).start().await;
@@ -177,13 +169,18 @@ async fn a_worker_waiting_for_an_answer_outlives_a_task_store_that_stops() {
     };
     let answered = client.answer_question(answer).await.expect("the task still waits for its answer").into_inner();
     assert_eq!(answered.attempt, waiting.attempt, "the same attempt goes on");
-    let mut done = tasks::get_task(&mut client, "default", &task.id).await;
+    until_state(&mut client, &task.id, TaskState::Completed).await;
+}
+
+/// The task once it is in `state` (polled for up to 15 s).
+async fn until_state(client: &mut tasks::Client, id: &str, state: TaskState) -> chorus_proto::taskstore::Task {
+    let mut task = tasks::get_task(client, "default", id).await;
     for _ in 0..300 {
-        if tasks::state(&done) == TaskState::Completed {
-            break;
+        if tasks::state(&task) == state {
+            return task;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-        done = tasks::get_task(&mut client, "default", &task.id).await;
+        task = tasks::get_task(client, "default", id).await;
     }
-    assert_eq!(tasks::state(&done), TaskState::Completed, "{done:#?}");
+    panic!("task {id} did not become {state:?}: {task:#?}");
 }

@@ -9,6 +9,7 @@ use chorus_eventbus::{EventBus, EventBusConfig, grpc::EventBusGrpc, repository::
 use chorus_hub::{Hub, HubConfig, grpc::HubGrpc, repository::sql::SqlHubRepository};
 use chorus_proto::{
     gateway::{DelegateRequest, DelegateResponse, gateway_server},
+    hub::{ReceiveRequest, RegisterAgentRequest, SubscribeRequest, hub_client::HubClient},
     taskstore::{Part, part::Content},
 };
 use chorus_runtime::transport::Transport;
@@ -113,6 +114,21 @@ impl Harness {
         workflows
     }
 
+    /// A hub agent `watcher` subscribed to `topic`, through the harness's hub.
+    pub(crate) async fn watcher(&self, topic: &str) -> Watcher {
+        let mut hub = HubClient::connect(self.url()).await.expect("hub");
+        let register = RegisterAgentRequest {
+            namespace: NS.into(),
+            agent_id: "watcher".into(),
+            agent_type: "observer".into(),
+            ..Default::default()
+        };
+        hub.register_agent(register).await.expect("register");
+        let subscribe = SubscribeRequest { namespace: NS.into(), agent_id: "watcher".into(), topic: topic.into() };
+        hub.subscribe(subscribe).await.expect("subscribe");
+        Watcher(hub)
+    }
+
     /// Serves the hub, on the harness's database, on `listener` as well.
     pub(crate) fn serve_hub(&self, listener: tokio::net::TcpListener) {
         let mut server = ServerBuilder::new(ServerConfig::default());
@@ -190,6 +206,30 @@ impl Harness {
     /// Waits until the run waits (on a gate, a signal or a timer).
     pub(crate) async fn waiting(&self, run_id: &str) -> Run {
         self.until(run_id, "the run to wait", |run| run.state == RunState::Waiting).await
+    }
+}
+
+/// A hub agent that watches a topic (see [`Harness::watcher`]).
+pub(crate) struct Watcher(HubClient<Channel>);
+
+impl Watcher {
+    /// The texts of the messages it received, waiting up to a second for the first.
+    pub(crate) async fn texts(&mut self) -> Vec<String> {
+        let receive = ReceiveRequest {
+            namespace: NS.into(),
+            agent_id: "watcher".into(),
+            timeout: Some(prost_types::Duration { seconds: 1, nanos: 0 }),
+            ..Default::default()
+        };
+        let received = self.0.receive(receive).await.expect("receive").into_inner().messages;
+        received
+            .iter()
+            .map(|message| {
+                let content = message.content.as_ref().expect("content");
+                let payload = serde_json::from_slice::<Value>(&content.payload).expect("json");
+                payload["text"].as_str().unwrap_or_default().to_owned()
+            })
+            .collect()
     }
 }
 

@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use chorus_proto::hub::{ReceiveRequest, RegisterAgentRequest, SubscribeRequest, hub_client::HubClient};
 use chorus_workflow::{
     domain::{RunState, StepState},
     error::WorkflowError,
@@ -21,16 +20,7 @@ chorus_runtime::backend_suite!(crate::harness::Harness::bare;
 );
 
 async fn a_message_step_waits_out_a_hub_that_does_not_answer_yet(h: Harness) {
-    let mut hub = HubClient::connect(h.url()).await.expect("hub");
-    let register = RegisterAgentRequest {
-        namespace: NS.into(),
-        agent_id: "watcher".into(),
-        agent_type: "observer".into(),
-        ..Default::default()
-    };
-    hub.register_agent(register).await.expect("register");
-    let subscribe = SubscribeRequest { namespace: NS.into(), agent_id: "watcher".into(), topic: "news".into() };
-    hub.subscribe(subscribe).await.expect("subscribe");
+    let mut watcher = h.watcher("news").await;
     let reserved = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let hub_at = reserved.local_addr().expect("address");
     drop(reserved);
@@ -47,14 +37,7 @@ async fn a_message_step_waits_out_a_hub_that_does_not_answer_yet(h: Harness) {
     h.serve_hub(tokio::net::TcpListener::bind(hub_at).await.expect("the hub's address is free again"));
     let run = h.finished(&run.id).await;
     assert_eq!(run.state, RunState::Completed, "{run:#?}");
-    let receive = ReceiveRequest {
-        namespace: NS.into(),
-        agent_id: "watcher".into(),
-        timeout: Some(prost_types::Duration { seconds: 1, nanos: 0 }),
-        ..Default::default()
-    };
-    let received = hub.receive(receive).await.expect("receive").into_inner().messages;
-    assert_eq!(received.len(), 1, "sent once: {received:#?}");
+    assert_eq!(watcher.texts().await, ["hello"], "sent once");
 }
 
 async fn a_stopping_service_ends_its_watches_at_once(h: Harness) {

@@ -12,10 +12,7 @@ use axum::{
     http::{HeaderMap, StatusCode},
     routing::post,
 };
-use chorus_proto::{
-    eventbus::{NewEvent, PublishRequest, event_bus_client::EventBusClient},
-    hub::{ReceiveRequest, RegisterAgentRequest, SubscribeRequest, hub_client::HubClient},
-};
+use chorus_proto::eventbus::{NewEvent, PublishRequest, event_bus_client::EventBusClient};
 use chorus_workflow::domain::{OriginKind, RunChange, RunFilter, RunState, StepState};
 use futures_util::StreamExt as _;
 use serde_json::{Value, json};
@@ -58,16 +55,7 @@ async fn receiver_answering(status: StatusCode) -> (String, Arc<Mutex<Vec<(Strin
 }
 
 async fn messages_reach_hub_topics_and_webhooks_once_with_their_keys(h: Harness) {
-    let mut hub = HubClient::connect(h.url()).await.expect("hub");
-    let register = RegisterAgentRequest {
-        namespace: NS.into(),
-        agent_id: "watcher".into(),
-        agent_type: "observer".into(),
-        ..Default::default()
-    };
-    hub.register_agent(register).await.expect("register");
-    let subscribe = SubscribeRequest { namespace: NS.into(), agent_id: "watcher".into(), topic: "news".into() };
-    hub.subscribe(subscribe).await.expect("subscribe");
+    let mut watcher = h.watcher("news").await;
     let (url, seen) = receiver().await;
     h.put(&format!(
         "name: tell\ninputs:\n  who: {{type: string}}\nsteps:\n\
@@ -79,24 +67,8 @@ async fn messages_reach_hub_topics_and_webhooks_once_with_their_keys(h: Harness)
     let run = h.run("tell", json!({"who": "ann"})).await;
     let run = h.finished(&run.id).await;
     assert_eq!(run.state, RunState::Completed, "{run:#?}");
-    let receive = ReceiveRequest {
-        namespace: NS.into(),
-        agent_id: "watcher".into(),
-        timeout: Some(prost_types::Duration { seconds: 2, nanos: 0 }),
-        ..Default::default()
-    };
-    let received = hub.receive(receive).await.expect("receive").into_inner().messages;
-    let texts: Vec<String> = received
-        .iter()
-        .map(|m| {
-            let content = m.content.as_ref().expect("content");
-            serde_json::from_slice::<Value>(&content.payload).expect("json")["text"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned()
-        })
-        .collect();
-    assert_eq!(texts, ["hello ann", "direct"], "{received:#?}");
+    let texts = watcher.texts().await;
+    assert_eq!(texts, ["hello ann", "direct"]);
     let seen = seen.lock().expect("seen").clone();
     let [(key, body)] = seen.as_slice() else { panic!("one webhook call expected: {seen:?}") };
     assert_eq!(key, &format!("workflow:{}:hook:1:1", run.id));
