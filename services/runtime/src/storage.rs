@@ -50,10 +50,21 @@ pub enum StorageError {
     UnsupportedUrl { url: String },
     #[error("cannot create data directory {dir}: {source}")]
     DataDir { dir: String, source: std::io::Error },
-    #[error("cannot connect to {url}: {source}")]
+    #[error("cannot connect to {url}: {}", connect_reason(source))]
     Connect { url: String, source: sqlx::Error },
     #[error("migrations of {service} failed: {source}")]
     Migrate { service: &'static str, source: sqlx::migrate::MigrateError },
+}
+
+/// Why a connection failed, in an operator's words where sqlx's are its
+/// pool's.
+fn connect_reason(error: &sqlx::Error) -> String {
+    match error {
+        sqlx::Error::PoolTimedOut => "the database did not answer in time (storage.acquire_timeout_ms): it accepts \
+                                      TCP connections but no session starts; is it overloaded, or is this its port?"
+            .to_owned(),
+        other => other.to_string(),
+    }
 }
 
 /// One embedded migration file.
@@ -408,6 +419,17 @@ mod tests {
         let text = error.to_string();
         assert!(text.to_lowercase().contains("refused"), "the cause, not only a timeout: {text}");
         assert!(!text.contains("hunter2"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_server_that_never_answers_is_named_as_such() {
+        // Connections queue in the listener's backlog, and nothing answers them.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("postgres://u@{}/db", silent.local_addr().unwrap());
+        let config = StorageConfig { acquire_timeout_ms: 300, ..StorageConfig::default() };
+        let error = Db::connect(&url, &config).await.expect_err("no session starts");
+        let text = error.to_string();
+        assert!(text.contains("did not answer in time (storage.acquire_timeout_ms)"), "{text}");
     }
 
     /// A PostgreSQL SQLSTATE of digits (22021: a NUL in text) is not read as
