@@ -188,6 +188,10 @@ async fn main() -> anyhow::Result<ExitCode> {
         false => chorus_runtime::signal::shutdown_on_signal(),
     };
     let outcome = run(cli.command, &config, shutdown).await;
+    // A log read alone tells a clean stop from a hang or a kill.
+    if !person_facing && outcome.is_ok() {
+        tracing::info!("stopped");
+    }
     // Where logs are JSON (a collector reads them), so is the error that
     // stops the process, rather than anyhow's lines of plain text.
     let outcome = match outcome {
@@ -197,10 +201,6 @@ async fn main() -> anyhow::Result<ExitCode> {
         }
         outcome => outcome,
     };
-    // A log read alone tells a clean stop from a hang or a kill.
-    if !person_facing && outcome.is_ok() {
-        tracing::info!("stopped");
-    }
     telemetry.shutdown().await;
     outcome
 }
