@@ -11,6 +11,7 @@ use std::{
 };
 
 use chorus_proto::taskstore as pb;
+use chorus_runtime::outage::Outage;
 use tokio_util::task::TaskTracker;
 use tonic::{Code, Status};
 
@@ -109,15 +110,20 @@ impl Runner {
             tracing::warn!(error = %status.message(), "cannot hand back the turns of this gateway's previous run");
             tokio::time::sleep(self.turns.lease / 3).await;
         }
+        let mut outage = Outage::default();
+        let what = "renewing the turns this gateway follows";
         loop {
-            self.renew_and_claim(catalog).await;
+            match self.renew_and_claim(catalog).await {
+                Ok(()) => outage.passed(what),
+                Err(status) => outage.failed(what, status.message()),
+            }
             tokio::time::sleep((self.turns.lease / 3).max(Duration::from_millis(1))).await;
         }
     }
 
     /// Renews the leases held, forgets the tasks lost, and takes up those
     /// no live gateway follows, a page at a time.
-    async fn renew_and_claim(&self, catalog: &Catalog) {
+    async fn renew_and_claim(&self, catalog: &Catalog) -> Result<(), Status> {
         let mut following: Vec<pb::TaskKey> = self
             .turns
             .following()
@@ -131,12 +137,7 @@ impl Runner {
                 following: std::mem::take(&mut following),
                 claim: CLAIM_PAGE,
             };
-            let kept = match self.tasks.clone().keep_following_tasks(request).await {
-                Ok(kept) => kept.into_inner(),
-                Err(status) => {
-                    return tracing::warn!(error = %status.message(), "cannot renew the turns this gateway follows");
-                }
-            };
+            let kept = self.tasks.clone().keep_following_tasks(request).await?.into_inner();
             let last_page = kept.claimed.len() < CLAIM_PAGE as usize;
             let mut held = self.turns.following();
             for lost in kept.lost {
@@ -154,7 +155,7 @@ impl Runner {
                 self.clone().take_up(catalog.clone(), claimed);
             }
             if last_page {
-                return;
+                return Ok(());
             }
         }
     }

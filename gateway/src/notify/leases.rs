@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use chorus_proto::taskstore as pb;
+use chorus_runtime::outage::Outage;
 use tokio_util::task::TaskTracker;
 
 use super::{ConfigKey, PushDispatcher};
@@ -12,6 +13,10 @@ use crate::push;
 
 /// How many configs no gateway follows one claim takes.
 const CLAIM_PAGE: u32 = 100;
+
+/// What the rounds do, as their outages say.
+const RENEW: &str = "renewing the leases of the push configs followed";
+const CLAIM: &str = "claiming the push configs no gateway follows";
 
 /// How long a stopping gateway waits for the task store to take its leases
 /// back.
@@ -43,16 +48,23 @@ impl PushDispatcher {
             tracing::warn!(failures, error = %status.message(), "cannot hand back the push configs of this gateway's previous run");
             tokio::time::sleep(push::backoff(&self.policy, failures, None)).await;
         }
+        let (mut renewing, mut claiming) = (Outage::default(), Outage::default());
         loop {
-            self.renew().await;
-            self.claim().await;
+            match self.renew().await {
+                Ok(()) => renewing.passed(RENEW),
+                Err(status) => renewing.failed(RENEW, status.message()),
+            }
+            match self.claim().await {
+                Ok(()) => claiming.passed(CLAIM),
+                Err(status) => claiming.failed(CLAIM, status.message()),
+            }
             tokio::time::sleep(self.policy.renew_every()).await;
         }
     }
 
     /// Renews the leases this gateway holds, and stops following the configs
     /// it no longer holds.
-    async fn renew(&self) {
+    async fn renew(&self) -> Result<(), tonic::Status> {
         let followers: Vec<(ConfigKey, u64)> = {
             let following = self.following.lock().expect("push followers lock");
             following.iter().map(|(key, follower)| (key.clone(), follower.id)).collect()
@@ -62,19 +74,14 @@ impl PushDispatcher {
             lease_ms: self.policy.lease_ms,
             following: followers.iter().map(|((namespace, task_id, id), _)| key_out(namespace, task_id, id)).collect(),
         };
-        let lost = match self.tasks.clone().renew_push_configs(request).await {
-            Ok(answer) => answer.into_inner().lost,
-            Err(status) => {
-                tracing::warn!(error = %status.message(), "cannot renew the leases of the push configs followed");
-                return;
-            }
-        };
+        let lost = self.tasks.clone().renew_push_configs(request).await?.into_inner().lost;
         for lost in lost {
             let key = (lost.namespace, lost.task_id, lost.id);
             if let Some((_, id)) = followers.iter().find(|(followed, _)| *followed == key) {
                 self.stop(&key, *id);
             }
         }
+        Ok(())
     }
 
     /// Stops follower `id` of the config, unless another follows it now.
@@ -93,20 +100,14 @@ impl PushDispatcher {
     }
 
     /// Follows the configs no gateway holds, a page at a time.
-    async fn claim(&self) {
+    async fn claim(&self) -> Result<(), tonic::Status> {
         loop {
             let request = pb::ClaimPushConfigsRequest {
                 follower: self.follower.clone(),
                 lease_ms: self.policy.lease_ms,
                 limit: CLAIM_PAGE,
             };
-            let claimed = match self.tasks.clone().claim_push_configs(request).await {
-                Ok(answer) => answer.into_inner().configs,
-                Err(status) => {
-                    tracing::warn!(error = %status.message(), "cannot claim the push configs no gateway follows");
-                    return;
-                }
-            };
+            let claimed = self.tasks.clone().claim_push_configs(request).await?.into_inner().configs;
             let last_page = claimed.len() < CLAIM_PAGE as usize;
             for pending in claimed {
                 let Some(key) = pending.key else {
@@ -117,7 +118,7 @@ impl PushDispatcher {
                 self.spawn((key.namespace, key.task_id, key.id), pending.delivered_cursor, None);
             }
             if last_page {
-                return;
+                return Ok(());
             }
         }
     }

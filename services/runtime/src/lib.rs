@@ -29,6 +29,7 @@ mod flat_writes;
 pub mod glob;
 pub mod grpc;
 pub mod metrics;
+pub mod outage;
 pub mod registry;
 pub mod server;
 pub mod signal;
