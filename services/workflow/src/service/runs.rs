@@ -125,7 +125,8 @@ impl Workflows {
             self.metrics.workflow_runs_finished.with([run.state.as_str()]).inc();
             if run.state == RunState::Failed {
                 let error = run.body.error.as_deref().unwrap_or("(no reason recorded)");
-                tracing::warn!(run_id = %run.id, namespace = %run.namespace, workflow = %run.workflow, error, "workflow run failed");
+                let (run_id, namespace, workflow) = (&run.id, &run.namespace, &run.workflow);
+                tracing::warn!(%run_id, %namespace, %workflow, error, "workflow run failed");
             }
         }
     }
