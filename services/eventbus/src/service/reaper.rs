@@ -6,11 +6,14 @@
 
 use std::time::Duration;
 
-use chorus_runtime::time::{micros, now_micros};
+use chorus_runtime::{
+    outage::Outage,
+    time::{micros, now_micros},
+};
 use tokio::task::JoinHandle;
 
 use super::EventBus;
-use crate::domain::PurgeCursor;
+use crate::{domain::PurgeCursor, error::Result};
 
 /// Expired leases handled per transaction.
 const BATCH: u32 = 100;
@@ -19,6 +22,8 @@ const PURGE_BATCH: u32 = 500;
 /// How often finished events past their retention are deleted, at most: a
 /// shorter retention purges as often as it is long.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
+/// What the reaper's rounds do, as an outage of its database says.
+const REAPING: &str = "expiring delivery leases";
 
 impl EventBus {
     /// Runs the reaper until shutdown. Every replica may run one: rows are
@@ -29,10 +34,15 @@ impl EventBus {
             let mut interval = tokio::time::interval(bus.config.reaper_interval());
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut last_purge: Option<tokio::time::Instant> = None;
+            // A database that is down is said once, not at every tick.
+            let mut reaping = Outage::default();
             loop {
                 tokio::select! {
                     () = bus.shutdown.cancelled() => return,
-                    _ = interval.tick() => bus.reap().await,
+                    _ = interval.tick() => match bus.reap().await {
+                        Ok(()) => reaping.passed(REAPING),
+                        Err(error) => reaping.failed(REAPING, &error.to_string()),
+                    },
                 }
                 if let Some(retention) = bus.config.retention()
                     && last_purge.is_none_or(|last| last.elapsed() >= retention.min(PURGE_EVERY))
@@ -44,20 +54,13 @@ impl EventBus {
         })
     }
 
-    async fn reap(&self) {
+    async fn reap(&self) -> Result<()> {
         loop {
-            match self.repository.expire(now_micros(), BATCH).await {
-                Ok(expired) => {
-                    expired.namespaces.iter().for_each(|namespace| self.changed(namespace));
-                    self.metrics.eventbus_dead_letters.get().inc_by(expired.dead_lettered);
-                    if expired.namespaces.is_empty() {
-                        return;
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "delivery lease reaper failed; retrying on the next tick");
-                    return;
-                }
+            let expired = self.repository.expire(now_micros(), BATCH).await?;
+            expired.namespaces.iter().for_each(|namespace| self.changed(namespace));
+            self.metrics.eventbus_dead_letters.get().inc_by(expired.dead_lettered);
+            if expired.namespaces.is_empty() {
+                return Ok(());
             }
         }
     }

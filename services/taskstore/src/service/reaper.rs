@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use chorus_runtime::time::micros;
+use chorus_runtime::{outage::Outage, time::micros};
 use tokio::task::JoinHandle;
 
 use super::TaskStore;
@@ -26,6 +26,8 @@ const PURGE_BATCH: u32 = 100;
 /// How often finished tasks past their retention are deleted, at most: a
 /// shorter retention purges as often as it is long.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
+/// What the reaper's rounds do, as an outage of its database says.
+const REAPING: &str = "expiring worker leases";
 /// Tasks a new database holds when the reaper gives it its first statistics.
 const FIRST_STATISTICS_AT: i64 = 100;
 
@@ -40,10 +42,15 @@ impl TaskStore {
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut has_statistics = false;
             let mut last_purge: Option<tokio::time::Instant> = None;
+            // A database that is down is said once, not at every tick.
+            let mut reaping = Outage::default();
             loop {
                 tokio::select! {
                     () = store.shutdown.cancelled() => return,
-                    _ = interval.tick() => store.reap(started).await,
+                    _ = interval.tick() => match store.reap(started).await {
+                        Ok(()) => reaping.passed(REAPING),
+                        Err(error) => reaping.failed(REAPING, &error.to_string()),
+                    },
                 }
                 if let Some(retention) = store.config.retention()
                     && last_purge.is_none_or(|last| last.elapsed() >= retention.min(PURGE_EVERY))
@@ -65,15 +72,9 @@ impl TaskStore {
     /// Expires the leases that ran out; those that ran out before `started`,
     /// when the workers holding them may have found no task store to renew
     /// with, a lease length later (see `TaskRepository::expire_leases`).
-    async fn reap(&self, started: i64) {
+    async fn reap(&self, started: i64) -> Result<()> {
         loop {
-            let expired = match self.repository.expire_leases(now_micros(), started, BATCH).await {
-                Ok(expired) => expired,
-                Err(error) => {
-                    tracing::warn!(%error, "lease reaper failed; retrying on the next tick");
-                    return;
-                }
-            };
+            let expired = self.repository.expire_leases(now_micros(), started, BATCH).await?;
             for expiry in &expired {
                 let task = &expiry.task;
                 tracing::warn!(
@@ -89,7 +90,7 @@ impl TaskStore {
                 self.attempt_ended(task);
             }
             if expired.len() < BATCH as usize {
-                return;
+                return Ok(());
             }
         }
     }
