@@ -94,6 +94,10 @@ async fn metrics_follow_a2a_and_grpc_calls_and_name_no_tenant() {
     for private in [namespace.as_str(), id.as_str(), task["id"].as_str().expect("a task id")] {
         assert!(!series.iter().any(|series| series.contains(private)), "{private} is in {series:?}");
     }
+    // The task for `nobody` waits for a worker: the queue's gauges show it
+    // once the task store next reads them.
+    scrape_until_grown(&a2a, &before, "chorus_tasks_queued", 1.0).await;
+    assert!(scrape(&a2a).await.contains_key("chorus_tasks_queued_oldest_age_seconds"));
 }
 
 /// Scrapes until `series` has grown by `at_least` since `before`: what the

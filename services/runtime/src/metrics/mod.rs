@@ -48,6 +48,8 @@ pub struct Registry {
     pub tasks_created: Family<0, Counter>,
     /// Tasks that reached a final `state`.
     pub tasks_finished: Family<1, Counter>,
+    pub tasks_queued: Family<0, Gauge>,
+    pub oldest_queued_task_age: Family<0, Gauge>,
     /// Tasks handed to workers (a claim or a hand-off).
     pub task_claims: Family<0, Counter>,
     /// Worker leases that ran out, by `outcome` (`requeued` or `failed`).
@@ -100,6 +102,17 @@ impl Default for Registry {
                 "chorus_tasks_finished_total",
                 "Tasks that reached a final state, by state.",
                 ["state"],
+            ),
+            tasks_queued: Family::new(
+                "chorus_tasks_queued",
+                "Tasks waiting for a worker (submitted), in the whole database; read by the task store every few \
+                 seconds.",
+                [],
+            ),
+            oldest_queued_task_age: Family::new(
+                "chorus_tasks_queued_oldest_age_seconds",
+                "How long the oldest task waiting for a worker has existed (0: none waits).",
+                [],
             ),
             task_claims: Family::new("chorus_task_claims_total", "Tasks handed to workers.", []),
             lease_expiries: Family::new(
@@ -160,6 +173,8 @@ impl Metrics {
         self.streams_in_flight.encode(&mut out);
         self.tasks_created.encode(&mut out);
         self.tasks_finished.encode(&mut out);
+        self.tasks_queued.encode(&mut out);
+        self.oldest_queued_task_age.encode(&mut out);
         self.task_claims.encode(&mut out);
         self.lease_expiries.encode(&mut out);
         self.outbox_events_relayed.encode(&mut out);

@@ -136,6 +136,10 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// not at all, so no task ever points at a parent that is gone.
     async fn purge_finished(&self, finished_before: i64, after: Option<&PurgeCursor>, limit: u32) -> Result<Purged>;
 
+    /// The tasks waiting for a worker (`submitted`), every namespace: how
+    /// many, and when the oldest of them was created.
+    async fn queue_depth(&self) -> Result<(u64, Option<i64>)>;
+
     /// Gives the task tables their first statistics once they hold
     /// `min_tasks` tasks, if the database has none yet; whether it has now.
     async fn first_statistics(&self, min_tasks: i64) -> Result<bool>;

@@ -26,6 +26,8 @@ const PURGE_BATCH: u32 = 100;
 /// How often finished tasks past their retention are deleted, at most: a
 /// shorter retention purges as often as it is long.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
+/// How often the reaper reads the queue for its gauges.
+const QUEUE_READ_EVERY: Duration = Duration::from_secs(5);
 /// What the reaper's rounds do, as an outage of its database says.
 const REAPING: &str = "expiring worker leases";
 /// Tasks a new database holds when the reaper gives it its first statistics.
@@ -42,6 +44,7 @@ impl TaskStore {
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut has_statistics = false;
             let mut last_purge: Option<tokio::time::Instant> = None;
+            let mut last_queue_read: Option<tokio::time::Instant> = None;
             // A database that is down is said once, not at every tick.
             let mut reaping = Outage::default();
             loop {
@@ -51,6 +54,10 @@ impl TaskStore {
                         Ok(()) => reaping.passed(REAPING),
                         Err(error) => reaping.failed(REAPING, &error.to_string()),
                     },
+                }
+                if last_queue_read.is_none_or(|last| last.elapsed() >= QUEUE_READ_EVERY) {
+                    last_queue_read = Some(tokio::time::Instant::now());
+                    store.read_queue().await;
                 }
                 if let Some(retention) = store.config.retention()
                     && last_purge.is_none_or(|last| last.elapsed() >= retention.min(PURGE_EVERY))
@@ -67,6 +74,20 @@ impl TaskStore {
                 }
             }
         })
+    }
+
+    /// Sets the queue's gauges: the tasks waiting for a worker, and how long
+    /// the oldest has. A failed read leaves them as they were (the reaper's
+    /// own round says when the database is down).
+    async fn read_queue(&self) {
+        match self.repository.queue_depth().await {
+            Ok((queued, oldest)) => {
+                self.metrics.tasks_queued.get().set(i64::try_from(queued).unwrap_or(i64::MAX));
+                let age = oldest.map_or(0, |created| (now_micros() - created).max(0) / 1_000_000);
+                self.metrics.oldest_queued_task_age.get().set(age);
+            }
+            Err(error) => tracing::debug!(%error, "cannot read the queue's depth"),
+        }
     }
 
     /// Expires the leases that ran out; those that ran out before `started`,

@@ -38,6 +38,7 @@ conformance!(
     an_artifact_takes_no_chunk_after_its_last,
     a_completion_after_a_reported_status_logs_its_artifacts_under_that_status,
     a_completion_without_the_lease_changes_nothing,
+    the_queue_depth_counts_the_tasks_waiting_for_a_worker,
 );
 
 pub(crate) fn claim_request(
@@ -616,4 +617,16 @@ async fn a_completion_without_the_lease_changes_nothing(h: Harness) {
     assert!(matches!(twice, Err(TaskStoreError::TaskFinished { .. })), "{twice:?}");
     let finished = h.store.get_task("ns", &task.id, None).await.unwrap();
     assert_eq!((finished.status.state, finished.history.len()), (TaskState::Completed, 1));
+}
+
+async fn the_queue_depth_counts_the_tasks_waiting_for_a_worker(h: Harness) {
+    assert_eq!(h.repository.queue_depth().await.unwrap(), (0, None), "nothing waits");
+    let first = h.task("ns", "echo", "first").await;
+    h.task("other-ns", "review", "second").await;
+    assert_eq!(h.repository.queue_depth().await.unwrap(), (2, Some(first.created_at)), "every namespace and agent");
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
+    assert_eq!(next_claim(&mut claims).await.task.id, first.id);
+    let (queued, oldest) = h.repository.queue_depth().await.unwrap();
+    assert_eq!(queued, 1, "a claimed task waits no more");
+    assert!(oldest.is_some_and(|oldest| oldest >= first.created_at));
 }

@@ -116,6 +116,10 @@ impl TaskRepository for SqlTaskRepository {
         self.purge(finished_before, after, limit).await
     }
 
+    async fn queue_depth(&self) -> Result<(u64, Option<i64>)> {
+        self.queued().await
+    }
+
     async fn first_statistics(&self, min_tasks: i64) -> Result<bool> {
         const TABLES: [&str; 4] = ["taskstore_tasks", "taskstore_history", "taskstore_artifacts", "taskstore_events"];
         Ok(self.db.analyze_once_filled("taskstore_tasks", &TABLES, min_tasks).await?)

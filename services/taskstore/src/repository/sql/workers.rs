@@ -295,6 +295,16 @@ impl SqlTaskRepository {
         Ok(task)
     }
 
+    /// The queued tasks and the oldest one's creation, read through the
+    /// partial index of claimable tasks.
+    pub(super) async fn queued(&self) -> Result<(u64, Option<i64>)> {
+        let (queued, oldest): (i64, Option<i64>) =
+            sqlx::query_as("SELECT COUNT(*), MIN(created_at) FROM taskstore_tasks WHERE state = 'submitted'")
+                .fetch_one(&mut *self.db.read().await?)
+                .await?;
+        Ok((u64::try_from(queued).unwrap_or_default(), oldest))
+    }
+
     pub(super) async fn expire(&self, now: i64, started: i64, limit: u32) -> Result<Vec<Expiry>> {
         let sql = match self.backend() {
             Backend::Postgres => EXPIRED_POSTGRES,
