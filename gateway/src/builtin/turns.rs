@@ -113,10 +113,7 @@ impl Runner {
         let mut outage = Outage::default();
         let what = "renewing the turns this gateway follows";
         loop {
-            match self.renew_and_claim(catalog).await {
-                Ok(()) => outage.passed(what),
-                Err(status) => outage.failed(what, status.message()),
-            }
+            outage.track(what, self.renew_and_claim(catalog).await.map_err(|status| status.message().to_owned()));
             tokio::time::sleep((self.turns.lease / 3).max(Duration::from_millis(1))).await;
         }
     }

@@ -50,14 +50,8 @@ impl PushDispatcher {
         }
         let (mut renewing, mut claiming) = (Outage::default(), Outage::default());
         loop {
-            match self.renew().await {
-                Ok(()) => renewing.passed(RENEW),
-                Err(status) => renewing.failed(RENEW, status.message()),
-            }
-            match self.claim().await {
-                Ok(()) => claiming.passed(CLAIM),
-                Err(status) => claiming.failed(CLAIM, status.message()),
-            }
+            renewing.track(RENEW, self.renew().await.map_err(|status| status.message().to_owned()));
+            claiming.track(CLAIM, self.claim().await.map_err(|status| status.message().to_owned()));
             tokio::time::sleep(self.policy.renew_every()).await;
         }
     }

@@ -11,7 +11,7 @@ pub struct Outage {
 impl Outage {
     /// `what` (an action: "renewing the leases") failed: a warning when the
     /// outage starts, debug lines while it lasts.
-    pub fn failed(&mut self, what: &str, error: &str) {
+    fn failed(&mut self, what: &str, error: &str) {
         if std::mem::replace(&mut self.failing, true) {
             tracing::debug!(error, "{what} still fails");
         } else {
@@ -20,9 +20,18 @@ impl Outage {
     }
 
     /// `what` worked: the end of an outage is said.
-    pub fn passed(&mut self, what: &str) {
+    fn passed(&mut self, what: &str) {
         if std::mem::take(&mut self.failing) {
             tracing::info!("{what} works again");
+        }
+    }
+
+    /// Says how `what` went this time: a warning when an outage starts,
+    /// debug lines while it lasts, a line when it ends.
+    pub fn track<E: std::fmt::Display>(&mut self, what: &str, outcome: Result<(), E>) {
+        match outcome {
+            Ok(()) => self.passed(what),
+            Err(error) => self.failed(what, &error.to_string()),
         }
     }
 }

@@ -39,10 +39,7 @@ impl EventBus {
             loop {
                 tokio::select! {
                     () = bus.shutdown.cancelled() => return,
-                    _ = interval.tick() => match bus.reap().await {
-                        Ok(()) => reaping.passed(REAPING),
-                        Err(error) => reaping.failed(REAPING, &error.to_string()),
-                    },
+                    _ = interval.tick() => reaping.track(REAPING, bus.reap().await),
                 }
                 if let Some(retention) = bus.config.retention()
                     && last_purge.is_none_or(|last| last.elapsed() >= retention.min(PURGE_EVERY))

@@ -50,10 +50,7 @@ impl TaskStore {
             loop {
                 tokio::select! {
                     () = store.shutdown.cancelled() => return,
-                    _ = interval.tick() => match store.reap(started).await {
-                        Ok(()) => reaping.passed(REAPING),
-                        Err(error) => reaping.failed(REAPING, &error.to_string()),
-                    },
+                    _ = interval.tick() => reaping.track(REAPING, store.reap(started).await),
                 }
                 if last_queue_read.is_none_or(|last| last.elapsed() >= QUEUE_READ_EVERY) {
                     last_queue_read = Some(tokio::time::Instant::now());

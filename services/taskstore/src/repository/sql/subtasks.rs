@@ -190,8 +190,8 @@ impl SqlTaskRepository {
         if !state.is_interrupted() {
             return Err(TaskStoreError::NoQuestion { task_id: task_id.to_owned(), state });
         }
-        if let Some(lease) = &follow {
-            super::turns::follow_in(&mut tx, namespace, task_id, lease).await?;
+        if follow.is_some() {
+            super::turns::follow_in(&mut tx, namespace, task_id, follow.as_ref()).await?;
         }
         let answer = Message { role: Role::User, ..answer }.bound_to(task_id, &record.task.context_id);
         append_history(&mut tx, &mut record, &answer).await?;

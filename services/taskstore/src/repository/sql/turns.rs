@@ -83,28 +83,27 @@ fn key_of(row: &sqlx::any::AnyRow) -> Result<TaskKey> {
     Ok(TaskKey { namespace: row.try_get("namespace")?, task_id: row.try_get("id")? })
 }
 
-/// Has `lease`'s follower follow a task, within the caller's transaction.
+/// Has `lease`'s follower (`None`: no one) follow a task, on `conn` (in the
+/// caller's transaction, if it has one); whether the task exists.
 pub(super) async fn follow_in(
     conn: &mut sqlx::AnyConnection,
     namespace: &str,
     task_id: &str,
-    lease: &PushLease,
-) -> Result<()> {
-    let statement = sqlx::query(FOLLOW).bind(namespace).bind(task_id).bind(lease.follower.as_str()).bind(lease.until);
-    statement.execute(conn).await?;
-    Ok(())
+    lease: Option<&PushLease>,
+) -> Result<bool> {
+    let followed = sqlx::query(FOLLOW)
+        .bind(namespace)
+        .bind(task_id)
+        .bind(lease.map(|lease| lease.follower.as_str()))
+        .bind(lease.map(|lease| lease.until))
+        .execute(conn)
+        .await?;
+    Ok(followed.rows_affected() != 0)
 }
 
 impl SqlTaskRepository {
     pub(super) async fn follow(&self, namespace: &str, task_id: &str, lease: Option<&PushLease>) -> Result<()> {
-        let followed = sqlx::query(FOLLOW)
-            .bind(namespace)
-            .bind(task_id)
-            .bind(lease.map(|lease| lease.follower.as_str()))
-            .bind(lease.map(|lease| lease.until))
-            .execute(&mut *self.db.acquire().await?)
-            .await?;
-        if followed.rows_affected() == 0 {
+        if !follow_in(&mut *self.db.acquire().await?, namespace, task_id, lease).await? {
             return Err(TaskStoreError::TaskNotFound(task_id.to_owned()));
         }
         Ok(())
