@@ -9,7 +9,7 @@ use chorus_proto::workflow::{
     self as pb, CancelRunRequest, GetRunRequest, ListRunsRequest, SignalRunRequest, StartRunRequest, WatchRunRequest,
     run_event, workflow_client::WorkflowClient,
 };
-use chorus_runtime::transport::Transport;
+use chorus_runtime::transport::{Transport, cut_off};
 use clap::Args;
 use serde_json::{Map, Value};
 
@@ -304,12 +304,6 @@ pub(super) async fn watch(client: &mut Client, target: &Target, run_id: &str) ->
         *delay = (*delay * 2).min(Duration::from_secs(2));
     }
     if last == pb::RunState::Completed { Ok(()) } else { Err(Failure::No) }
-}
-
-/// Whether the call failed on its way (the connection dropped, the server
-/// is away) rather than with the server's own answer.
-fn cut_off(status: &tonic::Status) -> bool {
-    status.code() == tonic::Code::Unavailable || std::error::Error::source(status).is_some()
 }
 
 pub(super) async fn cancel(client: &mut Client, target: &Target, run_id: &str, reason: String) -> Outcome {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use chorus_proto::taskstore::{AnswerQuestionRequest, Role, TaskState};
 use chorus_tests::{
     Sandbox, Server,
-    a2a::{A2a, describe, events, message, state, unique, write_chorus_toml},
+    a2a::{A2a, describe, events, message, unique, write_chorus_toml},
     tasks, test_worker,
     worker::Mode,
 };
@@ -75,7 +75,7 @@ where
 
     let (status, answer) = blocking.await.expect("the blocking call does not panic");
     assert!(status.is_success(), "HTTP {status}: {answer:#}");
-    assert_eq!(state(&answer["result"]["task"]), "TASK_STATE_CANCELED", "{answer:#}");
+    assert_eq!(answer["result"]["task"]["status"]["state"], "TASK_STATE_CANCELED", "{answer:#}");
     let seen: Vec<String> =
         streaming.await.expect("the stream does not panic").iter().map(|event| describe(&event["result"])).collect();
     assert_eq!(seen.first().map(String::as_str), Some("task SUBMITTED"), "{seen:?}");
@@ -136,19 +136,32 @@ async fn a_stopping_gateway_answers_its_waiting_calls_at_once() {
     let ((status, answer), events) =
         tokio::time::timeout(Duration::from_secs(30), answers).await.expect("answered before the grace period ends");
     assert_eq!(status, StatusCode::OK, "{answer:#}");
-    assert_eq!(state(&answer["result"]["task"]), "TASK_STATE_SUBMITTED", "the task as it is: {answer:#}");
+    assert_eq!(answer["result"]["task"]["status"]["state"], "TASK_STATE_SUBMITTED", "the task as it is: {answer:#}");
     let last = events.last().expect("events");
     let error = last["error"]["message"].as_str().unwrap_or_default();
     assert!(error.contains("shutting down; subscribe to the task again"), "{events:#?}");
     assert!(stopped.await.expect("stopped").success());
 }
 
-/// The reviewer asks before it publishes; a rolling restart of the task
-/// store while it waits for the answer leaves the task waiting, and the
-/// answer given afterwards completes it (the worker's watch failed as
-/// UNAVAILABLE, which used to fail the task for good).
+/// The reviewer asks before it publishes; a restart of the task store while
+/// it waits for the answer leaves the task waiting, and the answer given
+/// afterwards completes it. The worker's watch fails as UNAVAILABLE (a
+/// rolling restart) or with the transport's own error (a kill), each of
+/// which used to fail the task for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_waiting_for_an_answer_outlives_a_task_store_that_stops() {
+    a_worker_waiting_for_an_answer_outlives_a_restart(Server::stop).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_waiting_for_an_answer_outlives_a_task_store_that_is_killed() {
+    a_worker_waiting_for_an_answer_outlives_a_restart(Server::kill).await;
+}
+
+async fn a_worker_waiting_for_an_answer_outlives_a_restart<Stopped>(stop: impl FnOnce(Server) -> Stopped)
+where
+    Stopped: Future<Output = std::process::ExitStatus>,
+{
     let sandbox = Sandbox::new();
     let database = format!("sqlite://{}?mode=rwc", sandbox.path().join("tasks.db").display());
     let taskstore = sandbox.serve_taskstore(&database).start().await;
@@ -158,7 +171,7 @@ async fn a_worker_waiting_for_an_answer_outlives_a_task_store_that_stops() {
     let task = tasks::create_task(&mut client, "default", "reviewer", "Review the notes").await;
     let waiting = until_state(&mut client, &task.id, TaskState::InputRequired).await;
 
-    taskstore.stop().await;
+    stop(taskstore).await;
     let taskstore = sandbox.serve_taskstore(&database).listen(address).start().await;
     let mut client = taskstore.task_store().await;
     let answer = AnswerQuestionRequest {

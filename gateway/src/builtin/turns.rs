@@ -13,7 +13,7 @@ use std::{
 use chorus_proto::taskstore as pb;
 use chorus_runtime::outage::Outage;
 use tokio_util::task::TaskTracker;
-use tonic::{Code, Status};
+use tonic::Status;
 
 use super::{Runner, Written};
 use crate::{catalog::Catalog, config::AgentConfig};
@@ -209,7 +209,7 @@ impl Runner {
         let mut pause = FIRST_PAUSE;
         let started = tokio::time::Instant::now();
         while let Err(status) = &outcome
-            && matches!(status.code(), Code::Unavailable | Code::Unknown)
+            && crate::service::worth_reopening(status)
             && started.elapsed() < GIVE_UP_AFTER
         {
             tracing::info!(%task_id, error = %status.message(), "a turn's service is out of reach; trying again");

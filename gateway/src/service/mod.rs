@@ -18,11 +18,11 @@ use chorus_runtime::transport::Transport;
 use futures_util::{Stream, StreamExt as _, stream};
 use tokio_util::sync::CancellationToken;
 
-pub(crate) use self::inputs::history_length;
 use self::{
     follow::{Waiting, until_settled},
     inputs::{check_input_modes, keep_latest, validate_message, without_empty_strings},
 };
+pub(crate) use self::{inputs::history_length, rewatch::worth_reopening};
 use crate::{
     auth::{Authenticator, Scope},
     builtin::{self, Runner},

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use chorus_proto::taskstore::{self as pb, task_store_client::TaskStoreClient};
-use chorus_runtime::transport::Transport;
+use chorus_runtime::transport::{self, Transport};
 use futures_util::{Stream, stream};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status, Streaming};
@@ -157,10 +157,11 @@ impl Watch {
     }
 }
 
-/// Whether a watch's failure may pass: the task store went away or is
-/// going, and this or another replica may answer soon.
-fn worth_reopening(status: &Status) -> bool {
-    matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Cancelled)
+/// Whether a call's failure may pass: the task store went away or is going,
+/// or the connection to it broke, and this or another replica may answer
+/// soon.
+pub(crate) fn worth_reopening(status: &Status) -> bool {
+    transport::cut_off(status) || matches!(status.code(), Code::Unknown | Code::Cancelled)
 }
 
 /// `request` (its timeout set here), made again while the task store cannot

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use chorus_runtime::transport;
+
 /// Why the worker, or a call a [`TaskContext`](crate::TaskContext) made, failed.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -94,17 +96,18 @@ where
             message.push_str(&cause.to_string());
             source = cause.source();
         }
-        if unavailable(&error) { Self::retryable(message) } else { Self::fatal(message) }
+        if cut_off(&error) { Self::retryable(message) } else { Self::fatal(message) }
     }
 }
 
-/// Whether `error` is a task-store call refused as UNAVAILABLE.
-fn unavailable(error: &(dyn std::error::Error + 'static)) -> bool {
+/// Whether `error` is a task-store call cut off on its way: refused as
+/// UNAVAILABLE, or its connection could not be made or broke under it.
+fn cut_off(error: &(dyn std::error::Error + 'static)) -> bool {
     let status = match error.downcast_ref::<WorkerError>() {
         Some(WorkerError::Transport(status)) => Some(status),
         _ => error.downcast_ref::<tonic::Status>(),
     };
-    status.is_some_and(|status| status.code() == tonic::Code::Unavailable)
+    status.is_some_and(transport::cut_off)
 }
 
 #[cfg(test)]
@@ -128,6 +131,10 @@ mod tests {
         assert!(HandlerError::from(shutting_down).is_retryable());
         assert!(HandlerError::from(tonic::Status::unavailable("tcp connect error")).is_retryable());
         assert!(!HandlerError::from(tonic::Status::failed_precondition("lease lost")).is_retryable());
+        // A task store killed under the call: the transport's own status.
+        let mut broken = tonic::Status::unknown("h2 protocol error: stream closed because of a broken pipe");
+        broken.set_source(std::sync::Arc::new(std::io::Error::from(std::io::ErrorKind::BrokenPipe)));
+        assert!(HandlerError::from(WorkerError::Transport(broken)).is_retryable());
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::{
 use chorus_proto::taskstore::{
     ClaimedTask, CompleteTaskRequest, FailTaskRequest, RenewLeaseRequest, Task, TaskState, UpdateStatusRequest,
 };
+use chorus_runtime::transport;
 use tokio::{
     sync::OwnedSemaphorePermit,
     task::{JoinHandle, JoinSet},
@@ -231,7 +232,7 @@ where
         }
     }
 
-    /// Makes a final call, retrying while the server is unavailable and the
+    /// Makes a final call, retrying while the call is cut off and the
     /// lease may still hold.
     async fn finish<C, Fut, T>(&self, call: C) -> Result<(), tonic::Status>
     where
@@ -246,7 +247,7 @@ where
                 Err(status) => status,
             };
             let delay = backoff.next_delay();
-            if status.code() != tonic::Code::Unavailable || started.elapsed() + delay >= self.lease {
+            if !transport::cut_off(&status) || started.elapsed() + delay >= self.lease {
                 return Err(status);
             }
             tokio::time::sleep(delay).await;

@@ -84,6 +84,16 @@ impl Transport {
     }
 }
 
+/// Whether a call failed on its way rather than with its server's answer:
+/// the server is unavailable (starting, stopping, out of reach), or the
+/// client's transport made the status because the connection could not be
+/// made or broke under the call. A status the server answered carries no
+/// cause; one the transport made carries its own, whatever code it maps to:
+/// a connection cut mid-frame comes as INTERNAL ("h2 protocol error").
+pub fn cut_off(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Unavailable || std::error::Error::source(status).is_some()
+}
+
 /// Where a [`Transport::later`] learns its server.
 #[derive(Debug)]
 pub struct Later(Arc<OnceLock<Transport>>);
@@ -144,6 +154,27 @@ mod tests {
 
         let unknown = client.check(HealthCheckRequest { service: "nothing".to_owned() }).await.unwrap_err();
         assert_eq!(unknown.code(), tonic::Code::NotFound, "the server's own errors come through");
+    }
+
+    #[tokio::test]
+    async fn a_call_is_cut_off_by_its_transport_not_by_its_server_answering() {
+        let (_reporter, server) = tonic_health::server::health_reporter();
+        let mut answering = HealthClient::new(Transport::in_process(server));
+        let answered = answering.check(HealthCheckRequest { service: "nothing".to_owned() }).await.unwrap_err();
+        assert!(!cut_off(&answered), "the server's own answer: {answered:?}");
+        assert!(!cut_off(&tonic::Status::internal("a storage error")));
+        assert!(cut_off(&tonic::Status::unavailable("shutting down; call again")));
+
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        drop(listener);
+        let channel = Channel::from_shared(format!("http://{address}")).unwrap().connect_lazy();
+        let mut away = HealthClient::new(Transport::remote(channel));
+        let refused = away.check(HealthCheckRequest::default()).await.unwrap_err();
+        assert!(cut_off(&refused), "nothing listens: {refused:?}");
+        let mut broken = tonic::Status::internal("h2 protocol error: frame with invalid size");
+        broken.set_source(Arc::new(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
+        assert!(cut_off(&broken), "a status the transport made, whatever its code");
     }
 
     #[tokio::test]

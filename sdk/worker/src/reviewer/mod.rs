@@ -29,6 +29,7 @@ use std::time::Duration;
 use chorus_proto::taskstore::{
     Message, Role, TaskState, UpdateStatusRequest, WatchTaskRequest, part::Content, task_event::Kind,
 };
+use chorus_runtime::transport;
 use prost_types::{Struct, Value, value::Kind as ValueKind};
 use tokio_util::sync::CancellationToken;
 
@@ -277,14 +278,15 @@ const REWATCH_FIRST: Duration = Duration::from_millis(200);
 const REWATCH_LONGEST: Duration = Duration::from_secs(5);
 
 /// Watches the task until the user answers it; `None` when the task store
-/// went away first (UNAVAILABLE), and the watch is worth opening again.
+/// went away first (UNAVAILABLE, or the watch's connection broke), and the
+/// watch is worth opening again.
 async fn watch_answer(task: &TaskContext, client: &mut Client) -> Result<Option<Message>, HandlerError> {
-    let went_away = |status: tonic::Status| match status.code() {
-        tonic::Code::Unavailable => {
-            tracing::info!(task_id = task.id(), error = status.message(), "watching for the answer again");
-            Ok(None)
+    let went_away = |status: tonic::Status| {
+        if !transport::cut_off(&status) {
+            return Err(HandlerError::from(WorkerError::from(status)));
         }
-        _ => Err(HandlerError::from(WorkerError::from(status))),
+        tracing::info!(task_id = task.id(), error = status.message(), "watching for the answer again");
+        Ok(None)
     };
     let watch = WatchTaskRequest {
         namespace: task.namespace().to_owned(),

@@ -13,7 +13,7 @@ use chorus_proto::{
 };
 use chorus_runtime::{
     egress::{self, EgressGuard},
-    transport::Transport,
+    transport::{self, Transport},
 };
 use serde_json::{Value, json};
 use tonic::{Code, Status};
@@ -84,7 +84,8 @@ const GATEWAY_URL: &str = "workflow.gateway_url";
 fn status_error(what: &str, setting: &str, status: &Status) -> EffectError {
     let message = format!("{what}: {}", status.message());
     match status.code() {
-        Code::Unavailable | Code::DeadlineExceeded | Code::ResourceExhausted | Code::Aborted | Code::Unknown => {
+        _ if transport::cut_off(status) => EffectError::Transient(message),
+        Code::DeadlineExceeded | Code::ResourceExhausted | Code::Aborted | Code::Unknown => {
             EffectError::Transient(message)
         }
         Code::Unimplemented => EffectError::Failed(format!(
@@ -338,5 +339,11 @@ mod tests {
         assert!(message.ends_with("point workflow.taskstore_url at it"), "{message}");
         let down = status_error("hub publish", HUB_URL, &Status::unavailable("tcp connect error"));
         assert!(matches!(down, EffectError::Transient(_)), "an outage is waited out: {down:?}");
+        let mut cut = Status::internal("h2 protocol error: frame with invalid size");
+        cut.set_source(std::sync::Arc::new(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
+        let cut = status_error("create task", TASKSTORE_URL, &cut);
+        assert!(matches!(cut, EffectError::Transient(_)), "so is a connection cut under the call: {cut:?}");
+        let refused = status_error("create task", TASKSTORE_URL, &Status::internal("a storage error"));
+        assert!(matches!(refused, EffectError::Failed(_)), "the service's own error is not: {refused:?}");
     }
 }
