@@ -225,16 +225,56 @@ fn grpc_tenant_of(default_namespace: &str, default_agent: &str, namespace: &str,
     }
 }
 
+/// Where a gRPC client dials the gateway that `base_url` names: its host
+/// and port (the scheme's when the URL has none). A gRPC target has no path,
+/// so one that a proxy puts before the gateway's URLs is left out.
+fn grpc_target(base_url: &str) -> String {
+    let Ok(url) = reqwest::Url::parse(base_url) else {
+        return base_url.split_once("://").map_or(base_url, |(_, rest)| rest).to_owned();
+    };
+    let host = url.host_str().unwrap_or_default();
+    match url.port_or_known_default() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_owned(),
+    }
+}
+
+/// The card's skills: those configured or, where none are, one for the
+/// agent as a whole. A2A requires at least one, and a tag on each: a skill
+/// configured without tags is tagged with its id.
+fn card_skills(agent: &AgentConfig) -> Vec<AgentSkill> {
+    let whole = || SkillConfig {
+        id: agent.id.clone(),
+        name: agent.name.clone(),
+        description: agent.description.clone(),
+        tags: Vec::new(),
+        examples: Vec::new(),
+    };
+    let skills = if agent.skills.is_empty() { vec![whole()] } else { agent.skills.clone() };
+    skills
+        .into_iter()
+        .map(|skill| AgentSkill {
+            tags: if skill.tags.is_empty() { vec![skill.id.clone()] } else { skill.tags },
+            examples: (!skill.examples.is_empty()).then_some(skill.examples),
+            id: skill.id,
+            name: skill.name,
+            description: skill.description,
+            input_modes: None,
+            output_modes: None,
+            security_requirements: None,
+        })
+        .collect()
+}
+
 fn card(agent: &AgentConfig, base_url: &str, grpc_tenant: Option<String>, auth: &AuthConfig) -> AgentCard {
     let url = format!("{base_url}/a2a/{}", agent.id);
-    let host = base_url.split_once("://").map_or(base_url, |(_, rest)| rest);
     let interface = |url: String, binding: &str| AgentInterface {
         url,
         protocol_binding: binding.to_owned(),
         protocol_version: a2a::VERSION.to_owned(),
         tenant: None,
     };
-    let mut grpc = interface(host.to_owned(), a2a::TRANSPORT_PROTOCOL_GRPC);
+    let mut grpc = interface(grpc_target(base_url), a2a::TRANSPORT_PROTOCOL_GRPC);
     grpc.tenant = grpc_tenant;
     let (security_schemes, security_requirements) = security(auth);
     AgentCard {
@@ -254,20 +294,7 @@ fn card(agent: &AgentConfig, base_url: &str, grpc_tenant: Option<String>, auth: 
         },
         default_input_modes: agent.input_modes.clone(),
         default_output_modes: agent.output_modes.clone(),
-        skills: agent
-            .skills
-            .iter()
-            .map(|skill| AgentSkill {
-                id: skill.id.clone(),
-                name: skill.name.clone(),
-                description: skill.description.clone(),
-                tags: skill.tags.clone(),
-                examples: (!skill.examples.is_empty()).then(|| skill.examples.clone()),
-                input_modes: None,
-                output_modes: None,
-                security_requirements: None,
-            })
-            .collect(),
+        skills: card_skills(agent),
         provider: Some(AgentProvider {
             organization: "chorus".to_owned(),
             url: "https://github.com/chorus-fabric/chorus".to_owned(),
@@ -339,6 +366,44 @@ mod tests {
         assert_eq!(card.supported_interfaces[2].tenant.as_deref(), Some("default/tck"));
         let default = &catalog.card(ECHO).expect("echo card").card;
         assert_eq!(default.supported_interfaces[2].tenant, None, "the default agent needs no tenant");
+    }
+
+    #[test]
+    fn the_grpc_interface_is_the_public_url_s_host_and_port() {
+        let grpc = |public: &str| {
+            let catalog = Catalog::new(&GatewayConfig::default(), public).expect("catalog");
+            catalog.card(ECHO).expect("echo card").card.supported_interfaces[2].url.clone()
+        };
+        assert_eq!(grpc("https://agents.example.com/base"), "agents.example.com:443", "a proxy's path is left out");
+        assert_eq!(grpc("http://agents.example.com"), "agents.example.com:80");
+        assert_eq!(grpc("http://[::1]:7800"), "[::1]:7800");
+        let catalog = Catalog::new(&GatewayConfig::default(), "https://agents.example.com/base").expect("catalog");
+        let jsonrpc = &catalog.card(ECHO).expect("echo card").card.supported_interfaces[0].url;
+        assert_eq!(jsonrpc, "https://agents.example.com/base/a2a/echo", "the other bindings keep it");
+    }
+
+    #[test]
+    fn every_card_has_a_skill_and_every_skill_a_tag() {
+        let mut plain = builtin_agents().remove(0);
+        plain.id = "plain".to_owned();
+        plain.skills.clear();
+        let mut untagged = plain.clone();
+        untagged.id = "untagged".to_owned();
+        untagged.skills = vec![SkillConfig {
+            id: "sum".to_owned(),
+            name: "Sum".to_owned(),
+            description: "Adds numbers".to_owned(),
+            tags: Vec::new(),
+            examples: Vec::new(),
+        }];
+        let config =
+            GatewayConfig { agents: vec![plain, untagged], default_agent: "plain".into(), ..Default::default() };
+        let catalog = Catalog::new(&config, "http://h").expect("catalog");
+        let skills = |id: &str| catalog.card(id).expect("card").card.skills.clone();
+        let whole = &skills("plain")[0];
+        assert_eq!((whole.id.as_str(), whole.tags.as_slice()), ("plain", ["plain".to_owned()].as_slice()));
+        assert!(whole.description.starts_with("Answers every message"), "the agent's own description");
+        assert_eq!(skills("untagged")[0].tags, ["sum"]);
     }
 
     #[test]
