@@ -233,14 +233,43 @@ async fn an_unusable_answer_ends_the_turn_and_its_task(answer: impl Fn(&Value) -
     assert!(failed["error"]["message"].as_str().unwrap_or_default().contains(reason), "{failed}");
 
     // Nobody will answer the question: the task is canceled, not left waiting.
+    assert_eq!(task_states(&server, &session).await, ["TASK_STATE_CANCELED"]);
+    assert!(ide.is_running(), "the bridge goes on serving");
+}
+
+/// The states of the reviewer's tasks in context `session`, newest first.
+async fn task_states(server: &Server, session: &str) -> Vec<String> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let body = json!({ "jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": { "contextId": session } });
     let request = reqwest::Client::new().post(format!("{}/a2a/reviewer", server.url())).header("A2A-Version", "1.0");
     let page: Value = request.json(&body).send().await.expect("ListTasks").json().await.expect("JSON");
-    let states: Vec<&Value> =
-        page["result"]["tasks"].as_array().expect("tasks").iter().map(|t| &t["status"]["state"]).collect();
-    assert_eq!(states, [&json!("TASK_STATE_CANCELED")], "{page:#}");
-    assert!(ide.is_running(), "the bridge goes on serving");
+    let tasks = page["result"]["tasks"].as_array().unwrap_or_else(|| panic!("no tasks: {page:#}"));
+    tasks.iter().map(|task| task["status"]["state"].as_str().unwrap_or_default().to_owned()).collect()
+}
+
+/// An IDE that goes away while its turn waits for an answer leaves the task
+/// waiting (a workflow's gate, a reviewer's question: nothing runs), rather
+/// than cancel it; the session, loaded again by the next `chorus acp`, says
+/// a question waits, and its next prompt answers that task: it used to
+/// start a new one, and the first waited for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_left_by_a_closed_ide_is_answered_by_the_session_s_next_prompt() {
+    let (sandbox, server, _reviewer, mut ide, session) = prompting_the_reviewer(10, "review this", &[]).await;
+    ide.wait_for(|m| m["method"] == "session/request_permission").await;
+    assert!(ide.close().await.success());
+    assert_eq!(task_states(&server, &session).await, ["TASK_STATE_INPUT_REQUIRED"], "the question waits on");
+
+    let mut ide = AcpProcess::start(server.url(), "reviewer", sandbox.path(), &[]);
+    ide.initialize(json!({})).await;
+    let load = json!({ "sessionId": session, "cwd": sandbox.path(), "mcpServers": [] });
+    let (loaded, replayed) = ide.call(1, "session/load", load).await;
+    assert!(loaded.get("result").is_some(), "{loaded}");
+    let said = agent_texts(&replayed);
+    assert!(said.last().is_some_and(|text| text.contains("your next prompt answers it")), "{said:#?}");
+    let prompt = json!({ "sessionId": session, "prompt": [{ "type": "text", "text": "allow" }] });
+    let (answer, _) = ide.call(2, "session/prompt", prompt).await;
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    assert_eq!(task_states(&server, &session).await, ["TASK_STATE_COMPLETED"], "answered, not a second task");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -77,7 +77,7 @@ impl Bridge {
     pub(crate) async fn new_session(&self, context: SessionContext) -> Result<String> {
         self.check_access().await?;
         let id = a2a::new_context_id();
-        self.sessions.open(&id, context);
+        self.sessions.open(&id, context, None);
         Ok(id)
     }
 
@@ -89,17 +89,22 @@ impl Bridge {
             return Err(AcpError::NoSuchSession(id.to_owned(), self.upstream.agent().to_owned()));
         }
         history::replay(ide, id, &tasks)?;
-        self.sessions.open(id, context);
+        let waiting = history::waiting(&tasks);
+        if waiting.is_some() {
+            history::remind(ide, id)?;
+        }
+        self.sessions.open(id, context, waiting);
         Ok(())
     }
 
     /// `session/resume`: opens the context without replaying it.
     pub(crate) async fn resume_session(&self, id: &str, context: SessionContext) -> Result<()> {
         self.check_access().await?;
-        if self.sessions.context(id).is_err() && !history::exists(&self.upstream, id).await? {
+        let tasks = history::briefly(&self.upstream, id).await?;
+        if tasks.is_empty() && self.sessions.context(id).is_err() {
             return Err(AcpError::NoSuchSession(id.to_owned(), self.upstream.agent().to_owned()));
         }
-        self.sessions.open(id, context);
+        self.sessions.open(id, context, history::waiting(&tasks));
         Ok(())
     }
 
@@ -127,8 +132,7 @@ impl Bridge {
     pub(crate) async fn prompt(&self, id: &str, prompt: Vec<Content>, ide: Arc<dyn Ide>) -> Result<StopReason> {
         let (context, guard) = self.sessions.start_turn(id)?;
         let can_read_files = self.can_read_files.load(Ordering::Relaxed);
-        let turn =
-            Turn::new(self.upstream.clone(), ide, id.to_owned(), context, guard.cancel().clone(), can_read_files);
+        let turn = Turn::new(self.upstream.clone(), ide, id.to_owned(), context, &guard, can_read_files);
         turn.run(prompt).await
     }
 
@@ -139,7 +143,8 @@ impl Bridge {
         }
     }
 
-    /// The connection closed: running turns stop and cancel their tasks.
+    /// The connection closed: running turns stop and cancel their tasks,
+    /// except those that wait for an answer, which wait on (see [`Turn`]).
     pub(crate) fn close(&self) {
         self.sessions.cancel_all();
     }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use a2a::{ListTasksRequest, Message, Role, Task};
+use a2a::{ListTasksRequest, Message, Role, Task, TaskState};
 use serde_json::Value;
 
 use super::Ide;
@@ -78,11 +78,27 @@ fn query(
     }
 }
 
-/// Whether context `context_id` has a task the bridge made for its agent
-/// (among its newest hundred).
-pub(crate) async fn exists(upstream: &Upstream, context_id: &str) -> Result<bool> {
+/// The newest hundred tasks the bridge made in context `context_id` for its
+/// agent, without history or artifacts, in prompt order.
+pub(crate) async fn briefly(upstream: &Upstream, context_id: &str) -> Result<Vec<Task>> {
     let request = query(Some(context_id), PAGE_SIZE, None, Some(0), false);
-    Ok(upstream.list(request).await?.tasks.iter().any(|task| made_for(upstream.agent(), task)))
+    let tasks = upstream.list(request).await?.tasks;
+    Ok(in_prompt_order(tasks.into_iter().filter(|task| made_for(upstream.agent(), task)).collect()))
+}
+
+/// The session's task that waits for its answer, if one does (of `tasks`,
+/// in prompt order, the last): a connection that closed while the turn
+/// waited left it so, and the session's next prompt answers it.
+pub(crate) fn waiting(tasks: &[Task]) -> Option<String> {
+    let task = tasks.iter().rev().find(|task| task.status.state == TaskState::InputRequired)?;
+    Some(task.id.clone())
+}
+
+/// What a loaded session says after its replay when a task waits for its
+/// answer: it asked last, and the next prompt answers it.
+pub(crate) fn remind(ide: &dyn Ide, session_id: &str) -> Result<()> {
+    let text = "(This session's last question still waits for an answer: your next prompt answers it.)";
+    ide.update(session_id, Update::Agent { message_id: None, content: Content::Text(text.to_owned()) })
 }
 
 /// `session/load`: the conversation of `tasks` as `session/update`s, in order.
@@ -246,6 +262,15 @@ mod tests {
             "metadata": { SESSION_METADATA: session },
         });
         serde_json::from_value(task).expect("a task")
+    }
+
+    #[test]
+    fn the_last_task_left_waiting_is_the_one_the_next_prompt_answers() {
+        let mut tasks = vec![task("first", "1"), task("second", "2"), task("third", "3")];
+        assert_eq!(waiting(&tasks), None);
+        tasks[0].status.state = TaskState::InputRequired;
+        tasks[1].status.state = TaskState::InputRequired;
+        assert_eq!(waiting(&tasks).as_deref(), Some("second"));
     }
 
     #[test]

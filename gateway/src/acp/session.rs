@@ -63,12 +63,18 @@ struct Open {
     context: SessionContext,
     /// The running turn's cancellation, while there is one.
     turn: Option<CancellationToken>,
+    /// A task of the session that waits for its answer since an earlier
+    /// connection (found when the session was loaded or resumed): the
+    /// session's next prompt answers it.
+    waiting: Option<String>,
 }
 
 /// The sessions of one connection. Cheap to clone.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Sessions {
     open: Arc<Mutex<HashMap<String, Open>>>,
+    /// Fires when the connection closes.
+    closing: CancellationToken,
 }
 
 /// A running turn: ends the session's turn when dropped.
@@ -77,12 +83,19 @@ pub(crate) struct TurnGuard {
     sessions: Sessions,
     id: String,
     cancel: CancellationToken,
+    /// The task the turn answers, left waiting by an earlier connection.
+    pub(crate) waiting: Option<String>,
 }
 
 impl TurnGuard {
-    /// Fires when `session/cancel` names the session.
+    /// Fires when `session/cancel` names the session, or the connection closes.
     pub(crate) fn cancel(&self) -> &CancellationToken {
         &self.cancel
+    }
+
+    /// Fires when the connection closes.
+    pub(crate) fn closing(&self) -> &CancellationToken {
+        &self.sessions.closing
     }
 }
 
@@ -100,11 +113,12 @@ impl Sessions {
         self.open.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Opens (or re-opens, with a new context) session `id`.
-    pub(crate) fn open(&self, id: &str, context: SessionContext) {
+    /// Opens (or re-opens, with a new context) session `id`, whose task
+    /// `waiting`, if any, waits for its answer.
+    pub(crate) fn open(&self, id: &str, context: SessionContext, waiting: Option<String>) {
         let mut open = self.lock();
         let turn = open.remove(id).and_then(|session| session.turn);
-        open.insert(id.to_owned(), Open { context, turn });
+        open.insert(id.to_owned(), Open { context, turn, waiting });
     }
 
     /// The context of an open session.
@@ -129,7 +143,8 @@ impl Sessions {
         }
         let cancel = CancellationToken::new();
         session.turn = Some(cancel.clone());
-        let guard = TurnGuard { sessions: self.clone(), id: id.to_owned(), cancel };
+        let waiting = session.waiting.take();
+        let guard = TurnGuard { sessions: self.clone(), id: id.to_owned(), cancel, waiting };
         Ok((session.context.clone(), guard))
     }
 
@@ -145,6 +160,7 @@ impl Sessions {
 
     /// Cancels every running turn (the connection is closing).
     pub(crate) fn cancel_all(&self) {
+        self.closing.cancel();
         for session in self.lock().values() {
             if let Some(cancel) = &session.turn {
                 cancel.cancel();
@@ -171,8 +187,9 @@ mod tests {
     fn one_turn_at_a_time_and_cancel_reaches_it() {
         let sessions = Sessions::default();
         assert!(matches!(sessions.start_turn("s"), Err(AcpError::UnknownSession(_))));
-        sessions.open("s", context());
+        sessions.open("s", context(), Some("t-1".to_owned()));
         let (_, guard) = sessions.start_turn("s").expect("first turn");
+        assert_eq!(guard.waiting.as_deref(), Some("t-1"), "the first turn answers the waiting task");
         assert!(matches!(sessions.start_turn("s"), Err(AcpError::Busy(_))));
         assert!(sessions.cancel("s"));
         assert!(guard.cancel().is_cancelled());
@@ -180,5 +197,8 @@ mod tests {
         assert!(!sessions.cancel("s"), "no turn runs any more");
         let (_, again) = sessions.start_turn("s").expect("a new turn once the last one ended");
         assert!(!again.cancel().is_cancelled());
+        assert_eq!(again.waiting, None, "and only the first");
+        sessions.cancel_all();
+        assert!(again.cancel().is_cancelled() && again.closing().is_cancelled());
     }
 }

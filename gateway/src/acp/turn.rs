@@ -25,7 +25,7 @@ use super::ask::{self, Answer};
 use super::content::{Content, ToolCall, ToolKind, ToolStatus, Update, content_of, part_of, text_of};
 use super::error::{AcpError, Result};
 use super::plan;
-use super::session::{SESSION_METADATA, SessionContext};
+use super::session::{SESSION_METADATA, SessionContext, TurnGuard};
 use super::upstream::Upstream;
 use super::{Ide, StopReason};
 use crate::delegate::DelegateError;
@@ -65,6 +65,9 @@ pub(crate) struct Turn {
     pub(crate) session_id: String,
     pub(crate) context: SessionContext,
     pub(crate) cancel: CancellationToken,
+    /// Fires when the connection closes: a task that waits for an answer
+    /// then waits on, for the session's next prompt once loaded again.
+    closing: CancellationToken,
     pub(crate) can_read_files: bool,
     task_id: Option<String>,
     shown: HashSet<String>,
@@ -78,7 +81,7 @@ impl Turn {
         ide: Arc<dyn Ide>,
         session_id: String,
         context: SessionContext,
-        cancel: CancellationToken,
+        guard: &TurnGuard,
         can_read_files: bool,
     ) -> Self {
         Self {
@@ -86,9 +89,11 @@ impl Turn {
             ide,
             session_id,
             context,
-            cancel,
+            cancel: guard.cancel().clone(),
+            closing: guard.closing().clone(),
             can_read_files,
-            task_id: None,
+            // A task an earlier connection left waiting: this turn answers it.
+            task_id: guard.waiting.clone(),
             shown: HashSet::new(),
             tools: HashMap::new(),
             questions: 0,
@@ -106,8 +111,15 @@ impl Turn {
         if parts.is_empty() {
             return Err(AcpError::InvalidParams("the prompt is empty".to_owned()));
         }
+        if let Some(task_id) = &self.task_id {
+            // Unless it was answered meanwhile (`chorus gate`, another client).
+            let task = self.upstream.get(task_id).await;
+            if !task.is_ok_and(|task| task.status.state == TaskState::InputRequired) {
+                self.task_id = None;
+            }
+        }
         let mut message = self.message(parts, None);
-        let mut task_metadata = Some(self.task_metadata(&text_of(&prompt)));
+        let mut task_metadata = self.task_id.is_none().then(|| self.task_metadata(&text_of(&prompt)));
         loop {
             let settled = self.follow(message, task_metadata.take()).await?;
             let status = match settled {
@@ -128,6 +140,12 @@ impl Turn {
                 cancel: &self.cancel,
             };
             let answered = question.answer(status.message.as_ref()).await;
+            if self.closing.is_cancelled() {
+                // The IDE went away while the task waits for its answer: it
+                // waits on, parked, and the session, loaded again, answers it.
+                tracing::info!(task_id, "the connection closed while the task waited for an answer; it waits on");
+                return Ok(StopReason::Cancelled);
+            }
             match answered {
                 Ok(Answer::Reply(parts, metadata)) => message = self.message(parts, Some(metadata)),
                 Ok(Answer::Cancelled) => return Ok(self.cancelled().await),

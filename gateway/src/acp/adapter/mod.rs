@@ -55,7 +55,7 @@ where
 }
 
 /// Runs one connection over `transport`; when it closes, running turns are
-/// cancelled (their A2A tasks with them).
+/// cancelled (their A2A tasks with them, but for those waiting for an answer).
 async fn serve(
     bridge: Arc<Bridge>,
     transport: impl ConnectTo<Agent> + 'static,
