@@ -97,9 +97,14 @@ impl AcpProcess {
 
     /// Writes one line to its stdin.
     pub async fn send_line(&mut self, line: &str) {
+        self.send_bytes(line.as_bytes()).await;
+    }
+
+    /// Writes one line of raw bytes (UTF-8 or not) to its stdin.
+    pub async fn send_bytes(&mut self, line: &[u8]) {
         let stdin = self.stdin.as_mut().expect("stdin is open");
         let written = async {
-            stdin.write_all(line.as_bytes()).await?;
+            stdin.write_all(line).await?;
             stdin.write_all(b"\n").await?;
             stdin.flush().await
         };

@@ -20,6 +20,8 @@ async fn malformed_lines_unknown_methods_and_unknown_sessions_get_errors_and_the
     assert_eq!((error_code(&parse), &parse["id"]), (-32700, &Value::Null), "{parse}");
     ide.send_line(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion""#).await;
     assert_eq!(error_code(&ide.next().await), -32700, "a truncated line is a parse error");
+    ide.send_bytes(b"\xff\xfe not UTF-8").await;
+    assert_eq!(error_code(&ide.next().await), -32700, "so is one that is not UTF-8, which ended the bridge");
 
     let info = ide.initialize(json!({})).await;
     assert_eq!(info["protocolVersion"], 1, "{info}");

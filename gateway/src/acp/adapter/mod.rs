@@ -22,7 +22,9 @@ use agent_client_protocol::v1::schema::{
     SessionNotification, SessionResumeCapabilities,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
-use agent_client_protocol::{Agent, Client, ConnectTo, JsonRpcResponse, on_receive_notification, on_receive_request};
+use agent_client_protocol::{Agent, Client, JsonRpcResponse, on_receive_notification, on_receive_request};
+use futures_util::StreamExt as _;
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 use tokio_util::task::TaskTracker;
 
 use super::ask::FileRequest;
@@ -37,11 +39,44 @@ const CLOSE_GRACE: Duration = Duration::from_secs(3);
 
 /// Serves ACP over stdin/stdout until stdin closes.
 pub(super) async fn serve_stdio(bridge: Arc<Bridge>) -> std::result::Result<(), agent_client_protocol::Error> {
-    serve(bridge, agent_client_protocol::Stdio::new()).await
+    let outgoing = futures_util::sink::unfold(tokio::io::stdout(), |mut stdout, line: String| async move {
+        stdout.write_all(line.as_bytes()).await?;
+        stdout.write_all(b"\n").await?;
+        stdout.flush().await?;
+        Ok::<_, std::io::Error>(stdout)
+    });
+    let incoming = lossy_lines(tokio::io::BufReader::new(tokio::io::stdin()));
+    serve_frames(bridge, Box::pin(outgoing), incoming).await
+}
+
+/// The lines of `input`, a line that is not UTF-8 read with its bad bytes
+/// replaced (U+FFFD): it gets the parse error of any malformed line (or, in
+/// a JSON string, is read so), where the SDK's own stdio ended the whole
+/// connection, every session's turn with it.
+fn lossy_lines(
+    input: impl tokio::io::AsyncBufRead + Unpin + Send + 'static,
+) -> impl futures_util::Stream<Item = std::io::Result<String>> + Send {
+    futures_util::stream::unfold(Some(input), |input| async move {
+        let mut input = input?;
+        let mut line = Vec::new();
+        match input.read_until(b'\n', &mut line).await {
+            Ok(0) => None,
+            Ok(_) => {
+                let line = line.strip_suffix(b"\n").unwrap_or(&line);
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                Some((Ok(String::from_utf8_lossy(line).into_owned()), Some(input)))
+            }
+            Err(error) => Some((Err(error), None)),
+        }
+    })
 }
 
 /// Serves ACP over newline-free JSON text frames (one JSON-RPC message per
-/// frame), as the WebSocket endpoint carries them.
+/// frame), as the WebSocket endpoint carries them (and stdio, a line each).
+/// When the IDE's side ends, running turns are cancelled (their A2A tasks
+/// with them, but for those waiting for an answer): the bridge learns it
+/// before the connection fails the requests waiting on the IDE, so that a
+/// turn tells the IDE going away from the IDE failing its question.
 pub(super) async fn serve_frames<Out, In>(
     bridge: Arc<Bridge>,
     outgoing: Out,
@@ -51,15 +86,9 @@ where
     Out: futures_util::Sink<String, Error = std::io::Error> + Send + 'static,
     In: futures_util::Stream<Item = std::io::Result<String>> + Send + 'static,
 {
-    serve(bridge, agent_client_protocol::Lines::new(outgoing, incoming)).await
-}
-
-/// Runs one connection over `transport`; when it closes, running turns are
-/// cancelled (their A2A tasks with them, but for those waiting for an answer).
-async fn serve(
-    bridge: Arc<Bridge>,
-    transport: impl ConnectTo<Agent> + 'static,
-) -> std::result::Result<(), agent_client_protocol::Error> {
+    let ended = Arc::clone(&bridge);
+    let ended = futures_util::stream::once(async move { ended.close() }).filter_map(|()| std::future::ready(None));
+    let transport = agent_client_protocol::Lines::new(outgoing, incoming.chain(ended));
     let turns = TaskTracker::new();
     let served = connection(Arc::clone(&bridge), turns.clone()).connect_to(transport).await;
     bridge.close();
