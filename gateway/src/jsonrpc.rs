@@ -54,8 +54,12 @@ pub(crate) async fn handle(
 ) -> Response {
     let call = match parse(&gateway, &uri, &headers, body).await {
         Ok(call) => call,
-        Err((id, error)) => {
+        Err(Refused { id, error, notification }) => {
             count(&gateway, "unknown", Err(&error));
+            if notification {
+                // Not answered, not even with an error (JSON-RPC 2.0 §4.1).
+                return StatusCode::NO_CONTENT.into_response();
+            }
             return error_response(&id, &error);
         }
     };
@@ -79,13 +83,18 @@ enum Reply {
     Stream(Response),
 }
 
-async fn parse(
-    gateway: &Gateway,
-    uri: &Uri,
-    headers: &HeaderMap,
-    body: Body,
-) -> std::result::Result<Call, (Value, GatewayError)> {
-    let fail = |error| (Value::Null, error);
+/// A request that cannot be carried out: the error to answer with, and
+/// whether it is a notification (a JSON-RPC request without an id), which
+/// is not answered at all. One that is not a request object is answered
+/// with `id: null`: whether it was a notification cannot be told.
+struct Refused {
+    id: Value,
+    error: GatewayError,
+    notification: bool,
+}
+
+async fn parse(gateway: &Gateway, uri: &Uri, headers: &HeaderMap, body: Body) -> std::result::Result<Call, Refused> {
+    let fail = |error| Refused { id: Value::Null, error, notification: false };
     let principal = http::authenticate(gateway, headers).map_err(fail)?;
     let body = http::read_body(gateway, body).await.map_err(fail)?;
     if !http::is_json(headers) {
@@ -102,30 +111,36 @@ async fn parse(
         Some(_) => return Err(fail(GatewayError::InvalidRequest("id must be a string, a number or null".to_owned()))),
         None => Value::Null,
     };
-    let invalid = |message: &str| (id.clone(), GatewayError::InvalidRequest(message.to_owned()));
+    let invalid = |message: &str| Refused {
+        id: id.clone(),
+        error: GatewayError::InvalidRequest(message.to_owned()),
+        notification: false,
+    };
     if request.get("jsonrpc") != Some(&json!("2.0")) {
         return Err(invalid("jsonrpc must be \"2.0\""));
     }
     let Some(Value::String(method)) = request.remove("method") else {
         return Err(invalid("method must be a string"));
     };
+    // A request object from here on: a notification's errors go unanswered.
+    let refused = |error| Refused { id: id.clone(), error, notification };
     let params = match request.remove("params") {
         None | Some(Value::Null) => json!({}),
         Some(params @ Value::Object(_)) => params,
-        Some(_) => return Err((id, GatewayError::InvalidParams("params must be an object".to_owned()))),
+        Some(_) => return Err(refused(GatewayError::InvalidParams("params must be an object".to_owned()))),
     };
-    let version = http::version(headers, uri.query(), http::SPEAKS_1_0_AND_0_3).map_err(|error| (id.clone(), error))?;
+    let version = http::version(headers, uri.query(), http::SPEAKS_1_0_AND_0_3).map_err(refused)?;
     let v1_method = METHODS.iter().copied().find(|known| *known == method);
     let (method, params, version) = match (v1_method, version) {
         (Some(method), _) => (method, params, Version::V1),
         (None, Version::V03) => {
             let method =
-                compat::method_v1(&method).ok_or_else(|| (id.clone(), GatewayError::MethodNotFound(method.clone())))?;
-            let params = compat::params_to_v1(method, params)
-                .map_err(|error| (id.clone(), GatewayError::InvalidParams(error)))?;
+                compat::method_v1(&method).ok_or_else(|| refused(GatewayError::MethodNotFound(method.clone())))?;
+            let params =
+                compat::params_to_v1(method, params).map_err(|error| refused(GatewayError::InvalidParams(error)))?;
             (method, params, Version::V03)
         }
-        (None, Version::V1) => return Err((id, GatewayError::MethodNotFound(method))),
+        (None, Version::V1) => return Err(refused(GatewayError::MethodNotFound(method))),
     };
     Ok(Call { id, notification, principal, method, params, version })
 }

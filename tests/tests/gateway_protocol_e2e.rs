@@ -133,6 +133,14 @@ async fn a_notification_is_carried_out_and_not_answered() {
     assert_eq!(a2a.task_count().await, 1, "the notification was carried out");
     let failed = notify("GetTask", json!({ "id": "01a20e17-efb3-7144-a5b3-4e3c0228e429" })).await.expect("an answer");
     assert_eq!(failed.status(), StatusCode::NO_CONTENT);
+    // Nor is one whose method or params are wrong: a request object still.
+    for (method, params) in [("Bogus", json!({})), ("GetTask", json!(5))] {
+        let refused = notify(method, params).await.expect("an answer");
+        assert_eq!(refused.status(), StatusCode::NO_CONTENT, "{method}");
+    }
+    // What is no request object is answered, its id unknown (null).
+    let (_, answer) = json(a2a.rpc_body("echo", &json!({ "method": "GetTask" }))).await;
+    assert_rpc_error(&answer["error"], -32600, "INVALID_REQUEST");
     // With an id, even null, a request is answered.
     let body = json!({ "jsonrpc": "2.0", "id": null, "method": "GetTask", "params": { "id": "nope" } });
     let (status, answer) = json(a2a.rpc_body("echo", &body)).await;
