@@ -49,10 +49,11 @@ pub(super) fn content_in(block: ContentBlock) -> Content {
 const REDACTED: &str = "[redacted]";
 
 /// The IDE's MCP servers, as the agent receives them in metadata: without
-/// the values of their environment variables and headers, which IDEs fill
-/// with API tokens, and which every message would otherwise store in the
-/// task's history, for anyone who may read the task, and hand to the agent
-/// (a remote one too).
+/// the values of their environment variables and headers, nor the
+/// credentials and query values of their URLs, which IDEs fill with API
+/// tokens, and which every message would otherwise store in the task's
+/// history, for anyone who may read the task, and hand to the agent (a
+/// remote one too).
 pub(super) fn mcp_servers(servers: &[McpServer]) -> Vec<Value> {
     let mut servers: Vec<Value> = servers.iter().filter_map(|server| serde_json::to_value(server).ok()).collect();
     for server in &mut servers {
@@ -62,8 +63,28 @@ pub(super) fn mcp_servers(servers: &[McpServer]) -> Vec<Value> {
                 *value = Value::from(REDACTED);
             }
         }
+        if let Some(url) = server.get_mut("url") {
+            *url = Value::from(redacted_url(url.as_str().unwrap_or_default()));
+        }
     }
     servers
+}
+
+/// `url` without its user name, password and query values (the names kept);
+/// one that is not a URL, whole.
+fn redacted_url(url: &str) -> String {
+    let Ok(mut url) = reqwest::Url::parse(url) else { return REDACTED.to_owned() };
+    if !url.username().is_empty() || url.password().is_some() {
+        // Only a URL that cannot be a base has no user info to set, and
+        // such a URL has none to hide.
+        let _ = url.set_password(None);
+        let _ = url.set_username("redacted");
+    }
+    if url.query().is_some() {
+        let names: Vec<String> = url.query_pairs().map(|(name, _)| name.into_owned()).collect();
+        url.query_pairs_mut().clear().extend_pairs(names.iter().map(|name| (name, "redacted")));
+    }
+    url.to_string()
 }
 
 fn content_out(content: Content) -> ContentBlock {
@@ -210,6 +231,9 @@ mod tests {
         assert!(!text.contains("SECRET"), "{text}");
         assert_eq!(stored[0]["env"][0], json!({ "name": "GITHUB_TOKEN", "value": REDACTED }));
         assert_eq!(stored[1]["headers"][0]["name"], "Authorization");
-        assert_eq!(stored[1]["url"], "https://mcp.example.com");
+        assert_eq!(stored[1]["url"], "https://mcp.example.com/");
+        let with_secrets = "https://user:SECRET-PASS@mcp.example.com/mcp?token=SECRET-QUERY&v=2";
+        assert_eq!(redacted_url(with_secrets), "https://redacted@mcp.example.com/mcp?token=redacted&v=redacted");
+        assert_eq!(redacted_url("not a url SECRET"), REDACTED);
     }
 }
