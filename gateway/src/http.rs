@@ -122,7 +122,7 @@ pub(crate) fn requested_version(
 
 /// The query's parameters, percent-decoded (`+` is a space).
 pub(crate) fn query(query: Option<&str>) -> HashMap<String, String> {
-    let decode = |text: &str| percent_decode(&text.replace('+', " "));
+    let decode = |text: &str| chorus_runtime::uri::percent_decode(&text.replace('+', " "));
     query
         .unwrap_or_default()
         .split('&')
@@ -132,28 +132,6 @@ pub(crate) fn query(query: Option<&str>) -> HashMap<String, String> {
             (decode(name), decode(value))
         })
         .collect()
-}
-
-/// `text` with its `%XX` escapes decoded; a `%` not followed by two hex
-/// digits is kept as it is.
-pub(crate) fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut index = 0;
-    while index < bytes.len() {
-        let hex = bytes.get(index + 1..index + 3).and_then(|hex| std::str::from_utf8(hex).ok());
-        match (bytes[index], hex.and_then(|hex| u8::from_str_radix(hex, 16).ok())) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                index += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                index += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 pub(crate) fn parse_version(requested: &str, speaks: &'static str) -> Result<Version> {

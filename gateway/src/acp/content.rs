@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use a2a::{Part, PartContent};
 use base64::Engine as _;
+use chorus_runtime::uri::file_path;
 use serde_json::{Value, json};
 
 /// Metadata key of a part that came from an ACP resource: its URI.
@@ -150,13 +151,6 @@ pub(crate) fn text_of(prompt: &[Content]) -> String {
     texts.join("\n")
 }
 
-/// The path of a `file://` URI.
-pub(crate) fn file_path(uri: &str) -> Option<PathBuf> {
-    let path = uri.strip_prefix("file://")?;
-    let path = path.strip_prefix("localhost").unwrap_or(path);
-    path.starts_with('/').then(|| PathBuf::from(crate::http::percent_decode(path)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,13 +190,5 @@ mod tests {
         let block = resource("file:///tmp/x.bin", Body::Blob("!!!notbase64!!!".to_owned()));
         let error = part_of(&block).expect_err("not base64");
         assert!(error.starts_with("resource file:///tmp/x.bin: the blob is not base64"), "{error}");
-    }
-
-    #[test]
-    fn only_absolute_file_uris_have_a_path() {
-        assert_eq!(file_path("file:///a/b"), Some(PathBuf::from("/a/b")));
-        assert_eq!(file_path("file://localhost/a"), Some(PathBuf::from("/a")));
-        assert_eq!(file_path("https://example.com/a"), None);
-        assert_eq!(file_path("file://relative"), None);
     }
 }

@@ -40,5 +40,6 @@ pub mod testing;
 pub mod time;
 pub mod transport;
 mod upgrade;
+pub mod uri;
 pub mod validate;
 pub mod wakeup;

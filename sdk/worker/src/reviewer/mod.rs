@@ -29,7 +29,7 @@ use std::time::Duration;
 use chorus_proto::taskstore::{
     Message, Role, TaskState, UpdateStatusRequest, WatchTaskRequest, part::Content, task_event::Kind,
 };
-use chorus_runtime::transport;
+use chorus_runtime::{transport, uri};
 use prost_types::{Struct, Value, value::Kind as ValueKind};
 use tokio_util::sync::CancellationToken;
 
@@ -153,9 +153,10 @@ fn files_of(message: Option<&Message>) -> Vec<(String, Source)> {
     for part in &message.parts {
         match &part.content {
             Some(Content::Url(url)) => {
-                if let Some(path) = url.strip_prefix("file://") {
-                    let name = if part.filename.is_empty() { path.to_owned() } else { part.filename.clone() };
-                    files.push((name, Source::Linked(path.to_owned())));
+                if let Some(path) = uri::file_path(url) {
+                    let path = path.display().to_string();
+                    let name = if part.filename.is_empty() { path.clone() } else { part.filename.clone() };
+                    files.push((name, Source::Linked(path)));
                 }
             }
             Some(Content::Text(text)) if !part.filename.is_empty() => {
@@ -355,6 +356,11 @@ mod tests {
         let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
         assert_eq!(names, ["a.rs", "/src/b.rs"]);
         assert!(matches!(&files[0].1, Source::Linked(path) if path == "/src/a.rs"));
+        let linked = |url: &str| Part { content: Some(Content::Url(url.into())), ..Part::default() };
+        let links = vec![linked("file:///src/with%20space.rs"), linked("file://localhost/src/c.rs")];
+        let files = files_of(Some(&Message { parts: links, ..Message::default() }));
+        let paths: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(paths, ["/src/with space.rs", "/src/c.rs"], "decoded, as the IDE names the file");
         let plain = files_of(Some(&Message { parts: vec![words], ..Message::default() }));
         assert!(
             matches!(&plain[..], [(name, Source::Embedded(text))] if name == "the message" && text == "review these")
