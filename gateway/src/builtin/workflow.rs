@@ -116,13 +116,25 @@ fn verdict(message: &Message) -> Option<(wf::Decision, String)> {
     (!feedback.is_empty()).then(|| (wf::Decision::Reject, feedback.to_owned()))
 }
 
-/// The run's input: the message's first data part, when it is an object.
+/// The run's input: the message's first data part that is an object or,
+/// when it has none, its first text that is a JSON object (what a client
+/// that sends text alone, an IDE's prompt, can give).
 fn input_of(message: &Message) -> prost_types::Struct {
+    let object = |value: Value| match value {
+        Value::Object(object) => Some(object),
+        _ => None,
+    };
     let data = message.parts.iter().find_map(|part| match &part.content {
-        PartContent::Data(Value::Object(data)) => Some(data.clone()),
+        PartContent::Data(data) => object(data.clone()),
         _ => None,
     });
-    chorus_proto::json::struct_from_json(data.unwrap_or_default())
+    let text = || {
+        message.parts.iter().find_map(|part| match &part.content {
+            PartContent::Text(text) => serde_json::from_str(text.trim()).ok().and_then(object),
+            _ => None,
+        })
+    };
+    chorus_proto::json::struct_from_json(data.or_else(text).unwrap_or_default())
 }
 
 /// Who decided a gate by `message`: `a2a`, and the name of the credential
@@ -446,6 +458,17 @@ mod tests {
         let mut reply = text("approve");
         reply.metadata = Some([(super::super::CALLER.to_owned(), json!("release-managers"))].into());
         assert_eq!(decider(&reply), "a2a:release-managers");
+    }
+
+    #[test]
+    fn a_run_s_input_is_a_data_part_or_a_json_object_sent_as_text() {
+        let input = |message: &Message| Value::Object(chorus_proto::json::struct_to_json(&input_of(message)));
+        let both =
+            Message::new(Role::User, vec![Part::text(r#"{"epic": "text"}"#), Part::data(json!({"epic": "data"}))]);
+        assert_eq!(input(&both), json!({"epic": "data"}), "a data part first");
+        assert_eq!(input(&text(" {\"epic\": \"search\"}\n")), json!({"epic": "search"}), "an IDE's prompt");
+        assert_eq!(input(&text("ship the search epic")), json!({}), "words are no input");
+        assert_eq!(input(&text("[1, 2]")), json!({}));
     }
 
     #[test]
