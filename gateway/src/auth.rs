@@ -44,6 +44,8 @@ pub(crate) struct Authenticator {
     api_keys: Vec<([u8; 32], Credential)>,
     bearer_tokens: Vec<([u8; 32], Credential)>,
     default_namespace: String,
+    /// The namespaces requests may act in; `None`: any.
+    served: Option<Vec<String>>,
 }
 
 fn digest(secret: &str) -> [u8; 32] {
@@ -56,15 +58,28 @@ fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
 }
 
 impl Authenticator {
-    pub(crate) fn new(config: &AuthConfig, default_namespace: &str) -> Self {
+    /// Checks `config`'s credentials for requests acting in `namespaces`
+    /// (`["*"]`: any; none listed: the default namespace and those the
+    /// credentials name).
+    pub(crate) fn new(config: &AuthConfig, default_namespace: &str, namespaces: &[String]) -> Self {
         let hashed = |credentials: &[Credential]| {
             credentials.iter().map(|credential| (digest(&credential.secret), credential.clone())).collect()
         };
+        let named = config.api_keys.iter().chain(&config.bearer_tokens).flat_map(|key| &key.namespaces);
+        let mut served: Vec<String> = match namespaces {
+            [] => std::iter::once(default_namespace).chain(named.map(String::as_str)).map(str::to_owned).collect(),
+            listed => listed.to_vec(),
+        };
+        served.retain(|namespace| namespace != "*");
+        served.sort();
+        served.dedup();
+        let any = namespaces.iter().any(|namespace| namespace == "*");
         Self {
             api_key_header: config.api_key_header.to_ascii_lowercase(),
             api_keys: hashed(&config.api_keys),
             bearer_tokens: hashed(&config.bearer_tokens),
             default_namespace: default_namespace.to_owned(),
+            served: (!any).then_some(served),
         }
     }
 
@@ -113,6 +128,12 @@ impl Authenticator {
         {
             return Err(GatewayError::PermissionDenied(namespace));
         }
+        // A tenant no one serves would queue tasks that no worker takes.
+        if let Some(served) = &self.served
+            && !served.contains(&namespace)
+        {
+            return Err(GatewayError::NamespaceNotFound { namespace, served: served.join(", ") });
+        }
         Ok(Scope { namespace, agent, caller: principal.caller.clone() })
     }
 }
@@ -121,18 +142,22 @@ impl Authenticator {
 mod tests {
     use super::*;
 
-    fn authenticator() -> Authenticator {
+    fn keyed_config() -> AuthConfig {
         let credential = |name: &str, secret: &str, namespaces: &[&str]| Credential {
             name: name.to_owned(),
             secret: secret.to_owned(),
             namespaces: namespaces.iter().map(|namespace| (*namespace).to_owned()).collect(),
         };
-        let config = AuthConfig {
+        AuthConfig {
             api_key_header: "X-API-Key".to_owned(),
             api_keys: vec![credential("team-a", "key-a", &["team-a"])],
             bearer_tokens: vec![credential("ops", "token-ops", &["*"])],
-        };
-        Authenticator::new(&config, "default")
+        }
+    }
+
+    /// Team A's key and an operator's token, in any namespace.
+    fn authenticator() -> Authenticator {
+        Authenticator::new(&keyed_config(), "default", &["*".to_owned()])
     }
 
     #[test]
@@ -166,8 +191,33 @@ mod tests {
 
     #[test]
     fn without_credentials_configured_everyone_is_let_in() {
-        let auth = Authenticator::new(&AuthConfig::default(), "default");
+        let auth = Authenticator::new(&AuthConfig::default(), "default", &[]);
         let principal = auth.authenticate(|_| None).expect("open");
         assert_eq!(auth.scope(&principal, "").expect("scope").namespace, "default");
+    }
+
+    #[test]
+    fn a_tenant_names_a_namespace_the_gateway_serves() {
+        let open = Authenticator::new(&AuthConfig::default(), "default", &[]);
+        let anyone = open.authenticate(|_| None).expect("open");
+        assert_eq!(open.scope(&anyone, "default/echo").expect("the default namespace").namespace, "default");
+        // A 0.3 REST client's `/v1/...` reads as tenant v1.
+        let Err(GatewayError::NamespaceNotFound { namespace, served }) = open.scope(&anyone, "v1") else {
+            panic!("a namespace no one serves");
+        };
+        assert_eq!((namespace.as_str(), served.as_str()), ("v1", "default"));
+
+        let mut keyed = authenticator();
+        keyed.served = Authenticator::new(&keyed_config(), "default", &[]).served;
+        let ops = keyed.authenticate(|name| (name == "authorization").then_some("Bearer token-ops")).expect("ops");
+        assert_eq!(keyed.scope(&ops, "team-a").expect("a credential's namespace is served").namespace, "team-a");
+        assert!(matches!(keyed.scope(&ops, "team-b"), Err(GatewayError::NamespaceNotFound { .. })));
+        let team = keyed.authenticate(|name| (name == "x-api-key").then_some("key-a")).expect("api key");
+        let denied = keyed.scope(&team, "team-b");
+        assert!(matches!(denied, Err(GatewayError::PermissionDenied(_))), "not told whether it exists: {denied:?}");
+
+        let listed = Authenticator::new(&AuthConfig::default(), "default", &["team-c".to_owned()]);
+        assert!(listed.scope(&anyone, "team-c").is_ok());
+        assert!(listed.scope(&anyone, "").is_err(), "listed, the namespaces are those alone");
     }
 }

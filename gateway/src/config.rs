@@ -18,6 +18,10 @@ pub struct GatewayConfig {
     /// The namespace of a request that names no tenant and whose credential
     /// is not scoped to exactly one namespace.
     pub default_namespace: String,
+    /// The namespaces a request's tenant may name; `["*"]`: any. None listed:
+    /// the default namespace and those the credentials name. A tenant that
+    /// names another is not found, rather than queue tasks no worker takes.
+    pub namespaces: Vec<String>,
     /// The task store (`http://host:port`). Unset: this process's own.
     pub taskstore_url: Option<String>,
     /// The workflow service `workflow` agents start runs on. Unset: this process's own.
@@ -51,6 +55,7 @@ impl Default for GatewayConfig {
             public_url: None,
             default_agent: "echo".to_owned(),
             default_namespace: "default".to_owned(),
+            namespaces: Vec::new(),
             taskstore_url: None,
             workflow_url: None,
             max_body_bytes: 1024 * 1024,

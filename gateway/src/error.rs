@@ -42,6 +42,11 @@ pub enum GatewayError {
     InvalidParams(String),
     #[error("agent {0:?} not found")]
     AgentNotFound(String),
+    #[error(
+        "the tenant names namespace {namespace:?}, which this gateway does not serve (it serves: {served}; \
+         gateway.namespaces lists them, [\"*\"] for any)"
+    )]
+    NamespaceNotFound { namespace: String, served: String },
     #[error("request body is larger than {0} bytes")]
     PayloadTooLarge(usize),
     #[error("missing or invalid credentials")]
@@ -79,6 +84,7 @@ impl GatewayError {
             Self::MethodNotFound(_) => "METHOD_NOT_FOUND",
             Self::InvalidParams(_) => "INVALID_PARAMS",
             Self::AgentNotFound(_) => "AGENT_NOT_FOUND",
+            Self::NamespaceNotFound { .. } => "NAMESPACE_NOT_FOUND",
             Self::PayloadTooLarge(_) => "PAYLOAD_TOO_LARGE",
             Self::Unauthenticated => "UNAUTHENTICATED",
             Self::PermissionDenied(_) | Self::Forbidden(_) => "PERMISSION_DENIED",
@@ -107,7 +113,7 @@ impl GatewayError {
             | Self::PermissionDenied(_)
             | Self::Forbidden(_) => -32600,
             Self::MethodNotFound(_) => -32601,
-            Self::InvalidParams(_) | Self::AgentNotFound(_) => -32602,
+            Self::InvalidParams(_) | Self::AgentNotFound(_) | Self::NamespaceNotFound { .. } => -32602,
             Self::Unavailable(_) | Self::RemoteAgent(_) | Self::Timeout(_) | Self::Internal(_) => -32603,
         }
     }
@@ -121,6 +127,7 @@ impl GatewayError {
             Self::TaskNotFound(_)
             | Self::PushConfigNotFound { .. }
             | Self::AgentNotFound(_)
+            | Self::NamespaceNotFound { .. }
             | Self::MethodNotFound(_) => Code::NotFound,
             Self::TaskNotCancelable { .. }
             | Self::PushNotSupported(_)
@@ -147,6 +154,7 @@ impl GatewayError {
             Self::TaskNotFound(_)
             | Self::PushConfigNotFound { .. }
             | Self::AgentNotFound(_)
+            | Self::NamespaceNotFound { .. }
             | Self::MethodNotFound(_) => S::NOT_FOUND,
             Self::TaskNotCancelable { .. }
             | Self::PushNotSupported(_)

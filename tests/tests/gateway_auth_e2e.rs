@@ -20,6 +20,13 @@ bearer_tokens = [{ name = "ops", secret = "s3cret", namespaces = ["*"] }]
 api_keys = [{ name = "team-a", secret = "key-a", namespaces = ["team-a"] }]
 "#;
 
+/// The namespaces the tests act in: team B's is served, though no
+/// credential names it (an operator's covers it).
+const NAMESPACES: &str = r#"
+[gateway]
+namespaces = ["default", "team-a", "team-b"]
+"#;
+
 /// What team A's task says; no refused answer may show it.
 const PLANS: &str = "team a's secret plans";
 
@@ -44,7 +51,7 @@ async fn assert_refused(request: RequestBuilder, status: StatusCode, reason: &st
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_are_required_and_scoped_to_their_namespaces() {
     let sandbox = Sandbox::new();
-    write_chorus_toml(sandbox.path(), AUTH);
+    write_chorus_toml(sandbox.path(), &format!("{NAMESPACES}{AUTH}"));
     let server = sandbox.dev().no_agents().start().await;
     let a2a = A2a::new(&server);
 
@@ -121,6 +128,9 @@ async fn credentials_are_required_and_scoped_to_their_namespaces() {
     }
     let (_, listed) = json(ops(a2a.rpc("tck", "ListTasks", json!({})))).await;
     assert_eq!(listed["result"]["totalSize"], 0, "the default namespace has no task: {listed:#}");
+    // One the gateway does not serve is not found, even for a credential of every namespace.
+    let (_, body) = json(ops(a2a.rpc("tck", "ListTasks", json!({ "tenant": "team-z" })))).await;
+    assert_rpc_error(&body["error"], -32602, "NAMESPACE_NOT_FOUND");
     let (_, read) = json(ops(a2a.rpc("tck", "GetTask", in_team_a.clone()))).await;
     assert_eq!(text(&read["result"]["history"][0]), PLANS, "the operator reads team A's task there: {read:#}");
     let (_, own) = json(team_a(a2a.rpc("tck", "ListTasks", json!({})))).await;
@@ -164,7 +174,7 @@ fn with<T>(mut request: tonic::Request<T>, key: &'static str, value: &'static st
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_calls_need_credentials_too() {
     let sandbox = Sandbox::new();
-    write_chorus_toml(sandbox.path(), AUTH);
+    write_chorus_toml(sandbox.path(), &format!("{NAMESPACES}{AUTH}"));
     let server = sandbox.dev().no_agents().start().await;
     let a2a = A2a::new(&server);
     let send = json!({ "message": message(&unique("tck-complete-task"), PLANS) });

@@ -81,7 +81,7 @@ impl Gateway {
         config: GatewayConfig,
         stopping: CancellationToken,
     ) -> Self {
-        let auth = Authenticator::new(&config.auth, &config.default_namespace);
+        let auth = Authenticator::new(&config.auth, &config.default_namespace, &config.namespaces);
         Self { inner: Arc::new(Inner { tasks, catalog, auth, runner, push, delegation, config, stopping }) }
     }
 
