@@ -249,6 +249,26 @@ async fn task_states(server: &Server, session: &str) -> Vec<String> {
     tasks.iter().map(|task| task["status"]["state"].as_str().unwrap_or_default().to_owned()).collect()
 }
 
+/// A prompt to an agent no worker serves says so, after a few seconds, rather
+/// than spin in silence; the turn still waits, until it is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_no_worker_takes_says_it_waits_for_one() {
+    let sandbox = Sandbox::new();
+    acp::write_config(&sandbox, None);
+    let server = sandbox.dev().no_agents().start().await;
+    let mut ide = AcpProcess::start(server.url(), "reviewer", sandbox.path(), &[]);
+    ide.initialize(json!({})).await;
+    let session = ide.new_session(1, sandbox.path()).await;
+    let prompt = json!({ "sessionId": session, "prompt": [{ "type": "text", "text": "anyone?" }] });
+    ide.send(json!({ "jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": prompt })).await;
+    let said = ide.wait_for(|m| m["params"]["update"]["sessionUpdate"] == "agent_thought_chunk").await;
+    let text = said["params"]["update"]["content"]["text"].as_str().unwrap_or_default();
+    assert!(text.starts_with("No worker of agent reviewer has taken the task yet"), "{said}");
+    ide.send(json!({ "jsonrpc": "2.0", "method": "session/cancel", "params": { "sessionId": session } })).await;
+    let (cancelled, _) = ide.response(&json!(2)).await;
+    assert_eq!(cancelled["result"]["stopReason"], "cancelled", "{cancelled}");
+}
+
 /// An IDE that goes away while its turn waits for an answer leaves the task
 /// waiting (a workflow's gate, a reviewer's question: nothing runs), rather
 /// than cancel it; the session, loaded again by the next `chorus acp`, says

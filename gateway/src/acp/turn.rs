@@ -42,6 +42,8 @@ const CANCEL_GRACE: Duration = Duration::from_secs(2);
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest session title, in characters.
 const TITLE_CHARS: usize = 80;
+/// How long a task may wait for a worker before the turn says it does.
+const UNCLAIMED_AFTER: Duration = Duration::from_secs(5);
 
 /// How a stream of the task ended.
 enum Settled {
@@ -73,6 +75,10 @@ pub(crate) struct Turn {
     shown: HashSet<String>,
     tools: HashMap<String, Tool>,
     questions: usize,
+    /// The task was last seen `submitted`: no worker has taken it.
+    queued: bool,
+    /// The turn said so.
+    said_queued: bool,
 }
 
 impl Turn {
@@ -97,6 +103,8 @@ impl Turn {
             shown: HashSet::new(),
             tools: HashMap::new(),
             questions: 0,
+            queued: false,
+            said_queued: false,
         }
     }
 
@@ -194,6 +202,8 @@ impl Turn {
             stream = self.upstream.stream(request) => stream?,
         };
         let mut stream: Events = Box::pin(stream);
+        let unclaimed = tokio::time::sleep(UNCLAIMED_AFTER);
+        tokio::pin!(unclaimed);
         loop {
             let event = tokio::select! {
                 biased;
@@ -206,6 +216,15 @@ impl Turn {
                     return Ok(Settled::Cancelled);
                 }
                 event = stream.next() => event,
+                () = &mut unclaimed, if self.queued && !self.said_queued => {
+                    self.said_queued = true;
+                    let text = format!(
+                        "No worker of agent {} has taken the task yet: it waits for one (cancel to give up).",
+                        self.upstream.agent()
+                    );
+                    self.ide.update(&self.session_id, Update::Thought { message_id: None, content: Content::Text(text) })?;
+                    continue;
+                }
             };
             let failure = match event {
                 Some(Ok(event)) => match self.on_event(event)? {
@@ -305,6 +324,7 @@ impl Turn {
     }
 
     fn status(&mut self, status: &TaskStatus) -> Result<Option<Settled>> {
+        self.queued = status.state == TaskState::Submitted;
         if let Some(message) = &status.message {
             self.show(message)?;
         }
