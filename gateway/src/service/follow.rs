@@ -12,6 +12,17 @@ use crate::{
     error::Result,
 };
 
+/// How a stream treats a first snapshot of a task waiting for input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Waiting {
+    /// It ends the stream: the turn that was followed is over.
+    Ends,
+    /// It does not: the caller subscribed to see what comes next (A2A
+    /// §3.1.6: a subscription to any task not terminal ends at a terminal
+    /// state; the TCK's STREAM-SUB-002 subscribes to one waiting for input).
+    Continues,
+}
+
 /// How long a stream that ended on a final change is read on for its close.
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
@@ -29,10 +40,12 @@ enum Progress {
     Finished,
 }
 
-/// Ends `events` after the first terminal or interrupted state, a first
-/// snapshot's included (A2A closes every stream so, a subscription to a task
-/// that waits for input too), or after an error.
-pub(super) fn until_settled(events: impl Stream<Item = Result<StreamResponse>> + Send + 'static) -> EventStream {
+/// Ends `events` after the first terminal or interrupted state, or after an
+/// error; a snapshot waiting for input ends it as `waiting` says.
+pub(super) fn until_settled(
+    events: impl Stream<Item = Result<StreamResponse>> + Send + 'static,
+    waiting: Waiting,
+) -> EventStream {
     Box::pin(stream::unfold((Box::pin(events), Progress::Open), move |(mut events, progress)| async move {
         match progress {
             Progress::Open => {}
@@ -44,7 +57,10 @@ pub(super) fn until_settled(events: impl Stream<Item = Result<StreamResponse>> +
         }
         let event = events.next().await?;
         let progress = match &event {
-            Ok(StreamResponse::Task(task)) if task.status.state.is_terminal() || is_interrupted(&task.status.state) => {
+            Ok(StreamResponse::Task(task))
+                if task.status.state.is_terminal()
+                    || (waiting == Waiting::Ends && is_interrupted(&task.status.state)) =>
+            {
                 Progress::Settled
             }
             Ok(StreamResponse::StatusUpdate(update)) if update.status.state.is_terminal() => Progress::Finished,
@@ -91,7 +107,7 @@ mod tests {
     async fn a_final_change_is_read_on_to_the_watch_close() {
         let closed = Arc::new(AtomicBool::new(false));
         let changes = vec![update(TaskState::Working), update(TaskState::Completed), update(TaskState::Working)];
-        let seen: Vec<_> = until_settled(watch(changes, Arc::clone(&closed))).collect().await;
+        let seen: Vec<_> = until_settled(watch(changes, Arc::clone(&closed)), Waiting::Ends).collect().await;
         assert_eq!(seen.len(), 2, "the stream ends with the final change");
         assert!(closed.load(Ordering::SeqCst), "the watch was dropped before its close");
     }
@@ -102,31 +118,17 @@ mod tests {
         let pending = watch(vec![update(TaskState::Working), update(TaskState::InputRequired)], Arc::clone(&closed))
             .take(2)
             .chain(stream::pending());
-        let seen = tokio::time::timeout(Duration::from_secs(5), until_settled(pending).collect::<Vec<_>>())
-            .await
-            .expect("an input-required change ends the stream at once");
+        let seen =
+            tokio::time::timeout(Duration::from_secs(5), until_settled(pending, Waiting::Ends).collect::<Vec<_>>())
+                .await
+                .expect("an input-required change ends the stream at once");
         assert_eq!(seen.len(), 2);
-    }
-
-    #[tokio::test]
-    async fn a_subscription_to_a_task_waiting_for_input_ends_after_its_snapshot() {
-        let task: a2a::Task = serde_json::from_value(serde_json::json!({
-            "id": "t",
-            "contextId": "c",
-            "status": { "state": "TASK_STATE_INPUT_REQUIRED" },
-        }))
-        .expect("a task");
-        let snapshot = stream::iter(vec![Ok(StreamResponse::Task(task))]).chain(stream::pending());
-        let seen = tokio::time::timeout(Duration::from_secs(5), until_settled(snapshot).collect::<Vec<_>>())
-            .await
-            .expect("the stream closes, as on an interrupted change");
-        assert_eq!(seen.len(), 1);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_watch_that_stays_open_after_a_final_change_is_let_go() {
         let events = stream::iter(vec![update(TaskState::Failed)]).chain(stream::pending());
-        let seen = tokio::time::timeout(CLOSE_WAIT * 2, until_settled(events).collect::<Vec<_>>())
+        let seen = tokio::time::timeout(CLOSE_WAIT * 2, until_settled(events, Waiting::Ends).collect::<Vec<_>>())
             .await
             .expect("given up on after CLOSE_WAIT");
         assert_eq!(seen.len(), 1);

@@ -19,7 +19,7 @@ use futures_util::{Stream, StreamExt as _, stream};
 use tokio_util::sync::CancellationToken;
 
 use self::{
-    follow::until_settled,
+    follow::{Waiting, until_settled},
     inputs::{check_input_modes, keep_latest, validate_message, without_empty_strings},
 };
 pub(crate) use self::{inputs::history_length, rewatch::worth_reopening};
@@ -203,7 +203,7 @@ impl Gateway {
             Started::Reply(message) => {
                 return Ok(Box::pin(stream::once(async move { Ok(StreamResponse::Message(*message)) })));
             }
-            Started::Task(task) if continuing => self.follow(scope, &task.id).await?,
+            Started::Task(task) if continuing => self.follow(scope, &task.id, Waiting::Ends).await?,
             Started::Task(task) => {
                 // The task as it was created, then every change from its first:
                 // a retried message (same messageId, same task) replays it all.
@@ -214,7 +214,7 @@ impl Gateway {
                     ..pb::WatchTaskRequest::default()
                 };
                 let events = self.watch(request, &task.id).await?;
-                Box::pin(stream::once(async { Ok(first) }).chain(until_settled(events)))
+                Box::pin(stream::once(async { Ok(first) }).chain(until_settled(events, Waiting::Ends)))
             }
         };
         Ok(Box::pin(events.map(move |event| match event {
@@ -232,7 +232,7 @@ impl Gateway {
                 convert::state_name(&task.status.state)
             )));
         }
-        self.follow(scope, task_id).await
+        self.follow(scope, task_id, Waiting::Continues).await
     }
 
     /// A task of `agent`: each agent's endpoint serves its own tasks only,
@@ -451,7 +451,7 @@ impl Gateway {
 
     /// The task as it is now, then its changes until it settles: the task
     /// store's snapshot holds exactly the changes before those that follow.
-    async fn follow(&self, scope: &Scope, task_id: &str) -> Result<EventStream> {
+    async fn follow(&self, scope: &Scope, task_id: &str, waiting: Waiting) -> Result<EventStream> {
         let request = pb::WatchTaskRequest {
             namespace: scope.namespace.clone(),
             task_id: task_id.to_owned(),
@@ -459,7 +459,7 @@ impl Gateway {
             ..pb::WatchTaskRequest::default()
         };
         let events = self.watch(request, task_id).await?;
-        Ok(Box::pin(until_settled(events)))
+        Ok(Box::pin(until_settled(events, waiting)))
     }
 
     async fn watch(
