@@ -169,7 +169,10 @@ impl Question<'_> {
             Err("the client does not let the agent read its files (no fs.readTextFile capability)".to_owned())
         } else {
             tokio::select! {
-                () = self.cancel.cancelled() => return Ok(Answer::Cancelled),
+                () = self.cancel.cancelled() => {
+                    self.update(Update::ToolChange { id, status: Some(ToolStatus::Failed), content: None })?;
+                    return Ok(Answer::Cancelled);
+                }
                 read = self.ide.read_text_file(self.session_id, &request) => read.map_err(|error| error.to_string()),
             }
         };
@@ -250,6 +253,50 @@ mod tests {
             self.0.lock().expect("reads").push(request.path.clone());
             Ok("text".to_owned())
         }
+    }
+
+    /// An IDE that never answers a read, noting the updates it is sent.
+    #[derive(Default)]
+    struct Silent(std::sync::Mutex<Vec<Update>>);
+
+    #[async_trait::async_trait]
+    impl Ide for Silent {
+        fn update(&self, _: &str, update: Update) -> Result<()> {
+            self.0.lock().expect("updates").push(update);
+            Ok(())
+        }
+
+        async fn request_permission(&self, _: &str, _: ToolCall) -> Result<Option<String>> {
+            Ok(None)
+        }
+
+        async fn read_text_file(&self, _: &str, _: &FileRequest) -> Result<String> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_read_cancelled_on_its_way_closes_its_tool_call() {
+        let ide = Arc::new(Silent::default());
+        let folders = [PathBuf::from("/w")];
+        let cancel = CancellationToken::new();
+        let question = Question {
+            ide: Arc::clone(&ide) as Arc<dyn Ide>,
+            session_id: "s",
+            task_id: "t",
+            number: 1,
+            can_read_files: true,
+            folders: &folders,
+            cancel: &cancel,
+        };
+        let mut message = Message::new(a2a::Role::Agent, vec![Part::text("need a file")]);
+        message.metadata = Some([(READ_TEXT_FILE.to_owned(), json!({ "path": "/w/a.rs" }))].into());
+        let canceller = cancel.clone();
+        tokio::spawn(async move { canceller.cancel() });
+        assert!(matches!(question.answer(Some(&message)).await, Ok(Answer::Cancelled)));
+        let updates = ide.0.lock().expect("updates");
+        let closed = matches!(updates.last(), Some(Update::ToolChange { status: Some(ToolStatus::Failed), .. }));
+        assert!(closed, "the read's tool call is not left in progress: {updates:?}");
     }
 
     #[tokio::test]
