@@ -89,7 +89,13 @@ pub(super) fn check_input_modes(agent: &AgentConfig, message: &Message) -> Resul
             (mode_kind, mode_subtype) => mode_kind == kind && (mode_subtype == "*" || mode_subtype == subtype),
         })
     };
-    match message.parts.iter().filter_map(|part| part.media_type.as_deref()).find(|media_type| !accepts(media_type)) {
+    // A data part is JSON whether it says so or not.
+    let mut typed = message.parts.iter().filter_map(|part| match (&part.media_type, &part.content) {
+        (Some(media_type), _) => Some(media_type.as_str()),
+        (None, a2a::PartContent::Data(_)) => Some("application/json"),
+        (None, _) => None,
+    });
+    match typed.find(|media_type| !accepts(media_type)) {
         Some(media_type) => Err(GatewayError::ContentTypeNotSupported(format!(
             "agent {} does not accept {media_type}; it accepts {}",
             agent.id,
@@ -133,6 +139,18 @@ mod tests {
         assert!(check_input_modes(&images, &message_of("IMAGE/PNG; q=1")).is_ok());
         assert!(check_input_modes(&images, &message_of("imagery/png")).is_err(), "a type, not a prefix");
         assert!(check_input_modes(&agent_accepting(&["*/*"]), &message_of("video/mp4")).is_ok());
+        let data = Message::new(Role::User, vec![Part::data(serde_json::json!({"a": 1}))]);
+        let error = check_input_modes(&agent_accepting(&["text/plain"]), &data);
+        assert!(matches!(error, Err(GatewayError::ContentTypeNotSupported(_))), "a data part is JSON: {error:?}");
+        assert!(check_input_modes(&plain, &data).is_ok());
+        assert!(
+            check_input_modes(
+                &agent_accepting(&["application/json"]),
+                &Message::new(Role::User, vec![Part::text("x")])
+            )
+            .is_ok(),
+            "text without a type is not judged"
+        );
     }
 
     #[test]
