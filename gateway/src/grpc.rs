@@ -161,8 +161,7 @@ impl pb::a2a_service_server::A2aService for A2aGrpc {
         let (scope, agent) = self.scope(request.metadata(), &request.get_ref().tenant)?;
         let request = request.into_inner();
         let page_token = Some(request.page_token.as_str()).filter(|token| !token.is_empty());
-        // A plain int32 here: 0 is unset.
-        let page_size = (request.page_size != 0).then_some(request.page_size);
+        let page_size = Some(request.page_size);
         let (configs, next_page_token) =
             self.gateway.list_push_configs(&scope, agent, &request.task_id, page_size, page_token).await?;
         Ok(Response::new(pb::ListTaskPushNotificationConfigsResponse {

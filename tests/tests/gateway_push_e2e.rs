@@ -85,6 +85,9 @@ async fn push_notifications_reach_the_webhook_in_order_with_their_credentials() 
     let config_id = config["id"].as_str().filter(|id| !id.is_empty()).expect("a config id").to_owned();
     let got = a2a.call("tck", "GetTaskPushNotificationConfig", json!({ "taskId": id, "id": config_id })).await;
     assert_eq!(&got, config);
+    // The proto's pageSize has no presence: 0 is unset, as over gRPC.
+    let unset = a2a.call("tck", "ListTaskPushNotificationConfigs", json!({ "taskId": id, "pageSize": 0 })).await;
+    assert_eq!(unset["configs"], json!([config]), "{unset:#}");
     let path = format!("tasks/{}/pushNotificationConfigs/{config_id}", id.as_str().unwrap_or_default());
     let rest = a2a.rest(Method::GET, "tck", &path).send().await.expect("REST get");
     assert_eq!(rest.status(), StatusCode::OK);
@@ -180,7 +183,7 @@ async fn push_configs_are_listed_in_pages() {
     let path = format!("tasks/{}/pushNotificationConfigs?pageSize=1&pageToken=c1", id.as_str().unwrap_or_default());
     let (status, rest) = json(a2a.rest(Method::GET, "tck", &path)).await;
     assert_eq!((status, ids(&rest), &rest["nextPageToken"]), (StatusCode::OK, vec!["c2".to_owned()], &json!("c2")));
-    let error = a2a.call_error("tck", "ListTaskPushNotificationConfigs", json!({ "taskId": id, "pageSize": 0 })).await;
+    let error = a2a.call_error("tck", "ListTaskPushNotificationConfigs", json!({ "taskId": id, "pageSize": -1 })).await;
     assert_rpc_error(&error, -32602, "INVALID_PARAMS");
 }
 

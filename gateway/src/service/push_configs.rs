@@ -140,8 +140,9 @@ impl Gateway {
         page_size: Option<i32>,
         page_token: Option<&str>,
     ) -> Result<(Vec<TaskPushNotificationConfig>, String)> {
+        // The proto's page_size has no presence: 0 is unset, on every binding.
         let page_size = match page_size {
-            None => usize::MAX,
+            None | Some(0) => usize::MAX,
             Some(size @ 1..=MAX_PAGE_SIZE) => size.unsigned_abs() as usize,
             Some(_) => {
                 return Err(GatewayError::InvalidParams(format!("pageSize must be between 1 and {MAX_PAGE_SIZE}")));
