@@ -54,8 +54,10 @@ impl A2aGrpc {
 /// What ProtoJSON refuses and the proto types let through: a part without
 /// content (the A2A model would take it as an empty text).
 fn check_parts(message: Option<&pb::Message>) -> Result<()> {
-    let parts = message.map(|message| message.parts.as_slice()).unwrap_or_default();
-    match parts.iter().position(|part| part.content.is_none()) {
+    let Some(message) = message else {
+        return Err(GatewayError::InvalidParams("message is required".to_owned()));
+    };
+    match message.parts.iter().position(|part| part.content.is_none()) {
         Some(index) => Err(GatewayError::InvalidParams(format!(
             "message.parts[{index}]: a part holds exactly one of text, raw, url and data"
         ))),

@@ -122,10 +122,12 @@ fn check_part(part: &mut Value) -> std::result::Result<(), String> {
         Some(("data", _)) | None => Ok(()),
         Some((member, value)) => {
             let Value::String(text) = value else { return Err(format!("{member}: must be a string")) };
-            if member == "raw" && (text.len() % 4 != 0 || text.contains(['-', '_'])) {
+            if member == "raw" {
                 let engine = if text.contains(['-', '_']) { URL_SAFE_ANY_PADDING } else { STANDARD_ANY_PADDING };
-                let bytes = engine.decode(text).map_err(|error| format!("raw: not base64: {error}"))?;
-                part.insert("raw".to_owned(), Value::String(STANDARD.encode(bytes)));
+                let bytes = engine.decode(text).map_err(|error| format!("raw: must be base64 ({error})"))?;
+                if text.len() % 4 != 0 || text.contains(['-', '_']) {
+                    part.insert("raw".to_owned(), Value::String(STANDARD.encode(bytes)));
+                }
             }
             Ok(())
         }
@@ -215,8 +217,10 @@ mod tests {
                 parse(message(json!([{"raw": raw}])), "params").unwrap_or_else(|error| panic!("{raw}: {error}"));
             assert_eq!(request.message.parts[0].content, a2a::PartContent::Raw(vec![0xfb, 0xff]), "{raw}");
         }
-        let error = part_error(message(json!([{"raw": "not base64!"}])));
-        assert!(error.starts_with("params.message.parts[0]: raw: not base64"), "{error}");
+        for garbage in ["not base64!", "!!!!"] {
+            let error = part_error(message(json!([{ "raw": garbage }])));
+            assert!(error.starts_with("params.message.parts[0]: raw: must be base64"), "{garbage}: {error}");
+        }
     }
 
     #[test]

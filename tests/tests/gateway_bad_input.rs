@@ -435,6 +435,8 @@ async fn the_grpc_binding_refuses_what_json_rpc_refuses() {
     };
     let send = pb::SendMessageRequest { message: Some(empty_part), ..pb::SendMessageRequest::default() };
     assert_grpc_error(client.send_message(grpc_request(send)).await, Code::InvalidArgument, "INVALID_PARAMS");
+    let nothing = client.send_message(grpc_request(pb::SendMessageRequest::default())).await;
+    assert_eq!(nothing.as_ref().map_err(tonic::Status::message).err(), Some("message is required"), "{nothing:?}");
     for page_size in [0, -5] {
         let list = pb::ListTasksRequest { page_size: Some(page_size), ..pb::ListTasksRequest::default() };
         assert_grpc_error(client.list_tasks(grpc_request(list)).await, Code::InvalidArgument, "INVALID_PARAMS");
