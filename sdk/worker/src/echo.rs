@@ -1,6 +1,9 @@
 //! The built-in `echo` agent: answers every task with its own text, as the
-//! final message and as an artifact named `echo`.
+//! final message and as an artifact named `echo`; a message with other parts
+//! than text (data, a file's bytes or URL) is answered with its parts as
+//! they are.
 
+use chorus_proto::taskstore::{Artifact, Part, Role, part::Content};
 use tokio_util::sync::CancellationToken;
 
 use crate::{Client, HandlerError, Placement, Reply, TaskContext, WorkerError, text_artifact};
@@ -17,17 +20,28 @@ pub async fn run(client: Client, placement: Placement, shutdown: CancellationTok
 
 /// The echo handler.
 pub async fn handle(task: TaskContext) -> Result<Reply, HandlerError> {
-    Ok(reply(&task.text()))
+    let latest = task.task().history.iter().rev().find(|message| message.role == i32::from(Role::User));
+    let parts = latest.map(|message| message.parts.as_slice()).unwrap_or_default();
+    let text_alone = parts.iter().all(|part| matches!(part.content, Some(Content::Text(_))));
+    Ok(if text_alone { reply(&task.text()) } else { reply_parts(parts) })
 }
 
 fn reply(text: &str) -> Reply {
     Reply::text(text).with_artifact(text_artifact(AGENT_ID, text))
 }
 
+fn reply_parts(parts: &[Part]) -> Reply {
+    let artifact = Artifact {
+        artifact_id: uuid::Uuid::new_v4().to_string(),
+        name: AGENT_ID.to_owned(),
+        parts: parts.to_vec(),
+        ..Artifact::default()
+    };
+    parts.iter().cloned().fold(Reply::new(), Reply::with_part).with_artifact(artifact)
+}
+
 #[cfg(test)]
 mod tests {
-    use chorus_proto::taskstore::part::Content;
-
     use super::*;
 
     #[test]
@@ -43,5 +57,14 @@ mod tests {
             panic!("one part expected, got {:?}", artifact.parts);
         };
         assert_eq!(part.content, Some(Content::Text("hello\nworld".into())));
+    }
+
+    #[test]
+    fn other_parts_are_echoed_as_they_are() {
+        let data = Part { content: Some(Content::Url("https://example.com/a.png".into())), ..Part::default() };
+        let parts = [crate::text_part("look"), data];
+        let reply = reply_parts(&parts);
+        assert_eq!(reply.parts(), parts);
+        assert_eq!(reply.artifacts()[0].parts, parts);
     }
 }
