@@ -116,9 +116,10 @@ enum Command {
         /// The agent in the gateway's catalog (`echo`, `tck`, ...).
         #[arg(long)]
         agent: String,
-        /// The gateway's base URL.
-        #[arg(long, default_value = "http://127.0.0.1:7800", env = "CHORUS_GATEWAY_URL")]
-        gateway: String,
+        /// The gateway's base URL [default: http:// and the configuration's
+        /// `listen`, 127.0.0.1:7800 unless the configuration file sets it]
+        #[arg(long, env = "CHORUS_GATEWAY_URL")]
+        gateway: Option<String>,
         /// A file holding the gateway's bearer token (default: the
         /// `CHORUS_TOKEN` environment variable, if set).
         #[arg(long)]
@@ -265,6 +266,7 @@ async fn run(command: Command, config: &ChorusConfig, shutdown: CancellationToke
         }
         Command::Acp { agent, gateway, token_file, gateway_wait } => {
             let gateway_wait = std::time::Duration::from_secs(gateway_wait);
+            let gateway = gateway.unwrap_or_else(|| cli::local_url(&config.listen));
             let options = chorus_gateway::acp::StdioOptions { gateway, agent, token_file, gateway_wait };
             tokio::select! {
                 served = chorus_gateway::acp::serve_stdio(options) => served.map(done).map_err(anyhow::Error::msg),

@@ -58,17 +58,23 @@ impl Target {
     /// else where a `chorus dev` of the same configuration listens
     /// (`listen`, a wildcard address read as this machine).
     pub(crate) fn on(mut self, listen: &str) -> Self {
-        let local = match listen.rsplit_once(':') {
-            Some(("0.0.0.0" | "[::]" | "", port)) => format!("127.0.0.1:{port}"),
-            _ => listen.to_owned(),
-        };
-        self.server.get_or_insert_with(|| format!("http://{local}"));
+        self.server.get_or_insert_with(|| local_url(listen));
         self
     }
 
     fn server(&self) -> &str {
         self.server.as_deref().unwrap_or("http://127.0.0.1:7800")
     }
+}
+
+/// Where a `chorus dev` (or gateway) that listens on `listen` is reached from
+/// this machine: `http://` and the address, a wildcard read as loopback.
+pub(crate) fn local_url(listen: &str) -> String {
+    let local = match listen.rsplit_once(':') {
+        Some(("0.0.0.0" | "[::]" | "", port)) => format!("127.0.0.1:{port}"),
+        _ => listen.to_owned(),
+    };
+    format!("http://{local}")
 }
 
 /// The bearer token in `file`, else in `CHORUS_TOKEN`; none when neither

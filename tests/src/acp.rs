@@ -66,8 +66,13 @@ pub struct AcpProcess {
 impl AcpProcess {
     /// `chorus acp --agent <agent> --gateway <gateway> [args...]`, run in `workdir`.
     pub fn start(gateway: &str, agent: &str, workdir: &Path, args: &[&str]) -> Self {
+        Self::spawn(workdir, &[&["--agent", agent, "--gateway", gateway], args].concat())
+    }
+
+    /// `chorus acp [args...]`, run in `workdir`.
+    pub fn spawn(workdir: &Path, args: &[&str]) -> Self {
         let mut command = crate::process::command(chorus_bin(), workdir);
-        command.args(["acp", "--agent", agent, "--gateway", gateway]).args(args);
+        command.arg("acp").args(args);
         command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
         let mut child = command.spawn().unwrap_or_else(|error| panic!("cannot start chorus acp: {error}"));
         let stderr = Arc::new(Mutex::new(VecDeque::new()));

@@ -249,6 +249,25 @@ async fn task_states(server: &Server, session: &str) -> Vec<String> {
     tasks.iter().map(|task| task["status"]["state"].as_str().unwrap_or_default().to_owned()).collect()
 }
 
+/// Without `--gateway`, the bridge reaches the `chorus dev` its
+/// configuration describes (`listen`), as the workflow CLI does; it read the
+/// file and called 127.0.0.1:7800 all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_gateway_the_bridge_calls_the_one_its_configuration_listens_on() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().start().await;
+    let workdir = sandbox.path().join("ide");
+    std::fs::create_dir(&workdir).expect("a workdir");
+    std::fs::write(workdir.join("chorus.toml"), format!("listen = \"{}\"\n", server.address())).expect("config");
+    let mut ide = AcpProcess::spawn(&workdir, &["--agent", "echo"]);
+    ide.initialize(json!({})).await;
+    let session = ide.new_session(1, &workdir).await;
+    let prompt = json!({ "sessionId": session, "prompt": [{ "type": "text", "text": "found you" }] });
+    let (answer, updates) = ide.call(2, "session/prompt", prompt).await;
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}\n{}", ide.logs());
+    assert_eq!(agent_texts(&updates), ["found you"]);
+}
+
 /// A prompt to an agent no worker serves says so, after a few seconds, rather
 /// than spin in silence; the turn still waits, until it is cancelled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
