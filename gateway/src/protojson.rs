@@ -1,6 +1,7 @@
 //! ProtoJSON rules on input that the A2A JSON types do not apply
 //! themselves: parsers accept a field's proto name (`task_id`) as well as
-//! its JSON name (`taskId`), a part sets one member of its `content` oneof,
+//! its JSON name (`taskId`), an integer as a number or a decimal string
+//! (`"historyLength": "2"`), a part sets one member of its `content` oneof,
 //! and bytes come in standard or URL-safe base64, padded or not. Requests
 //! are renamed and their parts checked before they are parsed.
 
@@ -16,6 +17,8 @@ use crate::error::{GatewayError, Result};
 /// Fields whose values are free-form JSON (`google.protobuf.Struct` and
 /// `Value`): their keys belong to the caller and are never renamed.
 const FREE_FORM: &[&str] = &["metadata", "data", "params"];
+/// The integer fields of A2A requests, which ProtoJSON also reads from strings.
+const INTEGERS: &[&str] = &["historyLength", "pageSize"];
 
 /// Parses a request (`what` names it in errors), accepting proto names; a
 /// mismatch names the field at fault (`params.message.parts: invalid type …`).
@@ -49,6 +52,12 @@ pub(crate) fn accept_proto_names(value: &mut Value) {
                     let key = if key.contains('_') { camel(&key) } else { key };
                     if !FREE_FORM.contains(&key.as_str()) {
                         accept_proto_names(&mut value);
+                    }
+                    if let Value::String(text) = &value
+                        && INTEGERS.contains(&key.as_str())
+                        && let Ok(number) = text.trim().parse::<i64>()
+                    {
+                        value = Value::from(number);
                     }
                     (key, value)
                 })
@@ -201,6 +210,18 @@ mod tests {
         let error = part_error(message(json!([{"text": 5, "data": {"x": 1}}])));
         assert!(error.starts_with("params.message.parts[0]: sets text and data"), "{error}");
         assert_eq!(part_error(message(json!([{"url": 5}]))), "params.message.parts[0]: url: must be a string");
+    }
+
+    #[test]
+    fn integers_are_read_from_decimal_strings_too() {
+        let request: a2a::GetTaskRequest =
+            parse(json!({ "id": "t", "historyLength": "2" }), "params").expect("a string integer");
+        assert_eq!(request.history_length, Some(2));
+        let error = parse::<a2a::GetTaskRequest>(json!({ "id": "t", "history_length": "two" }), "params");
+        assert!(
+            matches!(error, Err(GatewayError::InvalidParams(ref text)) if text.contains("historyLength")),
+            "{error:?}"
+        );
     }
 
     #[test]
