@@ -388,8 +388,9 @@ impl Scope<'_, '_, '_, '_> {
             self.reader.choice(mode_node, &self.path("mode"), &[("AUTO", GateMode::Auto), ("HITL", GateMode::Hitl)])?;
         let reviewers = self.literal(&fields, "reviewers");
         let approve_when = self.template(&fields, "approve_when", ExprKind::Condition);
+        // One given but wrong has had its own error.
         match mode {
-            GateMode::Auto if approve_when.is_none() => {
+            GateMode::Auto if fields.get("approve_when").is_none() => {
                 self.reader.error(
                     Some(body),
                     &self.path("approve_when"),
@@ -397,7 +398,7 @@ impl Scope<'_, '_, '_, '_> {
                     "an AUTO gate needs `approve_when`, the condition that approves",
                 );
             }
-            GateMode::Hitl if reviewers.is_none() => {
+            GateMode::Hitl if fields.get("reviewers").is_none() => {
                 self.reader.error(
                     Some(body),
                     &self.path("reviewers"),

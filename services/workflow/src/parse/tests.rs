@@ -232,6 +232,9 @@ fn one_pass_reports_every_problem_and_none_that_follows_from_another() {
         assert!(fields.contains(&expected), "{expected} not in {found:?}");
     }
     assert!(!fields.contains(&"steps[0].spawn.agent"), "a declared input with a bad type is still declared: {found:?}");
+    let wrong = "name: x\nsteps:\n  - id: ok\n    gate: {mode: HITL, reviewers: [ops]}\n  - id: auto\n    gate: {mode: AUTO, approve_when: [true]}\n";
+    let codes: Vec<String> = codes(wrong).into_iter().map(|(code, ..)| code).collect();
+    assert_eq!(codes, ["wrong_type", "wrong_type"], "a field given wrong is not also missing");
 }
 
 #[test]
