@@ -267,11 +267,10 @@ async fn run(command: Command, config: &ChorusConfig, shutdown: CancellationToke
         Command::Acp { agent, gateway, token_file, gateway_wait } => {
             let gateway_wait = std::time::Duration::from_secs(gateway_wait);
             let gateway = gateway.unwrap_or_else(|| cli::local_url(&config.listen));
-            let options = chorus_gateway::acp::StdioOptions { gateway, agent, token_file, gateway_wait };
-            tokio::select! {
-                served = chorus_gateway::acp::serve_stdio(options) => served.map(done).map_err(anyhow::Error::msg),
-                () = shutdown.cancelled() => Ok(ExitCode::SUCCESS),
-            }
+            // A signal ends the connection as the IDE closing stdin does.
+            let options =
+                chorus_gateway::acp::StdioOptions { gateway, agent, token_file, gateway_wait, stop: shutdown };
+            chorus_gateway::acp::serve_stdio(options).await.map(done).map_err(anyhow::Error::msg)
         }
     }
 }

@@ -193,6 +193,18 @@ impl AcpProcess {
         }
     }
 
+    /// Sends it `SIGTERM` and waits for it to exit.
+    pub async fn terminate(mut self) -> ExitStatus {
+        let pid = self.child.id().expect("chorus acp runs");
+        let sent = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+        assert!(sent.is_ok_and(|status| status.success()), "kill -TERM {pid} failed");
+        match tokio::time::timeout(DEADLINE, self.child.wait()).await {
+            Ok(Ok(status)) => status,
+            Ok(Err(error)) => panic!("cannot wait for chorus acp: {error}"),
+            Err(_) => panic!("chorus acp still ran {DEADLINE:?} after SIGTERM\n{}", self.logs()),
+        }
+    }
+
     /// Whether the process still runs.
     pub fn is_running(&mut self) -> bool {
         self.child.try_wait().ok().flatten().is_none()

@@ -288,6 +288,25 @@ async fn a_prompt_no_worker_takes_says_it_waits_for_one() {
     assert_eq!(cancelled["result"]["stopReason"], "cancelled", "{cancelled}");
 }
 
+/// A bridge stopped by a signal (its IDE quitting) ends as one whose stdin
+/// closed, at once: a working turn's task is canceled, one that waits for an
+/// answer waits on. It exited leaving the working task running, or waited
+/// for the IDE to write or close stdin before it exited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_ends_the_bridge_as_a_closed_stdin_does() {
+    let (_sandbox, server, _reviewer, ide, session) = prompting_the_reviewer(5_000, "slowly", &[]).await;
+    while task_states(&server, &session).await != ["TASK_STATE_WORKING"] {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(ide.terminate().await.success());
+    assert_eq!(task_states(&server, &session).await, ["TASK_STATE_CANCELED"], "a working turn's task");
+
+    let (_sandbox, server, _reviewer, mut ide, session) = prompting_the_reviewer(10, "review this", &[]).await;
+    ide.wait_for(|m| m["method"] == "session/request_permission").await;
+    assert!(ide.terminate().await.success());
+    assert_eq!(task_states(&server, &session).await, ["TASK_STATE_INPUT_REQUIRED"], "a question waits on");
+}
+
 /// An IDE that goes away while its turn waits for an answer leaves the task
 /// waiting (a workflow's gate, a reviewer's question: nothing runs), rather
 /// than cancel it; the session, loaded again by the next `chorus acp`, says

@@ -77,9 +77,11 @@ pub struct StdioOptions {
     pub token_file: Option<std::path::PathBuf>,
     /// How long a turn whose gateway went away waits for it to come back.
     pub gateway_wait: std::time::Duration,
+    /// Ends the connection as the IDE closing stdin does (SIGTERM, SIGINT).
+    pub stop: tokio_util::sync::CancellationToken,
 }
 
-/// Serves ACP on stdin/stdout until the IDE closes stdin.
+/// Serves ACP on stdin/stdout until the IDE closes stdin, or `stop` fires.
 pub async fn serve_stdio(options: StdioOptions) -> std::result::Result<(), String> {
     crate::push::install_crypto_provider();
     let http = reqwest::Client::builder()
@@ -90,5 +92,5 @@ pub async fn serve_stdio(options: StdioOptions) -> std::result::Result<(), Strin
     let upstream =
         upstream::Upstream::new(http, &options.gateway, &options.agent, tokens).with_gateway_wait(options.gateway_wait);
     let bridge = Arc::new(bridge::Bridge::new(upstream));
-    adapter::serve_stdio(bridge).await.map_err(|error| format!("the ACP connection failed: {error}"))
+    adapter::serve_stdio(bridge, options.stop).await.map_err(|error| format!("the ACP connection failed: {error}"))
 }

@@ -24,7 +24,7 @@ use agent_client_protocol::v1::schema::{
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client, JsonRpcResponse, on_receive_notification, on_receive_request};
 use futures_util::StreamExt as _;
-use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+use tokio::io::AsyncWriteExt as _;
 use tokio_util::task::TaskTracker;
 
 use super::ask::FileRequest;
@@ -37,38 +37,56 @@ use super::{Ide, StopReason};
 /// How long a closing connection waits for its turns to cancel their tasks.
 const CLOSE_GRACE: Duration = Duration::from_secs(3);
 
-/// Serves ACP over stdin/stdout until stdin closes.
-pub(super) async fn serve_stdio(bridge: Arc<Bridge>) -> std::result::Result<(), agent_client_protocol::Error> {
+/// Serves ACP over stdin/stdout until stdin closes or `stop` fires, which
+/// ends the connection the same way.
+pub(super) async fn serve_stdio(
+    bridge: Arc<Bridge>,
+    stop: tokio_util::sync::CancellationToken,
+) -> std::result::Result<(), agent_client_protocol::Error> {
     let outgoing = futures_util::sink::unfold(tokio::io::stdout(), |mut stdout, line: String| async move {
         stdout.write_all(line.as_bytes()).await?;
         stdout.write_all(b"\n").await?;
         stdout.flush().await?;
         Ok::<_, std::io::Error>(stdout)
     });
-    let incoming = lossy_lines(tokio::io::BufReader::new(tokio::io::stdin()));
+    let incoming = stdin_lines()
+        .map_err(|error| agent_client_protocol::Error::internal_error().data(format!("cannot read stdin: {error}")))?
+        .take_until(stop.cancelled_owned());
     serve_frames(bridge, Box::pin(outgoing), incoming).await
 }
 
-/// The lines of `input`, a line that is not UTF-8 read with its bad bytes
-/// replaced (U+FFFD): it gets the parse error of any malformed line (or, in
-/// a JSON string, is read so), where the SDK's own stdio ended the whole
-/// connection, every session's turn with it.
-fn lossy_lines(
-    input: impl tokio::io::AsyncBufRead + Unpin + Send + 'static,
-) -> impl futures_util::Stream<Item = std::io::Result<String>> + Send {
-    futures_util::stream::unfold(Some(input), |input| async move {
-        let mut input = input?;
-        let mut line = Vec::new();
-        match input.read_until(b'\n', &mut line).await {
-            Ok(0) => None,
-            Ok(_) => {
-                let line = line.strip_suffix(b"\n").unwrap_or(&line);
-                let line = line.strip_suffix(b"\r").unwrap_or(line);
-                Some((Ok(String::from_utf8_lossy(line).into_owned()), Some(input)))
+/// The lines of stdin, read on a thread of their own: a read cannot be
+/// cancelled, and one on the runtime's blocking pool would hold the process
+/// after a signal until the IDE wrote or closed stdin.
+fn stdin_lines() -> std::io::Result<tokio_stream::wrappers::ReceiverStream<std::io::Result<String>>> {
+    use std::io::BufRead as _;
+    let (lines, received) = tokio::sync::mpsc::channel(16);
+    std::thread::Builder::new().name("acp-stdin".to_owned()).spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        loop {
+            let mut line = Vec::new();
+            let read = match stdin.read_until(b'\n', &mut line) {
+                Ok(0) => return,
+                Ok(_) => Ok(lossy_line(&line)),
+                Err(error) => Err(error),
+            };
+            let failed = read.is_err();
+            if lines.blocking_send(read).is_err() || failed {
+                return;
             }
-            Err(error) => Some((Err(error), None)),
         }
-    })
+    })?;
+    Ok(tokio_stream::wrappers::ReceiverStream::new(received))
+}
+
+/// A line of stdin without its end, its bytes that are not UTF-8 replaced
+/// (U+FFFD): it gets the parse error of any malformed line (or, in a JSON
+/// string, is read so), where the SDK's own stdio ended the whole
+/// connection, every session's turn with it.
+fn lossy_line(line: &[u8]) -> String {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    String::from_utf8_lossy(line).into_owned()
 }
 
 /// Serves ACP over newline-free JSON text frames (one JSON-RPC message per
