@@ -322,3 +322,22 @@ async fn chorus_own_services_beside_the_gateway_take_a_credential_for_every_name
     let (code, stderr) = workflow_list(&server, &[("CHORUS_TOKEN", "s3cret")]).await;
     assert_eq!(code, Some(0), "{stderr}");
 }
+
+/// A tenant naming a namespace the gateway does not serve (a typo, a 0.3
+/// REST client's `/v1/` prefix) is not found: it created a task no worker
+/// would ever take, which a blocking send waited a minute for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_the_gateway_does_not_serve_is_not_found() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().no_agents().start().await;
+    let a2a = A2a::new(&server);
+    let send = json!({ "message": message("m-v1", "hi") });
+    let (status, body) = json(a2a.rest(Method::POST, "echo", "v1/message:send").json(&send)).await;
+    assert_rest_error(status, &body, StatusCode::NOT_FOUND, "NAMESPACE_NOT_FOUND");
+    let message_text = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message_text.contains("\"v1\"") && message_text.contains("serves: default"), "{body:#}");
+    let named = json!({ "message": message("m-bogus", "hi"), "tenant": "bogus" });
+    let error = a2a.call_error("echo", "SendMessage", named).await;
+    assert_eq!((&error["code"], &error["data"][0]["reason"]), (&json!(-32602), &json!("NAMESPACE_NOT_FOUND")));
+    assert_eq!(a2a.task_count().await, 0, "a refused request created no task");
+}

@@ -326,25 +326,6 @@ async fn an_agent_that_is_not_in_the_catalog_serves_nothing() {
     still_serving(&a2a, 1).await;
 }
 
-/// A tenant naming a namespace the gateway does not serve (a typo, a 0.3
-/// REST client's `/v1/` prefix) is not found: it created a task no worker
-/// would ever take, which a blocking send waited a minute for.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_the_gateway_does_not_serve_is_not_found() {
-    let sandbox = Sandbox::new();
-    let server = dev_server(&sandbox).await;
-    let a2a = A2a::new(&server);
-    let send = json!({ "message": message("m-v1", "hi") });
-    let (status, body) = json(a2a.rest(Method::POST, "echo", "v1/message:send").json(&send)).await;
-    assert_rest_error(status, &body, StatusCode::NOT_FOUND, "NAMESPACE_NOT_FOUND");
-    let message_text = body["error"]["message"].as_str().unwrap_or_default();
-    assert!(message_text.contains("\"v1\"") && message_text.contains("serves: default"), "{body:#}");
-    let named = json!({ "message": message("m-bogus", "hi"), "tenant": "bogus" });
-    let error = a2a.call_error("echo", "SendMessage", named).await;
-    assert_eq!((&error["code"], &error["data"][0]["reason"]), (&json!(-32602), &json!("NAMESPACE_NOT_FOUND")));
-    still_serving(&a2a, 0).await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unsupported_version_is_refused_on_every_binding() {
     let sandbox = Sandbox::new();

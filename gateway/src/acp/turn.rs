@@ -222,7 +222,8 @@ impl Turn {
                         "No worker of agent {} has taken the task yet: it waits for one (cancel to give up).",
                         self.upstream.agent()
                     );
-                    self.ide.update(&self.session_id, Update::Thought { message_id: None, content: Content::Text(text) })?;
+                    let said = Update::Thought { message_id: None, content: Content::Text(text) };
+                    self.ide.update(&self.session_id, said)?;
                     continue;
                 }
             };
