@@ -53,6 +53,7 @@ async fn a_workflow_agent_runs_asks_at_its_gate_and_answers_with_the_output() {
     let task = a2a.send("gated", start).await;
     assert_eq!(state(&task), "TASK_STATE_INPUT_REQUIRED", "{task:#}");
     assert!(status_text(&task).contains("Gate `signoff` (round 1) waits for a decision by editors"), "{task:#}");
+    assert!(status_text(&task).ends_with("\n\ntopic: pricing"), "what is decided on is shown: {task:#}");
     let link = &task["status"]["message"]["metadata"]["chorus.workflow"];
     assert_eq!(link["artifacts"]["topic"], "pricing", "the gate's artifacts reach the caller: {task:#}");
 

@@ -313,8 +313,10 @@ impl Runner {
                         };
                         let text = format!(
                             "Gate `{}` (round {}) waits for a decision by {reviewers}: reply `approve`, or \
-                             `reject: <feedback>`.{consequence}",
-                            step.step_id, step.iteration
+                             `reject: <feedback>`.{consequence}{}",
+                            step.step_id,
+                            step.iteration,
+                            artifacts_text(input.get("artifacts"))
                         );
                         let details = json!({ "artifacts": input.get("artifacts"), "reviewers": reviewers });
                         let metadata = Some(linked(&link, Some(details)));
@@ -429,6 +431,28 @@ impl Runner {
 }
 
 /// The status message metadata of an interruption.
+/// The most characters of one artifact a gate's question shows.
+const ARTIFACT_CHARS: usize = 2000;
+
+/// A gate's artifacts as its question shows them to whoever decides (an IDE
+/// shows the text alone): `name: value` each, after a blank line, a long
+/// value cut short. The whole of them is in the status's metadata.
+fn artifacts_text(artifacts: Option<&Value>) -> String {
+    let Some(Value::Object(artifacts)) = artifacts else { return String::new() };
+    artifacts
+        .iter()
+        .map(|(name, value)| {
+            let value = match value {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            let shown: String = value.chars().take(ARTIFACT_CHARS).collect();
+            let cut = if shown.len() < value.len() { "…" } else { "" };
+            format!("\n\n{name}: {shown}{cut}")
+        })
+        .collect()
+}
+
 fn linked(link: &Link, details: Option<Value>) -> std::collections::HashMap<String, Value> {
     std::collections::HashMap::from([(LINK.to_owned(), link_value(link, details))])
 }
@@ -443,55 +467,4 @@ fn link_value(link: &Link, details: Option<Value>) -> Value {
 }
 
 #[cfg(test)]
-mod tests {
-    use a2a::Role;
-
-    use super::*;
-
-    fn text(value: &str) -> Message {
-        Message::new(Role::User, vec![Part::text(value)])
-    }
-
-    #[test]
-    fn a_gate_decided_over_a2a_names_the_credential_it_came_with() {
-        assert_eq!(decider(&text("approve")), "a2a", "no credentials checked");
-        let mut reply = text("approve");
-        reply.metadata = Some([(super::super::CALLER.to_owned(), json!("release-managers"))].into());
-        assert_eq!(decider(&reply), "a2a:release-managers");
-    }
-
-    #[test]
-    fn a_run_s_input_is_a_data_part_or_a_json_object_sent_as_text() {
-        let input = |message: &Message| Value::Object(chorus_proto::json::struct_to_json(&input_of(message)));
-        let both =
-            Message::new(Role::User, vec![Part::text(r#"{"epic": "text"}"#), Part::data(json!({"epic": "data"}))]);
-        assert_eq!(input(&both), json!({"epic": "data"}), "a data part first");
-        assert_eq!(input(&text(" {\"epic\": \"search\"}\n")), json!({"epic": "search"}), "an IDE's prompt");
-        assert_eq!(input(&text("ship the search epic")), json!({}), "words are no input");
-        assert_eq!(input(&text("[1, 2]")), json!({}));
-    }
-
-    #[test]
-    fn replies_decide_gates() {
-        assert_eq!(verdict(&text("approve")), Some((wf::Decision::Approve, String::new())));
-        assert_eq!(verdict(&text("Approve: looks good")), Some((wf::Decision::Approve, "looks good".into())));
-        assert_eq!(verdict(&text("reject: add tests")), Some((wf::Decision::Reject, "add tests".into())));
-        assert_eq!(verdict(&text("reject")), None, "a rejection needs feedback");
-        assert_eq!(verdict(&text("maybe")), None);
-        let data = Message::new(Role::User, vec![Part::data(json!({"decision": "reject", "reason": "too slow"}))]);
-        assert_eq!(verdict(&data), Some((wf::Decision::Reject, "too slow".into())));
-    }
-
-    #[test]
-    fn an_ide_s_answer_decides_gates() {
-        let answered = |option: &str| {
-            let mut message = text(option);
-            message.metadata = Some([(acp::PERMISSION.to_owned(), json!(option))].into_iter().collect());
-            verdict(&message)
-        };
-        assert_eq!(answered(acp::ALLOW), Some((wf::Decision::Approve, String::new())));
-        assert_eq!(answered(acp::REJECT), Some((wf::Decision::Reject, IDE_REJECTION.into())));
-        assert_eq!(answered("something else"), None);
-        assert_eq!(verdict(&text(acp::ALLOW)), None, "only the IDE's answer, not the word, decides");
-    }
-}
+mod tests;
