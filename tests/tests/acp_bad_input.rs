@@ -107,7 +107,8 @@ async fn a_gateway_that_goes_away_mid_turn_fails_that_prompt_and_the_bridge_keep
     let (failed, _) = ide.response(&json!(2)).await;
     assert_eq!(error_code(&failed), -32603, "the turn fails with the gateway: {failed}");
     let message = failed["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("gateway"), "the error names the gateway: {failed}");
+    assert!(message.contains("did not answer again within 1 s (--gateway-wait)"), "{failed}");
+    assert!(failed["error"]["data"]["taskId"].is_string(), "the task it may leave running: {failed}");
 
     let (unreachable, _) = ide.call(3, "session/new", json!({ "cwd": sandbox.path(), "mcpServers": [] })).await;
     assert!(unreachable.get("result").is_some() || error_code(&unreachable) == -32603, "{unreachable}");

@@ -74,6 +74,19 @@ pub(crate) enum AcpError {
     /// The IDE failed a request the bridge made to it.
     #[error("the client failed: {0}")]
     Client(String),
+    /// The gateway went away mid-turn and did not come back in time.
+    #[error(
+        "the gateway did not answer again within {waited} s (--gateway-wait); task {task_id} may go on there, and \
+         session/load shows how it went: {cause}"
+    )]
+    GatewayGone {
+        /// The turn's task.
+        task_id: String,
+        /// How long the turn waited, in seconds.
+        waited: u64,
+        /// The last failure.
+        cause: String,
+    },
 }
 
 impl AcpError {
@@ -88,7 +101,11 @@ impl AcpError {
             Self::Gateway(error) if error.refused_credentials() => Code::AuthRequired,
             // A prompt larger than the gateway takes: the IDE's to shorten.
             Self::Gateway(error) if error.too_large() => Code::InvalidParams,
-            Self::Gateway(_) | Self::StreamEnded(_) | Self::TaskEnded { .. } | Self::Client(_) => Code::Internal,
+            Self::Gateway(_)
+            | Self::StreamEnded(_)
+            | Self::TaskEnded { .. }
+            | Self::Client(_)
+            | Self::GatewayGone { .. } => Code::Internal,
         }
     }
 
@@ -106,6 +123,7 @@ impl AcpError {
     pub(crate) fn data(&self) -> Option<serde_json::Value> {
         match self {
             Self::TaskEnded { task_id, state, .. } => Some(serde_json::json!({ "taskId": task_id, "state": state })),
+            Self::GatewayGone { task_id, .. } => Some(serde_json::json!({ "taskId": task_id })),
             Self::UnknownSession(id) | Self::NoSuchSession(id, _) | Self::Busy(id) => {
                 Some(serde_json::json!({ "sessionId": id }))
             }

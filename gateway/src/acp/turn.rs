@@ -255,15 +255,18 @@ impl Turn {
     async fn follow_again(&self, task_id: &str, mut failure: AcpError) -> Result<Option<Events>> {
         let error = failure.to_string();
         tracing::info!(task_id, error, "the task's stream broke; following it again when the gateway answers");
-        let deadline = tokio::time::Instant::now() + self.upstream.gateway_wait();
+        let waited = self.upstream.gateway_wait();
+        let deadline = tokio::time::Instant::now() + waited;
         let mut pause = FIRST_PAUSE;
         loop {
-            if tokio::time::Instant::now() + pause > deadline {
-                return Err(failure);
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                let (task_id, cause) = (task_id.to_owned(), failure.to_string());
+                return Err(AcpError::GatewayGone { task_id, waited: waited.as_secs(), cause });
             }
             tokio::select! {
                 () = self.cancel.cancelled() => return Ok(None),
-                () = tokio::time::sleep(pause) => {}
+                () = tokio::time::sleep(pause.min(left)) => {}
             }
             pause = (pause * 2).min(LONGEST_PAUSE);
             let mut events: Events = Box::pin(self.upstream.subscribe(task_id).await?);
