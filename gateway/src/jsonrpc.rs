@@ -95,7 +95,15 @@ struct Refused {
 
 async fn parse(gateway: &Gateway, uri: &Uri, headers: &HeaderMap, body: Body) -> std::result::Result<Call, Refused> {
     let fail = |error| Refused { id: Value::Null, error, notification: false };
-    let principal = http::authenticate(gateway, headers).map_err(fail)?;
+    let principal = match http::authenticate(gateway, headers) {
+        Ok(principal) => principal,
+        // Refused with the request's id, when its body shows one: an answer
+        // names the request it answers.
+        Err(error) => {
+            let id = http::read_body(gateway, body).await.map_or(Value::Null, |body| request_id(&body));
+            return Err(Refused { id, error, notification: false });
+        }
+    };
     let body = http::read_body(gateway, body).await.map_err(fail)?;
     if !http::is_json(headers) {
         return Err(fail(GatewayError::ContentTypeNotSupported("a JSON-RPC request is application/json".to_owned())));
@@ -143,6 +151,14 @@ async fn parse(gateway: &Gateway, uri: &Uri, headers: &HeaderMap, body: Body) ->
         (None, Version::V1) => return Err(refused(GatewayError::MethodNotFound(method))),
     };
     Ok(Call { id, notification, principal, method, params, version })
+}
+
+/// The id of the JSON-RPC request `body` holds, if it is a valid one; null
+/// otherwise.
+fn request_id(body: &[u8]) -> Value {
+    let request: Option<Value> = serde_json::from_slice(body).ok();
+    let id = request.as_ref().and_then(|request| request.get("id"));
+    id.filter(|id| id.is_string() || id.is_number()).cloned().unwrap_or(Value::Null)
 }
 
 /// Counts a call by its method (one of [`METHODS`], or `unknown` when it

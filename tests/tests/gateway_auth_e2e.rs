@@ -71,6 +71,8 @@ async fn credentials_are_required_and_scoped_to_their_namespaces() {
 
     assert_refused(a2a.rpc("tck", "GetTask", in_team_a.clone()), StatusCode::UNAUTHORIZED, "UNAUTHENTICATED").await;
     assert_refused(a2a.rpc("tck", "SendMessage", send.clone()), StatusCode::UNAUTHORIZED, "UNAUTHENTICATED").await;
+    let (_, refused) = json(a2a.rpc("tck", "GetTask", in_team_a.clone())).await;
+    assert_eq!(refused["id"], chorus_tests::a2a::REQUEST_ID, "the refusal answers its request: {refused:#}");
     let wrong_token = a2a.rpc("tck", "GetTask", in_team_a.clone()).bearer_auth("nope");
     assert_refused(wrong_token, StatusCode::UNAUTHORIZED, "UNAUTHENTICATED").await;
     let wrong_key = a2a.rpc("tck", "GetTask", in_team_a.clone()).header("X-API-Key", "key-b");
