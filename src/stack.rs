@@ -161,12 +161,6 @@ fn check_reachable(config: &ChorusConfig, services: &[Service]) -> anyhow::Resul
         "the gateway keeps its tasks in a task store, and this process serves none: set gateway.taskstore_url \
          (CHORUS_GATEWAY__TASKSTORE_URL) to the task store's address"
     );
-    let (body, message) = (config.gateway.max_body_bytes, config.server.max_message_bytes);
-    anyhow::ensure!(
-        !here(Service::Gateway) || body <= message,
-        "gateway.max_body_bytes ({body}) is larger than server.max_message_bytes ({message}), which refuses a larger \
-         body first, without the A2A error: raise server.max_message_bytes to it too"
-    );
     if !here(Service::Workflow) {
         return Ok(());
     }
@@ -452,17 +446,6 @@ mod tests {
         assert!(check_reachable(&config, ALL_SERVICES).is_ok());
         config.gateway.taskstore_url = Some("http://tasks:7800".to_owned());
         assert!(check_reachable(&config, &[Service::Gateway]).is_ok());
-    }
-
-    #[test]
-    fn a_gateway_body_limit_past_the_server_s_is_refused() {
-        let mut config = ChorusConfig::default();
-        config.gateway.max_body_bytes = config.server.max_message_bytes + 1;
-        let error = check_reachable(&config, ALL_SERVICES).expect_err("a limit that cannot be reached");
-        assert!(error.to_string().contains("raise server.max_message_bytes"), "{error}");
-        assert!(check_reachable(&config, &[Service::Taskstore]).is_ok(), "no gateway here");
-        config.server.max_message_bytes = config.gateway.max_body_bytes;
-        assert!(check_reachable(&config, ALL_SERVICES).is_ok());
     }
 
     #[test]
