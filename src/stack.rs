@@ -182,6 +182,19 @@ fn check_reachable(config: &ChorusConfig, services: &[Service]) -> anyhow::Resul
     Ok(())
 }
 
+/// The largest A2A request body the gateway takes: `gateway.max_body_bytes`, at most
+/// `server.max_message_bytes`, past which its message could not reach the task store.
+fn a2a_body_limit(config: &ChorusConfig) -> usize {
+    let (body, message) = (config.gateway.max_body_bytes, config.server.max_message_bytes);
+    if body > message {
+        tracing::warn!(
+            "gateway.max_body_bytes ({body}) is larger than server.max_message_bytes ({message}), which the task \
+             store takes at most: A2A bodies are limited to {message} bytes"
+        );
+    }
+    body.min(message)
+}
+
 /// The database of a process whose services need one.
 fn opened(db: Option<&Db>) -> anyhow::Result<&Db> {
     db.context("the database was not opened")
@@ -299,6 +312,7 @@ impl Stack {
                         }
                     };
                     let mut gateway_config = config.gateway.clone();
+                    gateway_config.max_body_bytes = a2a_body_limit(config);
                     gateway_config.push.follower_id.get_or_insert_with(|| format!("{}/{address}", host_name()));
                     if gateway_config.registry_file.is_none() && db.is_some() && config.storage.database_url.is_empty()
                     {
@@ -446,6 +460,14 @@ mod tests {
         assert!(check_reachable(&config, ALL_SERVICES).is_ok());
         config.gateway.taskstore_url = Some("http://tasks:7800".to_owned());
         assert!(check_reachable(&config, &[Service::Gateway]).is_ok());
+    }
+
+    #[test]
+    fn an_a2a_body_is_at_most_a_message_the_task_store_takes() {
+        let mut config = ChorusConfig::default();
+        assert_eq!(a2a_body_limit(&config), config.gateway.max_body_bytes);
+        config.server.max_message_bytes = 64 * 1024;
+        assert_eq!(a2a_body_limit(&config), 64 * 1024);
     }
 
     #[test]

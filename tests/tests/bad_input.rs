@@ -128,6 +128,13 @@ async fn an_oversized_message_is_refused_and_the_server_keeps_serving() {
     assert!(status.message().contains(&MAX_MESSAGE_BYTES.to_string()), "the message states the limit: {status:?}");
 
     assert_eq!(task_count(&mut client).await, 0);
+    // So is an A2A request past it, with the binding's own error: the
+    // gateway's limit is at most the message limit, and no other answers first.
+    let a2a = chorus_tests::a2a::A2a::new(&server);
+    let send = serde_json::json!({ "message": chorus_tests::a2a::message("big", &huge) });
+    let (status, body) = chorus_tests::a2a::json(a2a.rpc("echo", "SendMessage", send)).await;
+    assert_eq!(status, reqwest::StatusCode::PAYLOAD_TOO_LARGE, "{body:#}");
+    assert_eq!(body["error"]["data"][0]["reason"], "PAYLOAD_TOO_LARGE", "{body:#}");
     create_task(&mut client, NS, "reverser", "small enough").await;
     server.assert_serving().await;
 }

@@ -19,7 +19,6 @@ use tower::ServiceBuilder;
 use tower_http::{
     catch_panic::CatchPanicLayer,
     cors::{AllowOrigin, CorsLayer},
-    limit::RequestBodyLimitLayer,
     trace::{DefaultOnFailure, TraceLayer},
 };
 
@@ -191,15 +190,15 @@ impl ServerBuilder {
         readiness::follow(Arc::clone(&probes), self.health.clone(), self.service_names.clone(), shutdown.clone());
         let scraped = self.metrics.clone();
         // gRPC messages are size-checked by each service while decoding (a
-        // clear OUT_OF_RANGE); plain HTTP bodies are limited here. Like
-        // `/healthz`, `/metrics` asks for no credentials: it holds no tenant data.
+        // clear OUT_OF_RANGE); HTTP bodies by the routes that read them (the
+        // gateway's, with the binding's own error, which a limit here would
+        // answer first in plain text). Like `/healthz`, `/metrics` asks for
+        // no credentials: it holds no tenant data.
         let limit = Duration::from_millis(self.config.request_timeout_ms);
         let http = std::mem::take(&mut self.http)
             .route("/healthz", get(move || healthz(Arc::clone(&probes))))
             .route("/metrics", get(move || metrics_page(scraped.clone())))
             .layer(axum::middleware::from_fn(move |request, next| http_limit(limit, request, next)))
-            .layer(RequestBodyLimitLayer::new(self.config.max_message_bytes))
-            // Outside the limit, so that a body refused as too large is counted.
             .route_layer(axum::middleware::from_fn_with_state(self.metrics.clone(), observe::http));
         let mut grpc = self.grpc.routes().into_axum_router();
         if let Some(guard) = self.guard.take() {
