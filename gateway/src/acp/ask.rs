@@ -275,25 +275,28 @@ mod tests {
         }
     }
 
+    /// The first question of task `t` to `ide`, which lets the agent read
+    /// files in `folders`.
+    fn question<'a>(ide: Arc<dyn Ide>, folders: &'a [PathBuf], cancel: &'a CancellationToken) -> Question<'a> {
+        Question { ide, session_id: "s", task_id: "t", number: 1, can_read_files: true, folders, cancel }
+    }
+
+    /// The agent's request for the IDE's file at `path`.
+    fn asking_for(path: &str) -> Message {
+        let mut message = Message::new(a2a::Role::Agent, vec![Part::text("need a file")]);
+        message.metadata = Some([(READ_TEXT_FILE.to_owned(), json!({ "path": path }))].into());
+        message
+    }
+
     #[tokio::test]
     async fn a_read_cancelled_on_its_way_closes_its_tool_call() {
         let ide = Arc::new(Silent::default());
         let folders = [PathBuf::from("/w")];
         let cancel = CancellationToken::new();
-        let question = Question {
-            ide: Arc::clone(&ide) as Arc<dyn Ide>,
-            session_id: "s",
-            task_id: "t",
-            number: 1,
-            can_read_files: true,
-            folders: &folders,
-            cancel: &cancel,
-        };
-        let mut message = Message::new(a2a::Role::Agent, vec![Part::text("need a file")]);
-        message.metadata = Some([(READ_TEXT_FILE.to_owned(), json!({ "path": "/w/a.rs" }))].into());
+        let question = question(Arc::clone(&ide) as Arc<dyn Ide>, &folders, &cancel);
         let canceller = cancel.clone();
         tokio::spawn(async move { canceller.cancel() });
-        assert!(matches!(question.answer(Some(&message)).await, Ok(Answer::Cancelled)));
+        assert!(matches!(question.answer(Some(&asking_for("/w/a.rs"))).await, Ok(Answer::Cancelled)));
         let updates = ide.0.lock().expect("updates");
         let closed = matches!(updates.last(), Some(Update::ToolChange { status: Some(ToolStatus::Failed), .. }));
         assert!(closed, "the read's tool call is not left in progress: {updates:?}");
@@ -304,26 +307,17 @@ mod tests {
         let ide = Arc::new(Reader::default());
         let folders = [PathBuf::from("/w"), PathBuf::from("/lib/extra")];
         let cancel = CancellationToken::new();
-        let question = Question {
-            ide: Arc::clone(&ide) as Arc<dyn Ide>,
-            session_id: "s",
-            task_id: "t",
-            number: 1,
-            can_read_files: true,
-            folders: &folders,
-            cancel: &cancel,
-        };
-        let ask = |path: &str| {
-            let mut message = Message::new(a2a::Role::Agent, vec![Part::text("need a file")]);
-            message.metadata = Some([(READ_TEXT_FILE.to_owned(), json!({ "path": path }))].into());
-            message
-        };
+        let question = question(Arc::clone(&ide) as Arc<dyn Ide>, &folders, &cancel);
         for path in ["/w/../../etc/passwd", "/etc/passwd", "/wx/a", "/lib/other"] {
-            let Ok(Answer::Reply(_, (_, answer))) = question.answer(Some(&ask(path))).await else { panic!("{path}") };
+            let Ok(Answer::Reply(_, (_, answer))) = question.answer(Some(&asking_for(path))).await else {
+                panic!("{path}")
+            };
             assert!(answer["error"].as_str().is_some_and(|error| error.contains("outside")), "{path}: {answer}");
         }
         for path in ["/w/src/./a.rs", "/lib/extra/b/../c.rs"] {
-            let Ok(Answer::Reply(_, (_, answer))) = question.answer(Some(&ask(path))).await else { panic!("{path}") };
+            let Ok(Answer::Reply(_, (_, answer))) = question.answer(Some(&asking_for(path))).await else {
+                panic!("{path}")
+            };
             assert_eq!(answer.get("error"), None, "{path}: {answer}");
         }
         let read = ide.0.lock().expect("reads").clone();
