@@ -3,10 +3,14 @@
 //! than text (data, a file's bytes or URL) is answered with its parts as
 //! they are.
 
-use chorus_proto::taskstore::{Artifact, Part, Role, part::Content};
+use chorus_proto::taskstore::{Artifact, Part, part::Content};
 use tokio_util::sync::CancellationToken;
 
-use crate::{Client, HandlerError, Placement, Reply, TaskContext, WorkerError, text_artifact};
+use crate::{
+    Client, HandlerError, Placement, Reply, TaskContext, WorkerError,
+    reply::{latest_user_parts, text_of},
+    text_artifact,
+};
 
 /// The echo agent's id.
 pub const AGENT_ID: &str = "echo";
@@ -20,10 +24,9 @@ pub async fn run(client: Client, placement: Placement, shutdown: CancellationTok
 
 /// The echo handler.
 pub async fn handle(task: TaskContext) -> Result<Reply, HandlerError> {
-    let latest = task.task().history.iter().rev().find(|message| message.role == i32::from(Role::User));
-    let parts = latest.map(|message| message.parts.as_slice()).unwrap_or_default();
+    let parts = latest_user_parts(task.task());
     let text_alone = parts.iter().all(|part| matches!(part.content, Some(Content::Text(_))));
-    Ok(if text_alone { reply(&task.text()) } else { reply_parts(parts) })
+    Ok(if text_alone { reply(&text_of(parts)) } else { reply_parts(parts) })
 }
 
 fn reply(text: &str) -> Reply {

@@ -85,14 +85,16 @@ pub(crate) fn user_message(parts: Vec<Part>) -> Message {
     Message { message_id: uuid::Uuid::new_v4().to_string(), role: Role::User.into(), parts, ..Message::default() }
 }
 
-/// The text parts of the most recent user message of `task`'s history,
-/// joined by newlines; empty when there is none.
-pub(crate) fn user_text(task: &Task) -> String {
-    let Some(message) = task.history.iter().rev().find(|message| message.role == i32::from(Role::User)) else {
-        return String::new();
-    };
-    let texts: Vec<&str> = message
-        .parts
+/// The parts of the most recent user message of `task`'s history; none when
+/// there is no such message.
+pub(crate) fn latest_user_parts(task: &Task) -> &[Part] {
+    let latest = task.history.iter().rev().find(|message| message.role == i32::from(Role::User));
+    latest.map(|message| message.parts.as_slice()).unwrap_or_default()
+}
+
+/// The text parts of `parts`, joined by newlines.
+pub(crate) fn text_of(parts: &[Part]) -> String {
+    let texts: Vec<&str> = parts
         .iter()
         .filter_map(|part| match &part.content {
             Some(Content::Text(text)) => Some(text.as_str()),
@@ -100,6 +102,12 @@ pub(crate) fn user_text(task: &Task) -> String {
         })
         .collect();
     texts.join("\n")
+}
+
+/// The text parts of the most recent user message of `task`'s history,
+/// joined by newlines; empty when there is none.
+pub(crate) fn user_text(task: &Task) -> String {
+    text_of(latest_user_parts(task))
 }
 
 #[cfg(test)]
