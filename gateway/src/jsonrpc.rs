@@ -119,19 +119,17 @@ async fn parse(gateway: &Gateway, uri: &Uri, headers: &HeaderMap, body: Body) ->
         Some(_) => return Err(fail(GatewayError::InvalidRequest("id must be a string, a number or null".to_owned()))),
         None => Value::Null,
     };
-    let invalid = |message: &str| Refused {
-        id: id.clone(),
-        error: GatewayError::InvalidRequest(message.to_owned()),
-        notification: false,
-    };
+    // Until it shows a request object, whether it was a notification cannot
+    // be told; from then on, a notification's errors go unanswered.
+    let answered = |error, notification| Refused { id: id.clone(), error, notification };
+    let invalid = |message: &str| answered(GatewayError::InvalidRequest(message.to_owned()), false);
     if request.get("jsonrpc") != Some(&json!("2.0")) {
         return Err(invalid("jsonrpc must be \"2.0\""));
     }
     let Some(Value::String(method)) = request.remove("method") else {
         return Err(invalid("method must be a string"));
     };
-    // A request object from here on: a notification's errors go unanswered.
-    let refused = |error| Refused { id: id.clone(), error, notification };
+    let refused = |error| answered(error, notification);
     let params = match request.remove("params") {
         None | Some(Value::Null) => json!({}),
         Some(params @ Value::Object(_)) => params,

@@ -84,8 +84,9 @@ const GATEWAY_URL: &str = "workflow.gateway_url";
 fn status_error(what: &str, setting: &str, status: &Status) -> EffectError {
     let message = format!("{what}: {}", status.message());
     match status.code() {
-        _ if transport::cut_off(status) => EffectError::Transient(message),
-        Code::DeadlineExceeded | Code::ResourceExhausted | Code::Aborted | Code::Unknown => {
+        code if transport::cut_off(status)
+            || matches!(code, Code::DeadlineExceeded | Code::ResourceExhausted | Code::Aborted | Code::Unknown) =>
+        {
             EffectError::Transient(message)
         }
         Code::Unimplemented => EffectError::Failed(format!(
