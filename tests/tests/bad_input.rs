@@ -104,13 +104,20 @@ async fn illegal_transitions_fail_and_change_nothing() {
     let task = create_task(&mut client, NS, "reverser", "hello").await;
     move_to(&mut client, &task, TaskState::Working).await.expect("submitted -> working is legal");
 
-    for (illegal, before) in [(TaskState::Submitted, TaskState::Working), (TaskState::Working, TaskState::Completed)] {
+    let cases = [
+        (TaskState::Submitted, TaskState::Working, "ILLEGAL_TRANSITION"),
+        (TaskState::Working, TaskState::Completed, "TASK_FINISHED"),
+    ];
+    for (illegal, before, reason) in cases {
         if before == TaskState::Completed {
             move_to(&mut client, &task, TaskState::Completed).await.expect("working -> completed is legal");
         }
         let snapshot = get_task(&mut client, NS, &task.id).await;
         let status = move_to(&mut client, &task, illegal).await.expect_err("an illegal transition");
         assert_eq!(status.code(), Code::FailedPrecondition, "{before:?} -> {illegal:?}: {status:?}");
+        let info = tonic_types::StatusExt::get_details_error_info(&status).expect("the reason, for programs");
+        assert_eq!((info.reason.as_str(), info.domain.as_str()), (reason, "taskstore.chorus.dev"), "{status:?}");
+        assert_eq!(info.metadata["task_id"], task.id);
         assert_eq!(get_task(&mut client, NS, &task.id).await, snapshot, "{before:?} -> {illegal:?} changed the task");
     }
     server.assert_serving().await;

@@ -71,12 +71,43 @@ pub trait ServiceError: std::error::Error {
     fn detail(&self) -> Option<prost_types::Any> {
         None
     }
+
+    /// Why the call failed, for a program to act on: sent as a
+    /// `google.rpc.ErrorInfo` beside the message, which is for people.
+    fn reason(&self) -> Option<Reason> {
+        None
+    }
+}
+
+/// A `google.rpc.ErrorInfo`: a stable reason in a service's domain, and
+/// what it is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reason {
+    /// UPPER_SNAKE_CASE, never reworded: callers match on it.
+    pub reason: &'static str,
+    /// The service that gave it, e.g. `taskstore.chorus.dev`.
+    pub domain: &'static str,
+    /// The ids the error is about (`task_id`, `state`, ...).
+    pub metadata: std::collections::HashMap<String, String>,
+}
+
+impl Reason {
+    pub fn new(domain: &'static str, reason: &'static str) -> Self {
+        Self { reason, domain, metadata: std::collections::HashMap::new() }
+    }
+
+    /// Adds `key` to the metadata.
+    pub fn with(mut self, key: &str, value: impl ToString) -> Self {
+        self.metadata.insert(key.to_owned(), value.to_string());
+        self
+    }
 }
 
 /// Converts a service error to a gRPC status: the one place this happens.
 ///
 /// Internal errors are logged here, once, and their detail is not sent to the
-/// caller; `InvalidArgument` carries a `google.rpc.BadRequest` naming the field.
+/// caller; `InvalidArgument` carries a `google.rpc.BadRequest` naming the
+/// field, and an error with a [`Reason`] a `google.rpc.ErrorInfo`.
 pub fn into_status<E: ServiceError>(error: E) -> tonic::Status {
     let code = error.error_code();
     if code == ErrorCode::Internal {
@@ -89,15 +120,19 @@ pub fn into_status<E: ServiceError>(error: E) -> tonic::Status {
             tonic_types::Status { code: code.grpc_code().into(), message: message.clone(), details: vec![detail] };
         return tonic::Status::with_details(code.grpc_code(), message, prost::Message::encode_to_vec(&status).into());
     }
-    match error.field() {
-        Some(field) => {
-            let mut details = tonic_types::ErrorDetails::new();
-            details.add_bad_request_violation(field, message.clone());
-            use tonic_types::StatusExt as _;
-            tonic::Status::with_error_details(code.grpc_code(), message, details)
-        }
-        None => tonic::Status::new(code.grpc_code(), message),
+    let (field, reason) = (error.field(), error.reason());
+    if field.is_none() && reason.is_none() {
+        return tonic::Status::new(code.grpc_code(), message);
     }
+    let mut details = tonic_types::ErrorDetails::new();
+    if let Some(field) = field {
+        details.add_bad_request_violation(field, message.clone());
+    }
+    if let Some(Reason { reason, domain, metadata }) = reason {
+        details.set_error_info(reason, domain, metadata);
+    }
+    use tonic_types::StatusExt as _;
+    tonic::Status::with_error_details(code.grpc_code(), message, details)
 }
 
 #[cfg(test)]
@@ -110,6 +145,8 @@ mod tests {
         Bad { field: String },
         #[error("database exploded: secret detail")]
         Db,
+        #[error("lease of task {0} lost")]
+        Lost(String),
     }
 
     impl ServiceError for Demo {
@@ -117,12 +154,20 @@ mod tests {
             match self {
                 Self::Bad { .. } => ErrorCode::InvalidArgument,
                 Self::Db => ErrorCode::Internal,
+                Self::Lost(_) => ErrorCode::FailedPrecondition,
             }
         }
         fn field(&self) -> Option<&str> {
             match self {
                 Self::Bad { field } => Some(field),
-                Self::Db => None,
+                Self::Db | Self::Lost(_) => None,
+            }
+        }
+        fn reason(&self) -> Option<Reason> {
+            match self {
+                Self::Lost(task_id) => Some(Reason::new("demo.chorus.dev", "LEASE_LOST").with("task_id", task_id)),
+                Self::Db => Some(Reason::new("demo.chorus.dev", "NEVER_SENT")),
+                Self::Bad { .. } => None,
             }
         }
     }
@@ -137,10 +182,24 @@ mod tests {
     }
 
     #[test]
+    fn a_reason_travels_as_error_info_beside_the_message() {
+        use tonic_types::StatusExt as _;
+        let status = into_status(Demo::Lost("t-1".into()));
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        assert_eq!(status.message(), "lease of task t-1 lost");
+        let info = status.get_details_error_info().expect("error info");
+        assert_eq!((info.reason.as_str(), info.domain.as_str()), ("LEASE_LOST", "demo.chorus.dev"));
+        assert_eq!(info.metadata["task_id"], "t-1");
+        assert!(into_status(Demo::Bad { field: "x".into() }).get_details_error_info().is_none());
+    }
+
+    #[test]
     fn internal_errors_hide_their_detail() {
+        use tonic_types::StatusExt as _;
         let status = into_status(Demo::Db);
         assert_eq!(status.code(), Code::Internal);
         assert!(!status.message().contains("secret"));
+        assert!(status.get_details_error_info().is_none(), "nor their reason");
     }
 
     #[test]

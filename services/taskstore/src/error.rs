@@ -1,7 +1,7 @@
 //! The task store's one error type, and its one mapping to error codes.
 
 use chorus_runtime::{
-    error::{ErrorCode, ServiceError},
+    error::{ErrorCode, Reason, ServiceError},
     storage::storage_error,
     validate::FieldViolation,
 };
@@ -121,7 +121,51 @@ impl ServiceError for TaskStoreError {
     fn field(&self) -> Option<&str> {
         if let Self::InvalidArgument(violation) = self { Some(&violation.field) } else { None }
     }
+
+    /// Every refusal a caller may act on has its reason: a worker tells a
+    /// lost lease (stop) from a finished task (stop, nothing to report) or a
+    /// task too large (start another) by it, not by the message's words.
+    fn reason(&self) -> Option<Reason> {
+        let reason = |name| Reason::new(DOMAIN, name);
+        let about = |name, task_id: &str| reason(name).with("task_id", task_id);
+        Some(match self {
+            Self::InvalidArgument(_) | Self::Storage(_) | Self::Corrupt(_) => return None,
+            Self::TaskNotFound(task_id) => about("TASK_NOT_FOUND", task_id),
+            Self::RequestKeyInUse { task_id, .. } => about("REQUEST_KEY_IN_USE", task_id),
+            Self::PushConfigNotFound { task_id, id } => about("PUSH_CONFIG_NOT_FOUND", task_id).with("id", id),
+            Self::PushConfigNotHeld { task_id, id, .. } => about("PUSH_CONFIG_NOT_HELD", task_id).with("id", id),
+            Self::TooManyPushConfigs { task_id, .. } => about("TOO_MANY_PUSH_CONFIGS", task_id),
+            Self::TaskTooLarge { task_id, .. } => about("TASK_TOO_LARGE", task_id),
+            Self::IllegalTransition { task_id, from, to } => {
+                about("ILLEGAL_TRANSITION", task_id).with("from", from.as_str()).with("to", to.as_str())
+            }
+            Self::TaskFinished { task_id, state } => about("TASK_FINISHED", task_id).with("state", state.as_str()),
+            Self::LeaseRequired { task_id } => about("LEASE_REQUIRED", task_id),
+            Self::LeaseLost { task_id, .. } => about("LEASE_LOST", task_id),
+            Self::ArtifactNotFound { task_id, artifact_id } => {
+                about("ARTIFACT_NOT_FOUND", task_id).with("artifact_id", artifact_id)
+            }
+            Self::ArtifactClosed { task_id, artifact_id } => {
+                about("ARTIFACT_CLOSED", task_id).with("artifact_id", artifact_id)
+            }
+            Self::NoOwner { task_id } => about("NO_OWNER", task_id),
+            Self::NoQuestion { task_id, state } => about("NO_QUESTION", task_id).with("state", state.as_str()),
+            Self::DepthLimit { .. } => reason("SUBTASK_DEPTH_LIMIT"),
+            Self::ConcurrencyLimit { parent_id, .. } => about("SUBTASK_CONCURRENCY_LIMIT", parent_id),
+            Self::TotalLimit { parent_id, .. } => about("SUBTASK_TOTAL_LIMIT", parent_id),
+            Self::RateLimit { parent_id, .. } => about("SUBTASK_RATE_LIMIT", parent_id),
+            Self::Cycle { ancestor_id, .. } => about("SUBTASK_CYCLE", ancestor_id),
+            Self::StreamReplaced { .. } => reason("STREAM_REPLACED"),
+            Self::OutboxLeaseLost { .. } => reason("OUTBOX_LEASE_LOST"),
+            Self::EventBus(_) => reason("EVENT_BUS_UNAVAILABLE"),
+            Self::ShuttingDown => reason("SHUTTING_DOWN"),
+            Self::Unavailable(_) => reason("DATABASE_UNAVAILABLE"),
+        })
+    }
 }
+
+/// The domain of the task store's error reasons.
+pub const DOMAIN: &str = "taskstore.chorus.dev";
 
 impl From<TaskStoreError> for tonic::Status {
     fn from(error: TaskStoreError) -> Self {

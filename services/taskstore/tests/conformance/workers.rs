@@ -114,6 +114,8 @@ async fn a_worker_claims_and_completes_a_task(h: Harness) {
     assert_eq!(done.history.last().unwrap().joined_text(), "pong");
     let twice = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, Vec::new()).await.unwrap_err();
     assert!(matches!(twice, TaskStoreError::TaskFinished { .. }), "{twice}");
+    let renewed = h.store.renew_lease("ns", &task.id, &claimed.lease_id, None).await.unwrap_err();
+    assert!(matches!(renewed, TaskStoreError::TaskFinished { .. }), "a finished task, not a lost lease: {renewed}");
 }
 
 async fn capacity_bounds_the_leases_a_worker_holds(h: Harness) {

@@ -239,8 +239,14 @@ impl SqlTaskRepository {
             return Ok(Renewal { lease_expires_at, canceled: false });
         }
         let record = super::read_record(&mut conn, namespace, task_id).await?;
-        if record.task.status.state == TaskState::Canceled && record.lease_id.as_deref() == Some(lease_id) {
+        let state = record.task.status.state;
+        if state == TaskState::Canceled && record.lease_id.as_deref() == Some(lease_id) {
             return Ok(Renewal { lease_expires_at: 0, canceled: true });
+        }
+        // A lease that ended with its task, as a worker's last renewal may
+        // find it: nothing is lost, the task is done.
+        if state.is_terminal() && record.lease_id.as_deref() == Some(lease_id) {
+            return Err(TaskStoreError::TaskFinished { task_id: task_id.to_owned(), state });
         }
         Err(TaskStoreError::LeaseLost { task_id: task_id.to_owned(), lease_id: lease_id.to_owned() })
     }
