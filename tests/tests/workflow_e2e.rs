@@ -208,6 +208,60 @@ steps:
     assert_eq!(done.state(), RunState::Completed, "{done:#?}");
 }
 
+/// The states of the tasks of the agent `ghost`, once they are all `want`.
+async fn ghost_tasks_become(a2a: &chorus_tests::a2a::A2a, count: usize, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let listed = a2a.call("ghost", "ListTasks", serde_json::json!({})).await;
+        let tasks = listed["tasks"].as_array().expect("tasks");
+        let states: Vec<&str> = tasks.iter().map(chorus_tests::a2a::state).collect();
+        if states.len() == count && states.iter().all(|state| *state == want) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not {count} tasks {want}: {listed:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A delegate step past its timeout fails, and one whose run is canceled
+/// ends; either way the task it made is canceled then, not when the
+/// gateway's own delegation timeout (5 minutes) passes: `chorus dev` calls
+/// the gateway in process, where giving up on a call must end its handler
+/// as a reset stream does over the network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delegate_step_given_up_cancels_the_task_it_made() {
+    let sandbox = Sandbox::new();
+    let catalog = "[gateway]\ndefault_agent = \"ghost\"\n[[gateway.agents]]\nid = \"ghost\"\nname = \"Ghost\"\n\
+                   description = \"No worker serves it.\"\nkind = \"worker\"\n";
+    chorus_tests::a2a::write_chorus_toml(sandbox.path(), catalog);
+    let server = sandbox.dev().no_agents().start().await;
+    let mut client = WorkflowClient::new(server.channel().await);
+    let a2a = chorus_tests::a2a::A2a::new(&server);
+    for (name, timeout) in [("brief", "1s"), ("patient", "5m")] {
+        let source =
+            format!("name: {name}\nsteps:\n- id: ask\n  delegate: {{agent: ghost, input: boo, timeout: {timeout}}}\n");
+        let put = PutDefinitionRequest { namespace: NS.into(), source, ..Default::default() };
+        client.put_definition(put).await.expect("put");
+    }
+
+    let run = start(&mut client, "brief", &[]).await;
+    let wait = GetRunRequest { namespace: NS.into(), run_id: run.id.clone(), wait_finished: true };
+    let done = client.get_run(wait).await.expect("the run finishes").into_inner();
+    assert_eq!(done.state(), RunState::Failed, "{done:#?}");
+    assert!(done.steps[0].error.contains("no answer within 1s"), "{done:#?}");
+    ghost_tasks_become(&a2a, 1, "TASK_STATE_CANCELED").await;
+
+    let run = start(&mut client, "patient", &[]).await;
+    let deadline = Instant::now() + DEADLINE;
+    while a2a.call("ghost", "ListTasks", serde_json::json!({})).await["tasks"].as_array().map(Vec::len) != Some(2) {
+        assert!(Instant::now() < deadline, "the second step made no task");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cancel = pb::CancelRunRequest { namespace: NS.into(), run_id: run.id.clone(), ..Default::default() };
+    client.cancel_run(cancel).await.expect("cancel");
+    ghost_tasks_become(&a2a, 2, "TASK_STATE_CANCELED").await;
+}
+
 /// Each start logs every definition it loads, unchanged ones too. With a
 /// log filter per layer, the line after the first put's queries went
 /// missing on PostgreSQL from the second start on.

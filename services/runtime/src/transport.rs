@@ -62,12 +62,14 @@ impl Transport {
     /// The same transport, each call run on a task of its own, as a call
     /// over the network runs on its connection's: for a caller that holds
     /// what the handler needs (SQLite's one writer) while it polls the call,
-    /// such as the workflow engine driving a run's parallel steps.
+    /// such as the workflow engine driving a run's parallel steps. A caller
+    /// that gives up on a call (drops it) ends its handler, as a call over
+    /// the network does when its stream is reset.
     pub fn detached(self) -> Self {
         let inner = self.0;
         let service = tower::service_fn(move |request: http::Request<Body>| {
             let call = inner.clone().oneshot(request);
-            async move { tokio::spawn(call).await.map_err(BoxError::from)? }
+            async move { tokio_util::task::AbortOnDropHandle::new(tokio::spawn(call)).await.map_err(BoxError::from)? }
         });
         Self(BoxCloneSyncService::new(service))
     }
@@ -175,6 +177,25 @@ mod tests {
         let mut broken = tonic::Status::internal("h2 protocol error: frame with invalid size");
         broken.set_source(Arc::new(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
         assert!(cut_off(&broken), "a status the transport made, whatever its code");
+    }
+
+    #[tokio::test]
+    async fn a_detached_call_given_up_ends_its_handler() {
+        let (ended, handler_ended) = tokio::sync::oneshot::channel::<()>();
+        let ended = Arc::new(std::sync::Mutex::new(Some(ended)));
+        let server = tower::service_fn(move |_request: http::Request<Body>| {
+            let ended = ended.lock().unwrap().take();
+            async move {
+                // Held until the handler ends, which closes the channel.
+                let _ended = ended;
+                std::future::pending::<Result<http::Response<Body>, Infallible>>().await
+            }
+        });
+        let call = Transport::in_process(server).detached().oneshot(http::Request::new(Body::empty()));
+        let given_up = tokio::time::timeout(std::time::Duration::from_millis(50), call).await;
+        assert!(given_up.is_err(), "the handler never answers");
+        let handler = tokio::time::timeout(std::time::Duration::from_secs(5), handler_ended).await;
+        assert!(handler.expect("the handler ended with the call").is_err(), "its end closed the channel");
     }
 
     #[tokio::test]

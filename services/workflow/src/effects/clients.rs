@@ -183,14 +183,21 @@ impl Effects for ClientEffects {
         }
     }
 
-    async fn delegate(&self, origin: &Origin, agent: &str, input: &Value) -> Result<TaskOutcome, EffectError> {
+    async fn delegate(
+        &self,
+        origin: &Origin,
+        agent: &str,
+        input: &Value,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<TaskOutcome, EffectError> {
         let agent_url = match agent.starts_with("http://") || agent.starts_with("https://") {
             true => agent.to_owned(),
             false => format!("{}/a2a/{agent}", self.gateway_url),
         };
         let mut sent = message(origin, input);
         sent.context_id.clear();
-        let request = gw::DelegateRequest { agent_url, message: Some(sent), ..gw::DelegateRequest::default() };
+        let timeout = timeout.and_then(|timeout| prost_types::Duration::try_from(timeout).ok());
+        let request = gw::DelegateRequest { agent_url, message: Some(sent), timeout, ..gw::DelegateRequest::default() };
         let response =
             self.gateway.clone().delegate(request).await.map_err(|s| status_error("delegate", GATEWAY_URL, &s))?;
         Ok(match response.into_inner().result {

@@ -67,8 +67,15 @@ pub trait Effects: Send + Sync + std::fmt::Debug {
     async fn cancel_task(&self, namespace: &str, task_id: &str) -> Result<(), EffectError>;
 
     /// Sends a message to an external A2A agent and waits for its answer:
-    /// the step's output.
-    async fn delegate(&self, origin: &Origin, agent: &str, input: &Value) -> Result<TaskOutcome, EffectError>;
+    /// the step's output. With a `timeout`, the delegation ends then, and the
+    /// remote task is canceled, even when the engine is gone by then.
+    async fn delegate(
+        &self,
+        origin: &Origin,
+        agent: &str,
+        input: &Value,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<TaskOutcome, EffectError>;
 
     /// Sends a hub message or calls a webhook; what to record as output.
     async fn message(

@@ -194,7 +194,7 @@ fn effect(
             let timeout = delegate.timeout;
             let input = input.clone();
             let future = async move {
-                let call = effects.delegate(&origin, &agent, &input);
+                let call = effects.delegate(&origin, &agent, &input, timeout);
                 let outcome = match timeout {
                     Some(limit) => tokio::time::timeout(limit, call)
                         .await
