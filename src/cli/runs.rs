@@ -94,7 +94,7 @@ pub(super) async fn start(client: &mut Client, target: &Target, args: StartArgs)
 
 pub(super) async fn get(client: &mut Client, target: &Target, run_id: &str, json: bool, wait: bool) -> Outcome {
     let request = GetRunRequest { namespace: target.namespace.clone(), run_id: run_id.to_owned(), wait_finished: wait };
-    let run = client.get_run(request).await?.into_inner();
+    let run = if wait { finished(client, target, request).await? } else { client.get_run(request).await?.into_inner() };
     if json {
         outln!("{}", serde_json::to_string_pretty(&run_json(&run)).unwrap_or_default());
     } else {
@@ -234,8 +234,47 @@ pub(super) async fn list(
     Ok(())
 }
 
-/// How long a watch that lost its server keeps trying to get back to it.
+/// How long a watch or a wait that lost its server keeps trying to get back to it.
 const RECONNECT_FOR: Duration = Duration::from_secs(60);
+
+/// A call that lost its server, trying again with a growing pause until
+/// [`RECONNECT_FOR`] has passed since the server was last heard from.
+#[derive(Default)]
+struct Reconnect(Option<(Instant, Duration)>);
+
+impl Reconnect {
+    /// The server answered: a later loss starts its own count.
+    fn heard(&mut self) {
+        self.0 = None;
+    }
+
+    /// Pauses before the next try after `status`; an error once it is too late.
+    async fn pause(&mut self, target: &Target, status: &tonic::Status, what: &str) -> Result<(), Failure> {
+        let (since, delay) = self.0.get_or_insert_with(|| (Instant::now(), Duration::from_millis(100)));
+        if since.elapsed() > RECONNECT_FOR {
+            return Err(Failure::Call(format!("lost {}: {}", target.server(), status.message())));
+        }
+        eprintln!("lost {} ({}); {what} again in {} ms", target.server(), status.message(), delay.as_millis());
+        tokio::time::sleep(*delay).await;
+        *delay = (*delay * 2).min(Duration::from_secs(2));
+        Ok(())
+    }
+}
+
+/// The run once it has finished, however long that takes: a server answers
+/// a wait at the latest when its request timeout (`server.request_timeout_ms`)
+/// passes, and may restart meanwhile; the wait is asked for again.
+async fn finished(client: &mut Client, target: &Target, request: GetRunRequest) -> Result<pb::Run, Failure> {
+    let mut reconnect = Reconnect::default();
+    loop {
+        match client.get_run(request.clone()).await {
+            Ok(run) => return Ok(run.into_inner()),
+            Err(status) if status.code() == tonic::Code::Cancelled && !cut_off(&status) => reconnect.heard(),
+            Err(status) if cut_off(&status) => reconnect.pause(target, &status, "waiting").await?,
+            Err(status) => return Err(status.into()),
+        }
+    }
+}
 
 pub(super) async fn watch(client: &mut Client, target: &Target, run_id: &str) -> Outcome {
     let mut request = WatchRunRequest {
@@ -248,14 +287,14 @@ pub(super) async fn watch(client: &mut Client, target: &Target, run_id: &str) ->
     // waiting, then announced) is printed once; one that only learned more
     // (a spawn's task) prints what it learned.
     let mut shown: HashMap<(String, u32, u32), (i32, String)> = HashMap::new();
-    let mut lost: Option<(Instant, Duration)> = None;
+    let mut reconnect = Reconnect::default();
     loop {
         // The run goes on while the server is away (a restart, a deploy):
         // the watch picks it up again after the last event it printed.
         let outcome = async {
             let mut events = client.watch_run(request.clone()).await?.into_inner();
             while let Some(event) = events.message().await? {
-                lost = None;
+                reconnect.heard();
                 last = event.state();
                 request.after_cursor.clone_from(&event.cursor);
                 let mut line = view::event(&event);
@@ -290,18 +329,11 @@ pub(super) async fn watch(client: &mut Client, target: &Target, run_id: &str) ->
             Ok::<_, tonic::Status>(())
         }
         .await;
-        let status = match outcome {
+        match outcome {
             Ok(()) => break,
-            Err(status) if cut_off(&status) => status,
+            Err(status) if cut_off(&status) => reconnect.pause(target, &status, "watching").await?,
             Err(status) => return Err(status.into()),
-        };
-        let (since, delay) = lost.get_or_insert_with(|| (Instant::now(), Duration::from_millis(100)));
-        if since.elapsed() > RECONNECT_FOR {
-            return Err(Failure::Call(format!("lost {}: {}", target.server(), status.message())));
         }
-        eprintln!("lost {} ({}); watching again in {} ms", target.server(), status.message(), delay.as_millis());
-        tokio::time::sleep(*delay).await;
-        *delay = (*delay * 2).min(Duration::from_secs(2));
     }
     if last == pb::RunState::Completed { Ok(()) } else { Err(Failure::No) }
 }

@@ -317,6 +317,32 @@ async fn a_watch_goes_on_across_a_server_restart() {
     assert!(rest.last().is_some_and(|line| line.contains("completed")), "{rest:#?}");
 }
 
+/// `run get --wait` waits for the run however long it takes: a server
+/// answers a waiting call when its request timeout passes, and the CLI asks
+/// again rather than failing with "Timeout expired".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_a_run_outlasts_the_server_s_request_timeout() {
+    let sandbox = Sandbox::new();
+    let slow = "name: slow\nsteps:\n- id: nap\n  wait: {duration: 1500ms}\n";
+    std::fs::write(sandbox.path().join("slow.yaml"), slow).expect("write");
+    let server = sandbox
+        .dev()
+        .no_agents()
+        .env("CHORUS_SERVER__REQUEST_TIMEOUT_MS", "300")
+        .env("CHORUS_GATEWAY__BLOCKING_TIMEOUT_MS", "200")
+        .start()
+        .await;
+    let (url, dir) = (server.url(), sandbox.path());
+    let applied = chorus(url, dir, &["workflow", "apply", "slow.yaml"]).await;
+    assert_eq!(applied.status.code(), Some(0), "{}", stderr(&applied));
+    let started = chorus(url, dir, &["run", "start", "slow"]).await;
+    let run_id = stdout(&started).trim().to_owned();
+    let shown = chorus(url, dir, &["run", "get", &run_id, "--wait", "--json"]).await;
+    assert_eq!(shown.status.code(), Some(0), "{}", stderr(&shown));
+    let run: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("json");
+    assert_eq!(run["state"], "RUN_STATE_COMPLETED", "{run:#}");
+}
+
 /// Without `--server` (or `CHORUS_SERVER`), the CLI goes where a `chorus
 /// dev` of the same configuration file listens, a wildcard address read as
 /// this machine.
