@@ -39,6 +39,10 @@ pub struct NewDefinition {
     pub file: String,
     pub source_sha256: String,
     pub created_by: String,
+    /// A text some version already has changes nothing, not only the
+    /// latest's: a folder loaded again at start-up leaves a version applied
+    /// since (from another file, by an operator) the latest.
+    pub keep_if_stored: bool,
 }
 
 /// What a put did.

@@ -80,6 +80,21 @@ impl DefinitionRepository for SqlDefinitionRepository {
             tx.commit().await?;
             return Ok(Put { definition: latest.clone(), unchanged: true });
         }
+        if let Some(latest) = latest.as_ref().filter(|_| definition.keep_if_stored) {
+            let stored = sqlx::query(
+                "SELECT version FROM workflow_definitions WHERE namespace = $1 AND name = $2 AND source_sha256 = $3 \
+                 LIMIT 1",
+            )
+            .bind(&definition.namespace)
+            .bind(&definition.name)
+            .bind(&definition.source_sha256)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if stored.is_some() {
+                tx.commit().await?;
+                return Ok(Put { definition: latest.clone(), unchanged: true });
+            }
+        }
         let version = latest.map_or(1, |latest| latest.version + 1);
         let triggers =
             serde_json::to_string(&definition.triggers).map_err(|error| WorkflowError::Corrupt(error.to_string()))?;
@@ -106,8 +121,17 @@ impl DefinitionRepository for SqlDefinitionRepository {
             });
         }
         tx.commit().await?;
-        let NewDefinition { namespace, name, description, triggers, source, file, source_sha256, created_by } =
-            definition;
+        let NewDefinition {
+            namespace,
+            name,
+            description,
+            triggers,
+            source,
+            file,
+            source_sha256,
+            created_by,
+            keep_if_stored: _,
+        } = definition;
         let definition = Definition {
             namespace,
             name,

@@ -163,6 +163,19 @@ impl Workflows {
     /// Stores `source` as the next version of the workflow it names, or
     /// rejects it whole with every problem found.
     pub async fn put(&self, namespace: &str, source: &str, file: &str, created_by: &str) -> Result<PutOutcome> {
+        self.store(namespace, source, file, created_by, false).await
+    }
+
+    /// Puts `source`; with `keep_if_stored`, a text any version has already
+    /// changes nothing (see [`NewDefinition::keep_if_stored`]).
+    async fn store(
+        &self,
+        namespace: &str,
+        source: &str,
+        file: &str,
+        created_by: &str,
+        keep_if_stored: bool,
+    ) -> Result<PutOutcome> {
         let parsed = parse(source, file);
         let Some(spec) = parsed.spec else {
             return Err(WorkflowError::InvalidDefinition { file: file.to_owned(), problems: parsed.problems });
@@ -180,6 +193,7 @@ impl Workflows {
             file: file.to_owned(),
             source_sha256: hex_sha256(source),
             created_by: created_by.to_owned(),
+            keep_if_stored,
         };
         let put = self.repository.put(definition, now_micros()).await?;
         if !put.unchanged {
@@ -238,6 +252,16 @@ impl Workflows {
             let outcome = self.put_at_startup(source, file).await?;
             let definition = &outcome.put.definition;
             tracing::info!(file, workflow = %definition.name, version = definition.version, unchanged = outcome.put.unchanged, "workflow definition loaded");
+            if definition.source_sha256 != hex_sha256(source) {
+                tracing::warn!(
+                    file,
+                    workflow = %definition.name,
+                    version = definition.version,
+                    applied_from = %definition.file,
+                    "the file holds an earlier version's text: the latest version, applied since, stays in use; \
+                     edit the file to make it the latest again"
+                );
+            }
             outcomes.push(outcome);
         }
         Ok(outcomes)
@@ -245,13 +269,14 @@ impl Workflows {
 }
 
 impl Workflows {
-    /// Puts a file of the folder. Replicas starting together put the same
+    /// Puts a file of the folder, unless some version already has its text.
+    /// Replicas starting together put the same
     /// files at the same moment: the one that loses the race puts again and
     /// finds the other's version.
     async fn put_at_startup(&self, source: &str, file: &str) -> Result<PutOutcome> {
         let mut attempts = 0;
         loop {
-            match self.put(&self.config.namespace, source, file, "chorus").await {
+            match self.store(&self.config.namespace, source, file, "chorus", true).await {
                 Err(WorkflowError::Conflict(name)) if attempts < STARTUP_PUT_ATTEMPTS => {
                     attempts += 1;
                     tracing::debug!(file, workflow = %name, "workflow definition put concurrently; putting again");

@@ -8,6 +8,7 @@ conformance!(
     a_folder_loads_into_its_namespace_idempotently,
     replicas_loading_the_same_folder_together_all_start,
     an_invalid_file_stops_the_load_and_stores_nothing,
+    a_restart_keeps_a_version_applied_since_the_folder_was_loaded,
 );
 
 fn folder(files: &[(&str, String)]) -> tempfile::TempDir {
@@ -66,4 +67,25 @@ async fn an_invalid_file_stops_the_load_and_stores_nothing(h: Harness) {
     assert!(problems.iter().all(|p| p.file.ends_with("b.yaml")), "{problems:?}");
     assert!(error.to_string().contains("missing_step_kind"), "{error}");
     assert_eq!(h.stored_rows().await, 0);
+}
+
+/// A version applied from elsewhere (`chorus workflow apply`) stays the
+/// latest when the folder is loaded again with its older text; a file
+/// edited since becomes the latest.
+async fn a_restart_keeps_a_version_applied_since_the_folder_was_loaded(h: Harness) {
+    let dir = folder(&[("a.yaml", definition("alpha", "a"))]);
+    let workflows = h.with_config(config(&dir));
+    workflows.load_definitions_dir().await.expect("load");
+    let applied = workflows.put("default", &definition("alpha", "b"), "hot/a.yaml", "ana").await.expect("apply");
+    assert_eq!(applied.put.definition.version, 2);
+
+    let restarted = workflows.load_definitions_dir().await.expect("reload");
+    assert_eq!((restarted[0].put.definition.version, restarted[0].put.unchanged), (2, true), "the applied one stays");
+    assert_eq!(workflows.latest_version("default", "alpha").await.expect("latest"), 2);
+
+    std::fs::write(dir.path().join("a.yaml"), definition("alpha", "c")).expect("edit");
+    let edited = workflows.load_definitions_dir().await.expect("load the edit");
+    assert_eq!((edited[0].put.definition.version, edited[0].put.unchanged), (3, false), "an edit is new");
+    let again = workflows.put("default", &definition("alpha", "a"), "hot/a.yaml", "ana").await.expect("apply");
+    assert_eq!(again.put.definition.version, 4, "an operator's put of an old text makes it the latest again");
 }
