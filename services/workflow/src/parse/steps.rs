@@ -1,6 +1,6 @@
 //! Steps: their kinds, fields, ids and what each may refer to.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
@@ -36,26 +36,29 @@ fn list(
     if items.is_empty() {
         reader.error(Some(node), field, "empty_value", "expected at least one step");
     }
-    let mut earlier = BTreeSet::new();
+    let mut earlier = BTreeMap::new();
     let mut steps = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {
         let path = format!("{field}[{index}]");
         let Some(step) = step(reader, item, &path, Seen { visible: &visible, earlier: &earlier }, walk) else {
             continue;
         };
-        collect_ids(std::slice::from_ref(&step), &mut earlier);
-        collect_ids(std::slice::from_ref(&step), &mut visible);
+        let mut held = BTreeSet::new();
+        collect_ids(std::slice::from_ref(&step), &mut held);
+        earlier.extend(held.iter().map(|id| (id.clone(), step.id.clone())));
+        visible.extend(held);
         steps.push(step);
     }
     steps
 }
 
 /// The step ids a step may name: those it sees, and those of the steps
-/// before it in its own list (with theirs inside), which a gate can rerun.
+/// before it in its own list (with theirs inside, each mapped to the step of
+/// the list that holds it), which a gate can rerun.
 #[derive(Clone, Copy)]
 struct Seen<'v> {
     visible: &'v BTreeSet<String>,
-    earlier: &'v BTreeSet<String>,
+    earlier: &'v BTreeMap<String, String>,
 }
 
 fn collect_ids(steps: &[Step], into: &mut BTreeSet<String>) {
@@ -410,7 +413,17 @@ impl Scope<'_, '_, '_, '_> {
         }
         let rerun_from = self.string(&fields, "rerun_from");
         if let Some(target) = &rerun_from
-            && !self.seen.earlier.contains(target)
+            && let Some(holder) = self.seen.earlier.get(target).filter(|holder| *holder != target)
+        {
+            let message = format!(
+                "`{target}` is inside the parallel step `{holder}`: a rejection reruns all of `{holder}`, every \
+                 branch; name `{holder}` to say so"
+            );
+            let node = fields.get("rerun_from");
+            self.reader.report(Severity::Warning, node, &self.path("rerun_from"), "reruns_parallel", message);
+        }
+        if let Some(target) = &rerun_from
+            && !self.seen.earlier.contains_key(target)
         {
             let message = if self.seen.visible.contains(target) {
                 format!(

@@ -1,7 +1,7 @@
 //! Parsing and validation: what a user sees for good and bad definitions.
 
 use super::parse;
-use crate::domain::{Action, JoinMode, Trigger};
+use crate::domain::{Action, JoinMode, Severity, Trigger};
 
 const PR_REVIEW: &str = include_str!("../../../../workflows/pr-review.yaml");
 
@@ -113,7 +113,8 @@ fn a_gate_in_a_branch_reruns_only_steps_before_it_in_its_branch() {
         )
     };
     let parsed = parse(&source("build"), "wf.yaml");
-    let [problem] = parsed.problems.as_slice() else { panic!("one problem expected: {:?}", parsed.problems) };
+    let errors: Vec<_> = parsed.problems.iter().filter(|p| p.severity == Severity::Error).collect();
+    let [problem] = errors.as_slice() else { panic!("one error expected: {:?}", parsed.problems) };
     assert_eq!(
         (problem.code.as_str(), problem.line, problem.field.as_str()),
         ("bad_reference", 13, "steps[1].parallel.branches[0].steps[1].gate.rerun_from")
@@ -122,14 +123,20 @@ fn a_gate_in_a_branch_reruns_only_steps_before_it_in_its_branch() {
     let sibling = codes(&source("other"));
     assert_eq!(
         sibling,
-        [("bad_reference".into(), 13, "steps[1].parallel.branches[0].steps[1].gate.rerun_from".into())]
+        [
+            ("bad_reference".into(), 13, "steps[1].parallel.branches[0].steps[1].gate.rerun_from".into()),
+            ("reruns_parallel".into(), 17, "steps[2].gate.rerun_from".into()),
+        ]
     );
     let within = parse(&source("work"), "wf.yaml");
-    assert!(
-        within.problems.is_empty(),
-        "a step of its own branch, and for a top-level gate a step in an earlier parallel: {:?}",
-        within.problems
+    assert!(within.spec.is_some(), "a step of its own branch, and for a top-level gate a step in an earlier parallel");
+    let [warning] = within.problems.as_slice() else { panic!("one warning expected: {:?}", within.problems) };
+    assert_eq!(
+        (warning.severity, warning.code.as_str(), warning.field.as_str()),
+        (Severity::Warning, "reruns_parallel", "steps[2].gate.rerun_from"),
+        "the top-level gate is told it reruns the whole parallel step: {warning}"
     );
+    assert!(warning.message.contains("reruns all of `fan`"), "{warning}");
 }
 
 #[test]
