@@ -19,6 +19,8 @@ pub(super) enum Verdict {
 pub(super) async fn list(client: &mut Client, target: &Target, workflow: Option<String>) -> Outcome {
     let header = ["RUN", "WORKFLOW", "GATE", "ITER", "REVIEWERS", "IF REJECTED", "EXPIRES"];
     let mut rows = vec![header.map(str::to_owned).to_vec()];
+    // What each gate decides on, below the table: too long for a column.
+    let mut decided_on = String::new();
     let mut page_token = String::new();
     loop {
         let request = ListRunsRequest {
@@ -34,7 +36,14 @@ pub(super) async fn list(client: &mut Client, target: &Target, workflow: Option<
         for run in &page.runs {
             for step in run.steps.iter().filter(|s| s.kind() == StepKind::Gate && s.state() == StepState::Waiting) {
                 let input = step.input.as_ref().map(chorus_proto::json::struct_to_json).unwrap_or_default();
-                let reviewers = input.get("reviewers").and_then(|r| r.as_str()).unwrap_or("-").to_owned();
+                let reviewers = match view::reviewers(step.input.as_ref()) {
+                    reviewers if reviewers.is_empty() => "-".to_owned(),
+                    reviewers => reviewers,
+                };
+                let shown = view::artifacts(step.input.as_ref(), "  ");
+                if !shown.is_empty() {
+                    decided_on.push_str(&format!("\n{} {}#{}:\n{shown}", run.id, step.step_id, step.iteration));
+                }
                 rows.push(vec![
                     run.id.clone(),
                     run.workflow.clone(),
@@ -56,7 +65,7 @@ pub(super) async fn list(client: &mut Client, target: &Target, workflow: Option<
         }
         page_token = page.next_page_token;
     }
-    out!("{}", view::table(&rows));
+    out!("{}{decided_on}", view::table(&rows));
     Ok(())
 }
 

@@ -71,8 +71,25 @@ fn text(value: serde_json::Value) -> String {
     }
 }
 
+/// A gate's artifacts (what its reviewers decide on), one `name: value`
+/// line each, indented by `indent`; a value of several lines keeps them,
+/// indented alike. Empty when the gate shows none.
+pub(super) fn artifacts(input: Option<&Struct>, indent: &str) -> String {
+    let Some(Some(serde_json::Value::Object(artifacts))) =
+        input.map(|input| input.fields.get("artifacts").map(chorus_proto::json::value_to_json))
+    else {
+        return String::new();
+    };
+    let mut out = String::new();
+    for (name, value) in artifacts {
+        let value = text(value).replace('\n', &format!("\n{indent}  "));
+        out.push_str(&format!("{indent}{name}: {value}\n"));
+    }
+    out
+}
+
 /// A gate's reviewers, as its input lists them: `lead, security`.
-fn reviewers(input: Option<&Struct>) -> String {
+pub(super) fn reviewers(input: Option<&Struct>) -> String {
     let listed = input.and_then(|input| input.fields.get("reviewers")).map(chorus_proto::json::value_to_json);
     match listed {
         Some(serde_json::Value::Array(names)) => names.into_iter().map(text).collect::<Vec<_>>().join(", "),
@@ -153,6 +170,12 @@ pub(super) fn run(run: &pb::Run) -> String {
         ]);
     }
     out.push_str(&table(&rows));
+    for step in run.steps.iter().filter(|s| s.kind() == pb::StepKind::Gate && s.state() == pb::StepState::Waiting) {
+        let shown = artifacts(step.input.as_ref(), "  ");
+        if !shown.is_empty() {
+            out.push_str(&format!("gate {}#{} decides on:\n{shown}", step.step_id, step.iteration));
+        }
+    }
     for decision in &run.gate_decisions {
         out.push_str(&format!("gate {}#{}: {}\n", decision.step_id, decision.iteration, decision_line(decision)));
     }

@@ -7,7 +7,8 @@ use std::{path::Path, process::Output};
 use chorus_tests::{Sandbox, Server, server::chorus_bin};
 
 const GATED: &str = "name: gated\nsteps:\n- id: nap\n  wait: {duration: 50ms}\n\
-                     - id: signoff\n  gate: {mode: HITL, reviewers: ops}\n- id: done\n  condition: \"true\"\n";
+                     - id: signoff\n  gate: {mode: HITL, reviewers: ops, artifacts: {build: green}}\n\
+                     - id: done\n  condition: \"true\"\n";
 const COUNTED: &str = "name: counted\ninputs:\n  count: {type: integer, required: true}\n\
                        steps:\n- id: hold\n  wait: {signal: go}\n";
 
@@ -90,6 +91,9 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
         gates.lines().any(|line| line.contains(&run_id) && line.contains("signoff") && line.contains("ops")),
         "{gates}"
     );
+    assert!(gates.contains(&format!("{run_id} signoff#1:\n  build: green\n")), "what is decided on: {gates}");
+    let shown = stdout(&chorus(&url, dir, &["run", "get", &run_id]).await);
+    assert!(shown.contains("gate signoff#1 decides on:\n  build: green\n"), "{shown}");
 
     // A decision on a round the gate is not at (the reviewer looked at another) changes nothing.
     let stale = ["gate", "approve", &run_id, "signoff", "--iteration", "2"];
