@@ -315,6 +315,8 @@ fn start_call(namespace: &str, definition: &Definition, event: &bus::Event, payl
 }
 
 /// Whether an event of `event_type` with `payload` starts a run of `trigger`.
+/// Its condition sees the payload as `trigger`, the name the run's steps
+/// see it by, and as `event`.
 fn matches(trigger: &Trigger, event_type: &str, payload: &Value) -> bool {
     let Trigger::Event { event_type: wanted, filter, condition } = trigger else { return false };
     if !chorus_runtime::glob::matches(wanted, event_type)
@@ -325,7 +327,8 @@ fn matches(trigger: &Trigger, event_type: &str, payload: &Value) -> bool {
     match condition {
         None => true,
         Some(condition) => {
-            Scope::from_json(serde_json::json!({ "event": payload })).condition(condition).unwrap_or(false)
+            let scope = Scope::from_json(serde_json::json!({ "event": payload, "trigger": payload }));
+            scope.condition(condition).unwrap_or(false)
         }
     }
 }
@@ -351,6 +354,9 @@ mod tests {
         assert!(!matches(&any_failure, "task.failed", &json!({"team": "b", "attempts": 3})), "filter");
         assert!(!matches(&any_failure, "task.failed", &json!({"team": "a", "attempts": 1})), "condition");
         assert!(!matches(&any_failure, "task.completed", &json!({"team": "a", "attempts": 3})), "type");
+        let as_steps_see_it = trigger("order.placed", json!({}), Some("{{ trigger.amount }} > 100"));
+        assert!(matches(&as_steps_see_it, "order.placed", &json!({"amount": 500})), "the steps' name");
+        assert!(!matches(&as_steps_see_it, "order.placed", &json!({"amount": 50})));
         assert!(matches(&trigger("tool:called", json!({}), None), "tool:called", &Value::Null));
         assert!(!matches(&Trigger::Manual, "tool:called", &Value::Null));
     }

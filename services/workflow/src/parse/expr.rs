@@ -16,6 +16,9 @@ use super::reader::{Node, Reader, position};
 use crate::domain::Severity;
 
 /// Names every expression may use besides earlier steps.
+/// The field of a trigger's condition, the one expression that sees `event`.
+pub(crate) const TRIGGER_CONDITION: &str = "trigger.condition";
+
 pub(crate) const RESERVED_ROOTS: &[&str] = &["trigger", "inputs", "config", "run", "feedback", "previous", "event"];
 
 /// Globals minijinja itself provides.
@@ -307,6 +310,11 @@ fn push(reader: &mut Reader, expression: &Expression, code: &str, message: Strin
 
 fn references(reader: &mut Reader, expression: &Expression, declared: &BTreeSet<String>, roots: &BTreeSet<String>) {
     for root in roots {
+        if root == "event" && expression.field != TRIGGER_CONDITION {
+            let message = "`event` names the event only in `trigger.condition`; steps see its payload as `trigger`";
+            push(reader, expression, "unknown_reference", message.to_owned());
+            continue;
+        }
         if RESERVED_ROOTS.contains(&root.as_str())
             || BUILTIN_GLOBALS.contains(&root.as_str())
             || expression.visible.contains(root)

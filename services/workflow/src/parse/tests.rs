@@ -56,6 +56,19 @@ fn forward_and_unknown_references_are_rejected() {
 }
 
 #[test]
+fn the_event_is_named_event_only_in_the_trigger_condition() {
+    let source = "name: x\ntrigger:\n  event: order.placed\n  condition: \"{{ event.amount }} > {{ trigger.min }}\"\n\
+                  steps:\n  - id: a\n    spawn: {role: r, input: \"{{ event.id }} {{ trigger.id }}\"}\n";
+    let parsed = parse(source, "wf.yaml");
+    let [problem] = parsed.problems.as_slice() else { panic!("one problem expected: {:?}", parsed.problems) };
+    assert_eq!(
+        (problem.code.as_str(), problem.line, problem.field.as_str()),
+        ("unknown_reference", 7, "steps[0].spawn.input")
+    );
+    assert!(problem.message.contains("steps see its payload as `trigger`"), "{problem}");
+}
+
+#[test]
 fn duplicate_ids_are_rejected_even_inside_branches() {
     let source = "name: x\nsteps:\n  - id: a\n    wait: {duration: 1s}\n  - id: p\n    parallel:\n      branches:\n        - name: one\n          steps: [{id: a, wait: {duration: 1s}}]\n        - name: two\n          steps: [{id: c, wait: {signal: go}}]\n";
     let found = codes(source);

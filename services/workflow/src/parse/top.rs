@@ -3,7 +3,7 @@
 use std::{collections::BTreeSet, str::FromStr as _};
 
 use super::{
-    expr::{ExprKind, Expression},
+    expr::{ExprKind, Expression, TRIGGER_CONDITION},
     reader::{Node, Reader, as_text, join},
     steps,
 };
@@ -125,8 +125,8 @@ fn trigger(reader: &mut Reader, node: &Node<'_>, walk: &mut Walk) -> Option<Trig
         },
     };
     let condition = fields.get("condition").and_then(|node| {
-        let text = reader.string(node, "trigger.condition")?;
-        walk.expressions.push(Expression::at(node, "trigger.condition", &text, ExprKind::Condition, &BTreeSet::new()));
+        let text = reader.string(node, TRIGGER_CONDITION)?;
+        walk.expressions.push(Expression::at(node, TRIGGER_CONDITION, &text, ExprKind::Condition, &BTreeSet::new()));
         Some(text)
     });
     Some(Trigger::Event { event_type, filter, condition })
