@@ -408,9 +408,13 @@ async fn a_worker_canceling_its_task_cancels_the_subtree_and_tells_the_workers_b
     let lease = Duration::from_secs(30);
     let mut planners = h.store.claim_stream(claim_request("planner", "planner-1", 1, lease, 0));
     let planning = next_claim(&mut planners).await;
-    let child = spawn(&h, &root.id, "coder", "code it").await;
+    let under_lease = |agent: &str, text: &str| NewSubtask {
+        lease_id: Some(planning.lease_id.clone()),
+        ..subtask(&root.id, agent, text)
+    };
+    let child = h.store.spawn_subtask(under_lease("coder", "code it"), false, None).await.expect("spawn").0;
     let grandchild = spawn(&h, &child.id, "tester", "test it").await;
-    let done = spawn(&h, &root.id, "writer", "write docs").await;
+    let done = h.store.spawn_subtask(under_lease("writer", "write docs"), false, None).await.expect("spawn").0;
     let finished = StatusUpdate { state: TaskState::Completed, message: None, lease_id: None };
     h.store.update_status("ns", &done.id, finished).await.unwrap();
     let mut coders = Box::pin(h.store.claim_stream_with_cancellations(claim_request("coder", "coder-1", 1, lease, 0)));

@@ -13,7 +13,7 @@ use chorus_taskstore::{
 };
 use tokio_stream::StreamExt as _;
 
-use crate::harness::{Harness, agent_message, conformance, text_artifact};
+use crate::harness::{Harness, agent_message, conformance, text_artifact, user_message};
 
 conformance!(
     a_worker_claims_and_completes_a_task,
@@ -169,10 +169,10 @@ async fn only_the_lease_holder_may_write(h: Harness) {
     assert_eq!(progressed.status.message.unwrap().joined_text(), "progress");
 }
 
-/// Spawns and messages that name a lease are fenced by it, as every other
+/// Spawns and agent messages are fenced by the task's lease, as every other
 /// write of a worker: once the task went back to the queue and on to another
 /// worker, the first one's spawn makes no duplicate child and its message
-/// stays out of the history.
+/// stays out of the history, whether it names its old lease or none.
 async fn a_worker_whose_lease_ended_can_neither_spawn_nor_add_messages(h: Harness) {
     let task = h.task("ns", "echo", "plan a trip").await;
     let mut slow = h.store.claim_stream(claim_request("echo", "slow", 1, Duration::from_secs(30), 1));
@@ -191,7 +191,16 @@ async fn a_worker_whose_lease_ended_can_neither_spawn_nor_add_messages(h: Harnes
     assert!(matches!(late, TaskStoreError::LeaseLost { .. }), "{late}");
     let late = h.store.add_message("ns", &task.id, agent_message("stale"), Some(&stale.lease_id)).await.unwrap_err();
     assert!(matches!(late, TaskStoreError::LeaseLost { .. }), "{late}");
+    // Naming no lease does not pass the fence: a leased task takes the
+    // agent's words and spawns only from its lease holder.
+    let unnamed = NewSubtask { lease_id: None, ..spawn_under("none") };
+    let late = h.store.spawn_subtask(unnamed, false, None).await.unwrap_err();
+    assert!(matches!(late, TaskStoreError::LeaseRequired { .. }), "{late}");
+    let late = h.store.add_message("ns", &task.id, agent_message("stale"), None).await.unwrap_err();
+    assert!(matches!(late, TaskStoreError::LeaseRequired { .. }), "{late}");
     assert!(h.repository.children("ns", &task.id, &[]).await.unwrap().is_empty(), "no child spawned");
+    let follow_up = h.store.add_message("ns", &task.id, user_message("also this"), None).await.unwrap();
+    assert_eq!(follow_up.history.last().unwrap().joined_text(), "also this", "a client's follow-up needs no lease");
 
     h.store.spawn_subtask(spawn_under(&current.lease_id), false, None).await.unwrap();
     let added = h.store.add_message("ns", &task.id, agent_message("fresh"), Some(&current.lease_id)).await.unwrap();
@@ -451,7 +460,7 @@ async fn a_completion_keeps_what_the_task_had_and_adds_its_message(h: Harness) {
         lease_id: Some(claimed.lease_id.clone()),
     };
     h.store.append_artifact("ns", &task.id, chunk).await.unwrap();
-    h.store.add_message("ns", &task.id, agent_message("thinking"), None).await.unwrap();
+    h.store.add_message("ns", &task.id, agent_message("thinking"), Some(&claimed.lease_id)).await.unwrap();
     let mut events = h.store.watch_task("ns", &task.id, None).await.unwrap();
 
     let done = h.store.complete_task("ns", &task.id, &claimed.lease_id, Some(agent_message("pong")), Vec::new()).await;

@@ -213,9 +213,15 @@ fn check_writable(record: &TaskRecord, lease_id: Option<&str>) -> Result<()> {
     if task.status.state.is_terminal() {
         return Err(TaskStoreError::TaskFinished { task_id: task.id.clone(), state: task.status.state });
     }
+    check_lease(record, lease_id)
+}
+
+/// Checks that the caller holds the task's lease when it has one: the
+/// current one, named.
+fn check_lease(record: &TaskRecord, lease_id: Option<&str>) -> Result<()> {
     check_fence(record, lease_id)?;
     if record.lease_id.is_some() && lease_id.is_none() {
-        return Err(TaskStoreError::LeaseRequired { task_id: task.id.clone() });
+        return Err(TaskStoreError::LeaseRequired { task_id: record.task.id.clone() });
     }
     Ok(())
 }

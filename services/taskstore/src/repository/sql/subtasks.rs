@@ -5,7 +5,7 @@ use chorus_runtime::storage::Backend;
 use sqlx::{AnyConnection, Row as _};
 
 use super::{
-    EventDetail, SqlTaskRepository, append_history, apply_status, check_fence, check_writable, complete_task_view,
+    EventDetail, SqlTaskRepository, append_history, apply_status, check_lease, check_writable, complete_task_view,
     create::{Request, TaskInsert, Writer, find_by_request, insert_task},
     record_event,
     rows::{self, TaskRecord, task_columns, to_json},
@@ -62,7 +62,9 @@ impl SqlTaskRepository {
         }
         // Locking the parent serialises its spawns, so the counts below hold.
         let parent = self.lock_record(&mut tx, &subtask.namespace, &subtask.parent_id).await?;
-        check_fence(&parent, subtask.lease_id.as_deref())?;
+        // A leased parent spawns only under its lease: a worker that lost it
+        // would spawn children twice.
+        check_lease(&parent, subtask.lease_id.as_deref())?;
         check_spawn_limits(&mut tx, &parent, &subtask, limits).await?;
         let owner =
             subtask.owner.clone().unwrap_or_else(|| Owner { kind: OwnerKind::Worker, id: subtask.parent_id.clone() });

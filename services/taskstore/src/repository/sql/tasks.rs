@@ -7,8 +7,8 @@ use chorus_runtime::storage::Backend;
 use sqlx::{Any, AnyConnection, AssertSqlSafe, Row as _, any::AnyArguments, query::Query};
 
 use super::{
-    EventDetail, SqlTaskRepository, append_history, apply_status, check_fence, check_writable, complete_task_view,
-    record_event, rows,
+    EventDetail, SqlTaskRepository, append_history, apply_status, check_fence, check_lease, check_writable,
+    complete_task_view, record_event, rows,
     rows::{TaskRecord, aggregated_parts, task_columns, to_json},
     save, set_status,
 };
@@ -133,7 +133,12 @@ impl SqlTaskRepository {
         if state.is_terminal() {
             return Err(TaskStoreError::TaskFinished { task_id: task_id.to_owned(), state });
         }
-        check_fence(&record, lease_id)?;
+        // The agent's words come from whoever holds the task; anyone may add
+        // a user's (a client's follow-up), naming a lease or not.
+        match message.role {
+            Role::Agent => check_lease(&record, lease_id)?,
+            Role::User => check_fence(&record, lease_id)?,
+        }
         let message = message.bound_to(task_id, &record.task.context_id);
         append_history(&mut tx, &mut record, &message).await?;
         save(&mut tx, &record).await?;
