@@ -10,7 +10,8 @@ use std::{
 };
 
 use chorus_proto::taskstore::{
-    ClaimedTask, CompleteTaskRequest, FailTaskRequest, RenewLeaseRequest, Task, TaskState, UpdateStatusRequest,
+    ClaimedTask, CompleteTaskRequest, FailTaskRequest, ReleaseTaskRequest, RenewLeaseRequest, Task, TaskState,
+    UpdateStatusRequest,
 };
 use chorus_runtime::transport;
 use tokio::{
@@ -34,9 +35,39 @@ pub(crate) struct Runner<H> {
     pub(crate) agent_id: String,
     pub(crate) lease: Duration,
     pub(crate) handler: H,
-    /// The tasks being handled, each with the token its claim stream's
-    /// notice of a cancel fires.
-    pub(crate) canceled: Mutex<HashMap<String, CancellationToken>>,
+    /// The tasks being handled, by id.
+    pub(crate) handling: Mutex<HashMap<String, Handling>>,
+}
+
+/// A task being handled.
+pub(crate) struct Handling {
+    /// What its claim stream's notice of a cancel fires.
+    told: CancellationToken,
+    lease_id: String,
+}
+
+impl<H> Runner<H> {
+    /// The tasks being handled, and their leases.
+    pub(crate) fn in_flight(&self) -> Vec<(String, String)> {
+        let handling = self.handling.lock().unwrap_or_else(PoisonError::into_inner);
+        handling.iter().map(|(task_id, handling)| (task_id.clone(), handling.lease_id.clone())).collect()
+    }
+
+    /// Hands a task the worker will not finish back to the queue, where
+    /// another worker takes it at once, its attempt not counted. One that
+    /// ended meanwhile, or waits on a question, is left as it is.
+    pub(crate) async fn hand_back(&self, task_id: String, lease_id: String) {
+        let request = ReleaseTaskRequest {
+            namespace: self.namespace.clone(),
+            task_id,
+            lease_id,
+            reason: "the worker shut down before finishing it".to_owned(),
+        };
+        match self.client.clone().release_task(request.clone()).await {
+            Ok(_) => info!(task_id = %request.task_id, "task handed back to the queue"),
+            Err(status) => debug!(task_id = %request.task_id, error = %status, "task not handed back"),
+        }
+    }
 }
 
 /// Why the worker stopped holding a task before its handler finished.
@@ -76,8 +107,8 @@ where
     /// The claim stream says `task_id` was canceled: its handler is told at
     /// once, without waiting for the next renewal to say so.
     pub(crate) fn canceled(&self, task_id: &str) {
-        if let Some(told) = self.canceled.lock().unwrap_or_else(PoisonError::into_inner).get(task_id) {
-            told.cancel();
+        if let Some(handling) = self.handling.lock().unwrap_or_else(PoisonError::into_inner).get(task_id) {
+            handling.told.cancel();
         }
     }
 
@@ -86,7 +117,8 @@ where
     /// (worker shutdown) aborts the handler and abandons the task.
     async fn handle(self: Arc<Self>, task: Task, lease_id: String) {
         let told = CancellationToken::new();
-        let _listed = Listed::new(&self.canceled, task.id.clone(), told.clone());
+        let handling = Handling { told: told.clone(), lease_id: lease_id.clone() };
+        let _listed = Listed::new(&self.handling, task.id.clone(), handling);
         self.work(task, lease_id, told).await;
     }
 
@@ -257,13 +289,13 @@ where
 
 /// A task listed among those being handled while this lives.
 struct Listed<'a> {
-    tasks: &'a Mutex<HashMap<String, CancellationToken>>,
+    tasks: &'a Mutex<HashMap<String, Handling>>,
     task_id: String,
 }
 
 impl<'a> Listed<'a> {
-    fn new(tasks: &'a Mutex<HashMap<String, CancellationToken>>, task_id: String, told: CancellationToken) -> Self {
-        tasks.lock().unwrap_or_else(PoisonError::into_inner).insert(task_id.clone(), told);
+    fn new(tasks: &'a Mutex<HashMap<String, Handling>>, task_id: String, handling: Handling) -> Self {
+        tasks.lock().unwrap_or_else(PoisonError::into_inner).insert(task_id.clone(), handling);
         Self { tasks, task_id }
     }
 }

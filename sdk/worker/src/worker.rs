@@ -159,11 +159,11 @@ impl Worker {
             agent_id: self.agent_id.clone(),
             lease: self.lease,
             handler,
-            canceled: Mutex::default(),
+            handling: Mutex::default(),
         });
         let mut tasks = JoinSet::new();
         let ended = self.claim_loop(&request, &runner, &mut tasks, &shutdown).await;
-        drain(tasks, self.shutdown_grace).await;
+        drain(tasks, self.shutdown_grace, &runner).await;
         ended
     }
 
@@ -348,19 +348,24 @@ fn log_join(joined: Result<(), JoinError>) {
 }
 
 /// Lets in-flight tasks finish for `grace`, then abandons the rest: their
-/// handlers are aborted and their contexts cancelled; the leases expire on
-/// the server.
-async fn drain(mut tasks: JoinSet<()>, grace: Duration) {
+/// handlers are aborted and their contexts cancelled, and the tasks are
+/// handed back to the queue for another worker, their attempts not counted
+/// (a task waiting on a question stays leased until its lease expires).
+async fn drain<H>(mut tasks: JoinSet<()>, grace: Duration, runner: &Runner<H>) {
     let finish_all = async {
         while let Some(joined) = tasks.join_next().await {
             log_join(joined);
         }
     };
     let _ = tokio::time::timeout(grace, finish_all).await;
-    if !tasks.is_empty() {
-        info!(count = tasks.len(), "abandoning in-flight tasks");
+    if tasks.is_empty() {
+        return;
     }
+    info!(count = tasks.len(), "abandoning in-flight tasks");
+    let abandoned = runner.in_flight();
     tasks.shutdown().await;
+    let handed_back = abandoned.into_iter().map(|(task_id, lease_id)| runner.hand_back(task_id, lease_id));
+    futures_util::future::join_all(handed_back).await;
 }
 
 #[cfg(test)]

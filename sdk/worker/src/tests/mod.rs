@@ -87,4 +87,10 @@ impl Running {
         self.shutdown.cancel();
         within("run to return", self.run).await.expect("run does not panic")
     }
+
+    /// Ends the worker as a killed process ends: nothing is handed back.
+    async fn kill(self) {
+        self.run.abort();
+        assert!(within("run to end", self.run).await.is_err_and(|error| error.is_cancelled()));
+    }
 }

@@ -249,10 +249,12 @@ async fn shutdown_abandons_in_flight_tasks_promptly() {
     assert!(stopping.elapsed() < Duration::from_secs(2), "shutdown took {:?}", stopping.elapsed());
     assert!(task.is_cancelled(), "an abandoned task's context is cancelled");
 
-    // Neither completed nor failed by the worker: the task stays with it
-    // until its lease expires on the server.
-    let expired = store.finished(NAMESPACE, &created.id).await;
-    assert_eq!((state_of(&expired), status_text(&expired)), (TaskState::Failed, Some("worker lease expired")));
+    // Neither completed nor failed by the worker: handed back to the queue
+    // for another worker, its attempt not counted.
+    let back = store.get(NAMESPACE, &created.id).await;
+    assert_eq!((state_of(&back), back.attempt), (TaskState::Submitted, 0), "{back:?}");
+    let said = "the worker shut down before finishing it; handed back to the queue, the attempt not counted";
+    assert_eq!(status_text(&back), Some(said));
 }
 
 #[tokio::test]

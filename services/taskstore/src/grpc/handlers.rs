@@ -280,6 +280,15 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         Ok(Response::new(convert::task_out(task)))
     }
 
+    async fn release_task(&self, request: Request<pb::ReleaseTaskRequest>) -> Result<Response<pb::Task>, Status> {
+        let request = request.into_inner();
+        let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
+        let lease_id = validate::id("lease_id", &request.lease_id)?;
+        let reason = if request.reason.is_empty() { "the worker handed the task back" } else { &request.reason };
+        let task = self.store.release_task(&namespace, &task_id, &lease_id, reason).await?;
+        Ok(Response::new(convert::task_out(task)))
+    }
+
     async fn spawn_subtask(
         &self,
         request: Request<pb::SpawnSubtaskRequest>,

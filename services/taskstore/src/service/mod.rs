@@ -303,6 +303,13 @@ impl TaskStore {
         Ok(task)
     }
 
+    /// Hands a working task back to the queue, its attempt not counted.
+    pub async fn release_task(&self, namespace: &str, task_id: &str, lease_id: &str, reason: &str) -> Result<Task> {
+        let task = self.repository.release_task(namespace, task_id, lease_id, reason).await?;
+        self.changed_whole(&task);
+        Ok(task)
+    }
+
     pub async fn notify_owner(&self, notification: Notification) -> Result<InboxMessage> {
         let (message, task) = self.repository.notify_owner(notification).await?;
         self.changed(&task);

@@ -10,6 +10,7 @@ mod isolation;
 mod outbox;
 mod push;
 mod relay;
+mod release;
 mod restarts;
 mod retention;
 mod subtasks;

@@ -93,6 +93,10 @@ impl TaskRepository for SqlTaskRepository {
         self.complete(namespace, task_id, lease_id, message, artifacts).await
     }
 
+    async fn release_task(&self, namespace: &str, task_id: &str, lease_id: &str, reason: &str) -> Result<Task> {
+        self.hand_back(namespace, task_id, lease_id, reason).await
+    }
+
     async fn fail_task(
         &self,
         namespace: &str,

@@ -301,6 +301,30 @@ impl SqlTaskRepository {
         Ok(task)
     }
 
+    pub(super) async fn hand_back(&self, namespace: &str, task_id: &str, lease_id: &str, reason: &str) -> Result<Task> {
+        self.held.take(namespace, task_id, lease_id);
+        let mut tx = self.begin().await?;
+        let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
+        check_writable(&record, Some(lease_id))?;
+        let from = record.task.status.state;
+        if from != TaskState::Working {
+            // A question waits for its answer under the lease that asked it.
+            return Err(TaskStoreError::IllegalTransition {
+                task_id: task_id.to_owned(),
+                from,
+                to: TaskState::Submitted,
+            });
+        }
+        record.task.attempt = record.task.attempt.saturating_sub(1);
+        let text = format!("{reason}; handed back to the queue, the attempt not counted");
+        let message = Message::text(uuid::Uuid::new_v4().to_string(), Role::Agent, text);
+        // Requeueing is the store's own move, outside the A2A state machine.
+        set_status(&mut tx, &mut record, TaskState::Submitted, Some(message)).await?;
+        let task = complete_task_view(&mut tx, record, None, true).await?;
+        tx.commit().await?;
+        Ok(task)
+    }
+
     /// The queued tasks and the oldest one's creation, read through the
     /// partial index of claimable tasks.
     pub(super) async fn queued(&self) -> Result<(u64, Option<i64>)> {

@@ -1,0 +1,63 @@
+//! A worker hands a task back: it goes back to the queue, its attempt not
+//! counted, for any worker of its agent.
+
+use std::time::Duration;
+
+use chorus_taskstore::{
+    domain::{StatusUpdate, TaskState},
+    error::TaskStoreError,
+};
+
+use crate::{
+    harness::{Harness, agent_message, conformance},
+    workers::{claim_request, next_claim},
+};
+
+conformance!(a_task_handed_back_goes_to_the_next_worker_its_attempt_not_counted, only_a_working_task_is_handed_back,);
+
+async fn a_task_handed_back_goes_to_the_next_worker_its_attempt_not_counted(h: Harness) {
+    let task = h.task("ns", "echo", "deploy it").await;
+    // No retries: a failure, even one asking for a retry, would end it.
+    let mut leaving = h.store.claim_stream(claim_request("echo", "leaving", 1, Duration::from_secs(30), 0));
+    let first = next_claim(&mut leaving).await;
+    let progress = StatusUpdate {
+        state: TaskState::Working,
+        message: Some(agent_message("half done")),
+        lease_id: Some(first.lease_id.clone()),
+    };
+    h.store.update_status("ns", &task.id, progress).await.unwrap();
+    let stale = h.store.release_task("ns", &task.id, "stolen", "shutting down").await.unwrap_err();
+    assert!(matches!(stale, TaskStoreError::LeaseLost { .. }), "{stale}");
+
+    let released = h.store.release_task("ns", &task.id, &first.lease_id, "shutting down").await.unwrap();
+    assert_eq!((released.status.state, released.attempt), (TaskState::Submitted, 0));
+    let said = released.status.message.as_ref().unwrap().joined_text();
+    assert_eq!(said, "shutting down; handed back to the queue, the attempt not counted");
+    let texts: Vec<String> = released.history.iter().map(|message| message.joined_text()).collect();
+    assert!(texts.contains(&"half done".to_owned()), "what it reported stays: {texts:?}");
+    let again = h.store.release_task("ns", &task.id, &first.lease_id, "twice").await.unwrap_err();
+    assert!(matches!(again, TaskStoreError::LeaseLost { .. }), "the lease ended with it: {again}");
+    drop(leaving);
+
+    let mut next = h.store.claim_stream(claim_request("echo", "next", 1, Duration::from_secs(30), 0));
+    let second = next_claim(&mut next).await;
+    assert_eq!((second.task.id.as_str(), second.task.attempt), (task.id.as_str(), 1), "its first counted attempt");
+    let done = h.store.complete_task("ns", &task.id, &second.lease_id, None, Vec::new()).await.unwrap();
+    assert_eq!(done.status.state, TaskState::Completed);
+}
+
+async fn only_a_working_task_is_handed_back(h: Harness) {
+    let task = h.task("ns", "echo", "which region?").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
+    let claimed = next_claim(&mut claims).await;
+    let asked = StatusUpdate {
+        state: TaskState::InputRequired,
+        message: Some(agent_message("which region?")),
+        lease_id: Some(claimed.lease_id.clone()),
+    };
+    h.store.update_status("ns", &task.id, asked).await.unwrap();
+    let error = h.store.release_task("ns", &task.id, &claimed.lease_id, "bored").await.unwrap_err();
+    assert!(matches!(error, TaskStoreError::IllegalTransition { .. }), "a question waits under its lease: {error}");
+    let unchanged = h.store.get_task("ns", &task.id, Some(0)).await.unwrap();
+    assert_eq!(unchanged.status.state, TaskState::InputRequired);
+}
