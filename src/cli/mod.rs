@@ -151,6 +151,10 @@ pub(crate) enum RunCommand {
         /// A JSON object.
         #[arg(long)]
         payload: Option<String>,
+        /// The signal's id: sent again with the same id (a retry), it is
+        /// kept once. Without one, each send is a signal of its own.
+        #[arg(long)]
+        id: Option<String>,
     },
 }
 
@@ -312,8 +316,9 @@ pub(crate) async fn run(target: &Target, command: RunCommand) -> ExitCode {
             }
             RunCommand::Watch { run_id } => runs::watch(&mut client, target, &run_id).await,
             RunCommand::Cancel { run_id, reason } => runs::cancel(&mut client, target, &run_id, reason).await,
-            RunCommand::Signal { run_id, name, payload } => {
-                runs::signal(&mut client, target, &run_id, name, payload.as_deref()).await
+            RunCommand::Signal { run_id, name, payload, id } => {
+                let signal = runs::Signal { name, payload, id };
+                runs::signal(&mut client, target, &run_id, signal).await
             }
         }
     };

@@ -350,20 +350,24 @@ pub(super) async fn cancel(client: &mut Client, target: &Target, run_id: &str, r
     Ok(())
 }
 
-pub(super) async fn signal(
-    client: &mut Client,
-    target: &Target,
-    run_id: &str,
-    name: String,
-    payload: Option<&str>,
-) -> Outcome {
-    let payload = payload.map(|text| object("--payload", text)).transpose()?.unwrap_or_default();
+/// A signal from the command line.
+pub(super) struct Signal {
+    pub(super) name: String,
+    /// JSON object text.
+    pub(super) payload: Option<String>,
+    pub(super) id: Option<String>,
+}
+
+pub(super) async fn signal(client: &mut Client, target: &Target, run_id: &str, signal: Signal) -> Outcome {
+    let Signal { name, payload, id } = signal;
+    let payload = payload.map(|text| object("--payload", &text)).transpose()?.unwrap_or_default();
     let request = SignalRunRequest {
         namespace: target.namespace.clone(),
         run_id: run_id.to_owned(),
         name,
         payload: Some(chorus_proto::json::struct_from_json(payload)),
         sent_by: view::user(),
+        signal_id: id.unwrap_or_default(),
         ..SignalRunRequest::default()
     };
     let sent = client.signal_run(request).await?.into_inner();

@@ -233,11 +233,16 @@ async fn a_person_is_told_why_a_call_was_refused() {
         "error: idempotency key `k1` is already used by run {run_id} of counted v1, which is not a run of gated"
     );
     assert!(stderr(&other).starts_with(&expected), "{}", stderr(&other));
-    let signaled = chorus(&url, dir, &["run", "signal", &run_id, "go", "--payload", r#"{"by": "ana"}"#]).await;
+    let signal = ["run", "signal", &run_id, "go", "--payload", r#"{"by": "ana"}"#, "--id", "go-1"];
+    let signaled = chorus(&url, dir, &signal).await;
     assert_eq!(signaled.status.code(), Some(0), "{}", stderr(&signaled));
+    assert_eq!(stdout(&signaled).trim(), "go-1");
+    let retried = chorus(&url, dir, &signal).await;
+    assert_eq!(stdout(&retried).trim(), "go-1 (duplicate)", "a retry is kept once: {}", stderr(&retried));
     let shown = chorus(&url, dir, &["run", "get", &run_id, "--wait", "--json"]).await;
     let shown: serde_json::Value = serde_json::from_str(&stdout(&shown)).expect("the run as JSON");
     assert_eq!(shown["input"], serde_json::json!({"count": 5}), "{shown}");
+    assert_eq!(shown["signals"].as_array().map(Vec::len), Some(1), "{shown}");
     let signal = &shown["signals"][0];
     assert_eq!((&signal["name"], &signal["payload"]["by"]), (&serde_json::json!("go"), &serde_json::json!("ana")));
     assert_eq!(signal["consumed_by_step_id"], "hold", "{shown}");

@@ -413,6 +413,9 @@ fn waiting_gate(run: &Run, spec: &WorkflowSpec, call: &GateCall) -> Result<usize
                 format!("workflow {} (version {}) has no step `{}`", spec.name, run.version, call.step_id),
             )));
         }
+        if run.state.is_finished() {
+            return Err(finished(run));
+        }
         return Err(WorkflowError::FailedPrecondition(format!(
             "step {} has not been reached yet in run {}",
             call.step_id, run.id
@@ -424,6 +427,9 @@ fn waiting_gate(run: &Run, spec: &WorkflowSpec, call: &GateCall) -> Result<usize
             "step_id",
             format!("`{}` is not a gate", call.step_id),
         )));
+    }
+    if record.state != StepState::Waiting && run.state.is_finished() {
+        return Err(finished(run));
     }
     if record.state != StepState::Waiting {
         let state = serde_json::to_value(record.state).unwrap_or_default();

@@ -256,6 +256,12 @@ async fn rejections_past_the_limit_escalate_then_fail(h: Harness) {
     assert_eq!(outcome, Outcome::Failed);
     assert_eq!(run.state, RunState::Failed);
     assert_eq!(run.body.gate_decisions.len(), 3, "who decided and why is kept");
+    for step in ["signoff", "build"] {
+        let late = h.workflows.decide_gate(NS, &run.id, gate(step, Decision::Approve, "ana", "")).await;
+        let late = late.expect_err("the run is over");
+        let said = format!("run {} is already failed", run.id);
+        assert!(matches!(&late, WorkflowError::FailedPrecondition(why) if *why == said), "{step}: {late}");
+    }
 }
 
 async fn an_unanswered_gate_expires(h: Harness) {
