@@ -368,7 +368,6 @@ pub(super) async fn signal(client: &mut Client, target: &Target, run_id: &str, s
         payload: Some(chorus_proto::json::struct_from_json(payload)),
         sent_by: view::user(),
         signal_id: id.unwrap_or_default(),
-        ..SignalRunRequest::default()
     };
     let sent = client.signal_run(request).await?.into_inner();
     outln!("{}{}", sent.signal_id, if sent.duplicate { " (duplicate)" } else { "" });
