@@ -40,7 +40,14 @@ fn list(
     let mut steps = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {
         let path = format!("{field}[{index}]");
-        let Some(step) = step(reader, item, &path, Seen { visible: &visible, earlier: &earlier }, walk) else {
+        let (id, step) = step(reader, item, &path, Seen { visible: &visible, earlier: &earlier }, walk);
+        let Some(step) = step else {
+            // Its problems are reported; the steps after it may still name
+            // it without being told it comes later.
+            if let Some(id) = id {
+                earlier.insert(id.clone(), id.clone());
+                visible.insert(id);
+            }
             continue;
         };
         let mut held = BTreeSet::new();
@@ -72,9 +79,16 @@ fn collect_ids(steps: &[Step], into: &mut BTreeSet<String>) {
     }
 }
 
-fn step(reader: &mut Reader, node: &Node<'_>, path: &str, seen: Seen<'_>, walk: &mut Walk) -> Option<Step> {
+/// The step at `node`, and its id, known even when the step is not valid.
+fn step(
+    reader: &mut Reader,
+    node: &Node<'_>,
+    path: &str,
+    seen: Seen<'_>,
+    walk: &mut Walk,
+) -> (Option<String>, Option<Step>) {
     let first_expression = walk.expressions.len();
-    let fields = reader.mapping(node, path, &[])?;
+    let Some(fields) = reader.mapping(node, path, &[]) else { return (None, None) };
     let unknown: Vec<&str> = fields.keys().filter(|key| !STEP_FIELDS.contains(key)).collect();
     let kinds: Vec<&str> = fields.keys().filter(|key| KINDS.contains(key)).collect();
     for key in &unknown {
@@ -95,7 +109,7 @@ fn step(reader: &mut Reader, node: &Node<'_>, path: &str, seen: Seen<'_>, walk: 
     if kinds.len() > 1 {
         let message = format!("a step has one kind; found {}", kinds.join(" and "));
         reader.error(Some(node), path, "multiple_step_kinds", message);
-        return None;
+        return (id, None);
     }
     let action = match kinds.first() {
         None if condition.is_some() => Some(Action::Condition),
@@ -107,15 +121,18 @@ fn step(reader: &mut Reader, node: &Node<'_>, path: &str, seen: Seen<'_>, walk: 
             }
             None
         }
-        Some(kind) => {
-            let body = fields.get(kind)?;
+        Some(kind) => fields.get(kind).and_then(|body| {
             let field = join(path, kind);
             let mut scope = Scope { reader, walk, seen, field: &field };
             scope.action(kind, body)
-        }
+        }),
     };
     let roots = expr::roots(&walk.expressions[first_expression..]);
-    Some(Step { id: id?, condition, action: action?, roots })
+    let step = match (&id, action) {
+        (Some(id), Some(action)) => Some(Step { id: id.clone(), condition, action, roots }),
+        _ => None,
+    };
+    (id, step)
 }
 
 /// Letters, digits and `_`, starting with a letter or `_`: a name templates

@@ -69,6 +69,16 @@ fn the_event_is_named_event_only_in_the_trigger_condition() {
 }
 
 #[test]
+fn a_step_with_an_error_can_still_be_named_by_later_steps() {
+    let source = concat!(
+        "name: x\nsteps:\n  - id: notify\n    message: {webhook: \"hooks.example.com/x\", text: hi}\n",
+        "  - id: report\n    spawn: {role: r, input: \"{{ notify.output.status }}\"}\n",
+    );
+    let codes: Vec<String> = codes(source).into_iter().map(|(code, _, _)| code).collect();
+    assert_eq!(codes, ["bad_url"], "only the bad step's own problem");
+}
+
+#[test]
 fn duplicate_ids_are_rejected_even_inside_branches() {
     let source = "name: x\nsteps:\n  - id: a\n    wait: {duration: 1s}\n  - id: p\n    parallel:\n      branches:\n        - name: one\n          steps: [{id: a, wait: {duration: 1s}}]\n        - name: two\n          steps: [{id: c, wait: {signal: go}}]\n";
     let found = codes(source);
