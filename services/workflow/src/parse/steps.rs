@@ -339,7 +339,7 @@ impl Scope<'_, '_, '_, '_> {
                 self.duration(&fields, "duration").map(Wait::Timer)
             }
             _ => {
-                let name = self.string(&fields, "signal")?;
+                let name = self.literal(&fields, "signal")?;
                 Some(Wait::Signal { name, timeout: self.duration(&fields, "timeout") })
             }
         }
