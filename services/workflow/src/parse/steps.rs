@@ -403,14 +403,16 @@ impl Scope<'_, '_, '_, '_> {
             "artifacts",
         ];
         let fields = self.reader.mapping(body, self.field, FIELDS)?;
-        let mode_node = self.reader.required(&fields, self.field, "mode", "AUTO or HITL")?;
-        let mode =
-            self.reader.choice(mode_node, &self.path("mode"), &[("AUTO", GateMode::Auto), ("HITL", GateMode::Hitl)])?;
+        // Each field is checked whatever the others hold, so one pass tells
+        // every problem; the gate is made only when all are right.
+        let mode_node = self.reader.required(&fields, self.field, "mode", "AUTO or HITL");
+        let modes = [("AUTO", GateMode::Auto), ("HITL", GateMode::Hitl)];
+        let mode = mode_node.and_then(|node| self.reader.choice(node, &self.path("mode"), &modes));
         let reviewers = self.literal(&fields, "reviewers");
         let approve_when = self.template(&fields, "approve_when", ExprKind::Condition);
         // One given but wrong has had its own error.
         match mode {
-            GateMode::Auto if fields.get("approve_when").is_none() => {
+            Some(GateMode::Auto) if fields.get("approve_when").is_none() => {
                 self.reader.error(
                     Some(body),
                     &self.path("approve_when"),
@@ -418,7 +420,7 @@ impl Scope<'_, '_, '_, '_> {
                     "an AUTO gate needs `approve_when`, the condition that approves",
                 );
             }
-            GateMode::Hitl if fields.get("reviewers").is_none() => {
+            Some(GateMode::Hitl) if fields.get("reviewers").is_none() => {
                 self.reader.error(
                     Some(body),
                     &self.path("reviewers"),
@@ -426,7 +428,7 @@ impl Scope<'_, '_, '_, '_> {
                     "a HITL gate needs `reviewers`, the role that decides",
                 );
             }
-            GateMode::Auto | GateMode::Hitl => {}
+            Some(GateMode::Auto | GateMode::Hitl) | None => {}
         }
         let rerun_from = self.string(&fields, "rerun_from");
         if let Some(target) = &rerun_from
@@ -453,19 +455,19 @@ impl Scope<'_, '_, '_, '_> {
             self.reader.error(fields.get("rerun_from"), &self.path("rerun_from"), "bad_reference", message);
         }
         let max_rejections = match fields.get("max_rejections") {
-            None => 3,
-            Some(node) => self.reader.integer(node, &self.path("max_rejections"), 0, 100)?,
+            None => Some(3),
+            Some(node) => self.reader.integer(node, &self.path("max_rejections"), 0, 100),
         };
         let on_exhausted = match fields.get("on_exhausted") {
-            None => OnExhausted::Fail,
+            None => Some(OnExhausted::Fail),
             Some(node) => self.reader.choice(
                 node,
                 &self.path("on_exhausted"),
                 &[("escalate", OnExhausted::Escalate), ("fail", OnExhausted::Fail)],
-            )?,
+            ),
         };
         let escalate_to = self.literal(&fields, "escalate_to");
-        if on_exhausted == OnExhausted::Escalate && escalate_to.is_none() {
+        if on_exhausted == Some(OnExhausted::Escalate) && escalate_to.is_none() {
             self.reader.error(
                 Some(body),
                 &self.path("escalate_to"),
@@ -475,14 +477,18 @@ impl Scope<'_, '_, '_, '_> {
         }
         let expires_after = self.duration(&fields, "expires_after");
         let artifacts = self.templated_value(&fields, "artifacts");
-        let escalates = on_exhausted == OnExhausted::Escalate;
+        let escalates = on_exhausted == Some(OnExhausted::Escalate);
         let unused = [
-            ("reviewers", mode == GateMode::Auto, "an AUTO gate is decided by `approve_when`, not by reviewers"),
-            ("approve_when", mode == GateMode::Hitl, "a HITL gate is decided by its reviewers"),
-            ("escalate_to", !escalates, "only `on_exhausted: escalate` hands the gate to `escalate_to`"),
+            ("reviewers", mode == Some(GateMode::Auto), "an AUTO gate is decided by `approve_when`, not by reviewers"),
+            ("approve_when", mode == Some(GateMode::Hitl), "a HITL gate is decided by its reviewers"),
+            (
+                "escalate_to",
+                on_exhausted.is_some() && !escalates,
+                "only `on_exhausted: escalate` hands the gate to `escalate_to`",
+            ),
             (
                 "expires_after",
-                mode == GateMode::Auto && !escalates,
+                mode == Some(GateMode::Auto) && !escalates,
                 "an AUTO gate decides at once; only its escalation (`on_exhausted: escalate`) waits and expires",
             ),
         ];
@@ -493,12 +499,12 @@ impl Scope<'_, '_, '_, '_> {
             }
         }
         Some(Gate {
-            mode,
+            mode: mode?,
             reviewers,
             approve_when,
             rerun_from,
-            max_rejections,
-            on_exhausted,
+            max_rejections: max_rejections?,
+            on_exhausted: on_exhausted?,
             escalate_to,
             expires_after,
             artifacts,

@@ -79,6 +79,24 @@ fn a_step_with_an_error_can_still_be_named_by_later_steps() {
 }
 
 #[test]
+fn a_gate_reports_every_bad_field_at_once() {
+    let source = concat!(
+        "name: x\nsteps:\n  - id: g\n",
+        "    gate: {mode: manual, reviewers: ops, max_rejections: -1, on_exhausted: never, expires_after: forever}\n",
+    );
+    let fields: Vec<String> = codes(source).into_iter().map(|(_, _, field)| field).collect();
+    assert_eq!(
+        fields,
+        [
+            "steps[0].gate.mode",
+            "steps[0].gate.max_rejections",
+            "steps[0].gate.on_exhausted",
+            "steps[0].gate.expires_after"
+        ]
+    );
+}
+
+#[test]
 fn duplicate_ids_are_rejected_even_inside_branches() {
     let source = "name: x\nsteps:\n  - id: a\n    wait: {duration: 1s}\n  - id: p\n    parallel:\n      branches:\n        - name: one\n          steps: [{id: a, wait: {duration: 1s}}]\n        - name: two\n          steps: [{id: c, wait: {signal: go}}]\n";
     let found = codes(source);
