@@ -217,7 +217,15 @@ fn an_input_the_workflow_does_not_declare_is_rejected() {
 
 #[test]
 fn fields_used_as_written_refuse_template_syntax() {
-    let source = "name: x\nsteps:\n  - id: a\n    message: {webhook: \"http://h/{{ run.id }}\", text: hi}\n  - id: b\n    message: {topic: \"t-{% if true %}x{% endif %}\", type: \"{{ run.id }}\", text: hi}\n  - id: c\n    spawn: {role: \"{{ run.id }}\", input: hi}\n  - id: d\n    delegate: {agent: \"{{ run.id }}\", input: hi}\n  - id: e\n    gate: {mode: HITL, reviewers: \"{{ run.id }}\"}\n  - id: f\n    wait: {signal: \"{{ inputs.x }}\"}\n";
+    let source = concat!(
+        "name: x\nsteps:\n",
+        "  - id: a\n    message: {webhook: \"http://h/{{ run.id }}\", text: hi}\n",
+        "  - id: b\n    message: {topic: \"t-{% if true %}x{% endif %}\", type: \"{{ run.id }}\", text: hi}\n",
+        "  - id: c\n    spawn: {role: \"{{ run.id }}\", input: hi}\n",
+        "  - id: d\n    delegate: {agent: \"{{ run.id }}\", input: hi}\n",
+        "  - id: e\n    gate: {mode: HITL, reviewers: \"{{ run.id }}\"}\n",
+        "  - id: f\n    wait: {signal: \"{{ inputs.x }}\"}\n",
+    );
     let found: Vec<_> =
         codes(source).into_iter().filter(|(code, ..)| code == "not_a_template").map(|(_, _, field)| field).collect();
     assert_eq!(
