@@ -97,6 +97,19 @@ fn a_gate_reports_every_bad_field_at_once() {
 }
 
 #[test]
+fn a_triggered_workflow_is_warned_of_an_input_its_runs_cannot_have() {
+    let source = concat!(
+        "name: x\ntrigger: {event: order.shipped}\ninputs:\n  id: {type: string, required: true}\n",
+        "  note: {type: string}\nsteps:\n  - id: a\n    spawn: {role: r, input: \"{{ inputs.id }}\"}\n",
+    );
+    let parsed = parse(source, "wf.yaml");
+    assert!(parsed.spec.is_some(), "a warning: the workflow may still be started by hand");
+    let found: Vec<_> = parsed.problems.iter().map(|p| (p.severity, p.code.as_str(), p.field.as_str())).collect();
+    assert_eq!(found, [(Severity::Warning, "untriggerable_input", "inputs.id")]);
+    assert!(codes(&source.replace("trigger: {event: order.shipped}\n", "")).is_empty(), "manual: nothing to say");
+}
+
+#[test]
 fn duplicate_ids_are_rejected_even_inside_branches() {
     let source = "name: x\nsteps:\n  - id: a\n    wait: {duration: 1s}\n  - id: p\n    parallel:\n      branches:\n        - name: one\n          steps: [{id: a, wait: {duration: 1s}}]\n        - name: two\n          steps: [{id: c, wait: {signal: go}}]\n";
     let found = codes(source);

@@ -28,6 +28,16 @@ pub(crate) fn definition(reader: &mut Reader, document: &Node<'_>) -> (Option<Wo
     let description = fields.get("description").and_then(|node| reader.string(node, "description")).unwrap_or_default();
     let trigger = fields.get("trigger").map_or(Some(Trigger::Manual), |node| trigger(reader, node, &mut walk));
     let inputs = fields.get("inputs").map(|node| inputs(reader, node)).unwrap_or_default();
+    if let (Some(Trigger::Event { .. } | Trigger::Cron { .. }), Some(node)) = (&trigger, fields.get("inputs")) {
+        for input in inputs.iter().filter(|input| input.required) {
+            let message = format!(
+                "the runs the trigger starts have no inputs, so each fails to start for want of `{}`: give it a \
+                 default, or start such runs by hand only",
+                input.name
+            );
+            reader.report(Severity::Warning, Some(node), &join("inputs", &input.name), "untriggerable_input", message);
+        }
+    }
     let steps = reader
         .required(&fields, "", "steps", "a list of steps")
         .map(|node| steps::top_level(reader, node, &mut walk))
