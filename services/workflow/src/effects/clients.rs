@@ -169,11 +169,11 @@ impl Effects for ClientEffects {
         Ok(outcome(&task))
     }
 
-    async fn cancel_task(&self, namespace: &str, task_id: &str) -> Result<(), EffectError> {
+    async fn cancel_task(&self, namespace: &str, task_id: &str, reason: &str) -> Result<(), EffectError> {
         let request = ts::CancelTaskRequest {
             namespace: namespace.to_owned(),
             id: task_id.to_owned(),
-            reason: "its workflow step was canceled".into(),
+            reason: reason.to_owned(),
         };
         match self.tasks.clone().cancel_task(request).await {
             Ok(_) => Ok(()),

@@ -63,8 +63,9 @@ pub trait Effects: Send + Sync + std::fmt::Debug {
     /// Waits until the task ends.
     async fn await_task(&self, namespace: &str, task_id: &str) -> Result<TaskOutcome, EffectError>;
 
-    /// Cancels a task; a task already finished is left as it is.
-    async fn cancel_task(&self, namespace: &str, task_id: &str) -> Result<(), EffectError>;
+    /// Cancels a task, for `reason` (its status message); a task already
+    /// finished is left as it is.
+    async fn cancel_task(&self, namespace: &str, task_id: &str, reason: &str) -> Result<(), EffectError>;
 
     /// Sends a message to an external A2A agent and waits for its answer:
     /// the step's output. With a `timeout`, the delegation ends then, and the

@@ -163,7 +163,7 @@ fn effect(
     if record.cancel_pending {
         let task_id = record.external_id.clone()?;
         let future = async move {
-            retrying(|| effects.cancel_task(&origin.namespace, &task_id)).await.ok();
+            retrying(|| effects.cancel_task(&origin.namespace, &task_id, "its workflow step was canceled")).await.ok();
             (seq, Done::Canceled)
         };
         return Some(future.boxed());
@@ -270,7 +270,8 @@ async fn await_task(
             match tokio::time::timeout(Duration::from_micros(left), wait).await {
                 Ok(outcome) => outcome,
                 Err(_) => {
-                    retrying(|| effects.cancel_task(&namespace, &task_id)).await.ok();
+                    let reason = format!("its workflow step's timeout ({}) passed", humanize(limit));
+                    retrying(|| effects.cancel_task(&namespace, &task_id, &reason)).await.ok();
                     Err(format!("task {task_id} did not finish within {}", humanize(limit)))
                 }
             }

@@ -26,6 +26,7 @@ conformance!(
     a_watch_sees_a_parallel_step_finish_after_its_branches,
     matching_events_start_one_run_each,
     cron_schedules_start_runs,
+    a_spawn_past_its_timeout_fails_and_cancels_its_task_saying_why,
 );
 
 /// A webhook receiver on loopback: what it was sent, with the idempotency keys.
@@ -267,4 +268,31 @@ async fn cron_schedules_start_runs(h: Harness) {
         assert!(tokio::time::Instant::now() < deadline, "no scheduled runs started");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+async fn a_spawn_past_its_timeout_fails_and_cancels_its_task_saying_why(h: Harness) {
+    // No worker serves `coder` here: the task waits until the step gives up.
+    h.put("name: slow\nsteps:\n- id: work\n  spawn: {agent: coder, input: slow, timeout: 300ms}\n").await;
+    let run = h.run("slow", json!({})).await;
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Failed);
+    let step = &run.body.steps[0];
+    let task_id = step.external_id.clone().expect("the step made a task");
+    assert_eq!(step.error.as_deref(), Some(format!("task {task_id} did not finish within 300ms").as_str()));
+    let mut tasks =
+        chorus_proto::taskstore::task_store_client::TaskStoreClient::connect(h.url()).await.expect("client");
+    let request =
+        chorus_proto::taskstore::GetTaskRequest { namespace: NS.into(), id: task_id, history_length: Some(0) };
+    let status = tasks.get_task(request).await.expect("task").into_inner().status.expect("status");
+    assert_eq!(status.state(), chorus_proto::taskstore::TaskState::Canceled, "canceled as the step failed");
+    let said: Vec<&str> = status
+        .message
+        .iter()
+        .flat_map(|message| &message.parts)
+        .filter_map(|part| match &part.content {
+            Some(chorus_proto::taskstore::part::Content::Text(text)) => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(said.concat().contains("its workflow step's timeout (300ms) passed"), "{said:?}");
 }
