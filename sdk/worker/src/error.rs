@@ -44,7 +44,8 @@ pub struct HandlerError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Fatal,
-    Retryable,
+    /// Requeued, claimable again once the pause (if any) has passed.
+    Retryable(Option<std::time::Duration>),
     Rejected,
 }
 
@@ -57,7 +58,14 @@ impl HandlerError {
     /// A transient error: the task store requeues the task while the agent's
     /// `max_retries` last.
     pub fn retryable(message: impl fmt::Display) -> Self {
-        Self { message: message.to_string(), kind: Kind::Retryable }
+        Self { message: message.to_string(), kind: Kind::Retryable(None) }
+    }
+
+    /// A transient error worth trying again once `after` has passed (an
+    /// upstream that is briefly down, a rate limit): the task is requeued
+    /// while the agent's `max_retries` last, and no worker claims it sooner.
+    pub fn retryable_after(message: impl fmt::Display, after: std::time::Duration) -> Self {
+        Self { message: message.to_string(), kind: Kind::Retryable(Some(after)) }
     }
 
     /// The agent can't or won't do this task: it ends `REJECTED` with
@@ -69,7 +77,15 @@ impl HandlerError {
 
     /// Whether the task should be requeued.
     pub fn is_retryable(&self) -> bool {
-        self.kind == Kind::Retryable
+        matches!(self.kind, Kind::Retryable(_))
+    }
+
+    /// How long the requeued task waits before a worker may claim it again.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self.kind {
+            Kind::Retryable(after) => after,
+            Kind::Fatal | Kind::Rejected => None,
+        }
     }
 
     /// Whether the handler rejected the task.

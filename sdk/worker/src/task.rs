@@ -155,13 +155,14 @@ where
             Ok(Err(error)) if error.is_rejected() => self.reject(&ctx, error.to_string()).await,
             Ok(Err(error)) => {
                 debug!(error = %error, retry = error.is_retryable(), "handler failed");
-                self.fail(&ctx, error.to_string(), error.is_retryable()).await;
+                let retry = error.is_retryable().then(|| error.retry_after());
+                self.fail(&ctx, error.to_string(), retry).await;
             }
             Err(join_error) => match join_error.try_into_panic() {
                 Ok(payload) => {
                     let reason = format!("handler panicked: {}", panic_message(payload.as_ref()));
                     error!(reason = %reason, "handler panicked");
-                    self.fail(&ctx, reason, false).await;
+                    self.fail(&ctx, reason, None).await;
                 }
                 Err(_) => debug!("handler cancelled, task abandoned"),
             },
@@ -221,13 +222,15 @@ where
         }
     }
 
-    async fn fail(&self, ctx: &TaskContext, reason: String, retry: bool) {
+    /// Fails the task; `retry`: requeued, after the pause it names if any.
+    async fn fail(&self, ctx: &TaskContext, reason: String, retry: Option<Option<Duration>>) {
         let request = FailTaskRequest {
             namespace: self.namespace.clone(),
             task_id: ctx.id().to_owned(),
             lease_id: ctx.lease_id().to_owned(),
             reason,
-            retry,
+            retry: retry.is_some(),
+            retry_after: retry.flatten().and_then(prost_duration),
         };
         let failed = self
             .finish(|mut client| {
@@ -236,7 +239,7 @@ where
             })
             .await;
         match failed {
-            Ok(()) => debug!(retry, "task failed"),
+            Ok(()) => debug!(retry = request.retry, "task failed"),
             Err(status) => {
                 warn!(task_id = %ctx.id(), error = %status, "task failure report failed")
             }

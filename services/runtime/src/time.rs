@@ -33,6 +33,17 @@ pub fn timestamp_micros(field: &str, value: Option<Timestamp>) -> Result<Option<
         .ok_or_else(|| FieldViolation::new(field, "is out of range"))
 }
 
+/// A duration as a person writes it in a definition or a config: `300ms`,
+/// `45s`, `5m`, `2h` (the largest unit it is a whole number of).
+pub fn humanize(duration: std::time::Duration) -> String {
+    match duration.as_secs() {
+        0 => format!("{}ms", duration.as_millis()),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
 /// How long from `from` until `to` (both in microseconds): nothing when `to`
 /// is not later.
 pub fn until(from: i64, to: i64) -> std::time::Duration {
@@ -47,6 +58,14 @@ pub fn micros(duration: std::time::Duration) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_read_as_written() {
+        let cases = [(300, "300ms"), (45_000, "45s"), (300_000, "5m"), (7_200_000, "2h"), (90_000, "90s")];
+        for (millis, text) in cases {
+            assert_eq!(humanize(std::time::Duration::from_millis(millis)), text);
+        }
+    }
 
     #[test]
     fn timestamps_round_trip_through_micros() {

@@ -53,7 +53,7 @@ async fn handler_errors_fail_the_task_or_requeue_it_while_retries_last() {
         match (task.text().as_str(), task.task().attempt) {
             ("flaky", 1) => Err(HandlerError::retryable("busy")),
             ("flaky", _) => Ok(Reply::text("second try")),
-            ("swamped", _) => Err(HandlerError::retryable("still busy")),
+            ("swamped", _) => Err(HandlerError::retryable_after("still busy", Duration::from_millis(300))),
             _ => Err(HandlerError::fatal("bad input")),
         }
     };
@@ -68,7 +68,8 @@ async fn handler_errors_fail_the_task_or_requeue_it_while_retries_last() {
     assert_eq!((state_of(&flaky), flaky.attempt, status_text(&flaky)), (TaskState::Completed, 2, Some("second try")));
 
     let events = store.events_until_done(NAMESPACE, &swamped.id).await;
-    assert_eq!(status_changes(&events, TaskState::Submitted), [Some("still busy; requeued after attempt 1 of 2")]);
+    let requeued = status_changes(&events, TaskState::Submitted);
+    assert_eq!(requeued, [Some("still busy; requeued after attempt 1 of 2, to be taken again in 300ms")]);
     let swamped = store.get(NAMESPACE, &swamped.id).await;
     assert_eq!(
         (state_of(&swamped), swamped.attempt, status_text(&swamped)),
@@ -123,6 +124,7 @@ async fn a_handler_that_lost_its_lease_spawns_nothing() {
         lease_id: first.lease_id().to_owned(),
         reason: "taken away".to_owned(),
         retry: true,
+        retry_after: None,
     };
     client.fail_task(requeue).await.expect("requeued");
 

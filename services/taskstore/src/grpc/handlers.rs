@@ -24,6 +24,8 @@ const DEFAULT_PAGE_SIZE: u32 = 50;
 const MAX_PAGE_SIZE: u32 = 100;
 const DEFAULT_AWAIT_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_AWAIT_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The longest a failed task may be kept from the next claim.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 /// What a `ListTasksResponse` holds besides its tasks, at most: the page token, the total and their framing.
 const PAGE_OVERHEAD: usize = 1024;
@@ -276,7 +278,12 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
         let lease_id = validate::id("lease_id", &request.lease_id)?;
         let reason = if request.reason.is_empty() { "the worker reported a failure" } else { &request.reason };
-        let task = self.store.fail_task(&namespace, &task_id, &lease_id, reason, request.retry).await?;
+        let retry_after = validate::duration("retry_after", request.retry_after, Duration::ZERO)?;
+        if retry_after > MAX_RETRY_AFTER {
+            return Err(FieldViolation::new("retry_after", "must be at most 1d").into());
+        }
+        let retry_after = Some(retry_after).filter(|after| !after.is_zero());
+        let task = self.store.fail_task(&namespace, &task_id, &lease_id, reason, request.retry, retry_after).await?;
         Ok(Response::new(convert::task_out(task)))
     }
 

@@ -108,7 +108,8 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
         artifacts: Vec<crate::domain::Artifact>,
     ) -> Result<Task>;
 
-    /// Fails the task, or requeues it when `retry` and its agent's retries last.
+    /// Fails the task, or requeues it when `retry` and its agent's retries
+    /// last, to be claimed no sooner than `retry_after` from now.
     async fn fail_task(
         &self,
         namespace: &str,
@@ -116,6 +117,7 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
         lease_id: &str,
         reason: &str,
         retry: bool,
+        retry_after: Option<Duration>,
     ) -> Result<Task>;
 
     /// Puts a working task back in the queue without counting its attempt,

@@ -1,5 +1,5 @@
 //! A worker hands a task back: it goes back to the queue, its attempt not
-//! counted, for any worker of its agent.
+//! counted, for any worker of its agent; or fails it to be retried later.
 
 use std::time::Duration;
 
@@ -13,7 +13,11 @@ use crate::{
     workers::{claim_request, next_claim},
 };
 
-conformance!(a_task_handed_back_goes_to_the_next_worker_its_attempt_not_counted, only_a_working_task_is_handed_back,);
+conformance!(
+    a_task_handed_back_goes_to_the_next_worker_its_attempt_not_counted,
+    only_a_working_task_is_handed_back,
+    a_retry_asked_for_later_is_not_claimed_before,
+);
 
 async fn a_task_handed_back_goes_to_the_next_worker_its_attempt_not_counted(h: Harness) {
     let task = h.task("ns", "echo", "deploy it").await;
@@ -60,4 +64,25 @@ async fn only_a_working_task_is_handed_back(h: Harness) {
     assert!(matches!(error, TaskStoreError::IllegalTransition { .. }), "a question waits under its lease: {error}");
     let unchanged = h.store.get_task("ns", &task.id, Some(0)).await.unwrap();
     assert_eq!(unchanged.status.state, TaskState::InputRequired);
+}
+
+async fn a_retry_asked_for_later_is_not_claimed_before(h: Harness) {
+    let task = h.task("ns", "echo", "call the flaky upstream").await;
+    let request = claim_request("echo", "w1", 1, Duration::from_secs(30), 1);
+    let first = h.repository.claim_tasks(&request, 1).await.unwrap();
+    let [first] = first.as_slice() else { panic!("one claim: {first:?}") };
+    let later = Some(Duration::from_millis(600));
+    let requeued = h.store.fail_task("ns", &task.id, &first.lease_id, "upstream said 503", true, later).await.unwrap();
+    assert_eq!(requeued.status.state, TaskState::Submitted);
+    let said = requeued.status.message.as_ref().unwrap().joined_text();
+    assert_eq!(said, "upstream said 503; requeued after attempt 1 of 2, to be taken again in 600ms");
+
+    let leases = h.repository.worker_leases("ns", "w1", "echo").await.unwrap();
+    assert!(!leases.ready, "nothing to claim yet: {leases:?}");
+    assert!(h.repository.claim_tasks(&request, 1).await.unwrap().is_empty(), "not before its time");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(h.repository.worker_leases("ns", "w1", "echo").await.unwrap().ready);
+    let second = h.repository.claim_tasks(&request, 1).await.unwrap();
+    let [second] = second.as_slice() else { panic!("claimed once its time came: {second:?}") };
+    assert_eq!((second.task.id.as_str(), second.task.attempt), (task.id.as_str(), 2));
 }

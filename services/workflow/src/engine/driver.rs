@@ -196,9 +196,9 @@ fn effect(
             let future = async move {
                 let call = effects.delegate(&origin, &agent, &input, timeout);
                 let outcome = match timeout {
-                    Some(limit) => tokio::time::timeout(limit, call)
-                        .await
-                        .unwrap_or_else(|_| Err(EffectError::Failed(format!("no answer within {}", humanize(limit))))),
+                    Some(limit) => tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+                        Err(EffectError::Failed(format!("no answer within {}", chorus_runtime::time::humanize(limit))))
+                    }),
                     None => call.await,
                 };
                 (seq, Done::Attempt(outcome.map_err(|error| error.to_string()).and_then(task_result)))
@@ -270,9 +270,10 @@ async fn await_task(
             match tokio::time::timeout(Duration::from_micros(left), wait).await {
                 Ok(outcome) => outcome,
                 Err(_) => {
-                    let reason = format!("its workflow step's timeout ({}) passed", humanize(limit));
+                    let reason =
+                        format!("its workflow step's timeout ({}) passed", chorus_runtime::time::humanize(limit));
                     retrying(|| effects.cancel_task(&namespace, &task_id, &reason)).await.ok();
-                    Err(format!("task {task_id} did not finish within {}", humanize(limit)))
+                    Err(format!("task {task_id} did not finish within {}", chorus_runtime::time::humanize(limit)))
                 }
             }
         }
@@ -321,7 +322,7 @@ where
             // pauses reach their longest, so that a step that waits on a
             // service that is down shows in the log.
             Err(EffectError::Transient(error)) if pause == longest && !warned => {
-                let every = humanize(longest);
+                let every = chorus_runtime::time::humanize(longest);
                 tracing::warn!(%error, "a service a step needs does not answer; the step waits, trying every {every}");
                 warned = true;
                 tokio::time::sleep(pause).await;
@@ -332,16 +333,6 @@ where
                 pause = (pause * 2).min(longest);
             }
         }
-    }
-}
-
-fn humanize(duration: Duration) -> String {
-    let seconds = duration.as_secs();
-    match seconds {
-        0 => format!("{}ms", duration.as_millis()),
-        s if s % 3600 == 0 => format!("{}h", s / 3600),
-        s if s % 60 == 0 => format!("{}m", s / 60),
-        s => format!("{s}s"),
     }
 }
 

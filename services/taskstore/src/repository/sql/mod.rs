@@ -44,6 +44,7 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
         (9, "retention", "0009_retention.sql"),
         (10, "context listing", "0010_context_listing.sql"),
         (11, "turn follower", "0011_turn_follower.sql"),
+        (12, "retry after", "0012_retry_after.sql"),
     ]
 );
 

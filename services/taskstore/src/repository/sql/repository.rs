@@ -104,8 +104,9 @@ impl TaskRepository for SqlTaskRepository {
         lease_id: &str,
         reason: &str,
         retry: bool,
+        retry_after: Option<Duration>,
     ) -> Result<Task> {
-        self.fail(namespace, task_id, lease_id, reason, retry).await
+        self.fail(namespace, task_id, lease_id, reason, retry, retry_after).await
     }
 
     async fn expire_leases(&self, now: i64, started: i64, limit: u32) -> Result<Vec<Expiry>> {

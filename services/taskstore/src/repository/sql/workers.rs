@@ -26,8 +26,8 @@ const CLAIM_AND_LOG_POSTGRES: &str = concat!(
      worker_id = $4, lease_id = $5, lease_expires_at = $6, lease_length = $6 - $3, max_retries = $7, \
      attempt = attempt + 1 \
      WHERE (namespace, id) IN (SELECT namespace, id FROM taskstore_tasks \
-     WHERE namespace = $1 AND agent_id = $2 AND state = 'submitted' ORDER BY created_at, id LIMIT $8 \
-     FOR UPDATE SKIP LOCKED) RETURNING ",
+     WHERE namespace = $1 AND agent_id = $2 AND state = 'submitted' AND (not_before IS NULL OR not_before <= $3) \
+     ORDER BY created_at, id LIMIT $8 FOR UPDATE SKIP LOCKED) RETURNING ",
     task_columns!(),
     "), logged AS (INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
      SELECT namespace, id, context_id, agent_id, 'status_changed', $9, $3 FROM claimed) \
@@ -37,7 +37,8 @@ const CLAIM_SQLITE: &str = concat!(
     "UPDATE taskstore_tasks SET state = 'working', status_message = NULL, status_timestamp = $3, worker_id = $4, \
      lease_id = $5, lease_expires_at = $6, lease_length = $6 - $3, max_retries = $7, attempt = attempt + 1 \
      WHERE (namespace, id) IN (SELECT namespace, id FROM taskstore_tasks \
-     WHERE namespace = $1 AND agent_id = $2 AND state = 'submitted' ORDER BY created_at, id LIMIT $8) RETURNING ",
+     WHERE namespace = $1 AND agent_id = $2 AND state = 'submitted' AND (not_before IS NULL OR not_before <= $3) \
+     ORDER BY created_at, id LIMIT $8) RETURNING ",
     task_columns!()
 );
 
@@ -48,12 +49,14 @@ const RELEASE: &str = "UPDATE taskstore_tasks SET state = 'submitted', status_me
      WHERE namespace = $1 AND lease_id = $2 AND state = 'working'";
 
 /// The worker's leased tasks of the agent with their lease's end, and one
-/// claimable task of the agent if there is any (without). A worker serving
-/// several agents has room for each: its tasks of other agents do not count.
+/// task of the agent claimable at $4 (now) if there is any (without). A
+/// worker serving several agents has room for each: its tasks of other
+/// agents do not count.
 const CLAIM_PRECHECK: &str = "SELECT id, lease_expires_at FROM taskstore_tasks \
      WHERE namespace = $1 AND worker_id = $2 AND agent_id = $3 \
      UNION ALL SELECT id, NULL FROM (SELECT id FROM taskstore_tasks \
-     WHERE namespace = $1 AND agent_id = $3 AND state = 'submitted' LIMIT 1) ready";
+     WHERE namespace = $1 AND agent_id = $3 AND state = 'submitted' AND (not_before IS NULL OR not_before <= $4) \
+     LIMIT 1) ready";
 
 /// Extends a live lease from $4 (now) by $5, or when $5 is NULL by the
 /// length it was granted for ($6 when none was kept); a length given is kept
@@ -129,6 +132,7 @@ impl SqlTaskRepository {
             .bind(namespace)
             .bind(worker_id)
             .bind(agent_id)
+            .bind(now_micros())
             .fetch_all(&mut *self.db.read().await?)
             .await?;
         let mut leases = WorkerLeases::default();
@@ -290,11 +294,13 @@ impl SqlTaskRepository {
         lease_id: &str,
         reason: &str,
         retry: bool,
+        retry_after: Option<Duration>,
     ) -> Result<Task> {
         self.held.take(namespace, task_id, lease_id);
         let mut tx = self.begin().await?;
         let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
         check_writable(&record, Some(lease_id))?;
+        let retry = retry.then_some(retry_after.unwrap_or_default());
         end_attempt(&mut tx, &mut record, reason, retry).await?;
         let task = complete_task_view(&mut tx, record, None, true).await?;
         tx.commit().await?;
@@ -365,7 +371,7 @@ impl SqlTaskRepository {
         let mut ended = Vec::with_capacity(rows.len());
         for row in &rows {
             let mut record = TaskRecord::decode(row)?;
-            let requeued = end_attempt(&mut tx, &mut record, reason, true).await?;
+            let requeued = end_attempt(&mut tx, &mut record, reason, Some(Duration::ZERO)).await?;
             ended.push(Expiry { task: complete_task_view(&mut tx, record, Some(0), false).await?, requeued });
         }
         tx.commit().await?;
@@ -391,18 +397,33 @@ async fn end_attempt(
     conn: &mut sqlx::AnyConnection,
     record: &mut TaskRecord,
     reason: &str,
-    retry: bool,
+    retry: Option<Duration>,
 ) -> Result<bool> {
-    let requeue = retry && record.task.attempt <= record.max_retries;
-    let text = if requeue {
-        format!("{reason}; requeued after attempt {} of {}", record.task.attempt, record.max_retries + 1)
-    } else {
-        reason.to_owned()
+    let requeue = retry.is_some() && record.task.attempt <= record.max_retries;
+    let later = retry.filter(|after| requeue && !after.is_zero());
+    let text = match (requeue, later) {
+        (true, None) => {
+            format!("{reason}; requeued after attempt {} of {}", record.task.attempt, record.max_retries + 1)
+        }
+        (true, Some(after)) => format!(
+            "{reason}; requeued after attempt {} of {}, to be taken again in {}",
+            record.task.attempt,
+            record.max_retries + 1,
+            chorus_runtime::time::humanize(after)
+        ),
+        (false, _) => reason.to_owned(),
     };
     let message = Message::text(uuid::Uuid::new_v4().to_string(), Role::Agent, text);
     if requeue {
         // Requeueing is the store's own move, outside the A2A state machine.
         set_status(conn, record, TaskState::Submitted, Some(message)).await?;
+        let not_before = later.map(|after| now_micros().saturating_add(micros(after)));
+        sqlx::query("UPDATE taskstore_tasks SET not_before = $3 WHERE namespace = $1 AND id = $2")
+            .bind(&record.task.namespace)
+            .bind(&record.task.id)
+            .bind(not_before)
+            .execute(&mut *conn)
+            .await?;
     } else {
         apply_status(conn, record, TaskState::Failed, Some(message)).await?;
     }
