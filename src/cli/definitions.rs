@@ -201,7 +201,11 @@ pub(super) async fn list(client: &mut Client, target: &Target, name: Option<Stri
         };
         let page = client.list_definitions(request).await?.into_inner();
         for definition in page.definitions {
-            let triggers: Vec<String> = definition.triggers.iter().map(|t| t.event_type.clone()).collect();
+            let triggers: Vec<String> = definition
+                .triggers
+                .iter()
+                .map(|t| if t.cron.is_empty() { t.event_type.clone() } else { format!("cron {}", t.cron) })
+                .collect();
             rows.push(vec![
                 definition.name,
                 definition.version.to_string(),

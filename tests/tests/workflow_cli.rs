@@ -74,8 +74,16 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
     assert_eq!(stdout(&applied).trim(), "gated v1", "{}", stderr(&applied));
     let again = chorus(&url, dir, &["workflow", "apply", "gated.yaml"]).await;
     assert_eq!(stdout(&again).trim(), "gated v1 (unchanged)");
+    std::fs::write(
+        dir.join("yearly.yaml"),
+        "name: yearly\ntrigger: {cron: \"0 0 1 1 *\"}\nsteps:\n- id: a\n  condition: \"true\"\n",
+    )
+    .expect("write");
+    let applied = chorus(&url, dir, &["workflow", "apply", "yearly.yaml"]).await;
+    assert_eq!(applied.status.code(), Some(0), "{}", stderr(&applied));
     let listed = stdout(&chorus(&url, dir, &["workflow", "list"]).await);
     assert!(listed.lines().any(|line| line.starts_with("gated") && line.contains(" 1 ")), "{listed}");
+    assert!(listed.lines().any(|line| line.starts_with("yearly") && line.contains("cron 0 0 1 1 *")), "{listed}");
 
     let started = chorus(&url, dir, &["run", "start", "gated"]).await;
     let run_id = stdout(&started).trim().to_owned();

@@ -2,11 +2,22 @@
 
 use serde_json::{Map, Value};
 
-/// A trigger as stored beside a version (what the contract lists).
+/// A trigger as stored beside a version (what the contract lists): an
+/// event type and filter, or a cron schedule.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct EventTrigger {
+pub struct StoredTrigger {
+    /// Empty for a schedule.
     pub event_type: String,
     pub filter: Map<String, Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+}
+
+impl StoredTrigger {
+    /// Whether events on the bus start runs by it (not a schedule).
+    pub fn listens(&self) -> bool {
+        self.cron.is_none()
+    }
 }
 
 /// One stored version of a workflow definition.
@@ -17,7 +28,7 @@ pub struct Definition {
     /// 1, 2, 3, ... per name.
     pub version: u32,
     pub description: String,
-    pub triggers: Vec<EventTrigger>,
+    pub triggers: Vec<StoredTrigger>,
     /// The YAML text; empty in lists that did not ask for it.
     pub source: String,
     pub file: String,
@@ -34,7 +45,7 @@ pub struct NewDefinition {
     pub namespace: String,
     pub name: String,
     pub description: String,
-    pub triggers: Vec<EventTrigger>,
+    pub triggers: Vec<StoredTrigger>,
     pub source: String,
     pub file: String,
     pub source_sha256: String,

@@ -254,7 +254,7 @@ impl Versions {
     /// The event types (or patterns) any version listens to.
     fn types(&self) -> BTreeSet<String> {
         let triggers = self.by_workflow.values().flatten().flat_map(|definition| &definition.triggers);
-        triggers.map(|trigger| trigger.event_type.clone()).collect()
+        triggers.filter(|trigger| trigger.listens()).map(|trigger| trigger.event_type.clone()).collect()
     }
 
     /// The version of each workflow that was the latest at `time`.
@@ -277,7 +277,7 @@ async fn judge(
         return Ok(());
     };
     let payload: Value = serde_json::from_slice(&event.payload).unwrap_or(Value::Null);
-    for definition in versions.as_of(published).filter(|definition| !definition.triggers.is_empty()) {
+    for definition in versions.as_of(published).filter(|definition| definition.triggers.iter().any(|t| t.listens())) {
         let (workflow, version) = (&definition.name, definition.version);
         let started = match workflows.spec(namespace, workflow, version).await {
             Ok(spec) if !matches(&spec.trigger, &event.r#type, &payload) => continue,

@@ -35,6 +35,7 @@ pub(super) fn definition_out(definition: Definition) -> pb::Definition {
             .map(|trigger| pb::Trigger {
                 event_type: trigger.event_type,
                 filter: Some(struct_from_json(trigger.filter)),
+                cron: trigger.cron.unwrap_or_default(),
             })
             .collect(),
         source: definition.source,

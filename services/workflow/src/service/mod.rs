@@ -22,7 +22,7 @@ pub use self::runs::{GateCall, SignalCall, StartCall};
 use crate::{
     config::WorkflowConfig,
     domain::{
-        Definition, DefinitionPage, EventTrigger, NewDefinition, PageToken, Problem, Put, Severity, Trigger,
+        Definition, DefinitionPage, NewDefinition, PageToken, Problem, Put, Severity, StoredTrigger, Trigger,
         WorkflowSpec,
     },
     effects::Effects,
@@ -181,8 +181,11 @@ impl Workflows {
             return Err(WorkflowError::InvalidDefinition { file: file.to_owned(), problems: parsed.problems });
         };
         let triggers = match spec.trigger {
-            Trigger::Event { event_type, filter, .. } => vec![EventTrigger { event_type, filter }],
-            Trigger::Manual | Trigger::Cron { .. } => Vec::new(),
+            Trigger::Event { event_type, filter, .. } => vec![StoredTrigger { event_type, filter, cron: None }],
+            Trigger::Cron { schedule } => {
+                vec![StoredTrigger { event_type: String::new(), filter: serde_json::Map::new(), cron: Some(schedule) }]
+            }
+            Trigger::Manual => Vec::new(),
         };
         let definition = NewDefinition {
             namespace: namespace.to_owned(),

@@ -16,7 +16,7 @@ conformance!(
     invalid_definitions_are_rejected_whole_and_store_nothing,
     validate_reports_problems_and_stores_nothing,
     unknown_filters_and_tests_are_reported_where_they_are_applied,
-    event_triggers_are_stored_with_their_filter,
+    triggers_are_stored_with_their_filter_or_schedule,
 );
 
 async fn put_adds_a_version_only_when_the_source_changes(h: Harness) {
@@ -145,7 +145,7 @@ async fn unknown_filters_and_tests_are_reported_where_they_are_applied(h: Harnes
     assert_eq!(h.stored_rows().await, 0);
 }
 
-async fn event_triggers_are_stored_with_their_filter(h: Harness) {
+async fn triggers_are_stored_with_their_filter_or_schedule(h: Harness) {
     let source = include_str!("../../../../workflows/pr-review.yaml");
     let put = h.workflows.put(NS, source, "workflows/pr-review.yaml", "chorus").await.expect("put");
     let stored = h.workflows.get(NS, "pr-review", Some(put.put.definition.version)).await.expect("get");
@@ -153,4 +153,14 @@ async fn event_triggers_are_stored_with_their_filter(h: Harness) {
     assert_eq!(stored.triggers[0].event_type, "tool:called");
     assert_eq!(stored.triggers[0].filter.get("role").and_then(|v| v.as_str()), Some("coder"));
     assert_eq!(stored.file, "workflows/pr-review.yaml");
+    assert!(stored.triggers[0].listens() && stored.triggers[0].cron.is_none());
+
+    // A schedule is listed too (the contract's triggers are what starts runs
+    // by itself), and starts nothing on the bus.
+    let scheduled = "name: ticking\ntrigger: {cron: \"0 9 * * 1-5\"}\nsteps:\n- id: tick\n  condition: \"true\"\n";
+    let put = h.workflows.put(NS, scheduled, "ticking.yaml", "chorus").await.expect("put");
+    let [trigger] = put.put.definition.triggers.as_slice() else { panic!("{:?}", put.put.definition.triggers) };
+    assert_eq!((trigger.cron.as_deref(), trigger.listens()), (Some("0 9 * * 1-5"), false));
+    let stored = h.workflows.get(NS, "ticking", None).await.expect("get");
+    assert_eq!(stored.triggers, put.put.definition.triggers, "as stored");
 }
