@@ -17,7 +17,7 @@ pub(crate) struct Principal {
     /// `None`: every namespace.
     namespaces: Option<Vec<String>>,
     /// The credential's name; `None` when the gateway checks none.
-    caller: Option<String>,
+    pub(crate) caller: Option<String>,
 }
 
 impl Principal {

@@ -299,11 +299,19 @@ async fn chorus_own_services_beside_the_gateway_take_a_credential_for_every_name
     let channel = server.channel().await;
     let transport = chorus_runtime::transport::Transport::remote(channel).with_bearer("s3cret").expect("header");
     let mut workflows = WorkflowClient::new(transport);
-    let start = StartRunRequest { namespace: "default".into(), workflow: "spawns".into(), ..Default::default() };
+    // Who started it is what the request says, attested by the credential.
+    let origin = chorus_proto::workflow::RunOrigin { started_by: "ana".into(), ..Default::default() };
+    let start = StartRunRequest {
+        namespace: "default".into(),
+        workflow: "spawns".into(),
+        origin: Some(origin),
+        ..Default::default()
+    };
     let run = workflows.start_run(start).await.expect("start").into_inner();
     let get = GetRunRequest { namespace: "default".into(), run_id: run.id.clone(), wait_finished: true };
     let done = workflows.get_run(get).await.expect("get").into_inner();
     assert_eq!(done.state(), RunState::Completed, "{done:?}");
+    assert_eq!(done.origin.expect("origin").started_by, "ana (credential ops)");
     // A delegate step to one of the gateway's own agents passes its auth.
     let start = StartRunRequest { namespace: "default".into(), workflow: "delegates".into(), ..Default::default() };
     let run = workflows.start_run(start).await.expect("start").into_inner();

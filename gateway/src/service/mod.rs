@@ -136,7 +136,7 @@ impl Gateway {
             let principal =
                 gateway.auth().authenticate(|name| headers.get(name).and_then(|value| value.to_str().ok()))?;
             match principal.every_namespace() {
-                true => Ok(()),
+                true => Ok(principal.caller),
                 false => Err(tonic::Status::permission_denied(
                     "chorus's own gRPC services take a credential for every namespace (namespaces = [\"*\"])",
                 )),

@@ -62,8 +62,27 @@ impl Default for ServerConfig {
 const HTTP2_PING_EVERY: Duration = Duration::from_secs(30);
 const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// A check of a call's credentials (its headers): `Err` is the call's answer.
-pub type Guard = Arc<dyn Fn(&http::HeaderMap) -> Result<(), tonic::Status> + Send + Sync>;
+/// A check of a call's credentials (its headers): `Err` is the call's
+/// answer; `Ok` names the credential that let it in, when it has a name.
+pub type Guard = Arc<dyn Fn(&http::HeaderMap) -> Result<Option<String>, tonic::Status> + Send + Sync>;
+
+/// The credential a [`Guard`] let a call in with, by name, in the call's
+/// extensions: a handler records who acted by it, not only by what the
+/// request claims.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller(pub String);
+
+impl Caller {
+    /// `claimed` (who a request says acts), attested by the credential the
+    /// call came with, if any: `ana (credential ops)`.
+    pub fn attest(extensions: &http::Extensions, claimed: &str) -> String {
+        match (extensions.get::<Self>(), claimed.is_empty()) {
+            (None, _) => claimed.to_owned(),
+            (Some(Self(caller)), true) => format!("credential {caller}"),
+            (Some(Self(caller)), false) => format!("{claimed} (credential {caller})"),
+        }
+    }
+}
 
 /// The path prefix of chorus's own gRPC services (`/chorus.taskstore.v1…`),
 /// which a [`Guard`] covers; health, reflection and A2A are not theirs.
@@ -202,14 +221,19 @@ impl ServerBuilder {
             .route_layer(axum::middleware::from_fn_with_state(self.metrics.clone(), observe::http));
         let mut grpc = self.grpc.routes().into_axum_router();
         if let Some(guard) = self.guard.take() {
-            grpc = grpc.layer(axum::middleware::from_fn(move |request: axum::extract::Request, next: Next| {
+            grpc = grpc.layer(axum::middleware::from_fn(move |mut request: axum::extract::Request, next: Next| {
                 let checked = match request.uri().path().starts_with(OWN_SERVICES) {
                     true => guard(request.headers()),
-                    false => Ok(()),
+                    false => Ok(None),
                 };
                 async move {
                     match checked {
-                        Ok(()) => next.run(request).await,
+                        Ok(caller) => {
+                            if let Some(caller) = caller {
+                                request.extensions_mut().insert(Caller(caller));
+                            }
+                            next.run(request).await
+                        }
                         Err(status) => status.into_http(),
                     }
                 }

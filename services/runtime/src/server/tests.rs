@@ -116,3 +116,12 @@ async fn grpc_web_preflights_allow_the_extra_headers() {
     shutdown.cancel();
     server.await.unwrap().unwrap();
 }
+
+#[test]
+fn a_caller_attests_who_a_request_says_acts() {
+    let mut extensions = http::Extensions::new();
+    assert_eq!(Caller::attest(&extensions, "ana"), "ana", "no guard: what the request says");
+    extensions.insert(Caller("ops".to_owned()));
+    assert_eq!(Caller::attest(&extensions, "ana"), "ana (credential ops)");
+    assert_eq!(Caller::attest(&extensions, ""), "credential ops");
+}

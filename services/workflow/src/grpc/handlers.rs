@@ -4,6 +4,7 @@
 use chorus_proto::workflow::{self as pb, workflow_server::WorkflowServer};
 use chorus_runtime::{
     grpc::{namespace, stream_of},
+    server::Caller,
     time::timestamp_micros,
     validate::{self, FieldViolation},
 };
@@ -69,10 +70,11 @@ impl pb::workflow_server::Workflow for WorkflowGrpc {
         &self,
         request: Request<pb::PutDefinitionRequest>,
     ) -> Result<Response<pb::PutDefinitionResponse>, Status> {
-        let request = request.into_inner();
+        let (_, extensions, request) = request.into_parts();
         let namespace = namespace(&request.namespace)?;
         let source = source(&request.source)?;
-        let outcome = self.workflows.put(&namespace, source, file(&request.file), &request.created_by).await?;
+        let created_by = Caller::attest(&extensions, &request.created_by);
+        let outcome = self.workflows.put(&namespace, source, file(&request.file), &created_by).await?;
         Ok(Response::new(pb::PutDefinitionResponse {
             definition: Some(definition_out(outcome.put.definition)),
             unchanged: outcome.put.unchanged,
@@ -123,14 +125,16 @@ impl pb::workflow_server::Workflow for WorkflowGrpc {
     }
 
     async fn start_run(&self, request: Request<pb::StartRunRequest>) -> Result<Response<pb::Run>, Status> {
-        let request = request.into_inner();
+        let (_, extensions, request) = request.into_parts();
+        let mut origin = origin_in(request.origin);
+        origin.started_by = Caller::attest(&extensions, &origin.started_by);
         let call = StartCall {
             namespace: namespace(&request.namespace)?,
             workflow: validate::id("workflow", &request.workflow)?,
             version: (request.version != 0).then_some(request.version),
             input: object_in("input", request.input)?,
             idempotency_key: validate::optional_id("idempotency_key", &request.idempotency_key)?,
-            origin: origin_in(request.origin),
+            origin,
             trigger: serde_json::Value::Null,
         };
         let run = self.workflows.start_run(call).await?;
@@ -169,10 +173,11 @@ impl pb::workflow_server::Workflow for WorkflowGrpc {
     }
 
     async fn cancel_run(&self, request: Request<pb::CancelRunRequest>) -> Result<Response<pb::Run>, Status> {
-        let request = request.into_inner();
+        let (_, extensions, request) = request.into_parts();
         let namespace = namespace(&request.namespace)?;
         let run_id = validate::id("run_id", &request.run_id)?;
-        let run = self.workflows.cancel_run(&namespace, &run_id, &request.reason, &request.canceled_by).await?;
+        let canceled_by = Caller::attest(&extensions, &request.canceled_by);
+        let run = self.workflows.cancel_run(&namespace, &run_id, &request.reason, &canceled_by).await?;
         Ok(Response::new(run_out(run)))
     }
 
@@ -180,7 +185,7 @@ impl pb::workflow_server::Workflow for WorkflowGrpc {
         &self,
         request: Request<pb::SignalRunRequest>,
     ) -> Result<Response<pb::SignalRunResponse>, Status> {
-        let request = request.into_inner();
+        let (_, extensions, request) = request.into_parts();
         let namespace = namespace(&request.namespace)?;
         let run_id = validate::id("run_id", &request.run_id)?;
         let signal_id = match validate::optional_id("signal_id", &request.signal_id)? {
@@ -191,14 +196,14 @@ impl pb::workflow_server::Workflow for WorkflowGrpc {
             name: validate::id("name", &request.name)?,
             payload: object_in("payload", request.payload)?,
             signal_id: signal_id.clone(),
-            sent_by: request.sent_by,
+            sent_by: Caller::attest(&extensions, &request.sent_by),
         };
         let duplicate = self.workflows.signal_run(&namespace, &run_id, call).await?;
         Ok(Response::new(pb::SignalRunResponse { signal_id, duplicate }))
     }
 
     async fn decide_gate(&self, request: Request<pb::DecideGateRequest>) -> Result<Response<pb::Run>, Status> {
-        let request = request.into_inner();
+        let (_, extensions, request) = request.into_parts();
         let namespace = namespace(&request.namespace)?;
         let run_id = validate::id("run_id", &request.run_id)?;
         let decision = decision_in(request.decision)?;
@@ -208,7 +213,7 @@ impl pb::workflow_server::Workflow for WorkflowGrpc {
         let call = GateCall {
             step_id: validate::id("step_id", &request.step_id)?,
             decision,
-            decided_by: validate::id("decided_by", &request.decided_by)?,
+            decided_by: Caller::attest(&extensions, &validate::id("decided_by", &request.decided_by)?),
             reason: request.reason,
             data: object_in("data", request.data)?,
             iteration: request.iteration,
