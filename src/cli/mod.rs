@@ -238,12 +238,15 @@ type Outcome = Result<(), Failure>;
 
 async fn connect(target: &Target) -> Result<WorkflowClient<Transport>, Failure> {
     let token = bearer_token(target.token_file.as_deref()).map_err(|error| Failure::Call(format!("{error:#}")))?;
-    let endpoint = Channel::from_shared(target.server().to_owned())
-        .map_err(|error| Failure::Call(format!("--server {}: {error}", target.server())))?;
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|error| Failure::Call(format!("cannot reach {}: {error}", target.server())))?;
+    let server = target.server();
+    if !server.starts_with("http://") && !server.starts_with("https://") {
+        return Err(Failure::Call(format!("--server {server}: expected a URL such as http://{server}")));
+    }
+    let endpoint = Channel::from_shared(server.to_owned())
+        .map_err(|error| Failure::Call(format!("--server {server}: {error}")))?;
+    let channel = endpoint.connect().await.map_err(|error| {
+        Failure::Call(format!("cannot reach {server}: {}", chorus_runtime::error::with_causes(&error)))
+    })?;
     let transport = match token {
         Some(token) => Transport::remote(channel)
             .with_bearer(&token)

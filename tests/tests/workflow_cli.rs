@@ -70,6 +70,10 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
     assert_eq!(stdout(&offline), stdout(&bad));
     let unreachable = chorus("http://127.0.0.1:1", dir, &["workflow", "validate", "--remote", "bad.yaml"]).await;
     assert_eq!(unreachable.status.code(), Some(2), "asking a server that is not there fails the call");
+    assert!(stderr(&unreachable).contains("refused"), "the cause is named: {}", stderr(&unreachable));
+    let bare = chorus("127.0.0.1:1", dir, &["workflow", "list"]).await;
+    assert_eq!(bare.status.code(), Some(2));
+    assert!(stderr(&bare).contains("expected a URL such as http://127.0.0.1:1"), "{}", stderr(&bare));
     let applied = chorus(&url, dir, &["workflow", "apply", "gated.yaml"]).await;
     assert_eq!(stdout(&applied).trim(), "gated v1", "{}", stderr(&applied));
     let again = chorus(&url, dir, &["workflow", "apply", "gated.yaml"]).await;

@@ -98,7 +98,7 @@ pub(crate) enum DelegateOutcome {
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DelegateError {
     /// The HTTP exchange failed (DNS, connect, TLS, reset, a broken body, ...).
-    #[error("the request to the A2A agent at {url} failed: {}", error_chain(source))]
+    #[error("the request to the A2A agent at {url} failed: {}", chorus_runtime::error::with_causes(source))]
     Http {
         /// The URL that was called.
         url: String,
@@ -194,18 +194,6 @@ fn timeout_message(task_id: Option<&str>) -> String {
         Some(id) => format!("the remote A2A task {id} did not finish in time; it was asked to cancel"),
         None => "the A2A agent did not answer in time; no remote task was created".to_owned(),
     }
-}
-
-/// The error and its causes, `: `-separated (reqwest hides the cause in `source()`).
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(inner) = cause {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        cause = inner.source();
-    }
-    text
 }
 
 /// The SSRF guard of delegations: `settings`' policy, and the host names of

@@ -105,13 +105,7 @@ where
     E: std::error::Error + Send + Sync + 'static,
 {
     fn from(error: E) -> Self {
-        let mut message = error.to_string();
-        let mut source = error.source();
-        while let Some(cause) = source {
-            message.push_str(": ");
-            message.push_str(&cause.to_string());
-            source = cause.source();
-        }
+        let message = chorus_runtime::error::with_causes(&error);
         if cut_off(&error) { Self::retryable(message) } else { Self::fatal(message) }
     }
 }

@@ -103,6 +103,20 @@ impl Reason {
     }
 }
 
+/// `error` and what caused it, `: `-separated: the clients of HTTP and gRPC
+/// (reqwest, tonic's transport) name the cause, such as a refused
+/// connection, only among an error's sources.
+pub fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(cause) = next {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    text
+}
+
 /// Converts a service error to a gRPC status: the one place this happens.
 ///
 /// Internal errors are logged here, once, and their detail is not sent to the

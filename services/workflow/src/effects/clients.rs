@@ -300,7 +300,9 @@ impl ClientEffects {
             self.http.post(parsed.clone()).header("Idempotency-Key", &origin.key).json(&body).send().await.map_err(
                 |error| match egress::refusal(&error) {
                     Some(refused) => failed(refused.to_string()),
-                    None => EffectError::Transient(format!("webhook {url}: {}", with_causes(&error))),
+                    None => {
+                        EffectError::Transient(format!("webhook {url}: {}", chorus_runtime::error::with_causes(&error)))
+                    }
                 },
             )?;
         let status = response.status();
@@ -312,19 +314,6 @@ impl ClientEffects {
         }
         Ok(json!({ "status": status.as_u16() }))
     }
-}
-
-/// `error` and what caused it (reqwest names the cause, such as a refused
-/// connection, only among its sources).
-fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut next = error.source();
-    while let Some(cause) = next {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        next = cause.source();
-    }
-    text
 }
 
 /// The webhook client: no redirects, no proxy, and the egress guard.
