@@ -14,6 +14,11 @@ pub enum HubError {
     AgentNotFound(String),
     #[error("key {0} not found")]
     KeyNotFound(String),
+    #[error(
+        "idempotency key {key} already sent message {message_id}, which {mismatch}; reuse a key only to retry the \
+         same send"
+    )]
+    IdempotencyKeyInUse { key: String, message_id: String, mismatch: String },
     #[error("key {key} is at version {actual}, not {expected}")]
     VersionConflict { key: String, expected: i64, actual: i64 },
     #[error("inbox of agent {recipient} is full ({depth} messages): ack or let them expire first")]
@@ -49,6 +54,7 @@ impl ServiceError for HubError {
         match self {
             Self::InvalidArgument(_) => ErrorCode::InvalidArgument,
             Self::AgentNotFound(_) | Self::KeyNotFound(_) => ErrorCode::NotFound,
+            Self::IdempotencyKeyInUse { .. } => ErrorCode::AlreadyExists,
             Self::VersionConflict { .. } | Self::StreamSuperseded(_) => ErrorCode::Aborted,
             Self::QueueFull { .. } => ErrorCode::ResourceExhausted,
             Self::NoPendingRequest(_) => ErrorCode::FailedPrecondition,

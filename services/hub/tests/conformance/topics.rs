@@ -115,9 +115,16 @@ async fn idempotent_sends_queue_once(h: Harness) {
     let mut send = outgoing("a", Audience::Agent("b".into()), MessageKind::Direct, "once");
     send.idempotency_key = Some("k1".into());
     let first = h.hub.send(send.clone()).await.unwrap();
-    let again = h.hub.send(send).await.unwrap();
+    let again = h.hub.send(send.clone()).await.unwrap();
     assert!(again.duplicate);
     assert_eq!((again.message_id.as_str(), again.sequence), (first.message_id.as_str(), first.sequence));
+    // Another message under the same key is refused, not dropped as a retry.
+    let mut other = send;
+    other.content.payload = b"twice?".to_vec();
+    let error = h.hub.send(other).await.unwrap_err();
+    let refused = matches!(&error, HubError::IdempotencyKeyInUse { key, message_id, mismatch }
+        if key == "k1" && *message_id == first.message_id && mismatch == "has another payload");
+    assert!(refused, "{error}");
     assert_eq!(h.drain("b").await.len(), 1);
 }
 

@@ -60,15 +60,11 @@ impl SqlHubRepository {
         let mut tx = self.begin().await?;
         let namespace = &send.namespace;
         if let Some(key) = &send.idempotency_key {
-            let earlier = sqlx::query(
-                "SELECT id, sequence, recipients, expires_at FROM hub_messages WHERE namespace = $1 AND idempotency_key = $2",
-            )
-            .bind(namespace)
-            .bind(key)
-            .fetch_optional(&mut *tx)
-            .await?;
+            let sql =
+                format!("SELECT {} FROM hub_messages WHERE namespace = $1 AND idempotency_key = $2", rows::EARLIER);
+            let earlier = sqlx::query(AssertSqlSafe(sql)).bind(namespace).bind(key).fetch_optional(&mut *tx).await?;
             if let Some(row) = earlier {
-                return Ok((rows::decode_duplicate(&row, "")?, Vec::new()));
+                return Ok((rows::decode_duplicate(&row, "", send)?, Vec::new()));
             }
         }
         let recipients = self.recipients(&mut tx, send).await?;

@@ -3,7 +3,7 @@
 use sqlx::{Row as _, any::AnyRow};
 
 use crate::{
-    domain::{Agent, Content, Message, MessageKind, Sent, StateEntry},
+    domain::{Agent, Content, Message, MessageKind, Outgoing, Sent, StateEntry},
     error::{HubError, Result},
 };
 
@@ -97,10 +97,33 @@ pub(super) fn decode_state(row: &AnyRow) -> Result<StateEntry> {
 
 /// An earlier send with the same idempotency key, from its `id`,
 /// `sequence`, `recipients` and `expires_at` columns (under `prefix`).
-pub(super) fn decode_duplicate(row: &AnyRow, prefix: &str) -> Result<Sent> {
+/// The columns of an earlier send that a duplicate is compared with.
+pub(super) const EARLIER: &str = "id, sequence, recipients, expires_at, kind, sender, topic, type, payload, \
+     content_type, correlation_id";
+
+/// The send made first under `send`'s idempotency key (its columns named
+/// with `prefix`), answered as the duplicate `send` is, unless `send` is
+/// another message under the same key.
+pub(super) fn decode_duplicate(row: &AnyRow, prefix: &str, send: &Outgoing) -> Result<Sent> {
     let column = |name: &str| format!("{prefix}{name}");
+    let text = |name: &str| row.try_get::<Option<String>, _>(column(name).as_str());
+    let message_id: String = row.try_get(column("id").as_str())?;
+    let payload: Vec<u8> = row.try_get(column("payload").as_str())?;
+    let differs = [
+        (text("kind")?.as_deref() != Some(send.kind.as_str()), "is another kind of message"),
+        (text("sender")?.as_deref() != Some(send.sender.as_str()), "has another sender"),
+        (text("topic")?.as_deref() != send.topic(), "went to another topic"),
+        (text("type")?.as_deref() != Some(send.content.message_type.as_str()), "has another type"),
+        (payload != send.content.payload, "has another payload"),
+        (text("content_type")?.as_deref() != Some(send.content.content_type.as_str()), "has another content type"),
+        (text("correlation_id")?.as_deref() != send.correlation_id.as_deref(), "has another correlation id"),
+    ];
+    if let Some((_, mismatch)) = differs.into_iter().find(|(differs, _)| *differs) {
+        let key = send.idempotency_key.clone().unwrap_or_default();
+        return Err(HubError::IdempotencyKeyInUse { key, message_id, mismatch: mismatch.to_owned() });
+    }
     Ok(Sent {
-        message_id: row.try_get(column("id").as_str())?,
+        message_id,
         sequence: row.try_get(column("sequence").as_str())?,
         recipients: u32::try_from(row.try_get::<i64, _>(column("recipients").as_str())?).unwrap_or_default(),
         expires_at: row.try_get(column("expires_at").as_str())?,

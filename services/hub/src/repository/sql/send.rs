@@ -54,8 +54,7 @@ impl SqlHubRepository {
         };
         let sql = format!(
             "WITH recipients AS ({recipients}), \
-             earlier AS (SELECT id, sequence, recipients, expires_at FROM hub_messages \
-               WHERE namespace = $1 AND idempotency_key = $12), \
+             earlier AS (SELECT {earlier} FROM hub_messages WHERE namespace = $1 AND idempotency_key = $12), \
              too_full AS (SELECT i.recipient FROM hub_inbox i WHERE i.namespace = $1 AND i.expires_at > $10 \
                AND i.recipient IN (SELECT recipient FROM recipients) GROUP BY i.recipient HAVING COUNT(*) >= $13 \
                LIMIT 1), \
@@ -76,8 +75,12 @@ impl SqlHubRepository {
                CAST((SELECT json_agg(recipient ORDER BY recipient) FROM queued) AS TEXT) AS queued, \
                (SELECT recipient FROM too_full) AS too_full, \
                earlier.id AS earlier_id, earlier.sequence AS earlier_sequence, \
-               earlier.recipients AS earlier_recipients, earlier.expires_at AS earlier_expires_at \
+               earlier.recipients AS earlier_recipients, earlier.expires_at AS earlier_expires_at, \
+               earlier.kind AS earlier_kind, earlier.sender AS earlier_sender, earlier.topic AS earlier_topic, \
+               earlier.type AS earlier_type, earlier.payload AS earlier_payload, \
+               earlier.content_type AS earlier_content_type, earlier.correlation_id AS earlier_correlation_id \
              FROM (SELECT 1) AS one LEFT JOIN earlier ON TRUE",
+            earlier = rows::EARLIER,
             // A direct message needs its recipient registered.
             reached =
                 if matches!(send.audience, Audience::Agent(_)) { "EXISTS (SELECT 1 FROM recipients)" } else { "TRUE" },
@@ -97,7 +100,7 @@ impl SqlHubRepository {
         };
         let row = query.fetch_one(&mut *self.db.acquire().await?).await?;
         if row.try_get::<Option<String>, _>("earlier_id")?.is_some() {
-            return Ok((rows::decode_duplicate(&row, "earlier_")?, Vec::new()));
+            return Ok((rows::decode_duplicate(&row, "earlier_", send)?, Vec::new()));
         }
         if let Some(recipient) = row.try_get::<Option<String>, _>("too_full")? {
             return Err(HubError::QueueFull { recipient, depth: max_queue_depth });
