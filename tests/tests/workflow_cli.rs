@@ -214,7 +214,12 @@ async fn a_person_is_told_why_a_call_was_refused() {
     );
     let listed = stdout(&chorus(&url, dir, &["workflow", "list"]).await);
     assert!(!listed.contains("held") && !listed.contains("gated"), "nothing was applied: {listed}");
-    for args in [&["workflow", "list", "--name", "nosuch"][..], &["run", "list", "--workflow", "nosuch"]] {
+    let unknown_names: [&[&str]; 3] = [
+        &["workflow", "list", "--name", "nosuch"],
+        &["run", "list", "--workflow", "nosuch"],
+        &["gate", "list", "--workflow", "nosuch"],
+    ];
+    for args in unknown_names {
         let unknown = chorus(&url, dir, args).await;
         assert_eq!(unknown.status.code(), Some(2), "{args:?}: {}", stdout(&unknown));
         assert!(stderr(&unknown).contains("no workflow `nosuch` in namespace default"), "{}", stderr(&unknown));
