@@ -22,8 +22,9 @@ conformance!(
 async fn a_task_handed_back_goes_to_the_next_worker_its_attempt_not_counted(h: Harness) {
     let task = h.task("ns", "echo", "deploy it").await;
     // No retries: a failure, even one asking for a retry, would end it.
-    let mut leaving = h.store.claim_stream(claim_request("echo", "leaving", 1, Duration::from_secs(30), 0));
-    let first = next_claim(&mut leaving).await;
+    let leaving = claim_request("echo", "leaving", 1, Duration::from_secs(30), 0);
+    let first = h.repository.claim_tasks(&leaving, 1).await.unwrap();
+    let [first] = first.as_slice() else { panic!("one claim: {first:?}") };
     let progress = StatusUpdate {
         state: TaskState::Working,
         message: Some(agent_message("half done")),
@@ -41,7 +42,6 @@ async fn a_task_handed_back_goes_to_the_next_worker_its_attempt_not_counted(h: H
     assert!(texts.contains(&"half done".to_owned()), "what it reported stays: {texts:?}");
     let again = h.store.release_task("ns", &task.id, &first.lease_id, "twice").await.unwrap_err();
     assert!(matches!(again, TaskStoreError::LeaseLost { .. }), "the lease ended with it: {again}");
-    drop(leaving);
 
     let mut next = h.store.claim_stream(claim_request("echo", "next", 1, Duration::from_secs(30), 0));
     let second = next_claim(&mut next).await;

@@ -161,6 +161,9 @@ async fn only_the_lease_holder_may_write(h: Harness) {
     };
     let error = h.store.update_status("ns", &task.id, update(None)).await.unwrap_err();
     assert!(matches!(error, TaskStoreError::LeaseRequired { .. }), "{error}");
+    let users = StatusUpdate { message: Some(user_message("progress?")), ..update(Some(&claimed.lease_id)) };
+    let error = h.store.update_status("ns", &task.id, users).await.unwrap_err();
+    assert_eq!(error.error_code(), ErrorCode::InvalidArgument, "a status message is the agent's: {error}");
     let error = h.store.update_status("ns", &task.id, update(Some("stolen"))).await.unwrap_err();
     assert!(matches!(error, TaskStoreError::LeaseLost { .. }), "{error}");
     let error = h.store.complete_task("ns", &task.id, "stolen", None, Vec::new()).await.unwrap_err();

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use chorus_runtime::storage::Backend;
+use chorus_runtime::{storage::Backend, validate::FieldViolation};
 use sqlx::{Any, AnyConnection, AssertSqlSafe, Row as _, any::AnyArguments, query::Query};
 
 use super::{
@@ -156,6 +156,12 @@ impl SqlTaskRepository {
     /// unfinished subtree with it, as a cancel does. Returns the task whole,
     /// then the tasks below it canceled (without history).
     pub(super) async fn update(&self, namespace: &str, task_id: &str, update: StatusUpdate) -> Result<Vec<Task>> {
+        // A status is the agent's word; a user's goes in with AddMessage.
+        if update.message.as_ref().is_some_and(|message| message.role == Role::User) {
+            return Err(
+                FieldViolation::new("message.role", "must be ROLE_AGENT: a status message is the agent's").into()
+            );
+        }
         let mut tx = self.begin().await?;
         let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
         check_writable(&record, update.lease_id.as_deref())?;
