@@ -58,6 +58,18 @@ async fn missing_and_invalid_fields_are_named() {
     let metadata = Struct { fields: [("score".to_owned(), nan)].into_iter().collect() };
     let not_a_number = CreateTaskRequest { metadata: Some(metadata), ..valid() };
     assert_invalid(client.create_task(not_a_number).await, "metadata.score");
+    let two_days = prost_types::Duration { seconds: 2 * 24 * 3600, nanos: 0 };
+    let fail = |retry_after| chorus_proto::taskstore::FailTaskRequest {
+        namespace: NS.to_owned(),
+        task_id: "t-1".to_owned(),
+        lease_id: "l-1".to_owned(),
+        retry: true,
+        retry_after: Some(retry_after),
+        ..Default::default()
+    };
+    assert_invalid(client.fail_task(fail(two_days)).await, "retry_after");
+    let backwards = prost_types::Duration { seconds: -1, nanos: 0 };
+    assert_invalid(client.fail_task(fail(backwards)).await, "retry_after");
 
     assert_eq!(task_count(&mut client).await, 0, "no refused request created a task");
     server.assert_serving().await;

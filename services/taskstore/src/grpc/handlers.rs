@@ -5,59 +5,27 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 
-use chorus_proto::taskstore::{self as pb, task_store_server::TaskStoreServer};
+use chorus_proto::taskstore as pb;
 use chorus_runtime::{
     grpc::{ResponseStream, namespace, stream_of},
-    server::ServerConfig,
     telemetry::{current_context_headers, record_ids},
     validate::{self, FieldViolation},
 };
 use tonic::{Request, Response, Status};
 
-use super::{convert, pages, push_convert};
+use super::{TaskStoreGrpc, convert, pages, push_convert, task_ref};
 use crate::{
     domain::{ArtifactChunk, ClaimRequest, NewSubtask, NewTask, Notification, PushConfigKey, StatusUpdate, TaskQuery},
-    service::{TaskStore, WatchFilter, WatchStart},
+    service::{WatchFilter, WatchStart},
 };
 
 const DEFAULT_PAGE_SIZE: u32 = 50;
 const MAX_PAGE_SIZE: u32 = 100;
 const DEFAULT_AWAIT_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_AWAIT_TIMEOUT: Duration = Duration::from_secs(3600);
-/// The longest a failed task may be kept from the next claim.
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 /// What a `ListTasksResponse` holds besides its tasks, at most: the page token, the total and their framing.
 const PAGE_OVERHEAD: usize = 1024;
-
-/// The `chorus.taskstore.v1.TaskStore` service over a [`TaskStore`].
-#[derive(Debug, Clone)]
-pub struct TaskStoreGrpc {
-    store: TaskStore,
-    /// The largest message this service takes, and the size a page of
-    /// tasks keeps under, so that a client with the same limit reads it.
-    max_message_bytes: usize,
-}
-
-impl TaskStoreGrpc {
-    pub fn new(store: TaskStore) -> Self {
-        Self { store, max_message_bytes: ServerConfig::default().max_message_bytes }
-    }
-
-    /// The tonic server, accepting requests up to `max_message_bytes` and
-    /// keeping pages of tasks under it.
-    pub fn into_server(self, max_message_bytes: usize) -> TaskStoreServer<Self> {
-        TaskStoreServer::new(Self { max_message_bytes, ..self }).max_decoding_message_size(max_message_bytes)
-    }
-}
-
-/// Checks a namespace and a task id, and records both on the request span.
-fn task_ref(namespace: &str, field: &str, task_id: &str) -> Result<(String, String), FieldViolation> {
-    let namespace = validate::namespace(namespace)?;
-    let task_id = validate::id(field, task_id)?;
-    record_ids(&namespace, &task_id);
-    Ok((namespace, task_id))
-}
 
 #[tonic::async_trait]
 impl pb::task_store_server::TaskStore for TaskStoreGrpc {
@@ -278,11 +246,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
         let lease_id = validate::id("lease_id", &request.lease_id)?;
         let reason = if request.reason.is_empty() { "the worker reported a failure" } else { &request.reason };
-        let retry_after = validate::duration("retry_after", request.retry_after, Duration::ZERO)?;
-        if retry_after > MAX_RETRY_AFTER {
-            return Err(FieldViolation::new("retry_after", "must be at most 1d").into());
-        }
-        let retry_after = Some(retry_after).filter(|after| !after.is_zero());
+        let retry_after = convert::retry_after(request.retry_after)?;
         let task = self.store.fail_task(&namespace, &task_id, &lease_id, reason, request.retry, retry_after).await?;
         Ok(Response::new(convert::task_out(task)))
     }
