@@ -221,9 +221,14 @@ impl Reader {
     /// A duration such as `30s`, `5m`, `24h`, `7d` or `500ms`, of at most
     /// [`MAX_DURATION`].
     pub(crate) fn duration(&mut self, node: &Node<'_>, field: &str) -> Option<Duration> {
+        if let YamlData::Value(Scalar::Integer(_) | Scalar::FloatingPoint(_)) = &node.data {
+            let message = format!("expected a duration with its unit, such as 30s or 5m, found {}", kind_of(node));
+            self.error(Some(node), field, "bad_duration", message);
+            return None;
+        }
         let text = self.string(node, field)?;
         let Some(parsed) = parse_duration(&text) else {
-            let message = format!("expected a duration such as 30s, 5m, 24h or 7d, found `{text}`");
+            let message = format!("expected a positive duration such as 30s, 5m, 24h or 7d, found `{text}`");
             self.error(Some(node), field, "bad_duration", message);
             return None;
         };

@@ -110,6 +110,23 @@ fn a_triggered_workflow_is_warned_of_an_input_its_runs_cannot_have() {
 }
 
 #[test]
+fn a_duration_without_its_unit_is_told_what_is_expected() {
+    let source = concat!(
+        "name: x\nsteps:\n  - id: a\n    spawn: {role: r, input: go, timeout: 10}\n",
+        "  - id: b\n    wait: {duration: 0s}\n",
+    );
+    let parsed = parse(source, "wf.yaml");
+    let found: Vec<_> = parsed.problems.iter().map(|p| (p.code.as_str(), p.message.as_str())).collect();
+    assert_eq!(
+        found,
+        [
+            ("bad_duration", "expected a duration with its unit, such as 30s or 5m, found an integer"),
+            ("bad_duration", "expected a positive duration such as 30s, 5m, 24h or 7d, found `0s`"),
+        ]
+    );
+}
+
+#[test]
 fn duplicate_ids_are_rejected_even_inside_branches() {
     let source = "name: x\nsteps:\n  - id: a\n    wait: {duration: 1s}\n  - id: p\n    parallel:\n      branches:\n        - name: one\n          steps: [{id: a, wait: {duration: 1s}}]\n        - name: two\n          steps: [{id: c, wait: {signal: go}}]\n";
     let found = codes(source);

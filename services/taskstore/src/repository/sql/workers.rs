@@ -391,8 +391,9 @@ fn check_completion(message: Option<&Message>, artifacts: &[Artifact]) -> Result
     Ok(())
 }
 
-/// Ends a worker's attempt: back to `submitted` when `retry` is asked and the
-/// agent's retries last, else `failed` with `reason`. Returns whether requeued.
+/// Ends a worker's attempt: back to `submitted` when a `retry` is asked (to
+/// be claimed once its pause, if not zero, has passed) and the agent's
+/// retries last, else `failed` with `reason`. Returns whether requeued.
 async fn end_attempt(
     conn: &mut sqlx::AnyConnection,
     record: &mut TaskRecord,
