@@ -1,7 +1,7 @@
 //! The SQL definition repository: one implementation for PostgreSQL and SQLite.
 
 use async_trait::async_trait;
-use chorus_runtime::storage::{Db, DbErrorKind, ServiceMigrations, classify};
+use chorus_runtime::storage::{Db, DbErrorKind, ServiceMigrations, Tx, classify};
 use sqlx::{AssertSqlSafe, Row as _, any::AnyRow};
 
 use super::DefinitionRepository;
@@ -64,6 +64,19 @@ fn stored_version(version: i64) -> Result<u32> {
     u32::try_from(version).map_err(|_| WorkflowError::Corrupt(format!("version {version}")))
 }
 
+/// Whether some version of `definition`'s name has its text.
+async fn stored_text(tx: &mut Tx, definition: &NewDefinition) -> Result<bool> {
+    let stored = sqlx::query(
+        "SELECT version FROM workflow_definitions WHERE namespace = $1 AND name = $2 AND source_sha256 = $3 LIMIT 1",
+    )
+    .bind(&definition.namespace)
+    .bind(&definition.name)
+    .bind(&definition.source_sha256)
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(stored.is_some())
+}
+
 #[async_trait]
 impl DefinitionRepository for SqlDefinitionRepository {
     async fn put(&self, definition: NewDefinition, now: i64) -> Result<Put> {
@@ -76,24 +89,14 @@ impl DefinitionRepository for SqlDefinitionRepository {
         .fetch_optional(&mut *tx)
         .await?;
         let latest = latest.as_ref().map(|row| decode(row, true)).transpose()?;
-        if let Some(latest) = latest.as_ref().filter(|latest| latest.source_sha256 == definition.source_sha256) {
+        // The latest's text changes nothing; with `keep_if_stored`, nor does
+        // any version's.
+        if let Some(latest) = &latest
+            && (latest.source_sha256 == definition.source_sha256
+                || (definition.keep_if_stored && stored_text(&mut tx, &definition).await?))
+        {
             tx.commit().await?;
             return Ok(Put { definition: latest.clone(), unchanged: true });
-        }
-        if let Some(latest) = latest.as_ref().filter(|_| definition.keep_if_stored) {
-            let stored = sqlx::query(
-                "SELECT version FROM workflow_definitions WHERE namespace = $1 AND name = $2 AND source_sha256 = $3 \
-                 LIMIT 1",
-            )
-            .bind(&definition.namespace)
-            .bind(&definition.name)
-            .bind(&definition.source_sha256)
-            .fetch_optional(&mut *tx)
-            .await?;
-            if stored.is_some() {
-                tx.commit().await?;
-                return Ok(Put { definition: latest.clone(), unchanged: true });
-            }
         }
         let version = latest.map_or(1, |latest| latest.version + 1);
         let triggers =

@@ -418,13 +418,16 @@ async fn end_attempt(
     if requeue {
         // Requeueing is the store's own move, outside the A2A state machine.
         set_status(conn, record, TaskState::Submitted, Some(message)).await?;
-        let not_before = later.map(|after| now_micros().saturating_add(micros(after)));
-        sqlx::query("UPDATE taskstore_tasks SET not_before = $3 WHERE namespace = $1 AND id = $2")
-            .bind(&record.task.namespace)
-            .bind(&record.task.id)
-            .bind(not_before)
-            .execute(&mut *conn)
-            .await?;
+        // Without a pause the row's `not_before` is already past: the claim
+        // that began this attempt needed it to be.
+        if let Some(after) = later {
+            sqlx::query("UPDATE taskstore_tasks SET not_before = $3 WHERE namespace = $1 AND id = $2")
+                .bind(&record.task.namespace)
+                .bind(&record.task.id)
+                .bind(now_micros().saturating_add(micros(after)))
+                .execute(&mut *conn)
+                .await?;
+        }
     } else {
         apply_status(conn, record, TaskState::Failed, Some(message)).await?;
     }
