@@ -155,7 +155,7 @@ where
             Ok(Err(error)) if error.is_rejected() => self.reject(&ctx, error.to_string()).await,
             Ok(Err(error)) => {
                 debug!(error = %error, retry = error.is_retryable(), "handler failed");
-                let retry = error.is_retryable().then(|| error.retry_after());
+                let retry = error.is_retryable().then(|| error.retry_after().unwrap_or_default());
                 self.fail(&ctx, error.to_string(), retry).await;
             }
             Err(join_error) => match join_error.try_into_panic() {
@@ -222,15 +222,15 @@ where
         }
     }
 
-    /// Fails the task; `retry`: requeued, after the pause it names if any.
-    async fn fail(&self, ctx: &TaskContext, reason: String, retry: Option<Option<Duration>>) {
+    /// Fails the task; with a `retry`, requeued after that pause (zero: at once).
+    async fn fail(&self, ctx: &TaskContext, reason: String, retry: Option<Duration>) {
         let request = FailTaskRequest {
             namespace: self.namespace.clone(),
             task_id: ctx.id().to_owned(),
             lease_id: ctx.lease_id().to_owned(),
             reason,
             retry: retry.is_some(),
-            retry_after: retry.flatten().and_then(prost_duration),
+            retry_after: retry.filter(|pause| !pause.is_zero()).and_then(prost_duration),
         };
         let failed = self
             .finish(|mut client| {

@@ -93,14 +93,14 @@ pub(super) fn message(field: &str, value: Option<pb::Message>) -> Checked<Messag
     })
 }
 
-/// How long a failed task waits before its next claim: none when unset or
-/// zero, at most a day.
-pub(super) fn retry_after(value: Option<prost_types::Duration>) -> Checked<Option<std::time::Duration>> {
+/// How long a failed task waits before its next claim: zero when unset, at
+/// most a day.
+pub(super) fn retry_after(value: Option<prost_types::Duration>) -> Checked<std::time::Duration> {
     let after = validate::duration("retry_after", value, std::time::Duration::ZERO)?;
     if after > std::time::Duration::from_secs(24 * 3600) {
         return Err(FieldViolation::new("retry_after", "must be at most 1d"));
     }
-    Ok(Some(after).filter(|after| !after.is_zero()))
+    Ok(after)
 }
 
 pub(super) fn optional_message(field: &str, value: Option<pb::Message>) -> Checked<Option<Message>> {

@@ -246,8 +246,8 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
         let lease_id = validate::id("lease_id", &request.lease_id)?;
         let reason = if request.reason.is_empty() { "the worker reported a failure" } else { &request.reason };
-        let retry_after = convert::retry_after(request.retry_after)?;
-        let task = self.store.fail_task(&namespace, &task_id, &lease_id, reason, request.retry, retry_after).await?;
+        let retry = request.retry.then_some(convert::retry_after(request.retry_after)?);
+        let task = self.store.fail_task(&namespace, &task_id, &lease_id, reason, retry).await?;
         Ok(Response::new(convert::task_out(task)))
     }
 

@@ -108,16 +108,16 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
         artifacts: Vec<crate::domain::Artifact>,
     ) -> Result<Task>;
 
-    /// Fails the task, or requeues it when `retry` and its agent's retries
-    /// last, to be claimed no sooner than `retry_after` from now.
+    /// Fails the task, or, with a `retry` and while its agent's retries
+    /// last, requeues it to be claimed no sooner than that pause from now
+    /// (zero: at once).
     async fn fail_task(
         &self,
         namespace: &str,
         task_id: &str,
         lease_id: &str,
         reason: &str,
-        retry: bool,
-        retry_after: Option<Duration>,
+        retry: Option<Duration>,
     ) -> Result<Task>;
 
     /// Puts a working task back in the queue without counting its attempt,

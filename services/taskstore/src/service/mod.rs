@@ -295,10 +295,9 @@ impl TaskStore {
         task_id: &str,
         lease_id: &str,
         reason: &str,
-        retry: bool,
-        retry_after: Option<std::time::Duration>,
+        retry: Option<std::time::Duration>,
     ) -> Result<Task> {
-        let task = self.repository.fail_task(namespace, task_id, lease_id, reason, retry, retry_after).await?;
+        let task = self.repository.fail_task(namespace, task_id, lease_id, reason, retry).await?;
         self.changed_whole(&task);
         self.count_if_finished(&task);
         Ok(task)

@@ -78,7 +78,7 @@ async fn an_await_after_the_task_finished_answers_at_once(h: Harness) {
     let task = h.task("ns", "echo", "question").await;
     let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, LONG, 0));
     let claimed = next_claim(&mut claims).await;
-    h.store.fail_task("ns", &task.id, &claimed.lease_id, "crashed", false, None).await.unwrap();
+    h.store.fail_task("ns", &task.id, &claimed.lease_id, "crashed", None).await.unwrap();
     for window in [None, Some(0), Some(1), Some(5)] {
         let (awaited, timed_out) = h.store.await_task("ns", &task.id, window, LONG).await.unwrap();
         assert!(!timed_out);

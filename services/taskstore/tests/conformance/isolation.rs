@@ -66,7 +66,7 @@ async fn nothing_crosses_namespaces(h: Harness) {
     not_found(h.store.delete_push_config("b", id, "p").await);
     not_found(h.store.renew_lease("b", id, "lease", None).await);
     not_found(h.store.complete_task("b", id, "lease", None, Vec::new()).await);
-    not_found(h.store.fail_task("b", id, "lease", "x", false, None).await);
+    not_found(h.store.fail_task("b", id, "lease", "x", None).await);
     let spawn = chorus_taskstore::domain::NewSubtask {
         namespace: "b".into(),
         parent_id: id.into(),

@@ -72,7 +72,7 @@ async fn a_retry_asked_for_later_is_not_claimed_before(h: Harness) {
     let first = h.repository.claim_tasks(&request, 1).await.unwrap();
     let [first] = first.as_slice() else { panic!("one claim: {first:?}") };
     let later = Some(Duration::from_millis(600));
-    let requeued = h.store.fail_task("ns", &task.id, &first.lease_id, "upstream said 503", true, later).await.unwrap();
+    let requeued = h.store.fail_task("ns", &task.id, &first.lease_id, "upstream said 503", later).await.unwrap();
     assert_eq!(requeued.status.state, TaskState::Submitted);
     let said = requeued.status.message.as_ref().unwrap().joined_text();
     assert_eq!(said, "upstream said 503; requeued after attempt 1 of 2, to be taken again in 600ms");

@@ -248,7 +248,7 @@ async fn each_completion_reaches_the_parent_exactly_once(h: Harness) {
         tokio::time::sleep(Duration::from_millis(140)).await;
         let complete =
             h.store.complete_task("ns", &child.id, &claimed.lease_id, Some(agent_message("done")), Vec::new());
-        let fail = h.store.fail_task("ns", &child.id, &claimed.lease_id, "crashed", false, None);
+        let fail = h.store.fail_task("ns", &child.id, &claimed.lease_id, "crashed", None);
         let (completed, failed) = tokio::join!(complete, fail);
         assert!(completed.is_ok() as u8 + failed.is_ok() as u8 <= 1, "at most one report wins");
         children.push(child.id);

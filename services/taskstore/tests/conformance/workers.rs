@@ -180,7 +180,7 @@ async fn a_worker_whose_lease_ended_can_neither_spawn_nor_add_messages(h: Harnes
     let task = h.task("ns", "echo", "plan a trip").await;
     let mut slow = h.store.claim_stream(claim_request("echo", "slow", 1, Duration::from_secs(30), 1));
     let stale = next_claim(&mut slow).await;
-    h.store.fail_task("ns", &task.id, &stale.lease_id, "went quiet", true, None).await.unwrap();
+    h.store.fail_task("ns", &task.id, &stale.lease_id, "went quiet", Some(Duration::ZERO)).await.unwrap();
     drop(slow);
     let mut quick = h.store.claim_stream(claim_request("echo", "quick", 1, Duration::from_secs(30), 1));
     let current = next_claim(&mut quick).await;
@@ -418,10 +418,12 @@ async fn a_worker_may_ask_for_a_retry(h: Harness) {
     let task = h.task("ns", "echo", "retry me").await;
     let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 1));
     let first = next_claim(&mut claims).await;
-    let requeued = h.store.fail_task("ns", &task.id, &first.lease_id, "upstream timeout", true, None).await.unwrap();
+    let requeued =
+        h.store.fail_task("ns", &task.id, &first.lease_id, "upstream timeout", Some(Duration::ZERO)).await.unwrap();
     assert_eq!(requeued.status.state, TaskState::Submitted);
     let second = next_claim(&mut claims).await;
-    let failed = h.store.fail_task("ns", &task.id, &second.lease_id, "upstream timeout", true, None).await.unwrap();
+    let failed =
+        h.store.fail_task("ns", &task.id, &second.lease_id, "upstream timeout", Some(Duration::ZERO)).await.unwrap();
     assert_eq!(failed.status.state, TaskState::Failed);
     assert_eq!(failed.status.message.unwrap().joined_text(), "upstream timeout");
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::SqlTaskRepository;
+use super::{SqlTaskRepository, workers::Ending};
 use crate::{
     domain::{
         Artifact, ArtifactChunk, ClaimRequest, Claimed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff,
@@ -94,7 +94,7 @@ impl TaskRepository for SqlTaskRepository {
     }
 
     async fn release_task(&self, namespace: &str, task_id: &str, lease_id: &str, reason: &str) -> Result<Task> {
-        self.hand_back(namespace, task_id, lease_id, reason).await
+        self.end_held(namespace, task_id, lease_id, Ending::HandedBack { reason }).await
     }
 
     async fn fail_task(
@@ -103,10 +103,9 @@ impl TaskRepository for SqlTaskRepository {
         task_id: &str,
         lease_id: &str,
         reason: &str,
-        retry: bool,
-        retry_after: Option<Duration>,
+        retry: Option<Duration>,
     ) -> Result<Task> {
-        self.fail(namespace, task_id, lease_id, reason, retry, retry_after).await
+        self.end_held(namespace, task_id, lease_id, Ending::Failed { reason, retry }).await
     }
 
     async fn expire_leases(&self, now: i64, started: i64, limit: u32) -> Result<Vec<Expiry>> {

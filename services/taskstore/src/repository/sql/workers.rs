@@ -287,45 +287,25 @@ impl SqlTaskRepository {
         Ok(task)
     }
 
-    pub(super) async fn fail(
+    /// Ends the attempt of the task the caller holds under `lease_id`, short
+    /// of completing it, as `ending` says.
+    pub(super) async fn end_held(
         &self,
         namespace: &str,
         task_id: &str,
         lease_id: &str,
-        reason: &str,
-        retry: bool,
-        retry_after: Option<Duration>,
+        ending: Ending<'_>,
     ) -> Result<Task> {
         self.held.take(namespace, task_id, lease_id);
         let mut tx = self.begin().await?;
         let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
         check_writable(&record, Some(lease_id))?;
-        let retry = retry.then_some(retry_after.unwrap_or_default());
-        end_attempt(&mut tx, &mut record, reason, retry).await?;
-        let task = complete_task_view(&mut tx, record, None, true).await?;
-        tx.commit().await?;
-        Ok(task)
-    }
-
-    pub(super) async fn hand_back(&self, namespace: &str, task_id: &str, lease_id: &str, reason: &str) -> Result<Task> {
-        self.held.take(namespace, task_id, lease_id);
-        let mut tx = self.begin().await?;
-        let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
-        check_writable(&record, Some(lease_id))?;
-        let from = record.task.status.state;
-        if from != TaskState::Working {
-            // A question waits for its answer under the lease that asked it.
-            return Err(TaskStoreError::IllegalTransition {
-                task_id: task_id.to_owned(),
-                from,
-                to: TaskState::Submitted,
-            });
+        match ending {
+            Ending::Failed { reason, retry } => {
+                end_attempt(&mut tx, &mut record, reason, retry).await?;
+            }
+            Ending::HandedBack { reason } => hand_back(&mut tx, &mut record, reason).await?,
         }
-        record.task.attempt = record.task.attempt.saturating_sub(1);
-        let text = format!("{reason}; handed back to the queue, the attempt not counted");
-        let message = Message::text(uuid::Uuid::new_v4().to_string(), Role::Agent, text);
-        // Requeueing is the store's own move, outside the A2A state machine.
-        set_status(&mut tx, &mut record, TaskState::Submitted, Some(message)).await?;
         let task = complete_task_view(&mut tx, record, None, true).await?;
         tx.commit().await?;
         Ok(task)
@@ -389,6 +369,33 @@ fn check_completion(message: Option<&Message>, artifacts: &[Artifact]) -> Result
         return Err(FieldViolation::new("artifacts", format!("gives artifact {id} twice")).into());
     }
     Ok(())
+}
+
+/// How a worker's attempt at a task it holds ends, short of completing it.
+pub(super) enum Ending<'a> {
+    /// Failed: requeued after the `retry` pause while the agent's retries
+    /// last, else `failed`.
+    Failed { reason: &'a str, retry: Option<Duration> },
+    /// Handed back: requeued at once, the attempt not counted.
+    HandedBack { reason: &'a str },
+}
+
+/// Puts a working task back in the queue, its attempt not counted.
+async fn hand_back(conn: &mut sqlx::AnyConnection, record: &mut TaskRecord, reason: &str) -> Result<()> {
+    let from = record.task.status.state;
+    if from != TaskState::Working {
+        // A question waits for its answer under the lease that asked it.
+        return Err(TaskStoreError::IllegalTransition {
+            task_id: record.task.id.clone(),
+            from,
+            to: TaskState::Submitted,
+        });
+    }
+    record.task.attempt = record.task.attempt.saturating_sub(1);
+    let text = format!("{reason}; handed back to the queue, the attempt not counted");
+    let message = Message::text(uuid::Uuid::new_v4().to_string(), Role::Agent, text);
+    // Requeueing is the store's own move, outside the A2A state machine.
+    set_status(conn, record, TaskState::Submitted, Some(message)).await
 }
 
 /// Ends a worker's attempt: back to `submitted` when a `retry` is asked (to
