@@ -226,18 +226,28 @@ pub(super) async fn list(client: &mut Client, target: &Target, name: Option<Stri
     Ok(())
 }
 
-/// Whether the namespace holds a workflow named `name`.
-pub(super) async fn exists(client: &mut Client, target: &Target, name: &str) -> Result<bool, Failure> {
+/// A list filtered by `workflow` came back `empty`: an error when that is
+/// because the namespace holds no such workflow.
+pub(super) async fn check_known(
+    client: &mut Client,
+    target: &Target,
+    workflow: Option<String>,
+    empty: bool,
+) -> Result<(), Failure> {
+    let Some(name) = workflow.filter(|_| empty) else { return Ok(()) };
     let request = ListDefinitionsRequest {
         namespace: target.namespace.clone(),
-        name: name.to_owned(),
+        name: name.clone(),
         page_size: 1,
         ..ListDefinitionsRequest::default()
     };
-    Ok(!client.list_definitions(request).await?.into_inner().definitions.is_empty())
+    match client.list_definitions(request).await?.into_inner().definitions.is_empty() {
+        true => Err(unknown(&name, target)),
+        false => Ok(()),
+    }
 }
 
 /// A workflow name the namespace does not hold.
-pub(super) fn unknown(name: &str, target: &Target) -> Failure {
+fn unknown(name: &str, target: &Target) -> Failure {
     Failure::Call(format!("no workflow `{name}` in namespace {}", target.namespace))
 }

@@ -65,12 +65,7 @@ pub(super) async fn list(client: &mut Client, target: &Target, workflow: Option<
         }
         page_token = page.next_page_token;
     }
-    // No gate waits: say so when it is because no such workflow exists.
-    if let Some(name) = workflow.filter(|_| rows.len() == 1)
-        && !super::definitions::exists(client, target, &name).await?
-    {
-        return Err(super::definitions::unknown(&name, target));
-    }
+    super::definitions::check_known(client, target, workflow, rows.len() == 1).await?;
     out!("{}{decided_on}", view::table(&rows));
     Ok(())
 }

@@ -225,11 +225,7 @@ pub(super) async fn list(
         }
         page_token = page.next_page_token;
     }
-    if let Some(name) = workflow.filter(|_| rows.len() == 1)
-        && !super::definitions::exists(client, target, &name).await?
-    {
-        return Err(super::definitions::unknown(&name, target));
-    }
+    super::definitions::check_known(client, target, workflow, rows.len() == 1).await?;
     out!("{}", view::table(&rows));
     Ok(())
 }
