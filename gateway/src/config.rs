@@ -122,6 +122,14 @@ pub enum AgentKind {
     Workflow,
 }
 
+impl AgentKind {
+    /// The gateway runs the agent's turns itself: its tasks are created run
+    /// by their creator, and no worker claims them.
+    pub fn runs_in_gateway(self) -> bool {
+        self != Self::Worker
+    }
+}
+
 /// One agent of the catalog, in the spirit of an `agents.yaml`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -113,8 +113,18 @@ async fn illegal_transitions_fail_and_change_nothing() {
     let sandbox = Sandbox::new();
     let server = dev_server(&sandbox).await;
     let mut client = server.task_store().await;
-    let task = create_task(&mut client, NS, "reverser", "hello").await;
+    // The test runs the task itself, writing without a lease.
+    let request = CreateTaskRequest { run_by_creator: true, ..create_request(NS, "reverser", "hello") };
+    let task = client.create_task(request).await.expect("create").into_inner();
     move_to(&mut client, &task, TaskState::Working).await.expect("submitted -> working is legal");
+    // A task a worker runs takes its agent's writes only under a claim's lease.
+    let queued = create_task(&mut client, NS, "reverser", "for a worker").await;
+    let snapshot = get_task(&mut client, NS, &queued.id).await;
+    let status = move_to(&mut client, &queued, TaskState::Working).await.expect_err("no lease");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    let info = tonic_types::StatusExt::get_details_error_info(&status).expect("the reason, for programs");
+    assert_eq!(info.reason, "LEASE_REQUIRED", "{status:?}");
+    assert_eq!(get_task(&mut client, NS, &queued.id).await, snapshot, "still queued for a worker");
 
     let cases = [
         (TaskState::Submitted, TaskState::Working, "ILLEGAL_TRANSITION"),

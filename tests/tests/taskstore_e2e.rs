@@ -7,16 +7,16 @@ use std::{
 };
 
 use chorus_proto::taskstore::{
-    AddMessageRequest, AppendArtifactRequest, Artifact, AwaitTaskRequest, ListTasksRequest, NotifyOwnerRequest, Owner,
-    ReadInboxRequest, Role, SpawnSubtaskRequest, TaskState, UpdateStatusRequest, WatchTasksRequest, inbox_message,
-    owner, task_event,
+    AddMessageRequest, AppendArtifactRequest, Artifact, AwaitTaskRequest, ClaimTasksRequest, CreateTaskRequest,
+    ListTasksRequest, NotifyOwnerRequest, Owner, ReadInboxRequest, Role, SpawnSubtaskRequest, TaskState,
+    UpdateStatusRequest, WatchTasksRequest, inbox_message, owner, task_event,
 };
 use chorus_runtime::testing::{POSTGRES_URL_VAR, PostgresDatabase, postgres_admin_url};
 use chorus_tests::{
     DEADLINE, Mode, Sandbox, ServerBuilder,
     tasks::{
-        Client, TaskWatch, create_task, event_state, event_text, get_task, is_status, state, status_text, text_message,
-        text_of,
+        Client, TaskWatch, create_request, create_task, event_state, event_text, get_task, is_status, state,
+        status_text, text_message, text_of,
     },
     test_worker,
 };
@@ -189,9 +189,11 @@ async fn with_a_retry_left_a_killed_worker_s_task_is_requeued_and_completed_by_a
 }
 
 /// Writes a parent task (working, with an artifact and an added message) and
-/// a child whose status note and completion wait in the parent's inbox.
+/// a child whose status note and completion wait in the parent's inbox. The
+/// test runs the parent itself, without a lease; a worker runs the child.
 async fn write_a_task_tree(client: &mut Client) -> (String, String) {
-    let parent = create_task(client, NS, "planner", "plan the trip").await;
+    let parent = CreateTaskRequest { run_by_creator: true, ..create_request(NS, "planner", "plan the trip") };
+    let parent = client.create_task(parent).await.expect("create the parent").into_inner();
     let working = UpdateStatusRequest {
         namespace: NS.to_owned(),
         task_id: parent.id.clone(),
@@ -228,12 +230,21 @@ async fn write_a_task_tree(client: &mut Client) -> (String, String) {
         ..SpawnSubtaskRequest::default()
     };
     let child = client.spawn_subtask(spawn).await.expect("spawn").into_inner().task.expect("child");
+    let claim = ClaimTasksRequest {
+        namespace: NS.to_owned(),
+        agent_id: "booker".to_owned(),
+        worker_id: "booker-worker".to_owned(),
+        ..ClaimTasksRequest::default()
+    };
+    let mut claims = client.claim_tasks(claim).await.expect("ClaimTasks").into_inner();
+    let claimed = claims.message().await.expect("the claim stream").expect("the child claimed");
+    assert_eq!(claimed.task.map(|task| task.id), Some(child.id.clone()));
     let note = NotifyOwnerRequest {
         namespace: NS.to_owned(),
         task_id: child.id.clone(),
         kind: inbox_message::Kind::Status.into(),
         message: Some(text_message(Role::Agent, "halfway there")),
-        lease_id: String::new(),
+        lease_id: claimed.lease_id.clone(),
     };
     client.notify_owner(note).await.expect("notify owner");
     let done = UpdateStatusRequest {
@@ -241,7 +252,7 @@ async fn write_a_task_tree(client: &mut Client) -> (String, String) {
         task_id: child.id.clone(),
         state: TaskState::Completed.into(),
         message: Some(text_message(Role::Agent, "booked")),
-        lease_id: String::new(),
+        lease_id: claimed.lease_id,
     };
     client.update_status(done).await.expect("child completed");
     (parent.id, child.id)

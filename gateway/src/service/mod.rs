@@ -346,13 +346,14 @@ impl Gateway {
             idempotency_key: format!("a2a-{}", uuid::Uuid::now_v7()),
             follower: if answer.is_some() { None } else { self.inner.runner.follower(agent) },
             answer,
+            run_by_creator: agent.kind.runs_in_gateway(),
         };
         let task = self.tasks().create_task(create).await.map_err(|status| task_error(&status, ""))?.into_inner();
         if let Some(push) = push {
             let changes = self.inner.push.open(&scope.namespace, &task.id, Follow::FromCreation).await?;
             self.store_push_config(scope, push_configs::sent_for(push, &task.id), changes).await?;
         }
-        if !answered && matches!(agent.kind, AgentKind::Builtin | AgentKind::Remote | AgentKind::Workflow) {
+        if !answered && agent.kind.runs_in_gateway() {
             self.inner.runner.start(agent, &scope.namespace, &task, message);
         }
         Ok(Started::Task(Box::new(task)))
@@ -395,7 +396,7 @@ impl Gateway {
         let namespace = scope.namespace.clone();
         let stored = Some(convert::message_in(&message));
         let mut tasks = self.tasks();
-        let task = if matches!(agent.kind, AgentKind::Builtin | AgentKind::Remote | AgentKind::Workflow) {
+        let task = if agent.kind.runs_in_gateway() {
             // The gateway runs this agent's turns: only the message that
             // answers the task's interruption starts one. A second message
             // sent meanwhile, or one to a task still working, is refused by

@@ -23,6 +23,11 @@ pub struct NewTask {
     /// The gateway that runs the task's turn itself and follows it from
     /// the start (see [`TaskStore::follow_task`](crate::service::TaskStore::follow_task)).
     pub follower: Option<TurnFollower>,
+    /// The creator runs the task's turns itself: no worker claims it, and
+    /// its agent's writes need no lease. An answer or a follower implies it.
+    /// Otherwise a worker runs it, and every write of its agent needs the
+    /// lease of the worker's claim.
+    pub run_by_creator: bool,
 }
 
 /// Who follows a task's turn, and for how long unless it renews.

@@ -42,6 +42,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
             idempotency_key: validate::optional_id("idempotency_key", &request.idempotency_key)?,
             answer: convert::answer(request.answer)?,
             follower: push_convert::turn_follower(request.follower)?,
+            run_by_creator: request.run_by_creator,
         };
         let task = self.store.create_task(task).await?;
         record_ids(&task.namespace, &task.id);

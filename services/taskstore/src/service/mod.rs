@@ -166,6 +166,7 @@ impl TaskStore {
     }
 
     async fn create_now(&self, mut task: NewTask) -> Result<Task> {
+        task.run_by_creator |= task.answer.is_some() || task.follower.is_some();
         let follow = task.follower.take().map(|follower| self.push_lease(follower.name, follower.lease));
         if task.answer.is_some() {
             // Settled from the start: no worker is offered it, and the
@@ -176,7 +177,8 @@ impl TaskStore {
             self.count_if_finished(&task);
             return Ok(task);
         }
-        let offer = self.streams.offer(&task.namespace, &task.agent_id, now_micros());
+        let offer =
+            (!task.run_by_creator).then(|| self.streams.offer(&task.namespace, &task.agent_id, now_micros())).flatten();
         let trace_context = offer.as_ref().map(|_| task.trace_context.clone()).unwrap_or_default();
         let creating = self.creating(&task.namespace);
         let handoff = offer.as_ref().map(|offer| offer.handoff.clone());

@@ -14,7 +14,7 @@ use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    harness::{Harness, agent_message, conformance, new_task, test_config, text_artifact},
+    harness::{Harness, agent_message, conformance, own_task, test_config, text_artifact},
     workers::claim_request,
 };
 
@@ -70,7 +70,7 @@ async fn drive_to_completion(store: &TaskStore, task_id: &str) {
 }
 
 async fn a_task_watch_replays_from_a_cursor_and_ends_with_the_task(h: Harness) {
-    let task = h.task("ns", "echo", "watch me").await;
+    let task = h.own_task("ns", "echo", "watch me").await;
     let live = h.store.watch_task("ns", &task.id, None).await.unwrap();
     let driver = {
         let store = h.store.clone();
@@ -96,12 +96,12 @@ async fn a_task_watch_replays_from_a_cursor_and_ends_with_the_task(h: Harness) {
 }
 
 async fn a_namespace_watch_follows_live_changes_and_resumes(h: Harness) {
-    let before = h.task("ns", "echo", "before the watch").await;
+    let before = h.own_task("ns", "echo", "before the watch").await;
     let mut all = h.store.watch_tasks("ns", WatchFilter::default(), WatchStart::Now).await.unwrap();
     let only_b = WatchFilter { agent_id: Some("b".into()), context_id: None };
     let mut filtered = h.store.watch_tasks("ns", only_b, WatchStart::Now).await.unwrap();
-    let first_a = h.task("ns", "a", "one").await;
-    let first_b = h.task("ns", "b", "two").await;
+    let first_a = h.own_task("ns", "a", "one").await;
+    let first_b = h.own_task("ns", "b", "two").await;
     // "Now" may also replay the last events committed before the call.
     let mut seen = take(&mut all, 2).await;
     seen.retain(|event| event.task_id != before.id);
@@ -113,7 +113,7 @@ async fn a_namespace_watch_follows_live_changes_and_resumes(h: Harness) {
     drop(all);
 
     let resume_from = seen[1].cursor;
-    let missed = h.task("ns", "a", "while disconnected").await;
+    let missed = h.own_task("ns", "a", "while disconnected").await;
     let mut resumed = h.store.watch_tasks("ns", WatchFilter::default(), WatchStart::After(resume_from)).await.unwrap();
     assert_eq!(take(&mut resumed, 1).await[0].task_id, missed.id, "a reconnect gets what it missed");
     let mut everything = h.store.watch_tasks("ns", WatchFilter::default(), WatchStart::Beginning).await.unwrap();
@@ -121,7 +121,7 @@ async fn a_namespace_watch_follows_live_changes_and_resumes(h: Harness) {
 }
 
 async fn every_change_is_recorded_in_commit_order(h: Harness) {
-    let task = h.store.create_task(new_task("ns", "echo", "log me")).await.unwrap();
+    let task = h.store.create_task(own_task("ns", "echo", "log me")).await.unwrap();
     drive_to_completion(&h.store, &task.id).await;
     let query = EventQuery {
         namespace: "ns".into(),
@@ -141,7 +141,7 @@ async fn every_change_is_recorded_in_commit_order(h: Harness) {
 }
 
 async fn an_event_that_commits_late_is_held_back_not_skipped(h: Harness) {
-    let task = h.task("ns", "echo", "commit order").await;
+    let task = h.own_task("ns", "echo", "commit order").await;
     let query = EventQuery {
         namespace: "ns".into(),
         task_id: Some(task.id.clone()),
@@ -186,7 +186,7 @@ async fn streams_cut_short_by_shutdown_end_unavailable(h: Harness) {
     let shutdown = CancellationToken::new();
     let replica =
         TaskStore::new(Arc::new(SqlTaskRepository::new(h.db.clone())), Wakeups::new(), test_config(), shutdown.clone());
-    let task = h.task("ns", "echo", "nobody works on this").await;
+    let task = h.own_task("ns", "echo", "nobody works on this").await;
     let task_watch = replica.watch_task("ns", &task.id, None).await.unwrap();
     let namespace_watch = replica.watch_tasks("ns", WatchFilter::default(), WatchStart::Now).await.unwrap();
     let claims = replica.claim_stream(claim_request("idle", "w1", 1, Duration::from_secs(30), 0));

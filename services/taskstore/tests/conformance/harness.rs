@@ -1,14 +1,15 @@
 //! Boots a task store on a fresh database: SQLite always, PostgreSQL when
 //! `CHORUS_TEST_POSTGRES_URL` is set (then a failure to connect fails the test).
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use chorus_runtime::{storage::Db, testing::TestDatabase, wakeup::Wakeups};
 use chorus_taskstore::{
     TaskStore, TaskStoreConfig,
-    domain::{Artifact, Message, NewTask, Part, Role, SpawnContext, Task},
+    domain::{Artifact, ClaimRequest, Claimed, Message, NewTask, Part, Role, SpawnContext, Task},
     repository::{TaskRepository, sql::SqlTaskRepository},
 };
+use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) struct Harness {
@@ -50,6 +51,27 @@ impl Harness {
     pub(crate) async fn task(&self, namespace: &str, agent: &str, text: &str) -> Task {
         self.store.create_task(new_task(namespace, agent, text)).await.expect("create task")
     }
+
+    /// Claims the oldest queued task of `agent` as a new worker would, under
+    /// a lease of 30 s.
+    pub(crate) async fn claim(&self, namespace: &str, agent: &str) -> Claimed {
+        let request = ClaimRequest {
+            namespace: namespace.to_owned(),
+            agent_id: agent.to_owned(),
+            worker_id: format!("{agent}-{}", uuid::Uuid::new_v4()),
+            capacity: 1,
+            lease: Duration::from_secs(30),
+            max_retries: 0,
+        };
+        let mut claims = self.store.claim_stream(request);
+        let claimed = tokio::time::timeout(Duration::from_secs(10), claims.next()).await.expect("a claim in time");
+        claimed.expect("the claim stream is open").expect("the claim succeeds")
+    }
+
+    /// A task its creator runs: its agent's writes need no lease.
+    pub(crate) async fn own_task(&self, namespace: &str, agent: &str, text: &str) -> Task {
+        self.store.create_task(own_task(namespace, agent, text)).await.expect("create task")
+    }
 }
 
 impl Drop for Harness {
@@ -70,7 +92,13 @@ pub(crate) fn new_task(namespace: &str, agent: &str, text: &str) -> NewTask {
         idempotency_key: None,
         answer: None,
         follower: None,
+        run_by_creator: false,
     }
+}
+
+/// A new task its creator runs.
+pub(crate) fn own_task(namespace: &str, agent: &str, text: &str) -> NewTask {
+    NewTask { run_by_creator: true, ..new_task(namespace, agent, text) }
 }
 
 pub(crate) fn user_message(text: &str) -> Message {

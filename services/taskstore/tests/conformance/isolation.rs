@@ -93,10 +93,12 @@ async fn nothing_crosses_namespaces(h: Harness) {
     let claimed = tokio::time::timeout(Duration::from_millis(400), claims.next()).await;
     assert!(claimed.is_err(), "a worker in b never sees a's tasks");
 
-    let in_a = chorus_taskstore::domain::NewSubtask { namespace: "a".into(), ..spawn };
+    let lease_id = Some(h.claim("a", "echo").await.lease_id);
+    let in_a = chorus_taskstore::domain::NewSubtask { namespace: "a".into(), lease_id, ..spawn };
     let (child, _) = h.store.spawn_subtask(in_a, false, None).await.unwrap();
+    let lease_id = Some(h.claim("a", "echo").await.lease_id);
     h.store
-        .update_status("a", &child.id, StatusUpdate { state: TaskState::Completed, message: None, lease_id: None })
+        .update_status("a", &child.id, StatusUpdate { state: TaskState::Completed, message: None, lease_id })
         .await
         .unwrap();
     let owner = Owner { kind: OwnerKind::Worker, id: id.into() };

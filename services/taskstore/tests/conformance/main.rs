@@ -13,6 +13,7 @@ mod relay;
 mod release;
 mod restarts;
 mod retention;
+mod runners;
 mod subtasks;
 mod tasks;
 mod turns;

@@ -32,11 +32,11 @@ async fn read_settled(h: &Harness, after: Cursor, limit: u32) -> Vec<TaskEvent> 
 }
 
 async fn the_outbox_reads_every_namespace_in_commit_order(h: Harness) {
-    let first = h.task("a", "echo", "one").await;
-    let second = h.task("b", "echo", "two").await;
+    let first = h.own_task("a", "echo", "one").await;
+    let second = h.own_task("b", "echo", "two").await;
     let working = StatusUpdate { state: TaskState::Working, message: None, lease_id: None };
     h.store.update_status("a", &first.id, working).await.unwrap();
-    let third = h.task("c", "echo", "three").await;
+    let third = h.own_task("c", "echo", "three").await;
 
     let all = read_settled(&h, Cursor::default(), 100).await;
     let seen: Vec<(&str, &str, EventKind)> =
@@ -101,7 +101,7 @@ async fn one_owner_at_a_time_holds_the_relay_lease(h: Harness) {
 
 async fn the_relay_cursor_outlives_its_owner(h: Harness) {
     for text in ["one", "two", "three"] {
-        h.task("ns", "echo", text).await;
+        h.own_task("ns", "echo", text).await;
     }
     let events = read_settled(&h, Cursor::default(), 100).await;
     assert_eq!(events.len(), 3);

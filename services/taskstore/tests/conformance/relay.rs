@@ -39,10 +39,10 @@ async fn each_change_reaches_the_bus_once_per_namespace_in_order(h: Harness) {
     // Two replicas' relays: one holds the lease, the other stands by.
     h.store.spawn_outbox_relay(client.clone(), "replica-1".to_owned());
     h.store.spawn_outbox_relay(client, "replica-2".to_owned());
-    let task = h.task("a", "echo", "one").await;
+    let task = h.own_task("a", "echo", "one").await;
     bus.wait_for("a", 1).await;
 
-    let other = h.task("b", "echo", "two").await;
+    let other = h.own_task("b", "echo", "two").await;
     let working = StatusUpdate { state: TaskState::Working, message: None, lease_id: None };
     h.store.update_status("a", &task.id, working).await.unwrap();
     let artifact = text_artifact("report", "done");
@@ -79,7 +79,7 @@ async fn each_change_reaches_the_bus_once_per_namespace_in_order(h: Harness) {
 async fn a_publish_whose_answer_is_lost_is_repeated_and_logged_once(h: Harness) {
     let (bus, client) = Bus::start().await;
     bus.lose_answers(2);
-    let first = h.task("ns", "echo", "one").await;
+    let first = h.own_task("ns", "echo", "one").await;
     h.store.spawn_outbox_relay(client, "replica-1".to_owned());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while bus.calls() < 3 {
@@ -90,7 +90,7 @@ async fn a_publish_whose_answer_is_lost_is_repeated_and_logged_once(h: Harness) 
     assert_eq!(log.len(), 1, "the bus logged the event once: {log:?}");
     assert_eq!(log[0].subject, first.id);
 
-    let second = h.task("ns", "echo", "two").await;
+    let second = h.own_task("ns", "echo", "two").await;
     let log = bus.wait_for("ns", 2).await;
     assert_eq!(log[1].subject, second.id);
     assert_eq!(bus.calls(), 4, "once answered, the first event is not sent again");
@@ -103,13 +103,13 @@ async fn start(database: chorus_runtime::testing::TestDatabase) -> Harness {
 async fn a_relay_restarted_under_its_name_takes_its_lease_back_at_once(h: Harness) {
     let (bus, client) = Bus::start().await;
     let relay = h.store.spawn_outbox_relay(client.clone(), "replica-1".to_owned());
-    h.task("ns", "echo", "one").await;
+    h.own_task("ns", "echo", "one").await;
     bus.wait_for("ns", 1).await;
     // Stopped while it holds a lease that runs ten minutes (slow_config).
     relay.abort();
     let _ = relay.await;
     h.store.spawn_outbox_relay(client, "replica-1".to_owned());
-    h.task("ns", "echo", "two").await;
+    h.own_task("ns", "echo", "two").await;
     bus.wait_for("ns", 2).await;
 }
 
@@ -119,14 +119,14 @@ async fn a_relay_shut_down_hands_its_lease_to_another_at_once(h: Harness) {
     let repository = Arc::new(SqlTaskRepository::new(h.db.clone()));
     let elsewhere = TaskStore::new(repository, Wakeups::new(), slow_config(), stopping.clone());
     // Written before the relay starts: its first round finds it.
-    h.task("ns", "echo", "one").await;
+    h.own_task("ns", "echo", "one").await;
     let relay = elsewhere.spawn_outbox_relay(client.clone(), "replica-1".to_owned());
     bus.wait_for("ns", 1).await;
     // Shut down while it holds a lease that runs ten minutes (slow_config).
     stopping.cancel();
     relay.await.unwrap();
     h.store.spawn_outbox_relay(client, "replica-2".to_owned());
-    h.task("ns", "echo", "two").await;
+    h.own_task("ns", "echo", "two").await;
     bus.wait_for("ns", 2).await;
 }
 
@@ -137,10 +137,10 @@ async fn a_round_of_changes_larger_than_one_publish_takes_goes_out_in_several(h:
     let (bus, client) = Bus::start().await;
     let large = "x".repeat(900_000);
     for _ in 0..8 {
-        h.task("ns", "echo", &large).await;
+        h.own_task("ns", "echo", &large).await;
     }
     h.store.spawn_outbox_relay(client, "replica-1".to_owned());
-    let small = h.task("ns", "echo", "after them").await;
+    let small = h.own_task("ns", "echo", "after them").await;
     let log = bus.wait_for("ns", 9).await;
     let created: Vec<bool> = log.iter().map(|event| event.event_type == "task.created").collect();
     assert_eq!(created, [true; 9]);
@@ -160,7 +160,7 @@ async fn a_relay_that_cannot_reach_its_bus_hands_its_lease_to_one_that_can(h: Ha
         let config = TaskStoreConfig { outbox_lease_ms: 6_000, ..slow_config() };
         TaskStore::new(Arc::new(SqlTaskRepository::new(h.db.clone())), Wakeups::new(), config, stopping.clone())
     };
-    let task = h.task("ns", "echo", "one").await;
+    let task = h.own_task("ns", "echo", "one").await;
     let failing = replica().spawn_outbox_relay(EventBusClient::new(Transport::remote(unreachable)), "replica-1".into());
     // Once the failing relay holds the lease, no one else can take it.
     while h.repository.acquire_outbox_lease("eventbus", "probe", now_micros(), Duration::ZERO).await.unwrap().is_some()

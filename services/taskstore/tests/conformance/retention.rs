@@ -7,8 +7,8 @@ use std::time::Duration;
 use chorus_taskstore::{
     TaskStoreConfig,
     domain::{
-        ArtifactChunk, Cursor, NewSubtask, Owner, OwnerKind, PurgeCursor, PushConfig, StatusUpdate, Task, TaskState,
-        now_micros,
+        ArtifactChunk, Claimed, Cursor, NewSubtask, Owner, OwnerKind, PurgeCursor, PushConfig, StatusUpdate, Task,
+        TaskState, now_micros,
     },
     error::TaskStoreError,
 };
@@ -60,9 +60,20 @@ fn later() -> i64 {
     now_micros() + 3_600_000_000
 }
 
+/// Completes a task the test runs itself.
 async fn finish(h: &Harness, task: &Task) -> Task {
-    let update = StatusUpdate { state: TaskState::Completed, message: Some(agent_message("done")), lease_id: None };
-    h.store.update_status("ns", &task.id, update).await.unwrap()
+    finish_under(h, &task.id, None).await
+}
+
+/// Completes a task a worker claimed.
+async fn finish_claimed(h: &Harness, claimed: &Claimed) -> Task {
+    finish_under(h, &claimed.task.id, Some(&claimed.lease_id)).await
+}
+
+async fn finish_under(h: &Harness, task_id: &str, lease_id: Option<&str>) -> Task {
+    let lease_id = lease_id.map(str::to_owned);
+    let update = StatusUpdate { state: TaskState::Completed, message: Some(agent_message("done")), lease_id };
+    h.store.update_status("ns", task_id, update).await.unwrap()
 }
 
 /// The rows any table still holds about the task.
@@ -87,13 +98,17 @@ async fn rows_about(h: &Harness, task_id: &str) -> i64 {
     rows
 }
 
-/// A root with an owned child that has an artifact and a push config.
-async fn tree(h: &Harness) -> (Task, Task) {
+/// A root the test runs with an owned child, claimed by a worker, that has
+/// an artifact and a push config.
+async fn tree(h: &Harness) -> (Task, Claimed) {
     let root = root_on(&h.store).await;
     let owner = Owner { kind: OwnerKind::Worker, id: root.id.clone() };
     let owned = NewSubtask { owner: Some(owner), ..subtask(&root.id, "coder", "build it") };
     let child = h.store.spawn_subtask(owned, false, None).await.unwrap().0;
-    let chunk = ArtifactChunk { artifact: text_artifact("a", "out"), append: false, last_chunk: true, lease_id: None };
+    let claimed = h.claim("ns", "coder").await;
+    assert_eq!(claimed.task.id, child.id);
+    let lease_id = Some(claimed.lease_id.clone());
+    let chunk = ArtifactChunk { artifact: text_artifact("a", "out"), append: false, last_chunk: true, lease_id };
     h.store.append_artifact("ns", &child.id, chunk).await.unwrap();
     let hook = PushConfig {
         id: "hook".into(),
@@ -104,18 +119,18 @@ async fn tree(h: &Harness) -> (Task, Task) {
         auth_credentials: None,
     };
     h.store.create_push_config("ns", hook, None, None).await.unwrap();
-    (root, child)
+    (root, claimed)
 }
 
 async fn a_finished_tree_goes_with_all_that_belongs_to_it(h: Harness) {
     let (root, child) = tree(&h).await;
-    finish(&h, &child).await;
+    finish_claimed(&h, &child).await;
     finish(&h, &root).await;
-    let other = h.task("ns", "echo", "still here").await;
-    assert!(rows_about(&h, &child.id).await >= 6, "the child has a row in every table");
+    let other = h.own_task("ns", "echo", "still here").await;
+    assert!(rows_about(&h, &child.task.id).await >= 6, "the child has a row in every table");
 
     assert_eq!(purge(&h, later(), 100).await, 2);
-    for id in [&root.id, &child.id] {
+    for id in [&root.id, &child.task.id] {
         assert!(matches!(h.store.get_task("ns", id, None).await, Err(TaskStoreError::TaskNotFound(_))));
         assert!(matches!(h.store.watch_task("ns", id, None).await, Err(TaskStoreError::TaskNotFound(_))));
         assert_eq!(rows_about(&h, id).await, 0, "nothing of task {id} is left");
@@ -124,21 +139,21 @@ async fn a_finished_tree_goes_with_all_that_belongs_to_it(h: Harness) {
 }
 
 async fn a_live_task_and_a_tree_with_a_live_task_are_never_purged(h: Harness) {
-    let live = h.task("ns", "echo", "working on it").await;
+    let live = h.own_task("ns", "echo", "working on it").await;
     let (root, child) = tree(&h).await;
     finish(&h, &root).await;
     let (other_root, other_child) = tree(&h).await;
-    finish(&h, &other_child).await;
+    finish_claimed(&h, &other_child).await;
 
     assert_eq!(purge(&h, later(), 100).await, 0);
-    for id in [&live.id, &root.id, &child.id, &other_root.id, &other_child.id] {
+    for id in [&live.id, &root.id, &child.task.id, &other_root.id, &other_child.task.id] {
         h.store.get_task("ns", id, None).await.unwrap();
     }
     let owner = Owner { kind: OwnerKind::Worker, id: other_root.id.clone() };
     let inbox = h.store.read_inbox("ns", &owner, 10, Duration::ZERO, true);
     assert_eq!(inbox.await.unwrap().len(), 1, "a finished child's completion waits for its live parent");
 
-    finish(&h, &child).await;
+    finish_claimed(&h, &child).await;
     assert_eq!(purge(&h, later(), 100).await, 2, "once its last task finished, the tree goes");
     assert!(matches!(h.store.get_task("ns", &root.id, None).await, Err(TaskStoreError::TaskNotFound(_))));
     h.store.get_task("ns", &live.id, None).await.unwrap();
@@ -149,7 +164,7 @@ async fn a_tree_finished_after_the_cutoff_stays(h: Harness) {
     finish(&h, &root).await;
     let cutoff = now_micros();
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let child = finish(&h, &child).await;
+    let child = finish_claimed(&h, &child).await;
     assert!(child.status.timestamp > cutoff);
 
     assert_eq!(purge(&h, cutoff, 100).await, 0, "its child finished after the cutoff");
@@ -158,7 +173,7 @@ async fn a_tree_finished_after_the_cutoff_stays(h: Harness) {
 }
 
 async fn unpublished_events_hold_their_tree_back(h: Harness) {
-    let task = h.task("ns", "echo", "publish me").await;
+    let task = h.own_task("ns", "echo", "publish me").await;
     let task = finish(&h, &task).await;
     let cursor = h.repository.acquire_outbox_lease("eventbus", "relay", now_micros(), Duration::from_secs(60));
     let cursor = cursor.await.unwrap().expect("the relay is free");
@@ -183,7 +198,7 @@ async fn unpublished_events_hold_their_tree_back(h: Harness) {
 async fn a_purge_goes_through_every_finished_tree_in_batches(h: Harness) {
     let mut tasks = Vec::new();
     for n in 0..5 {
-        let task = h.task("ns", "echo", &format!("task {n}")).await;
+        let task = h.own_task("ns", "echo", &format!("task {n}")).await;
         tasks.push(finish(&h, &task).await);
     }
     let (held_back, _) = tree(&h).await;
@@ -200,8 +215,8 @@ async fn a_purge_goes_through_every_finished_tree_in_batches(h: Harness) {
 }
 
 async fn the_reaper_purges_tasks_past_a_short_retention(h: Harness) {
-    let live = h.task("ns", "echo", "still working").await;
-    let done = h.task("ns", "echo", "done soon").await;
+    let live = h.own_task("ns", "echo", "still working").await;
+    let done = h.own_task("ns", "echo", "done soon").await;
     finish(&h, &done).await;
     let gone = tokio::time::timeout(Duration::from_secs(10), async {
         while h.store.get_task("ns", &done.id, None).await.is_ok() {

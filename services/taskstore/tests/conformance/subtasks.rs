@@ -7,14 +7,14 @@ use chorus_runtime::error::{ErrorCode, ServiceError as _};
 use chorus_taskstore::{
     TaskStore, TaskStoreConfig,
     domain::{
-        ClaimEvent, InboxKind, Limits, Message, NewSubtask, Notification, Owner, OwnerKind, Part, SpawnContext,
-        StatusUpdate, Task, TaskQuery, TaskState, new_task_id,
+        ClaimEvent, Claimed, InboxKind, Limits, Message, NewSubtask, Notification, Owner, OwnerKind, Part,
+        SpawnContext, StatusUpdate, Task, TaskQuery, TaskState, new_task_id,
     },
     error::TaskStoreError,
 };
 
 use crate::{
-    harness::{Harness, agent_message, conformance, new_task, test_config, user_message},
+    harness::{Harness, agent_message, conformance, new_task, own_task, test_config, user_message},
     workers::{claim_request, next_claim, next_claim_event},
 };
 
@@ -62,6 +62,11 @@ pub(crate) fn subtask(parent_id: &str, agent: &str, text: &str) -> NewSubtask {
     }
 }
 
+/// A spawn below a task a worker claimed, under its lease.
+fn subtask_of(claimed: &Claimed, agent: &str, text: &str) -> NewSubtask {
+    NewSubtask { lease_id: Some(claimed.lease_id.clone()), ..subtask(&claimed.task.id, agent, text) }
+}
+
 /// Spawns a non-blocking child.
 pub(crate) async fn spawn(h: &Harness, parent_id: &str, agent: &str, text: &str) -> Task {
     h.store.spawn_subtask(subtask(parent_id, agent, text), false, None).await.expect("spawn").0
@@ -73,7 +78,7 @@ async fn orchestrator_root(h: &Harness) -> Task {
 
 /// A root task on `store` that may spawn subtasks.
 pub(crate) async fn root_on(store: &TaskStore) -> Task {
-    let mut root = new_task("ns", "planner", "plan the release");
+    let mut root = own_task("ns", "planner", "plan the release");
     root.spawn_context = SpawnContext::Orchestrator;
     store.create_task(root).await.unwrap()
 }
@@ -209,12 +214,13 @@ async fn questions_interrupt_the_child_until_answered(h: Harness) {
     let owner = Owner { kind: OwnerKind::Orchestrator, id: "orchestrator".into() };
     custom.owner = Some(owner.clone());
     let (child, _) = h.store.spawn_subtask(custom, false, None).await.unwrap();
+    let coding = h.claim("ns", "coder").await;
     let notify = |kind, text: &str| Notification {
         namespace: "ns".into(),
         task_id: child.id.clone(),
         kind,
         message: agent_message(text),
-        lease_id: None,
+        lease_id: Some(coding.lease_id.clone()),
     };
     h.store.notify_owner(notify(InboxKind::Status, "halfway")).await.unwrap();
     let question = h.store.notify_owner(notify(InboxKind::Question, "keep the old API?")).await.unwrap();
@@ -229,8 +235,8 @@ async fn questions_interrupt_the_child_until_answered(h: Harness) {
     assert_eq!(answered.history.last().unwrap().joined_text(), "yes, keep it");
     let again = h.store.answer_question("ns", &child.id, user_message("twice"), None).await.unwrap_err();
     assert!(matches!(again, TaskStoreError::NoQuestion { state: TaskState::Working, .. }));
-    let orphan = h.task("ns", "echo", "no parent").await;
-    let lonely = Notification { task_id: orphan.id, ..notify(InboxKind::Error, "help") };
+    let orphan = h.own_task("ns", "echo", "no parent").await;
+    let lonely = Notification { task_id: orphan.id, lease_id: None, ..notify(InboxKind::Error, "help") };
     assert!(matches!(h.store.notify_owner(lonely).await, Err(TaskStoreError::NoOwner { .. })));
 }
 
@@ -344,15 +350,18 @@ async fn task_count(h: &Harness) -> u64 {
 }
 
 async fn depth_is_limited_by_where_the_tree_started(h: Harness) {
-    let agent_root = h.task("ns", "solo", "standalone work").await;
-    let child = spawn(&h, &agent_root.id, "helper", "help").await;
-    let error = h.store.spawn_subtask(subtask(&child.id, "helper", "deeper"), false, None).await.unwrap_err();
+    let agent_root = h.own_task("ns", "solo", "standalone work").await;
+    spawn(&h, &agent_root.id, "helper", "help").await;
+    let helping = h.claim("ns", "helper").await;
+    let error = h.store.spawn_subtask(subtask_of(&helping, "helper", "deeper"), false, None).await.unwrap_err();
     assert!(matches!(error, TaskStoreError::DepthLimit { depth: 2, max: 1, context: SpawnContext::Agent }), "{error}");
     let orchestrated = orchestrator_root(&h).await;
-    let level_one = spawn(&h, &orchestrated.id, "a", "level one").await;
-    let level_two = spawn(&h, &level_one.id, "b", "level two").await;
+    spawn(&h, &orchestrated.id, "a", "level one").await;
+    let level_one = h.claim("ns", "a").await;
+    let (level_two, _) = h.store.spawn_subtask(subtask_of(&level_one, "b", "level two"), false, None).await.unwrap();
     assert_eq!(level_two.depth, 2);
-    let error = h.store.spawn_subtask(subtask(&level_two.id, "c", "level three"), false, None).await.unwrap_err();
+    let level_two = h.claim("ns", "b").await;
+    let error = h.store.spawn_subtask(subtask_of(&level_two, "c", "level three"), false, None).await.unwrap_err();
     assert!(error.to_string().contains("depth 3 exceeds the maximum of 2 for orchestrator"), "{error}");
 }
 
@@ -391,12 +400,14 @@ async fn spawn_rate_is_limited(h: Harness) {
 async fn a_spawn_that_repeats_an_ancestor_is_a_cycle(h: Harness) {
     let root = orchestrator_root(&h).await;
     let child = spawn(&h, &root.id, "coder", "Fix the   bug").await;
-    let error = h.store.spawn_subtask(subtask(&child.id, "coder", "fix the bug"), false, None).await.unwrap_err();
+    let coding = h.claim("ns", "coder").await;
+    let error = h.store.spawn_subtask(subtask_of(&coding, "coder", "fix the bug"), false, None).await.unwrap_err();
     assert!(matches!(&error, TaskStoreError::Cycle { ancestor_id, .. } if ancestor_id == &child.id), "{error}");
     let error =
-        h.store.spawn_subtask(subtask(&child.id, "planner", "PLAN THE RELEASE"), false, None).await.unwrap_err();
+        h.store.spawn_subtask(subtask_of(&coding, "planner", "PLAN THE RELEASE"), false, None).await.unwrap_err();
     assert!(matches!(&error, TaskStoreError::Cycle { ancestor_id, .. } if ancestor_id == &root.id), "{error}");
-    let other_prompt = spawn(&h, &child.id, "coder", "fix the other bug").await;
+    let (other_prompt, _) =
+        h.store.spawn_subtask(subtask_of(&coding, "coder", "fix the other bug"), false, None).await.unwrap();
     assert_eq!(other_prompt.depth, 2);
 }
 
@@ -404,7 +415,9 @@ async fn a_spawn_that_repeats_an_ancestor_is_a_cycle(h: Harness) {
 /// lease) cancels what the task spawned, as CancelTask does; the worker
 /// holding a child is told on its claim stream.
 async fn a_worker_canceling_its_task_cancels_the_subtree_and_tells_the_workers_below(h: Harness) {
-    let root = orchestrator_root(&h).await;
+    let mut root = new_task("ns", "planner", "plan the release");
+    root.spawn_context = SpawnContext::Orchestrator;
+    let root = h.store.create_task(root).await.unwrap();
     let lease = Duration::from_secs(30);
     let mut planners = h.store.claim_stream(claim_request("planner", "planner-1", 1, lease, 0));
     let planning = next_claim(&mut planners).await;
@@ -413,13 +426,14 @@ async fn a_worker_canceling_its_task_cancels_the_subtree_and_tells_the_workers_b
         ..subtask(&root.id, agent, text)
     };
     let child = h.store.spawn_subtask(under_lease("coder", "code it"), false, None).await.expect("spawn").0;
-    let grandchild = spawn(&h, &child.id, "tester", "test it").await;
     let done = h.store.spawn_subtask(under_lease("writer", "write docs"), false, None).await.expect("spawn").0;
-    let finished = StatusUpdate { state: TaskState::Completed, message: None, lease_id: None };
+    let writing = h.claim("ns", "writer").await;
+    let finished = StatusUpdate { state: TaskState::Completed, message: None, lease_id: Some(writing.lease_id) };
     h.store.update_status("ns", &done.id, finished).await.unwrap();
     let mut coders = Box::pin(h.store.claim_stream_with_cancellations(claim_request("coder", "coder-1", 1, lease, 0)));
     let ClaimEvent::Claimed(coding) = next_claim_event(&mut coders).await else { panic!("the child first") };
     assert_eq!(coding.task.id, child.id);
+    let grandchild = h.store.spawn_subtask(subtask_of(&coding, "tester", "test it"), false, None).await.unwrap().0;
 
     let cancel = StatusUpdate {
         state: TaskState::Canceled,

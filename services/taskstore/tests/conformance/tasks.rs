@@ -8,15 +8,15 @@ use chorus_runtime::{storage::Backend, wakeup::Wakeups};
 use chorus_taskstore::{
     TaskStore,
     domain::{
-        Artifact, ArtifactChunk, EventKind, PageToken, Part, Role, SpawnContext, StatusUpdate, TaskAnswer, TaskQuery,
-        TaskState,
+        Artifact, ArtifactChunk, EventKind, NewSubtask, PageToken, Part, Role, SpawnContext, StatusUpdate, TaskAnswer,
+        TaskQuery, TaskState,
     },
     error::TaskStoreError,
     repository::sql::SqlTaskRepository,
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::harness::{Harness, agent_message, conformance, new_task, test_config, text_artifact, user_message};
+use crate::harness::{Harness, agent_message, conformance, own_task, test_config, text_artifact, user_message};
 
 conformance!(
     create_is_idempotent_on_the_first_message_id,
@@ -45,7 +45,7 @@ fn status(state: TaskState) -> StatusUpdate {
 }
 
 async fn create_is_idempotent_on_the_first_message_id(h: Harness) {
-    let mut new = new_task("ns", "echo", "hello");
+    let mut new = own_task("ns", "echo", "hello");
     new.context_id = Some("ctx-1".into());
     let first = h.store.create_task(new.clone()).await.unwrap();
     assert_eq!(first.status.state, TaskState::Submitted);
@@ -57,13 +57,13 @@ async fn create_is_idempotent_on_the_first_message_id(h: Harness) {
     assert_eq!(again.id, first.id);
     let fetched = h.store.get_task("ns", &first.id, None).await.unwrap();
     assert_eq!(fetched.history, first.history);
-    let other = h.task("ns", "echo", "hello").await;
+    let other = h.own_task("ns", "echo", "hello").await;
     assert_ne!(other.id, first.id, "a new message id makes a new task");
     assert_ne!(other.context_id, first.context_id, "a context is generated when none is given");
 }
 
 async fn an_idempotency_key_replaces_the_message_id_as_the_create_key(h: Harness) {
-    let mut new = new_task("ns", "echo", "same message");
+    let mut new = own_task("ns", "echo", "same message");
     new.idempotency_key = Some("request-1".into());
     let first = h.store.create_task(new.clone()).await.unwrap();
     assert_eq!(h.store.create_task(new.clone()).await.unwrap().id, first.id, "a retry with the key");
@@ -82,7 +82,7 @@ async fn an_idempotency_key_replaces_the_message_id_as_the_create_key(h: Harness
 
 async fn a_snapshot_watch_starts_with_the_task_then_follows_it(h: Harness) {
     use futures_util::StreamExt as _;
-    let task = h.task("ns", "echo", "watch me").await;
+    let task = h.own_task("ns", "echo", "watch me").await;
     h.store.update_status("ns", &task.id, status(TaskState::Working)).await.unwrap();
     let (snapshot, cursor, mut events) = h.store.watch_task_from_snapshot("ns", &task.id).await.unwrap();
     assert_eq!(snapshot.status.state, TaskState::Working, "the snapshot is the task as it is");
@@ -105,7 +105,7 @@ async fn a_snapshot_watch_starts_with_the_task_then_follows_it(h: Harness) {
 async fn a_snapshot_holds_no_change_that_follows_it(h: Harness) {
     use futures_util::StreamExt as _;
     const CHUNKS: usize = 40;
-    let task = h.task("ns", "echo", "stream to me").await;
+    let task = h.own_task("ns", "echo", "stream to me").await;
     h.store.update_status("ns", &task.id, status(TaskState::Working)).await.unwrap();
     let text_of = |parts: &[Part]| -> String { parts.iter().map(|part| format!("{:?}", part.content)).collect() };
     let writer = {
@@ -146,7 +146,7 @@ async fn a_snapshot_holds_no_change_that_follows_it(h: Harness) {
 }
 
 async fn concurrent_creates_of_one_message_make_one_task(h: Harness) {
-    let new = new_task("ns", "echo", "only once");
+    let new = own_task("ns", "echo", "only once");
     let creates = (0..8).map(|_| h.store.create_task(new.clone()));
     let tasks = futures_util::future::join_all(creates).await;
     let ids: std::collections::HashSet<String> = tasks.into_iter().map(|task| task.unwrap().id).collect();
@@ -166,7 +166,7 @@ async fn concurrent_creates_of_one_message_make_one_task(h: Harness) {
 }
 
 async fn concurrent_creates_each_make_their_own_task(h: Harness) {
-    let news: Vec<_> = (0..40).map(|index| new_task("ns", "echo", &format!("job {index}"))).collect();
+    let news: Vec<_> = (0..40).map(|index| own_task("ns", "echo", &format!("job {index}"))).collect();
     // Each create twice, all at once.
     let creates = news.iter().chain(&news).map(|new| h.store.create_task(new.clone()));
     let tasks: Vec<_> = futures_util::future::join_all(creates).await.into_iter().map(Result::unwrap).collect();
@@ -188,7 +188,7 @@ async fn concurrent_creates_each_make_their_own_task(h: Harness) {
 }
 
 async fn history_length_limits_what_is_returned(h: Harness) {
-    let task = h.task("ns", "echo", "one").await;
+    let task = h.own_task("ns", "echo", "one").await;
     h.store.add_message("ns", &task.id, agent_message("two"), None).await.unwrap();
     h.store.add_message("ns", &task.id, user_message("three"), None).await.unwrap();
     let texts = |history: &[chorus_taskstore::domain::Message]| {
@@ -208,7 +208,7 @@ async fn history_length_limits_what_is_returned(h: Harness) {
 async fn list_filters_and_pages_newest_first(h: Harness) {
     let mut ids = Vec::new();
     for index in 0..5 {
-        let mut new = new_task("ns", if index % 2 == 0 { "even" } else { "odd" }, &format!("task {index}"));
+        let mut new = own_task("ns", if index % 2 == 0 { "even" } else { "odd" }, &format!("task {index}"));
         new.context_id = Some(format!("ctx-{}", index % 2));
         ids.push(h.store.create_task(new).await.unwrap().id);
     }
@@ -274,11 +274,11 @@ async fn list_filters_and_pages_newest_first(h: Harness) {
     // Later pages carry the first page's count instead of counting again.
     let paged = |page_token| TaskQuery { namespace: "paged".into(), ..query(1, page_token) };
     for text in ["one", "two", "three"] {
-        h.task("paged", "echo", text).await;
+        h.own_task("paged", "echo", text).await;
     }
     let first = h.store.list_tasks(paged(None)).await.unwrap();
     assert_eq!(first.total_size, 3);
-    h.task("paged", "echo", "four").await;
+    h.own_task("paged", "echo", "four").await;
     let second = h.store.list_tasks(paged(first.next_page_token)).await.unwrap();
     assert_eq!(second.total_size, 3, "counted once, by the first page");
     let fresh = h.store.list_tasks(paged(None)).await.unwrap();
@@ -289,7 +289,7 @@ async fn list_filters_and_pages_newest_first(h: Harness) {
 }
 
 async fn illegal_transitions_fail_and_change_nothing(h: Harness) {
-    let task = h.task("ns", "echo", "go").await;
+    let task = h.own_task("ns", "echo", "go").await;
     let working = h.store.update_status("ns", &task.id, status(TaskState::Working)).await.unwrap();
     let error = h.store.update_status("ns", &task.id, status(TaskState::Submitted)).await.unwrap_err();
     assert!(matches!(
@@ -310,7 +310,7 @@ async fn illegal_transitions_fail_and_change_nothing(h: Harness) {
 }
 
 async fn artifacts_are_added_replaced_and_appended_in_chunks(h: Harness) {
-    let task = h.task("ns", "echo", "write").await;
+    let task = h.own_task("ns", "echo", "write").await;
     let artifact = |id: &str, text: &str| Artifact {
         artifact_id: id.into(),
         name: Some("report".into()),
@@ -334,7 +334,7 @@ async fn artifacts_are_added_replaced_and_appended_in_chunks(h: Harness) {
 }
 
 async fn a_user_message_resumes_an_interrupted_task(h: Harness) {
-    let task = h.task("ns", "echo", "start").await;
+    let task = h.own_task("ns", "echo", "start").await;
     let question =
         StatusUpdate { state: TaskState::InputRequired, message: Some(agent_message("which file?")), lease_id: None };
     h.store.update_status("ns", &task.id, question).await.unwrap();
@@ -347,7 +347,7 @@ async fn a_user_message_resumes_an_interrupted_task(h: Harness) {
 
 async fn only_the_first_answer_to_an_interruption_lands(h: Harness) {
     for interruption in [TaskState::InputRequired, TaskState::AuthRequired] {
-        let task = h.task("ns", "echo", "start").await;
+        let task = h.own_task("ns", "echo", "start").await;
         let working = h.store.answer_question("ns", &task.id, user_message("too early"), None).await.unwrap_err();
         assert!(matches!(working, TaskStoreError::NoQuestion { state: TaskState::Submitted, .. }), "{working}");
         h.store.update_status("ns", &task.id, status(interruption)).await.unwrap();
@@ -373,13 +373,17 @@ async fn unknown_ids_are_not_found(h: Harness) {
 }
 
 async fn cancel_reaches_the_whole_unfinished_subtree(h: Harness) {
-    let mut root = new_task("ns", "planner", "plan");
+    let mut root = own_task("ns", "planner", "plan");
     root.spawn_context = SpawnContext::Orchestrator;
     let root = h.store.create_task(root).await.unwrap();
     let child = crate::subtasks::spawn(&h, &root.id, "coder", "code it").await;
-    let grandchild = crate::subtasks::spawn(&h, &child.id, "tester", "test it").await;
+    let coding = h.claim("ns", "coder").await;
+    let below =
+        NewSubtask { lease_id: Some(coding.lease_id), ..crate::subtasks::subtask(&child.id, "tester", "test it") };
+    let (grandchild, _) = h.store.spawn_subtask(below, false, None).await.unwrap();
     let finished = crate::subtasks::spawn(&h, &root.id, "writer", "write docs").await;
-    h.store.update_status("ns", &finished.id, status(TaskState::Completed)).await.unwrap();
+    let done = StatusUpdate { lease_id: Some(h.claim("ns", "writer").await.lease_id), ..status(TaskState::Completed) };
+    h.store.update_status("ns", &finished.id, done).await.unwrap();
 
     let (root_after, canceled) = h.store.cancel_task("ns", &root.id, Some("user gave up".into())).await.unwrap();
     assert_eq!(root_after.status.state, TaskState::Canceled);
@@ -398,7 +402,7 @@ async fn cancel_reaches_the_whole_unfinished_subtree(h: Harness) {
 /// A spawn below the tree that has locked its parent but not committed as
 /// the cancel starts lands first, and its child is canceled with the tree.
 async fn a_spawn_in_flight_below_a_cancel_lands_before_it_and_is_canceled(h: Harness) {
-    let mut root = new_task("ns", "planner", "plan");
+    let mut root = own_task("ns", "planner", "plan");
     root.spawn_context = SpawnContext::Orchestrator;
     let root = h.store.create_task(root).await.unwrap();
     let child = crate::subtasks::spawn(&h, &root.id, "coder", "code it").await;
@@ -408,7 +412,8 @@ async fn a_spawn_in_flight_below_a_cancel_lands_before_it_and_is_canceled(h: Har
     }
     // An open transaction holds a row under the spawn's request key, so the
     // spawn, having locked its parent, waits at its insert.
-    let in_flight = crate::subtasks::subtask(&child.id, "tester", "test it");
+    let lease_id = Some(h.claim("ns", "coder").await.lease_id);
+    let in_flight = NewSubtask { lease_id, ..crate::subtasks::subtask(&child.id, "tester", "test it") };
     let mut holder = h.db.begin().await.unwrap();
     sqlx::query(
         "INSERT INTO taskstore_tasks (namespace, id, context_id, agent_id, state, status_timestamp, depth, \
@@ -459,7 +464,7 @@ async fn a_new_database_gets_its_first_statistics_once_it_holds_tasks(h: Harness
     let postgres = h.db.backend() == Backend::Postgres;
     assert_eq!(h.repository.first_statistics(3).await.unwrap(), !postgres, "no tasks yet");
     for n in 0..3 {
-        h.task("ns", "echo", &format!("task {n}")).await;
+        h.own_task("ns", "echo", &format!("task {n}")).await;
     }
     // Row counts reach the activity statistics within a second or so.
     let started = tokio::time::Instant::now();
@@ -479,7 +484,7 @@ async fn a_new_database_gets_its_first_statistics_once_it_holds_tasks(h: Harness
 
 async fn an_answered_task_is_created_settled_with_each_change_logged(h: Harness) {
     use futures_util::StreamExt as _;
-    let mut new = new_task("ns", "echo", "answer me");
+    let mut new = own_task("ns", "echo", "answer me");
     new.answer = Some(TaskAnswer {
         state: TaskState::Completed,
         message: Some(agent_message("answered")),
@@ -519,7 +524,7 @@ async fn an_answered_task_is_created_settled_with_each_change_logged(h: Harness)
 }
 
 async fn a_task_answered_with_a_question_takes_the_reply(h: Harness) {
-    let mut new = new_task("ns", "echo", "book a flight");
+    let mut new = own_task("ns", "echo", "book a flight");
     new.answer = Some(TaskAnswer {
         state: TaskState::InputRequired,
         message: Some(agent_message("where to?")),
@@ -538,7 +543,7 @@ async fn a_task_holds_at_most_its_limit_of_messages_and_artifacts(h: Harness) {
     let config = chorus_taskstore::config::TaskStoreConfig { max_task_bytes: 4_000, ..test_config() };
     let store =
         TaskStore::new(Arc::new(SqlTaskRepository::new(h.db.clone())), Wakeups::new(), config, shutdown.clone());
-    let task = store.create_task(new_task("ns", "echo", "a long talk")).await.unwrap();
+    let task = store.create_task(own_task("ns", "echo", "a long talk")).await.unwrap();
     let words = "w".repeat(1_000);
     let mut added = 0;
     let refused = loop {
@@ -557,7 +562,7 @@ async fn a_task_holds_at_most_its_limit_of_messages_and_artifacts(h: Harness) {
     let refused = store.append_artifact("ns", &task.id, chunk).await.unwrap_err();
     assert!(matches!(refused, TaskStoreError::TaskTooLarge { .. }), "artifacts count too: {refused}");
     store.add_message("ns", &task.id, user_message("ok"), None).await.expect("a short one still fits");
-    let other = store.create_task(new_task("ns", "echo", "another talk")).await.unwrap();
+    let other = store.create_task(own_task("ns", "echo", "another talk")).await.unwrap();
     store.add_message("ns", &other.id, user_message(&words), None).await.expect("the limit is per task");
     shutdown.cancel();
 }

@@ -9,7 +9,7 @@ use chorus_taskstore::{
     error::TaskStoreError,
 };
 
-use crate::harness::{Harness, conformance, new_task, user_message};
+use crate::harness::{Harness, conformance, own_task, user_message};
 
 conformance!(
     a_followed_task_is_claimed_only_once_its_lease_ran_out,
@@ -34,7 +34,7 @@ async fn claims(h: &Harness, follower: &str) -> Vec<TaskKey> {
 }
 
 async fn a_followed_task_is_claimed_only_once_its_lease_ran_out(h: Harness) {
-    let task = h.task("ns", "ops", "deploy").await;
+    let task = h.own_task("ns", "ops", "deploy").await;
     h.store.follow_task("ns", &task.id, "gw-1".to_owned(), Some(SHORT)).await.unwrap();
     let kept = h.store.keep_following("gw-1".to_owned(), SHORT, vec![key(&task.id)], 10).await.unwrap();
     assert!(kept.lost.is_empty() && kept.claimed.is_empty(), "{kept:?}");
@@ -50,7 +50,7 @@ async fn a_followed_task_is_claimed_only_once_its_lease_ran_out(h: Harness) {
 }
 
 async fn finished_tasks_are_let_go_and_never_claimed(h: Harness) {
-    let task = h.task("ns", "ops", "deploy").await;
+    let task = h.own_task("ns", "ops", "deploy").await;
     h.store.follow_task("ns", &task.id, "gw-1".to_owned(), Some(SHORT)).await.unwrap();
     let done = StatusUpdate { state: TaskState::Completed, message: None, lease_id: None };
     h.store.update_status("ns", &task.id, done).await.unwrap();
@@ -61,7 +61,7 @@ async fn finished_tasks_are_let_go_and_never_claimed(h: Harness) {
 }
 
 async fn a_task_no_one_follows_is_not_claimed(h: Harness) {
-    let task = h.task("ns", "ops", "deploy").await;
+    let task = h.own_task("ns", "ops", "deploy").await;
     assert_eq!(claims(&h, "gw-1").await, [], "a task never followed");
     h.store.follow_task("ns", &task.id, "gw-1".to_owned(), Some(SHORT)).await.unwrap();
     h.store.follow_task("ns", &task.id, "gw-1".to_owned(), None).await.unwrap();
@@ -74,14 +74,14 @@ async fn a_task_no_one_follows_is_not_claimed(h: Harness) {
 }
 
 async fn released_leases_are_claimed_at_once(h: Harness) {
-    let task = h.task("ns", "ops", "deploy").await;
+    let task = h.own_task("ns", "ops", "deploy").await;
     h.store.follow_task("ns", &task.id, "gw-1".to_owned(), Some(LONG)).await.unwrap();
     assert_eq!(h.store.release_followed_tasks("gw-1").await.unwrap(), 1);
     assert_eq!(claims(&h, "gw-1").await, [key(&task.id)], "a restarted follower takes its tasks back at once");
 }
 
 async fn a_new_follower_takes_a_task_over(h: Harness) {
-    let task = h.task("ns", "ops", "deploy").await;
+    let task = h.own_task("ns", "ops", "deploy").await;
     h.store.follow_task("ns", &task.id, "gw-1".to_owned(), Some(LONG)).await.unwrap();
     h.store.follow_task("ns", &task.id, "gw-2".to_owned(), Some(LONG)).await.unwrap();
     let kept = h.store.keep_following("gw-1".to_owned(), LONG, vec![key(&task.id)], 0).await.unwrap();
@@ -90,7 +90,7 @@ async fn a_new_follower_takes_a_task_over(h: Harness) {
 
 async fn a_task_created_with_its_follower_is_followed_from_the_start(h: Harness) {
     let follower = |name: &str, lease| Some(TurnFollower { name: name.to_owned(), lease });
-    let mut new = new_task("ns", "ops", "deploy");
+    let mut new = own_task("ns", "ops", "deploy");
     new.idempotency_key = Some("create-1".to_owned());
     let task = h.store.create_task(NewTask { follower: follower("gw-1", SHORT), ..new.clone() }).await.unwrap();
     assert_eq!(claims(&h, "gw-2").await, [], "followed as it was made");
@@ -104,13 +104,13 @@ async fn a_task_created_with_its_follower_is_followed_from_the_start(h: Harness)
     tokio::time::sleep(SHORT * 3).await;
     assert_eq!(claims(&h, "gw-4").await, [], "held by the retry's follower");
 
-    let plain = h.task("ns", "ops", "unfollowed").await;
+    let plain = h.own_task("ns", "ops", "unfollowed").await;
     tokio::time::sleep(SHORT * 3).await;
     assert!(!claims(&h, "gw-4").await.contains(&key(&plain.id)), "a task made without a follower is no one's");
 }
 
 async fn an_answer_with_its_follower_follows_the_task_from_the_same_write(h: Harness) {
-    let task = h.task("ns", "ops", "deploy").await;
+    let task = h.own_task("ns", "ops", "deploy").await;
     h.store.follow_task("ns", &task.id, "gw-1".to_owned(), Some(LONG)).await.unwrap();
     let question = StatusUpdate { state: TaskState::InputRequired, message: None, lease_id: None };
     h.store.update_status("ns", &task.id, question.clone()).await.unwrap();

@@ -44,6 +44,8 @@ pub(super) struct TaskInsert<'a> {
     pub(super) answer: Option<&'a TaskAnswer>,
     /// The gateway that follows the new task's turn from the start.
     pub(super) follow: Option<&'a PushLease>,
+    /// Its creator runs its turns, not a worker.
+    pub(super) run_by_creator: bool,
 }
 
 /// What a create or spawn asks for under its request key (its first
@@ -196,7 +198,8 @@ pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> R
         .bind(to_json_opt(task.status.message.as_ref())?)
         .bind(handoff.map(|handoff| micros(handoff.lease)))
         .bind(insert.follow.map(|lease| lease.follower.as_str()))
-        .bind(insert.follow.map(|lease| lease.until));
+        .bind(insert.follow.map(|lease| lease.until))
+        .bind(i64::from(insert.run_by_creator));
     let query = match stored {
         Some(stored) => query.bind(stored),
         None => query,
@@ -215,23 +218,23 @@ pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> R
 }
 
 /// A new task row; $1..$21, $25 (its status message), $26 (its lease's
-/// length) and $27, $28 (who follows its turn, until when) as bound in
-/// [`insert_task`].
+/// length), $27, $28 (who follows its turn, until when) and $29 (whether its
+/// creator runs it) as bound in [`insert_task`].
 macro_rules! insert_task_row {
     () => {
         "INSERT INTO taskstore_tasks (namespace, id, context_id, agent_id, state, status_timestamp, metadata, \
          parent_id, owner_kind, owner_id, depth, spawn_context, prompt_fingerprint, request_message_id, \
          trace_context, history_count, created_at, worker_id, lease_id, lease_expires_at, attempt, max_retries, \
-         status_message, lease_length, turn_follower, turn_follower_until) \
+         status_message, lease_length, turn_follower, turn_follower_until, run_by_creator) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-         CASE WHEN $25 IS NULL THEN 1 ELSE 2 END, $16, $17, $18, $19, $20, $21, $25, $26, $27, $28) \
+         CASE WHEN $25 IS NULL THEN 1 ELSE 2 END, $16, $17, $18, $19, $20, $21, $25, $26, $27, $28, $29) \
          ON CONFLICT (namespace, request_message_id) DO NOTHING"
     };
 }
 
 /// The task row; its history: the first message ($22), then the status
 /// message ($25) when there is one; its events: `created` ($23), then, in
-/// the second form, the artifacts' (with the artifacts themselves, $29 as
+/// the second form, the artifacts' (with the artifacts themselves, $30 as
 /// [`completed_artifacts`] makes it), then `status_changed` ($24) when the
 /// task left `submitted` as it was made.
 static INSERT_TASK_POSTGRES: LazyLock<[String; 2]> = LazyLock::new(|| {
@@ -240,8 +243,8 @@ static INSERT_TASK_POSTGRES: LazyLock<[String; 2]> = LazyLock::new(|| {
             (
                 "stored AS (INSERT INTO taskstore_artifacts (namespace, task_id, artifact_id, position, artifact) \
                  SELECT namespace, id, a.artifact_id, a.ord, a.artifact \
-                 FROM task, json_to_recordset($29::json) AS a(ord int, artifact_id text, artifact text)), ",
-                "SELECT ord, 'artifact_updated', payload FROM json_to_recordset($29::json) AS a(ord int, payload text) \
+                 FROM task, json_to_recordset($30::json) AS a(ord int, artifact_id text, artifact text)), ",
+                "SELECT ord, 'artifact_updated', payload FROM json_to_recordset($30::json) AS a(ord int, payload text) \
                  UNION ALL ",
             )
         } else {
@@ -282,8 +285,8 @@ static INSERT_TASK_SQLITE: LazyLock<[String; 2]> = LazyLock::new(|| {
             (
                 "INSERT INTO taskstore_artifacts (namespace, task_id, artifact_id, position, artifact) \
                  SELECT t.namespace, t.id, a.value ->> 'artifact_id', a.value ->> 'ord', a.value ->> 'artifact' \
-                 FROM taskstore_tasks t, json_each($29) a WHERE t.namespace = $1 AND t.id = $2; ",
-                "SELECT a.value ->> 'ord', 'artifact_updated', a.value ->> 'payload' FROM json_each($29) a UNION ALL ",
+                 FROM taskstore_tasks t, json_each($30) a WHERE t.namespace = $1 AND t.id = $2; ",
+                "SELECT a.value ->> 'ord', 'artifact_updated', a.value ->> 'payload' FROM json_each($30) a UNION ALL ",
             )
         } else {
             ("", "")
@@ -339,6 +342,7 @@ impl SqlTaskRepository {
             handoff: handoff.as_ref(),
             answer: new.answer.as_ref(),
             follow: follow.as_ref(),
+            run_by_creator: new.run_by_creator,
         };
         // One round trip: on PostgreSQL a statement, on SQLite a script, in
         // a transaction of its own or of the batch it waits in.

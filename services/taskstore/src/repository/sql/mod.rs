@@ -45,6 +45,7 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
         (10, "context listing", "0010_context_listing.sql"),
         (11, "turn follower", "0011_turn_follower.sql"),
         (12, "retry after", "0012_retry_after.sql"),
+        (13, "run by creator", "0013_run_by_creator.sql"),
     ]
 );
 
@@ -208,7 +209,7 @@ fn event_payload(status: &TaskStatus, detail: EventDetail<'_>) -> Result<String>
 }
 
 /// Checks that the caller may write to a task: not finished, and holding its
-/// lease when it has one.
+/// lease (see [`check_lease`]).
 fn check_writable(record: &TaskRecord, lease_id: Option<&str>) -> Result<()> {
     let task = &record.task;
     if task.status.state.is_terminal() {
@@ -217,11 +218,12 @@ fn check_writable(record: &TaskRecord, lease_id: Option<&str>) -> Result<()> {
     check_lease(record, lease_id)
 }
 
-/// Checks that the caller holds the task's lease when it has one: the
-/// current one, named.
+/// Checks that an agent's write comes with the task's lease: the current
+/// one, named. Only a task its creator runs, and that no worker holds, takes
+/// writes without one.
 fn check_lease(record: &TaskRecord, lease_id: Option<&str>) -> Result<()> {
     check_fence(record, lease_id)?;
-    if record.lease_id.is_some() && lease_id.is_none() {
+    if lease_id.is_none() && (record.lease_id.is_some() || !record.run_by_creator) {
         return Err(TaskStoreError::LeaseRequired { task_id: record.task.id.clone() });
     }
     Ok(())

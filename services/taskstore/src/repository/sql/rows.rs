@@ -18,7 +18,7 @@ macro_rules! task_columns {
     () => {
         "namespace, id, context_id, agent_id, state, status_message, status_timestamp, metadata, parent_id, \
          owner_kind, owner_id, depth, spawn_context, attempt, created_at, lease_id, max_retries, trace_context, \
-         history_count, worker_id, lease_expires_at"
+         history_count, worker_id, lease_expires_at, run_by_creator"
     };
 }
 pub(super) use task_columns;
@@ -68,6 +68,9 @@ pub(super) struct TaskRecord {
     pub(super) max_retries: u32,
     pub(super) trace_context: HashMap<String, String>,
     pub(super) history_count: i64,
+    /// Its creator runs its turns: no worker claims it, and its agent's
+    /// writes need no lease.
+    pub(super) run_by_creator: bool,
 }
 
 impl TaskRecord {
@@ -108,6 +111,7 @@ impl TaskRecord {
             max_retries: to_u32(row.try_get("max_retries")?),
             trace_context: from_json(&row.try_get::<String, _>("trace_context")?)?,
             history_count: row.try_get("history_count")?,
+            run_by_creator: row.try_get::<i64, _>("run_by_creator")? != 0,
         })
     }
 }

@@ -84,6 +84,7 @@ impl SqlTaskRepository {
             handoff: None,
             answer: None,
             follow: None,
+            run_by_creator: false,
         };
         let inserted = insert_task(Writer::In(&mut tx, self.backend()), insert).await?;
         self.commit_insert(tx, inserted, &request).await

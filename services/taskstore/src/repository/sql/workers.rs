@@ -26,7 +26,8 @@ const CLAIM_AND_LOG_POSTGRES: &str = concat!(
      worker_id = $4, lease_id = $5, lease_expires_at = $6, lease_length = $6 - $3, max_retries = $7, \
      attempt = attempt + 1 \
      WHERE (namespace, id) IN (SELECT namespace, id FROM taskstore_tasks \
-     WHERE namespace = $1 AND agent_id = $2 AND state = 'submitted' AND (not_before IS NULL OR not_before <= $3) \
+     WHERE namespace = $1 AND agent_id = $2 AND state = 'submitted' AND run_by_creator = 0 \
+     AND (not_before IS NULL OR not_before <= $3) \
      ORDER BY created_at, id LIMIT $8 FOR UPDATE SKIP LOCKED) RETURNING ",
     task_columns!(),
     "), logged AS (INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
@@ -37,7 +38,8 @@ const CLAIM_SQLITE: &str = concat!(
     "UPDATE taskstore_tasks SET state = 'working', status_message = NULL, status_timestamp = $3, worker_id = $4, \
      lease_id = $5, lease_expires_at = $6, lease_length = $6 - $3, max_retries = $7, attempt = attempt + 1 \
      WHERE (namespace, id) IN (SELECT namespace, id FROM taskstore_tasks \
-     WHERE namespace = $1 AND agent_id = $2 AND state = 'submitted' AND (not_before IS NULL OR not_before <= $3) \
+     WHERE namespace = $1 AND agent_id = $2 AND state = 'submitted' AND run_by_creator = 0 \
+     AND (not_before IS NULL OR not_before <= $3) \
      ORDER BY created_at, id LIMIT $8) RETURNING ",
     task_columns!()
 );
@@ -55,7 +57,8 @@ const RELEASE: &str = "UPDATE taskstore_tasks SET state = 'submitted', status_me
 const CLAIM_PRECHECK: &str = "SELECT id, lease_expires_at FROM taskstore_tasks \
      WHERE namespace = $1 AND worker_id = $2 AND agent_id = $3 \
      UNION ALL SELECT id, NULL FROM (SELECT id FROM taskstore_tasks \
-     WHERE namespace = $1 AND agent_id = $3 AND state = 'submitted' AND (not_before IS NULL OR not_before <= $4) \
+     WHERE namespace = $1 AND agent_id = $3 AND state = 'submitted' AND run_by_creator = 0 \
+     AND (not_before IS NULL OR not_before <= $4) \
      LIMIT 1) ready";
 
 /// Extends a live lease from $4 (now) by $5, or when $5 is NULL by the
@@ -314,10 +317,11 @@ impl SqlTaskRepository {
     /// The queued tasks and the oldest one's creation, read through the
     /// partial index of claimable tasks.
     pub(super) async fn queued(&self) -> Result<(u64, Option<i64>)> {
-        let (queued, oldest): (i64, Option<i64>) =
-            sqlx::query_as("SELECT COUNT(*), MIN(created_at) FROM taskstore_tasks WHERE state = 'submitted'")
-                .fetch_one(&mut *self.db.read().await?)
-                .await?;
+        let (queued, oldest): (i64, Option<i64>) = sqlx::query_as(
+            "SELECT COUNT(*), MIN(created_at) FROM taskstore_tasks WHERE state = 'submitted' AND run_by_creator = 0",
+        )
+        .fetch_one(&mut *self.db.read().await?)
+        .await?;
         Ok((u64::try_from(queued).unwrap_or_default(), oldest))
     }
 
