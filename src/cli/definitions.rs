@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use chorus_proto::workflow::{
-    ListDefinitionsRequest, PutDefinitionRequest, ValidateDefinitionRequest, ValidationProblem, ValidationProblems,
-    validation_problem::Severity, workflow_client::WorkflowClient,
+    Definition, ListDefinitionsRequest, PutDefinitionRequest, ValidateDefinitionRequest, ValidationProblem,
+    ValidationProblems, validation_problem::Severity, workflow_client::WorkflowClient,
 };
 use chorus_runtime::transport::Transport;
 use chorus_workflow::{domain::has_errors, grpc::problem_out, parse::parse};
@@ -188,8 +188,8 @@ fn problems(status: &tonic::Status) -> Vec<ValidationProblem> {
         .collect()
 }
 
-pub(super) async fn list(client: &mut Client, target: &Target, name: Option<String>) -> Outcome {
-    let mut rows = vec![vec!["NAME".to_owned(), "VERSION".into(), "TRIGGERS".into(), "FILE".into(), "CREATED".into()]];
+pub(super) async fn list(client: &mut Client, target: &Target, name: Option<String>, json: bool) -> Outcome {
+    let mut definitions = Vec::new();
     let mut page_token = String::new();
     loop {
         let request = ListDefinitionsRequest {
@@ -200,30 +200,60 @@ pub(super) async fn list(client: &mut Client, target: &Target, name: Option<Stri
             ..ListDefinitionsRequest::default()
         };
         let page = client.list_definitions(request).await?.into_inner();
-        for definition in page.definitions {
-            let triggers: Vec<String> = definition
-                .triggers
-                .iter()
-                .map(|t| if t.cron.is_empty() { t.event_type.clone() } else { format!("cron {}", t.cron) })
-                .collect();
-            rows.push(vec![
-                definition.name,
-                definition.version.to_string(),
-                if triggers.is_empty() { "-".into() } else { triggers.join(",") },
-                definition.file,
-                view::time(definition.created_at.as_ref()),
-            ]);
-        }
+        definitions.extend(page.definitions);
         if page.next_page_token.is_empty() {
             break;
         }
         page_token = page.next_page_token;
     }
-    if let Some(name) = name.filter(|_| rows.len() == 1) {
+    if let Some(name) = name.filter(|_| definitions.is_empty()) {
         return Err(unknown(&name, target));
+    }
+    if json {
+        return view::print_json(definitions.iter().map(definition_json));
+    }
+    let mut rows = vec![vec!["NAME".to_owned(), "VERSION".into(), "TRIGGERS".into(), "FILE".into(), "CREATED".into()]];
+    for definition in definitions {
+        let triggers: Vec<String> = definition
+            .triggers
+            .iter()
+            .map(|t| if t.cron.is_empty() { t.event_type.clone() } else { format!("cron {}", t.cron) })
+            .collect();
+        rows.push(vec![
+            definition.name,
+            definition.version.to_string(),
+            if triggers.is_empty() { "-".into() } else { triggers.join(",") },
+            definition.file,
+            view::time(definition.created_at.as_ref()),
+        ]);
     }
     out!("{}", view::table(&rows));
     Ok(())
+}
+
+/// A definition as JSON, its fields in the proto's names (a listing carries no source).
+fn definition_json(definition: &Definition) -> serde_json::Value {
+    let triggers: Vec<serde_json::Value> = definition
+        .triggers
+        .iter()
+        .map(|trigger| {
+            serde_json::json!({
+                "event_type": trigger.event_type,
+                "filter": view::struct_json(trigger.filter.as_ref()),
+                "cron": trigger.cron,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "name": definition.name,
+        "version": definition.version,
+        "description": definition.description,
+        "triggers": triggers,
+        "file": definition.file,
+        "source_sha256": definition.source_sha256,
+        "created_by": definition.created_by,
+        "created_at": view::timestamp_json(definition.created_at.as_ref()),
+    })
 }
 
 /// A list filtered by `workflow` came back `empty`: an error when that is

@@ -16,11 +16,15 @@ pub(super) enum Verdict {
     Reject(String),
 }
 
-pub(super) async fn list(client: &mut Client, target: &Target, workflow: Option<String>) -> Outcome {
-    let header = ["RUN", "WORKFLOW", "GATE", "ITER", "REVIEWERS", "IF REJECTED", "EXPIRES"];
-    let mut rows = vec![header.map(str::to_owned).to_vec()];
-    // What each gate decides on, below the table: too long for a column.
-    let mut decided_on = String::new();
+/// A gate waiting for a decision, and its run.
+struct Waiting {
+    run_id: String,
+    workflow: String,
+    step: pb::StepRecord,
+}
+
+pub(super) async fn list(client: &mut Client, target: &Target, workflow: Option<String>, json: bool) -> Outcome {
+    let mut waiting = Vec::new();
     let mut page_token = String::new();
     loop {
         let request = ListRunsRequest {
@@ -33,39 +37,57 @@ pub(super) async fn list(client: &mut Client, target: &Target, workflow: Option<
             ..ListRunsRequest::default()
         };
         let page = client.list_runs(request).await?.into_inner();
-        for run in &page.runs {
-            for step in run.steps.iter().filter(|s| s.kind() == StepKind::Gate && s.state() == StepState::Waiting) {
-                let input = step.input.as_ref().map(chorus_proto::json::struct_to_json).unwrap_or_default();
-                let reviewers = match view::reviewers(step.input.as_ref()) {
-                    reviewers if reviewers.is_empty() => "-".to_owned(),
-                    reviewers => reviewers,
-                };
-                let shown = view::artifacts(step.input.as_ref(), "  ");
-                if !shown.is_empty() {
-                    decided_on.push_str(&format!("\n{} {}#{}:\n{shown}", run.id, step.step_id, step.iteration));
-                }
-                rows.push(vec![
-                    run.id.clone(),
-                    run.workflow.clone(),
-                    step.step_id.clone(),
-                    step.iteration.to_string(),
-                    reviewers,
-                    match input.get("on_reject").and_then(|r| r.as_str()) {
-                        Some("fail") => "run fails",
-                        Some("escalate") => "escalates",
-                        _ => "phase reruns",
-                    }
-                    .to_owned(),
-                    step.wake_at.as_ref().map_or_else(|| "-".to_owned(), |at| view::time(Some(at))),
-                ]);
-            }
+        for run in page.runs {
+            let gates = run.steps.into_iter().filter(|s| s.kind() == StepKind::Gate && s.state() == StepState::Waiting);
+            waiting.extend(gates.map(|step| Waiting { run_id: run.id.clone(), workflow: run.workflow.clone(), step }));
         }
         if page.next_page_token.is_empty() {
             break;
         }
         page_token = page.next_page_token;
     }
-    super::definitions::check_known(client, target, workflow, rows.len() == 1).await?;
+    super::definitions::check_known(client, target, workflow, waiting.is_empty()).await?;
+    if json {
+        return view::print_json(waiting.iter().map(|gate| {
+            serde_json::json!({
+                "run_id": gate.run_id,
+                "workflow": gate.workflow,
+                "step_id": gate.step.step_id,
+                "iteration": gate.step.iteration,
+                "input": view::struct_json(gate.step.input.as_ref()),
+                "expires_at": view::timestamp_json(gate.step.wake_at.as_ref()),
+            })
+        }));
+    }
+    let header = ["RUN", "WORKFLOW", "GATE", "ITER", "REVIEWERS", "IF REJECTED", "EXPIRES"];
+    let mut rows = vec![header.map(str::to_owned).to_vec()];
+    // What each gate decides on, below the table: too long for a column.
+    let mut decided_on = String::new();
+    for Waiting { run_id, workflow, step } in &waiting {
+        let input = step.input.as_ref().map(chorus_proto::json::struct_to_json).unwrap_or_default();
+        let reviewers = match view::reviewers(step.input.as_ref()) {
+            reviewers if reviewers.is_empty() => "-".to_owned(),
+            reviewers => reviewers,
+        };
+        let shown = view::artifacts(step.input.as_ref(), "  ");
+        if !shown.is_empty() {
+            decided_on.push_str(&format!("\n{run_id} {}#{}:\n{shown}", step.step_id, step.iteration));
+        }
+        rows.push(vec![
+            run_id.clone(),
+            workflow.clone(),
+            step.step_id.clone(),
+            step.iteration.to_string(),
+            reviewers,
+            match input.get("on_reject").and_then(|r| r.as_str()) {
+                Some("fail") => "run fails",
+                Some("escalate") => "escalates",
+                _ => "phase reruns",
+            }
+            .to_owned(),
+            step.wake_at.as_ref().map_or_else(|| "-".to_owned(), |at| view::time(Some(at))),
+        ]);
+    }
     out!("{}{decided_on}", view::table(&rows));
     Ok(())
 }

@@ -106,6 +106,9 @@ pub(crate) enum WorkflowCommand {
         /// Every version of this workflow.
         #[arg(long)]
         name: Option<String>,
+        /// The definitions as a JSON array.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -134,6 +137,9 @@ pub(crate) enum RunCommand {
         /// The most runs shown (at least 1).
         #[arg(long, default_value_t = 50, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
         limit: usize,
+        /// The runs as a JSON array (without steps: `run get --json` has them).
+        #[arg(long)]
+        json: bool,
     },
     /// Follows a run live until it ends; exit code 0 when it completed.
     Watch { run_id: String },
@@ -165,6 +171,9 @@ pub(crate) enum GateCommand {
         /// Only gates of this workflow's runs.
         #[arg(long)]
         workflow: Option<String>,
+        /// The gates as a JSON array, each with its whole input (question, reviewers, artifacts).
+        #[arg(long)]
+        json: bool,
     },
     /// Approves a waiting gate: the run goes on.
     Approve {
@@ -302,7 +311,7 @@ pub(crate) async fn workflow(target: &Target, command: WorkflowCommand) -> ExitC
                 definitions::validate(definitions::Checker::Server(&mut client, target), &paths).await
             }
             WorkflowCommand::Apply { paths } => definitions::apply(&mut client, target, &paths).await,
-            WorkflowCommand::List { name } => definitions::list(&mut client, target, name).await,
+            WorkflowCommand::List { name, json } => definitions::list(&mut client, target, name, json).await,
         }
     };
     exit(outcome.await)
@@ -314,8 +323,8 @@ pub(crate) async fn run(target: &Target, command: RunCommand) -> ExitCode {
         match command {
             RunCommand::Start(args) => runs::start(&mut client, target, args).await,
             RunCommand::Get { run_id, json, wait } => runs::get(&mut client, target, &run_id, json, wait).await,
-            RunCommand::List { workflow, states, limit } => {
-                runs::list(&mut client, target, workflow, &states, limit).await
+            RunCommand::List { workflow, states, limit, json } => {
+                runs::list(&mut client, target, workflow, &states, limit, json).await
             }
             RunCommand::Watch { run_id } => runs::watch(&mut client, target, &run_id).await,
             RunCommand::Cancel { run_id, reason } => runs::cancel(&mut client, target, &run_id, reason).await,
@@ -332,7 +341,7 @@ pub(crate) async fn gate(target: &Target, command: GateCommand) -> ExitCode {
     let outcome = async {
         let mut client = connect(target).await?;
         match command {
-            GateCommand::List { workflow } => gates::list(&mut client, target, workflow).await,
+            GateCommand::List { workflow, json } => gates::list(&mut client, target, workflow, json).await,
             GateCommand::Approve { run_id, step, reason, by, iteration } => {
                 let decision = gates::Decision { verdict: gates::Verdict::Approve(reason), by, iteration };
                 gates::decide(&mut client, target, &run_id, &step, decision).await

@@ -96,7 +96,7 @@ pub(super) async fn get(client: &mut Client, target: &Target, run_id: &str, json
     let request = GetRunRequest { namespace: target.namespace.clone(), run_id: run_id.to_owned(), wait_finished: wait };
     let run = if wait { finished(client, target, request).await? } else { client.get_run(request).await?.into_inner() };
     if json {
-        outln!("{}", serde_json::to_string_pretty(&run_json(&run)).unwrap_or_default());
+        outln!("{}", view::pretty(&run_json(&run)));
     } else {
         out!("{}", view::run(&run));
     }
@@ -117,8 +117,8 @@ fn run_json(run: &pb::Run) -> Value {
                 "parent_step_id": step.parent_step_id,
                 "iteration": step.iteration,
                 "attempt": step.attempt,
-                "input": struct_json(step.input.as_ref()),
-                "output": struct_json(step.output.as_ref()),
+                "input": view::struct_json(step.input.as_ref()),
+                "output": view::struct_json(step.output.as_ref()),
                 "error": step.error,
                 "skip_reason": step.skip_reason,
                 "external_id": step.external_id,
@@ -141,7 +141,7 @@ fn run_json(run: &pb::Run) -> Value {
         .iter()
         .map(|signal| {
             serde_json::json!({
-                "id": signal.id, "name": signal.name, "payload": struct_json(signal.payload.as_ref()),
+                "id": signal.id, "name": signal.name, "payload": view::struct_json(signal.payload.as_ref()),
                 "sent_by": signal.sent_by, "consumed_by_step_id": signal.consumed_by_step_id,
             })
         })
@@ -152,8 +152,8 @@ fn run_json(run: &pb::Run) -> Value {
         "workflow": run.workflow,
         "version": run.version,
         "state": run.state().as_str_name(),
-        "input": struct_json(run.input.as_ref()),
-        "output": struct_json(run.output.as_ref()),
+        "input": view::struct_json(run.input.as_ref()),
+        "output": view::struct_json(run.output.as_ref()),
         "error": run.error,
         "cancel_reason": run.cancel_reason,
         "pending_reason": run.pending_reason,
@@ -162,22 +162,25 @@ fn run_json(run: &pb::Run) -> Value {
             "event_sequence": origin.event_sequence, "event_type": origin.event_type, "task_id": origin.task_id,
         },
         "idempotency_key": run.idempotency_key,
-        "created_at": timestamp_json(run.created_at.as_ref()),
-        "updated_at": timestamp_json(run.updated_at.as_ref()),
-        "finished_at": timestamp_json(run.finished_at.as_ref()),
+        "created_at": view::timestamp_json(run.created_at.as_ref()),
+        "updated_at": view::timestamp_json(run.updated_at.as_ref()),
+        "finished_at": view::timestamp_json(run.finished_at.as_ref()),
         "steps": steps,
         "gate_decisions": decisions,
         "signals": signals,
     })
 }
 
-/// A time as RFC 3339 text to the microsecond, or null when there is none.
-fn timestamp_json(at: Option<&prost_types::Timestamp>) -> Value {
-    view::datetime(at).map_or(Value::Null, |at| Value::String(at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)))
-}
-
-fn struct_json(value: Option<&prost_types::Struct>) -> Value {
-    value.map_or(Value::Null, |value| Value::Object(chorus_proto::json::struct_to_json(value)))
+/// A run as a listing shows it: without steps, gate decisions and signals,
+/// which a listing does not carry (`run get --json` has them).
+fn listed_run_json(run: &pb::Run) -> Value {
+    let mut listed = run_json(run);
+    if let Some(fields) = listed.as_object_mut() {
+        for key in ["steps", "gate_decisions", "signals"] {
+            fields.remove(key);
+        }
+    }
+    listed
 }
 
 pub(super) async fn list(
@@ -186,6 +189,7 @@ pub(super) async fn list(
     workflow: Option<String>,
     states: &[String],
     limit: usize,
+    json: bool,
 ) -> Outcome {
     let states = states
         .iter()
@@ -199,9 +203,9 @@ pub(super) async fn list(
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let mut rows = vec![["RUN", "WORKFLOW", "VERSION", "STATE", "CREATED"].map(str::to_owned).to_vec()];
+    let mut runs = Vec::new();
     let mut page_token = String::new();
-    while rows.len() <= limit {
+    while runs.len() < limit {
         let request = ListRunsRequest {
             namespace: target.namespace.clone(),
             workflow: workflow.clone().unwrap_or_default(),
@@ -211,21 +215,26 @@ pub(super) async fn list(
             ..ListRunsRequest::default()
         };
         let page = client.list_runs(request).await?.into_inner();
-        for run in page.runs.iter().take(limit + 1 - rows.len()) {
-            rows.push(vec![
-                run.id.clone(),
-                run.workflow.clone(),
-                run.version.to_string(),
-                view::run_state(run.state()),
-                view::time(run.created_at.as_ref()),
-            ]);
-        }
+        runs.extend(page.runs.into_iter().take(limit - runs.len()));
         if page.next_page_token.is_empty() {
             break;
         }
         page_token = page.next_page_token;
     }
-    super::definitions::check_known(client, target, workflow, rows.len() == 1).await?;
+    super::definitions::check_known(client, target, workflow, runs.is_empty()).await?;
+    if json {
+        return view::print_json(runs.iter().map(listed_run_json));
+    }
+    let mut rows = vec![["RUN", "WORKFLOW", "VERSION", "STATE", "CREATED"].map(str::to_owned).to_vec()];
+    rows.extend(runs.iter().map(|run| {
+        vec![
+            run.id.clone(),
+            run.workflow.clone(),
+            run.version.to_string(),
+            view::run_state(run.state()),
+            view::time(run.created_at.as_ref()),
+        ]
+    }));
     out!("{}", view::table(&rows));
     Ok(())
 }

@@ -13,6 +13,29 @@ pub(super) fn time(at: Option<&Timestamp>) -> String {
     datetime(at).map_or_else(|| "-".to_owned(), |time| time.format("%Y-%m-%dT%H:%M:%SZ").to_string())
 }
 
+/// A time as RFC 3339 text to the microsecond, or null when there is none.
+pub(super) fn timestamp_json(at: Option<&Timestamp>) -> serde_json::Value {
+    datetime(at).map_or(serde_json::Value::Null, |at| {
+        serde_json::Value::String(at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+    })
+}
+
+/// A struct as a JSON object, or null when there is none.
+pub(super) fn struct_json(value: Option<&Struct>) -> serde_json::Value {
+    value.map_or(serde_json::Value::Null, |value| serde_json::Value::Object(chorus_proto::json::struct_to_json(value)))
+}
+
+/// JSON, indented, as `--json` prints it.
+pub(super) fn pretty(value: &serde_json::Value) -> String {
+    serde_json::to_string_pretty(value).unwrap_or_default()
+}
+
+/// A listing's items as one indented JSON array.
+pub(super) fn print_json(items: impl Iterator<Item = serde_json::Value>) -> super::Outcome {
+    outln!("{}", pretty(&serde_json::Value::Array(items.collect())));
+    Ok(())
+}
+
 /// A protobuf timestamp as a time, when there is one and it is in range.
 pub(super) fn datetime(at: Option<&Timestamp>) -> Option<chrono::DateTime<chrono::Utc>> {
     let at = at?;

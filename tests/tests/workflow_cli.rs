@@ -45,6 +45,12 @@ fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// What a `--json` command printed.
+fn json(output: &Output) -> serde_json::Value {
+    serde_json::from_str(&stdout(output))
+        .unwrap_or_else(|error| panic!("{error}: {}{}", stdout(output), stderr(output)))
+}
+
 fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
@@ -88,6 +94,9 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
     let listed = stdout(&chorus(&url, dir, &["workflow", "list"]).await);
     assert!(listed.lines().any(|line| line.starts_with("gated") && line.contains(" 1 ")), "{listed}");
     assert!(listed.lines().any(|line| line.starts_with("yearly") && line.contains("cron 0 0 1 1 *")), "{listed}");
+    let listed = json(&chorus(&url, dir, &["workflow", "list", "--json"]).await);
+    let yearly = listed.as_array().and_then(|all| all.iter().find(|d| d["name"] == "yearly")).expect("yearly");
+    assert_eq!((&yearly["version"], &yearly["triggers"][0]["cron"]), (&1.into(), &"0 0 1 1 *".into()), "{listed}");
 
     let started = chorus(&url, dir, &["run", "start", "gated"]).await;
     let run_id = stdout(&started).trim().to_owned();
@@ -104,6 +113,17 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
         "{gates}"
     );
     assert!(gates.contains(&format!("{run_id} signoff#1:\n  build: green\n")), "what is decided on: {gates}");
+    let gates = json(&chorus(&url, dir, &["gate", "list", "--json"]).await);
+    let gate = &gates[0];
+    assert_eq!(
+        (&gate["run_id"], &gate["step_id"], &gate["iteration"]),
+        (&run_id.clone().into(), &"signoff".into(), &1.into())
+    );
+    assert_eq!(
+        (&gate["input"]["reviewers"], &gate["input"]["artifacts"]["build"]),
+        (&"ops".into(), &"green".into()),
+        "{gates}"
+    );
     let shown = stdout(&chorus(&url, dir, &["run", "get", &run_id]).await);
     assert!(shown.contains("gate signoff#1 decides on:\n  build: green\n"), "{shown}");
 
@@ -265,6 +285,9 @@ async fn a_person_is_told_why_a_call_was_refused() {
     assert_eq!(signal["consumed_by_step_id"], "hold", "{shown}");
     let listed = stdout(&chorus(&url, dir, &["run", "list"]).await);
     assert_eq!(listed.lines().count(), 2, "a header and the one run: {listed}");
+    let listed = json(&chorus(&url, dir, &["run", "list", "--json"]).await);
+    assert_eq!((&listed[0]["id"], &listed[0]["input"]), (&run_id.clone().into(), &shown["input"]), "{listed}");
+    assert!(listed[0].get("steps").is_none(), "a listing carries no steps: {listed}");
     let none = chorus(&url, dir, &["run", "list", "--limit", "0"]).await;
     assert_eq!(none.status.code(), Some(2), "{}", stdout(&none));
     assert!(stderr(&none).contains("--limit"), "{}", stderr(&none));
