@@ -122,6 +122,11 @@ fn run_json(run: &pb::Run) -> Value {
                 "error": step.error,
                 "skip_reason": step.skip_reason,
                 "external_id": step.external_id,
+                "waiting_for_signal": step.waiting_for_signal,
+                "wake_at": view::timestamp_json(step.wake_at.as_ref()),
+                "created_at": view::timestamp_json(step.created_at.as_ref()),
+                "started_at": view::timestamp_json(step.started_at.as_ref()),
+                "finished_at": view::timestamp_json(step.finished_at.as_ref()),
             })
         })
         .collect();
@@ -132,7 +137,8 @@ fn run_json(run: &pb::Run) -> Value {
             serde_json::json!({
                 "step_id": d.step_id, "iteration": d.iteration, "decision": d.decision().as_str_name(),
                 "outcome": d.outcome().as_str_name(), "decided_by": d.decided_by, "reason": d.reason,
-                "automatic": d.automatic,
+                "automatic": d.automatic, "data": view::struct_json(d.data.as_ref()),
+                "decided_at": view::timestamp_json(d.decided_at.as_ref()),
             })
         })
         .collect();
@@ -143,6 +149,7 @@ fn run_json(run: &pb::Run) -> Value {
             serde_json::json!({
                 "id": signal.id, "name": signal.name, "payload": view::struct_json(signal.payload.as_ref()),
                 "sent_by": signal.sent_by, "consumed_by_step_id": signal.consumed_by_step_id,
+                "received_at": view::timestamp_json(signal.received_at.as_ref()),
             })
         })
         .collect();

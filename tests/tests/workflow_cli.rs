@@ -167,6 +167,9 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
     let waited = waited.await.expect("get --wait");
     let waited: serde_json::Value = serde_json::from_str(&stdout(&waited)).expect("the run as JSON");
     assert_eq!(waited["state"], "RUN_STATE_COMPLETED", "{waited}");
+    let times = ["created_at", "started_at", "finished_at"].map(|at| waited["steps"][0][at].as_str().unwrap_or("-"));
+    assert!(times.iter().all(|at| at.ends_with('Z')) && times[0] <= times[2], "each step's times: {waited}");
+    assert!(waited["gate_decisions"][1]["decided_at"].is_string(), "{waited}");
     let shown = stdout(&chorus(&url, dir, &["run", "get", &run_id]).await);
     assert!(shown.contains("completed") && shown.contains("nap") && shown.contains("done"), "{shown}");
     let canceled = chorus(&url, dir, &["run", "cancel", &run_id]).await;
