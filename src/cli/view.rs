@@ -150,7 +150,6 @@ pub(super) fn step_detail(step: &StepRecord) -> String {
         // tells a reader nothing.
         _ if !step.external_id.is_empty() => match step.kind() {
             pb::StepKind::Spawn | pb::StepKind::Delegate => format!("task {}", step.external_id),
-            pb::StepKind::Message => format!("message {}", step.external_id),
             pb::StepKind::Gate => String::new(),
             _ => step.external_id.clone(),
         },

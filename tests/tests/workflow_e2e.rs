@@ -10,7 +10,7 @@ use chorus_proto::workflow::{
     StartRunRequest, StepKind, StepState, WatchRunRequest, workflow_client::WorkflowClient,
 };
 use chorus_runtime::testing::{POSTGRES_URL_VAR, PostgresDatabase, postgres_admin_url};
-use chorus_tests::Sandbox;
+use chorus_tests::{Sandbox, tasks::get_task};
 use tokio::time::Instant;
 use tonic::{Code, transport::Channel};
 
@@ -129,6 +129,11 @@ async fn chorus_dev_runs_the_example_workflows_and_delegates_through_the_gateway
     });
     assert_eq!(said, Some("hello from a workflow"), "{run:#?}");
     assert_eq!(run.steps[0].kind(), StepKind::Delegate);
+    // The step names the agent's task, which can be looked up.
+    let mut tasks = server.task_store().await;
+    let remote = get_task(&mut tasks, "default", &run.steps[0].external_id).await;
+    let state = remote.status.map(|status| status.state());
+    assert_eq!(state, Some(chorus_proto::taskstore::TaskState::Completed), "{run:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

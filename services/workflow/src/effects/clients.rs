@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tonic::{Code, Status};
 
 use super::{
-    Destination, EffectError, Effects, Origin, TaskOutcome,
+    Delegated, Destination, EffectError, Effects, Origin, TaskOutcome,
     task::{is_terminal, message_parts, outcome},
 };
 
@@ -189,7 +189,7 @@ impl Effects for ClientEffects {
         agent: &str,
         input: &Value,
         timeout: Option<std::time::Duration>,
-    ) -> Result<TaskOutcome, EffectError> {
+    ) -> Result<Delegated, EffectError> {
         let agent_url = match agent.starts_with("http://") || agent.starts_with("https://") {
             true => agent.to_owned(),
             false => format!("{}/a2a/{agent}", self.gateway_url),
@@ -200,8 +200,10 @@ impl Effects for ClientEffects {
         let request = gw::DelegateRequest { agent_url, message: Some(sent), timeout, ..gw::DelegateRequest::default() };
         let response =
             self.gateway.clone().delegate(request).await.map_err(|s| status_error("delegate", GATEWAY_URL, &s))?;
-        Ok(match response.into_inner().result {
-            Some(gw::delegate_response::Result::Task(task)) => outcome(&task),
+        let (task_id, outcome) = match response.into_inner().result {
+            Some(gw::delegate_response::Result::Task(task)) => {
+                (Some(task.id.clone()).filter(|id| !id.is_empty()), outcome(&task))
+            }
             Some(gw::delegate_response::Result::Message(answer)) => {
                 let task = ts::Task {
                     status: Some(ts::TaskStatus {
@@ -211,10 +213,11 @@ impl Effects for ClientEffects {
                     }),
                     ..ts::Task::default()
                 };
-                outcome(&task)
+                (None, outcome(&task))
             }
-            None => TaskOutcome::Failed("the agent answered nothing".into()),
-        })
+            None => (None, TaskOutcome::Failed("the agent answered nothing".into())),
+        };
+        Ok(Delegated { task_id, outcome })
     }
 
     async fn message(

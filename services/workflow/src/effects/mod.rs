@@ -45,6 +45,15 @@ pub enum TaskOutcome {
     Failed(String),
 }
 
+/// What a delegation came back with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delegated {
+    /// The agent's task, when it made one (an agent may answer with a
+    /// message alone).
+    pub task_id: Option<String>,
+    pub outcome: TaskOutcome,
+}
+
 /// Where a message goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Destination {
@@ -76,7 +85,7 @@ pub trait Effects: Send + Sync + std::fmt::Debug {
         agent: &str,
         input: &Value,
         timeout: Option<std::time::Duration>,
-    ) -> Result<TaskOutcome, EffectError>;
+    ) -> Result<Delegated, EffectError>;
 
     /// Sends a hub message or calls a webhook; what to record as output.
     async fn message(

@@ -26,6 +26,9 @@ enum Done {
     Issued(String),
     /// An attempt ended: its output, or why it failed.
     Attempt(Result<Value, String>),
+    /// A delegation ended: the agent's task, when it made one, and the
+    /// attempt's output or why it failed.
+    Delegated(Option<String>, Result<Value, String>),
     /// A gate's `gate.required` event is on the bus.
     Announced(u64),
     /// A canceled step's task was canceled.
@@ -130,11 +133,17 @@ fn apply(planner: &super::plan::Planner<'_>, run: &mut Run, seq: u32, done: &Don
         Done::Attempt(result) if record.state == StepState::Running => {
             planner.attempt_ended(run, index, result.clone());
         }
+        Done::Delegated(task_id, result) if record.state == StepState::Running => {
+            if task_id.is_some() {
+                run.body.step_mut(index).external_id.clone_from(task_id);
+            }
+            planner.attempt_ended(run, index, result.clone());
+        }
         Done::Announced(sequence) if record.state == StepState::Waiting => {
             run.body.step_mut(index).external_id = Some(format!("event:{sequence}"));
         }
         Done::Canceled if record.cancel_pending => run.body.step_mut(index).cancel_pending = false,
-        Done::Issued(_) | Done::Attempt(_) | Done::Announced(_) | Done::Canceled => {}
+        Done::Issued(_) | Done::Attempt(_) | Done::Delegated(..) | Done::Announced(_) | Done::Canceled => {}
     }
 }
 
@@ -201,7 +210,11 @@ fn effect(
                     }),
                     None => call.await,
                 };
-                (seq, Done::Attempt(outcome.map_err(|error| error.to_string()).and_then(task_result)))
+                let done = match outcome {
+                    Ok(delegated) => Done::Delegated(delegated.task_id, task_result(delegated.outcome)),
+                    Err(error) => Done::Attempt(Err(error.to_string())),
+                };
+                (seq, done)
             };
             Some(future.boxed())
         }
