@@ -295,3 +295,51 @@ async fn every_start_logs_each_definition_it_loads() {
         engine.stop().await;
     }
 }
+
+/// Every connection the engine held is ended by the server (a failover, an
+/// operator's pg_terminate_backend): the engine reconnects and runs go on.
+/// Its warm connections, reused every poll, were handed out broken for ever:
+/// health answered NOT_SERVING and every call failed until a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_whose_connections_were_ended_reconnects() {
+    let Some(admin_url) = postgres_admin_url() else {
+        eprintln!("skipped: {POSTGRES_URL_VAR} is not set");
+        return;
+    };
+    let database = PostgresDatabase::create(&admin_url).await;
+    let sandbox = Sandbox::new();
+    let engine = sandbox.serve("workflow", database.url()).start().await;
+    let mut client = WorkflowClient::new(engine.channel().await);
+    let source = "name: quick\nsteps:\n- id: a\n  condition: \"true\"\n";
+    let put = PutDefinitionRequest { namespace: NS.into(), source: source.into(), ..Default::default() };
+    client.put_definition(put).await.expect("put");
+    let run = start(&mut client, "quick", &[]).await;
+    assert_eq!(finished(&mut client, &run.id).await.state(), RunState::Completed);
+
+    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&admin_url).await.expect("admin connection");
+    let ended: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(database.name())
+    .fetch_all(&mut admin)
+    .await
+    .expect("end the engine's connections");
+    assert!(!ended.is_empty(), "the engine held connections");
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let run = loop {
+        let request = StartRunRequest { namespace: NS.into(), workflow: "quick".into(), ..Default::default() };
+        match client.start_run(request).await {
+            Ok(run) => break run.into_inner(),
+            Err(status) => assert!(Instant::now() < deadline, "no run starts after the outage: {status:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(finished(&mut client, &run.id).await.state(), RunState::Completed);
+    engine.assert_serving().await;
+}
+
+async fn finished(client: &mut WorkflowClient<Channel>, run_id: &str) -> pb::Run {
+    let request = GetRunRequest { namespace: NS.into(), run_id: run_id.into(), wait_finished: true };
+    client.get_run(request).await.expect("get").into_inner()
+}

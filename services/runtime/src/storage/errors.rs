@@ -22,12 +22,15 @@ pub fn storage_error<E>(
     }
 }
 
-/// Classifies a sqlx error.
+/// Classifies a sqlx error; one that broke its connection is noted, so that
+/// no connection goes on being handed out unchecked (see [`super::lane`]).
 pub fn classify(error: &sqlx::Error) -> DbErrorKind {
     match error {
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) => {
+            super::lane::note_connection_lost();
             DbErrorKind::Unavailable
         }
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => DbErrorKind::Unavailable,
         sqlx::Error::Database(database_error) => {
             if database_error.is_unique_violation() {
                 return DbErrorKind::UniqueViolation;
@@ -45,6 +48,12 @@ pub fn classify(error: &sqlx::Error) -> DbErrorKind {
                     Ok(code) if matches!(code & 0xff, 5 | 6) => DbErrorKind::Unavailable,
                     _ => DbErrorKind::Other,
                 };
+            }
+            // 57P01-03: the server is ending the session (shut down, or the
+            // backend terminated); class 08: the connection failed.
+            if matches!(code, "57P01" | "57P02" | "57P03") || code.starts_with("08") {
+                super::lane::note_connection_lost();
+                return DbErrorKind::Unavailable;
             }
             match code {
                 "40001" | "40P01" | "55P03" => DbErrorKind::Unavailable,

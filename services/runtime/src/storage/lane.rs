@@ -14,6 +14,16 @@
 //! and gives one back through the pool (and its test) once it has been idle
 //! for longer than [`PING_WHEN_IDLE_FOR`](super::PING_WHEN_IDLE_FOR).
 //!
+//! A connection is not tested when it comes back, so a lane cannot tell a
+//! connection that broke (the server ended it, or the network did) from a
+//! sound one: reused within the idle time, the broken one failed every
+//! statement for as long as its callers kept it busy, which a workflow
+//! engine polling every 200 ms did for ever. So a statement that fails for
+//! want of its connection is noted ([`note_connection_lost`], by
+//! [`classify`](super::classify)), and a lane keeps warm no connection that
+//! was out, or idle, when such a failure happened anywhere: each goes back
+//! through the pool's test once.
+//!
 //! The lane holds at most `capacity` connections, in use or idle, so the
 //! rest of the pool stays free for transactions; callers beyond that wait
 //! their turn in order. Without the bound and the queue, a caller finding the
@@ -36,8 +46,22 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::PING_WHEN_IDLE_FOR;
 
-/// Idle connections, the most recently used last, with when each came back.
-type Idle = VecDeque<(PoolConnection<Any>, Instant)>;
+/// Idle connections, the most recently used last, with when each came back
+/// and the count of lost connections when it was handed out.
+type Idle = VecDeque<(PoolConnection<Any>, Instant, u64)>;
+
+/// Statements of this process that failed for want of their connection.
+static LOST: AtomicU64 = AtomicU64::new(0);
+
+/// Notes that a statement failed because its connection broke: every lane
+/// then has its connections tested before it hands them out again.
+pub(super) fn note_connection_lost() {
+    LOST.fetch_add(1, Ordering::AcqRel);
+}
+
+fn lost() -> u64 {
+    LOST.load(Ordering::Acquire)
+}
 
 #[derive(Debug)]
 pub(super) struct Lane {
@@ -66,17 +90,18 @@ impl Lane {
         let (warm, stale) = match self.idle.lock().expect("lane lock poisoned").as_mut() {
             Some(idle) => {
                 let stale = Self::drain_stale(idle);
-                (idle.pop_back().map(|(connection, _)| connection), stale)
+                (idle.pop_back().map(|(connection, ..)| connection), stale)
             }
             None => (None, Vec::new()),
         };
         // Dropped outside the lock: each goes back to the pool, which tests it.
         drop(stale);
+        let lost_before = lost();
         let connection = match warm {
             Some(connection) => connection,
             None => pool.acquire().await?,
         };
-        Ok(DbConnection { connection: Some(connection), lane: Arc::clone(self), _turn: turn })
+        Ok(DbConnection { connection: Some(connection), lane: Arc::clone(self), lost_before, _turn: turn })
     }
 
     /// How many turns have ended so far: on SQLite's writer lane, a count
@@ -85,14 +110,14 @@ impl Lane {
         self.ended.load(Ordering::Acquire)
     }
 
-    /// Keeps `connection` warm for the next turn (the lane never holds more
-    /// than its turns, so it always has room).
-    fn put(&self, connection: PoolConnection<Any>) {
+    /// Keeps `connection`, handed out when `lost_before` connections had
+    /// been lost, warm for the next turn (the lane never holds more than its
+    /// turns, so it always has room).
+    fn put(&self, connection: PoolConnection<Any>, lost_before: u64) {
         let stale = match self.idle.lock().expect("lane lock poisoned").as_mut() {
             Some(idle) => {
-                let stale = Self::drain_stale(idle);
-                idle.push_back((connection, Instant::now()));
-                stale
+                idle.push_back((connection, Instant::now(), lost_before));
+                Self::drain_stale(idle)
             }
             None => vec![connection],
         };
@@ -106,11 +131,16 @@ impl Lane {
         drop(idle);
     }
 
-    /// Takes out the connections idle for too long (the oldest are in front).
+    /// Takes out the connections idle for too long (the oldest are in
+    /// front), and every one out or idle when a connection was lost since.
     fn drain_stale(idle: &mut Idle) -> Vec<PoolConnection<Any>> {
+        let lost = lost();
+        if idle.iter().any(|(.., lost_before)| *lost_before != lost) {
+            return idle.drain(..).map(|(connection, ..)| connection).collect();
+        }
         let mut stale = Vec::new();
-        while idle.front().is_some_and(|(_, since)| since.elapsed() > PING_WHEN_IDLE_FOR) {
-            stale.extend(idle.pop_front().map(|(connection, _)| connection));
+        while idle.front().is_some_and(|(_, since, _)| since.elapsed() > PING_WHEN_IDLE_FOR) {
+            stale.extend(idle.pop_front().map(|(connection, ..)| connection));
         }
         stale
     }
@@ -124,6 +154,8 @@ pub struct DbConnection {
     connection: Option<PoolConnection<Any>>,
     /// The lane it goes back to, and the turn it holds there until then.
     lane: Arc<Lane>,
+    /// The count of lost connections when it was handed out.
+    lost_before: u64,
     _turn: OwnedSemaphorePermit,
 }
 
@@ -206,7 +238,7 @@ impl DerefMut for DbConnection {
 impl Drop for DbConnection {
     fn drop(&mut self) {
         if let Some(connection) = self.connection.take() {
-            self.lane.put(connection);
+            self.lane.put(connection, self.lost_before);
         }
         self.lane.ended.fetch_add(1, Ordering::Release);
     }
@@ -264,18 +296,41 @@ mod tests {
         assert_eq!(answer, 42);
     }
 
+    /// Reused within the idle time, a connection whose server ended it
+    /// fails once: the next caller gets a sound one, however soon it asks.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_connection_lost_while_idle_is_replaced_unseen() {
+    async fn a_connection_that_broke_is_not_handed_out_again() {
         let Some(db) = postgres().await else { return };
         let mut connection = db.acquire().await.expect("a connection");
         let pid = backend_pid(&mut connection).await;
         drop(connection);
+        terminate(&db, pid).await;
+        let mut broken = db.acquire().await.expect("the warm connection");
+        let error = sqlx::query("SELECT 1").execute(&mut *broken).await.expect_err("its server ended it");
+        assert_eq!(crate::storage::classify(&error), crate::storage::DbErrorKind::Unavailable, "{error}");
+        drop(broken);
+        for _ in 0..3 {
+            let mut next = db.acquire().await.expect("a live connection");
+            assert_ne!(backend_pid(&mut next).await, pid, "the broken connection was handed out again");
+        }
+    }
+
+    async fn terminate(db: &Db, pid: i32) {
         let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
             .bind(pid)
             .fetch_one(db.pool())
             .await
             .expect("terminates");
         assert!(terminated);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_lost_while_idle_is_replaced_unseen() {
+        let Some(db) = postgres().await else { return };
+        let mut connection = db.acquire().await.expect("a connection");
+        let pid = backend_pid(&mut connection).await;
+        drop(connection);
+        terminate(&db, pid).await;
         tokio::time::sleep(PING_WHEN_IDLE_FOR + Duration::from_millis(200)).await;
         let mut next = db.acquire().await.expect("a live connection");
         assert_ne!(backend_pid(&mut next).await, pid);
