@@ -350,7 +350,7 @@ fn log_join(joined: Result<(), JoinError>) {
 /// Lets in-flight tasks finish for `grace`, then abandons the rest: their
 /// handlers are aborted and their contexts cancelled, and the tasks are
 /// handed back to the queue for another worker, their attempts not counted
-/// (a task waiting on a question stays leased until its lease expires).
+/// (one waiting on a question too: the next worker asks it again).
 async fn drain<H>(mut tasks: JoinSet<()>, grace: Duration, runner: &Runner<H>) {
     let finish_all = async {
         while let Some(joined) = tasks.join_next().await {

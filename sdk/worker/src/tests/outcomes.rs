@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use chorus_proto::taskstore::{FailTaskRequest, Role, TaskState};
+use chorus_proto::taskstore::{FailTaskRequest, Role, TaskState, UpdateStatusRequest};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -257,6 +257,37 @@ async fn shutdown_abandons_in_flight_tasks_promptly() {
     assert_eq!((state_of(&back), back.attempt), (TaskState::Submitted, 0), "{back:?}");
     let said = "the worker shut down before finishing it; handed back to the queue, the attempt not counted";
     assert_eq!(status_text(&back), Some(said));
+}
+
+/// A task waiting for its user's answer when the worker stops is handed
+/// back too: the next worker asks again. It used to stay leased, and each
+/// restart of the worker spent one of its attempts.
+#[tokio::test]
+async fn shutdown_hands_back_a_task_waiting_on_a_question() {
+    let store = LiveStore::start().await;
+    let (asked_tx, mut asked) = mpsc::unbounded_channel();
+    let handler = move |task: TaskContext| {
+        let asked_tx = asked_tx.clone();
+        async move {
+            let question = crate::reply::agent_message(task.task(), vec![crate::text_part("which region?")]);
+            let update = UpdateStatusRequest {
+                namespace: task.namespace().to_owned(),
+                task_id: task.id().to_owned(),
+                state: TaskState::InputRequired.into(),
+                message: Some(question),
+                lease_id: task.lease_id().to_owned(),
+            };
+            task.client().update_status(update).await.map_err(WorkerError::from)?;
+            let _ = asked_tx.send(());
+            std::future::pending().await
+        }
+    };
+    let running = Running::start(&store, |worker| worker.max_retries(0), handler).await;
+    let created = store.create(NAMESPACE, super::AGENT, "deploy", None).await;
+    within("the question", asked.recv()).await.expect("asked");
+    assert!(running.stop().await.is_ok());
+    let back = store.get(NAMESPACE, &created.id).await;
+    assert_eq!((state_of(&back), back.attempt), (TaskState::Submitted, 0), "{back:?}");
 }
 
 #[tokio::test]

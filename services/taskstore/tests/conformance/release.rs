@@ -15,7 +15,7 @@ use crate::{
 
 conformance!(
     a_task_handed_back_goes_to_the_next_worker_its_attempt_not_counted,
-    only_a_working_task_is_handed_back,
+    a_task_waiting_on_a_question_is_handed_back_to_be_asked_again,
     a_retry_asked_for_later_is_not_claimed_before,
 );
 
@@ -50,8 +50,12 @@ async fn a_task_handed_back_goes_to_the_next_worker_its_attempt_not_counted(h: H
     assert_eq!(done.status.state, TaskState::Completed);
 }
 
-async fn only_a_working_task_is_handed_back(h: Harness) {
-    let task = h.task("ns", "echo", "which region?").await;
+/// A worker that stops while its task waits for an answer cannot take the
+/// answer: it hands the task back, and the next worker asks again. Left
+/// leased, the task was requeued as a failed attempt by each restart of the
+/// worker, and failed by the third.
+async fn a_task_waiting_on_a_question_is_handed_back_to_be_asked_again(h: Harness) {
+    let task = h.task("ns", "echo", "deploy").await;
     let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_secs(30), 0));
     let claimed = next_claim(&mut claims).await;
     let asked = StatusUpdate {
@@ -60,10 +64,19 @@ async fn only_a_working_task_is_handed_back(h: Harness) {
         lease_id: Some(claimed.lease_id.clone()),
     };
     h.store.update_status("ns", &task.id, asked).await.unwrap();
-    let error = h.store.release_task("ns", &task.id, &claimed.lease_id, "bored").await.unwrap_err();
-    assert!(matches!(error, TaskStoreError::IllegalTransition { .. }), "a question waits under its lease: {error}");
-    let unchanged = h.store.get_task("ns", &task.id, Some(0)).await.unwrap();
-    assert_eq!(unchanged.status.state, TaskState::InputRequired);
+    let released = h.store.release_task("ns", &task.id, &claimed.lease_id, "shutting down").await.unwrap();
+    assert_eq!((released.status.state, released.attempt), (TaskState::Submitted, 0));
+    let texts: Vec<String> = released.history.iter().map(|message| message.joined_text()).collect();
+    assert!(texts.contains(&"which region?".to_owned()), "the question stays in the history: {texts:?}");
+    drop(claims);
+    let mut next = h.store.claim_stream(claim_request("echo", "w2", 1, Duration::from_secs(30), 0));
+    let second = next_claim(&mut next).await;
+    assert_eq!((second.task.id.as_str(), second.task.attempt), (task.id.as_str(), 1), "its first counted attempt");
+
+    let done = h.store.complete_task("ns", &task.id, &second.lease_id, None, Vec::new()).await.unwrap();
+    assert_eq!(done.status.state, TaskState::Completed);
+    let late = h.store.release_task("ns", &task.id, &second.lease_id, "too late").await.unwrap_err();
+    assert!(matches!(late, TaskStoreError::LeaseLost { .. } | TaskStoreError::TaskFinished { .. }), "{late}");
 }
 
 async fn a_retry_asked_for_later_is_not_claimed_before(h: Harness) {

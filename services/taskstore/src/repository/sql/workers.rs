@@ -384,11 +384,12 @@ pub(super) enum Ending<'a> {
     HandedBack { reason: &'a str },
 }
 
-/// Puts a working task back in the queue, its attempt not counted.
+/// Puts a task its worker holds back in the queue, its attempt not counted:
+/// one working, or one waiting on a question, which the next worker asks
+/// again (the worker that asked is going away and cannot take the answer).
 async fn hand_back(conn: &mut sqlx::AnyConnection, record: &mut TaskRecord, reason: &str) -> Result<()> {
     let from = record.task.status.state;
-    if from != TaskState::Working {
-        // A question waits for its answer under the lease that asked it.
+    if !matches!(from, TaskState::Working | TaskState::InputRequired | TaskState::AuthRequired) {
         return Err(TaskStoreError::IllegalTransition {
             task_id: record.task.id.clone(),
             from,
