@@ -65,6 +65,15 @@ impl Gateway {
         }
         // As the task store refuses them: a TAB, which a header may hold, too.
         let auth = config.authentication.as_ref();
+        if let Some((at, limit)) = oversize(config) {
+            return Err(invalid(FieldViolation::new(format!("{field}{at}"), format!("must be at most {limit} bytes"))));
+        }
+        if let Some(scheme) = auth.map(|auth| auth.scheme.as_str())
+            && !is_token(scheme)
+        {
+            let why = "must be an HTTP authentication scheme, such as Bearer or Basic (letters, digits, no spaces)";
+            return Err(invalid(FieldViolation::new(format!("{field}authentication.scheme"), why)));
+        }
         let texts = [
             ("url", Some(config.url.as_str())),
             ("token", config.token.as_deref()),
@@ -210,4 +219,30 @@ fn push_config_out(config: pb::PushConfig) -> TaskPushNotificationConfig {
             .then_some(a2a::AuthenticationInfo { scheme: config.auth_scheme, credentials: None }),
         tenant: None,
     }
+}
+
+/// The longest URL a config may name: what HTTP servers commonly take in a
+/// request line, and far more than a webhook needs.
+const MAX_URL_BYTES: usize = 2048;
+/// The longest token or credentials: each is sent in a header, and a
+/// receiver refuses headers much larger (431).
+const MAX_SECRET_BYTES: usize = 4096;
+
+/// The first field of `config` over its limit, with the limit: no
+/// notification could be sent with it.
+fn oversize(config: &TaskPushNotificationConfig) -> Option<(&'static str, usize)> {
+    let auth = config.authentication.as_ref();
+    [
+        ("url", Some(config.url.as_str()), MAX_URL_BYTES),
+        ("token", config.token.as_deref(), MAX_SECRET_BYTES),
+        ("authentication.credentials", auth.and_then(|auth| auth.credentials.as_deref()), MAX_SECRET_BYTES),
+    ]
+    .into_iter()
+    .find(|(_, text, limit)| text.is_some_and(|text| text.len() > *limit))
+    .map(|(at, _, limit)| (at, limit))
+}
+
+/// An HTTP token (RFC 9110 `token`): what an auth scheme is.
+fn is_token(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte))
 }

@@ -149,7 +149,7 @@ impl Default for Registry {
             ),
             push_notifications: Family::new(
                 "chorus_push_notifications_total",
-                "Push notification attempts, by outcome (delivered, failed).",
+                "Push notifications, by outcome: delivered, or failed after their retries.",
                 ["outcome"],
             ),
             pools: Mutex::default(),
