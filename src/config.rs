@@ -41,6 +41,54 @@ impl Default for ChorusConfig {
     }
 }
 
+/// The longest a blocking `SendMessage` may wait, as the README states.
+const MAX_BLOCKING_MS: u64 = 3_600_000;
+
+impl ChorusConfig {
+    /// Settings each valid alone that no process could work with, or that
+    /// contradict each other: each names the keys and what to do. Empty for
+    /// a sound configuration.
+    pub(crate) fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let mut zero = |key: &str, value: u64, what: &str| {
+            if value == 0 {
+                problems.push(format!("{key} must be more than 0: {what}"));
+            }
+        };
+        zero(
+            "server.request_timeout_ms",
+            self.server.request_timeout_ms,
+            "every call, health included, would end at once",
+        );
+        zero("storage.max_connections", u64::from(self.storage.max_connections), "no statement could run");
+        zero("storage.acquire_timeout_ms", self.storage.acquire_timeout_ms, "no connection could be waited for");
+        zero("workflow.lease_ms", self.workflow.lease_ms, "a run's claim would lapse as it is made");
+        zero("workflow.poll_ms", self.workflow.poll_ms, "the engine would look for due runs without pause");
+        let mut at_most = |key: &str, value: u64, bound_key: &str, bound: u64| {
+            if value > bound {
+                problems.push(format!("{key} ({value}) must be at most {bound_key} ({bound})"));
+            }
+        };
+        let (taskstore, hub, eventbus) = (&self.taskstore, &self.hub, &self.eventbus);
+        at_most(
+            "taskstore.default_lease_ms",
+            taskstore.default_lease_ms,
+            "taskstore.max_lease_ms",
+            taskstore.max_lease_ms,
+        );
+        at_most("hub.default_ttl_ms", hub.default_ttl_ms, "hub.max_ttl_ms", hub.max_ttl_ms);
+        let backoff = eventbus.default_initial_backoff_ms;
+        at_most(
+            "eventbus.default_initial_backoff_ms",
+            backoff,
+            "eventbus.default_max_backoff_ms",
+            eventbus.default_max_backoff_ms,
+        );
+        at_most("gateway.blocking_timeout_ms", self.gateway.blocking_timeout_ms, "an hour", MAX_BLOCKING_MS);
+        problems
+    }
+}
+
 /// Command-line overrides: the last layer. Absent flags change nothing.
 #[derive(Debug, Default, Serialize)]
 pub(crate) struct Flags {
@@ -84,6 +132,27 @@ mod tests {
             rest.split_once(" = ").is_some_and(|(key, _)| key.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
         });
         setting.unwrap_or(line)
+    }
+
+    #[test]
+    fn settings_no_process_could_work_with_are_each_named() {
+        assert_eq!(ChorusConfig::default().problems(), Vec::<String>::new());
+        let mut config = ChorusConfig::default();
+        config.server.request_timeout_ms = 0;
+        config.workflow.poll_ms = 0;
+        config.taskstore.default_lease_ms = 5_000;
+        config.taskstore.max_lease_ms = 1_000;
+        config.gateway.blocking_timeout_ms = 4_000_000;
+        let problems = config.problems();
+        let keys: Vec<&str> = problems.iter().filter_map(|problem| problem.split(' ').next()).collect();
+        let expected = [
+            "server.request_timeout_ms",
+            "workflow.poll_ms",
+            "taskstore.default_lease_ms",
+            "gateway.blocking_timeout_ms",
+        ];
+        assert_eq!(keys, expected, "{problems:?}");
+        assert!(problems[2].ends_with("must be at most taskstore.max_lease_ms (1000)"), "{problems:?}");
     }
 
     #[test]
