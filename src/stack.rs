@@ -246,6 +246,15 @@ impl Stack {
             true => Some(open_storage(config, &mut server).await?),
             false => None,
         };
+        if let (Some(db), [service]) = (&db, services)
+            && db.backend() == chorus_runtime::storage::Backend::Sqlite
+        {
+            tracing::warn!(
+                service = ?service,
+                "serving one service on a SQLite file of its own: services run apart share their state only \
+                 through PostgreSQL; give --database-url (CHORUS_STORAGE__DATABASE_URL) unless this is meant"
+            );
+        }
         let mut local_taskstore = None;
         let mut local_eventbus = None;
         let mut local_hub = None;

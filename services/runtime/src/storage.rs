@@ -52,7 +52,7 @@ pub enum StorageError {
     DataDir { dir: String, source: std::io::Error },
     #[error("cannot connect to {url}: {}", connect_reason(source))]
     Connect { url: String, source: sqlx::Error },
-    #[error("migrations of {service} failed: {source}")]
+    #[error("migrations of {service} failed: {}", migrate_reason(service, source))]
     Migrate { service: &'static str, source: sqlx::migrate::MigrateError },
 }
 
@@ -63,6 +63,28 @@ fn connect_reason(error: &sqlx::Error) -> String {
         sqlx::Error::PoolTimedOut => "the database did not answer in time (storage.acquire_timeout_ms): it accepts \
                                       TCP connections but no session starts; is it overloaded, or is this its port?"
             .to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// Why migrations failed, in an operator's words where sqlx's name its own
+/// table or leave the cause to guess.
+fn migrate_reason(service: &str, error: &sqlx::migrate::MigrateError) -> String {
+    use sqlx::migrate::MigrateError;
+    let table = ServiceMigrations::table(service);
+    match error {
+        MigrateError::VersionMissing(version) => format!(
+            "the database holds {service} migration {version}, which this chorus does not have: a newer chorus \
+             migrated it. Run that version or a later one (chorus does not migrate down)"
+        ),
+        MigrateError::VersionMismatch(version) => format!(
+            "{service} migration {version} in the database ({table}) differs from this chorus's: the database was \
+             migrated by another build of this version"
+        ),
+        MigrateError::Dirty(version) => format!(
+            "{service} migration {version} is partially applied (a run failed part way): repair the schema by hand, \
+             then delete its row from {table}"
+        ),
         other => other.to_string(),
     }
 }
@@ -489,5 +511,22 @@ mod tests {
         db.acquire().await.unwrap().execute("DROP TABLE _chorus_demo_migrations").await.unwrap();
         let gone = db.ping().await.unwrap_err();
         assert!(gone.starts_with("the demo tables are gone"), "{gone}");
+    }
+
+    /// A database a newer chorus migrated (a rollback of the binary) is
+    /// named as such, and changes nothing.
+    #[tokio::test]
+    async fn a_database_migrated_by_a_newer_chorus_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = StorageConfig { data_dir: dir.path().display().to_string(), ..Default::default() };
+        let db = Db::connect(&config.effective_url().unwrap(), &config).await.unwrap();
+        const NEWER: &[MigrationFile] = &[
+            MigrationFile { version: 1, description: "t", sql: "CREATE TABLE demo_t (x BIGINT)" },
+            MigrationFile { version: 2, description: "u", sql: "CREATE TABLE demo_u (x BIGINT)" },
+        ];
+        db.migrate(&ServiceMigrations { service: "demo", postgres: NEWER, sqlite: NEWER }).await.unwrap();
+        let older = ServiceMigrations { service: "demo", postgres: &NEWER[..1], sqlite: &NEWER[..1] };
+        let error = db.migrate(&older).await.unwrap_err().to_string();
+        assert!(error.contains("holds demo migration 2, which this chorus does not have: a newer chorus"), "{error}");
     }
 }
