@@ -165,7 +165,7 @@ async fn connect_admin(admin_url: &str) -> Result<Db, crate::storage::StorageErr
 }
 
 /// `admin_url` with its database name replaced by `name` (query kept).
-fn database_url(admin_url: &str, name: &str) -> String {
+pub(crate) fn database_url(admin_url: &str, name: &str) -> String {
     let (base, query) = match admin_url.split_once('?') {
         Some((base, query)) => (base, Some(query)),
         None => (admin_url, None),

@@ -93,7 +93,7 @@ impl StorageConfig {
         if !self.database_url.is_empty() {
             return Ok(self.database_url.clone());
         }
-        let data_dir = |source| StorageError::DataDir { dir: self.data_dir.clone(), source };
+        let data_dir = |cause| StorageError::DataDir { dir: self.data_dir.clone(), cause };
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.data_dir).map_err(data_dir)?;
         let file = format!("{}/chorus.db", self.data_dir);
         match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&file) {

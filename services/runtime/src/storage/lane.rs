@@ -315,6 +315,20 @@ mod tests {
         }
     }
 
+    /// A service that only answers health probes: a probe that finds its
+    /// connection broken may fail, and the next one reconnects.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_health_probe_after_a_broken_connection_reconnects() {
+        let Some(db) = postgres().await else { return };
+        db.ping().await.expect("healthy");
+        let mut connection = db.acquire().await.expect("the warm connection");
+        let pid = backend_pid(&mut connection).await;
+        drop(connection);
+        terminate(&db, pid).await;
+        let _first = db.ping().await;
+        db.ping().await.expect("the next probe reconnects");
+    }
+
     async fn terminate(db: &Db, pid: i32) {
         let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
             .bind(pid)
