@@ -10,7 +10,7 @@ use chorus_hub::{Hub, grpc::HubGrpc, repository::sql::SqlHubRepository};
 use chorus_proto::{eventbus::event_bus_client::EventBusClient, taskstore::task_store_server::TaskStoreServer};
 use chorus_runtime::{
     server::{ReadinessProbe, ServerBuilder, serving_probe},
-    storage::{Db, redact_url, sqlite_file},
+    storage::Db,
     transport::Transport,
     wakeup::Wakeups,
 };
@@ -28,6 +28,8 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tonic::{server::NamedService, transport::Channel};
 
 use crate::config::ChorusConfig;
+
+mod storage;
 
 /// The task store's name in gRPC health checks.
 const TASKSTORE_SERVICE: &str = <TaskStoreServer<TaskStoreGrpc> as NamedService>::NAME;
@@ -103,49 +105,6 @@ impl Service {
             Self::Gateway => false,
         }
     }
-}
-
-/// The lock file of the SQLite file `url` names (`<file>.lock`); none for
-/// PostgreSQL or an in-memory database.
-fn sqlite_lock_path(url: &str) -> Option<PathBuf> {
-    sqlite_file(url).map(|file| PathBuf::from(format!("{}.lock", file.display())))
-}
-
-/// Holds the SQLite file for this process: two processes writing one file
-/// would fail each other's writes as "database is locked". Released when
-/// the process ends, however it ends.
-fn lock_sqlite_file(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
-            "the database beside {} is in use by another chorus process; stop it, or give this one another \
-             data directory (--data-dir, storage.data_dir) or storage.database_url",
-            path.display()
-        ),
-        Err(std::fs::TryLockError::Error(error)) => {
-            Err(error).with_context(|| format!("cannot lock {}", path.display()))
-        }
-    }
-}
-
-/// Connects the database and makes `/healthz` depend on it.
-async fn open_storage(config: &ChorusConfig, server: &mut ServerBuilder) -> anyhow::Result<Db> {
-    let url = config.storage.effective_url()?;
-    let db = Db::connect(&url, &config.storage).await?;
-    tracing::info!(database = %redact_url(&url), backend = ?db.backend(), "storage connected");
-    server.metrics().watch_pool(&db);
-    let probe_db = db.clone();
-    server.add_readiness_probe(Arc::new(move || {
-        let db = probe_db.clone();
-        Box::pin(async move { db.ping().await.map_err(|error| format!("database: {error}")) })
-    }));
-    Ok(db)
 }
 
 /// Checks that what this process's services call is here or has its
@@ -235,26 +194,7 @@ impl Stack {
         let mut server = ServerBuilder::new(config.server.clone());
         let lingering = TaskTracker::new();
         let metrics = server.metrics();
-        let storage = services.iter().any(|service| service.needs_storage());
-        let data_dir_lock = match storage {
-            true => {
-                sqlite_lock_path(&config.storage.effective_url()?).map(|path| lock_sqlite_file(&path)).transpose()?
-            }
-            false => None,
-        };
-        let db = match storage {
-            true => Some(open_storage(config, &mut server).await?),
-            false => None,
-        };
-        if let (Some(db), [service]) = (&db, services)
-            && db.backend() == chorus_runtime::storage::Backend::Sqlite
-        {
-            tracing::warn!(
-                service = ?service,
-                "serving one service on a SQLite file of its own: services run apart share their state only \
-                 through PostgreSQL; give --database-url (CHORUS_STORAGE__DATABASE_URL) unless this is meant"
-            );
-        }
+        let (db, data_dir_lock) = storage::open(config, services, &mut server).await?;
         let mut local_taskstore = None;
         let mut local_eventbus = None;
         let mut local_hub = None;
@@ -477,18 +417,6 @@ mod tests {
         assert_eq!(a2a_body_limit(&config), config.gateway.max_body_bytes);
         config.server.max_message_bytes = 64 * 1024;
         assert_eq!(a2a_body_limit(&config), 64 * 1024);
-    }
-
-    #[test]
-    fn sqlite_files_are_locked_beside_themselves() {
-        assert_eq!(
-            sqlite_lock_path("sqlite://.chorus/chorus.db?mode=rwc"),
-            Some(PathBuf::from(".chorus/chorus.db.lock"))
-        );
-        assert_eq!(sqlite_lock_path("sqlite:///var/lib/c.db"), Some(PathBuf::from("/var/lib/c.db.lock")));
-        assert_eq!(sqlite_lock_path("sqlite::memory:"), None);
-        assert_eq!(sqlite_lock_path("sqlite://x.db?mode=memory"), None);
-        assert_eq!(sqlite_lock_path("postgres://u@h/db"), None);
     }
 
     #[tokio::test]
