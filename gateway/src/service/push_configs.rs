@@ -63,27 +63,28 @@ impl Gateway {
                 return Err(invalid(FieldViolation::new(format!("{field}id"), why)));
             }
         }
-        // As the task store refuses them: a TAB, which a header may hold, too.
         let auth = config.authentication.as_ref();
-        if let Some((at, limit)) = oversize(config) {
-            return Err(invalid(FieldViolation::new(format!("{field}{at}"), format!("must be at most {limit} bytes"))));
-        }
-        if let Some(scheme) = auth.map(|auth| auth.scheme.as_str())
-            && !is_token(scheme)
-        {
-            let why = "must be an HTTP authentication scheme, such as Bearer or Basic (letters, digits, no spaces)";
-            return Err(invalid(FieldViolation::new(format!("{field}authentication.scheme"), why)));
-        }
+        // What a notification sends, each with the most bytes it may hold.
         let texts = [
-            ("url", Some(config.url.as_str())),
-            ("token", config.token.as_deref()),
-            ("authentication.scheme", auth.map(|auth| auth.scheme.as_str())),
-            ("authentication.credentials", auth.and_then(|auth| auth.credentials.as_deref())),
+            ("url", Some(config.url.as_str()), MAX_URL_BYTES),
+            ("token", config.token.as_deref(), MAX_SECRET_BYTES),
+            ("authentication.scheme", auth.map(|auth| auth.scheme.as_str()), usize::MAX),
+            ("authentication.credentials", auth.and_then(|auth| auth.credentials.as_deref()), MAX_SECRET_BYTES),
         ];
-        if let Some((at, _)) =
-            texts.iter().find(|(_, text)| text.is_some_and(|text| text.chars().any(char::is_control)))
+        let refuse = |at: &str, why: String| Err(invalid(FieldViolation::new(format!("{field}{at}"), why)));
+        if let Some((at, _, limit)) = texts.iter().find(|(_, text, limit)| text.is_some_and(|text| text.len() > *limit))
         {
-            return Err(invalid(FieldViolation::new(format!("{field}{at}"), "must not hold control characters")));
+            return refuse(at, format!("must be at most {limit} bytes"));
+        }
+        if auth.is_some_and(|auth| !is_token(&auth.scheme)) {
+            let why = "must be an HTTP authentication scheme, such as Bearer or Basic (letters, digits, no spaces)";
+            return refuse("authentication.scheme", why.to_owned());
+        }
+        // As the task store refuses them: a TAB, which a header may hold, too.
+        if let Some((at, ..)) =
+            texts.iter().find(|(_, text, _)| text.is_some_and(|text| text.chars().any(char::is_control)))
+        {
+            return refuse(at, "must not hold control characters".to_owned());
         }
         push::notification_headers(&target(&config_in(config))).map_err(|error| match error {
             PushError::InvalidHeader(what) => invalid(FieldViolation::new(
@@ -227,20 +228,6 @@ const MAX_URL_BYTES: usize = 2048;
 /// The longest token or credentials: each is sent in a header, and a
 /// receiver refuses headers much larger (431).
 const MAX_SECRET_BYTES: usize = 4096;
-
-/// The first field of `config` over its limit, with the limit: no
-/// notification could be sent with it.
-fn oversize(config: &TaskPushNotificationConfig) -> Option<(&'static str, usize)> {
-    let auth = config.authentication.as_ref();
-    [
-        ("url", Some(config.url.as_str()), MAX_URL_BYTES),
-        ("token", config.token.as_deref(), MAX_SECRET_BYTES),
-        ("authentication.credentials", auth.and_then(|auth| auth.credentials.as_deref()), MAX_SECRET_BYTES),
-    ]
-    .into_iter()
-    .find(|(_, text, limit)| text.is_some_and(|text| text.len() > *limit))
-    .map(|(at, _, limit)| (at, limit))
-}
 
 /// An HTTP token (RFC 9110 `token`): what an auth scheme is.
 fn is_token(text: &str) -> bool {

@@ -366,7 +366,7 @@ impl Db {
         // that found its connection broken has the next probe test it.
         let failed = |error: sqlx::Error| {
             classify(&error);
-            errors::connect_reason(&error)
+            errors::reason(&error)
         };
         let mut connection = self.acquire().await.map_err(failed)?;
         connection.execute("SELECT 1").await.map_err(failed)?;

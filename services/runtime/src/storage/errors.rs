@@ -75,15 +75,15 @@ pub enum StorageError {
     UnsupportedUrl { url: String },
     #[error("cannot create data directory {dir}: {cause}")]
     DataDir { dir: String, cause: std::io::Error },
-    #[error("cannot connect to {url}: {}", connect_reason(cause))]
+    #[error("cannot connect to {url}: {}", reason(cause))]
     Connect { url: String, cause: sqlx::Error },
     #[error("migrations of {service} failed: {}", migrate_reason(service, cause))]
     Migrate { service: &'static str, cause: sqlx::migrate::MigrateError },
 }
 
-/// Why a connection failed, in an operator's words where sqlx's are its
-/// pool's.
-pub(super) fn connect_reason(error: &sqlx::Error) -> String {
+/// Why a connection or a statement failed, in an operator's words where
+/// sqlx's are its pool's.
+pub(super) fn reason(error: &sqlx::Error) -> String {
     match error {
         sqlx::Error::PoolTimedOut => "the database did not answer in time (storage.acquire_timeout_ms): it accepts \
                                       TCP connections but no session starts; is it overloaded, or is this its port?"

@@ -46,9 +46,14 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::PING_WHEN_IDLE_FOR;
 
-/// Idle connections, the most recently used last, with when each came back
-/// and the count of lost connections when it was handed out.
-type Idle = VecDeque<(PoolConnection<Any>, Instant, u64)>;
+/// Idle connections, the most recently used last, with when each came back.
+#[derive(Debug)]
+struct Idle {
+    connections: VecDeque<(PoolConnection<Any>, Instant)>,
+    /// The count of lost connections when these were checked: each came
+    /// back from a turn that began after it, or was handed out since.
+    lost: u64,
+}
 
 /// Statements of this process that failed for want of their connection.
 static LOST: AtomicU64 = AtomicU64::new(0);
@@ -78,7 +83,7 @@ impl Lane {
     pub(super) fn new(capacity: usize) -> Arc<Self> {
         let capacity = capacity.max(1);
         Arc::new(Self {
-            idle: Mutex::new(Some(VecDeque::with_capacity(capacity))),
+            idle: Mutex::new(Some(Idle { connections: VecDeque::with_capacity(capacity), lost: lost() })),
             turns: Arc::new(Semaphore::new(capacity)),
             ended: AtomicU64::new(0),
         })
@@ -90,7 +95,7 @@ impl Lane {
         let (warm, stale) = match self.idle.lock().expect("lane lock poisoned").as_mut() {
             Some(idle) => {
                 let stale = Self::drain_stale(idle);
-                (idle.pop_back().map(|(connection, ..)| connection), stale)
+                (idle.connections.pop_back().map(|(connection, _)| connection), stale)
             }
             None => (None, Vec::new()),
         };
@@ -116,8 +121,13 @@ impl Lane {
     fn put(&self, connection: PoolConnection<Any>, lost_before: u64) {
         let stale = match self.idle.lock().expect("lane lock poisoned").as_mut() {
             Some(idle) => {
-                idle.push_back((connection, Instant::now(), lost_before));
-                Self::drain_stale(idle)
+                let mut stale = Self::drain_stale(idle);
+                // Kept unless a connection was lost since its turn began: it may be that one.
+                match lost_before == idle.lost {
+                    true => idle.connections.push_back((connection, Instant::now())),
+                    false => stale.push(connection),
+                }
+                stale
             }
             None => vec![connection],
         };
@@ -135,12 +145,13 @@ impl Lane {
     /// front), and every one out or idle when a connection was lost since.
     fn drain_stale(idle: &mut Idle) -> Vec<PoolConnection<Any>> {
         let lost = lost();
-        if idle.iter().any(|(.., lost_before)| *lost_before != lost) {
-            return idle.drain(..).map(|(connection, ..)| connection).collect();
+        if idle.lost != lost {
+            idle.lost = lost;
+            return idle.connections.drain(..).map(|(connection, _)| connection).collect();
         }
         let mut stale = Vec::new();
-        while idle.front().is_some_and(|(_, since, _)| since.elapsed() > PING_WHEN_IDLE_FOR) {
-            stale.extend(idle.pop_front().map(|(connection, ..)| connection));
+        while idle.connections.front().is_some_and(|(_, since)| since.elapsed() > PING_WHEN_IDLE_FOR) {
+            stale.extend(idle.connections.pop_front().map(|(connection, _)| connection));
         }
         stale
     }

@@ -9,7 +9,6 @@ use chorus_taskstore::{
     domain::{Artifact, ClaimRequest, Claimed, Message, NewTask, Part, Role, SpawnContext, Task},
     repository::{TaskRepository, sql::SqlTaskRepository},
 };
-use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) struct Harness {
@@ -55,17 +54,12 @@ impl Harness {
     /// Claims the oldest queued task of `agent` as a new worker would, under
     /// a lease of 30 s.
     pub(crate) async fn claim(&self, namespace: &str, agent: &str) -> Claimed {
+        let worker = format!("{agent}-{}", uuid::Uuid::new_v4());
         let request = ClaimRequest {
             namespace: namespace.to_owned(),
-            agent_id: agent.to_owned(),
-            worker_id: format!("{agent}-{}", uuid::Uuid::new_v4()),
-            capacity: 1,
-            lease: Duration::from_secs(30),
-            max_retries: 0,
+            ..crate::workers::claim_request(agent, &worker, 1, Duration::from_secs(30), 0)
         };
-        let mut claims = self.store.claim_stream(request);
-        let claimed = tokio::time::timeout(Duration::from_secs(10), claims.next()).await.expect("a claim in time");
-        claimed.expect("the claim stream is open").expect("the claim succeeds")
+        crate::workers::next_claim(&mut self.store.claim_stream(request)).await
     }
 
     /// A task its creator runs: its agent's writes need no lease.

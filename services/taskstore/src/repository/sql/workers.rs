@@ -18,6 +18,14 @@ use crate::{
 use chorus_runtime::{storage::Backend, time::micros, validate::FieldViolation};
 use sqlx::Row as _;
 
+/// A task a worker may claim at `$now` (a parameter): queued, run by a
+/// worker, and past any pause a retry asked for.
+macro_rules! claimable {
+    ($now:literal) => {
+        concat!("state = 'submitted' AND run_by_creator = 0 AND (not_before IS NULL OR not_before <= ", $now, ")")
+    };
+}
+
 /// Leases up to $8 claimable tasks, skipping rows other claims hold, and
 /// records their `status_changed` events ($9: the payload), in one statement.
 /// The lease's length ($6 - $3) is kept for the renewals that name none.
@@ -26,9 +34,9 @@ const CLAIM_AND_LOG_POSTGRES: &str = concat!(
      worker_id = $4, lease_id = $5, lease_expires_at = $6, lease_length = $6 - $3, max_retries = $7, \
      attempt = attempt + 1 \
      WHERE (namespace, id) IN (SELECT namespace, id FROM taskstore_tasks \
-     WHERE namespace = $1 AND agent_id = $2 AND state = 'submitted' AND run_by_creator = 0 \
-     AND (not_before IS NULL OR not_before <= $3) \
-     ORDER BY created_at, id LIMIT $8 FOR UPDATE SKIP LOCKED) RETURNING ",
+     WHERE namespace = $1 AND agent_id = $2 AND ",
+    claimable!("$3"),
+    " ORDER BY created_at, id LIMIT $8 FOR UPDATE SKIP LOCKED) RETURNING ",
     task_columns!(),
     "), logged AS (INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
      SELECT namespace, id, context_id, agent_id, 'status_changed', $9, $3 FROM claimed) \
@@ -38,9 +46,9 @@ const CLAIM_SQLITE: &str = concat!(
     "UPDATE taskstore_tasks SET state = 'working', status_message = NULL, status_timestamp = $3, worker_id = $4, \
      lease_id = $5, lease_expires_at = $6, lease_length = $6 - $3, max_retries = $7, attempt = attempt + 1 \
      WHERE (namespace, id) IN (SELECT namespace, id FROM taskstore_tasks \
-     WHERE namespace = $1 AND agent_id = $2 AND state = 'submitted' AND run_by_creator = 0 \
-     AND (not_before IS NULL OR not_before <= $3) \
-     ORDER BY created_at, id LIMIT $8) RETURNING ",
+     WHERE namespace = $1 AND agent_id = $2 AND ",
+    claimable!("$3"),
+    " ORDER BY created_at, id LIMIT $8) RETURNING ",
     task_columns!()
 );
 
@@ -54,12 +62,12 @@ const RELEASE: &str = "UPDATE taskstore_tasks SET state = 'submitted', status_me
 /// task of the agent claimable at $4 (now) if there is any (without). A
 /// worker serving several agents has room for each: its tasks of other
 /// agents do not count.
-const CLAIM_PRECHECK: &str = "SELECT id, lease_expires_at FROM taskstore_tasks \
-     WHERE namespace = $1 AND worker_id = $2 AND agent_id = $3 \
-     UNION ALL SELECT id, NULL FROM (SELECT id FROM taskstore_tasks \
-     WHERE namespace = $1 AND agent_id = $3 AND state = 'submitted' AND run_by_creator = 0 \
-     AND (not_before IS NULL OR not_before <= $4) \
-     LIMIT 1) ready";
+const CLAIM_PRECHECK: &str = concat!(
+    "SELECT id, lease_expires_at FROM taskstore_tasks WHERE namespace = $1 AND worker_id = $2 AND agent_id = $3 \
+     UNION ALL SELECT id, NULL FROM (SELECT id FROM taskstore_tasks WHERE namespace = $1 AND agent_id = $3 AND ",
+    claimable!("$4"),
+    " LIMIT 1) ready"
+);
 
 /// Extends a live lease from $4 (now) by $5, or when $5 is NULL by the
 /// length it was granted for ($6 when none was kept); a length given is kept
