@@ -174,9 +174,8 @@ async fn main() -> anyhow::Result<ExitCode> {
         }
         Err(error) => return Err(error.into()),
     };
-    if !person_facing && let Some(problems) = Some(config.problems()).filter(|problems| !problems.is_empty()) {
-        anyhow::bail!("invalid configuration: {}", problems.join("; "));
-    }
+    let problems = config.problems();
+    anyhow::ensure!(person_facing || problems.is_empty(), "invalid configuration: {}", problems.join("; "));
     let service_name = match &cli.command {
         Command::Dev { .. } => "chorus-dev".to_owned(),
         Command::Serve { service, .. } => format!("chorus-{}", service_label(*service)),
