@@ -3,6 +3,8 @@
 
 mod awaits;
 mod bus;
+mod cancels;
+mod completions;
 mod events;
 mod handoff;
 mod harness;

@@ -8,8 +8,7 @@ use chorus_runtime::{storage::Backend, wakeup::Wakeups};
 use chorus_taskstore::{
     TaskStore,
     domain::{
-        Artifact, ArtifactChunk, EventKind, NewSubtask, PageToken, Part, Role, SpawnContext, StatusUpdate, TaskAnswer,
-        TaskQuery, TaskState,
+        Artifact, ArtifactChunk, EventKind, PageToken, Part, Role, StatusUpdate, TaskAnswer, TaskQuery, TaskState,
     },
     error::TaskStoreError,
     repository::sql::SqlTaskRepository,
@@ -32,8 +31,6 @@ conformance!(
     a_user_message_resumes_an_interrupted_task,
     only_the_first_answer_to_an_interruption_lands,
     unknown_ids_are_not_found,
-    cancel_reaches_the_whole_unfinished_subtree,
-    a_spawn_in_flight_below_a_cancel_lands_before_it_and_is_canceled,
     a_new_database_gets_its_first_statistics_once_it_holds_tasks,
     an_answered_task_is_created_settled_with_each_change_logged,
     a_task_answered_with_a_question_takes_the_reply,
@@ -370,91 +367,6 @@ async fn unknown_ids_are_not_found(h: Harness) {
     assert!(matches!(message, Err(TaskStoreError::TaskNotFound(_))));
     assert!(matches!(h.store.cancel_task("ns", missing, None).await, Err(TaskStoreError::TaskNotFound(_))));
     assert!(matches!(h.store.watch_task("ns", missing, None).await, Err(TaskStoreError::TaskNotFound(_))));
-}
-
-async fn cancel_reaches_the_whole_unfinished_subtree(h: Harness) {
-    let mut root = own_task("ns", "planner", "plan");
-    root.spawn_context = SpawnContext::Orchestrator;
-    let root = h.store.create_task(root).await.unwrap();
-    let child = crate::subtasks::spawn(&h, &root.id, "coder", "code it").await;
-    let coding = h.claim("ns", "coder").await;
-    let below =
-        NewSubtask { lease_id: Some(coding.lease_id), ..crate::subtasks::subtask(&child.id, "tester", "test it") };
-    let (grandchild, _) = h.store.spawn_subtask(below, false, None).await.unwrap();
-    let finished = crate::subtasks::spawn(&h, &root.id, "writer", "write docs").await;
-    let done = StatusUpdate { lease_id: Some(h.claim("ns", "writer").await.lease_id), ..status(TaskState::Completed) };
-    h.store.update_status("ns", &finished.id, done).await.unwrap();
-
-    let (root_after, canceled) = h.store.cancel_task("ns", &root.id, Some("user gave up".into())).await.unwrap();
-    assert_eq!(root_after.status.state, TaskState::Canceled);
-    assert!(root_after.status.message.as_ref().unwrap().joined_text().contains("user gave up"));
-    assert_eq!(canceled.len(), 3);
-    for id in [&root.id, &child.id, &grandchild.id] {
-        assert!(canceled.contains(id));
-        assert_eq!(h.store.get_task("ns", id, Some(0)).await.unwrap().status.state, TaskState::Canceled);
-    }
-    let untouched = h.store.get_task("ns", &finished.id, Some(0)).await.unwrap();
-    assert_eq!(untouched.status.state, TaskState::Completed, "finished tasks stay as they were");
-    let again = h.store.cancel_task("ns", &root.id, None).await.unwrap_err();
-    assert!(matches!(again, TaskStoreError::TaskFinished { state: TaskState::Canceled, .. }));
-}
-
-/// A spawn below the tree that has locked its parent but not committed as
-/// the cancel starts lands first, and its child is canceled with the tree.
-async fn a_spawn_in_flight_below_a_cancel_lands_before_it_and_is_canceled(h: Harness) {
-    let mut root = own_task("ns", "planner", "plan");
-    root.spawn_context = SpawnContext::Orchestrator;
-    let root = h.store.create_task(root).await.unwrap();
-    let child = crate::subtasks::spawn(&h, &root.id, "coder", "code it").await;
-    if h.db.backend() == Backend::Sqlite {
-        // One writer: no spawn is in flight while a cancel runs.
-        return;
-    }
-    // An open transaction holds a row under the spawn's request key, so the
-    // spawn, having locked its parent, waits at its insert.
-    let lease_id = Some(h.claim("ns", "coder").await.lease_id);
-    let in_flight = NewSubtask { lease_id, ..crate::subtasks::subtask(&child.id, "tester", "test it") };
-    let mut holder = h.db.begin().await.unwrap();
-    sqlx::query(
-        "INSERT INTO taskstore_tasks (namespace, id, context_id, agent_id, state, status_timestamp, depth, \
-         spawn_context, prompt_fingerprint, request_message_id, trace_context, created_at) \
-         VALUES ('ns', 'holder', '', '', 'submitted', 0, 0, 'agent', '', $1, '{}', 0)",
-    )
-    .bind(&in_flight.message.message_id)
-    .execute(&mut *holder)
-    .await
-    .unwrap();
-    let store = h.store.clone();
-    let spawn = tokio::spawn(async move { store.spawn_subtask(in_flight, false, None).await });
-    until_waiting_for_locks(&h, 1).await;
-    let store = h.store.clone();
-    let root_id = root.id.clone();
-    let cancel = tokio::spawn(async move { store.cancel_task("ns", &root_id, None).await });
-    until_waiting_for_locks(&h, 2).await;
-    holder.rollback().await.unwrap();
-    let (grandchild, _) = spawn.await.unwrap().expect("the spawn went first");
-    let (_, canceled) = cancel.await.unwrap().unwrap();
-    assert_eq!(canceled, [root.id, child.id, grandchild.id.clone()]);
-    let grandchild = h.store.get_task("ns", &grandchild.id, Some(0)).await.unwrap();
-    assert_eq!(grandchild.status.state, TaskState::Canceled, "nothing lives on under a canceled tree");
-}
-
-/// Returns once `count` transactions of the test's PostgreSQL database wait for a lock.
-async fn until_waiting_for_locks(h: &Harness, count: i64) {
-    let started = tokio::time::Instant::now();
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&mut *h.db.acquire().await.unwrap())
-        .await
-        .unwrap();
-        if waiting >= count {
-            return;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "{waiting} of {count} transactions wait for a lock");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// A new PostgreSQL database gets its first statistics once it holds enough

@@ -6,6 +6,7 @@ mod definitions;
 mod engines;
 mod grpc;
 mod harness;
+mod hitl_gates;
 mod loading;
 mod outages;
 mod runs;
