@@ -6,7 +6,9 @@
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use chorus_proto::eventbus::event_bus_client::EventBusClient;
-use chorus_runtime::{time::now_micros, transport::Transport, wakeup::Wakeups};
+use chorus_runtime::{
+    storage::Backend, testing::TestDatabase, time::now_micros, transport::Transport, wakeup::Wakeups,
+};
 use chorus_taskstore::{
     TaskStore, TaskStoreConfig,
     domain::{ArtifactChunk, StatusUpdate, TaskState},
@@ -28,6 +30,7 @@ conformance!(
     a_relay_shut_down_hands_its_lease_to_another_at_once,
     a_round_of_changes_larger_than_one_publish_takes_goes_out_in_several,
     a_relay_that_cannot_reach_its_bus_hands_its_lease_to_one_that_can,
+    a_store_started_over_on_a_new_database_is_not_taken_for_a_retry_of_its_old_life,
 );
 
 pub(crate) fn slow_config() -> TaskStoreConfig {
@@ -172,4 +175,26 @@ async fn a_relay_that_cannot_reach_its_bus_hands_its_lease_to_one_that_can(h: Ha
     assert_eq!(log[0].subject, task.id);
     stopping.cancel();
     failing.await.unwrap();
+}
+
+/// A task store started over on an empty database (a restore, a new
+/// environment) beside the same bus counts its changes from the start
+/// again: its events are new events, not retries of the old store's.
+async fn a_store_started_over_on_a_new_database_is_not_taken_for_a_retry_of_its_old_life(h: Harness) {
+    let (bus, client) = Bus::start().await;
+    h.store.spawn_outbox_relay(client.clone(), "replica-1".to_owned());
+    h.own_task("ns", "echo", "before").await;
+    h.own_task("ns", "echo", "before").await;
+    bus.wait_for("ns", 2).await;
+    let database = match h.db.backend() {
+        Backend::Sqlite => TestDatabase::sqlite(),
+        Backend::Postgres => TestDatabase::postgres().await.expect("the suite's PostgreSQL"),
+    };
+    let again = Harness::start_with(database, slow_config()).await;
+    again.store.spawn_outbox_relay(client, "replica-1".to_owned());
+    let first = again.own_task("ns", "echo", "after").await;
+    let second = again.own_task("ns", "echo", "after").await;
+    let log = bus.wait_for("ns", 4).await;
+    let subjects: Vec<&str> = log[2..].iter().map(|event| event.subject.as_str()).collect();
+    assert_eq!(subjects, [first.id.as_str(), second.id.as_str()]);
 }

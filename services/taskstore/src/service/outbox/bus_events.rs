@@ -81,7 +81,11 @@ fn bus_events(event: &TaskEvent, max_payload: usize) -> Result<Vec<NewEvent>> {
         ("context_id".to_owned(), event.context_id.clone()),
         ("agent_id".to_owned(), event.agent_id.clone()),
     ]);
-    let key = format!("{SOURCE}/{}", event.cursor.id);
+    // The task's id makes the key the store's own: a cursor alone would
+    // repeat when the store starts over on a new database beside the same
+    // bus, or match a key some other publisher in the namespace chose, and
+    // the bus would drop the event as a retry of theirs.
+    let key = format!("{SOURCE}/{}/{}", event.task_id, event.cursor.id);
     let change = NewEvent {
         r#type: change_type(event.kind).to_owned(),
         source: SOURCE.to_owned(),
@@ -163,7 +167,7 @@ mod tests {
             (payload["task_id"].as_str(), payload["status"]["state"].as_str()),
             (Some("task-9"), Some("working"))
         );
-        assert_eq!(bus.idempotency_key, "taskstore/9", "still the change's event, once");
+        assert_eq!(bus.idempotency_key, "taskstore/task-9/9", "still the change's event, once");
 
         added.message = Some(Message::text("m9", Role::User, "small"));
         let payload: serde_json::Value =
@@ -182,7 +186,7 @@ mod tests {
         assert_eq!(bus.r#type, "task.created");
         assert_eq!(bus.source, "taskstore");
         assert_eq!(bus.subject, "task-7");
-        assert_eq!(bus.idempotency_key, "taskstore/7");
+        assert_eq!(bus.idempotency_key, "taskstore/task-7/7");
         assert_eq!(bus.content_type, "application/json");
         assert_eq!(bus.attributes["task_id"], "task-7");
         assert_eq!(bus.attributes["context_id"], "ctx");
@@ -226,8 +230,8 @@ mod tests {
             let published = bus_events(&event(42, "ns", EventKind::StatusChanged, state), LIMIT).unwrap();
             let types: Vec<&str> = published.iter().map(|bus| bus.r#type.as_str()).collect();
             assert_eq!(types, ["task.status_changed", name]);
-            assert_eq!(published[0].idempotency_key, "taskstore/42");
-            assert_eq!(published[1].idempotency_key, "taskstore/42/final");
+            assert_eq!(published[0].idempotency_key, "taskstore/task-42/42");
+            assert_eq!(published[1].idempotency_key, "taskstore/task-42/42/final");
             assert_eq!(published[1].payload, published[0].payload);
             assert_eq!(published[1].subject, "task-42");
         }
@@ -250,7 +254,10 @@ mod tests {
             .collect();
         assert_eq!(
             keys,
-            [("a", vec!["taskstore/1", "taskstore/3", "taskstore/3/final"]), ("b", vec!["taskstore/2", "taskstore/4"])]
+            [
+                ("a", vec!["taskstore/task-1/1", "taskstore/task-3/3", "taskstore/task-3/3/final"]),
+                ("b", vec!["taskstore/task-2/2", "taskstore/task-4/4"])
+            ]
         );
     }
 }
