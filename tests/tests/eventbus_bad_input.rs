@@ -143,6 +143,9 @@ async fn missing_and_malformed_fields_are_named_and_change_nothing() {
     };
     assert_invalid(client.read_events(read).await, "event_types");
 
+    let ahead = RegisterHandlerRequest { start_after_sequence: Some(1), ..registration("ahead", &[]) };
+    assert_invalid(client.register_handler(ahead).await, "start_after_sequence");
+
     assert_eq!(head(&mut client).await, 0, "no refused publish appended an event");
     assert_eq!(delivery_count(&mut client).await, 0, "no refused publish created a delivery");
     assert_eq!(handlers(&mut client).await, [audit], "no refused registration changed the handlers");
@@ -211,6 +214,9 @@ async fn a_cycle_is_refused_with_its_path_and_changes_nothing() {
     assert_cycle(client.register_handler(registration("c", &["c"])).await, &["c", "c"]);
 
     assert_eq!(handlers(&mut client).await, before, "a refused registration changes no handler");
+    // A dependency named twice is one dependency.
+    let twice = register(&mut client, "d", &["b", "a", "b"]).await;
+    assert_eq!(twice.after, ["b", "a"]);
     let status = get_handler(&mut client, "c").await.expect_err("a refused handler is not registered");
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
     server.assert_serving().await;

@@ -131,12 +131,14 @@ impl pb::event_bus_server::EventBus for EventBusGrpc {
         if request.event_types.is_empty() {
             return Err(FieldViolation::required("event_types").into());
         }
-        let after = request
-            .after
-            .iter()
-            .enumerate()
-            .map(|(n, name)| convert::handler_name(&format!("after[{n}]"), name))
-            .collect::<Result<Vec<_>, _>>()?;
+        // A name given twice is one dependency, kept once.
+        let mut after: Vec<String> = Vec::with_capacity(request.after.len());
+        for (n, name) in request.after.iter().enumerate() {
+            let name = convert::handler_name(&format!("after[{n}]"), name)?;
+            if !after.contains(&name) {
+                after.push(name);
+            }
+        }
         let spec = HandlerSpec {
             name: convert::handler_name("name", &request.name)?,
             event_types: convert::patterns("event_types", &request.event_types)?,

@@ -1,7 +1,7 @@
 //! Dependency order: diamonds, failure policies, cycles, late registration.
 
 use chorus_eventbus::{
-    domain::{DeliveryState, FailurePolicy, Nack},
+    domain::{DeliveryState, FailurePolicy, HandlerSpec, Nack},
     error::EventBusError,
 };
 
@@ -14,6 +14,7 @@ conformance!(
     cycles_of_length_one_to_four_are_rejected_with_their_path,
     a_dependency_registered_late_holds_nothing_until_it_registers,
     handlers_list_in_delivery_order,
+    a_handler_cannot_start_past_the_end_of_the_log,
 );
 
 async fn a_diamond_runs_in_dependency_order(h: Harness) {
@@ -138,4 +139,24 @@ async fn handlers_list_in_delivery_order(h: Harness) {
     h.handler("a", &[], FailurePolicy::Fail).await;
     let names: Vec<String> = h.bus.list_handlers(NS).await.unwrap().into_iter().map(|v| v.handler.name).collect();
     assert_eq!(names, ["a", "b", "c", "d", "zeta"]);
+}
+
+/// A new handler starts after an event the log holds: one past the last
+/// would report a start it does not keep, as the next event is delivered.
+async fn a_handler_cannot_start_past_the_end_of_the_log(h: Harness) {
+    let last = h.publish("task.completed").await;
+    let ahead = HandlerSpec { start_after: Some(last + 1), ..spec("ahead", &[], FailurePolicy::Fail) };
+    let error = h.bus.register_handler(ahead).await.expect_err("past the log's end");
+    assert!(matches!(&error, EventBusError::InvalidArgument(v) if v.field == "start_after_sequence"), "{error}");
+    assert!(error.to_string().contains(&format!("({last})")), "names the last event: {error}");
+    let missing = h.bus.get_handler(NS, "ahead").await.expect_err("not registered");
+    assert!(matches!(missing, EventBusError::HandlerNotFound(_)), "{missing}");
+
+    let at_end = HandlerSpec { start_after: Some(last), ..spec("at-end", &[], FailurePolicy::Fail) };
+    assert_eq!(h.bus.register_handler(at_end).await.unwrap().start_sequence, last + 1);
+    let next = h.publish("task.completed").await;
+    assert_eq!(h.claimed("at-end").await, [next]);
+    // Registered again, it keeps its start, whatever the request says.
+    let again = HandlerSpec { start_after: Some(next + 10), ..spec("at-end", &[], FailurePolicy::Fail) };
+    assert_eq!(h.bus.register_handler(again).await.unwrap().start_sequence, last + 1);
 }

@@ -402,7 +402,7 @@ fn current_attempt(id: &DeliveryId, current: u32, asked: Option<u32>, action: &'
     match asked {
         Some(attempt) if attempt > current => Err(EventBusError::InvalidArgument(FieldViolation::new(
             "attempt",
-            format!("delivery {id} has had {current} attempts; there is no attempt {attempt}"),
+            format!("delivery {id} is at attempt {current}; there is no attempt {attempt}"),
         ))),
         Some(attempt) if attempt != current => {
             Err(EventBusError::AttemptOver { id: id.clone(), attempt, current, action })

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use chorus_runtime::time;
+use chorus_runtime::{time, validate::FieldViolation};
 use sqlx::{AnyConnection, AssertSqlSafe, Row as _};
 
 use super::{SqlEventRepository, deliveries::INDEXED, head, load_handlers, rows};
@@ -25,6 +25,14 @@ impl SqlEventRepository {
         let existing = handlers.remove(&spec.name);
         if let Some(path) = find_cycle(&handlers, &spec.name, &spec.after) {
             return Err(EventBusError::Cycle { name: spec.name, path });
+        }
+        if let Some(after) = spec.start_after.filter(|&after| existing.is_none() && after > head) {
+            return Err(EventBusError::InvalidArgument(FieldViolation::new(
+                "start_after_sequence",
+                format!(
+                    "is {after}, past the last event of the log ({head}): a handler starts after an event there is"
+                ),
+            )));
         }
         let types: Vec<&str> = spec.event_types.iter().map(|pattern| pattern.as_str()).collect();
         let handler = Handler {
