@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status};
 
 use super::convert::{self, MAX_BATCH};
 use crate::{
-    domain::{DeliveryId, DeliveryQuery, DeliveryState, EventPage, EventQuery, HandlerSpec, Nack},
+    domain::{DeliveryId, DeliveryPage, DeliveryQuery, DeliveryState, EventPage, EventQuery, HandlerSpec, Nack},
     service::{EventBus, Subscription},
 };
 
@@ -61,6 +61,20 @@ fn fit_page(page: EventPage, budget: usize) -> pb::ReadEventsResponse {
         next_after_sequence: u64::try_from(next_after).unwrap_or_default(),
         head_sequence: u64::try_from(page.head).unwrap_or_default(),
     }
+}
+
+/// The page's deliveries on the wire, as many as fit in `budget` bytes (at
+/// least one), and the token of the page after them. With their events,
+/// deliveries are as large as those, as `fit_page` says of events.
+fn fit_deliveries(page: DeliveryPage, budget: usize) -> (Vec<pb::Delivery>, String) {
+    let mut next = page.next.map(|id| id.to_string());
+    let mut deliveries: Vec<pb::Delivery> = page.deliveries.into_iter().map(convert::delivery).collect();
+    let fit = fitting(deliveries.iter().map(prost::Message::encoded_len), budget);
+    if fit < deliveries.len() {
+        deliveries.truncate(fit);
+        next = Some(deliveries[fit - 1].id.clone());
+    }
+    (deliveries, next.map(|id| convert::page_token(&id)).unwrap_or_default())
 }
 
 #[tonic::async_trait]
@@ -285,10 +299,8 @@ impl pb::event_bus_server::EventBus for EventBusGrpc {
             limit: convert::page_size("page_size", request.page_size, 50, 100)?,
         };
         let page = self.bus.list_deliveries(&query).await?;
-        Ok(Response::new(pb::ListDeadLettersResponse {
-            next_page_token: page.next.map(|id| convert::page_token(&id.to_string())).unwrap_or_default(),
-            deliveries: page.deliveries.into_iter().map(convert::delivery).collect(),
-        }))
+        let (deliveries, next_page_token) = fit_deliveries(page, self.max_message_bytes);
+        Ok(Response::new(pb::ListDeadLettersResponse { deliveries, next_page_token }))
     }
 
     async fn replay_dead_letters(
@@ -345,10 +357,8 @@ impl pb::event_bus_server::EventBus for EventBusGrpc {
             limit: convert::page_size("page_size", request.page_size, 50, 100)?,
         };
         let page = self.bus.list_deliveries(&query).await?;
-        Ok(Response::new(pb::ListDeliveriesResponse {
-            next_page_token: page.next.map(|id| convert::page_token(&id.to_string())).unwrap_or_default(),
-            deliveries: page.deliveries.into_iter().map(convert::delivery).collect(),
-        }))
+        let (deliveries, next_page_token) = fit_deliveries(page, self.max_message_bytes);
+        Ok(Response::new(pb::ListDeliveriesResponse { deliveries, next_page_token }))
     }
 }
 
@@ -364,7 +374,7 @@ fn delivery_cursor(token: &str) -> Result<Option<DeliveryId>, FieldViolation> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::Event;
+    use crate::domain::{Delivery, Event};
 
     fn page(payloads: &[usize]) -> EventPage {
         let event = |index: usize, bytes: usize| Event {
@@ -393,5 +403,38 @@ mod tests {
         assert_eq!((whole.events.len(), whole.next_after_sequence), (5, 40), "a page that fits keeps its cursor");
         let alone = fit_page(page(&[5 << 20, 10]), 4 << 20);
         assert_eq!((alone.events.len(), alone.next_after_sequence), (1, 1), "one event, however large, goes");
+    }
+
+    #[test]
+    fn deliveries_with_large_events_are_cut_to_the_budget_and_continue_after_the_last() {
+        let deliveries = |payloads: &[usize]| DeliveryPage {
+            next: Some(DeliveryId { sequence: 40, handler: "h".to_owned() }),
+            deliveries: page(payloads)
+                .events
+                .into_iter()
+                .map(|event| Delivery {
+                    namespace: "ns".to_owned(),
+                    id: DeliveryId { sequence: event.sequence, handler: "h".to_owned() },
+                    state: DeliveryState::DeadLettered,
+                    attempt: 3,
+                    consumer_id: None,
+                    visible_until: None,
+                    next_attempt_at: None,
+                    last_error: Some("boom".to_owned()),
+                    skip_reason: None,
+                    created_at: 0,
+                    updated_at: 0,
+                    finished_at: Some(0),
+                    event: Some(event),
+                })
+                .collect(),
+        };
+        let token = |id: &str| convert::page_token(id);
+        let (cut, next) = fit_deliveries(deliveries(&[1 << 20; 5]), 4 << 20);
+        assert_eq!((cut.len(), next), (3, token("3:h")));
+        let (whole, next) = fit_deliveries(deliveries(&[10; 5]), 4 << 20);
+        assert_eq!((whole.len(), next), (5, token("40:h")), "a page that fits keeps its token");
+        let (alone, next) = fit_deliveries(deliveries(&[5 << 20, 10]), 4 << 20);
+        assert_eq!((alone.len(), next), (1, token("1:h")), "one delivery, however large, goes");
     }
 }
