@@ -90,20 +90,6 @@ pub fn topological_order(handlers: &Handlers) -> Vec<String> {
     order
 }
 
-/// Every registered handler `name` runs after, directly or through others.
-pub fn ancestors(handlers: &Handlers, name: &str) -> Vec<String> {
-    let mut found = BTreeSet::new();
-    let mut stack = vec![name];
-    while let Some(node) = stack.pop() {
-        for after in handlers.get(node).into_iter().flat_map(|handler| &handler.after) {
-            if handlers.contains_key(after) && found.insert(after.clone()) {
-                stack.push(after);
-            }
-        }
-    }
-    found.into_iter().collect()
-}
-
 /// One handler's delivery of an event, as readiness sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Participant {
@@ -116,8 +102,8 @@ pub struct Participant {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     Ready,
-    /// A dependency has not finished the event.
-    Wait,
+    /// These dependencies have not finished the event.
+    Wait(Vec<String>),
     /// A FAIL-policy dependency dead-lettered or skipped the event.
     Skip(SkipReason),
 }
@@ -150,7 +136,7 @@ fn dependencies<'a>(
 /// Whether `name`'s delivery of an event may go, given every delivery of
 /// that event.
 pub fn verdict(handlers: &Handlers, name: &str, participants: &BTreeMap<String, Participant>) -> Verdict {
-    let mut wait = false;
+    let mut unfinished = Vec::new();
     for dependency in dependencies(handlers, name, participants) {
         let participant = &participants[dependency];
         match participant.state {
@@ -164,10 +150,12 @@ pub fn verdict(handlers: &Handlers, name: &str, participants: &BTreeMap<String, 
                     });
                 }
             }
-            DeliveryState::Pending | DeliveryState::InFlight | DeliveryState::Failed => wait = true,
+            DeliveryState::Pending | DeliveryState::InFlight | DeliveryState::Failed => {
+                unfinished.push(dependency.to_owned());
+            }
         }
     }
-    if wait { Verdict::Wait } else { Verdict::Ready }
+    if unfinished.is_empty() { Verdict::Ready } else { Verdict::Wait(unfinished) }
 }
 
 /// The deliveries of one event that must now be skipped, in the order they
@@ -180,7 +168,7 @@ pub fn settle(handlers: &Handlers, participants: &mut BTreeMap<String, Participa
             .filter(|(_, p)| matches!(p.state, DeliveryState::Pending | DeliveryState::Failed))
             .find_map(|(name, _)| match verdict(handlers, name, participants) {
                 Verdict::Skip(reason) => Some((name.clone(), reason)),
-                Verdict::Ready | Verdict::Wait => None,
+                Verdict::Ready | Verdict::Wait(_) => None,
             });
         let Some((name, reason)) = next else { return skipped };
         let participant = participants.get_mut(&name).expect("found among the participants");
@@ -239,13 +227,6 @@ mod tests {
     }
 
     #[test]
-    fn ancestors_are_transitive_and_registered() {
-        let handlers = graph(&[("a", &[]), ("b", &["a", "ghost"]), ("c", &["b"]), ("d", &[])]);
-        assert_eq!(ancestors(&handlers, "c"), names(&["a", "b"]));
-        assert!(ancestors(&handlers, "d").is_empty());
-    }
-
-    #[test]
     fn order_is_topological_with_ties_by_name() {
         let handlers = graph(&[("d", &["b", "c"]), ("c", &["a"]), ("b", &["a"]), ("a", &[]), ("z", &["ghost"])]);
         assert_eq!(topological_order(&handlers), names(&["a", "b", "c", "d", "z"]));
@@ -262,7 +243,7 @@ mod tests {
     fn a_delivery_waits_for_its_dependencies_even_through_non_participants() {
         let handlers = graph(&[("a", &[]), ("b", &["a"]), ("c", &["b"])]);
         let events = participants(&[("a", DeliveryState::InFlight), ("c", DeliveryState::Pending)]);
-        assert_eq!(verdict(&handlers, "c", &events), Verdict::Wait);
+        assert_eq!(verdict(&handlers, "c", &events), Verdict::Wait(vec!["a".to_owned()]), "a, through b");
         let events = participants(&[("a", DeliveryState::Acked), ("c", DeliveryState::Pending)]);
         assert_eq!(verdict(&handlers, "c", &events), Verdict::Ready);
         let events = participants(&[("c", DeliveryState::Pending)]);

@@ -4,6 +4,6 @@ mod graph;
 mod model;
 mod pattern;
 
-pub use graph::{Handlers, Participant, Verdict, ancestors, find_cycle, settle, topological_order, verdict};
+pub use graph::{Handlers, Participant, Verdict, find_cycle, settle, topological_order, verdict};
 pub use model::*;
 pub use pattern::{EventType, Pattern};

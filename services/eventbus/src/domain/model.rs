@@ -286,7 +286,9 @@ pub struct OpenedStream {
 
 /// Deliveries leased by a claim; when the handler next has work due without
 /// any further write (a retry falling due); the handlers whose progress
-/// can make more of its deliveries ready (those it is after, transitively);
+/// can make the next delivery in its line ready (the dependencies it waits
+/// for, which may be further up than those it names: through handlers that
+/// do not take the event);
 /// and how many deliveries whose last lease had run out it dead-lettered.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Claim {

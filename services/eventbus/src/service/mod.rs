@@ -150,6 +150,9 @@ impl EventBus {
         let delivery = self.repository.nack(namespace, id, nack, now_micros()).await?;
         self.progressed(namespace, &id.handler);
         if delivery.state == DeliveryState::DeadLettered {
+            // It may have skipped dependents further down, whose own
+            // dependents wait for them, not for this handler.
+            self.changed(namespace);
             self.metrics.eventbus_dead_letters.get().inc();
         }
         Ok(delivery)

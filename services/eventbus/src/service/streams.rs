@@ -110,31 +110,37 @@ impl EventBus {
         let mut waits_on: Vec<String> = Vec::new();
         loop {
             // Created before the read: a publish or registration, this
-            // handler's own acks (room again) and its ancestors' (ready
-            // work) after it wake one of these.
+            // handler's own acks (room again) and those of the dependencies
+            // its next delivery waits for (ready work) after it wake one of
+            // these.
             let mut waiters: Vec<_> =
                 [keys::namespace(&request.namespace), keys::progress(&request.namespace, &request.handler)]
                     .into_iter()
-                    .chain(waits_on.iter().map(|ancestor| keys::progress(&request.namespace, ancestor)))
+                    .chain(waits_on.iter().map(|dependency| keys::progress(&request.namespace, dependency)))
                     .map(|key| self.wakeups.waiter(&key))
                     .collect();
             request.now = now_micros();
             let claim = self.repository.claim(request).await;
             let next_due = claim.as_ref().ok().and_then(|claim| claim.next_due);
             // A claim takes everything ready up to the consumer's room, so
-            // what it left is waiting for a signal (its own acks, an
-            // ancestor's, a publish) or a retry falling due. Only when the
-            // graph changed may the waiters above be the wrong ones.
+            // what it left is waiting for a signal (its own acks, a
+            // dependency's, a publish) or a retry falling due. When it waits
+            // for a dependency the waiters above do not cover, that one's ack
+            // may have come before its waiter: claim again, with its waiter.
             let mut again = false;
             if let Ok(claim) = &claim
                 && claim.waits_on != waits_on
             {
+                again = claim.waits_on.iter().any(|dependency| !waits_on.contains(dependency));
                 waits_on.clone_from(&claim.waits_on);
-                again = true;
             }
             if let Ok(claim) = &claim {
                 self.metrics.eventbus_deliveries.get().inc_by(claim.deliveries.len() as u64);
                 self.metrics.eventbus_dead_letters.get().inc_by(claim.dead_lettered);
+                if claim.dead_lettered > 0 {
+                    // As a nack that dead-letters: dependents may have been skipped.
+                    self.wakeups.notify(&keys::namespace(&request.namespace));
+                }
             }
             if !forward(claim.map(|claim| claim.deliveries), sender).await {
                 return;

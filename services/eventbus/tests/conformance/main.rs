@@ -7,3 +7,4 @@ mod ordering;
 mod retention;
 mod retries;
 mod streams;
+mod wakeups;

@@ -11,7 +11,7 @@ use super::{
     load_handlers, participants,
 };
 use crate::{
-    domain::{Claim, ClaimRequest, DeliveryId, DeliveryState, Handlers, OpenedStream, Verdict, ancestors, verdict},
+    domain::{Claim, ClaimRequest, DeliveryId, DeliveryState, Handlers, OpenedStream, Verdict, verdict},
     error::{EventBusError, Result},
 };
 
@@ -61,7 +61,7 @@ impl SqlEventRepository {
         .fetch_one(&mut *tx)
         .await?;
         let mut capacity = i64::from(*max_in_flight) - held.unwrap_or_default();
-        let mut claim = Claim { waits_on: ancestors(&handlers, name), ..Claim::default() };
+        let mut claim = Claim::default();
         if capacity <= 0 {
             tx.commit().await?;
             return Ok(claim);
@@ -90,7 +90,7 @@ impl SqlEventRepository {
                 .await?;
             let full = rows.len() as i64 >= capacity;
             let sequences: Vec<i64> = rows.iter().map(|row| row.try_get("sequence")).collect::<Result<_, _>>()?;
-            let siblings = match (claim.waits_on.is_empty(), sequences.first(), sequences.last()) {
+            let siblings = match (handler.after.is_empty(), sequences.first(), sequences.last()) {
                 (false, Some(first), Some(last)) => participants(&mut tx, namespace, *first, *last).await?,
                 _ => Default::default(),
             };
@@ -115,7 +115,10 @@ impl SqlEventRepository {
                             break 'scan;
                         }
                     }
-                    Verdict::Wait => break 'scan,
+                    Verdict::Wait(dependencies) => {
+                        claim.waits_on = dependencies;
+                        break 'scan;
+                    }
                     Verdict::Skip(_) => settle_event(&mut tx, &handlers, namespace, sequence, now).await?,
                 }
             }
@@ -149,18 +152,14 @@ impl SqlEventRepository {
         Ok(claim)
     }
 
-    /// The handler's ancestors when the first delivery in its line waits
-    /// for one of them, so a claim would lease nothing: a read, where a claim
-    /// writes under the handler's lock. A handler with dependencies is woken
-    /// whenever any of its ancestors moves on, which mostly leaves its own
-    /// line as it was: without this, a chain of `n` handlers made about
-    /// `n * n / 2` claims per event. `None`: claim (also when a lease in the
-    /// line ran out, which the claim settles).
+    /// The dependencies the first delivery in the handler's line waits for,
+    /// when it waits, so a claim would lease nothing: a read, where a claim
+    /// writes under the handler's lock. `None`: claim (also when a lease in
+    /// the line ran out, which the claim settles).
     async fn first_in_line_waits(&self, namespace: &str, name: &str, now: i64) -> Result<Option<Vec<String>>> {
         let mut conn = self.db.read().await?;
         let handlers = load_handlers(&mut conn, namespace).await?;
-        let waits_on = ancestors(&handlers, name);
-        if waits_on.is_empty() {
+        if handlers.get(name).is_none_or(|handler| handler.after.is_empty()) {
             return Ok(None);
         }
         let first: Option<(i64, String)> = sqlx::query_as(AssertSqlSafe(format!(
@@ -177,8 +176,10 @@ impl SqlEventRepository {
             return Ok(None);
         };
         let participants = participants(&mut conn, namespace, sequence, sequence).await?;
-        let waits = participants.get(&sequence).is_some_and(|event| verdict(&handlers, name, event) == Verdict::Wait);
-        Ok(waits.then_some(waits_on))
+        Ok(participants.get(&sequence).and_then(|event| match verdict(&handlers, name, event) {
+            Verdict::Wait(dependencies) => Some(dependencies),
+            Verdict::Ready | Verdict::Skip(_) => None,
+        }))
     }
 
     /// Counts the attempts whose lease ran out among a handler's in-flight
