@@ -180,6 +180,32 @@ pub(crate) fn database_url(admin_url: &str, name: &str) -> String {
     }
 }
 
+/// Returns once `count` transactions of `db`'s PostgreSQL database wait for
+/// a lock, or `done()`: a test holds a race at the point it means to check.
+///
+/// # Panics
+///
+/// When that has not happened within 10 s, or the database cannot be read.
+pub async fn until_waiting_for_locks(db: &Db, count: i64, done: impl Fn() -> bool) {
+    let started = tokio::time::Instant::now();
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut *db.acquire().await.expect("a connection"))
+        .await
+        .expect("pg_stat_activity");
+        if waiting >= count || done() {
+            return;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{waiting} of {count} transactions wait for a lock"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// Polls `future` until it has waited `waits` times, then drops it: the way
 /// a server drops a request's work when its client hangs up, at a chosen
 /// point of that work.

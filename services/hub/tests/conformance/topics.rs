@@ -6,7 +6,7 @@ use chorus_hub::{
     domain::{Audience, InboxFilter, MessageKind, Outgoing},
     error::HubError,
 };
-use chorus_runtime::storage::Backend;
+use chorus_runtime::{storage::Backend, testing::until_waiting_for_locks};
 use tokio::task::JoinHandle;
 
 use crate::harness::{Harness, NS, conformance, outgoing, types_of};
@@ -248,29 +248,10 @@ async fn send_while_leaving(
     .unwrap();
     let hub = h.hub.clone();
     let sending = tokio::spawn(async move { hub.send(send).await });
-    until_waiting_for_locks(h, 1, || false).await;
+    until_waiting_for_locks(&h.db, 1, || false).await;
     let leaving = leave();
-    until_waiting_for_locks(h, 2, || leaving.is_finished()).await;
+    until_waiting_for_locks(&h.db, 2, || leaving.is_finished()).await;
     holder.rollback().await.unwrap();
     sending.await.unwrap().expect("the send went first");
     leaving.await.unwrap().unwrap();
-}
-
-/// Returns once `count` transactions of the test's PostgreSQL database wait
-/// for a lock, or `done`.
-async fn until_waiting_for_locks(h: &Harness, count: i64, done: impl Fn() -> bool) {
-    let started = tokio::time::Instant::now();
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&mut *h.db.acquire().await.unwrap())
-        .await
-        .unwrap();
-        if waiting >= count || done() {
-            return;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "{waiting} of {count} transactions wait for a lock");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }

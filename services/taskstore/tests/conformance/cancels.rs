@@ -1,9 +1,7 @@
 //! Cancels: a cancel reaches the whole unfinished tree below a task, and a
 //! spawn racing it lands first and is canceled with the tree.
 
-use std::time::Duration;
-
-use chorus_runtime::storage::Backend;
+use chorus_runtime::{storage::Backend, testing::until_waiting_for_locks};
 use chorus_taskstore::{
     domain::{NewSubtask, SpawnContext, StatusUpdate, TaskState},
     error::TaskStoreError,
@@ -76,33 +74,15 @@ async fn a_spawn_in_flight_below_a_cancel_lands_before_it_and_is_canceled(h: Har
     .unwrap();
     let store = h.store.clone();
     let spawn = tokio::spawn(async move { store.spawn_subtask(in_flight, false, None).await });
-    until_waiting_for_locks(&h, 1).await;
+    until_waiting_for_locks(&h.db, 1, || false).await;
     let store = h.store.clone();
     let root_id = root.id.clone();
     let cancel = tokio::spawn(async move { store.cancel_task("ns", &root_id, None).await });
-    until_waiting_for_locks(&h, 2).await;
+    until_waiting_for_locks(&h.db, 2, || false).await;
     holder.rollback().await.unwrap();
     let (grandchild, _) = spawn.await.unwrap().expect("the spawn went first");
     let (_, canceled) = cancel.await.unwrap().unwrap();
     assert_eq!(canceled, [root.id, child.id, grandchild.id.clone()]);
     let grandchild = h.store.get_task("ns", &grandchild.id, Some(0)).await.unwrap();
     assert_eq!(grandchild.status.state, TaskState::Canceled, "nothing lives on under a canceled tree");
-}
-
-/// Returns once `count` transactions of the test's PostgreSQL database wait for a lock.
-async fn until_waiting_for_locks(h: &Harness, count: i64) {
-    let started = tokio::time::Instant::now();
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&mut *h.db.acquire().await.unwrap())
-        .await
-        .unwrap();
-        if waiting >= count {
-            return;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "{waiting} of {count} transactions wait for a lock");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
