@@ -76,6 +76,16 @@ impl Outgoing {
         }
     }
 
+    /// Whom the message goes to, as a retry under its idempotency key must
+    /// name them again: `agent:<id>`, `everyone:<type>` or `topic:<topic>`.
+    pub fn audience_key(&self) -> String {
+        match &self.audience {
+            Audience::Topic(topic) => format!("topic:{topic}"),
+            Audience::Agent(agent) => format!("agent:{agent}"),
+            Audience::Everyone { agent_type } => format!("everyone:{}", agent_type.as_deref().unwrap_or_default()),
+        }
+    }
+
     /// Whether `filter` takes this message.
     pub fn passes(&self, filter: &InboxFilter) -> bool {
         filter.admits(&self.sender, &self.content.message_type, self.kind, self.topic())

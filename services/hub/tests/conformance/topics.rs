@@ -18,6 +18,7 @@ conformance!(
     broadcast_reaches_every_agent_but_the_sender_optionally_by_type,
     a_full_inbox_refuses_the_whole_send,
     idempotent_sends_queue_once,
+    a_used_key_names_its_recipients,
     concurrent_sends_keep_keys_and_limits,
     topics_and_broadcasts_stay_in_their_namespace,
     a_send_in_flight_is_dropped_by_the_unsubscribe_that_follows,
@@ -126,6 +127,35 @@ async fn idempotent_sends_queue_once(h: Harness) {
         if key == "k1" && *message_id == first.message_id && mismatch == "has another payload");
     assert!(refused, "{error}");
     assert_eq!(h.drain("b").await.len(), 1);
+}
+
+/// The same message to other recipients under a used key is another send:
+/// answered as the first one's duplicate, it would reach no one.
+async fn a_used_key_names_its_recipients(h: Harness) {
+    for agent in ["a", "b", "c"] {
+        h.agent(agent, "worker").await;
+    }
+    h.agent("r", "reviewer").await;
+    let keyed = |audience: Audience| {
+        let mut send = outgoing("a", audience, MessageKind::Direct, "once");
+        send.idempotency_key = Some("k1".into());
+        send
+    };
+    let first = h.hub.send(keyed(Audience::Agent("b".into()))).await.unwrap();
+    let other_recipient = |error: &HubError, first: &str| {
+        matches!(error, HubError::IdempotencyKeyInUse { message_id, mismatch, .. }
+            if message_id == first && mismatch == "went to other recipients")
+    };
+    let error = h.hub.send(keyed(Audience::Agent("c".into()))).await.unwrap_err();
+    assert!(other_recipient(&error, &first.message_id), "{error}");
+    let mut broadcast = Outgoing { kind: MessageKind::Broadcast, ..keyed(Audience::Everyone { agent_type: None }) };
+    broadcast.idempotency_key = Some("k2".into());
+    let everyone = h.hub.send(broadcast.clone()).await.unwrap();
+    broadcast.audience = Audience::Everyone { agent_type: Some("reviewer".into()) };
+    let error = h.hub.send(broadcast).await.unwrap_err();
+    assert!(other_recipient(&error, &everyone.message_id), "{error}");
+    assert_eq!(h.drain("c").await.len(), 1, "c has the broadcast only");
+    assert_eq!(h.drain("b").await.len(), 2, "b has the first send and the broadcast");
 }
 
 async fn concurrent_sends_keep_keys_and_limits(h: Harness) {

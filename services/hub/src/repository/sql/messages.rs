@@ -75,12 +75,13 @@ impl SqlHubRepository {
         let topic = send.topic();
         let insert = sqlx::query(
             "INSERT INTO hub_messages (namespace, id, sender, kind, topic, type, payload, content_type, \
-             correlation_id, sent_at, expires_at, idempotency_key, sequence, recipients) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+             correlation_id, sent_at, expires_at, idempotency_key, sequence, recipients, audience) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
         );
         bind_message(insert, send, &message_id, now, expires_at)
             .bind(sequence)
             .bind(i64::try_from(recipients.len()).unwrap_or(i64::MAX))
+            .bind(send.audience_key())
             .execute(&mut *tx)
             .await?;
         // Each row's recipient and lease (consumer, deadline, hand-outs).

@@ -16,7 +16,11 @@ use crate::error::Result;
 /// The hub's embedded migrations.
 pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
     "hub",
-    [(1, "hub", "0001_hub.sql"), (2, "consumer streams", "0002_consumer_streams.sql")]
+    [
+        (1, "hub", "0001_hub.sql"),
+        (2, "consumer streams", "0002_consumer_streams.sql"),
+        (3, "message audience", "0003_message_audience.sql"),
+    ]
 );
 
 /// Hub storage on a [`Db`].

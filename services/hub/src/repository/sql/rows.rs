@@ -99,7 +99,7 @@ pub(super) fn decode_state(row: &AnyRow) -> Result<StateEntry> {
 /// `sequence`, `recipients` and `expires_at` columns (under `prefix`).
 /// The columns of an earlier send that a duplicate is compared with.
 pub(super) const EARLIER: &str = "id, sequence, recipients, expires_at, kind, sender, topic, type, payload, \
-     content_type, correlation_id";
+     content_type, correlation_id, audience";
 
 /// The send made first under `send`'s idempotency key (its columns named
 /// with `prefix`), answered as the duplicate `send` is, unless `send` is
@@ -113,6 +113,8 @@ pub(super) fn decode_duplicate(row: &AnyRow, prefix: &str, send: &Outgoing) -> R
         (text("kind")?.as_deref() != Some(send.kind.as_str()), "is another kind of message"),
         (text("sender")?.as_deref() != Some(send.sender.as_str()), "has another sender"),
         (text("topic")?.as_deref() != send.topic(), "went to another topic"),
+        // Messages sent before the audience was recorded have none.
+        (text("audience")?.is_some_and(|audience| audience != send.audience_key()), "went to other recipients"),
         (text("type")?.as_deref() != Some(send.content.message_type.as_str()), "has another type"),
         (payload != send.content.payload, "has another payload"),
         (text("content_type")?.as_deref() != Some(send.content.content_type.as_str()), "has another content type"),

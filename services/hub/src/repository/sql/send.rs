@@ -31,7 +31,8 @@ impl SqlHubRepository {
         max_queue_depth: u32,
         now: i64,
     ) -> Result<(Sent, Vec<String>)> {
-        // Who the send reaches; the audience's own value, if any, is $15.
+        // Who the send reaches; the audience's own value, if any, is $16
+        // ($15 is the audience as recorded).
         // Their rows stay locked until the send commits: an unsubscribe or a
         // deregistration waits for it, then drops what it queued; one that
         // committed first leaves its rows out, though this statement's
@@ -43,12 +44,12 @@ impl SqlHubRepository {
                 None,
             ),
             Audience::Agent(recipient) => (
-                "SELECT id AS recipient FROM hub_agents WHERE namespace = $1 AND id = $15 FOR KEY SHARE",
+                "SELECT id AS recipient FROM hub_agents WHERE namespace = $1 AND id = $16 FOR KEY SHARE",
                 Some(recipient.as_str()),
             ),
             Audience::Everyone { agent_type } => (
                 "SELECT id AS recipient FROM hub_agents WHERE namespace = $1 AND id <> $3 \
-                 AND ($15 = '' OR agent_type = $15) FOR KEY SHARE",
+                 AND ($16 = '' OR agent_type = $16) FOR KEY SHARE",
                 Some(agent_type.as_deref().unwrap_or_default()),
             ),
         };
@@ -61,9 +62,9 @@ impl SqlHubRepository {
              next AS (SELECT nextval('hub_message_sequence') AS sequence WHERE NOT EXISTS (SELECT 1 FROM earlier) \
                AND NOT EXISTS (SELECT 1 FROM too_full) AND ({reached})), \
              message AS (INSERT INTO hub_messages (namespace, id, sequence, kind, sender, topic, type, payload, \
-               content_type, correlation_id, sent_at, expires_at, idempotency_key, recipients) \
+               content_type, correlation_id, sent_at, expires_at, idempotency_key, recipients, audience) \
                SELECT $1, $2, next.sequence, $4, $3, $5, $6, $7, $8, $9, $10, $11, $12, \
-               (SELECT COUNT(*) FROM recipients) FROM next RETURNING sequence), \
+               (SELECT COUNT(*) FROM recipients), $15 FROM next RETURNING sequence), \
              queued AS (INSERT INTO hub_inbox (namespace, recipient, sequence, message_id, kind, sender, type, topic, \
                correlation_id, expires_at, consumer_id, ack_deadline, attempt) \
                SELECT $1, r.recipient, message.sequence, $2, $4, $3, $6, $5, $9, $11, l.consumer_id, l.until, \
@@ -78,7 +79,8 @@ impl SqlHubRepository {
                earlier.recipients AS earlier_recipients, earlier.expires_at AS earlier_expires_at, \
                earlier.kind AS earlier_kind, earlier.sender AS earlier_sender, earlier.topic AS earlier_topic, \
                earlier.type AS earlier_type, earlier.payload AS earlier_payload, \
-               earlier.content_type AS earlier_content_type, earlier.correlation_id AS earlier_correlation_id \
+               earlier.content_type AS earlier_content_type, earlier.correlation_id AS earlier_correlation_id, \
+               earlier.audience AS earlier_audience \
              FROM (SELECT 1) AS one LEFT JOIN earlier ON TRUE",
             earlier = rows::EARLIER,
             // A direct message needs its recipient registered.
@@ -93,7 +95,8 @@ impl SqlHubRepository {
             .collect();
         let query = bind_message(sqlx::query(AssertSqlSafe(sql)), send, &message_id, now, expires_at)
             .bind(i64::from(max_queue_depth))
-            .bind(rows::to_json(&leases));
+            .bind(rows::to_json(&leases))
+            .bind(send.audience_key());
         let query = match audience {
             Some(value) => query.bind(value),
             None => query,
