@@ -121,6 +121,31 @@ pub struct Sent {
     pub duplicate: bool,
 }
 
+/// A send's copy for one recipient, handed straight to the consumer's
+/// stream numbered `stream` under `lease`: written leased only while that
+/// stream is still the consumer's latest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandOff {
+    pub lease: Lease,
+    pub stream: i64,
+}
+
+/// What a send queued, whom it reached, and those of them whose copy went
+/// leased to the stream it was handed to (the others wait in the inbox).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queued {
+    pub sent: Sent,
+    pub recipients: Vec<String>,
+    pub handed_off: Vec<String>,
+}
+
+impl Queued {
+    /// A retry of a send already queued: it reached no one again.
+    pub fn duplicate(sent: Sent) -> Self {
+        Self { sent, recipients: Vec::new(), handed_off: Vec::new() }
+    }
+}
+
 /// A message as one recipient holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {

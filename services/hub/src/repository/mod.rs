@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 
 use crate::{
-    domain::{Agent, Content, InboxFilter, Lease, Message, Outgoing, Sent, StateEntry, StateWrite},
+    domain::{Agent, Content, HandOff, InboxFilter, Lease, Message, Outgoing, Queued, StateEntry, StateWrite},
     error::Result,
 };
 
@@ -99,16 +99,17 @@ pub trait HubRepository: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Vec<Subscription>>;
 
     /// Queues a message for its audience, all inboxes or none; returns what
-    /// was queued and the recipients. A recipient in `leases` gets its copy
-    /// already leased (handed straight to a consumer); a duplicate send
-    /// leases nothing.
+    /// was queued and the recipients. A recipient in `hand_offs` gets its
+    /// copy already leased (handed straight to a consumer's stream) while
+    /// that stream is still the consumer's latest; a duplicate send leases
+    /// nothing.
     async fn send(
         &self,
         send: &Outgoing,
-        leases: &BTreeMap<String, Lease>,
+        hand_offs: &BTreeMap<String, HandOff>,
         max_queue_depth: u32,
         now: i64,
-    ) -> Result<(Sent, Vec<String>)>;
+    ) -> Result<Queued>;
     /// Leases available inbox messages matching a filter.
     async fn take(&self, take: &Take) -> Result<Taken>;
     /// Opens a new stream for `lease.consumer_id`, which replaces its

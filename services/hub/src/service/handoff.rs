@@ -31,7 +31,7 @@ use tokio::sync::{
 
 use super::messaging::Inbox;
 use crate::{
-    domain::{Audience, Lease, Message, Outgoing},
+    domain::{Audience, HandOff, Message, Outgoing},
     error::Result,
 };
 
@@ -63,6 +63,8 @@ struct LiveState {
     /// Its consumer opened another stream here: it takes no more hand-offs
     /// (its next take fails, which ends it).
     superseded: bool,
+    /// Its number, once opened.
+    stream: Option<i64>,
 }
 
 impl LiveState {
@@ -79,7 +81,7 @@ impl LiveState {
 pub(super) struct Offer {
     live: Arc<Live>,
     permit: Option<OwnedPermit<Result<Message>>>,
-    pub(super) lease: Lease,
+    pub(super) hand_off: HandOff,
 }
 
 impl Drop for Offer {
@@ -95,7 +97,7 @@ impl Drop for Offer {
 impl Offer {
     /// Puts the message, committed leased to this stream, on it.
     pub(super) fn deliver(mut self, message: Message) {
-        self.live.state().held.insert(message.id.clone(), self.lease.until);
+        self.live.state().held.insert(message.id.clone(), self.hand_off.lease.until);
         // A stream that ended meanwhile leaves the message leased to its
         // consumer: the consumer's next stream sends it again, or it goes
         // out again when the lease runs out.
@@ -112,6 +114,12 @@ impl Live {
 
     /// Counts leases this stream now holds: taken, sent again, or held
     /// from before it opened.
+    /// The stream was opened under `stream`: it may take hand-offs once
+    /// caught up.
+    pub(super) fn opened(&self, stream: i64) {
+        self.state().stream = Some(stream);
+    }
+
     pub(super) fn hold(&self, leases: impl IntoIterator<Item = (String, i64)>) {
         self.state().held.extend(leases);
     }
@@ -165,13 +173,15 @@ impl Live {
             return None;
         }
         let mut state = self.state();
+        let stream = state.stream?;
         if state.superseded || !state.caught_up || state.in_flight(now) >= self.inbox.max_in_flight {
             return None;
         }
         let permit = self.sender.clone().try_reserve_owned().ok()?;
         state.reserved += 1;
         drop(state);
-        Some(Offer { live: Arc::clone(self), permit: Some(permit), lease: self.inbox.lease(now) })
+        let hand_off = HandOff { lease: self.inbox.lease(now), stream };
+        Some(Offer { live: Arc::clone(self), permit: Some(permit), hand_off })
     }
 }
 

@@ -13,7 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::{Hub, handoff::Live, keys};
 use crate::{
-    domain::{Audience, Content, InboxFilter, Lease, Message, MessageKind, Outgoing, Sent},
+    domain::{Audience, Content, InboxFilter, Lease, Message, MessageKind, Outgoing, Queued, Sent},
     error::{HubError, Result},
     repository::{HubRepository, OpenedStream, Take, Taken},
 };
@@ -96,13 +96,16 @@ impl Hub {
     pub async fn send(&self, send: Outgoing) -> Result<Sent> {
         let now = now_micros();
         let mut offers = self.streams.offers(&send, now);
-        let leases = offers.iter().map(|(agent_id, offer)| (agent_id.clone(), offer.lease.clone())).collect();
-        let (sent, recipients) = self.repository.send(&send, &leases, self.config.max_queue_depth, now).await?;
+        let hand_offs = offers.iter().map(|(agent_id, offer)| (agent_id.clone(), offer.hand_off.clone())).collect();
+        let queued = self.repository.send(&send, &hand_offs, self.config.max_queue_depth, now).await?;
+        let Queued { sent, recipients, handed_off } = queued;
         self.metrics.hub_messages_sent.get().inc();
         for recipient in &recipients {
-            match offers.remove(recipient) {
+            // A stream replaced meanwhile in another process got no lease:
+            // its copy waits in the inbox for the consumer's new stream.
+            match offers.remove(recipient).filter(|_| handed_off.contains(recipient)) {
                 Some(offer) => {
-                    let message = send.leased_to(&sent, recipient, now, &offer.lease);
+                    let message = send.leased_to(&sent, recipient, now, &offer.hand_off.lease);
                     offer.deliver(message);
                 }
                 None => {
@@ -215,6 +218,7 @@ impl Hub {
         };
         // What it holds now: what was just sent again, and what it kept.
         registration.live().hold(held);
+        registration.live().opened(stream);
         self.feed(&inbox, registration.live(), stream, resent, &sender).await;
         let closed = self.repository.close_stream(&inbox.namespace, &inbox.agent_id, &inbox.consumer_id, stream).await;
         if let Err(error) = closed {

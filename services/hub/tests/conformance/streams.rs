@@ -1,10 +1,10 @@
 //! Inbox streams fed straight from sends (hand-offs): order, the in-flight
 //! limit, filters, leases, and what a stream that goes away leaves behind.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use chorus_hub::{
-    domain::{InboxFilter, Lease, Message},
+    domain::{Audience, HandOff, InboxFilter, Lease, Message, MessageKind},
     error::HubError,
     repository::{HubRepository, Take, Taken, sql::SqlHubRepository},
     service::Inbox,
@@ -12,7 +12,7 @@ use chorus_hub::{
 use chorus_runtime::{storage::Backend, time::now_micros};
 use futures_util::{Stream, StreamExt as _};
 
-use crate::harness::{Harness, NS, conformance, types_of};
+use crate::harness::{Harness, NS, conformance, outgoing, types_of};
 
 conformance!(
     a_stream_gets_every_message_once_in_order_within_its_limit,
@@ -20,6 +20,7 @@ conformance!(
     a_message_handed_to_a_stream_that_went_away_comes_back,
     a_new_stream_of_a_consumer_replaces_its_previous_one,
     a_take_by_a_replaced_stream_leases_nothing,
+    a_send_hands_nothing_to_a_replaced_stream,
 );
 
 fn inbox(max_in_flight: u32, filter: InboxFilter) -> Inbox {
@@ -169,17 +170,9 @@ async fn stream_number(h: &Harness) -> Option<i64> {
     .expect("the consumer's stream")
 }
 
-/// The repository's fence: a take under a stream number the consumer has
-/// since replaced fails and leases nothing; closing a replaced stream
-/// changes nothing, closing the open one lifts the fence. On PostgreSQL, a
-/// take that waited for a stream being opened sees the new number.
-async fn a_take_by_a_replaced_stream_leases_nothing(h: Harness) {
-    h.agent("a", "worker").await;
-    h.agent("b", "worker").await;
-    let repository = SqlHubRepository::new(h.db.clone());
-    let now = now_micros();
-    let lease = Lease { consumer_id: "b-1".into(), until: now + 60_000_000 };
-    let take = |stream: i64| Take {
+/// A take of `b`'s inbox by its consumer's stream numbered `stream`.
+fn take_for(lease: &Lease, stream: i64, now: i64) -> Take {
+    Take {
         namespace: NS.into(),
         agent_id: "b".into(),
         filter: InboxFilter::default(),
@@ -190,11 +183,48 @@ async fn a_take_by_a_replaced_stream_leases_nothing(h: Harness) {
         hold_limit: Some(10),
         stream: Some(stream),
         now,
-    };
-    let taken = |outcome: chorus_hub::error::Result<Taken>| match outcome.expect("a take") {
-        Taken::Messages(messages) => types_of(&messages).into_iter().map(str::to_owned).collect::<Vec<_>>(),
+    }
+}
+
+/// The types of the messages a take leased.
+fn taken(outcome: chorus_hub::error::Result<Taken>) -> Vec<String> {
+    match outcome.expect("a take") {
+        Taken::Messages(messages) => types_of(&messages).into_iter().map(str::to_owned).collect(),
         Taken::Missing(senders) => panic!("missing {senders:?}"),
-    };
+    }
+}
+
+/// A send handed to a stream its consumer has since replaced (in another
+/// process: this one's streams cannot know) queues its copy unleased, for
+/// the new stream to take; handed to the latest stream, it goes leased.
+async fn a_send_hands_nothing_to_a_replaced_stream(h: Harness) {
+    h.agent("a", "worker").await;
+    h.agent("b", "worker").await;
+    let repository = SqlHubRepository::new(h.db.clone());
+    let now = now_micros();
+    let lease = Lease { consumer_id: "b-1".into(), until: now + 60_000_000 };
+    let first = repository.open_stream(NS, "b", &lease, None, now).await.expect("open").stream;
+    let second = repository.open_stream(NS, "b", &lease, None, now).await.expect("open again").stream;
+    let send = |text: &str| outgoing("a", Audience::Agent("b".into()), MessageKind::Direct, text);
+    let to = |stream: i64| BTreeMap::from([("b".to_owned(), HandOff { lease: lease.clone(), stream })]);
+    let stale = repository.send(&send("m0"), &to(first), 100, now).await.expect("a send");
+    assert_eq!((stale.recipients, stale.handed_off), (vec!["b".to_owned()], Vec::new()), "queued, not leased");
+    let current = repository.send(&send("m1"), &to(second), 100, now).await.expect("a send");
+    assert_eq!(current.handed_off, ["b"]);
+    assert_eq!(taken(repository.take(&take_for(&lease, second, now)).await), ["m0"], "m1 is the stream's already");
+}
+
+/// The repository's fence: a take under a stream number the consumer has
+/// since replaced fails and leases nothing; closing a replaced stream
+/// changes nothing, closing the open one lifts the fence. On PostgreSQL, a
+/// take that waited for a stream being opened sees the new number.
+async fn a_take_by_a_replaced_stream_leases_nothing(h: Harness) {
+    h.agent("a", "worker").await;
+    h.agent("b", "worker").await;
+    let repository = SqlHubRepository::new(h.db.clone());
+    let now = now_micros();
+    let lease = Lease { consumer_id: "b-1".into(), until: now + 60_000_000 };
+    let take = |stream: i64| take_for(&lease, stream, now);
     let first = repository.open_stream(NS, "b", &lease, None, now).await.expect("open").stream;
     let second = repository.open_stream(NS, "b", &lease, None, now).await.expect("open again").stream;
     h.direct("a", "b", "m0").await;

@@ -12,7 +12,10 @@ pub(super) type AnyQuery<'q> = Query<'q, Any, AnyArguments>;
 
 use super::{SqlHubRepository, Tx, placeholders, rows};
 use crate::{
-    domain::{Audience, InboxFilter, Lease, MESSAGE_OVERHEAD_BYTES, Message, Outgoing, Selection, Sent, select},
+    domain::{
+        Audience, HandOff, InboxFilter, Lease, MESSAGE_OVERHEAD_BYTES, Message, Outgoing, Queued, Selection, Sent,
+        select,
+    },
     error::{HubError, Result},
     repository::{Take, Taken},
 };
@@ -31,17 +34,17 @@ impl SqlHubRepository {
     pub(super) async fn queue(
         &self,
         send: &Outgoing,
-        leases: &BTreeMap<String, Lease>,
+        hand_offs: &BTreeMap<String, HandOff>,
         max_queue_depth: u32,
         now: i64,
-    ) -> Result<(Sent, Vec<String>)> {
-        match self.queue_once(send, leases, max_queue_depth, now).await {
+    ) -> Result<Queued> {
+        match self.queue_once(send, hand_offs, max_queue_depth, now).await {
             // A concurrent send with the same idempotency key committed
             // first: this one is its duplicate, which a second pass finds.
             Err(HubError::Storage(error))
                 if send.idempotency_key.is_some() && classify(&error) == DbErrorKind::UniqueViolation =>
             {
-                self.queue_once(send, leases, max_queue_depth, now).await
+                self.queue_once(send, hand_offs, max_queue_depth, now).await
             }
             outcome => outcome,
         }
@@ -50,12 +53,12 @@ impl SqlHubRepository {
     async fn queue_once(
         &self,
         send: &Outgoing,
-        leases: &BTreeMap<String, Lease>,
+        hand_offs: &BTreeMap<String, HandOff>,
         max_queue_depth: u32,
         now: i64,
-    ) -> Result<(Sent, Vec<String>)> {
+    ) -> Result<Queued> {
         if self.postgres() {
-            return self.queue_in_one_statement(send, leases, max_queue_depth, now).await;
+            return self.queue_in_one_statement(send, hand_offs, max_queue_depth, now).await;
         }
         let mut tx = self.begin().await?;
         let namespace = &send.namespace;
@@ -64,10 +67,11 @@ impl SqlHubRepository {
                 format!("SELECT {} FROM hub_messages WHERE namespace = $1 AND idempotency_key = $2", rows::EARLIER);
             let earlier = sqlx::query(AssertSqlSafe(sql)).bind(namespace).bind(key).fetch_optional(&mut *tx).await?;
             if let Some(row) = earlier {
-                return Ok((rows::decode_duplicate(&row, "", send)?, Vec::new()));
+                return Ok(Queued::duplicate(rows::decode_duplicate(&row, "", send)?));
             }
         }
         let recipients = self.recipients(&mut tx, send).await?;
+        let leases = current_hand_offs(&mut tx, namespace, hand_offs, &recipients).await?;
         check_depth(&mut tx, namespace, &recipients, max_queue_depth, now).await?;
         let sequence = self.next_sequence(&mut tx).await?;
         let message_id = uuid::Uuid::now_v7().to_string();
@@ -113,7 +117,7 @@ impl SqlHubRepository {
                 .bind(&send.correlation_id)
                 .bind(expires_at);
             for recipient in chunk {
-                let lease = leases.get(recipient);
+                let lease = leases.get(recipient.as_str());
                 query = query
                     .bind(recipient)
                     .bind(lease.map(|lease| lease.consumer_id.as_str()))
@@ -123,8 +127,9 @@ impl SqlHubRepository {
             query.execute(&mut *tx).await?;
         }
         tx.commit().await?;
-        let recipients_count = u32::try_from(recipients.len()).unwrap_or(u32::MAX);
-        Ok((Sent { message_id, sequence, recipients: recipients_count, expires_at, duplicate: false }, recipients))
+        let count = u32::try_from(recipients.len()).unwrap_or(u32::MAX);
+        let sent = Sent { message_id, sequence, recipients: count, expires_at, duplicate: false };
+        Ok(Queued { sent, handed_off: leases.into_keys().map(str::to_owned).collect(), recipients })
     }
 
     /// Who a send reaches; an unregistered single recipient is an error.
@@ -331,6 +336,32 @@ pub(super) fn bind_message<'q>(
         .bind(now)
         .bind(expires_at)
         .bind(&send.idempotency_key)
+}
+
+/// The leases of the hand-offs to recipients whose stream is still their
+/// consumer's latest: one replaced meanwhile, in another process, takes
+/// nothing more.
+async fn current_hand_offs<'a>(
+    tx: &mut Tx,
+    namespace: &str,
+    hand_offs: &'a BTreeMap<String, HandOff>,
+    recipients: &[String],
+) -> Result<BTreeMap<&'a str, &'a Lease>> {
+    let mut current = BTreeMap::new();
+    for (agent_id, hand_off) in hand_offs.iter().filter(|(agent_id, _)| recipients.contains(agent_id)) {
+        let latest: Option<i64> = sqlx::query_scalar(
+            "SELECT stream FROM hub_consumers WHERE namespace = $1 AND agent_id = $2 AND consumer_id = $3",
+        )
+        .bind(namespace)
+        .bind(agent_id)
+        .bind(&hand_off.lease.consumer_id)
+        .fetch_optional(&mut **tx)
+        .await?;
+        if latest == Some(hand_off.stream) {
+            current.insert(agent_id.as_str(), &hand_off.lease);
+        }
+    }
+    Ok(current)
 }
 
 /// The filter's conditions on the inbox row `i`, numbered from `$first`.

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 
 use super::SqlHubRepository;
 use crate::{
-    domain::{Agent, Content, Lease, Message, Outgoing, Sent, StateEntry, StateWrite},
+    domain::{Agent, Content, HandOff, Lease, Message, Outgoing, Queued, StateEntry, StateWrite},
     error::Result,
     repository::{Expired, HubRepository, OpenedStream, Subscription, Take, Taken},
 };
@@ -54,11 +54,11 @@ impl HubRepository for SqlHubRepository {
     async fn send(
         &self,
         send: &Outgoing,
-        leases: &BTreeMap<String, Lease>,
+        hand_offs: &BTreeMap<String, HandOff>,
         max_queue_depth: u32,
         now: i64,
-    ) -> Result<(Sent, Vec<String>)> {
-        self.queue(send, leases, max_queue_depth, now).await
+    ) -> Result<Queued> {
+        self.queue(send, hand_offs, max_queue_depth, now).await
     }
 
     async fn take(&self, take: &Take) -> Result<Taken> {

@@ -11,26 +11,27 @@ use sqlx::{AssertSqlSafe, Row as _};
 
 use super::{SqlHubRepository, messages::bind_message, rows};
 use crate::{
-    domain::{Audience, Lease, Outgoing, Sent},
+    domain::{Audience, HandOff, Outgoing, Queued, Sent},
     error::{HubError, Result},
 };
 
-/// A recipient's lease, as the statement reads it.
+/// A hand-off's lease, as the statement reads it.
 #[derive(Serialize)]
 struct LeaseRow<'a> {
     agent_id: &'a str,
     consumer_id: &'a str,
     until: i64,
+    stream: i64,
 }
 
 impl SqlHubRepository {
     pub(super) async fn queue_in_one_statement(
         &self,
         send: &Outgoing,
-        leases: &BTreeMap<String, Lease>,
+        hand_offs: &BTreeMap<String, HandOff>,
         max_queue_depth: u32,
         now: i64,
-    ) -> Result<(Sent, Vec<String>)> {
+    ) -> Result<Queued> {
         // Who the send reaches; the audience's own value, if any, is $16
         // ($15 is the audience as recorded).
         // Their rows stay locked until the send commits: an unsubscribe or a
@@ -65,15 +66,20 @@ impl SqlHubRepository {
                content_type, correlation_id, sent_at, expires_at, idempotency_key, recipients, audience) \
                SELECT $1, $2, next.sequence, $4, $3, $5, $6, $7, $8, $9, $10, $11, $12, \
                (SELECT COUNT(*) FROM recipients), $15 FROM next RETURNING sequence), \
+             current AS (SELECT l.agent_id, l.consumer_id, l.until \
+               FROM jsonb_to_recordset(CAST($14 AS jsonb)) AS l(agent_id TEXT, consumer_id TEXT, until BIGINT, \
+               stream BIGINT) JOIN hub_consumers c ON c.namespace = $1 AND c.agent_id = l.agent_id \
+               AND c.consumer_id = l.consumer_id AND c.stream = l.stream FOR SHARE OF c), \
              queued AS (INSERT INTO hub_inbox (namespace, recipient, sequence, message_id, kind, sender, type, topic, \
                correlation_id, expires_at, consumer_id, ack_deadline, attempt) \
                SELECT $1, r.recipient, message.sequence, $2, $4, $3, $6, $5, $9, $11, l.consumer_id, l.until, \
                CASE WHEN l.consumer_id IS NULL THEN 0 ELSE 1 END \
-               FROM message CROSS JOIN recipients r \
-               LEFT JOIN jsonb_to_recordset(CAST($14 AS jsonb)) AS l(agent_id TEXT, consumer_id TEXT, until BIGINT) \
-               ON l.agent_id = r.recipient RETURNING recipient) \
+               FROM message CROSS JOIN recipients r LEFT JOIN current l ON l.agent_id = r.recipient \
+               RETURNING recipient, consumer_id) \
              SELECT (SELECT sequence FROM message) AS sequence, \
                CAST((SELECT json_agg(recipient ORDER BY recipient) FROM queued) AS TEXT) AS queued, \
+               CAST((SELECT json_agg(recipient ORDER BY recipient) FROM queued WHERE consumer_id IS NOT NULL) \
+               AS TEXT) AS handed_off, \
                (SELECT recipient FROM too_full) AS too_full, \
                earlier.id AS earlier_id, earlier.sequence AS earlier_sequence, \
                earlier.recipients AS earlier_recipients, earlier.expires_at AS earlier_expires_at, \
@@ -89,9 +95,14 @@ impl SqlHubRepository {
         );
         let message_id = uuid::Uuid::now_v7().to_string();
         let expires_at = now.saturating_add(micros(send.ttl));
-        let leases: Vec<LeaseRow<'_>> = leases
+        let leases: Vec<LeaseRow<'_>> = hand_offs
             .iter()
-            .map(|(agent_id, lease)| LeaseRow { agent_id, consumer_id: &lease.consumer_id, until: lease.until })
+            .map(|(agent_id, hand_off)| LeaseRow {
+                agent_id,
+                consumer_id: &hand_off.lease.consumer_id,
+                until: hand_off.lease.until,
+                stream: hand_off.stream,
+            })
             .collect();
         let query = bind_message(sqlx::query(AssertSqlSafe(sql)), send, &message_id, now, expires_at)
             .bind(i64::from(max_queue_depth))
@@ -103,7 +114,7 @@ impl SqlHubRepository {
         };
         let row = query.fetch_one(&mut *self.db.acquire().await?).await?;
         if row.try_get::<Option<String>, _>("earlier_id")?.is_some() {
-            return Ok((rows::decode_duplicate(&row, "earlier_", send)?, Vec::new()));
+            return Ok(Queued::duplicate(rows::decode_duplicate(&row, "earlier_", send)?));
         }
         if let Some(recipient) = row.try_get::<Option<String>, _>("too_full")? {
             return Err(HubError::QueueFull { recipient, depth: max_queue_depth });
@@ -115,11 +126,15 @@ impl SqlHubRepository {
                 return Err(HubError::Corrupt("a send to a topic or everyone queued no message".into()));
             }
         };
-        let recipients: Vec<String> = match row.try_get::<Option<String>, _>("queued")? {
-            Some(queued) => rows::from_json("queued recipients", &queued)?,
-            None => Vec::new(),
+        let names = |column: &str| -> Result<Vec<String>> {
+            match row.try_get::<Option<String>, _>(column)? {
+                Some(names) => rows::from_json("queued recipients", &names),
+                None => Ok(Vec::new()),
+            }
         };
+        let (recipients, handed_off) = (names("queued")?, names("handed_off")?);
         let count = u32::try_from(recipients.len()).unwrap_or(u32::MAX);
-        Ok((Sent { message_id, sequence, recipients: count, expires_at, duplicate: false }, recipients))
+        let sent = Sent { message_id, sequence, recipients: count, expires_at, duplicate: false };
+        Ok(Queued { sent, recipients, handed_off })
     }
 }
