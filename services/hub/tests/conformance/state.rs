@@ -12,6 +12,7 @@ use crate::harness::{Harness, NS, conformance};
 
 conformance!(
     versions_increase_and_never_restart,
+    deleting_a_key_never_written_stores_nothing,
     a_stale_expected_version_fails_and_changes_nothing,
     ten_concurrent_cas_writers_count_exactly,
     keys_expire_with_their_ttl,
@@ -44,6 +45,21 @@ async fn versions_increase_and_never_restart(h: Harness) {
     assert_eq!(h.hub.write_state(delete("k", None)).await.unwrap().version, 0, "already absent: nothing written");
     let again = h.hub.write_state(set("k", "3", Some(0))).await.unwrap();
     assert_eq!(again.version, 4, "a deleted key's version goes on");
+}
+
+/// A delete of a key never written stores nothing: a client deleting keys
+/// by name cannot grow the table.
+async fn deleting_a_key_never_written_stores_nothing(h: Harness) {
+    for n in 0..3 {
+        assert_eq!(h.hub.write_state(delete(&format!("never-{n}"), None)).await.unwrap().version, 0);
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM hub_state WHERE namespace = $1")
+        .bind(NS)
+        .fetch_one(&mut *h.db.acquire().await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+    assert_eq!(h.hub.write_state(set("never-0", "1", Some(0))).await.unwrap().version, 1);
 }
 
 async fn a_stale_expected_version_fails_and_changes_nothing(h: Harness) {

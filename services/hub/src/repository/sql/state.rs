@@ -52,8 +52,9 @@ impl SqlHubRepository {
         }
         let Some((value, content_type)) = write.value else {
             if actual == 0 {
-                // Already absent: nothing to write (the version stays).
-                tx.commit().await?;
+                // Already absent: nothing to write (the version stays), not
+                // even the row a key never written got above.
+                tx.rollback().await?;
                 return Ok(StateEntry { version: 0, ..current });
             }
             let entry = StateEntry {
