@@ -7,7 +7,7 @@ use chorus_proto::hub::{
     AckRequest, Agent, BroadcastRequest, Content, DelegateRequest, DeleteStateRequest, DiscoverRequest,
     GetAgentRequest, GetStateRequest, HeartbeatRequest, ListStateRequest, Message, PublishRequest, ReceiveRequest,
     RegisterAgentRequest, ReplyRequest, SendDirectRequest, SetStateRequest, StateConflict, StateEntry,
-    StreamInboxRequest, SubscribeRequest, hub_client::HubClient, message::Kind,
+    StreamInboxRequest, SubscribeRequest, WatchStateRequest, hub_client::HubClient, message::Kind,
 };
 use chorus_tests::{DEADLINE, Sandbox, Server, status::assert_invalid};
 use prost::Message as _;
@@ -166,6 +166,10 @@ async fn missing_and_malformed_fields_are_named_and_change_nothing() {
     assert_invalid(client.publish(publish("coordinator", oversize.clone())).await, "content.payload");
     let oversize_value = SetStateRequest { content_type: "text/plain".to_owned(), ..set_state("big", &oversize, None) };
     assert_invalid(client.set_state(oversize_value).await, "value");
+    let huge = |key: &str| SetStateRequest { expected_version: Some(u64::MAX), ..set_state(key, b"{}", None) };
+    assert_invalid(client.set_state(huge("config")).await, "expected_version");
+    let watch = WatchStateRequest { namespace: NS.to_owned(), key: "config".to_owned(), after_version: u64::MAX };
+    assert_invalid(client.watch_state(watch).await, "after_version");
 
     // A payload labelled JSON (as one with no content type is) must be JSON.
     let json =

@@ -123,8 +123,8 @@ pub(super) fn kinds(field: &str, values: &[i32]) -> Checked<Vec<MessageKind>> {
         .collect()
 }
 
-pub(super) fn version(value: u64) -> Checked<i64> {
-    i64::try_from(value).map_err(|_| FieldViolation::new("expected_version", "is out of range"))
+pub(super) fn version(field: &str, value: u64) -> Checked<i64> {
+    i64::try_from(value).map_err(|_| FieldViolation::new(field, "is out of range"))
 }
 
 pub(super) fn agent(value: pb::RegisterAgentRequest, namespace: String) -> Checked<Agent> {

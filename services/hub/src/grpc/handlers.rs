@@ -304,7 +304,7 @@ impl pb::hub_server::Hub for HubGrpc {
             namespace: namespace(&request.namespace)?,
             key: convert::name("key", &request.key)?,
             value: Some((request.value, content_type)),
-            expected_version: request.expected_version.map(convert::version).transpose()?,
+            expected_version: request.expected_version.map(|v| convert::version("expected_version", v)).transpose()?,
             ttl: convert::state_ttl(request.ttl, config)?,
             updated_by: request.updated_by,
         };
@@ -320,7 +320,7 @@ impl pb::hub_server::Hub for HubGrpc {
             namespace: namespace(&request.namespace)?,
             key: convert::name("key", &request.key)?,
             value: None,
-            expected_version: request.expected_version.map(convert::version).transpose()?,
+            expected_version: request.expected_version.map(|v| convert::version("expected_version", v)).transpose()?,
             ttl: None,
             updated_by: request.updated_by,
         };
@@ -364,7 +364,7 @@ impl pb::hub_server::Hub for HubGrpc {
         let request = request.into_inner();
         let namespace = namespace(&request.namespace)?;
         let key = convert::name("key", &request.key)?;
-        let after = convert::version(request.after_version)?;
+        let after = convert::version("after_version", request.after_version)?;
         let changes = self.hub.watch_state(&namespace, &key, after);
         Ok(Response::new(stream_of(changes, convert::state_change)))
     }
