@@ -14,6 +14,7 @@
 //! - [`validate`]: proto input checks that name the offending field;
 //! - [`wakeup`]: commit signals between writers and waiting readers;
 //! - [`registry`]: the streams open in this process, for hand-offs;
+//! - [`rounds`]: work done in rounds on a task of its own (purges);
 //! - [`time`]: stored times (microseconds) and protobuf timestamps;
 //! - [`transport`]: gRPC clients over the network or in process;
 //! - [`signal`]: shutdown on Ctrl-C and SIGTERM;
@@ -31,6 +32,7 @@ pub mod grpc;
 pub mod metrics;
 pub mod outage;
 pub mod registry;
+pub mod rounds;
 pub mod server;
 pub mod signal;
 pub mod storage;

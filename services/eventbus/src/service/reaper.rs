@@ -1,13 +1,14 @@
 //! The lease reaper: a delivery whose consumer neither acked nor nacked it
 //! before its lease ran out counts as a failed attempt — retried after the
 //! backoff, or dead-lettered when its attempts are spent — even while no
-//! consumer of its handler is connected. On its rounds it also deletes the
-//! finished events past `retention_ms`.
+//! consumer of its handler is connected. Beside it, rounds of their own
+//! delete the finished events past `retention_ms`.
 
 use std::time::Duration;
 
 use chorus_runtime::{
     outage::Outage,
+    rounds::spawn_rounds,
     time::{micros, now_micros},
 };
 use tokio::task::JoinHandle;
@@ -29,23 +30,23 @@ impl EventBus {
     /// Runs the reaper until shutdown. Every replica may run one: rows are
     /// locked with `SKIP LOCKED`, so each lease is expired once.
     pub fn spawn_reaper(&self) -> JoinHandle<()> {
+        if let Some(retention) = self.config.retention() {
+            let bus = self.clone();
+            spawn_rounds(retention.min(PURGE_EVERY), self.shutdown.clone(), move || {
+                let bus = bus.clone();
+                async move { bus.purge(retention).await }
+            });
+        }
         let bus = self.clone();
         tokio::spawn(async move {
             let mut interval = tokio::time::interval(bus.config.reaper_interval());
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut last_purge: Option<tokio::time::Instant> = None;
             // A database that is down is said once, not at every tick.
             let mut reaping = Outage::default();
             loop {
                 tokio::select! {
                     () = bus.shutdown.cancelled() => return,
                     _ = interval.tick() => reaping.track(REAPING, bus.reap().await),
-                }
-                if let Some(retention) = bus.config.retention()
-                    && last_purge.is_none_or(|last| last.elapsed() >= retention.min(PURGE_EVERY))
-                {
-                    last_purge = Some(tokio::time::Instant::now());
-                    bus.purge(retention).await;
                 }
             }
         })
@@ -62,7 +63,8 @@ impl EventBus {
         }
     }
 
-    /// Deletes, batch after batch, the finished events past `retention`.
+    /// Deletes, batch after batch, the finished events past `retention`, on
+    /// rounds of its own: a backlog must not hold up the expiry of leases.
     async fn purge(&self, retention: Duration) {
         let published_before = now_micros().saturating_sub(micros(retention));
         let mut after: Option<PurgeCursor> = None;
@@ -78,7 +80,7 @@ impl EventBus {
                     break;
                 }
             }
-            if after.is_none() {
+            if after.is_none() || self.shutdown.is_cancelled() {
                 break;
             }
         }

@@ -1,15 +1,16 @@
 //! The lease reaper: a task whose worker stopped renewing its lease is
 //! requeued (while its agent's retries last) or failed — the fallback
 //! completion that tells its owner the child is gone. On its rounds it also
-//! gives a new database its first statistics (see `Db::analyze_once_filled`)
-//! and deletes the finished tasks past `retention_ms`. A worker that starts
+//! gives a new database its first statistics (see `Db::analyze_once_filled`);
+//! beside it, rounds of their own delete the finished tasks past
+//! `retention_ms`. A worker that starts
 //! again under its old id ends its previous run's leases at once instead. A
 //! lease that ran out while no task store ran is left a lease length from
 //! the reaper's start, for its worker to come back and renew it.
 
 use std::time::Duration;
 
-use chorus_runtime::{outage::Outage, time::micros};
+use chorus_runtime::{outage::Outage, rounds::spawn_rounds, time::micros};
 use tokio::task::JoinHandle;
 
 use super::TaskStore;
@@ -37,13 +38,19 @@ impl TaskStore {
     /// Runs the reaper until shutdown. Every replica may run one: rows are
     /// locked with `SKIP LOCKED`, so each lease is expired exactly once.
     pub fn spawn_reaper(&self) -> JoinHandle<()> {
+        if let Some(retention) = self.config.retention() {
+            let store = self.clone();
+            spawn_rounds(retention.min(PURGE_EVERY), self.shutdown.clone(), move || {
+                let store = store.clone();
+                async move { store.purge(retention).await }
+            });
+        }
         let store = self.clone();
         let started = now_micros();
         tokio::spawn(async move {
             let mut interval = tokio::time::interval(store.config.reaper_interval());
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut has_statistics = false;
-            let mut last_purge: Option<tokio::time::Instant> = None;
             let mut last_queue_read: Option<tokio::time::Instant> = None;
             // A database that is down is said once, not at every tick.
             let mut reaping = Outage::default();
@@ -55,12 +62,6 @@ impl TaskStore {
                 if last_queue_read.is_none_or(|last| last.elapsed() >= QUEUE_READ_EVERY) {
                     last_queue_read = Some(tokio::time::Instant::now());
                     store.read_queue().await;
-                }
-                if let Some(retention) = store.config.retention()
-                    && last_purge.is_none_or(|last| last.elapsed() >= retention.min(PURGE_EVERY))
-                {
-                    last_purge = Some(tokio::time::Instant::now());
-                    store.purge(retention).await;
                 }
                 if !has_statistics {
                     has_statistics =
@@ -135,7 +136,10 @@ impl TaskStore {
         self.count_if_finished(task);
     }
 
-    /// Deletes, batch after batch, the finished task trees past `retention`.
+    /// Deletes, batch after batch, the finished task trees past `retention`,
+    /// on rounds of its own: a backlog (after retention was shortened, or a
+    /// burst of tasks aged out) can take minutes, which must not hold up
+    /// the expiry of leases.
     async fn purge(&self, retention: Duration) {
         let finished_before = now_micros().saturating_sub(micros(retention));
         let mut after: Option<PurgeCursor> = None;
@@ -151,7 +155,7 @@ impl TaskStore {
                     break;
                 }
             }
-            if after.is_none() {
+            if after.is_none() || self.shutdown.is_cancelled() {
                 break;
             }
         }

@@ -13,9 +13,12 @@ use chorus_taskstore::{
     error::TaskStoreError,
 };
 
+use chorus_runtime::{storage::Backend, testing::until_waiting_for_locks};
+
 use crate::{
     harness::{Harness, agent_message, test_config, text_artifact},
     subtasks::{root_on, subtask},
+    workers::{claim_request, next_claim},
 };
 
 crate::harness::conformance!(
@@ -28,11 +31,12 @@ crate::harness::conformance!(
 
 /// The reaper's purge, on a store that keeps finished tasks 300 ms.
 mod reaper {
-    use super::the_reaper_purges_tasks_past_a_short_retention;
+    use super::{a_purge_held_up_holds_up_no_lease_expiry, the_reaper_purges_tasks_past_a_short_retention};
 
     crate::harness::conformance!(
         start = crate::retention::start_short;
         the_reaper_purges_tasks_past_a_short_retention,
+        a_purge_held_up_holds_up_no_lease_expiry,
     );
 }
 
@@ -225,4 +229,35 @@ async fn the_reaper_purges_tasks_past_a_short_retention(h: Harness) {
     });
     gone.await.expect("the finished task is purged soon after its retention");
     h.store.get_task("ns", &live.id, None).await.unwrap();
+}
+
+/// A purge held up (here by a lock on rows only a purge writes) holds up
+/// no lease expiry: purges run on rounds of their own. A backlog of tens of
+/// thousands of tasks had left leases unexpired for minutes.
+async fn a_purge_held_up_holds_up_no_lease_expiry(h: Harness) {
+    if h.db.backend() == Backend::Sqlite {
+        // One writer: rows cannot be locked apart from the others.
+        return;
+    }
+    let done = h.own_task("ns", "echo", "done soon").await;
+    finish(&h, &done).await;
+    let mut holder = h.db.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM taskstore_history WHERE namespace = 'ns' AND task_id = $1 FOR UPDATE")
+        .bind(&done.id)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    until_waiting_for_locks(&h.db, 1, || false).await;
+    h.task("ns", "echo", "hang").await;
+    let mut claims = h.store.claim_stream(claim_request("echo", "w1", 1, Duration::from_millis(300), 0));
+    let claimed = next_claim(&mut claims).await;
+    // Read, not watched: the held purge's open transaction holds back what
+    // watches see of the event log until it ends.
+    let expired = tokio::time::timeout(Duration::from_secs(10), async {
+        while h.store.get_task("ns", &claimed.task.id, None).await.unwrap().status.state != TaskState::Failed {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    expired.await.expect("the lease expires while the purge is held up");
+    holder.rollback().await.unwrap();
 }
