@@ -346,7 +346,8 @@ impl Hub {
     }
 
     /// Sends the request up to `attempts_allowed` times, each waiting
-    /// `timeout`; returns the reply (if any) and the attempts made.
+    /// `timeout`; returns the reply (if any) and the attempts made, or
+    /// `AgentNotFound` once the recipient is deregistered.
     #[expect(clippy::too_many_arguments, reason = "the parts of one delegation")]
     async fn await_reply(
         &self,
@@ -379,6 +380,9 @@ impl Hub {
                 if !self.pause(&mut waiter, deadline).await? {
                     break;
                 }
+                // A recipient deregistered meanwhile dropped the request
+                // with its inbox: no reply will come, so none is waited for.
+                self.repository.get_agent(namespace, recipient).await?;
             }
         }
         Ok((None, attempts_allowed))

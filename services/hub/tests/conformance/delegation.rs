@@ -16,6 +16,7 @@ conformance!(
     timeout_policies_raise_retry_and_fall_back,
     only_the_recipient_may_reply_and_only_while_the_call_waits,
     a_call_its_caller_abandons_is_closed,
+    a_call_to_a_recipient_deregistered_meanwhile_ends_at_once,
 );
 
 fn delegation(recipient: &str, timeout: Duration, on_timeout: TimeoutPolicy) -> Delegation {
@@ -157,4 +158,18 @@ async fn a_call_its_caller_abandons_is_closed(h: Harness) {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let late = h.hub.reply(NS, "w1", &correlation_id, answer("too late")).await;
     assert!(matches!(late, Err(HubError::NoPendingRequest(_))), "the abandoned call is still open: {late:?}");
+}
+
+/// Deregistering drops the recipient's inbox, the request with it: the
+/// call ends, whatever its policy, rather than waiting out its timeout.
+async fn a_call_to_a_recipient_deregistered_meanwhile_ends_at_once(h: Harness) {
+    h.agent("boss", "coordinator").await;
+    h.agent("w1", "worker").await;
+    let hub = h.hub.clone();
+    let retry = TimeoutPolicy::Retry { max_retries: 3 };
+    let call = tokio::spawn(async move { hub.delegate(delegation("w1", Duration::from_secs(60), retry)).await });
+    next_request(&h, "w1").await;
+    h.hub.deregister_agent(NS, "w1").await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), call).await.expect("the call ends soon").unwrap();
+    assert!(matches!(&ended, Err(HubError::AgentNotFound(agent)) if agent == "w1"), "{ended:?}");
 }
