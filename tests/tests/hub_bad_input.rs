@@ -170,6 +170,17 @@ async fn missing_and_malformed_fields_are_named_and_change_nothing() {
     assert_invalid(client.set_state(huge("config")).await, "expected_version");
     let watch = WatchStateRequest { namespace: NS.to_owned(), key: "config".to_owned(), after_version: u64::MAX };
     assert_invalid(client.watch_state(watch).await, "after_version");
+    let unnamed = SetStateRequest { updated_by: "a\u{0}b".to_owned(), ..set_state("config", b"{}", None) };
+    assert_invalid(client.set_state(unnamed).await, "updated_by");
+    let retries = DelegateRequest {
+        namespace: NS.to_owned(),
+        sender: "coordinator".to_owned(),
+        recipient: "worker".to_owned(),
+        content: Some(Content { r#type: "job".to_owned(), ..Content::default() }),
+        max_retries: 101,
+        ..DelegateRequest::default()
+    };
+    assert_invalid(client.delegate(retries).await, "max_retries");
 
     // A payload labelled JSON (as one with no content type is) must be JSON.
     let json =

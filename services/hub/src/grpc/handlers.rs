@@ -25,6 +25,8 @@ const DEFAULT_IN_FLIGHT: u32 = 10;
 const MAX_IN_FLIGHT: u32 = 1000;
 const DEFAULT_DELEGATE_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_RETRIES: u32 = 3;
+/// The most retries a delegation may ask for.
+const MAX_RETRIES: u32 = 100;
 const MAX_ACK: usize = 1000;
 
 /// The `chorus.hub.v1.Hub` service over a [`Hub`].
@@ -225,11 +227,14 @@ impl pb::hub_server::Hub for HubGrpc {
 
     async fn delegate(&self, request: Request<pb::DelegateRequest>) -> Result<Response<pb::DelegateResponse>, Status> {
         let request = request.into_inner();
+        if request.max_retries > MAX_RETRIES {
+            return Err(FieldViolation::new("max_retries", format!("must be at most {MAX_RETRIES}")).into());
+        }
         let on_timeout = match pb::TimeoutPolicy::try_from(request.on_timeout) {
             Ok(pb::TimeoutPolicy::Unspecified | pb::TimeoutPolicy::Raise) => TimeoutPolicy::Raise,
             Ok(pb::TimeoutPolicy::Fallback) => TimeoutPolicy::Fallback,
             Ok(pb::TimeoutPolicy::Retry) => TimeoutPolicy::Retry {
-                max_retries: if request.max_retries == 0 { DEFAULT_RETRIES } else { request.max_retries.min(100) },
+                max_retries: if request.max_retries == 0 { DEFAULT_RETRIES } else { request.max_retries },
             },
             Err(_) => return Err(FieldViolation::new("on_timeout", "unknown policy").into()),
         };
@@ -306,7 +311,7 @@ impl pb::hub_server::Hub for HubGrpc {
             value: Some((request.value, content_type)),
             expected_version: request.expected_version.map(|v| convert::version("expected_version", v)).transpose()?,
             ttl: convert::state_ttl(request.ttl, config)?,
-            updated_by: request.updated_by,
+            updated_by: validate::optional_id("updated_by", &request.updated_by)?.unwrap_or_default(),
         };
         Ok(Response::new(convert::state_entry(self.hub.write_state(write).await?)))
     }
@@ -322,7 +327,7 @@ impl pb::hub_server::Hub for HubGrpc {
             value: None,
             expected_version: request.expected_version.map(|v| convert::version("expected_version", v)).transpose()?,
             ttl: None,
-            updated_by: request.updated_by,
+            updated_by: validate::optional_id("updated_by", &request.updated_by)?.unwrap_or_default(),
         };
         let entry = self.hub.write_state(write).await?;
         Ok(Response::new(pb::DeleteStateResponse { version: u64::try_from(entry.version).unwrap_or_default() }))
