@@ -128,8 +128,8 @@ pub trait HubRepository: Send + Sync + std::fmt::Debug + 'static {
     /// Forgets a consumer's stream that ended, unless another replaced it.
     async fn close_stream(&self, namespace: &str, agent_id: &str, consumer_id: &str, stream: i64) -> Result<()>;
     /// Removes acked messages from the agent's inbox; returns the ids that
-    /// were not there.
-    async fn ack(&self, namespace: &str, agent_id: &str, message_ids: &[String]) -> Result<Vec<String>>;
+    /// were not there as of `now` (an expired message is not).
+    async fn ack(&self, namespace: &str, agent_id: &str, message_ids: &[String], now: i64) -> Result<Vec<String>>;
     /// Whether a message still waits in the recipient's inbox.
     async fn is_queued(&self, namespace: &str, recipient: &str, message_id: &str) -> Result<bool>;
 

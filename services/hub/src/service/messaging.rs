@@ -302,7 +302,7 @@ impl Hub {
 
     /// Removes acked messages; returns the ids that were not in the inbox.
     pub async fn ack(&self, namespace: &str, agent_id: &str, message_ids: &[String]) -> Result<Vec<String>> {
-        let unknown = self.repository.ack(namespace, agent_id, message_ids).await?;
+        let unknown = self.repository.ack(namespace, agent_id, message_ids, now_micros()).await?;
         for id in message_ids.iter().filter(|id| !unknown.contains(id)) {
             self.wakeups.notify(&keys::acked(namespace, id));
         }

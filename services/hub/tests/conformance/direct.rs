@@ -6,6 +6,7 @@ use std::time::Duration;
 use chorus_hub::{
     domain::{Audience, InboxFilter, MessageKind},
     error::HubError,
+    repository::{HubRepository as _, sql::SqlHubRepository},
     service::{Inbox, Receive},
 };
 use futures_util::StreamExt as _;
@@ -17,6 +18,7 @@ conformance!(
     receive_filters_by_sender_and_type_and_a_timeout_consumes_nothing,
     require_all_waits_for_every_sender_and_loses_nothing_on_timeout,
     an_unacked_message_is_handed_out_again,
+    an_ack_of_a_message_that_expired_says_it_was_not_there,
     large_messages_come_in_several_receives_none_left_hidden,
     delivery_confirmation_waits_for_the_ack,
     an_inbox_stream_resumes_from_its_cursor,
@@ -243,4 +245,19 @@ async fn an_inbox_stream_cut_short_by_shutdown_ends_unavailable(h: Harness) {
     h.shutdown.cancel();
     let ended: Vec<_> = tokio::time::timeout(Duration::from_secs(10), stream.collect()).await.expect("ended");
     assert!(matches!(ended.as_slice(), [Err(HubError::ShuttingDown)]), "{ended:?}");
+}
+
+/// A message past its TTL is no longer in the inbox, reaped yet or not: an
+/// ack of it reports it unknown (and it goes).
+async fn an_ack_of_a_message_that_expired_says_it_was_not_there(h: Harness) {
+    h.agent("a", "worker").await;
+    h.agent("b", "worker").await;
+    h.direct("a", "b", "job").await;
+    let received = h.receive("b", InboxFilter::default(), false, Duration::ZERO).await;
+    let id = received.messages[0].id.clone();
+    let repository = SqlHubRepository::new(h.db.clone());
+    let after_its_ttl = received.messages[0].expires_at + 1;
+    let unknown = repository.ack(NS, "b", std::slice::from_ref(&id), after_its_ttl).await.unwrap();
+    assert_eq!(unknown, std::slice::from_ref(&id));
+    assert_eq!(h.hub.ack(NS, "b", std::slice::from_ref(&id)).await.unwrap(), [id], "and it went");
 }

@@ -278,7 +278,16 @@ impl SqlHubRepository {
         Ok(messages)
     }
 
-    pub(super) async fn remove_acked(&self, namespace: &str, agent_id: &str, ids: &[String]) -> Result<Vec<String>> {
+    /// Removes the messages acked; returns those that were not in the inbox
+    /// as of `now`: never there, acked before, or expired (not yet reaped,
+    /// they go too).
+    pub(super) async fn remove_acked(
+        &self,
+        namespace: &str,
+        agent_id: &str,
+        ids: &[String],
+        now: i64,
+    ) -> Result<Vec<String>> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -287,17 +296,19 @@ impl SqlHubRepository {
         // database crash only hands its message out again (at least once).
         let sql = format!(
             "{}DELETE FROM hub_inbox{} WHERE namespace = $1 AND recipient = $2 AND message_id IN ({}) \
-             RETURNING message_id",
+             RETURNING message_id, expires_at",
             self.db.on_postgres("WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) "),
             self.db.on_postgres(" USING relaxed"),
             self.db.backend().json_elements("$3", "TEXT")
         );
-        let query = sqlx::query_scalar::<_, String>(AssertSqlSafe(sql))
+        let query = sqlx::query_as::<_, (String, i64)>(AssertSqlSafe(sql))
             .bind(namespace)
             .bind(agent_id)
             .bind(rows::to_json(&ids));
         let removed = query.fetch_all(&mut *self.db.acquire().await?).await?;
-        Ok(ids.iter().filter(|id| !removed.contains(id)).cloned().collect())
+        let live: Vec<&str> =
+            removed.iter().filter(|(_, expires_at)| *expires_at > now).map(|(id, _)| id.as_str()).collect();
+        Ok(ids.iter().filter(|id| !live.contains(&id.as_str())).cloned().collect())
     }
 
     pub(super) async fn queued(&self, namespace: &str, recipient: &str, message_id: &str) -> Result<bool> {

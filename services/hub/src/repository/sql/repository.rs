@@ -80,8 +80,8 @@ impl HubRepository for SqlHubRepository {
         self.close_consumer_stream(namespace, agent_id, consumer_id, stream).await
     }
 
-    async fn ack(&self, namespace: &str, agent_id: &str, message_ids: &[String]) -> Result<Vec<String>> {
-        self.remove_acked(namespace, agent_id, message_ids).await
+    async fn ack(&self, namespace: &str, agent_id: &str, message_ids: &[String], now: i64) -> Result<Vec<String>> {
+        self.remove_acked(namespace, agent_id, message_ids, now).await
     }
 
     async fn is_queued(&self, namespace: &str, recipient: &str, message_id: &str) -> Result<bool> {
