@@ -290,6 +290,20 @@ impl Db {
         self.pool.close().await;
     }
 
+    /// The connections this `Db` holds and how many of them are idle: its
+    /// pool's, the readers' on SQLite, and those its lanes keep warm between
+    /// turns (idle, though their pools count them as lent).
+    pub fn connections(&self) -> (u32, usize) {
+        let count = |pool: &AnyPool, lane: &lane::Lane| (pool.size(), pool.num_idle() + lane.idle());
+        let (mut size, mut idle) = count(&self.pool, &self.lane);
+        if let Some((readers, lane)) = &self.readers {
+            let (readers_size, readers_idle) = count(readers, lane);
+            size += readers_size;
+            idle += readers_idle;
+        }
+        (size, idle)
+    }
+
     /// The pool behind this `Db`, for PostgreSQL. On SQLite its one writing
     /// connection is lent through [`acquire`](Self::acquire) and
     /// [`begin`](Self::begin) only: a caller of the pool would wait for it
@@ -454,6 +468,22 @@ mod tests {
         assert!(Db::connect(&read_only, &StorageConfig::default()).await.is_err(), "a mode given is kept");
         assert_eq!(sqlite::created_if_missing("postgres://h/db"), "postgres://h/db");
         assert_eq!(sqlite::created_if_missing("sqlite::memory:"), "sqlite::memory:");
+    }
+
+    /// What the pool gauges read: on SQLite the readers beside the writer,
+    /// and the connections kept warm between calls as idle.
+    #[tokio::test]
+    async fn connections_count_the_readers_and_those_kept_warm() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("pools.db").display());
+        let db = Db::connect(&url, &StorageConfig::default()).await.unwrap();
+        sqlx::query("SELECT 1").execute(&mut *db.acquire().await.unwrap()).await.unwrap();
+        sqlx::query("SELECT 1").execute(&mut *db.read().await.unwrap()).await.unwrap();
+        let (connections, idle) = db.connections();
+        assert!(connections >= 2, "the writer and a reader: {connections}");
+        // Both kept warm; the pools may have more, coming back as this reads.
+        assert!((2..=connections as usize).contains(&idle), "{idle} of {connections} idle");
+        db.close().await;
     }
 
     #[tokio::test]

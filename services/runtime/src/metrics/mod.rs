@@ -193,12 +193,12 @@ impl Metrics {
     fn encode_pools(&self, out: &mut String) {
         let size = Family::<1, Gauge>::new(
             "chorus_db_pool_connections",
-            "Connections the database pool holds, by backend.",
+            "Connections the database pool holds (on SQLite, the writer's and the readers'), by backend.",
             ["backend"],
         );
         let idle = Family::<1, Gauge>::new(
             "chorus_db_pool_idle_connections",
-            "Idle connections in the database pool, by backend.",
+            "Idle connections in the database pool, those kept warm between calls included, by backend.",
             ["backend"],
         );
         for db in self.pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter() {
@@ -206,8 +206,9 @@ impl Metrics {
                 Backend::Postgres => "postgres",
                 Backend::Sqlite => "sqlite",
             };
-            size.with([backend]).set(i64::from(db.pool().size()));
-            idle.with([backend]).set(i64::try_from(db.pool().num_idle()).unwrap_or(i64::MAX));
+            let (connections, idle_connections) = db.connections();
+            size.with([backend]).set(i64::from(connections));
+            idle.with([backend]).set(i64::try_from(idle_connections).unwrap_or(i64::MAX));
         }
         size.encode(out);
         idle.encode(out);

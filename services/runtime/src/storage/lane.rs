@@ -109,6 +109,12 @@ impl Lane {
         Ok(DbConnection { connection: Some(connection), lane: Arc::clone(self), lost_before, _turn: turn })
     }
 
+    /// The connections it keeps warm between turns: idle, though the pool
+    /// counts them as lent.
+    pub(super) fn idle(&self) -> usize {
+        self.idle.lock().expect("lane lock poisoned").as_ref().map_or(0, |idle| idle.connections.len())
+    }
+
     /// How many turns have ended so far: on SQLite's writer lane, a count
     /// that moves after anything may have been written.
     pub(super) fn turns_ended(&self) -> u64 {
