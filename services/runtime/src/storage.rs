@@ -7,18 +7,13 @@
 //! in its crate, recorded in its own ledger table and run at start-up.
 
 use std::{
-    borrow::Cow,
     fmt,
     str::FromStr,
     sync::{Arc, Once},
     time::Duration,
 };
 
-use sqlx::{
-    AnyPool, Connection as _, Executor as _,
-    any::AnyPoolOptions,
-    migrate::{Migration, MigrationType, Migrator},
-};
+use sqlx::{AnyPool, Connection as _, Executor as _, any::AnyPoolOptions};
 use tokio_util::sync::CancellationToken;
 
 use crate::{batch::Batcher, wakeup::Wakeups};
@@ -29,6 +24,7 @@ mod demo;
 mod errors;
 mod grouped;
 mod lane;
+mod migrations;
 mod scripts;
 mod sql;
 mod sqlite;
@@ -38,79 +34,12 @@ pub use self::{
     config::{Backend, SqliteSynchronous, StorageConfig, redact_url},
     errors::{DbErrorKind, StorageError, classify, storage_error},
     lane::DbConnection,
+    migrations::{MigrationFile, ServiceMigrations},
     scripts::TransactionScript,
     sql::{padded_len, placeholders},
     sqlite::sqlite_file,
     tx::Tx,
 };
-
-/// One embedded migration file.
-#[derive(Debug, Clone, Copy)]
-pub struct MigrationFile {
-    pub version: i64,
-    pub description: &'static str,
-    pub sql: &'static str,
-}
-
-/// A service's migrations, one list per backend.
-#[derive(Debug, Clone, Copy)]
-pub struct ServiceMigrations {
-    pub service: &'static str,
-    pub postgres: &'static [MigrationFile],
-    pub sqlite: &'static [MigrationFile],
-}
-
-/// A service's [`ServiceMigrations`], embedded from the calling crate's
-/// `migrations/postgres/` and `migrations/sqlite/` folders, which hold one
-/// file of each name per backend:
-/// `service_migrations!("hub", [(1, "hub", "0001_hub.sql")])`.
-#[macro_export]
-macro_rules! service_migrations {
-    ($service:literal, [$(($version:literal, $description:literal, $file:literal)),+ $(,)?]) => {
-        $crate::storage::ServiceMigrations {
-            service: $service,
-            postgres: &[$($crate::storage::MigrationFile {
-                version: $version,
-                description: $description,
-                sql: include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/postgres/", $file)),
-            }),+],
-            sqlite: &[$($crate::storage::MigrationFile {
-                version: $version,
-                description: $description,
-                sql: include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/sqlite/", $file)),
-            }),+],
-        }
-    };
-}
-
-impl ServiceMigrations {
-    /// The table that records `service`'s migrations.
-    fn table(service: &str) -> String {
-        format!("_chorus_{service}_migrations")
-    }
-
-    fn migrator(&self, backend: Backend) -> Migrator {
-        let files = match backend {
-            Backend::Postgres => self.postgres,
-            Backend::Sqlite => self.sqlite,
-        };
-        let migrations = files
-            .iter()
-            .map(|file| {
-                Migration::new(
-                    file.version,
-                    Cow::Borrowed(file.description),
-                    MigrationType::Simple,
-                    sqlx::SqlSafeStr::into_sql_str(file.sql),
-                    false,
-                )
-            })
-            .collect();
-        let mut migrator = Migrator::with_migrations(migrations);
-        migrator.dangerous_set_table_name(Self::table(self.service));
-        migrator
-    }
-}
 
 /// A connection pool and the backend behind it. Cheap to clone.
 #[derive(Clone)]
