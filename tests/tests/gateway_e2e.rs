@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use chorus_proto::taskstore::{AddMessageRequest, Role};
-use chorus_runtime::testing::{POSTGRES_URL_VAR, PostgresDatabase, postgres_admin_url};
+use chorus_runtime::testing::PostgresDatabase;
 use chorus_tests::{
     Sandbox,
     a2a::{A2a, REQUEST_ID, assert_rest_error, assert_rpc_error, describe, events, json, message, state, text, unique},
@@ -354,11 +354,7 @@ async fn a_follow_up_message_continues_an_input_required_task() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chorus_dev_on_postgres_serves_a2a() {
-    let Some(admin_url) = postgres_admin_url() else {
-        eprintln!("skipped: {POSTGRES_URL_VAR} is not set");
-        return;
-    };
-    let database = PostgresDatabase::create(&admin_url).await;
+    let Some(database) = PostgresDatabase::create_or_skip().await else { return };
     let sandbox = Sandbox::new();
     let server = sandbox.dev().env("CHORUS_STORAGE__DATABASE_URL", database.url()).start().await;
     let a2a = A2a::new(&server);

@@ -11,7 +11,7 @@ use chorus_proto::taskstore::{
     ListTasksRequest, NotifyOwnerRequest, Owner, ReadInboxRequest, Role, SpawnSubtaskRequest, TaskState,
     UpdateStatusRequest, WatchTasksRequest, inbox_message, owner, task_event,
 };
-use chorus_runtime::testing::{POSTGRES_URL_VAR, PostgresDatabase, postgres_admin_url};
+use chorus_runtime::testing::PostgresDatabase;
 use chorus_tests::{
     DEADLINE, Mode, Sandbox, ServerBuilder,
     tasks::{
@@ -339,11 +339,7 @@ async fn completions(client: &mut Client, agent_id: &str, ids: &BTreeSet<String>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_taskstore_on_postgres_runs_a_task() {
-    let Some(admin_url) = postgres_admin_url() else {
-        eprintln!("skipped: {POSTGRES_URL_VAR} is not set");
-        return;
-    };
-    let database = PostgresDatabase::create(&admin_url).await;
+    let Some(database) = PostgresDatabase::create_or_skip().await else { return };
     let sandbox = Sandbox::new();
     let server = sandbox.serve_taskstore(database.url()).start().await;
     let worker = test_worker!(sandbox, server.url()).agent("reverser").namespace(NS).start().await;
@@ -360,11 +356,7 @@ async fn serve_taskstore_on_postgres_runs_a_task() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_on_one_postgres_share_the_work_and_complete_each_task_once() {
-    let Some(admin_url) = postgres_admin_url() else {
-        eprintln!("skipped: {POSTGRES_URL_VAR} is not set");
-        return;
-    };
-    let database = PostgresDatabase::create(&admin_url).await;
+    let Some(database) = PostgresDatabase::create_or_skip().await else { return };
     let sandbox = Sandbox::new();
     // Started together: both migrate the same fresh database.
     let (a, b) = tokio::join!(

@@ -19,7 +19,7 @@ use chorus_proto::workflow::{
     self as pb, DecideGateRequest, GetRunRequest, ListRunsRequest, RunState, StartRunRequest, StepKind, StepState,
     workflow_client::WorkflowClient,
 };
-use chorus_runtime::testing::{POSTGRES_URL_VAR, PostgresDatabase, postgres_admin_url};
+use chorus_runtime::testing::PostgresDatabase;
 use chorus_tests::{Sandbox, server::Server};
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -77,11 +77,7 @@ impl Stack {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engines_killed_at_random_points_lose_nothing_and_repeat_nothing() {
-    let Some(admin_url) = postgres_admin_url() else {
-        eprintln!("skipped: {POSTGRES_URL_VAR} is not set");
-        return;
-    };
-    let database = PostgresDatabase::create(&admin_url).await;
+    let Some(database) = PostgresDatabase::create_or_skip().await else { return };
     let sandbox = Sandbox::new();
     std::fs::create_dir(sandbox.path().join("workflows")).expect("workflows dir");
     std::fs::write(

@@ -9,7 +9,7 @@ use chorus_proto::workflow::{
     self as pb, DecideGateRequest, GetRunRequest, ListDefinitionsRequest, PutDefinitionRequest, RunState,
     StartRunRequest, StepKind, StepState, WatchRunRequest, workflow_client::WorkflowClient,
 };
-use chorus_runtime::testing::{POSTGRES_URL_VAR, PostgresDatabase, postgres_admin_url};
+use chorus_runtime::testing::PostgresDatabase;
 use chorus_tests::{Sandbox, tasks::get_task};
 use tokio::time::Instant;
 use tonic::{Code, transport::Channel};
@@ -272,11 +272,7 @@ async fn a_delegate_step_given_up_cancels_the_task_it_made() {
 /// missing on PostgreSQL from the second start on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_start_logs_each_definition_it_loads() {
-    let Some(admin_url) = postgres_admin_url() else {
-        eprintln!("skipped: {POSTGRES_URL_VAR} is not set");
-        return;
-    };
-    let database = PostgresDatabase::create(&admin_url).await;
+    let Some(database) = PostgresDatabase::create_or_skip().await else { return };
     let sandbox = with_examples();
     for start in ["first", "second"] {
         let engine = sandbox.serve("workflow", database.url()).env("RUST_LOG", "info,sqlx=warn,h2=warn").start().await;
@@ -302,11 +298,7 @@ async fn every_start_logs_each_definition_it_loads() {
 /// health answered NOT_SERVING and every call failed until a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_whose_connections_were_ended_reconnects() {
-    let Some(admin_url) = postgres_admin_url() else {
-        eprintln!("skipped: {POSTGRES_URL_VAR} is not set");
-        return;
-    };
-    let database = PostgresDatabase::create(&admin_url).await;
+    let Some(database) = PostgresDatabase::create_or_skip().await else { return };
     let sandbox = Sandbox::new();
     let engine = sandbox.serve("workflow", database.url()).start().await;
     let mut client = WorkflowClient::new(engine.channel().await);
@@ -316,7 +308,7 @@ async fn an_engine_whose_connections_were_ended_reconnects() {
     let run = start(&mut client, "quick", &[]).await;
     assert_eq!(finished(&mut client, &run.id).await.state(), RunState::Completed);
 
-    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&admin_url).await.expect("admin connection");
+    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(database.url()).await.expect("admin connection");
     let ended: Vec<bool> = sqlx::query_scalar(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
     )

@@ -126,6 +126,16 @@ impl PostgresDatabase {
         Self { admin_url: admin_url.to_owned(), name, url }
     }
 
+    /// A database on the configured server; `None`, having said the test is
+    /// skipped, when none is configured (see [`postgres_admin_url`]).
+    pub async fn create_or_skip() -> Option<Self> {
+        let Some(admin_url) = postgres_admin_url() else {
+            eprintln!("skipped: {POSTGRES_URL_VAR} is not set");
+            return None;
+        };
+        Some(Self::create(&admin_url).await)
+    }
+
     /// The URL of this database.
     pub fn url(&self) -> &str {
         &self.url
