@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use chorus_proto::taskstore::{
-    AppendArtifactRequest, Artifact, InboxMessage, NotifyOwnerRequest, SpawnSubtaskRequest, SpawnSubtaskResponse, Task,
-    TaskState, UpdateStatusRequest, inbox_message,
+    AppendArtifactRequest, Artifact, InboxMessage, Message, NotifyOwnerRequest, SpawnSubtaskRequest,
+    SpawnSubtaskResponse, Task, TaskState, UpdateStatusRequest, inbox_message,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -83,11 +83,17 @@ impl TaskContext {
 
     /// Reports progress: the task is `WORKING` with `text` as its status message.
     pub async fn status(&self, text: impl Into<String>) -> Result<Task, WorkerError> {
+        self.update_status(TaskState::Working, agent_message(&self.inner.task, vec![text_part(text)])).await
+    }
+
+    /// Moves the task to `state` (`WORKING`, or `INPUT_REQUIRED` to ask its
+    /// user a question) with `message`, the agent's, as its status message.
+    pub async fn update_status(&self, state: TaskState, message: Message) -> Result<Task, WorkerError> {
         let request = UpdateStatusRequest {
             namespace: self.inner.namespace.clone(),
             task_id: self.id().to_owned(),
-            state: TaskState::Working.into(),
-            message: Some(agent_message(&self.inner.task, vec![text_part(text)])),
+            state: state.into(),
+            message: Some(message),
             lease_id: self.inner.lease_id.clone(),
         };
         let mut client = self.client();

@@ -26,9 +26,7 @@ mod review;
 
 use std::time::Duration;
 
-use chorus_proto::taskstore::{
-    Message, Role, TaskState, UpdateStatusRequest, WatchTaskRequest, part::Content, task_event::Kind,
-};
+use chorus_proto::taskstore::{Message, Role, TaskState, WatchTaskRequest, part::Content, task_event::Kind};
 use chorus_runtime::{transport, uri};
 use prost_types::{Struct, Value, value::Kind as ValueKind};
 use tokio_util::sync::CancellationToken;
@@ -225,14 +223,7 @@ async fn show_plan(task: &TaskContext, files: &[String], done: usize, asking: &s
     let plan = Value { kind: Some(ValueKind::ListValue(prost_types::ListValue { values: entries })) };
     let mut message = agent_message(task.task(), vec![text_part("Plan")]);
     message.metadata = Some(Struct { fields: [(PLAN.to_owned(), plan)].into() });
-    let update = UpdateStatusRequest {
-        namespace: task.namespace().to_owned(),
-        task_id: task.id().to_owned(),
-        state: TaskState::Working.into(),
-        message: Some(message),
-        lease_id: task.lease_id().to_owned(),
-    };
-    task.client().update_status(update).await.map_err(WorkerError::from)?;
+    task.update_status(TaskState::Working, message).await?;
     Ok(())
 }
 
@@ -250,15 +241,8 @@ async fn step(task: &TaskContext, text: String, pace: Duration) -> Result<(), Ha
 async fn ask(task: &TaskContext, question: String, metadata: Option<Struct>) -> Result<Message, HandlerError> {
     let mut message = agent_message(task.task(), vec![text_part(question)]);
     message.metadata = metadata;
+    task.update_status(TaskState::InputRequired, message).await?;
     let mut client = task.client();
-    let update = UpdateStatusRequest {
-        namespace: task.namespace().to_owned(),
-        task_id: task.id().to_owned(),
-        state: TaskState::InputRequired.into(),
-        message: Some(message),
-        lease_id: task.lease_id().to_owned(),
-    };
-    client.update_status(update).await.map_err(WorkerError::from)?;
     let mut backoff = Backoff::new(REWATCH_FIRST, REWATCH_LONGEST);
     loop {
         // The task store restarts, or is out of reach for a moment: the

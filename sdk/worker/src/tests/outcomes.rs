@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use chorus_proto::taskstore::{FailTaskRequest, Role, TaskState, UpdateStatusRequest};
+use chorus_proto::taskstore::{FailTaskRequest, Role, TaskState};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -270,14 +270,7 @@ async fn shutdown_hands_back_a_task_waiting_on_a_question() {
         let asked_tx = asked_tx.clone();
         async move {
             let question = crate::reply::agent_message(task.task(), vec![crate::text_part("which region?")]);
-            let update = UpdateStatusRequest {
-                namespace: task.namespace().to_owned(),
-                task_id: task.id().to_owned(),
-                state: TaskState::InputRequired.into(),
-                message: Some(question),
-                lease_id: task.lease_id().to_owned(),
-            };
-            task.client().update_status(update).await.map_err(WorkerError::from)?;
+            task.update_status(TaskState::InputRequired, question).await?;
             let _ = asked_tx.send(());
             std::future::pending().await
         }
