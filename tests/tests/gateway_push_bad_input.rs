@@ -9,14 +9,6 @@ use chorus_tests::{
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-/// A body limit small enough to pass in a test.
-const MAX_BODY_BYTES: usize = 4096;
-
-async fn dev_server(sandbox: &Sandbox) -> chorus_tests::Server {
-    let limit = MAX_BODY_BYTES.to_string();
-    sandbox.dev().no_agents().env("CHORUS_GATEWAY__MAX_BODY_BYTES", limit).start().await
-}
-
 /// After a refused request: the default namespace still holds `tasks` tasks.
 async fn still_serving(a2a: &A2a, tasks: u64) {
     assert_eq!(a2a.task_count().await, tasks, "a refused request created no task");
@@ -25,7 +17,7 @@ async fn still_serving(a2a: &A2a, tasks: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_urls_that_are_not_public_http_are_refused() {
     let sandbox = Sandbox::new();
-    let server = dev_server(&sandbox).await;
+    let server = sandbox.dev().no_agents().start().await;
     let a2a = A2a::new(&server);
     let task = a2a.send("tck", message(&unique("tck-input-required"), "notify me")).await;
     let id = task["id"].as_str().expect("a task id").to_owned();
@@ -57,7 +49,6 @@ async fn push_urls_that_are_not_public_http_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_configs_that_could_never_be_sent_are_refused() {
     let sandbox = Sandbox::new();
-    // The body limit as shipped: the configs are larger than dev_server's.
     let server = sandbox.dev().no_agents().start().await;
     let a2a = A2a::new(&server);
     let task = a2a.send("tck", message(&unique("tck-input-required"), "notify me")).await;

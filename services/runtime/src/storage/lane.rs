@@ -318,10 +318,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_connection_that_broke_is_not_handed_out_again() {
         let Some(db) = postgres().await else { return };
-        let mut connection = db.acquire().await.expect("a connection");
-        let pid = backend_pid(&mut connection).await;
-        drop(connection);
-        terminate(&db, pid).await;
+        let pid = end_the_warm_connection(&db).await;
         let mut broken = db.acquire().await.expect("the warm connection");
         let error = sqlx::query("SELECT 1").execute(&mut *broken).await.expect_err("its server ended it");
         assert_eq!(crate::storage::classify(&error), crate::storage::DbErrorKind::Unavailable, "{error}");
@@ -338,30 +335,29 @@ mod tests {
     async fn a_health_probe_after_a_broken_connection_reconnects() {
         let Some(db) = postgres().await else { return };
         db.ping().await.expect("healthy");
-        let mut connection = db.acquire().await.expect("the warm connection");
-        let pid = backend_pid(&mut connection).await;
-        drop(connection);
-        terminate(&db, pid).await;
+        end_the_warm_connection(&db).await;
         let _first = db.ping().await;
         db.ping().await.expect("the next probe reconnects");
     }
 
-    async fn terminate(db: &Db, pid: i32) {
+    /// Has the server end the connection the lane keeps warm; its pid.
+    async fn end_the_warm_connection(db: &Db) -> i32 {
+        let mut connection = db.acquire().await.expect("a connection");
+        let pid = backend_pid(&mut connection).await;
+        drop(connection);
         let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
             .bind(pid)
             .fetch_one(db.pool())
             .await
             .expect("terminates");
         assert!(terminated);
+        pid
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_connection_lost_while_idle_is_replaced_unseen() {
         let Some(db) = postgres().await else { return };
-        let mut connection = db.acquire().await.expect("a connection");
-        let pid = backend_pid(&mut connection).await;
-        drop(connection);
-        terminate(&db, pid).await;
+        let pid = end_the_warm_connection(&db).await;
         tokio::time::sleep(PING_WHEN_IDLE_FOR + Duration::from_millis(200)).await;
         let mut next = db.acquire().await.expect("a live connection");
         assert_ne!(backend_pid(&mut next).await, pid);
