@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use chorus_runtime::{
-    storage::{DbErrorKind, classify},
+    storage::{Backend, DbErrorKind, classify},
     time::micros,
 };
 use sqlx::{Any, AnyConnection, AssertSqlSafe, any::AnyArguments, query::Query};
@@ -351,28 +351,36 @@ pub(super) fn bind_message<'q>(
 
 /// The leases of the hand-offs to recipients whose stream is still their
 /// consumer's latest: one replaced meanwhile, in another process, takes
-/// nothing more.
+/// nothing more. One read, whatever the number of hand-offs (SQLite; the
+/// PostgreSQL send checks in its own statement).
 async fn current_hand_offs<'a>(
     tx: &mut Tx,
     namespace: &str,
     hand_offs: &'a BTreeMap<String, HandOff>,
     recipients: &[String],
 ) -> Result<BTreeMap<&'a str, &'a Lease>> {
-    let mut current = BTreeMap::new();
-    for (agent_id, hand_off) in hand_offs.iter().filter(|(agent_id, _)| recipients.contains(agent_id)) {
-        let latest: Option<i64> = sqlx::query_scalar(
-            "SELECT stream FROM hub_consumers WHERE namespace = $1 AND agent_id = $2 AND consumer_id = $3",
-        )
-        .bind(namespace)
-        .bind(agent_id)
-        .bind(&hand_off.lease.consumer_id)
-        .fetch_optional(&mut **tx)
-        .await?;
-        if latest == Some(hand_off.stream) {
-            current.insert(agent_id.as_str(), &hand_off.lease);
-        }
+    let offered: Vec<(&String, &HandOff)> =
+        hand_offs.iter().filter(|(agent_id, _)| recipients.contains(agent_id)).collect();
+    if offered.is_empty() {
+        return Ok(BTreeMap::new());
     }
-    Ok(current)
+    let agents: Vec<&String> = offered.iter().map(|(agent_id, _)| *agent_id).collect();
+    let sql = format!(
+        "SELECT agent_id, consumer_id, stream FROM hub_consumers WHERE namespace = $1 AND agent_id IN ({})",
+        Backend::Sqlite.json_elements("$2", "TEXT")
+    );
+    let streams: Vec<(String, String, i64)> =
+        sqlx::query_as(AssertSqlSafe(sql)).bind(namespace).bind(rows::to_json(&agents)).fetch_all(&mut **tx).await?;
+    let latest = |agent_id: &str, hand_off: &HandOff| {
+        streams.iter().any(|(agent, consumer, stream)| {
+            agent == agent_id && *consumer == hand_off.lease.consumer_id && *stream == hand_off.stream
+        })
+    };
+    Ok(offered
+        .into_iter()
+        .filter(|(agent_id, hand_off)| latest(agent_id, hand_off))
+        .map(|(agent_id, hand_off)| (agent_id.as_str(), &hand_off.lease))
+        .collect())
 }
 
 /// The filter's conditions on the inbox row `i`, numbered from `$first`.
