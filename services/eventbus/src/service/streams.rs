@@ -139,7 +139,7 @@ impl EventBus {
                 self.metrics.eventbus_dead_letters.get().inc_by(claim.dead_lettered);
                 if claim.dead_lettered > 0 {
                     // As a nack that dead-letters: dependents may have been skipped.
-                    self.wakeups.notify(&keys::namespace(&request.namespace));
+                    self.changed(&request.namespace);
                 }
             }
             if !forward(claim.map(|claim| claim.deliveries), sender).await {
