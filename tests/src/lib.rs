@@ -19,6 +19,7 @@ pub mod agent;
 pub mod handler;
 pub mod otlp;
 pub mod process;
+pub mod push;
 pub mod server;
 pub mod status;
 pub mod tasks;
