@@ -96,6 +96,70 @@ fn host_ports_do_not_collide() {
     }
 }
 
+/// The services check no credentials on their own ports, and the collector takes any span:
+/// published on every interface, they would be open to the whole network the host is on.
+#[test]
+fn published_ports_bind_to_loopback_only() {
+    let compose = load_yaml("docker-compose.yml");
+    for (name, service) in services(&compose) {
+        for entry in list(&service["ports"]) {
+            let host_ip = match entry {
+                Value::Mapping(_) => entry["host_ip"].as_str().map(str::to_owned),
+                _ => scalar(entry).rsplitn(3, ':').nth(2).map(str::to_owned),
+            };
+            let host_ip = host_ip.unwrap_or_default();
+            assert_eq!(host_ip, "127.0.0.1", "service `{name}` publishes {entry:?} beyond this machine");
+        }
+    }
+}
+
+/// Every `spawn:` step's `role` or `agent` in `value`, however deeply nested.
+fn spawned(value: &Value, out: &mut BTreeSet<String>) {
+    match value {
+        Value::Mapping(map) => {
+            for (key, item) in map {
+                if key.as_str() == Some("spawn") {
+                    out.extend(["role", "agent"].iter().filter_map(|k| item[*k].as_str().map(str::to_owned)));
+                }
+                spawned(item, out);
+            }
+        }
+        Value::Sequence(items) => items.iter().for_each(|item| spawned(item, out)),
+        _ => {}
+    }
+}
+
+/// The workflows compose loads (`workflows/`) spawn tasks for roles; a role no agent service
+/// serves leaves its runs waiting out every timeout and retry.
+#[test]
+fn every_role_the_example_workflows_spawn_has_an_agent_service() {
+    let compose = load_yaml("docker-compose.yml");
+    let mut served = BTreeSet::new();
+    for service in services(&compose).values() {
+        let command: Vec<String> = list(&service["command"]).iter().map(scalar).collect();
+        match command.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+            ["agent", "echo", ..] => served.insert(chorus_worker::echo::AGENT_ID.to_owned()),
+            ["agent", "reviewer", ..] => served.insert(chorus_worker::reviewer::AGENT_ID.to_owned()),
+            ["agent", "phases", ..] => {
+                served.extend(chorus_worker::phases::ROLES.iter().map(|role| (*role).to_owned()));
+                true
+            }
+            _ => false,
+        };
+    }
+    let mut wanted = BTreeSet::new();
+    let entries = std::fs::read_dir(repo_path("workflows")).expect("workflows/ exists");
+    for entry in entries.map(|entry| entry.expect("a workflows/ entry").path()) {
+        if entry.extension().is_some_and(|ext| ext == "yaml" || ext == "yml") {
+            let relative = format!("workflows/{}", entry.file_name().expect("a file name").to_string_lossy());
+            spawned(&load_yaml(&relative), &mut wanted);
+        }
+    }
+    assert!(!wanted.is_empty(), "the example workflows spawn no task: the walk missed them");
+    let missing: Vec<&String> = wanted.difference(&served).collect();
+    assert!(missing.is_empty(), "no compose agent serves {missing:?}");
+}
+
 /// `depends_on` as (service, condition) pairs, from its list form or its map form.
 fn dependencies(service: &Value) -> Vec<(String, String)> {
     let condition = |s: &Value| String::from(s["condition"].as_str().unwrap_or("service_started"));
