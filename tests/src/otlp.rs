@@ -106,7 +106,11 @@ pub struct OtlpReceiver {
 impl OtlpReceiver {
     /// Starts the receiver; the URL is what `OTEL_EXPORTER_OTLP_ENDPOINT` takes.
     pub async fn start() -> std::io::Result<(Self, String)> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        Self::serve(TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?)
+    }
+
+    /// Starts the receiver on `listener`.
+    pub fn serve(listener: TcpListener) -> std::io::Result<(Self, String)> {
         let endpoint = format!("http://{}", listener.local_addr()?);
         let (sender, spans) = watch::channel(Vec::new());
         let service = TraceServiceServer::new(Collector { spans: sender });

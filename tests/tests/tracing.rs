@@ -8,13 +8,14 @@
 use std::{
     collections::hash_map::RandomState,
     hash::{BuildHasher as _, Hasher as _},
+    net::Ipv4Addr,
     path::{Path, PathBuf},
     process::Stdio,
     time::Duration,
 };
 
 use chorus_proto::taskstore::{
-    self as pb, CreateTaskRequest, TaskState, WatchTaskRequest, task_store_client::TaskStoreClient,
+    self as pb, CreateTaskRequest, GetTaskRequest, TaskState, WatchTaskRequest, task_store_client::TaskStoreClient,
 };
 use chorus_tests::otlp::{CollectedSpan, OtlpReceiver, hex};
 use tokio::{
@@ -245,4 +246,57 @@ async fn one_request_through_two_services_is_one_trace() {
         "CompleteTask does not lead back to handle_task:{}",
         dump()
     );
+}
+
+/// Asks the task store for a task it does not have: one traced request.
+async fn traced_request(channel: Channel) {
+    let request =
+        GetTaskRequest { namespace: "default".to_owned(), id: "no-such-task".to_owned(), ..Default::default() };
+    let status = TaskStoreClient::new(channel).get_task(request).await.expect_err("there is no such task");
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status}");
+}
+
+/// Spans lost to a collector that does not answer are said in the log once,
+/// however many batches fail, and so is the collector's return; spans then
+/// flow again without a restart.
+#[tokio::test]
+async fn a_collector_that_does_not_answer_is_logged_once_and_so_is_its_return() {
+    const DOWN: &str = "cannot export spans";
+    const BACK: &str = "span export works again";
+    let dir = tempfile::tempdir().expect("temp dir");
+    let free = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("a free port");
+    let address = free.local_addr().expect("its address");
+    drop(free);
+    let otlp_endpoint = format!("http://{address}");
+    let database_url = format!("sqlite://{}?mode=rwc", dir.path().join("tasks.db").display());
+    let serve_args = ["serve", "taskstore", "--listen", "127.0.0.1:0", "--database-url", &database_url];
+    let taskstore = Chorus::start(dir.path(), "taskstore", &serve_args, &otlp_endpoint, true).await;
+    let channel = Channel::from_shared(taskstore.url().to_owned()).expect("announced URL").connect().await;
+    let channel = channel.expect("the task store accepts connections");
+    wait_until_serving(channel.clone()).await;
+
+    let said = |line: &str| taskstore.logs().matches(line).count();
+    let deadline = Instant::now() + STEP;
+    while said(DOWN) == 0 {
+        assert!(Instant::now() < deadline, "no `{DOWN}` warning:\n{}", taskstore.logs());
+        traced_request(channel.clone()).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Batches go every 100 ms: these lose several more.
+    for _ in 0..5 {
+        traced_request(channel.clone()).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(said(DOWN), 1, "the outage is said once:\n{}", taskstore.logs());
+    assert!(taskstore.logs().contains(&otlp_endpoint), "the warning names the endpoint:\n{}", taskstore.logs());
+
+    let listener = tokio::net::TcpListener::bind(address).await.expect("the collector's port is free again");
+    let (receiver, _) = OtlpReceiver::serve(listener).expect("the OTLP receiver starts");
+    let deadline = Instant::now() + STEP;
+    while receiver.spans().iter().all(|span| !span.name.ends_with("/GetTask")) || said(BACK) == 0 {
+        assert!(Instant::now() < deadline, "spans did not flow again:\n{}", taskstore.logs());
+        traced_request(channel.clone()).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!((said(DOWN), said(BACK)), (1, 1), "{}", taskstore.logs());
 }

@@ -7,13 +7,22 @@
 //!   injected by every client ([`TracePropagation`]), export or not: a
 //!   worker continues the trace of the request that created its task.
 
-use std::collections::HashMap;
+use std::{
+    collections::HashMap,
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
 
 use opentelemetry::{
     propagation::{Extractor, Injector},
     trace::TracerProvider as _,
 };
-use opentelemetry_sdk::{Resource, propagation::TraceContextPropagator, trace::SdkTracerProvider};
+use opentelemetry_sdk::{
+    Resource,
+    error::OTelSdkResult,
+    propagation::TraceContextPropagator,
+    trace::{SdkTracerProvider, SpanData, SpanExporter},
+};
 use serde::{Deserialize, Serialize};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use tracing_subscriber::{EnvFilter, Layer as _, layer::SubscriberExt as _, util::SubscriberInitExt as _};
@@ -105,10 +114,54 @@ where
 fn otlp_provider(service_name: &str) -> Result<SdkTracerProvider, opentelemetry_otlp::ExporterBuildError> {
     let service_name = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| service_name.to_owned());
     let exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic().build()?;
+    let endpoint = std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT"))
+        .unwrap_or_default();
     Ok(SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
+        .with_batch_exporter(Reported { inner: exporter, endpoint, failing: AtomicBool::new(false) })
         .with_resource(Resource::builder().with_service_name(service_name).build())
         .build())
+}
+
+/// Says when span export starts to fail, once, and when it works again: the
+/// SDK drops a batch it could not send without a word, so a collector that
+/// is down or misconfigured would otherwise go unnoticed.
+#[derive(Debug)]
+struct Reported<E> {
+    inner: E,
+    endpoint: String,
+    failing: AtomicBool,
+}
+
+impl<E: SpanExporter> SpanExporter for Reported<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let spans = batch.len();
+        let exported = self.inner.export(batch).await;
+        let endpoint = &self.endpoint;
+        match &exported {
+            Err(error) if !self.failing.swap(true, Ordering::Relaxed) => tracing::warn!(
+                %endpoint, %error, spans,
+                "cannot export spans; they are dropped until the collector answers (said once)"
+            ),
+            Ok(()) if self.failing.swap(false, Ordering::Relaxed) => {
+                tracing::info!(%endpoint, "span export works again");
+            }
+            _ => {}
+        }
+        exported
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
 }
 
 /// The span of one incoming request, continuing the caller's trace when the
