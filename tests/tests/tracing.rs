@@ -199,16 +199,22 @@ fn descends_from(spans: &[CollectedSpan], span: &CollectedSpan, ancestor: &Colle
     span.ancestors(spans).contains(&ancestor)
 }
 
+/// A task store on SQLite in `dir`, exporting to `otlp_endpoint`, once it serves; a channel to it.
+async fn serving_taskstore(dir: &Path, otlp_endpoint: &str) -> (Chorus, Channel) {
+    let database_url = format!("sqlite://{}?mode=rwc", dir.join("tasks.db").display());
+    let serve_args = ["serve", "taskstore", "--listen", "127.0.0.1:0", "--database-url", &database_url];
+    let taskstore = Chorus::start(dir, "taskstore", &serve_args, otlp_endpoint, true).await;
+    let channel = Channel::from_shared(taskstore.url().to_owned()).expect("announced URL").connect().await;
+    let channel = channel.expect("the task store accepts connections");
+    wait_until_serving(channel.clone()).await;
+    (taskstore, channel)
+}
+
 #[tokio::test]
 async fn one_request_through_two_services_is_one_trace() {
     let dir = tempfile::tempdir().expect("temp dir");
     let (receiver, otlp_endpoint) = OtlpReceiver::start().await.expect("the OTLP receiver starts");
-    let database_url = format!("sqlite://{}?mode=rwc", dir.path().join("tasks.db").display());
-    let serve_args = ["serve", "taskstore", "--listen", "127.0.0.1:0", "--database-url", &database_url];
-    let taskstore = Chorus::start(dir.path(), "taskstore", &serve_args, &otlp_endpoint, true).await;
-    let channel = Channel::from_shared(taskstore.url().to_owned()).expect("announced URL").connect().await;
-    let channel = channel.expect("the task store accepts connections");
-    wait_until_serving(channel.clone()).await;
+    let (taskstore, channel) = serving_taskstore(dir.path(), &otlp_endpoint).await;
     let agent_args = ["agent", "echo", "--server", taskstore.url()];
     let agent = Chorus::start(dir.path(), "agent", &agent_args, &otlp_endpoint, false).await;
     let logs = || format!("task store log:\n{}\necho agent log:\n{}", taskstore.logs(), agent.logs());
@@ -268,12 +274,7 @@ async fn a_collector_that_does_not_answer_is_logged_once_and_so_is_its_return() 
     let address = free.local_addr().expect("its address");
     drop(free);
     let otlp_endpoint = format!("http://{address}");
-    let database_url = format!("sqlite://{}?mode=rwc", dir.path().join("tasks.db").display());
-    let serve_args = ["serve", "taskstore", "--listen", "127.0.0.1:0", "--database-url", &database_url];
-    let taskstore = Chorus::start(dir.path(), "taskstore", &serve_args, &otlp_endpoint, true).await;
-    let channel = Channel::from_shared(taskstore.url().to_owned()).expect("announced URL").connect().await;
-    let channel = channel.expect("the task store accepts connections");
-    wait_until_serving(channel.clone()).await;
+    let (taskstore, channel) = serving_taskstore(dir.path(), &otlp_endpoint).await;
 
     let said = |line: &str| taskstore.logs().matches(line).count();
     let deadline = Instant::now() + STEP;
