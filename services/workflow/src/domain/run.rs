@@ -80,6 +80,20 @@ impl StepState {
     }
 }
 
+/// The most failed branches a parallel step's error names; the others are
+/// counted (each branch's own records say why it failed).
+const NAMED_BRANCH_FAILURES: usize = 5;
+
+/// A parallel step's error, from its failed branches' (`branch `a`: why`).
+pub fn branches_failed(mut failures: Vec<String>) -> String {
+    let more = failures.len().saturating_sub(NAMED_BRANCH_FAILURES);
+    failures.truncate(NAMED_BRANCH_FAILURES);
+    if more > 0 {
+        failures.push(format!("and {more} more failed branches (their steps say why)"));
+    }
+    failures.join("; ")
+}
+
 /// One execution of one step. A retry, or a rerun after a gate rejection,
 /// gets a new record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -325,4 +339,21 @@ pub struct RunCursor {
 pub struct RunPage {
     pub runs: Vec<Run>,
     pub next: Option<RunCursor>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::branches_failed;
+
+    #[test]
+    fn a_parallel_step_names_five_failed_branches_and_counts_the_others() {
+        let failures = |count: usize| (1..=count).map(|n| format!("branch `b{n}`: refused")).collect::<Vec<_>>();
+        assert_eq!(branches_failed(failures(2)), "branch `b1`: refused; branch `b2`: refused");
+        let five = branches_failed(failures(5));
+        assert_eq!(five.matches("refused").count(), 5, "{five}");
+        assert!(!five.contains("more"), "{five}");
+        let hundred = branches_failed(failures(100));
+        assert!(hundred.starts_with(&five), "{hundred}");
+        assert!(hundred.ends_with("; and 95 more failed branches (their steps say why)"), "{hundred}");
+    }
 }

@@ -316,7 +316,7 @@ impl Planner<'_> {
         if failed.is_empty() {
             finish(record, StepState::Completed, self.now);
         } else {
-            record.error = Some(failed.join("; "));
+            record.error = Some(crate::domain::branches_failed(failed));
             finish(record, StepState::Failed, self.now);
         }
         true
