@@ -357,9 +357,25 @@ pub(super) async fn cancel(client: &mut Client, target: &Target, run_id: &str, r
         reason,
         canceled_by: view::user(),
     };
-    let run = client.cancel_run(request).await?.into_inner();
-    outln!("{} {}", run.id, view::run_state(run.state()));
-    Ok(())
+    let status = match client.cancel_run(request).await {
+        Ok(run) => {
+            let run = run.into_inner();
+            outln!("{} {}", run.id, view::run_state(run.state()));
+            return Ok(());
+        }
+        Err(status) if status.code() == tonic::Code::FailedPrecondition => status,
+        Err(status) => return Err(status.into()),
+    };
+    // The run had ended. Canceled already (a retry of a cancel whose answer
+    // was lost) is what was asked; ended otherwise, the answer is no.
+    let get = GetRunRequest { namespace: target.namespace.clone(), run_id: run_id.to_owned(), wait_finished: false };
+    let run = client.get_run(get).await?.into_inner();
+    if run.state() == pb::RunState::Canceled {
+        outln!("{} {} (already)", run.id, view::run_state(run.state()));
+        return Ok(());
+    }
+    eprintln!("{}", status.message());
+    Err(Failure::No)
 }
 
 /// A signal from the command line.

@@ -173,7 +173,7 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
     let shown = stdout(&chorus(&url, dir, &["run", "get", &run_id]).await);
     assert!(shown.contains("completed") && shown.contains("nap") && shown.contains("done"), "{shown}");
     let canceled = chorus(&url, dir, &["run", "cancel", &run_id]).await;
-    assert_eq!(canceled.status.code(), Some(2));
+    assert_eq!(canceled.status.code(), Some(1), "the answer is no: {}", stderr(&canceled));
     assert!(stderr(&canceled).contains("already completed"), "{}", stderr(&canceled));
     let missing = chorus(&url, dir, &["run", "start", "gated", "--input", "x=1"]).await;
     assert_eq!(missing.status.code(), Some(2));
@@ -327,6 +327,10 @@ async fn a_person_is_told_why_a_call_was_refused() {
     // A run that ended otherwise than completed says why, in watch and in get.
     let canceled = chorus(&url, dir, &["run", "cancel", &waiting, "--reason", "no longer needed"]).await;
     assert_eq!(canceled.status.code(), Some(0), "{}", stderr(&canceled));
+    // A script's retry of a cancel whose answer it lost gets what it asked for.
+    let again = chorus(&url, dir, &["run", "cancel", &waiting]).await;
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    assert!(stdout(&again).trim_end().ends_with("canceled (already)"), "{}", stdout(&again));
     let watched = chorus(&url, dir, &["run", "watch", &waiting]).await;
     assert_eq!(watched.status.code(), Some(1), "not completed: {}", stderr(&watched));
     let last = stdout(&watched).lines().last().unwrap_or_default().to_owned();
