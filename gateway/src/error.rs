@@ -215,6 +215,7 @@ impl GatewayError {
         match status.code() {
             Code::NotFound => Self::TaskNotFound(task_id.unwrap_or_default().to_owned()),
             Code::InvalidArgument | Code::OutOfRange => Self::InvalidParams(message),
+            Code::ResourceExhausted if chorus_runtime::server::refused_for_size(status) => Self::InvalidParams(message),
             Code::FailedPrecondition => Self::UnsupportedOperation(message),
             Code::ResourceExhausted => Self::Unavailable(message),
             // The task store answers every error of its own with a code:
@@ -275,5 +276,20 @@ fn grpc_code_name(code: Code) -> &'static str {
         Code::Unavailable => "UNAVAILABLE",
         Code::DataLoss => "DATA_LOSS",
         Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_the_task_store_finds_too_large_is_the_callers_not_an_outage() {
+        let too_large = tonic::Status::resource_exhausted(
+            "the request is 9000 bytes; this server takes at most 4096 (server.max_message_bytes)",
+        );
+        assert!(matches!(GatewayError::from_taskstore(&too_large, None), GatewayError::InvalidParams(_)));
+        let busy = tonic::Status::resource_exhausted("too many tasks queued for agent echo");
+        assert!(matches!(GatewayError::from_taskstore(&busy, None), GatewayError::Unavailable(_)));
     }
 }

@@ -153,8 +153,10 @@ async fn an_oversized_message_is_refused_and_the_server_keeps_serving() {
 
     let huge = "x".repeat(100 * 1024);
     let status = client.create_task(create_request(NS, "reverser", &huge)).await.expect_err("too large");
-    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
-    assert!(status.message().contains(&MAX_MESSAGE_BYTES.to_string()), "the message states the limit: {status:?}");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let limit = format!("at most {MAX_MESSAGE_BYTES} (server.max_message_bytes)");
+    assert!(status.message().contains(&limit), "the message states the limit and its setting: {status:?}");
+    assert!(chorus_runtime::server::refused_for_size(&status), "told from other exhaustion: {status:?}");
 
     assert_eq!(task_count(&mut client).await, 0);
     // So is an A2A request past it, with the binding's own error: the

@@ -208,8 +208,8 @@ impl ServerBuilder {
         let probes = Arc::new(std::mem::take(&mut self.probes));
         readiness::follow(Arc::clone(&probes), self.health.clone(), self.service_names.clone(), shutdown.clone());
         let scraped = self.metrics.clone();
-        // gRPC messages are size-checked by each service while decoding (a
-        // clear OUT_OF_RANGE); HTTP bodies by the routes that read them (the
+        // gRPC messages are size-checked by each service while decoding
+        // (RESOURCE_EXHAUSTED, see `oversize_request`); HTTP bodies by the routes that read them (the
         // gateway's, with the binding's own error, which a limit here would
         // answer first in plain text). Like `/healthz`, `/metrics` asks for
         // no credentials: it holds no tenant data.
@@ -321,9 +321,31 @@ impl ServerBuilder {
 /// trailers.
 async fn grpc_limit(limit: Duration, request: axum::extract::Request, next: Next) -> axum::response::Response {
     match tokio::time::timeout(limit, next.run(request)).await {
-        Ok(response) => response,
+        Ok(response) => oversize_request(response),
         Err(_) => tonic::Status::cancelled("Timeout expired").into_http(),
     }
+}
+
+/// tonic refuses a request past `server.max_message_bytes` as OUT_OF_RANGE,
+/// in its own words; gRPC's code for it is RESOURCE_EXHAUSTED, and the
+/// caller should learn which setting it met.
+fn oversize_request(response: axum::response::Response) -> axum::response::Response {
+    const TONIC: &str = "Error, decoded message length too large: found ";
+    let Some(status) = tonic::Status::from_header_map(response.headers()) else { return response };
+    let sizes = status.message().strip_prefix(TONIC).and_then(|rest| rest.split_once(" bytes, the limit is: "));
+    let Some((found, limit)) = sizes.filter(|_| status.code() == tonic::Code::OutOfRange) else { return response };
+    let limit = limit.trim_end_matches(" bytes");
+    let message = format!("the request is {found} bytes; this server takes at most {limit} {OVERSIZE}");
+    tonic::Status::resource_exhausted(message).into_http()
+}
+
+/// What ends the message of a request refused for its size.
+const OVERSIZE: &str = "(server.max_message_bytes)";
+
+/// Whether a server refused a request for its size (a caller's fault, unlike
+/// other RESOURCE_EXHAUSTED answers).
+pub fn refused_for_size(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::ResourceExhausted && status.message().ends_with(OVERSIZE)
 }
 
 /// An HTTP call's answer, or, past `limit`, 504 with a `google.rpc.Status`
