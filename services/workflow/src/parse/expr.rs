@@ -260,7 +260,7 @@ pub(crate) fn roots(expressions: &[Expression]) -> BTreeSet<String> {
 pub(crate) fn check(
     reader: &mut Reader,
     expressions: &[Expression],
-    declared: &BTreeSet<String>,
+    declared: &BTreeMap<String, u32>,
     inputs: Option<&BTreeSet<&str>>,
 ) {
     for expression in expressions {
@@ -308,7 +308,12 @@ fn push(reader: &mut Reader, expression: &Expression, code: &str, message: Strin
     });
 }
 
-fn references(reader: &mut Reader, expression: &Expression, declared: &BTreeSet<String>, roots: &BTreeSet<String>) {
+fn references(
+    reader: &mut Reader,
+    expression: &Expression,
+    declared: &BTreeMap<String, u32>,
+    roots: &BTreeSet<String>,
+) {
     for root in roots {
         if root == "event" && expression.field != TRIGGER_CONDITION {
             let message = "`event` names the event only in `trigger.condition`; steps see its payload as `trigger`";
@@ -321,7 +326,7 @@ fn references(reader: &mut Reader, expression: &Expression, declared: &BTreeSet<
         {
             continue;
         }
-        if declared.contains(root) {
+        if declared.contains_key(root) {
             let message = format!(
                 "step `{root}` does not finish before this one (it comes later, or runs in another branch of \
                  the same parallel); expected a reference to an earlier step"

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::{
     expr::{self, ExprKind, Expression, RESERVED_ROOTS},
-    reader::{Fields, Node, Reader, join},
+    reader::{Fields, Node, Reader, join, position},
     top::Walk,
 };
 use crate::domain::{
@@ -162,15 +162,16 @@ fn step_id(reader: &mut Reader, node: &Node<'_>, path: &str, walk: &mut Walk) ->
         );
         return None;
     }
-    if !walk.declared.insert(id.clone()) {
+    if let Some(first) = walk.declared.get(&id) {
         reader.error(
             Some(node),
             &field,
             "duplicate_step_id",
-            format!("step id `{id}` is already used; step ids must be unique"),
+            format!("step id `{id}` is already used, on line {first}; step ids must be unique"),
         );
         return None;
     }
+    walk.declared.insert(id.clone(), position(node).0);
     Some(id)
 }
 

@@ -134,6 +134,9 @@ fn duplicate_ids_are_rejected_even_inside_branches() {
         found.contains(&("duplicate_step_id".into(), 9, "steps[1].parallel.branches[0].steps[0].id".into())),
         "{found:?}"
     );
+    let parsed = parse(source, "wf.yaml");
+    let duplicate = parsed.problems.iter().find(|p| p.code == "duplicate_step_id").expect("the duplicate");
+    assert!(duplicate.message.contains("already used, on line 3"), "where the id was first used: {duplicate:?}");
 }
 
 #[test]

@@ -1,6 +1,9 @@
 //! The top level of a definition: name, trigger, inputs, state, concurrency.
 
-use std::{collections::BTreeSet, str::FromStr as _};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    str::FromStr as _,
+};
 
 use super::{
     expr::{ExprKind, Expression, TRIGGER_CONDITION},
@@ -16,8 +19,9 @@ const MAX_NAME_LEN: usize = 200;
 #[derive(Debug, Default)]
 pub(crate) struct Walk {
     pub(crate) expressions: Vec<Expression>,
-    /// Every step id, to tell a forward reference from an unknown name.
-    pub(crate) declared: BTreeSet<String>,
+    /// Every step id, to tell a forward reference from an unknown name, and
+    /// the line it is declared on.
+    pub(crate) declared: BTreeMap<String, u32>,
 }
 
 /// Reads the whole document; `None` only when it is not a mapping.
