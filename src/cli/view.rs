@@ -179,8 +179,15 @@ pub(super) fn run(run: &pb::Run) -> String {
         }
     }
     let mut rows = vec![["SEQ", "STEP", "KIND", "ITER", "TRY", "STATE", ""].map(str::to_owned).to_vec()];
+    // A step is indented by how deeply parallels hold it.
+    let parents: std::collections::HashMap<&str, &str> =
+        run.steps.iter().map(|s| (s.step_id.as_str(), s.parent_step_id.as_str())).collect();
     for step in &run.steps {
-        let name = if step.parent_step_id.is_empty() { step.step_id.clone() } else { format!("  {}", step.step_id) };
+        let depth = std::iter::successors(Some(step.parent_step_id.as_str()), |id| parents.get(id).copied())
+            .take_while(|id| !id.is_empty())
+            .take(run.steps.len())
+            .count();
+        let name = format!("{}{}", "  ".repeat(depth), step.step_id);
         rows.push(vec![
             step.seq.to_string(),
             name,
@@ -220,8 +227,11 @@ fn decision_line(decision: &pb::GateDecision) -> String {
 }
 
 /// A step record as a watch names it: `build #1.2` (iteration 1, attempt 2).
+/// A step record's name: `id #iteration.attempt`, after the parallel step
+/// that holds it (`fan/s17 #1.1`).
 pub(super) fn step_name(step: &StepRecord) -> String {
-    format!("{} #{}.{}", step.step_id, step.iteration, step.attempt)
+    let parent = if step.parent_step_id.is_empty() { String::new() } else { format!("{}/", step.parent_step_id) };
+    format!("{parent}{} #{}.{}", step.step_id, step.iteration, step.attempt)
 }
 
 /// What a watch prints for an event, after its time.
@@ -284,5 +294,25 @@ mod tests {
         let spawn = record(pb::StepKind::Spawn, pb::StepState::Running, json!(null), "01a2");
         assert_eq!(step_detail(&spawn), "task 01a2");
         assert_eq!(step_name(&spawn), "s #1.1");
+        let branch = StepRecord { parent_step_id: "fan".into(), ..spawn };
+        assert_eq!(step_name(&branch), "fan/s #1.1", "a branch's step names the parallel step holding it");
+    }
+
+    #[test]
+    fn a_step_is_indented_by_how_deeply_parallels_hold_it() {
+        let step = |id: &str, parent: &str| {
+            let mut step = record(pb::StepKind::Wait, pb::StepState::Completed, json!(null), "");
+            (step.step_id, step.parent_step_id) = (id.into(), parent.into());
+            step
+        };
+        let steps = vec![step("outer", ""), step("inner", "outer"), step("deep", "inner"), step("after", "")];
+        let shown = run(&pb::Run { steps, ..pb::Run::default() });
+        let column = shown.lines().find_map(|line| line.find("STEP")).expect("a STEP column");
+        let indent = |id: &str| {
+            let line = shown.lines().find(|line| line.contains(&format!(" {id} "))).expect("the step's row");
+            line.find(id).map(|at| at - column)
+        };
+        let indents = ["outer", "inner", "deep", "after"].map(indent);
+        assert_eq!(indents, [Some(0), Some(2), Some(4), Some(0)], "{shown}");
     }
 }
