@@ -49,14 +49,16 @@ pub(crate) fn next_timer(run: &Run) -> Option<i64> {
 /// What changed between two versions of a run, in the order a watch sees it:
 /// cause before effect. A run that starts running does so before its steps;
 /// signals come before the steps that take them; a gate's decision comes
-/// right before its round ends (after the steps it judged), and any other
-/// change of the run's state last.
+/// right before its round ends (after the steps it judged); a run that
+/// resumes (a timer, a signal, a decision) runs again right before the first
+/// step that is not over, and any other change of the run's state comes last.
 pub(crate) fn changes(before: &Run, after: &Run) -> Vec<RunChange> {
     let mut changes = Vec::new();
     let started = before.state == RunState::Pending && after.state == RunState::Running;
     if started {
         changes.push(RunChange::RunStateChanged);
     }
+    let mut resumed = before.state != RunState::Running && after.state == RunState::Running && !started;
     for signal in &after.body.signals {
         if !before.body.signals.iter().any(|s| s.id == signal.id) {
             changes.push(RunChange::SignalReceived { signal: signal.clone() });
@@ -80,10 +82,15 @@ pub(crate) fn changes(before: &Run, after: &Run) -> Vec<RunChange> {
                 changes.push(RunChange::GateDecided { decision: decision.clone() });
             }
         }
+        if resumed && !step.state.is_finished() {
+            changes.push(RunChange::RunStateChanged);
+            resumed = false;
+        }
         changes.push(RunChange::StepUpdated { step });
     }
     changes.extend(decisions.into_iter().map(|decision| RunChange::GateDecided { decision: decision.clone() }));
-    if before.state != after.state && !started {
+    let announced = started || (after.state == RunState::Running && !resumed);
+    if before.state != after.state && !announced {
         changes.push(RunChange::RunStateChanged);
     }
     changes

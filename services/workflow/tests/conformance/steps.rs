@@ -206,7 +206,16 @@ async fn a_watch_sees_every_change_and_resumes_after_a_cursor(h: Harness) {
     );
     let last = events.last().expect("events");
     assert_eq!((&last.change, last.state), (&RunChange::RunStateChanged, RunState::Completed));
-    assert!(events.iter().any(|e| matches!(e.change, RunChange::SignalReceived { .. })));
+    let signaled = events.iter().position(|e| matches!(e.change, RunChange::SignalReceived { .. })).expect("signal");
+    // Cause before effect: the signal ends the wait, the run runs again, then its next step starts.
+    let resumed: Vec<String> = events[signaled + 1..signaled + 4]
+        .iter()
+        .map(|event| match &event.change {
+            RunChange::StepUpdated { step } => format!("{} {:?}", step.step_id, step.state),
+            change => format!("{change:?} {:?}", event.state),
+        })
+        .collect();
+    assert_eq!(resumed, ["hold Completed", "RunStateChanged Running", "work Running"], "{events:?}");
     let cursors: Vec<i64> = events.iter().map(|e| e.cursor).collect();
     assert!(cursors.windows(2).all(|w| w[0] < w[1]), "in commit order: {cursors:?}");
     let replay = h.workflows.watch_run(NS, &run.id, 0).await.expect("replay").collect::<Vec<_>>().await;
