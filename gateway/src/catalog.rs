@@ -349,6 +349,26 @@ fn entry(card: AgentCard) -> CardEntry {
 mod tests {
     use super::*;
 
+    /// deploy/agents.yaml, the catalog docker-compose.yml gives its gateway.
+    #[test]
+    fn the_compose_stack_s_catalog_loads_and_names_example_workflows() {
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let config = GatewayConfig { agents_file: Some(repo.join("deploy/agents.yaml")), ..GatewayConfig::default() };
+        let catalog = Catalog::new(&config, "http://localhost:7803").expect("deploy/agents.yaml is a catalog");
+        assert!(catalog.agent(TCK).is_none(), "the conformance kit's agent stays off a user's stack");
+        assert_eq!(catalog.default_agent().id, ECHO);
+        let workflows = catalog.ids_of(AgentKind::Workflow);
+        assert_eq!(workflows, ["delivery", "deploy"]);
+        let examples: String = std::fs::read_dir(repo.join("workflows"))
+            .expect("workflows/")
+            .map(|entry| std::fs::read_to_string(entry.expect("an entry").path()).expect("a definition"))
+            .collect();
+        for id in workflows {
+            let workflow = catalog.agent(id).and_then(|agent| agent.workflow.clone()).expect("a workflow");
+            assert!(examples.contains(&format!("\nname: {workflow}\n")), "no example workflow {workflow}");
+        }
+    }
+
     #[test]
     fn every_agent_card_lists_all_three_bindings() {
         let catalog = Catalog::new(&GatewayConfig::default(), "http://127.0.0.1:7800").expect("default catalog");
