@@ -8,6 +8,7 @@ use std::time::Duration;
 use chorus_runtime::{
     feed::{self, forward},
     time::{now_micros, until},
+    validate::FieldViolation,
     wakeup::wait_any,
 };
 use tokio::sync::mpsc;
@@ -190,6 +191,19 @@ impl EventBus {
                     return;
                 }
             };
+            // The log ends before the sequence asked for: its database was
+            // reset or restored, and the sequences after it will be new
+            // events the caller would never see.
+            if page.head < query.after {
+                let message = format!(
+                    "is {}, past the last event of the log ({}): the log was reset or restored",
+                    query.after, page.head
+                );
+                let _ = sender
+                    .send(Err(EventBusError::InvalidArgument(FieldViolation::new("after_sequence", message))))
+                    .await;
+                return;
+            }
             let caught_up = page.next_after >= page.head;
             query.after = page.next_after;
             for event in page.events {

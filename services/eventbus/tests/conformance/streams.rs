@@ -23,6 +23,7 @@ conformance!(
     a_claim_that_waited_for_a_new_stream_sees_it,
     deregistering_ends_open_subscriptions,
     the_log_streams_from_a_sequence_then_live,
+    a_stream_after_the_log_s_end_is_refused,
     in_process_handlers_run_in_dependency_order_with_retries,
     streams_cut_short_by_shutdown_end_unavailable,
 );
@@ -194,6 +195,21 @@ async fn the_log_streams_from_a_sequence_then_live(h: Harness) {
     assert_eq!(next_type(&mut from_start).await, "old.two");
     assert_eq!(next_type(&mut from_start).await, "new.one");
     assert_eq!(next_type(&mut live).await, "new.one");
+}
+
+/// A log that ends before the sequence a reader asks for was reset or
+/// restored: the reader is told, rather than miss the events to come.
+async fn a_stream_after_the_log_s_end_is_refused(h: Harness) {
+    h.publish("only.one").await;
+    let mut past = h.bus.stream_events(NS, Some(5), vec![]).await.unwrap();
+    let refused = tokio::time::timeout(WAIT, past.next()).await.expect("an answer").expect("an error");
+    let Err(EventBusError::InvalidArgument(violation)) = refused else { panic!("{refused:?}") };
+    assert_eq!(violation.field, "after_sequence");
+    assert!(violation.reason.contains("past the last event of the log (1)"), "{violation:?}");
+    assert!(tokio::time::timeout(WAIT, past.next()).await.unwrap().is_none(), "the stream ends");
+    let mut at_end = h.bus.stream_events(NS, Some(1), vec![]).await.unwrap();
+    h.publish("next.one").await;
+    assert_eq!(next_type(&mut at_end).await, "next.one", "from the last event is fine");
 }
 
 async fn next_type(

@@ -176,11 +176,29 @@ async fn read_events(workflows: Workflows, mut bus: EventBusClient<Transport>, n
             {
                 tracing::warn!(%namespace, error = %status.message(), "the event bus refuses the engine: event triggers cannot fire (check workflow.token)");
             }
+            // The bus's log ends before the cursor: its database was reset or
+            // restored. Its events are judged from the start; those judged
+            // before start no second run (a run's key names its event's
+            // sequence and publication time).
+            Stop::Bus(status) if past_the_log(&status) => {
+                tracing::warn!(%namespace, error = %status.message(), "the event bus's log ends before this engine's trigger cursor (its database was reset or restored): judging its events from the start");
+                match workflows.runs.set_trigger_cursor(&namespace, 0).await {
+                    Ok(()) => continue,
+                    Err(error) => tracing::warn!(%namespace, %error, "cannot save the trigger cursor"),
+                }
+            }
             Stop::Bus(status) => tracing::debug!(%namespace, %status, "cannot read events for triggers"),
             Stop::Storage(error) => tracing::warn!(%namespace, %error, "event triggers cannot go on; retrying"),
         }
         tokio::time::sleep(RETRY).await;
     }
+}
+
+/// Whether the bus refused a stream because its log ends before the cursor.
+fn past_the_log(status: &tonic::Status) -> bool {
+    use tonic_types::StatusExt as _;
+    let violations = status.get_details_bad_request().map(|request| request.field_violations).unwrap_or_default();
+    status.code() == tonic::Code::InvalidArgument && violations.iter().any(|v| v.field == "after_sequence")
 }
 
 /// Streams the namespace's events after its cursor and judges each, moving
@@ -281,7 +299,7 @@ async fn judge(
         let (workflow, version) = (&definition.name, definition.version);
         let started = match workflows.spec(namespace, workflow, version).await {
             Ok(spec) if !matches(&spec.trigger, &event.r#type, &payload) => continue,
-            Ok(_) => workflows.start_run(start_call(namespace, definition, event, &payload)).await,
+            Ok(_) => workflows.start_run(start_call(namespace, definition, event, published, &payload)).await,
             Err(error) => Err(error),
         };
         match started {
@@ -296,12 +314,20 @@ async fn judge(
 }
 
 /// The start of a run of `definition` by `event`.
-fn start_call(namespace: &str, definition: &Definition, event: &bus::Event, payload: &Value) -> StartCall {
+fn start_call(
+    namespace: &str,
+    definition: &Definition,
+    event: &bus::Event,
+    published: i64,
+    payload: &Value,
+) -> StartCall {
     StartCall {
         namespace: namespace.to_owned(),
         workflow: definition.name.clone(),
         version: Some(definition.version),
-        idempotency_key: Some(format!("event:{}:{}", event.sequence, definition.name)),
+        // The publication time tells apart two events of one sequence: one of
+        // a log that was reset since, and one of the log before it.
+        idempotency_key: Some(format!("event:{}:{published}:{}", event.sequence, definition.name)),
         origin: RunOrigin {
             kind: OriginKind::Event,
             started_by: event.source.clone(),

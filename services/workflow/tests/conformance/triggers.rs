@@ -15,6 +15,7 @@ chorus_runtime::backend_suite!(crate::harness::Harness::bare;
     an_event_is_judged_by_the_versions_put_before_it_was_published,
     events_read_late_are_judged_by_the_versions_of_their_time,
     an_event_only_a_new_version_listens_to_is_not_passed_over,
+    a_bus_log_that_started_over_is_judged_from_its_start,
 );
 
 /// A workflow started by `event_type` events of `team`.
@@ -102,4 +103,36 @@ async fn an_event_only_a_new_version_listens_to_is_not_passed_over(h: Harness) {
         runs,
         [(first, "deploy".to_owned(), 1), (tagged, "release".to_owned(), 1), (merged, "deploy".to_owned(), 1)]
     );
+}
+
+/// The bus's database was reset under the engine: its log starts over at 1,
+/// before the engine's trigger cursor. The engine judges the new log from
+/// its start, and its events start runs, though the old log's events of the
+/// same sequences started runs too.
+async fn a_bus_log_that_started_over_is_judged_from_its_start(h: Harness) {
+    let (_engine, _stop) = h.spawn_engine(test_config());
+    h.put(&listening("deploy", "pr.merged", "a")).await;
+    let mut old = Vec::new();
+    for _ in 0..3 {
+        old.push(publish(&h, "pr.merged", "a").await);
+    }
+    started_by(&h, &old).await;
+    let mut tx = h.db.begin().await.expect("a transaction");
+    for table in ["eventbus_events", "eventbus_heads"] {
+        let delete = format!("DELETE FROM {table} WHERE namespace = $1");
+        sqlx::query(sqlx::AssertSqlSafe(delete)).bind(NS).execute(&mut *tx).await.expect("the bus starts over");
+    }
+    tx.commit().await.expect("the bus started over");
+    let new = publish(&h, "pr.merged", "a").await;
+    assert_eq!(new, 1, "the log started over");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let runs = started_by(&h, &old).await;
+        if runs.len() == 4 {
+            assert_eq!(runs.iter().filter(|(sequence, ..)| *sequence == 1).count(), 2, "{runs:?}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the new log's event started no run: {runs:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
