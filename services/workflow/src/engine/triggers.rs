@@ -181,7 +181,8 @@ async fn read_events(workflows: Workflows, mut bus: EventBusClient<Transport>, n
             // before start no second run (a run's key names its event's
             // sequence and publication time).
             Stop::Bus(status) if past_the_log(&status) => {
-                tracing::warn!(%namespace, error = %status.message(), "the event bus's log ends before this engine's trigger cursor (its database was reset or restored): judging its events from the start");
+                let error = status.message();
+                tracing::warn!(%namespace, %error, "the bus log started over: judging its events from the start");
                 match workflows.runs.set_trigger_cursor(&namespace, 0).await {
                     Ok(()) => continue,
                     Err(error) => tracing::warn!(%namespace, %error, "cannot save the trigger cursor"),
