@@ -211,6 +211,14 @@ fn a_gate_in_a_branch_reruns_only_steps_before_it_in_its_branch() {
         "the top-level gate is told it reruns the whole parallel step: {warning}"
     );
     assert!(warning.message.contains("reruns all of `fan`"), "{warning}");
+    let from_an_earlier_branch = concat!(
+        "name: x\nsteps:\n  - id: fan\n    parallel:\n      branches:\n        - name: one\n",
+        "          steps: [{id: work, wait: {duration: 1s}}]\n        - name: two\n          steps:\n",
+        "            - id: check\n              gate: {mode: HITL, reviewers: ops, rerun_from: work}\n",
+    );
+    let parsed = parse(from_an_earlier_branch, "wf.yaml");
+    let problem = parsed.problems.iter().find(|p| p.code == "bad_reference").expect("refused");
+    assert!(problem.message.contains("`work` (line 7) is in another branch of a parallel step"), "{problem}");
 }
 
 #[test]

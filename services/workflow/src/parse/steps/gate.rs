@@ -64,6 +64,11 @@ impl Scope<'_, '_, '_, '_> {
                     "`{target}` is outside this gate's parallel branch; a gate in a branch can only rerun a step \
                      before it in the same branch"
                 )
+            } else if let Some(line) = self.walk.declared.get(target) {
+                format!(
+                    "`{target}` (line {line}) is in another branch of a parallel step; a gate in a branch can only \
+                     rerun a step before it in the same branch"
+                )
             } else {
                 format!("`{target}` is not a step before this gate; a rejection can only rerun an earlier step")
             };
