@@ -97,6 +97,16 @@ impl EventBus {
         self.wakeups.notify(&keys::progress(namespace, handler));
     }
 
+    /// Counts deliveries a nack or a claim dead-lettered, and wakes the
+    /// namespace: they may have skipped dependents further down, whose own
+    /// dependents wait for them, not for the handler that failed.
+    fn dead_lettered(&self, namespace: &str, count: u64) {
+        if count > 0 {
+            self.metrics.eventbus_dead_letters.get().inc_by(count);
+            self.changed(namespace);
+        }
+    }
+
     /// Appends events to the namespace's log, in order, all or none.
     pub async fn publish(&self, namespace: &str, events: Vec<NewEvent>) -> Result<Vec<Published>> {
         let published = self.repository.publish(namespace, events, now_micros()).await?;
@@ -149,12 +159,7 @@ impl EventBus {
     pub async fn nack(&self, namespace: &str, id: &DeliveryId, nack: Nack) -> Result<Delivery> {
         let delivery = self.repository.nack(namespace, id, nack, now_micros()).await?;
         self.progressed(namespace, &id.handler);
-        if delivery.state == DeliveryState::DeadLettered {
-            // It may have skipped dependents further down, whose own
-            // dependents wait for them, not for this handler.
-            self.changed(namespace);
-            self.metrics.eventbus_dead_letters.get().inc();
-        }
+        self.dead_lettered(namespace, u64::from(delivery.state == DeliveryState::DeadLettered));
         Ok(delivery)
     }
 

@@ -137,11 +137,7 @@ impl EventBus {
             }
             if let Ok(claim) = &claim {
                 self.metrics.eventbus_deliveries.get().inc_by(claim.deliveries.len() as u64);
-                self.metrics.eventbus_dead_letters.get().inc_by(claim.dead_lettered);
-                if claim.dead_lettered > 0 {
-                    // As a nack that dead-letters: dependents may have been skipped.
-                    self.changed(&request.namespace);
-                }
+                self.dead_lettered(&request.namespace, claim.dead_lettered);
             }
             if !forward(claim.map(|claim| claim.deliveries), sender).await {
                 return;

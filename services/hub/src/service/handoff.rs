@@ -112,14 +112,14 @@ impl Live {
         self.state.lock().expect("inbox stream state lock poisoned")
     }
 
-    /// Counts leases this stream now holds: taken, sent again, or held
-    /// from before it opened.
     /// The stream was opened under `stream`: it may take hand-offs once
     /// caught up.
     pub(super) fn opened(&self, stream: i64) {
         self.state().stream = Some(stream);
     }
 
+    /// Counts leases this stream now holds: taken, sent again, or held
+    /// from before it opened.
     pub(super) fn hold(&self, leases: impl IntoIterator<Item = (String, i64)>) {
         self.state().held.extend(leases);
     }

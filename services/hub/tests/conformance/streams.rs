@@ -194,10 +194,17 @@ fn taken(outcome: chorus_hub::error::Result<Taken>) -> Vec<String> {
     }
 }
 
-/// A send handed to a stream its consumer has since replaced (in another
-/// process: this one's streams cannot know) queues its copy unleased, for
-/// the new stream to take; handed to the latest stream, it goes leased.
-async fn a_send_hands_nothing_to_a_replaced_stream(h: Harness) {
+/// Agents `a` and `b`, and two streams `b`'s consumer `b-1` opened in turn
+/// through the repository: `first`, replaced by `second`.
+struct Replaced {
+    repository: SqlHubRepository,
+    now: i64,
+    lease: Lease,
+    first: i64,
+    second: i64,
+}
+
+async fn replaced_stream(h: &Harness) -> Replaced {
     h.agent("a", "worker").await;
     h.agent("b", "worker").await;
     let repository = SqlHubRepository::new(h.db.clone());
@@ -205,6 +212,14 @@ async fn a_send_hands_nothing_to_a_replaced_stream(h: Harness) {
     let lease = Lease { consumer_id: "b-1".into(), until: now + 60_000_000 };
     let first = repository.open_stream(NS, "b", &lease, None, now).await.expect("open").stream;
     let second = repository.open_stream(NS, "b", &lease, None, now).await.expect("open again").stream;
+    Replaced { repository, now, lease, first, second }
+}
+
+/// A send handed to a stream its consumer has since replaced (in another
+/// process: this one's streams cannot know) queues its copy unleased, for
+/// the new stream to take; handed to the latest stream, it goes leased.
+async fn a_send_hands_nothing_to_a_replaced_stream(h: Harness) {
+    let Replaced { repository, now, lease, first, second } = replaced_stream(&h).await;
     let send = |text: &str| outgoing("a", Audience::Agent("b".into()), MessageKind::Direct, text);
     let to = |stream: i64| BTreeMap::from([("b".to_owned(), HandOff { lease: lease.clone(), stream })]);
     let stale = repository.send(&send("m0"), &to(first), 100, now).await.expect("a send");
@@ -219,14 +234,8 @@ async fn a_send_hands_nothing_to_a_replaced_stream(h: Harness) {
 /// changes nothing, closing the open one lifts the fence. On PostgreSQL, a
 /// take that waited for a stream being opened sees the new number.
 async fn a_take_by_a_replaced_stream_leases_nothing(h: Harness) {
-    h.agent("a", "worker").await;
-    h.agent("b", "worker").await;
-    let repository = SqlHubRepository::new(h.db.clone());
-    let now = now_micros();
-    let lease = Lease { consumer_id: "b-1".into(), until: now + 60_000_000 };
+    let Replaced { repository, now, lease, first, second } = replaced_stream(&h).await;
     let take = |stream: i64| take_for(&lease, stream, now);
-    let first = repository.open_stream(NS, "b", &lease, None, now).await.expect("open").stream;
-    let second = repository.open_stream(NS, "b", &lease, None, now).await.expect("open again").stream;
     h.direct("a", "b", "m0").await;
     let stale = repository.take(&take(first)).await;
     assert!(matches!(stale, Err(HubError::StreamSuperseded(_))), "{stale:?}");
