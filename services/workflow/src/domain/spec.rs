@@ -215,6 +215,9 @@ pub fn waits_for_signal(steps: &[Step], name: &str) -> bool {
 pub struct Parallel {
     pub branches: Vec<Branch>,
     pub mode: JoinMode,
+    /// The most branches active at once (`None`: all of them); the others
+    /// start in the order declared as active ones end.
+    pub max_concurrency: Option<u32>,
 }
 
 /// Who decides a gate.

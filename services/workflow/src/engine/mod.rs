@@ -8,6 +8,7 @@
 
 mod driver;
 mod gates;
+mod parallel;
 pub(crate) mod plan;
 pub(crate) mod render;
 pub(crate) mod schedule;

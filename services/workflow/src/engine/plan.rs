@@ -24,7 +24,7 @@ pub(crate) struct Planner<'a> {
 
 /// How a sequence of steps stands.
 #[derive(Debug, Clone, PartialEq)]
-enum Flow {
+pub(super) enum Flow {
     Done,
     Failed(String),
     Active,
@@ -236,11 +236,11 @@ impl Planner<'_> {
     }
 
     /// The latest record of `step_id` created after `after`.
-    fn latest_after(run: &Run, step_id: &str, after: u32) -> Option<usize> {
+    pub(super) fn latest_after(run: &Run, step_id: &str, after: u32) -> Option<usize> {
         run.body.steps.iter().rposition(|r| r.step_id == step_id && r.seq > after)
     }
 
-    fn walk(&self, run: &mut Run, steps: &[Step], from: u32, parent: Option<&str>) -> Flow {
+    pub(super) fn walk(&self, run: &mut Run, steps: &[Step], from: u32, parent: Option<&str>) -> Flow {
         let mut after = from;
         for step in steps {
             loop {
@@ -276,57 +276,11 @@ impl Planner<'_> {
         Flow::Done
     }
 
-    /// Drives the branches of an active parallel record; true when it settled.
-    fn settle_parallel(&self, run: &mut Run, index: usize, step: &Step, parallel: &crate::domain::Parallel) -> bool {
-        let seq = run.body.steps[index].seq;
-        let mut failed = Vec::new();
-        let mut outcome = Map::new();
-        let mut active = false;
-        for branch in &parallel.branches {
-            let flow = self.walk(run, &branch.steps, seq, Some(&step.id));
-            let state = match flow {
-                Flow::Done => "completed",
-                Flow::Active => {
-                    active = true;
-                    "active"
-                }
-                Flow::Failed(error) => {
-                    failed.push(format!("branch `{}`: {error}", branch.name));
-                    "failed"
-                }
-            };
-            outcome.insert(branch.name.clone(), json!(state));
-        }
-        let fail_fast = parallel.mode == JoinMode::FailFast && !failed.is_empty();
-        if active && !fail_fast {
-            return false;
-        }
-        if fail_fast {
-            for record in run.body.steps.iter_mut().filter(|r| r.seq > seq && !r.state.is_finished()) {
-                if contains(step, &record.step_id) {
-                    cancel_record(Arc::make_mut(record), self.now);
-                }
-            }
-        }
-        for state in outcome.values_mut().filter(|state| *state == "active") {
-            *state = json!("canceled");
-        }
-        let record = run.body.step_mut(index);
-        record.output = Some(Value::Object(outcome));
-        if failed.is_empty() {
-            finish(record, StepState::Completed, self.now);
-        } else {
-            record.error = Some(crate::domain::branches_failed(failed));
-            finish(record, StepState::Failed, self.now);
-        }
-        true
-    }
-
     /// Creates the next record of `step` and does what needs no side effect.
     pub(crate) fn start(&self, run: &mut Run, step: &Step, parent: Option<&str>) {
         let iteration =
             run.body.steps.iter().filter(|r| r.step_id == step.id).map(|r| r.iteration).max().unwrap_or(0) + 1;
-        let scope = Scope::of(run, self.config, &step.id, iteration, Some(&step.roots));
+        let scope = Scope::of(run, &self.spec.steps, self.config, &step.id, iteration, Some(&step.roots));
         let mut record = StepRecord {
             seq: u32::try_from(run.body.steps.len() + 1).unwrap_or(u32::MAX),
             step_id: step.id.clone(),
@@ -434,6 +388,9 @@ impl Planner<'_> {
                 let branches: Vec<&str> = parallel.branches.iter().map(|b| b.name.as_str()).collect();
                 let mode = if parallel.mode == JoinMode::FailFast { "fail_fast" } else { "all_settled" };
                 record.input = json!({ "branches": branches, "mode": mode });
+                if let Some(max) = parallel.max_concurrency {
+                    record.input["max_concurrency"] = json!(max);
+                }
             }
             Action::Gate(gate) => {
                 let artifacts = scope.render_value(&gate.artifacts).map_err(render_error)?;

@@ -7,8 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use super::plan::find;
 use crate::{
-    domain::{Decision, Run, StepState},
+    domain::{Action, Decision, Run, Step, StepRecord, StepState},
     parse::{condition_holds, condition_source, environment},
 };
 
@@ -39,6 +40,19 @@ struct Seen<'a> {
     error: Option<&'a str>,
     iteration: u32,
     attempt: u32,
+    /// A parallel step's branches, by name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    branches: Option<BTreeMap<&'a str, BranchSeen<'a>>>,
+}
+
+/// A branch of a finished parallel step as templates see it: how it ended,
+/// and the output of its last step that completed (a skipped one is passed
+/// over), so that a step after the join can reach every branch's result.
+#[derive(Serialize)]
+struct BranchSeen<'a> {
+    state: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output: Option<&'a Value>,
 }
 
 /// A template or condition that could not be evaluated.
@@ -49,9 +63,11 @@ pub(crate) struct RenderError(String);
 impl Scope {
     /// The scope of a record of `step_id` in `iteration`, holding only the
     /// names in `roots` (`None`: every name) besides a rerun's `feedback` and
-    /// `previous`.
+    /// `previous`. `steps` are the definition's, where parallel steps find
+    /// their branches.
     pub(crate) fn of(
         run: &Run,
+        steps: &[Step],
         config: &Value,
         step_id: &str,
         iteration: u32,
@@ -80,6 +96,7 @@ impl Scope {
                 error: record.error.as_deref(),
                 iteration: record.iteration,
                 attempt: record.attempt,
+                branches: branches(run, steps, record),
             };
             // Records are in seq order: the latest of a step wins.
             context.insert(&record.step_id, Entry::Seen(seen));
@@ -155,6 +172,21 @@ impl Scope {
     }
 }
 
+/// The branches of a finished parallel step's record; `None` for any other record.
+fn branches<'a>(run: &'a Run, steps: &'a [Step], record: &'a StepRecord) -> Option<BTreeMap<&'a str, BranchSeen<'a>>> {
+    let Action::Parallel(parallel) = &find(steps, &record.step_id, None)?.step.action else { return None };
+    let states = record.output.as_ref()?;
+    let completed = |step: &Step| {
+        let latest = run.body.steps.iter().rev().find(|r| r.step_id == step.id && r.seq > record.seq)?;
+        (latest.state == StepState::Completed).then_some(latest.output.as_ref()).flatten()
+    };
+    let seen = parallel.branches.iter().map(|branch| {
+        let output = branch.steps.iter().rev().find_map(completed);
+        (branch.name.as_str(), BranchSeen { state: &states[&branch.name], output })
+    });
+    Some(seen.collect())
+}
+
 /// A rejection as rerun steps see it.
 fn feedback(rejection: &crate::domain::GateDecision) -> Value {
     serde_json::json!({
@@ -202,7 +234,7 @@ mod tests {
     #[test]
     fn templates_conditions_and_whole_placeholders() {
         let scope =
-            Scope::of(&run(serde_json::json!({"n": 3, "who": "ann"})), &serde_json::json!({"x": 1}), "s", 1, None);
+            Scope::of(&run(serde_json::json!({"n": 3, "who": "ann"})), &[], &serde_json::json!({"x": 1}), "s", 1, None);
         assert_eq!(scope.render("hi {{ inputs.who }}").unwrap(), "hi ann");
         assert!(scope.condition("{{ inputs.n }} > 2").unwrap());
         assert!(!scope.condition("inputs.n < 2").unwrap());
@@ -215,7 +247,7 @@ mod tests {
 
     #[test]
     fn a_comparison_with_a_missing_side_is_false_whatever_the_operator() {
-        let scope = Scope::of(&run(serde_json::json!({"n": 3})), &Value::Null, "s", 1, None);
+        let scope = Scope::of(&run(serde_json::json!({"n": 3})), &[], &Value::Null, "s", 1, None);
         for op in ["==", "!=", "<", "<=", ">", ">="] {
             assert!(!scope.condition(&format!("{{{{ inputs.missing }}}} {op} 0.8")).unwrap(), "missing {op} 0.8");
             assert!(!scope.condition(&format!("0.8 {op} missing.output.x")).unwrap(), "0.8 {op} missing");
@@ -227,7 +259,8 @@ mod tests {
 
     #[test]
     fn objects_and_lists_in_text_read_as_json() {
-        let scope = Scope::of(&run(serde_json::json!({"who": "ann", "tags": ["a", "b"]})), &Value::Null, "s", 1, None);
+        let scope =
+            Scope::of(&run(serde_json::json!({"who": "ann", "tags": ["a", "b"]})), &[], &Value::Null, "s", 1, None);
         assert_eq!(scope.render("got {{ inputs }}").unwrap(), r#"got {"tags":["a","b"],"who":"ann"}"#);
         assert_eq!(scope.render("{{ inputs.tags }}!").unwrap(), r#"["a","b"]!"#);
         assert_eq!(scope.render("{{ inputs.who }} {{ 1.5 }} {{ true }}").unwrap(), "ann 1.5 true");
@@ -235,7 +268,7 @@ mod tests {
 
     #[test]
     fn a_render_that_would_run_for_ever_runs_out_of_fuel() {
-        let scope = Scope::of(&run(serde_json::json!({"n": 100_000})), &Value::Null, "s", 1, None);
+        let scope = Scope::of(&run(serde_json::json!({"n": 100_000})), &[], &Value::Null, "s", 1, None);
         let spin = "{% for i in range(inputs.n) %}{% for j in range(inputs.n) %}{% endfor %}{% endfor %}done";
         let error = scope.render(spin).expect_err("out of fuel").to_string();
         assert!(error.contains("fuel"), "{error}");
@@ -245,7 +278,8 @@ mod tests {
 
     #[test]
     fn a_missing_value_has_no_length() {
-        let scope = Scope::of(&run(serde_json::json!({"who": "ann", "tags": ["a", "b"]})), &Value::Null, "s", 1, None);
+        let scope =
+            Scope::of(&run(serde_json::json!({"who": "ann", "tags": ["a", "b"]})), &[], &Value::Null, "s", 1, None);
         assert_eq!(scope.render("{{ inputs.missing | length }}/{{ skipped.output | count }}").unwrap(), "0/0");
         assert_eq!(scope.render("{{ inputs.who | length }}/{{ inputs.tags | length }}").unwrap(), "3/2");
         assert!(scope.condition("{{ inputs.missing | length }} == 0").unwrap());
@@ -256,7 +290,7 @@ mod tests {
     fn a_scope_holds_only_the_names_its_step_uses() {
         let roots = BTreeSet::from(["inputs".to_owned()]);
         let scope =
-            Scope::of(&run(serde_json::json!({"who": "ann"})), &serde_json::json!({"x": 1}), "s", 1, Some(&roots));
+            Scope::of(&run(serde_json::json!({"who": "ann"})), &[], &serde_json::json!({"x": 1}), "s", 1, Some(&roots));
         assert_eq!(scope.render("{{ inputs.who }}/{{ config.x }}/{{ run.id }}").unwrap(), "ann//");
     }
 }

@@ -348,7 +348,7 @@ impl Scope<'_, '_, '_, '_> {
     }
 
     fn parallel(&mut self, body: &Node<'_>) -> Option<Parallel> {
-        let fields = self.reader.mapping(body, self.field, &["branches", "mode"])?;
+        let fields = self.reader.mapping(body, self.field, &["branches", "mode", "max_concurrency"])?;
         let mode = match fields.get("mode") {
             None => Some(JoinMode::FailFast),
             Some(node) => self.reader.choice(
@@ -356,6 +356,10 @@ impl Scope<'_, '_, '_, '_> {
                 &self.path("mode"),
                 &[("fail_fast", JoinMode::FailFast), ("all_settled", JoinMode::AllSettled)],
             ),
+        };
+        let max_concurrency = match fields.get("max_concurrency") {
+            None => Some(None),
+            Some(node) => self.reader.integer(node, &self.path("max_concurrency"), 1, 10_000).map(Some),
         };
         let branches_field = self.path("branches");
         let node =
@@ -389,7 +393,7 @@ impl Scope<'_, '_, '_, '_> {
             }
             branches.push(Branch { name, steps: steps.unwrap_or_default() });
         }
-        Some(Parallel { branches, mode: mode? })
+        Some(Parallel { branches, mode: mode?, max_concurrency: max_concurrency? })
     }
 }
 

@@ -97,6 +97,24 @@ fn a_gate_reports_every_bad_field_at_once() {
 }
 
 #[test]
+fn a_parallel_step_takes_a_positive_max_concurrency() {
+    let source = |max: &str| {
+        format!(
+            "name: x\nsteps:\n  - id: fan\n    parallel:\n      max_concurrency: {max}\n      branches:\n\
+             \x20       - {{name: a, steps: [{{id: s1, wait: {{duration: 1s}}}}]}}\n\
+             \x20       - {{name: b, steps: [{{id: s2, wait: {{duration: 1s}}}}]}}\n"
+        )
+    };
+    assert!(codes(&source("2")).is_empty(), "{:?}", codes(&source("2")));
+    for bad in ["0", "-1", "many", "1.5"] {
+        let found = codes(&source(bad));
+        let fields: Vec<(&str, u32, &str)> = found.iter().map(|(c, l, f)| (c.as_str(), *l, f.as_str())).collect();
+        let code = if bad == "0" || bad == "-1" { "out_of_range" } else { "wrong_type" };
+        assert_eq!(fields, [(code, 5, "steps[0].parallel.max_concurrency")], "max_concurrency: {bad}");
+    }
+}
+
+#[test]
 fn a_triggered_workflow_is_warned_of_an_input_its_runs_cannot_have() {
     let source = concat!(
         "name: x\ntrigger: {event: order.shipped}\ninputs:\n  id: {type: string, required: true}\n",

@@ -192,7 +192,7 @@ impl Workflows {
             finished_at: None,
         };
         let concurrency_key = match spec.concurrency.as_ref().and_then(|c| c.key.as_deref()) {
-            Some(key) => Some(Scope::of(&probe, &self.vars, "", 1, None).render(key).map_err(|error| {
+            Some(key) => Some(Scope::of(&probe, &[], &self.vars, "", 1, None).render(key).map_err(|error| {
                 WorkflowError::InvalidArgument(FieldViolation::new("input", format!("concurrency.key: {error}")))
             })?),
             None => None,

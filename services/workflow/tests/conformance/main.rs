@@ -9,6 +9,7 @@ mod harness;
 mod hitl_gates;
 mod loading;
 mod outages;
+mod parallel;
 mod runs;
 mod steps;
 mod triggers;
