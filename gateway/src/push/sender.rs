@@ -147,6 +147,8 @@ impl PushSender {
             .await
             .map_err(|error| self.send_failure(error))?;
         let status = response.status();
+        let retry_after = retry_after(response.headers());
+        chorus_runtime::egress::drain(response).await;
         if status.is_success() {
             return Ok(());
         }
@@ -154,7 +156,6 @@ impl PushSender {
             return Err(Failure::Permanent(PushError::Redirect(status)));
         }
         if status.is_server_error() || matches!(status, StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS) {
-            let retry_after = retry_after(response.headers());
             return Err(Failure::Transient { error: PushError::Status(status), retry_after });
         }
         Err(Failure::Permanent(PushError::Status(status)))

@@ -14,6 +14,25 @@ use std::{
 
 pub use guard::{EgressGuard, Refused, bare_host, normalize_host, refusal};
 
+/// The most of an answer [`drain`] reads.
+const DRAINED: usize = 64 * 1024;
+
+/// Reads and drops the body of an answer whose status was all the caller
+/// wanted, up to 64 KiB and for at most a second, so that its connection
+/// can serve the next call: a connection whose answer was left unread is
+/// closed, and the next call to the same host opens another.
+pub async fn drain(mut response: reqwest::Response) {
+    let read_all = async move {
+        let mut read = 0;
+        while read <= DRAINED
+            && let Ok(Some(chunk)) = response.chunk().await
+        {
+            read += chunk.len();
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(1), read_all).await.ok();
+}
+
 /// The AWS, GCP and Azure instance metadata address.
 const METADATA_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
 

@@ -7,8 +7,11 @@
 //! (say so with an `eprintln!`); set but unreachable is a failure, which
 //! [`PostgresDatabase::create`] reports by panicking.
 
+mod streaming;
+
 use std::fmt;
 
+pub use self::streaming::StreamingReceiver;
 use crate::storage::{Db, ServiceMigrations, StorageConfig, redact_url};
 
 /// The variable naming the PostgreSQL server tests may use; CI sets it.

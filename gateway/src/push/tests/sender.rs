@@ -135,6 +135,16 @@ async fn delivers_body_and_headers() {
 }
 
 #[tokio::test]
+async fn notifications_to_one_receiver_share_a_connection() {
+    let receiver = chorus_runtime::testing::StreamingReceiver::start().await;
+    let (sender, target) = (sender(policy()), target(receiver.url.clone()));
+    for _ in 0..3 {
+        assert_eq!(deliver(&sender, &target).await.expect("delivered"), 1, "at the first attempt");
+    }
+    assert_eq!(receiver.connections(), 1, "each answer is read to its end, so its connection serves the next");
+}
+
+#[tokio::test]
 async fn omits_absent_token_and_credentials() {
     let receiver = Receiver::start(vec![Reply::Status(204)]).await;
     let target = PushTarget { authentication: Some(("Bearer".into(), None)), ..target(receiver.url("127.0.0.1")) };

@@ -309,6 +309,7 @@ impl ClientEffects {
                 },
             )?;
         let status = response.status();
+        egress::drain(response).await;
         if status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408 {
             return Err(EffectError::Transient(format!("webhook {url} answered {status}")));
         }

@@ -27,6 +27,7 @@ conformance!(
     matching_events_start_one_run_each,
     cron_schedules_start_runs,
     a_spawn_past_its_timeout_fails_and_cancels_its_task_saying_why,
+    webhook_steps_share_one_connection,
 );
 
 /// A webhook receiver on loopback: what it was sent, with the idempotency keys.
@@ -304,4 +305,16 @@ async fn a_spawn_past_its_timeout_fails_and_cancels_its_task_saying_why(h: Harne
         })
         .collect();
     assert!(said.concat().contains("its workflow step's timeout (300ms) passed"), "{said:?}");
+}
+
+async fn webhook_steps_share_one_connection(h: Harness) {
+    let receiver = chorus_runtime::testing::StreamingReceiver::start().await;
+    let url = &receiver.url;
+    let steps: String =
+        (1..=4).map(|n| format!("- id: s{n}\n  message: {{webhook: \"{url}\", text: \"step {n}\"}}\n")).collect();
+    h.put(&format!("name: hooks\nsteps:\n{steps}")).await;
+    let run = h.run("hooks", json!({})).await;
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Completed, "{run:#?}");
+    assert_eq!(receiver.connections(), 1, "each answer is read to its end, so its connection serves the next call");
 }
