@@ -214,6 +214,7 @@ impl Stack {
                     let repository = Arc::new(SqlTaskRepository::new(db.clone()));
                     let store = TaskStore::new(repository, wakeups, config.taskstore.clone(), shutdown.clone())
                         .with_metrics(metrics.clone());
+                    store.align_log_clock().await?;
                     store.spawn_reaper();
                     relay = Some(store.clone());
                     let grpc = TaskStoreGrpc::new(store).into_server(config.server.max_message_bytes);

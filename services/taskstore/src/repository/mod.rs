@@ -193,6 +193,12 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// The newest event a reader can see now, of one task or of the namespace.
     async fn latest_event(&self, namespace: &str, task_id: Option<&str>) -> Result<Option<TaskEvent>>;
 
+    /// Makes the log's order hold on the database server it is on now, once
+    /// at start-up: on a log restored from a server whose transaction ids ran
+    /// ahead of this one's, new events are numbered after the restored ones
+    /// from then on. The offset it took, when it had to.
+    async fn align_log_clock(&self) -> Result<Option<i64>>;
+
     /// Up to `limit` events of every namespace after a cursor, in commit
     /// order: what the outbox relay publishes.
     async fn read_outbox(&self, after: Cursor, limit: u32) -> Result<EventBatch>;

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use chorus_runtime::storage::Backend;
 use chorus_taskstore::{
-    domain::{Cursor, EventKind, StatusUpdate, TaskEvent, TaskState, now_micros},
+    domain::{Cursor, EventKind, EventQuery, StatusUpdate, TaskEvent, TaskState, now_micros},
     error::TaskStoreError,
 };
 
@@ -14,6 +15,7 @@ conformance!(
     the_outbox_reads_every_namespace_in_commit_order,
     one_owner_at_a_time_holds_the_relay_lease,
     the_relay_cursor_outlives_its_owner,
+    a_log_restored_on_a_server_whose_ids_are_behind_goes_on_after_its_cursor,
 );
 
 const SECOND: i64 = 1_000_000;
@@ -116,4 +118,46 @@ async fn the_relay_cursor_outlives_its_owner(h: Harness) {
     let cursor = taken.expect("the lease ran out");
     assert_eq!(cursor, events[1].cursor, "the next owner starts where the last one saved");
     assert_eq!(read_settled(&h, cursor, 100).await, events[2..]);
+}
+
+/// Transaction ids belong to the PostgreSQL server: restored on another one,
+/// a log's ids may be far ahead of the server's. Moving every stored id and
+/// cursor ahead by a billion stands for that server here.
+async fn a_log_restored_on_a_server_whose_ids_are_behind_goes_on_after_its_cursor(h: Harness) {
+    if h.db.backend() != Backend::Postgres {
+        assert_eq!(h.repository.align_log_clock().await.unwrap(), None, "SQLite's log is in rowid order");
+        return;
+    }
+    let before = h.own_task("ns", "echo", "before").await;
+    let r = &h.repository;
+    let start = now_micros();
+    r.acquire_outbox_lease("bus", "a", start, LEASE).await.unwrap();
+    let published = read_settled(&h, Cursor::default(), 100).await;
+    let last = published.last().expect("the first task's events").cursor;
+    r.save_outbox_cursor("bus", "a", last, start, LEASE).await.unwrap();
+    let ahead = "UPDATE taskstore_events SET tx_id = tx_id + 1000000000; \
+                 UPDATE taskstore_outbox SET cursor_tx = cursor_tx + 1000000000";
+    sqlx::raw_sql(ahead).execute(&mut *h.db.acquire().await.unwrap()).await.unwrap();
+    let restored = Cursor { tx: last.tx + 1_000_000_000, id: last.id };
+
+    h.store.align_log_clock().await.unwrap();
+    assert_eq!(r.align_log_clock().await.unwrap(), None, "aligned once: the next start finds nothing to do");
+    let after = h.own_task("ns", "echo", "after").await;
+    let cursor = r.acquire_outbox_lease("bus", "a", start + SECOND, LEASE).await.unwrap();
+    assert_eq!(cursor, Some(restored));
+    let relayed = read_settled(&h, restored, 100).await;
+    let tasks: Vec<&str> = relayed.iter().map(|event| event.task_id.as_str()).collect();
+    assert_eq!(tasks, [after.id.as_str()], "the relay goes on with the new change");
+    let query = EventQuery {
+        namespace: "ns".into(),
+        task_id: None,
+        agent_id: None,
+        context_id: None,
+        after: Cursor::default(),
+        limit: 100,
+    };
+    let read = h.repository.read_events(&query).await.unwrap();
+    assert!(!read.held_back, "the new change is not held back behind a horizon of the old clock");
+    let tasks: Vec<&str> = read.events.iter().map(|event| event.task_id.as_str()).collect();
+    assert_eq!(tasks, [before.id.as_str(), after.id.as_str()], "old changes, then new ones");
 }

@@ -26,11 +26,11 @@ macro_rules! event_columns {
     };
 }
 
-/// The oldest transaction still running (PostgreSQL): no event below it can
-/// still commit.
+/// The oldest transaction still running (PostgreSQL), on the log's clock
+/// (see `clock.rs`): no event below it can still commit.
 macro_rules! horizon {
     () => {
-        "(pg_snapshot_xmin(pg_current_snapshot())::text::bigint)"
+        "(pg_snapshot_xmin(pg_current_snapshot())::text::bigint + (SELECT xid_offset FROM taskstore_clock))"
     };
 }
 

@@ -4,6 +4,7 @@
 //! SQLite has a single writer), changes them in memory through the domain
 //! rules, writes them back, and records an event in the same transaction.
 
+mod clock;
 mod completion;
 mod create;
 mod events;
@@ -46,6 +47,7 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
         (11, "turn follower", "0011_turn_follower.sql"),
         (12, "retry after", "0012_retry_after.sql"),
         (13, "run by creator", "0013_run_by_creator.sql"),
+        (14, "log clock", "0014_log_clock.sql"),
     ]
 );
 

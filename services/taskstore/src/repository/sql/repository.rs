@@ -175,6 +175,10 @@ impl TaskRepository for SqlTaskRepository {
         self.latest(namespace, task_id).await
     }
 
+    async fn align_log_clock(&self) -> Result<Option<i64>> {
+        self.align_clock().await
+    }
+
     async fn read_outbox(&self, after: Cursor, limit: u32) -> Result<EventBatch> {
         self.outbox(after, limit).await
     }

@@ -39,6 +39,21 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 impl TaskStore {
+    /// Makes the log's order hold on the database server it is on, before
+    /// the service starts (see [`TaskRepository::align_log_clock`]).
+    ///
+    /// [`TaskRepository::align_log_clock`]: crate::repository::TaskRepository::align_log_clock
+    pub async fn align_log_clock(&self) -> Result<()> {
+        if let Some(offset) = self.repository.align_log_clock().await? {
+            tracing::warn!(
+                offset,
+                "the task log's transaction ids are ahead of this PostgreSQL server's (was the database restored \
+                 from another server?): new changes are numbered after them from now on"
+            );
+        }
+        Ok(())
+    }
+
     /// Publishes every change the store records to the event bus behind
     /// `client`, until shutdown; on first use from the start of the log.
     /// Every replica may run one: the one holding the relay's lease

@@ -1,0 +1,3 @@
+-- SQLite's log is in rowid order, not by transaction id: nothing to change
+-- (the PostgreSQL migration of this version keeps the offset that carries
+-- those ids from one database server to another).
