@@ -1,7 +1,8 @@
 //! What starts runs besides an explicit start: cron schedules, and event-bus
 //! events matching a trigger's type, filter and condition. Each start carries
-//! an idempotency key (`cron:<workflow>:<time>`, `event:<sequence>:<workflow>`),
-//! so engines sharing a database, or a restart, never start one twice.
+//! an idempotency key (`cron:<workflow>:<time>`,
+//! `event:<sequence>:<published_at>:<workflow>`), so engines sharing a
+//! database, or a restart, never start one twice.
 //!
 //! An event is judged by the versions that were the latest when it was
 //! published, and starts a run on the version whose trigger it matched.
@@ -28,6 +29,7 @@ use super::render::Scope;
 use crate::{
     domain::{Definition, OriginKind, RunOrigin, Trigger},
     error::WorkflowError,
+    repository::TriggerCursor,
     service::{StartCall, TRIGGERS_KEY, Workflows},
 };
 
@@ -147,13 +149,16 @@ enum Stop {
     NewTypes,
     /// The bus ended the stream.
     Ended,
+    /// The bus's log started over (its database was reset or restored): how
+    /// that showed.
+    StartedOver(String),
     Bus(tonic::Status),
     Storage(WorkflowError),
 }
 
 impl From<tonic::Status> for Stop {
     fn from(status: tonic::Status) -> Self {
-        Self::Bus(status)
+        if past_the_log(&status) { Self::StartedOver(status.message().to_owned()) } else { Self::Bus(status) }
     }
 }
 
@@ -176,14 +181,12 @@ async fn read_events(workflows: Workflows, mut bus: EventBusClient<Transport>, n
             {
                 tracing::warn!(%namespace, error = %status.message(), "the event bus refuses the engine: event triggers cannot fire (check workflow.token)");
             }
-            // The bus's log ends before the cursor: its database was reset or
-            // restored. Its events are judged from the start; those judged
-            // before start no second run (a run's key names its event's
-            // sequence and publication time).
-            Stop::Bus(status) if past_the_log(&status) => {
-                let error = status.message();
+            // The bus's database was reset or restored. Its events are judged
+            // from the start; those judged before start no second run (a
+            // run's key names its event's sequence and publication time).
+            Stop::StartedOver(error) => {
                 tracing::warn!(%namespace, %error, "the bus log started over: judging its events from the start");
-                match workflows.runs.set_trigger_cursor(&namespace, 0).await {
+                match workflows.runs.set_trigger_cursor(&namespace, &TriggerCursor::default()).await {
                     Ok(()) => continue,
                     Err(error) => tracing::warn!(%namespace, %error, "cannot save the trigger cursor"),
                 }
@@ -214,10 +217,11 @@ async fn follow(
     let streamed = versions.types();
     // Without a cursor, from the log's start: a version judges only what
     // was published after it was put.
-    let after = workflows.runs.trigger_cursor(namespace).await?;
+    let cursor = workflows.runs.trigger_cursor(namespace).await?.unwrap_or_default();
+    same_log(bus, namespace, &cursor).await?;
     let request = bus::StreamEventsRequest {
         namespace: namespace.to_owned(),
-        after_sequence: Some(after.unwrap_or(0)),
+        after_sequence: Some(cursor.after_sequence),
         event_types: streamed.iter().cloned().collect(),
     };
     let mut stream = bus.stream_events(request).await?.into_inner();
@@ -227,13 +231,44 @@ async fn follow(
                 let event = message?.ok_or(Stop::Ended)?;
                 versions.catch_up(workflows, namespace, &streamed).await?;
                 judge(workflows, namespace, &versions, &event).await?;
-                if let Err(error) = workflows.runs.set_trigger_cursor(namespace, event.sequence).await {
+                let judged = TriggerCursor { after_sequence: event.sequence, published_at: published_micros(&event) };
+                if let Err(error) = workflows.runs.set_trigger_cursor(namespace, &judged).await {
                     tracing::warn!(%namespace, %error, "cannot save the trigger cursor");
                 }
             }
             () = puts.wait(TICK) => versions.catch_up(workflows, namespace, &streamed).await?,
         }
     }
+}
+
+/// Fails when the bus holds another event at the cursor's sequence than the
+/// one judged there: its log started over and grew past the cursor again.
+/// (An event its retention deleted cannot be compared, and is not.)
+async fn same_log(bus: &mut EventBusClient<Transport>, namespace: &str, cursor: &TriggerCursor) -> Result<(), Stop> {
+    let (Some(judged), Some(before)) = (cursor.published_at, cursor.after_sequence.checked_sub(1)) else {
+        return Ok(());
+    };
+    let request = bus::ReadEventsRequest {
+        namespace: namespace.to_owned(),
+        after_sequence: before,
+        event_types: Vec::new(),
+        page_size: 1,
+    };
+    let page = bus.read_events(request).await?.into_inner();
+    match page.events.first() {
+        Some(event) if event.sequence == cursor.after_sequence && published_micros(event) != Some(judged) => {
+            Err(Stop::StartedOver(format!(
+                "the event at sequence {} is not the one judged there (published at {judged} µs)",
+                cursor.after_sequence
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// When an event was published, in µs.
+fn published_micros(event: &bus::Event) -> Option<i64> {
+    chorus_runtime::time::timestamp_micros("published_at", event.published_at).ok().flatten()
 }
 
 /// Every version of one namespace's workflows, without sources.
@@ -291,10 +326,7 @@ async fn judge(
     versions: &Versions,
     event: &bus::Event,
 ) -> crate::error::Result<()> {
-    let Some(published) = chorus_runtime::time::timestamp_micros("published_at", event.published_at).ok().flatten()
-    else {
-        return Ok(());
-    };
+    let Some(published) = published_micros(event) else { return Ok(()) };
     let payload: Value = serde_json::from_slice(&event.payload).unwrap_or(Value::Null);
     for definition in versions.as_of(published).filter(|definition| definition.triggers.iter().any(|t| t.listens())) {
         let (workflow, version) = (&definition.name, definition.version);

@@ -1,6 +1,7 @@
 //! The storage contracts: definitions and runs.
 
 mod claims;
+mod cursors;
 mod held;
 mod run_rows;
 pub mod runs;
@@ -9,7 +10,7 @@ pub mod sql_runs;
 
 use async_trait::async_trait;
 
-pub use self::runs::{Claim, Created, EventPage, Fence, RunRepository, Taker, Transition, Written};
+pub use self::runs::{Claim, Created, EventPage, Fence, RunRepository, Taker, Transition, TriggerCursor, Written};
 use crate::{
     domain::{Definition, DefinitionPage, NewDefinition, PageToken, Put},
     error::Result,

@@ -86,6 +86,16 @@ pub struct EventPage {
     pub revision: Option<i64>,
 }
 
+/// The last bus event a namespace's triggers judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TriggerCursor {
+    pub after_sequence: u64,
+    /// When that event was published (µs): a log that started over and
+    /// grew past the sequence again has another event there. `None` for a
+    /// cursor saved before the time was kept, or at the log's start.
+    pub published_at: Option<i64>,
+}
+
 /// A change applied to a run read under its lock. `slot_free` says whether a
 /// pending run may start under its concurrency limit.
 pub type Change<'a> = dyn FnMut(&mut Run, bool) -> Result<Transition> + Send + 'a;
@@ -156,7 +166,7 @@ pub trait RunRepository: Send + Sync + std::fmt::Debug {
     async fn purge(&self, now: i64) -> Result<u64>;
 
     /// How far a namespace's triggers read the event bus.
-    async fn trigger_cursor(&self, namespace: &str) -> Result<Option<u64>>;
+    async fn trigger_cursor(&self, namespace: &str) -> Result<Option<TriggerCursor>>;
 
-    async fn set_trigger_cursor(&self, namespace: &str, after_sequence: u64) -> Result<()>;
+    async fn set_trigger_cursor(&self, namespace: &str, cursor: &TriggerCursor) -> Result<()>;
 }

@@ -21,6 +21,7 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
         (5, "room for run updates", "0005_run_fillfactor.sql"),
         (6, "runs by state", "0006_runs_by_state.sql"),
         (7, "events keyed by run", "0007_events_by_run.sql"),
+        (8, "trigger cursor time", "0008_trigger_cursor_time.sql"),
     ]
 );
 

@@ -21,7 +21,7 @@ use sqlx::{AssertSqlSafe, Row as _};
 use super::{
     held::{HeldOutcome, HeldRuns, insert_events},
     run_rows::{COLUMNS, Stored, corrupt, decode, encode_body, event_bodies, purge_at, recorded, settle},
-    runs::{Change, Claim, Created, EventPage, Fence, RunRepository, Taker, Written},
+    runs::{Change, Claim, Created, EventPage, Fence, RunRepository, Taker, TriggerCursor, Written},
 };
 use crate::{
     domain::{NewRun, Run, RunChange, RunCursor, RunEvent, RunFilter, RunPage, RunState},
@@ -473,25 +473,11 @@ impl RunRepository for SqlRunRepository {
         Ok(deleted.rows_affected())
     }
 
-    async fn trigger_cursor(&self, namespace: &str) -> Result<Option<u64>> {
-        let row = sqlx::query("SELECT after_sequence FROM workflow_trigger_cursors WHERE namespace = $1")
-            .bind(namespace)
-            .fetch_optional(&mut *self.db.read().await?)
-            .await?;
-        row.map(|row| row.try_get::<i64, _>("after_sequence").map(|s| u64::try_from(s).unwrap_or_default()))
-            .transpose()
-            .map_err(Into::into)
+    async fn trigger_cursor(&self, namespace: &str) -> Result<Option<TriggerCursor>> {
+        self.read_trigger_cursor(namespace).await
     }
 
-    async fn set_trigger_cursor(&self, namespace: &str, after_sequence: u64) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO workflow_trigger_cursors (namespace, after_sequence) VALUES ($1, $2) \
-             ON CONFLICT (namespace) DO UPDATE SET after_sequence = excluded.after_sequence",
-        )
-        .bind(namespace)
-        .bind(i64::try_from(after_sequence).unwrap_or(i64::MAX))
-        .execute(&mut *self.db.acquire().await?)
-        .await?;
-        Ok(())
+    async fn set_trigger_cursor(&self, namespace: &str, cursor: &TriggerCursor) -> Result<()> {
+        self.save_trigger_cursor(namespace, cursor).await
     }
 }

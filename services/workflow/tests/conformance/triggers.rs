@@ -16,6 +16,7 @@ chorus_runtime::backend_suite!(crate::harness::Harness::bare;
     events_read_late_are_judged_by_the_versions_of_their_time,
     an_event_only_a_new_version_listens_to_is_not_passed_over,
     a_bus_log_that_started_over_is_judged_from_its_start,
+    a_bus_log_that_started_over_and_grew_past_the_cursor_while_no_engine_read_is_judged_from_its_start,
 );
 
 /// A workflow started by `event_type` events of `team`.
@@ -117,12 +118,7 @@ async fn a_bus_log_that_started_over_is_judged_from_its_start(h: Harness) {
         old.push(publish(&h, "pr.merged", "a").await);
     }
     started_by(&h, &old).await;
-    let mut tx = h.db.begin().await.expect("a transaction");
-    for table in ["eventbus_events", "eventbus_heads"] {
-        let delete = format!("DELETE FROM {table} WHERE namespace = $1");
-        sqlx::query(sqlx::AssertSqlSafe(delete)).bind(NS).execute(&mut *tx).await.expect("the bus starts over");
-    }
-    tx.commit().await.expect("the bus started over");
+    start_over(&h).await;
     let new = publish(&h, "pr.merged", "a").await;
     assert_eq!(new, 1, "the log started over");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -133,6 +129,49 @@ async fn a_bus_log_that_started_over_is_judged_from_its_start(h: Harness) {
             break;
         }
         assert!(tokio::time::Instant::now() < deadline, "the new log's event started no run: {runs:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Deletes the bus's events and head, as a reset of its database does.
+async fn start_over(h: &Harness) {
+    let mut tx = h.db.begin().await.expect("a transaction");
+    for table in ["eventbus_events", "eventbus_heads"] {
+        let delete = format!("DELETE FROM {table} WHERE namespace = $1");
+        sqlx::query(sqlx::AssertSqlSafe(delete)).bind(NS).execute(&mut *tx).await.expect("the bus starts over");
+    }
+    tx.commit().await.expect("the bus started over");
+}
+
+/// As above, but no engine reads while the bus starts over, and by the time
+/// one does its new log holds more events than the old one did: the event at
+/// the engine's cursor is another than the one it judged there.
+async fn a_bus_log_that_started_over_and_grew_past_the_cursor_while_no_engine_read_is_judged_from_its_start(
+    h: Harness,
+) {
+    let (engine, stop) = h.spawn_engine(test_config());
+    h.put(&listening("deploy", "pr.merged", "a")).await;
+    let mut old = Vec::new();
+    for _ in 0..3 {
+        old.push(publish(&h, "pr.merged", "a").await);
+    }
+    started_by(&h, &old).await;
+    stop.cancel();
+    drop(engine);
+    start_over(&h).await;
+    let mut new = Vec::new();
+    for _ in 0..5 {
+        new.push(publish(&h, "pr.merged", "a").await);
+    }
+    assert_eq!(new, [1, 2, 3, 4, 5], "the new log is past the engine's cursor (3)");
+    let (_engine, _stop) = h.spawn_engine(test_config());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let runs = started_by(&h, &new).await;
+        if runs.len() == 8 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "every event of the new log starts a run: {runs:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
