@@ -97,6 +97,12 @@ fn reach(
 }
 
 impl Service {
+    /// How `chorus serve` names it.
+    fn name(self) -> String {
+        use clap::ValueEnum as _;
+        self.to_possible_value().map(|value| value.get_name().to_owned()).unwrap_or_default()
+    }
+
     /// Whether the service keeps state in the database (the gateway keeps
     /// its in the task store).
     fn needs_storage(self) -> bool {

@@ -6,7 +6,7 @@ use std::{path::PathBuf, sync::Arc};
 use anyhow::Context as _;
 use chorus_runtime::{
     server::ServerBuilder,
-    storage::{Backend, Db, redact_url, sqlite_file},
+    storage::{Backend, Db, redact_url, sqlite_file, with_application_name},
 };
 
 use super::Service;
@@ -23,7 +23,13 @@ pub(super) async fn open(
         return Ok((None, None));
     }
     let lock = sqlite_lock_path(&config.storage.effective_url()?).map(|path| lock_sqlite_file(&path)).transpose()?;
-    let db = open_storage(config, server).await?;
+    // Its connections are named after the service it holds, or `chorus` for several.
+    let stored: Vec<&Service> = services.iter().filter(|service| service.needs_storage()).collect();
+    let name = match stored.as_slice() {
+        [service] => format!("chorus-{}", service.name()),
+        _ => "chorus".to_owned(),
+    };
+    let db = open_storage(config, &name, server).await?;
     if let [service] = services
         && db.backend() == Backend::Sqlite
     {
@@ -66,9 +72,9 @@ fn lock_sqlite_file(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
 }
 
 /// Connects the database and makes `/healthz` depend on it.
-async fn open_storage(config: &ChorusConfig, server: &mut ServerBuilder) -> anyhow::Result<Db> {
+async fn open_storage(config: &ChorusConfig, name: &str, server: &mut ServerBuilder) -> anyhow::Result<Db> {
     let url = config.storage.effective_url()?;
-    let db = Db::connect(&url, &config.storage).await?;
+    let db = Db::connect(&with_application_name(&url, name), &config.storage).await?;
     tracing::info!(database = %redact_url(&url), backend = ?db.backend(), "storage connected");
     server.metrics().watch_pool(&db);
     let probe_db = db.clone();

@@ -352,6 +352,15 @@ async fn serve_taskstore_on_postgres_runs_a_task() {
     let done = get_task(&mut client, NS, &task.id).await;
     assert_eq!(status_text(&done), "sergtsop");
     assert_eq!(done.artifacts[0].name, worker.worker_id());
+    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(database.url()).await.expect("connect");
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT application_name FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(database.name())
+    .fetch_all(&mut admin)
+    .await
+    .expect("sessions");
+    assert_eq!(names, ["chorus-taskstore"], "pg_stat_activity tells whose each connection is");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,7 +31,7 @@ mod sqlite;
 mod tx;
 
 pub use self::{
-    config::{Backend, SqliteSynchronous, StorageConfig, redact_url},
+    config::{Backend, SqliteSynchronous, StorageConfig, redact_url, with_application_name},
     errors::{DbErrorKind, StorageError, classify, storage_error},
     lane::DbConnection,
     migrations::{MigrationFile, ServiceMigrations},

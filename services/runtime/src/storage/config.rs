@@ -105,6 +105,19 @@ impl StorageConfig {
     }
 }
 
+/// A PostgreSQL `url` with `application_name=<name>` added when it names
+/// none, so that `pg_stat_activity` tells whose each connection is; any
+/// other URL as it is.
+pub fn with_application_name(url: &str, name: &str) -> String {
+    let postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
+    let query = url.split_once('?').map_or("", |(_, query)| query);
+    if !postgres || query.split('&').any(|pair| pair.starts_with("application_name=")) {
+        return url.to_owned();
+    }
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}application_name={name}")
+}
+
 /// Replaces the password in a URL, for logs and `Debug`: the one in its
 /// user info (`user:password@`) and a `password` query parameter, which
 /// PostgreSQL's URLs also take.
@@ -178,6 +191,19 @@ impl Backend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn postgres_connections_are_named_unless_the_url_names_them() {
+        let name = |url: &str| with_application_name(url, "chorus-hub");
+        assert_eq!(name("postgres://h/db"), "postgres://h/db?application_name=chorus-hub");
+        assert_eq!(
+            name("postgresql://h/db?sslmode=disable"),
+            "postgresql://h/db?sslmode=disable&application_name=chorus-hub"
+        );
+        assert_eq!(name("postgres://h/db?application_name=mine"), "postgres://h/db?application_name=mine");
+        assert_eq!(name("postgres://h/db?x=1&application_name=mine"), "postgres://h/db?x=1&application_name=mine");
+        assert_eq!(name("sqlite:///tmp/chorus.db"), "sqlite:///tmp/chorus.db", "SQLite has no sessions to name");
+    }
 
     #[test]
     fn the_default_database_is_its_owners_alone() {
