@@ -147,8 +147,11 @@ impl Effects for ClientEffects {
             ..ts::WatchTaskRequest::default()
         };
         let mut tasks = self.tasks.clone();
-        let mut stream =
-            tasks.watch_task(request).await.map_err(|s| status_error("watch task", TASKSTORE_URL, &s))?.into_inner();
+        let mut stream = match tasks.watch_task(request).await {
+            Ok(stream) => stream.into_inner(),
+            Err(status) if status.code() == Code::NotFound => return Ok(TaskOutcome::Gone),
+            Err(status) => return Err(status_error("watch task", TASKSTORE_URL, &status)),
+        };
         loop {
             let event = stream.message().await.map_err(|s| status_error("watch task", TASKSTORE_URL, &s))?;
             let Some(event) = event else {

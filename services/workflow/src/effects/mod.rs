@@ -43,6 +43,9 @@ pub enum TaskOutcome {
     Completed(Value),
     /// Failed, rejected or canceled: why.
     Failed(String),
+    /// The task store has no such task: its data was restored from before
+    /// the task was made. The step makes it again, under the same key.
+    Gone,
 }
 
 /// What a delegation came back with.

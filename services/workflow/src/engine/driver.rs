@@ -33,6 +33,9 @@ enum Done {
     Announced(u64),
     /// A canceled step's task was canceled.
     Canceled,
+    /// A spawn's task is not in the task store (its data was restored from
+    /// before the task was made): its id.
+    Gone(String),
 }
 
 /// How often a driver re-reads its run without a wake-up.
@@ -143,7 +146,17 @@ fn apply(planner: &super::plan::Planner<'_>, run: &mut Run, seq: u32, done: &Don
             run.body.step_mut(index).external_id = Some(format!("event:{sequence}"));
         }
         Done::Canceled if record.cancel_pending => run.body.step_mut(index).cancel_pending = false,
-        Done::Issued(_) | Done::Attempt(_) | Done::Delegated(..) | Done::Announced(_) | Done::Canceled => {}
+        // Made again under the same key, which the task store no longer knows either.
+        Done::Gone(task_id) if record.state == StepState::Running && record.external_id.as_ref() == Some(task_id) => {
+            tracing::warn!(run_id = %run.id, step_id = %record.step_id, %task_id, "the step's task is not in the task store (was its database restored?): making it again");
+            run.body.step_mut(index).external_id = None;
+        }
+        Done::Issued(_)
+        | Done::Attempt(_)
+        | Done::Delegated(..)
+        | Done::Announced(_)
+        | Done::Canceled
+        | Done::Gone(_) => {}
     }
 }
 
@@ -291,13 +304,22 @@ async fn await_task(
             }
         }
     };
-    Done::Attempt(outcome.and_then(task_result))
+    match outcome {
+        // Not at once: a task store that keeps losing the task made again
+        // is asked about it once a second, not in a loop.
+        Ok(TaskOutcome::Gone) => {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Done::Gone(task_id)
+        }
+        outcome => Done::Attempt(outcome.and_then(task_result)),
+    }
 }
 
 fn task_result(outcome: TaskOutcome) -> Result<Value, String> {
     match outcome {
         TaskOutcome::Completed(output) => Ok(output),
         TaskOutcome::Failed(error) => Err(error),
+        TaskOutcome::Gone => Err("the agent's task is gone".into()),
     }
 }
 
