@@ -165,7 +165,7 @@ impl Runner {
                 let first = self.read(namespace, task_id).await;
                 let task = self.patiently(task_id, first, || self.read(namespace, task_id)).await?;
                 let Some(agent) = catalog.agent(&task.agent_id) else { return Ok(()) };
-                tracing::info!(%task_id, agent = %agent.id, "taking up a turn another gateway ran");
+                tracing::info!(%task_id, agent = %agent.id, "taking up a turn whose gateway died or restarted");
                 let outcome = self.resume(agent, namespace, task).await;
                 self.carry_on(agent, namespace, task_id, outcome).await
             };
