@@ -112,23 +112,35 @@ async fn an_event_only_a_new_version_listens_to_is_not_passed_over(h: Harness) {
 /// same sequences started runs too.
 async fn a_bus_log_that_started_over_is_judged_from_its_start(h: Harness) {
     let (_engine, _stop) = h.spawn_engine(test_config());
-    h.put(&listening("deploy", "pr.merged", "a")).await;
-    let mut old = Vec::new();
-    for _ in 0..3 {
-        old.push(publish(&h, "pr.merged", "a").await);
-    }
-    started_by(&h, &old).await;
+    let old = three_runs(&h).await;
     start_over(&h).await;
     let new = publish(&h, "pr.merged", "a").await;
     assert_eq!(new, 1, "the log started over");
+    let runs = runs_of(&h, &old, 4).await;
+    assert_eq!(runs.iter().filter(|(sequence, ..)| *sequence == 1).count(), 2, "{runs:?}");
+}
+
+/// Puts a workflow started by `pr.merged` events and publishes three; their
+/// sequences, once they started runs.
+async fn three_runs(h: &Harness) -> Vec<u64> {
+    h.put(&listening("deploy", "pr.merged", "a")).await;
+    let mut old = Vec::new();
+    for _ in 0..3 {
+        old.push(publish(h, "pr.merged", "a").await);
+    }
+    started_by(h, &old).await;
+    old
+}
+
+/// The runs, once `events` started theirs and there are `count` in all.
+async fn runs_of(h: &Harness, events: &[u64], count: usize) -> Vec<(u64, String, u32)> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let runs = started_by(&h, &old).await;
-        if runs.len() == 4 {
-            assert_eq!(runs.iter().filter(|(sequence, ..)| *sequence == 1).count(), 2, "{runs:?}");
-            break;
+        let runs = started_by(h, events).await;
+        if runs.len() == count {
+            return runs;
         }
-        assert!(tokio::time::Instant::now() < deadline, "the new log's event started no run: {runs:?}");
+        assert!(tokio::time::Instant::now() < deadline, "the new log's events started no runs: {runs:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -143,19 +155,14 @@ async fn start_over(h: &Harness) {
     tx.commit().await.expect("the bus started over");
 }
 
-/// As above, but no engine reads while the bus starts over, and by the time
-/// one does its new log holds more events than the old one did: the event at
+/// The bus's database was reset while no engine read it, and by the time one
+/// does its new log holds more events than the old one did: the event at
 /// the engine's cursor is another than the one it judged there.
 async fn a_bus_log_that_started_over_and_grew_past_the_cursor_while_no_engine_read_is_judged_from_its_start(
     h: Harness,
 ) {
     let (engine, stop) = h.spawn_engine(test_config());
-    h.put(&listening("deploy", "pr.merged", "a")).await;
-    let mut old = Vec::new();
-    for _ in 0..3 {
-        old.push(publish(&h, "pr.merged", "a").await);
-    }
-    started_by(&h, &old).await;
+    three_runs(&h).await;
     stop.cancel();
     drop(engine);
     start_over(&h).await;
@@ -165,13 +172,5 @@ async fn a_bus_log_that_started_over_and_grew_past_the_cursor_while_no_engine_re
     }
     assert_eq!(new, [1, 2, 3, 4, 5], "the new log is past the engine's cursor (3)");
     let (_engine, _stop) = h.spawn_engine(test_config());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let runs = started_by(&h, &new).await;
-        if runs.len() == 8 {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "every event of the new log starts a run: {runs:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    runs_of(&h, &new, 8).await;
 }
