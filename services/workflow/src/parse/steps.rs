@@ -15,6 +15,10 @@ use crate::domain::{
 
 mod gate;
 
+/// The most branches one parallel step takes: the engine looks at every
+/// branch on each change of its run.
+const MAX_BRANCHES: usize = 1_000;
+
 const KINDS: &[&str] = &["spawn", "delegate", "message", "wait", "parallel", "gate"];
 const STEP_FIELDS: &[&str] =
     &["id", "description", "condition", "spawn", "delegate", "message", "wait", "parallel", "gate"];
@@ -367,6 +371,10 @@ impl Scope<'_, '_, '_, '_> {
         let items = self.reader.sequence(node, &branches_field)?;
         if items.len() < 2 {
             self.reader.error(Some(node), &branches_field, "too_few_branches", "expected at least two branches");
+        }
+        if items.len() > MAX_BRANCHES {
+            let message = format!("{} branches; a parallel step takes at most {MAX_BRANCHES}", items.len());
+            self.reader.error(Some(node), &branches_field, "too_many_branches", message);
         }
         let mut names = BTreeSet::new();
         let mut branches = Vec::with_capacity(items.len());

@@ -115,6 +115,20 @@ fn a_parallel_step_takes_a_positive_max_concurrency() {
 }
 
 #[test]
+fn a_parallel_step_takes_at_most_a_thousand_branches() {
+    let source = |count: usize| {
+        let branches: String = (0..count)
+            .map(|n| format!("      - {{name: b{n}, steps: [{{id: s{n}, wait: {{duration: 1s}}}}]}}\n"))
+            .collect();
+        format!("name: x\nsteps:\n  - id: fan\n    parallel:\n      branches:\n{branches}")
+    };
+    assert!(codes(&source(1_000)).is_empty());
+    let found = codes(&source(1_001));
+    let found: Vec<(&str, u32, &str)> = found.iter().map(|(c, l, f)| (c.as_str(), *l, f.as_str())).collect();
+    assert_eq!(found, [("too_many_branches", 6, "steps[0].parallel.branches")]);
+}
+
+#[test]
 fn a_triggered_workflow_is_warned_of_an_input_its_runs_cannot_have() {
     let source = concat!(
         "name: x\ntrigger: {event: order.shipped}\ninputs:\n  id: {type: string, required: true}\n",
