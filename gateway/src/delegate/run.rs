@@ -15,7 +15,7 @@ use tracing::{debug, warn};
 
 use super::wire;
 use super::{A2aClient, Credentials, DelegateError, DelegateOutcome, DelegateTarget, Endpoint, pick_interface};
-use crate::convert::is_settled;
+use crate::convert::{is_interrupted, is_settled};
 
 /// How long the cancel request of a timed-out delegation may take.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -103,7 +103,7 @@ impl A2aClient {
         let run = async {
             let endpoint = pick_interface(&*self.card(&target.base_url).await?)?;
             progress.endpoint = Some(endpoint.clone());
-            self.poll(&endpoint, task_id, credentials, &progress).await.map(DelegateOutcome::Task)
+            self.poll(&endpoint, task_id, credentials, &progress, None).await.map(DelegateOutcome::Task)
         };
         let finished = within(timeout, cancel, run).await;
         self.settled(finished, progress, credentials, cancel).await
@@ -147,37 +147,44 @@ impl A2aClient {
             history_length: None,
             return_immediately: Some(true),
         });
+        let continues = message.task_id.is_some();
         let request = SendMessageRequest { message, configuration, metadata: None, tenant: None };
-        let first = if streaming {
-            self.follow_stream(&endpoint, request, credentials, progress).await?
+        let (first, stale) = if streaming {
+            self.follow_stream(&endpoint, request, credentials, progress, continues).await?
         } else {
             match self.send(&endpoint, request, credentials).await? {
-                SendMessageResponse::Task(task) => DelegateOutcome::Task(task),
-                SendMessageResponse::Message(message) => DelegateOutcome::Message(message),
+                SendMessageResponse::Task(task) => {
+                    let stale = stale_question(continues, &task);
+                    (DelegateOutcome::Task(task), stale)
+                }
+                SendMessageResponse::Message(message) => (DelegateOutcome::Message(message), None),
             }
         };
         let task = match first {
-            DelegateOutcome::Task(task) if !is_settled(&task.status.state) => task,
+            DelegateOutcome::Task(task) if !answered(&task, stale.as_ref()) => task,
             settled => return Ok(settled),
         };
         progress.learn(&task);
         if !streaming {
             progress.tell(&StreamResponse::Task(task.clone()));
         }
-        self.poll(&endpoint, task.id, credentials, progress).await.map(DelegateOutcome::Task)
+        self.poll(&endpoint, task.id, credentials, progress, stale).await.map(DelegateOutcome::Task)
     }
 
     /// Follows the event stream; returns the task once it settles, or as last
-    /// seen when the stream closes or breaks early (the caller then polls).
+    /// seen when the stream closes or breaks early (the caller then polls),
+    /// with the question a continuation answers (see [`stale_question`]).
     async fn follow_stream(
         &self,
         endpoint: &Endpoint,
         request: SendMessageRequest,
         credentials: Option<&Credentials>,
         progress: &mut Progress,
-    ) -> Result<DelegateOutcome, DelegateError> {
+        continues: bool,
+    ) -> Result<(DelegateOutcome, Option<TaskStatus>), DelegateError> {
         let mut events = pin!(self.stream(endpoint, request, credentials));
         let mut task: Option<Task> = None;
+        let mut stale = None;
         while let Some(event) = events.next().await {
             let event = match event {
                 Ok(event) => event,
@@ -187,33 +194,39 @@ impl A2aClient {
                 }
                 Err(error) => return Err(error),
             };
-            if task.is_none()
-                && let StreamResponse::Message(message) = event
-            {
-                return Ok(DelegateOutcome::Message(message));
+            match (&task, &event) {
+                (None, StreamResponse::Message(message)) => {
+                    return Ok((DelegateOutcome::Message(message.clone()), None));
+                }
+                (None, StreamResponse::Task(first)) => stale = stale_question(continues, first),
+                // The agent's own word on the task, even the same question again.
+                (_, StreamResponse::StatusUpdate(_)) => stale = None,
+                _ => {}
             }
             progress.tell(&event);
             apply(&mut task, event);
             if let Some(current) = &task {
                 progress.learn(current);
-                if is_settled(&current.status.state) {
+                if answered(current, stale.as_ref()) {
                     break;
                 }
             }
         }
         let task =
             task.ok_or_else(|| wire::protocol(&endpoint.url, "the event stream ended before any task or message"))?;
-        Ok(DelegateOutcome::Task(task))
+        Ok((DelegateOutcome::Task(task), stale))
     }
 
-    /// Polls `GetTask` with exponential backoff until the task settles,
-    /// telling the observer of each snapshot whose status changed.
+    /// Polls `GetTask` with exponential backoff until the task settles
+    /// (past the `stale` question a continuation answers), telling the
+    /// observer of each snapshot whose status changed.
     async fn poll(
         &self,
         endpoint: &Endpoint,
         id: String,
         credentials: Option<&Credentials>,
         progress: &Progress,
+        stale: Option<TaskStatus>,
     ) -> Result<Task, DelegateError> {
         let mut delay = self.poll_initial;
         let mut last: Option<TaskStatus> = None;
@@ -221,7 +234,7 @@ impl A2aClient {
             tokio::time::sleep(delay).await;
             let request = GetTaskRequest { id: id.clone(), history_length: None, tenant: None };
             let task = self.get_task(endpoint, request, credentials).await?;
-            if is_settled(&task.status.state) {
+            if answered(&task, stale.as_ref()) {
                 return Ok(task);
             }
             if last.as_ref() != Some(&task.status) {
@@ -253,6 +266,19 @@ async fn within<T>(timeout: Duration, cancel: &CancellationToken, run: impl Futu
         result = tokio::time::timeout(timeout, run) => result.ok(),
         () = cancel.cancelled() => None,
     }
+}
+
+/// The status a continuation's first snapshot shows while the task still
+/// waits on the question the message answers: agents send the task as it is
+/// before they take the answer up (the JS SDK must), and that question is not
+/// the turn's outcome.
+fn stale_question(continues: bool, first: &Task) -> Option<TaskStatus> {
+    (continues && is_interrupted(&first.status.state)).then(|| first.status.clone())
+}
+
+/// Whether the task settled, other than still on the `stale` question.
+fn answered(task: &Task, stale: Option<&TaskStatus>) -> bool {
+    is_settled(&task.status.state) && stale != Some(&task.status)
 }
 
 /// Folds a stream event into the task as last seen.

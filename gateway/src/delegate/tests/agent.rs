@@ -5,7 +5,9 @@
 //! message text: `hello` completes with an echo artifact, `slow` works until
 //! canceled, `poll` completes on the second `GetTask`, `question` needs
 //! input, `chat` answers with a message, `refuse` is an A2A error, and
-//! `crash` streams a task and then an error.
+//! `crash` streams a task and then an error. A message that continues a task
+//! answers it: the agent sends the task as it stands first (still waiting on
+//! its question, as the JS SDK's agents must), then completes it.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -107,6 +109,14 @@ impl AgentState {
     /// Runs `SendMessage`: a task or a direct message, or an A2A error.
     fn send(&self, request: &SendMessageRequest) -> Result<StreamResponse, (i32, String)> {
         let text = request.message.text().unwrap_or_default().to_owned();
+        if let Some(id) = &request.message.task_id {
+            let mut tasks = self.tasks.lock().expect("tasks");
+            let (task, polls_left) = tasks.get_mut(id).ok_or_else(|| not_found(id))?;
+            let as_it_stands = task.clone();
+            task.artifacts = Some(vec![echo(&text)]);
+            *polls_left = 1;
+            return Ok(StreamResponse::Task(as_it_stands));
+        }
         let state = match text.as_str() {
             "chat" => return Ok(StreamResponse::Message(Message::new(Role::Agent, vec![Part::text("hi there")]))),
             "refuse" => return Err((-32004, "this agent refuses the request".to_owned())),
@@ -150,11 +160,15 @@ impl AgentState {
     fn stream(self: &Arc<Self>, request: &SendMessageRequest, rpc_id: Option<JsonRpcId>) -> Response {
         let text = request.message.text().unwrap_or_default().to_owned();
         let events = match self.send(request) {
+            Ok(StreamResponse::Task(task)) if request.message.task_id.is_some() => {
+                self.set_state(&task.id, TaskState::Completed);
+                script(&task, &text, TaskState::Completed)
+            }
             Ok(StreamResponse::Task(mut task)) => {
                 let final_state = task.status.state.clone();
                 task.status.state = TaskState::Submitted;
                 task.artifacts = None;
-                self.set_state(&task.id, TaskState::Working);
+                self.set_state(&task.id, final_state.clone());
                 script(&task, &text, final_state)
             }
             Ok(message) => vec![Ok(message)],

@@ -67,6 +67,21 @@ async fn interrupted_tasks_and_direct_messages_end_the_delegation() {
 }
 
 #[tokio::test]
+async fn a_continuation_is_followed_past_the_question_it_answers() {
+    for setup in [JSONRPC, REST, NO_STREAMING] {
+        let agent = agent::start(setup).await;
+        let target = DelegateTarget::new(&agent.base_url);
+        let asked = task(quick_polls().delegate(&target, user("question"), WAIT, None).await.expect("asked"));
+        assert_eq!(asked.status.state, TaskState::InputRequired);
+        let mut answer = user("Bob");
+        answer.task_id = Some(asked.id.clone());
+        answer.context_id = Some(asked.context_id.clone());
+        let done = task(quick_polls().delegate(&target, answer, WAIT, None).await.expect("answered"));
+        assert_eq!(done.status.state, TaskState::Completed, "not the question the answer answers ({setup:?})");
+    }
+}
+
+#[tokio::test]
 async fn a_remote_error_ends_the_delegation() {
     for setup in [JSONRPC, NO_STREAMING] {
         let agent = agent::start(setup).await;
