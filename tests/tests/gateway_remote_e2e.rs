@@ -245,3 +245,55 @@ async fn a_remote_agent_is_called_with_the_credentials_its_configuration_names()
     let first = &listed["result"]["tasks"][0]["history"][0];
     assert_eq!(first["metadata"]["chorus.caller"], "b", "A notes its own caller, not B's: {listed:#}");
 }
+
+/// A's catalog: the built-in TCK agent, which streams artifacts, and the
+/// `design` phase agent, whose answer carries a data part.
+const TCK_AND_DESIGN: &str = r#"[gateway]
+default_agent = "tck"
+
+[[gateway.agents]]
+id = "tck"
+name = "TCK"
+description = "The conformance kit's agent"
+kind = "builtin"
+
+[[gateway.agents]]
+id = "design"
+name = "Design"
+description = "A phase agent"
+kind = "worker"
+"#;
+
+/// What a remote agent answers comes through whole and once: the data part
+/// of its final message, and each artifact it streamed, which the outcome
+/// does not stream again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_agent_s_data_and_streamed_artifacts_come_through_once() {
+    let sandbox_a = Sandbox::new();
+    write_chorus_toml(sandbox_a.path(), TCK_AND_DESIGN);
+    let a = sandbox_a.dev().name("chorus A").start().await;
+    let sandbox_b = Sandbox::new();
+    let catalog = format!(
+        "{}\n[[gateway.agents]]\nid = \"far-design\"\nname = \"Far design\"\ndescription = \"Proxied\"\n\
+         kind = \"remote\"\nurl = \"{}/a2a/design\"\n",
+        echo_and_remote_catalog("far", "Far TCK", &format!("{}/a2a/tck", a.url())),
+        a.url()
+    );
+    write_chorus_toml(sandbox_b.path(), &catalog);
+    let b = sandbox_b.dev().no_agents().name("chorus B").start().await;
+    let on_b = A2a::new(&b);
+
+    let designed = on_b.send("far-design", message(&unique("design"), "design it")).await;
+    assert_eq!(state(&designed), "TASK_STATE_COMPLETED", "{designed:#}");
+    let parts = &designed["status"]["message"]["parts"];
+    assert!(text(&designed["status"]["message"]).starts_with("design done"), "{designed:#}");
+    let data = parts.as_array().into_iter().flatten().find_map(|part| part.get("data"));
+    assert_eq!(data.map(|data| &data["architecture"]), Some(&json!("service + queue")), "the data part: {parts:#}");
+
+    let params = json!({ "message": message(&unique("tck-stream-artifact-chunked"), "chunks") });
+    let events = chorus_tests::a2a::events(on_b.rpc("far", "SendStreamingMessage", params)).await;
+    let chunks: Vec<&Value> = events.iter().filter_map(|event| event["result"].get("artifactUpdate")).collect();
+    let last = chunks.iter().filter(|chunk| chunk["lastChunk"] == json!(true)).count();
+    assert!(chunks.len() >= 2, "the chunks came through: {events:#?}");
+    assert_eq!(last, 1, "the artifact ends once, not again as the outcome: {chunks:#?}");
+}

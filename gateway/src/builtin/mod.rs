@@ -90,6 +90,24 @@ impl Turn {
         Ok(())
     }
 
+    /// Sets the task's state with `message`, another agent's words whole (its
+    /// parts and metadata), as this task's agent message.
+    async fn status_with(&mut self, state: pb::TaskState, mut message: Message) -> Written {
+        message.message_id = uuid::Uuid::new_v4().to_string();
+        message.role = Role::Agent;
+        message.context_id = Some(self.task.context_id.clone());
+        message.task_id = Some(self.task.id.clone());
+        let request = pb::UpdateStatusRequest {
+            namespace: self.namespace.clone(),
+            task_id: self.task.id.clone(),
+            state: state.into(),
+            message: Some(convert::message_in(&message)),
+            lease_id: String::new(),
+        };
+        self.tasks.update_status(request).await?;
+        Ok(())
+    }
+
     /// Adds `artifact`, or a chunk of it.
     async fn artifact(&mut self, artifact: Artifact, append: bool, last_chunk: bool) -> Written {
         let request = pb::AppendArtifactRequest {

@@ -7,7 +7,7 @@
 //! remote task, and a gateway taking the task up follows it. Canceling the
 //! chorus task cancels the remote one.
 
-use std::future::Future;
+use std::{collections::HashSet, future::Future};
 
 use a2a::{CancelTaskRequest, Message, StreamResponse, TaskState};
 use chorus_proto::taskstore as pb;
@@ -64,9 +64,10 @@ impl Runner {
             &canceled,
             Some(observer),
         );
-        let outcome = Mirror::default().run(&mut turn, delegation, observed).await?;
+        let mut mirror = Mirror::default();
+        let outcome = mirror.run(&mut turn, delegation, observed).await?;
         watcher.abort();
-        settle(agent, turn, outcome).await
+        settle(agent, turn, outcome, &mirror.complete).await
     }
 
     /// Takes up a remote agent's task whose gateway stopped while its remote
@@ -91,10 +92,10 @@ impl Runner {
         let (timeout, remote) = (self.remote_timeout, remote_id.clone());
         let delegation =
             self.delegate.resume_until(&target, remote, timeout, credentials.as_ref(), &canceled, Some(observer));
-        let mirror = Mirror { linked: Some(remote_id), ..Mirror::default() };
+        let mut mirror = Mirror { linked: Some(remote_id), ..Mirror::default() };
         let outcome = mirror.run(&mut turn, delegation, observed).await?;
         watcher.abort();
-        settle(agent, turn, outcome).await
+        settle(agent, turn, outcome, &mirror.complete).await
     }
 }
 
@@ -117,7 +118,9 @@ struct Mirror {
     /// The last progress message written.
     said: Option<String>,
     /// The artifacts written so far.
-    artifacts: std::collections::HashSet<String>,
+    artifacts: HashSet<String>,
+    /// Those whose last chunk was written: the outcome need not write them again.
+    complete: HashSet<String>,
 }
 
 impl Mirror {
@@ -125,7 +128,7 @@ impl Mirror {
     /// `delegation` follows it: a link once it exists, its progress
     /// messages, its artifacts as they are streamed. Returns the outcome.
     async fn run(
-        mut self,
+        &mut self,
         turn: &mut Turn,
         delegation: impl Future<Output = Delegated>,
         mut observed: mpsc::UnboundedReceiver<StreamResponse>,
@@ -158,8 +161,15 @@ impl Mirror {
             StreamResponse::ArtifactUpdate(update) => {
                 // A chunk of an artifact not written yet starts it.
                 let append = update.append == Some(true) && self.artifacts.contains(&update.artifact.artifact_id);
-                self.artifacts.insert(update.artifact.artifact_id.clone());
-                return turn.artifact(update.artifact, append, update.last_chunk == Some(true)).await;
+                let (id, last) = (update.artifact.artifact_id.clone(), update.last_chunk == Some(true));
+                self.artifacts.insert(id.clone());
+                turn.artifact(update.artifact, append, last).await?;
+                if last {
+                    self.complete.insert(id);
+                } else {
+                    self.complete.remove(&id);
+                }
+                return Ok(());
             }
             StreamResponse::Message(_) => return Ok(()),
         };
@@ -177,24 +187,30 @@ impl Mirror {
 /// What following a remote task came to.
 type Delegated = Result<DelegateOutcome, DelegateError>;
 
-/// Mirrors what the remote agent answered into the chorus task.
-async fn settle(agent: &AgentConfig, mut turn: Turn, outcome: Delegated) -> Written {
+/// Mirrors what the remote agent answered into the chorus task: its final
+/// status message whole (parts and metadata), and the artifacts the chorus
+/// task does not show yet (`complete`: streamed to their last chunk).
+async fn settle(agent: &AgentConfig, mut turn: Turn, outcome: Delegated, complete: &HashSet<String>) -> Written {
     match outcome {
         Ok(DelegateOutcome::Task(task)) => {
             for artifact in task.artifacts.iter().flatten() {
-                turn.artifact(artifact.clone(), false, true).await?;
+                let shown = turn.task.artifacts.iter().any(|known| *known == convert::artifact_in(artifact));
+                if !shown && !complete.contains(&artifact.artifact_id) {
+                    turn.artifact(artifact.clone(), false, true).await?;
+                }
             }
             let state = convert::state_in(&task.status.state);
-            let text = task.status.message.as_ref().and_then(Message::text).map(str::to_owned);
             let waiting = convert::is_interrupted(&task.status.state);
-            let link = waiting.then(|| json!({ "taskId": task.id, "contextId": task.context_id }));
-            turn.status(state, text.as_deref().or(waiting.then_some("The agent needs input")), link.map(link_metadata))
-                .await
+            let link = waiting.then(|| link_metadata(json!({ "taskId": task.id, "contextId": task.context_id })));
+            match task.status.message {
+                Some(mut message) => {
+                    message.metadata.get_or_insert_with(Default::default).extend(link.into_iter().flatten());
+                    turn.status_with(state, message).await
+                }
+                None => turn.status(state, waiting.then_some("The agent needs input"), link).await,
+            }
         }
-        Ok(DelegateOutcome::Message(reply)) => {
-            let text = reply.text().unwrap_or_default().to_owned();
-            turn.status(pb::TaskState::Completed, Some(&text), None).await
-        }
+        Ok(DelegateOutcome::Message(reply)) => turn.status_with(pb::TaskState::Completed, reply).await,
         Err(DelegateError::Canceled { .. }) => Ok(()),
         Err(error) => {
             let reason = format!("remote agent {}: {error}", agent.id);
