@@ -158,11 +158,35 @@ pub(crate) fn challenged(mut response: Response, error: &GatewayError) -> Respon
     response
 }
 
-/// The body, refused past the configured limit.
+/// The body, refused past the configured limit. What comes past it is read
+/// and dropped for a while before the refusal goes out: a client whose
+/// body is still on its way would otherwise meet a closed connection
+/// (`EPIPE`) instead of the 413.
 pub(crate) async fn read_body(gateway: &Gateway, body: Body) -> Result<Bytes> {
     let limit = gateway.config().max_body_bytes;
-    axum::body::to_bytes(body, limit).await.map_err(|_| GatewayError::PayloadTooLarge(limit))
+    let mut chunks = body.into_data_stream();
+    let mut read = bytes::BytesMut::new();
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|_| GatewayError::PayloadTooLarge(limit))?;
+        if read.len() + chunk.len() > limit {
+            let drained = async {
+                let mut dropped = 0usize;
+                while dropped < DRAINED_PAST_THE_LIMIT
+                    && let Some(Ok(chunk)) = chunks.next().await
+                {
+                    dropped += chunk.len();
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(5), drained).await.ok();
+            return Err(GatewayError::PayloadTooLarge(limit));
+        }
+        read.extend_from_slice(&chunk);
+    }
+    Ok(read.freeze())
 }
+
+/// The most bytes past `max_body_bytes` read (and dropped) before a 413.
+const DRAINED_PAST_THE_LIMIT: usize = 64 << 20;
 
 /// Whether the request says its body is JSON (`application/json` or
 /// `application/a2a+json`, any parameters). No Content-Type is accepted.
