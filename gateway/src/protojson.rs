@@ -24,6 +24,7 @@ const INTEGERS: &[&str] = &["historyLength", "pageSize"];
 /// mismatch names the field at fault (`params.message.parts: invalid type …`).
 pub(crate) fn parse<T: DeserializeOwned>(mut value: Value, what: &str) -> Result<T> {
     accept_proto_names(&mut value);
+    default_omitted(&mut value);
     check_parts(&mut value).map_err(|(mut path, problem)| {
         path.push(what.to_owned());
         path.reverse();
@@ -34,6 +35,17 @@ pub(crate) fn parse<T: DeserializeOwned>(mut value: Value, what: &str) -> Result
         let field = if path == "." { what.to_owned() } else { format!("{what}.{path}") };
         GatewayError::InvalidParams(format!("{field}: {}", error.into_inner()))
     })
+}
+
+/// A request's message with the fields ProtoJSON leaves out when they hold
+/// their default (an empty `parts`, `role` unspecified) put back, so that the
+/// message is judged on what it says ("parts must not be empty") rather than
+/// on a field a ProtoJSON writer had every right to omit ("missing field").
+fn default_omitted(request: &mut Value) {
+    if let Some(message) = request.get_mut("message").and_then(Value::as_object_mut) {
+        message.entry("parts").or_insert_with(|| Value::Array(Vec::new()));
+        message.entry("role").or_insert_with(|| Value::from("ROLE_UNSPECIFIED"));
+    }
 }
 
 /// An answer as JSON (A2A types always serialize).
@@ -164,6 +176,18 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_message_s_omitted_defaults_are_its_defaults() {
+        let request: a2a::SendMessageRequest =
+            parse(json!({"message": {"messageId": "m"}}), "params").expect("ProtoJSON may omit defaults");
+        assert!(request.message.parts.is_empty());
+        assert_eq!(request.message.role, a2a::Role::Unspecified);
+        let given: a2a::SendMessageRequest =
+            parse(json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}), "params")
+                .expect("a full message");
+        assert_eq!((given.message.role, given.message.parts.len()), (a2a::Role::User, 1), "what is given is kept");
+    }
 
     #[test]
     fn proto_names_become_json_names_outside_free_form_fields() {

@@ -95,7 +95,7 @@ async fn malformed_json_rpc_gets_its_json_rpc_error() {
         (json!({ "message": no_message_id }), "messageId"),
         (json!({ "message": empty_message_id }), "messageId"),
         (json!({ "message": no_parts }), "parts"),
-        (json!({ "message": no_role }), "role"),
+        (json!({ "message": no_role.clone() }), "role"),
         (json!({}), "message"),
     ];
     for (params, field) in cases {
@@ -104,6 +104,15 @@ async fn malformed_json_rpc_gets_its_json_rpc_error() {
         assert_names(&error, field);
         still_serving(&a2a, 0).await;
     }
+    // ProtoJSON writers leave default values out: an omitted list is empty and
+    // an omitted enum unspecified, and the message is judged as such.
+    let mut omitted_parts = valid();
+    omitted_parts.as_object_mut().expect("an object").remove("parts");
+    let said = |error: &Value| error["message"].as_str().unwrap_or_default().to_owned();
+    let error = a2a.call_error("tck", "SendMessage", json!({ "message": omitted_parts })).await;
+    assert!(said(&error).contains("message.parts must not be empty"), "{error:#}");
+    let error = a2a.call_error("tck", "SendMessage", json!({ "message": no_role })).await;
+    assert!(said(&error).contains("message.role must be ROLE_USER or ROLE_AGENT"), "{error:#}");
     let error =
         rpc_error(a2a.rpc_body("tck", &json!({ "jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": [1] })));
     assert_rpc_error(&error.await, -32602, "INVALID_PARAMS");
