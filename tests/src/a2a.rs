@@ -394,22 +394,15 @@ pub async fn dead_address() -> SocketAddr {
 /// A `chorus.toml` catalog of the worker `echo` (the default agent) and
 /// `id` (named `name`), a `remote` agent proxying the A2A agent at `url`.
 pub fn echo_and_remote_catalog(id: &str, name: &str, url: &str) -> String {
+    let echo = "[gateway]\ndefault_agent = \"echo\"\n\n[[gateway.agents]]\nid = \"echo\"\nname = \"Echo\"\n\
+                description = \"Echoes what it is told\"\nkind = \"worker\"\n";
+    format!("{echo}{}", remote_agent(id, name, url))
+}
+
+/// A catalog entry: `id` (named `name`), a `remote` agent proxying the A2A agent at `url`.
+pub fn remote_agent(id: &str, name: &str, url: &str) -> String {
     format!(
-        r#"[gateway]
-default_agent = "echo"
-
-[[gateway.agents]]
-id = "echo"
-name = "Echo"
-description = "Echoes what it is told"
-kind = "worker"
-
-[[gateway.agents]]
-id = "{id}"
-name = "{name}"
-description = "An external A2A agent, proxied"
-kind = "remote"
-url = "{url}"
-"#
+        "\n[[gateway.agents]]\nid = \"{id}\"\nname = \"{name}\"\ndescription = \"An external A2A agent, proxied\"\n\
+         kind = \"remote\"\nurl = \"{url}\"\n"
     )
 }

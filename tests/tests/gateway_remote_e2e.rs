@@ -274,10 +274,9 @@ async fn a_remote_agent_s_data_and_streamed_artifacts_come_through_once() {
     let a = sandbox_a.dev().name("chorus A").start().await;
     let sandbox_b = Sandbox::new();
     let catalog = format!(
-        "{}\n[[gateway.agents]]\nid = \"far-design\"\nname = \"Far design\"\ndescription = \"Proxied\"\n\
-         kind = \"remote\"\nurl = \"{}/a2a/design\"\n",
+        "{}{}",
         echo_and_remote_catalog("far", "Far TCK", &format!("{}/a2a/tck", a.url())),
-        a.url()
+        chorus_tests::a2a::remote_agent("far-design", "Far design", &format!("{}/a2a/design", a.url()))
     );
     write_chorus_toml(sandbox_b.path(), &catalog);
     let b = sandbox_b.dev().no_agents().name("chorus B").start().await;
