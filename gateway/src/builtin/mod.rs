@@ -91,8 +91,15 @@ impl Turn {
     }
 
     /// Sets the task's state with `message`, another agent's words whole (its
-    /// parts and metadata), as this task's agent message.
-    async fn status_with(&mut self, state: pb::TaskState, mut message: Message) -> Written {
+    /// parts and metadata), as this task's agent message, with chorus's `link`.
+    async fn status_with(&mut self, state: pb::TaskState, mut message: Message, link: Option<Metadata>) -> Written {
+        // Chorus's own keys say what chorus linked; another agent's are dropped.
+        let metadata = message.metadata.get_or_insert_with(Metadata::new);
+        metadata.retain(|key, _| !LINK_KEYS.contains(&key.as_str()));
+        metadata.extend(link.into_iter().flatten());
+        if metadata.is_empty() {
+            message.metadata = None;
+        }
         message.message_id = uuid::Uuid::new_v4().to_string();
         message.role = Role::Agent;
         message.context_id = Some(self.task.context_id.clone());

@@ -203,14 +203,11 @@ async fn settle(agent: &AgentConfig, mut turn: Turn, outcome: Delegated, complet
             let waiting = convert::is_interrupted(&task.status.state);
             let link = waiting.then(|| link_metadata(json!({ "taskId": task.id, "contextId": task.context_id })));
             match task.status.message {
-                Some(mut message) => {
-                    message.metadata.get_or_insert_with(Default::default).extend(link.into_iter().flatten());
-                    turn.status_with(state, message).await
-                }
+                Some(message) => turn.status_with(state, message, link).await,
                 None => turn.status(state, waiting.then_some("The agent needs input"), link).await,
             }
         }
-        Ok(DelegateOutcome::Message(reply)) => turn.status_with(pb::TaskState::Completed, reply).await,
+        Ok(DelegateOutcome::Message(reply)) => turn.status_with(pb::TaskState::Completed, reply, None).await,
         Err(DelegateError::Canceled { .. }) => Ok(()),
         Err(error) => {
             let reason = format!("remote agent {}: {error}", agent.id);
