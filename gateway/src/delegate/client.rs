@@ -330,17 +330,24 @@ impl Call {
     }
 }
 
-/// Chooses how to reach the agent: its first JSON-RPC interface for A2A 1.0,
-/// else its first HTTP+JSON one.
+/// Chooses how to reach the agent: the first interface of its card, which
+/// lists them by preference (A2A 1.0 `supported_interfaces`), that is A2A
+/// 1.0 over JSON-RPC or HTTP+JSON.
 pub(crate) fn pick_interface(card: &AgentCard) -> Result<Endpoint, DelegateError> {
-    let find = |binding: &str| {
-        card.supported_interfaces
-            .iter()
-            .find(|i| i.protocol_binding.eq_ignore_ascii_case(binding) && is_version_1_0(&i.protocol_version))
+    let binding = |name: &str| {
+        if name.eq_ignore_ascii_case(a2a::TRANSPORT_PROTOCOL_JSONRPC) {
+            Some(Binding::JsonRpc)
+        } else if name.eq_ignore_ascii_case(a2a::TRANSPORT_PROTOCOL_HTTP_JSON) {
+            Some(Binding::HttpJson)
+        } else {
+            None
+        }
     };
-    let (interface, binding) = find(a2a::TRANSPORT_PROTOCOL_JSONRPC)
-        .map(|i| (i, Binding::JsonRpc))
-        .or_else(|| find(a2a::TRANSPORT_PROTOCOL_HTTP_JSON).map(|i| (i, Binding::HttpJson)))
+    let (interface, binding) = card
+        .supported_interfaces
+        .iter()
+        .filter(|i| is_version_1_0(&i.protocol_version))
+        .find_map(|i| binding(&i.protocol_binding).map(|binding| (i, binding)))
         .ok_or_else(|| DelegateError::NoInterface {
             offered: card
                 .supported_interfaces

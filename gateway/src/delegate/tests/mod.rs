@@ -99,21 +99,23 @@ fn card(interfaces: serde_json::Value) -> AgentCard {
 }
 
 #[test]
-fn the_jsonrpc_1_0_interface_wins_then_http_json_and_the_tenant_is_kept() {
-    let both = card(json!([
+fn the_card_s_first_1_0_interface_chorus_speaks_wins_and_its_tenant_is_kept() {
+    let rpc_first = card(json!([
         {"url": "http://a/v03", "protocolBinding": "JSONRPC", "protocolVersion": "0.3"},
-        {"url": "http://a/rest", "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
+        {"url": "a:443", "protocolBinding": "GRPC", "protocolVersion": "1.0"},
         {"url": "http://a/rpc", "protocolBinding": "JSONRPC", "protocolVersion": "1.0", "tenant": "acme"},
+        {"url": "http://a/rest", "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
     ]));
     let expected = Endpoint { url: "http://a/rpc".into(), binding: Binding::JsonRpc, tenant: Some("acme".into()) };
-    assert_eq!(pick_interface(&both).expect("jsonrpc"), expected);
+    assert_eq!(pick_interface(&rpc_first).expect("jsonrpc"), expected);
 
-    let rest_only = card(json!([
+    let rest_first = card(json!([
         {"url": "a:443", "protocolBinding": "GRPC", "protocolVersion": "1.0"},
         {"url": "http://a/rest", "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
+        {"url": "http://a/rpc", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
     ]));
     let expected = Endpoint { url: "http://a/rest".into(), binding: Binding::HttpJson, tenant: None };
-    assert_eq!(pick_interface(&rest_only).expect("http+json"), expected);
+    assert_eq!(pick_interface(&rest_first).expect("http+json"), expected, "the card's order is its preference");
 }
 
 #[test]
