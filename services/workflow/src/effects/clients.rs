@@ -139,7 +139,7 @@ impl Effects for ClientEffects {
         Ok(task.into_inner().id)
     }
 
-    async fn await_task(&self, namespace: &str, task_id: &str) -> Result<TaskOutcome, EffectError> {
+    async fn await_task(&self, namespace: &str, task_id: &str) -> Result<Option<TaskOutcome>, EffectError> {
         let request = ts::WatchTaskRequest {
             namespace: namespace.to_owned(),
             task_id: task_id.to_owned(),
@@ -149,7 +149,7 @@ impl Effects for ClientEffects {
         let mut tasks = self.tasks.clone();
         let mut stream = match tasks.watch_task(request).await {
             Ok(stream) => stream.into_inner(),
-            Err(status) if status.code() == Code::NotFound => return Ok(TaskOutcome::Gone),
+            Err(status) if status.code() == Code::NotFound => return Ok(None),
             Err(status) => return Err(status_error("watch task", TASKSTORE_URL, &status)),
         };
         loop {
@@ -169,7 +169,7 @@ impl Effects for ClientEffects {
         let request =
             ts::GetTaskRequest { namespace: namespace.to_owned(), id: task_id.to_owned(), history_length: Some(0) };
         let task = tasks.get_task(request).await.map_err(|s| status_error("get task", TASKSTORE_URL, &s))?.into_inner();
-        Ok(outcome(&task))
+        Ok(Some(outcome(&task)))
     }
 
     async fn cancel_task(&self, namespace: &str, task_id: &str, reason: &str) -> Result<(), EffectError> {

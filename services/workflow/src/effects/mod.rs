@@ -43,9 +43,6 @@ pub enum TaskOutcome {
     Completed(Value),
     /// Failed, rejected or canceled: why.
     Failed(String),
-    /// The task store has no such task: its data was restored from before
-    /// the task was made. The step makes it again, under the same key.
-    Gone,
 }
 
 /// What a delegation came back with.
@@ -72,8 +69,9 @@ pub trait Effects: Send + Sync + std::fmt::Debug {
     /// with the same key); its id. `input` is the record's rendered input.
     async fn spawn(&self, origin: &Origin, agent: &str, input: &Value) -> Result<String, EffectError>;
 
-    /// Waits until the task ends.
-    async fn await_task(&self, namespace: &str, task_id: &str) -> Result<TaskOutcome, EffectError>;
+    /// Waits until the task ends; `None` when the task store has no such
+    /// task (its data was restored from before the task was made).
+    async fn await_task(&self, namespace: &str, task_id: &str) -> Result<Option<TaskOutcome>, EffectError>;
 
     /// Cancels a task, for `reason` (its status message); a task already
     /// finished is left as it is.

@@ -148,7 +148,9 @@ fn apply(planner: &super::plan::Planner<'_>, run: &mut Run, seq: u32, done: &Don
         Done::Canceled if record.cancel_pending => run.body.step_mut(index).cancel_pending = false,
         // Made again under the same key, which the task store no longer knows either.
         Done::Gone(task_id) if record.state == StepState::Running && record.external_id.as_ref() == Some(task_id) => {
-            tracing::warn!(run_id = %run.id, step_id = %record.step_id, %task_id, "the step's task is not in the task store (was its database restored?): making it again");
+            let (run_id, step_id) = (&run.id, &record.step_id);
+            let why = "the step's task is not in the task store (was its database restored?): making it again";
+            tracing::warn!(%run_id, %step_id, %task_id, "{why}");
             run.body.step_mut(index).external_id = None;
         }
         Done::Issued(_)
@@ -307,11 +309,12 @@ async fn await_task(
     match outcome {
         // Not at once: a task store that keeps losing the task made again
         // is asked about it once a second, not in a loop.
-        Ok(TaskOutcome::Gone) => {
+        Ok(None) => {
             tokio::time::sleep(Duration::from_secs(1)).await;
             Done::Gone(task_id)
         }
-        outcome => Done::Attempt(outcome.and_then(task_result)),
+        Ok(Some(outcome)) => Done::Attempt(task_result(outcome)),
+        Err(error) => Done::Attempt(Err(error)),
     }
 }
 
@@ -319,7 +322,6 @@ fn task_result(outcome: TaskOutcome) -> Result<Value, String> {
     match outcome {
         TaskOutcome::Completed(output) => Ok(output),
         TaskOutcome::Failed(error) => Err(error),
-        TaskOutcome::Gone => Err("the agent's task is gone".into()),
     }
 }
 
