@@ -169,15 +169,7 @@ pub(crate) async fn read_body(gateway: &Gateway, body: Body) -> Result<Bytes> {
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk.map_err(|_| GatewayError::PayloadTooLarge(limit))?;
         if read.len() + chunk.len() > limit {
-            let drained = async {
-                let mut dropped = 0usize;
-                while dropped < DRAINED_PAST_THE_LIMIT
-                    && let Some(Ok(chunk)) = chunks.next().await
-                {
-                    dropped += chunk.len();
-                }
-            };
-            tokio::time::timeout(Duration::from_secs(5), drained).await.ok();
+            chorus_runtime::egress::drain_stream(chunks, DRAINED_PAST_THE_LIMIT, Duration::from_secs(5)).await;
             return Err(GatewayError::PayloadTooLarge(limit));
         }
         read.extend_from_slice(&chunk);

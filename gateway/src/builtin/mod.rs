@@ -79,15 +79,7 @@ impl Turn {
     /// (carrying `metadata`: what links the task to a remote task or a run).
     async fn status(&mut self, state: pb::TaskState, text: Option<&str>, metadata: Option<Metadata>) -> Written {
         let message = text.map(|text| self.agent_message(text, metadata));
-        let request = pb::UpdateStatusRequest {
-            namespace: self.namespace.clone(),
-            task_id: self.task.id.clone(),
-            state: state.into(),
-            message,
-            lease_id: String::new(),
-        };
-        self.tasks.update_status(request).await?;
-        Ok(())
+        self.write_status(state, message).await
     }
 
     /// Sets the task's state with `message`, another agent's words whole (its
@@ -104,11 +96,15 @@ impl Turn {
         message.role = Role::Agent;
         message.context_id = Some(self.task.context_id.clone());
         message.task_id = Some(self.task.id.clone());
+        self.write_status(state, Some(convert::message_in(&message))).await
+    }
+
+    async fn write_status(&mut self, state: pb::TaskState, message: Option<pb::Message>) -> Written {
         let request = pb::UpdateStatusRequest {
             namespace: self.namespace.clone(),
             task_id: self.task.id.clone(),
             state: state.into(),
-            message: Some(convert::message_in(&message)),
+            message,
             lease_id: String::new(),
         };
         self.tasks.update_status(request).await?;

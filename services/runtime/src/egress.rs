@@ -14,23 +14,32 @@ use std::{
 
 pub use guard::{EgressGuard, Refused, bare_host, normalize_host, refusal};
 
-/// The most of an answer [`drain`] reads.
-const DRAINED: usize = 64 * 1024;
-
 /// Reads and drops the body of an answer whose status was all the caller
 /// wanted, up to 64 KiB and for at most a second, so that its connection
 /// can serve the next call: a connection whose answer was left unread is
 /// closed, and the next call to the same host opens another.
-pub async fn drain(mut response: reqwest::Response) {
+pub async fn drain(response: reqwest::Response) {
+    drain_stream(response.bytes_stream(), 64 * 1024, std::time::Duration::from_secs(1)).await;
+}
+
+/// Reads and drops what is left of a body, up to about `most` bytes and for
+/// at most `within`; a body that breaks ends it early.
+pub async fn drain_stream<B: AsRef<[u8]>, E>(
+    chunks: impl futures_util::Stream<Item = Result<B, E>> + Unpin,
+    most: usize,
+    within: std::time::Duration,
+) {
+    use futures_util::StreamExt as _;
+    let mut chunks = chunks;
     let read_all = async move {
         let mut read = 0;
-        while read <= DRAINED
-            && let Ok(Some(chunk)) = response.chunk().await
+        while read <= most
+            && let Some(Ok(chunk)) = chunks.next().await
         {
-            read += chunk.len();
+            read += chunk.as_ref().len();
         }
     };
-    tokio::time::timeout(std::time::Duration::from_secs(1), read_all).await.ok();
+    tokio::time::timeout(within, read_all).await.ok();
 }
 
 /// The AWS, GCP and Azure instance metadata address.
