@@ -226,9 +226,8 @@ fn decision_line(decision: &pb::GateDecision) -> String {
     format!("{verdict} by {} → {outcome}{reason}", decision.decided_by)
 }
 
-/// A step record as a watch names it: `build #1.2` (iteration 1, attempt 2).
-/// A step record's name: `id #iteration.attempt`, after the parallel step
-/// that holds it (`fan/s17 #1.1`).
+/// A step record as a watch names it: `build #1.2` (iteration 1, attempt 2),
+/// after the parallel step that holds it (`fan/s17 #1.1`).
 pub(super) fn step_name(step: &StepRecord) -> String {
     let parent = if step.parent_step_id.is_empty() { String::new() } else { format!("{}/", step.parent_step_id) };
     format!("{parent}{} #{}.{}", step.step_id, step.iteration, step.attempt)

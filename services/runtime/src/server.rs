@@ -211,8 +211,8 @@ impl ServerBuilder {
         // gRPC messages are size-checked by each service while decoding
         // (RESOURCE_EXHAUSTED, see `oversize_request`); HTTP bodies by the
         // routes that read them (the gateway's, with the binding's own error,
-        // which a limit here would answer first in plain text). Like `/healthz`, `/metrics` asks for
-        // no credentials: it holds no tenant data.
+        // which a limit here would answer first in plain text). Like
+        // `/healthz`, `/metrics` asks for no credentials: it holds no tenant data.
         let limit = Duration::from_millis(self.config.request_timeout_ms);
         let http = std::mem::take(&mut self.http)
             .route("/healthz", get(move || healthz(Arc::clone(&probes))))

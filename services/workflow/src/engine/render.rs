@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use super::plan::find;
 use crate::{
-    domain::{Action, Decision, Run, Step, StepRecord, StepState},
+    domain::{Action, Decision, Run, Step, StepKind, StepRecord, StepState},
     parse::{condition_holds, condition_source, environment},
 };
 
@@ -174,6 +174,9 @@ impl Scope {
 
 /// The branches of a finished parallel step's record; `None` for any other record.
 fn branches<'a>(run: &'a Run, steps: &'a [Step], record: &'a StepRecord) -> Option<BTreeMap<&'a str, BranchSeen<'a>>> {
+    if record.kind != StepKind::Parallel {
+        return None;
+    }
     let Action::Parallel(parallel) = &find(steps, &record.step_id, None)?.step.action else { return None };
     let states = record.output.as_ref()?;
     let completed = |step: &Step| {
