@@ -7,13 +7,14 @@ use std::{
 };
 
 use chorus_proto::taskstore::{
-    AddMessageRequest, AppendArtifactRequest, Artifact, AwaitTaskRequest, ClaimTasksRequest, CreateTaskRequest,
-    ListTasksRequest, NotifyOwnerRequest, Owner, ReadInboxRequest, Role, SpawnSubtaskRequest, TaskState,
-    UpdateStatusRequest, WatchTasksRequest, inbox_message, owner, task_event,
+    AckInboxRequest, AddMessageRequest, AppendArtifactRequest, Artifact, AwaitTaskRequest, ClaimTasksRequest,
+    CreateTaskRequest, ListTasksRequest, NotifyOwnerRequest, Owner, ReadInboxRequest, Role, SpawnSubtaskRequest,
+    TaskState, UpdateStatusRequest, WatchTasksRequest, inbox_message, owner, task_event,
 };
 use chorus_runtime::testing::PostgresDatabase;
 use chorus_tests::{
     DEADLINE, Mode, Sandbox, ServerBuilder,
+    status::assert_invalid,
     tasks::{
         Client, TaskWatch, create_request, create_task, event_state, event_text, get_task, is_status, state,
         status_text, text_message, text_of,
@@ -265,6 +266,44 @@ fn inbox_of(parent_id: &str, peek: bool) -> ReadInboxRequest {
         peek,
         ..ReadInboxRequest::default()
     }
+}
+
+/// A read with an ack deadline holds what it returned across a restart,
+/// until acknowledged; bad reads and acknowledgements are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inbox_read_held_until_acknowledged_outlives_a_restart() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().no_agents().start().await;
+    let mut client = server.task_store().await;
+    let (parent_id, _) = write_a_task_tree(&mut client).await;
+    let minute = prost_types::Duration { seconds: 60, nanos: 0 };
+    let held = ReadInboxRequest { ack_deadline: Some(minute), ..inbox_of(&parent_id, false) };
+    let read = client.read_inbox(held).await.expect("held read").into_inner().messages;
+    assert_eq!(read.len(), 2, "{read:?}");
+
+    assert!(server.stop().await.success());
+    let server = sandbox.dev().no_agents().start().await;
+    let mut client = server.task_store().await;
+    let again = client.read_inbox(inbox_of(&parent_id, false)).await.expect("read").into_inner().messages;
+    assert!(again.is_empty(), "the held messages wait for their acknowledgement: {again:?}");
+    let ack = |message_ids: Vec<String>| AckInboxRequest {
+        namespace: NS.to_owned(),
+        owner: inbox_of(&parent_id, false).owner,
+        message_ids,
+    };
+    let ids: Vec<String> = read.iter().map(|message| message.id.clone()).collect();
+    let acked = client.ack_inbox(ack(ids.clone())).await.expect("ack").into_inner().acknowledged;
+    assert_eq!(acked, 2);
+    assert_eq!(client.ack_inbox(ack(ids)).await.expect("ack again").into_inner().acknowledged, 0);
+
+    assert_invalid(client.ack_inbox(ack(Vec::new())).await, "message_ids");
+    assert_invalid(client.ack_inbox(ack(vec!["first".to_owned()])).await, "message_ids[0]");
+    let peek_held = ReadInboxRequest { ack_deadline: Some(minute), ..inbox_of(&parent_id, true) };
+    assert_invalid(client.read_inbox(peek_held).await, "ack_deadline");
+    let never =
+        ReadInboxRequest { ack_deadline: Some(prost_types::Duration::default()), ..inbox_of(&parent_id, false) };
+    assert_invalid(client.read_inbox(never).await, "ack_deadline");
+    server.assert_serving().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,6 +19,11 @@ pub enum TaskStoreError {
          only to retry the same request"
     )]
     RequestKeyInUse { key: String, task_id: String, mismatch: String },
+    #[error(
+        "message id {key} already told the owner of task {task_id} something else (a {kind} notification); reuse \
+         a message id only to retry the same notification"
+    )]
+    NotificationKeyInUse { key: String, task_id: String, kind: &'static str },
     #[error("push notification config {id} of task {task_id} not found")]
     PushConfigNotFound { task_id: String, id: String },
     #[error(
@@ -94,7 +99,7 @@ impl ServiceError for TaskStoreError {
         match self {
             Self::InvalidArgument(_) => ErrorCode::InvalidArgument,
             Self::TaskNotFound(_) | Self::PushConfigNotFound { .. } => ErrorCode::NotFound,
-            Self::RequestKeyInUse { .. } => ErrorCode::AlreadyExists,
+            Self::RequestKeyInUse { .. } | Self::NotificationKeyInUse { .. } => ErrorCode::AlreadyExists,
             Self::IllegalTransition { .. }
             | Self::TaskFinished { .. }
             | Self::LeaseRequired { .. }
@@ -131,7 +136,9 @@ impl ServiceError for TaskStoreError {
         Some(match self {
             Self::InvalidArgument(_) | Self::Storage(_) | Self::Corrupt(_) => return None,
             Self::TaskNotFound(task_id) => about("TASK_NOT_FOUND", task_id),
-            Self::RequestKeyInUse { task_id, .. } => about("REQUEST_KEY_IN_USE", task_id),
+            Self::RequestKeyInUse { task_id, .. } | Self::NotificationKeyInUse { task_id, .. } => {
+                about("REQUEST_KEY_IN_USE", task_id)
+            }
             Self::PushConfigNotFound { task_id, id } => about("PUSH_CONFIG_NOT_FOUND", task_id).with("id", id),
             Self::PushConfigNotHeld { task_id, id, .. } => about("PUSH_CONFIG_NOT_HELD", task_id).with("id", id),
             Self::TooManyPushConfigs { task_id, .. } => about("TOO_MANY_PUSH_CONFIGS", task_id),

@@ -221,6 +221,22 @@ pub struct InboxMessage {
     pub created_at: i64,
 }
 
+/// How a read of an owner's inbox treats the messages it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InboxRead {
+    /// Leaves them unread.
+    Peek,
+    /// Marks them read: a reply that does not reach the reader loses them.
+    Consume,
+    /// Hides them from other reads for `deadline`; unless acknowledged by
+    /// then, they are read again.
+    Hold { deadline: std::time::Duration },
+}
+
+/// The most message bytes one inbox read returns, beyond the first message:
+/// a reply stays under a gRPC client's default 4 MiB limit.
+pub const INBOX_READ_BYTES: i64 = 3 * 1024 * 1024;
+
 /// A child telling its owner something.
 #[derive(Debug, Clone)]
 pub struct Notification {

@@ -13,7 +13,7 @@ use chorus_runtime::{
 };
 use tonic::{Request, Response, Status};
 
-use super::{TaskStoreGrpc, convert, pages, push_convert, task_ref};
+use super::{TaskStoreGrpc, convert, inbox, pages, push_convert, task_ref};
 use crate::{
     domain::{ArtifactChunk, ClaimRequest, NewSubtask, NewTask, Notification, PushConfigKey, StatusUpdate, TaskQuery},
     service::{WatchFilter, WatchStart},
@@ -334,17 +334,15 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         &self,
         request: Request<pb::ReadInboxRequest>,
     ) -> Result<Response<pb::ReadInboxResponse>, Status> {
-        let request = request.into_inner();
-        let namespace = namespace(&request.namespace)?;
-        let owner = convert::required_owner("owner", request.owner)?;
-        let max = match request.max_messages {
-            0 => 100,
-            max if max > 100 => return Err(FieldViolation::new("max_messages", "must be at most 100").into()),
-            max => max,
-        };
-        let wait = validate::duration("wait", request.wait, Duration::ZERO)?;
-        let messages = self.store.read_inbox(&namespace, &owner, max, wait, request.peek).await?;
+        let read = inbox::read_in(request.into_inner())?;
+        let messages = self.store.read_inbox(&read.namespace, &read.owner, read.max, read.wait, read.mode).await?;
         Ok(Response::new(pb::ReadInboxResponse { messages: messages.into_iter().map(convert::inbox_out).collect() }))
+    }
+
+    async fn ack_inbox(&self, request: Request<pb::AckInboxRequest>) -> Result<Response<pb::AckInboxResponse>, Status> {
+        let (namespace, owner, ids) = inbox::ack_in(request.into_inner())?;
+        let acknowledged = self.store.ack_inbox(&namespace, &owner, &ids).await?;
+        Ok(Response::new(pb::AckInboxResponse { acknowledged: u32::try_from(acknowledged).unwrap_or(u32::MAX) }))
     }
 
     async fn create_push_config(

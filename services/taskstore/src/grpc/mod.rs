@@ -2,6 +2,7 @@
 
 mod convert;
 mod handlers;
+mod inbox;
 mod pages;
 mod push_convert;
 

@@ -14,9 +14,9 @@ use async_trait::async_trait;
 use crate::{
     domain::{
         ArtifactChunk, ClaimRequest, Claimed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff, InboxMessage,
-        Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PurgeCursor, Purged, PushConfig,
-        PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskCursor, TaskEvent, TaskKey, TaskPage, TaskQuery,
-        WorkerLeases,
+        InboxRead, Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PurgeCursor, Purged,
+        PushConfig, PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskCursor, TaskEvent, TaskKey, TaskPage,
+        TaskQuery, WorkerLeases,
     },
     error::Result,
 };
@@ -155,14 +155,28 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     /// request under the same first message id) returns the child of the
     /// first; another request under the id is `RequestKeyInUse` and changes
     /// nothing.
-    async fn spawn_subtask(&self, id: &str, subtask: NewSubtask, limits: &Limits) -> Result<Task>;
+    /// A blocking spawn keeps the child's completion out of the inbox and of
+    /// unnamed awaits until `awaited_until` (µs), or until
+    /// [`end_blocking_wait`](Self::end_blocking_wait).
+    async fn spawn_subtask(
+        &self,
+        id: &str,
+        subtask: NewSubtask,
+        limits: &Limits,
+        awaited_until: Option<i64>,
+    ) -> Result<Task>;
+
+    /// Ends a blocking spawn's wait on a child: its completion is consumed
+    /// when `taken` (the spawn answers with it), else left to the inbox.
+    async fn end_blocking_wait(&self, namespace: &str, child_id: &str, taken: bool) -> Result<()>;
 
     /// The parent's children that are still of interest: `task_ids` when
     /// given, else every child whose completion has not been delivered.
     async fn children(&self, namespace: &str, parent_id: &str, task_ids: &[String]) -> Result<Vec<Task>>;
 
-    /// Marks the completion messages of these finished children as read;
-    /// returns the ids whose completion this call consumed.
+    /// Marks the completion messages of these finished children as read,
+    /// but those a blocking spawn keeps or a reader holds; returns the ids
+    /// whose completion this call consumed.
     async fn take_completions(&self, namespace: &str, task_ids: &[String]) -> Result<Vec<String>>;
 
     async fn notify_owner(&self, notification: Notification) -> Result<(InboxMessage, Task)>;
@@ -177,8 +191,13 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
         follow: Option<PushLease>,
     ) -> Result<Task>;
 
-    /// Up to `max` unread messages, oldest first; consumed unless `peek`.
-    async fn read_inbox(&self, namespace: &str, owner: &Owner, max: u32, peek: bool) -> Result<Vec<InboxMessage>>;
+    /// Up to `max` unread messages no other read holds, oldest first, as
+    /// many as fit in [`INBOX_READ_BYTES`](crate::domain::INBOX_READ_BYTES)
+    /// (at least one), peeked, consumed or held as `read` says.
+    async fn read_inbox(&self, namespace: &str, owner: &Owner, max: u32, read: InboxRead) -> Result<Vec<InboxMessage>>;
+
+    /// Marks the owner's messages `ids` read; how many were unread.
+    async fn ack_inbox(&self, namespace: &str, owner: &Owner, ids: &[i64]) -> Result<u64>;
 
     /// Events after a cursor, in commit order.
     async fn read_events(&self, query: &EventQuery) -> Result<EventBatch>;

@@ -31,8 +31,8 @@ pub use self::{
 use crate::{
     config::TaskStoreConfig,
     domain::{
-        Artifact, ArtifactChunk, Claimed, InboxMessage, Message, NewTask, Notification, Owner, Renewal, StatusUpdate,
-        Task, TaskPage, TaskQuery, TaskState, TurnFollower, new_task_id, now_micros,
+        Artifact, ArtifactChunk, Claimed, InboxMessage, InboxRead, Message, NewTask, Notification, Owner, Renewal,
+        StatusUpdate, Task, TaskPage, TaskQuery, TaskState, TurnFollower, new_task_id, now_micros,
     },
     error::{Result, TaskStoreError},
     repository::TaskRepository,
@@ -379,12 +379,12 @@ impl TaskStore {
         owner: &Owner,
         max: u32,
         wait: Duration,
-        peek: bool,
+        read: InboxRead,
     ) -> Result<Vec<InboxMessage>> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let mut waiter = self.wakeups.waiter(&keys::inbox(namespace, owner));
-            let messages = self.repository.read_inbox(namespace, owner, max, peek).await?;
+            let messages = self.repository.read_inbox(namespace, owner, max, read).await?;
             let now = tokio::time::Instant::now();
             if !messages.is_empty() || now >= deadline {
                 return Ok(messages);
@@ -394,5 +394,11 @@ impl TaskStore {
             }
             waiter.wait(self.config.poll_interval().min(deadline - now)).await;
         }
+    }
+
+    /// Marks the owner's messages `ids` read (those a read holds until they
+    /// are acknowledged); how many were unread.
+    pub async fn ack_inbox(&self, namespace: &str, owner: &Owner, ids: &[i64]) -> Result<u64> {
+        self.repository.ack_inbox(namespace, owner, ids).await
     }
 }

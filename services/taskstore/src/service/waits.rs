@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::{TaskStore, keys};
 use crate::{
-    domain::{NewSubtask, Task, new_task_id},
+    domain::{NewSubtask, Task, new_task_id, now_micros},
     error::{Result, TaskStoreError},
 };
 
@@ -53,7 +53,8 @@ impl TaskStore {
 
     /// Spawns a subtask. When `blocking`, waits until the child finishes or
     /// is interrupted, or `timeout` passes; a finished child's completion is
-    /// then delivered here and not again to the inbox. Returns the child and
+    /// then delivered here and not to the inbox nor to an unnamed await,
+    /// which do not see it while the wait lasts. Returns the child and
     /// whether the wait timed out.
     pub async fn spawn_subtask(
         &self,
@@ -62,17 +63,17 @@ impl TaskStore {
         timeout: Option<Duration>,
     ) -> Result<(Task, bool)> {
         let creating = self.creating(&subtask.namespace);
-        let child = self.repository.spawn_subtask(&creating.id, subtask, &self.config.limits).await?;
+        let timeout = timeout.unwrap_or_else(|| self.config.default_spawn_timeout()).min(LONGEST_WAIT);
+        let awaited_until = blocking.then(|| now_micros().saturating_add(micros(timeout)));
+        let child = self.repository.spawn_subtask(&creating.id, subtask, &self.config.limits, awaited_until).await?;
         self.changed(&child);
         if !blocking {
             return Ok((child, false));
         }
         let created = creating.waiter_for(&child);
-        let timeout = timeout.unwrap_or_else(|| self.config.default_spawn_timeout());
+        let mut wait = Wait { store: self.clone(), child: Some(child.clone()) };
         let (child, timed_out) = self.await_since(&child.namespace, &child.id, None, timeout, created).await?;
-        if child.status.state.is_terminal() {
-            self.repository.take_completions(&child.namespace, std::slice::from_ref(&child.id)).await?;
-        }
+        wait.end(child.status.state.is_terminal()).await?;
         Ok((child, timed_out))
     }
 
@@ -174,6 +175,51 @@ impl TaskStore {
             wait_any(&mut waiters, self.config.poll_interval().min(deadline - now)).await;
         }
     }
+}
+
+/// A blocking spawn's wait on its child, ended once: by the spawn, or, when
+/// the spawn's caller goes away first, on drop (the completion then goes to
+/// the inbox rather than wait out the hold).
+struct Wait {
+    store: TaskStore,
+    /// The child, until the wait ends.
+    child: Option<Task>,
+}
+
+impl Wait {
+    /// Ends the wait, consuming the child's completion when `taken`; when not,
+    /// readers of the owner's inbox are woken for it.
+    async fn end(&mut self, taken: bool) -> Result<()> {
+        let Some(child) = self.child.take() else { return Ok(()) };
+        self.store.end_wait(&child, taken).await
+    }
+}
+
+impl Drop for Wait {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            let store = self.store.clone();
+            tokio::spawn(async move {
+                if let Err(error) = store.end_wait(&child, false).await {
+                    tracing::debug!(task_id = %child.id, %error, "a blocking spawn's wait ended with its caller");
+                }
+            });
+        }
+    }
+}
+
+impl TaskStore {
+    async fn end_wait(&self, child: &Task, taken: bool) -> Result<()> {
+        self.repository.end_blocking_wait(&child.namespace, &child.id, taken).await?;
+        if !taken && let Some(owner) = &child.owner {
+            self.wakeups.notify(&keys::inbox(&child.namespace, owner));
+        }
+        Ok(())
+    }
+}
+
+fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
 }
 
 /// Whether an await has what it waits for: every child finished, or, with

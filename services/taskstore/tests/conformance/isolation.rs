@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use chorus_taskstore::{
     domain::{
-        ArtifactChunk, EventQuery, InboxKind, Notification, Owner, OwnerKind, PushConfig, StatusUpdate, TaskQuery,
-        TaskState,
+        ArtifactChunk, EventQuery, InboxKind, InboxRead, Notification, Owner, OwnerKind, PushConfig, StatusUpdate,
+        TaskQuery, TaskState,
     },
     error::TaskStoreError,
     service::{WatchFilter, WatchStart},
@@ -102,8 +102,8 @@ async fn nothing_crosses_namespaces(h: Harness) {
         .await
         .unwrap();
     let owner = Owner { kind: OwnerKind::Worker, id: id.into() };
-    assert!(h.store.read_inbox("b", &owner, 10, Duration::ZERO, true).await.unwrap().is_empty());
-    assert_eq!(h.store.read_inbox("a", &owner, 10, Duration::ZERO, true).await.unwrap().len(), 1);
+    assert!(h.store.read_inbox("b", &owner, 10, Duration::ZERO, InboxRead::Peek).await.unwrap().is_empty());
+    assert_eq!(h.store.read_inbox("a", &owner, 10, Duration::ZERO, InboxRead::Peek).await.unwrap().len(), 1);
 
     let events = EventQuery {
         namespace: "b".into(),

@@ -8,6 +8,7 @@ mod completions;
 mod events;
 mod handoff;
 mod harness;
+mod inbox;
 mod isolation;
 mod outbox;
 mod push;

@@ -7,8 +7,8 @@ use std::time::Duration;
 use chorus_taskstore::{
     TaskStoreConfig,
     domain::{
-        ArtifactChunk, Claimed, Cursor, NewSubtask, Owner, OwnerKind, PurgeCursor, PushConfig, StatusUpdate, Task,
-        TaskState, now_micros,
+        ArtifactChunk, Claimed, Cursor, InboxRead, NewSubtask, Owner, OwnerKind, PurgeCursor, PushConfig, StatusUpdate,
+        Task, TaskState, now_micros,
     },
     error::TaskStoreError,
 };
@@ -154,7 +154,7 @@ async fn a_live_task_and_a_tree_with_a_live_task_are_never_purged(h: Harness) {
         h.store.get_task("ns", id, None).await.unwrap();
     }
     let owner = Owner { kind: OwnerKind::Worker, id: other_root.id.clone() };
-    let inbox = h.store.read_inbox("ns", &owner, 10, Duration::ZERO, true);
+    let inbox = h.store.read_inbox("ns", &owner, 10, Duration::ZERO, InboxRead::Peek);
     assert_eq!(inbox.await.unwrap().len(), 1, "a finished child's completion waits for its live parent");
 
     finish_claimed(&h, &child).await;

@@ -7,7 +7,7 @@ use chorus_runtime::error::{ErrorCode, ServiceError as _};
 use chorus_taskstore::{
     TaskStore, TaskStoreConfig,
     domain::{
-        ClaimEvent, Claimed, InboxKind, Limits, Message, NewSubtask, Notification, Owner, OwnerKind, Part,
+        ClaimEvent, Claimed, InboxKind, InboxRead, Limits, Message, NewSubtask, Notification, Owner, OwnerKind, Part,
         SpawnContext, StatusUpdate, Task, TaskQuery, TaskState, new_task_id,
     },
     error::TaskStoreError,
@@ -84,7 +84,7 @@ pub(crate) async fn root_on(store: &TaskStore) -> Task {
 }
 
 /// Runs a worker for `agent` that completes `count` tasks with their text reversed.
-fn complete_in_background(h: &Harness, agent: &'static str, count: usize) -> tokio::task::JoinHandle<()> {
+pub(crate) fn complete_in_background(h: &Harness, agent: &'static str, count: usize) -> tokio::task::JoinHandle<()> {
     let store = h.store.clone();
     tokio::spawn(async move {
         let mut claims =
@@ -100,7 +100,7 @@ fn complete_in_background(h: &Harness, agent: &'static str, count: usize) -> tok
     })
 }
 
-fn owner_of(parent: &Task) -> Owner {
+pub(crate) fn owner_of(parent: &Task) -> Owner {
     Owner { kind: OwnerKind::Worker, id: parent.id.clone() }
 }
 
@@ -115,7 +115,7 @@ async fn a_blocking_spawn_returns_the_result(h: Harness) {
     assert_eq!(child.parent_id.as_deref(), Some(parent.id.as_str()));
     assert_eq!(child.depth, 1);
     assert_eq!(child.context_id, parent.context_id);
-    let inbox = h.store.read_inbox("ns", &owner_of(&parent), 10, Duration::ZERO, false).await.unwrap();
+    let inbox = h.store.read_inbox("ns", &owner_of(&parent), 10, Duration::ZERO, InboxRead::Consume).await.unwrap();
     assert!(inbox.is_empty(), "the blocking caller already received the completion");
 }
 
@@ -175,15 +175,15 @@ async fn completions_wait_in_the_inbox_until_read(h: Harness) {
     let child = spawn(&h, &parent.id, "coder", "hello").await;
     complete_in_background(&h, "coder", 1).await.unwrap();
     let owner = owner_of(&parent);
-    let peeked = h.store.read_inbox("ns", &owner, 10, Duration::from_secs(5), true).await.unwrap();
+    let peeked = h.store.read_inbox("ns", &owner, 10, Duration::from_secs(5), InboxRead::Peek).await.unwrap();
     assert_eq!(peeked.len(), 1);
     assert_eq!(peeked[0].kind, InboxKind::Completion);
     assert_eq!(peeked[0].task_id, child.id);
     assert_eq!(peeked[0].task_state, Some(TaskState::Completed));
     assert_eq!(peeked[0].message.as_ref().unwrap().joined_text(), "olleh");
-    let read = h.store.read_inbox("ns", &owner, 10, Duration::ZERO, false).await.unwrap();
+    let read = h.store.read_inbox("ns", &owner, 10, Duration::ZERO, InboxRead::Consume).await.unwrap();
     assert_eq!(read, peeked, "peeking consumed nothing");
-    let after = h.store.read_inbox("ns", &owner, 10, Duration::from_millis(100), false).await.unwrap();
+    let after = h.store.read_inbox("ns", &owner, 10, Duration::from_millis(100), InboxRead::Consume).await.unwrap();
     assert!(after.is_empty(), "a read message is gone");
 }
 
@@ -199,7 +199,7 @@ async fn a_completion_without_a_message_reaches_the_owner(h: Harness) {
         assert_eq!(done.status.message, None);
         assert_eq!(done.history, claimed.task.history, "nothing is added to the history");
     }
-    let inbox = h.store.read_inbox("ns", &owner_of(&parent), 10, Duration::ZERO, false).await.unwrap();
+    let inbox = h.store.read_inbox("ns", &owner_of(&parent), 10, Duration::ZERO, InboxRead::Consume).await.unwrap();
     assert_eq!(inbox.len(), 1, "only the owned task reports: {inbox:?}");
     assert_eq!((inbox[0].kind, inbox[0].task_id.as_str()), (InboxKind::Completion, child.id.as_str()));
     assert_eq!(inbox[0].task_state, Some(TaskState::Completed));
@@ -227,7 +227,7 @@ async fn questions_interrupt_the_child_until_answered(h: Harness) {
     assert_eq!(question.owner, owner);
     let asked = h.store.get_task("ns", &child.id, None).await.unwrap();
     assert_eq!(asked.status.state, TaskState::InputRequired);
-    let inbox = h.store.read_inbox("ns", &owner, 10, Duration::ZERO, false).await.unwrap();
+    let inbox = h.store.read_inbox("ns", &owner, 10, Duration::ZERO, InboxRead::Consume).await.unwrap();
     let kinds: Vec<InboxKind> = inbox.iter().map(|message| message.kind).collect();
     assert_eq!(kinds, [InboxKind::Status, InboxKind::Question]);
     let answered = h.store.answer_question("ns", &child.id, user_message("yes, keep it"), None).await.unwrap();
@@ -262,7 +262,7 @@ async fn each_completion_reaches_the_parent_exactly_once(h: Harness) {
     for child in &children {
         crate::workers::final_state(&h.store, child).await;
     }
-    let inbox = h.store.read_inbox("ns", &owner, 100, Duration::ZERO, false).await.unwrap();
+    let inbox = h.store.read_inbox("ns", &owner, 100, Duration::ZERO, InboxRead::Consume).await.unwrap();
     let mut delivered: Vec<String> = inbox.iter().map(|message| message.task_id.clone()).collect();
     delivered.sort();
     children.sort();
@@ -283,7 +283,7 @@ async fn concurrent_awaits_and_inbox_reads_report_each_completion_once(h: Harnes
         let (first, second, inbox) = tokio::join!(
             h.store.await_subtasks("ns", &parent.id, &[], false, wait),
             h.store.await_subtasks("ns", &parent.id, &[], false, wait),
-            h.store.read_inbox("ns", &owner, 10, Duration::ZERO, false),
+            h.store.read_inbox("ns", &owner, 10, Duration::ZERO, InboxRead::Consume),
         );
         let awaited = [first.unwrap(), second.unwrap()].into_iter().flat_map(|outcome| outcome.finished);
         let mut reported: Vec<String> = awaited.map(|task| task.id).collect();
@@ -387,11 +387,11 @@ async fn spawn_rate_is_limited(h: Harness) {
     let limits = tight.limits;
     for index in 0..2 {
         let child = subtask(&parent.id, "coder", &format!("quick {index}"));
-        h.repository.spawn_subtask(&new_task_id(), child, &limits).await.unwrap();
+        h.repository.spawn_subtask(&new_task_id(), child, &limits, None).await.unwrap();
     }
     let error = h
         .repository
-        .spawn_subtask(&new_task_id(), subtask(&parent.id, "coder", "one too many"), &limits)
+        .spawn_subtask(&new_task_id(), subtask(&parent.id, "coder", "one too many"), &limits, None)
         .await
         .unwrap_err();
     assert!(matches!(error, TaskStoreError::RateLimit { limit: 2, .. }), "{error}");

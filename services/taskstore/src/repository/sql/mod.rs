@@ -9,6 +9,7 @@ mod completion;
 mod create;
 mod events;
 mod held;
+mod inbox;
 mod outbox;
 mod push;
 mod repository;
@@ -48,6 +49,7 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
         (12, "retry after", "0012_retry_after.sql"),
         (13, "run by creator", "0013_run_by_creator.sql"),
         (14, "log clock", "0014_log_clock.sql"),
+        (15, "inbox holds", "0015_inbox_holds.sql"),
     ]
 );
 

@@ -9,9 +9,9 @@ use super::{SqlTaskRepository, workers::Ending};
 use crate::{
     domain::{
         Artifact, ArtifactChunk, ClaimRequest, Claimed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff,
-        InboxMessage, Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PurgeCursor, Purged,
-        PushConfig, PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskCursor, TaskEvent, TaskKey, TaskPage,
-        TaskQuery, WorkerLeases,
+        InboxMessage, InboxRead, Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PurgeCursor,
+        Purged, PushConfig, PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskCursor, TaskEvent, TaskKey,
+        TaskPage, TaskQuery, WorkerLeases,
     },
     error::Result,
     repository::TaskRepository,
@@ -129,8 +129,18 @@ impl TaskRepository for SqlTaskRepository {
         Ok(self.db.analyze_once_filled("taskstore_tasks", &TABLES, min_tasks).await?)
     }
 
-    async fn spawn_subtask(&self, id: &str, subtask: NewSubtask, limits: &Limits) -> Result<Task> {
-        self.spawn(id, subtask, limits).await
+    async fn spawn_subtask(
+        &self,
+        id: &str,
+        subtask: NewSubtask,
+        limits: &Limits,
+        awaited_until: Option<i64>,
+    ) -> Result<Task> {
+        self.spawn(id, subtask, limits, awaited_until).await
+    }
+
+    async fn end_blocking_wait(&self, namespace: &str, child_id: &str, taken: bool) -> Result<()> {
+        self.end_wait(namespace, child_id, taken).await
     }
 
     async fn children(&self, namespace: &str, parent_id: &str, task_ids: &[String]) -> Result<Vec<Task>> {
@@ -159,8 +169,12 @@ impl TaskRepository for SqlTaskRepository {
         self.answer(namespace, task_id, answer, follow).await
     }
 
-    async fn read_inbox(&self, namespace: &str, owner: &Owner, max: u32, peek: bool) -> Result<Vec<InboxMessage>> {
-        self.read_inbox_of(namespace, owner, max, peek).await
+    async fn read_inbox(&self, namespace: &str, owner: &Owner, max: u32, read: InboxRead) -> Result<Vec<InboxMessage>> {
+        self.read_inbox_of(namespace, owner, max, read).await
+    }
+
+    async fn ack_inbox(&self, namespace: &str, owner: &Owner, ids: &[i64]) -> Result<u64> {
+        self.ack(namespace, owner, ids).await
     }
 
     async fn read_events(&self, query: &EventQuery) -> Result<EventBatch> {

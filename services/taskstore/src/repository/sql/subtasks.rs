@@ -1,12 +1,12 @@
 //! Subtasks: spawning under the safety limits, completions, notifications,
 //! questions and the owner's inbox.
 
-use chorus_runtime::storage::Backend;
 use sqlx::{AnyConnection, Row as _};
 
 use super::{
     EventDetail, SqlTaskRepository, append_history, apply_status, check_lease, check_writable, complete_task_view,
     create::{Request, TaskInsert, Writer, find_by_request, insert_task},
+    inbox::{await_child, inbox_columns},
     record_event,
     rows::{self, TaskRecord, task_columns, to_json},
     save, set_status,
@@ -19,36 +19,18 @@ use crate::{
     error::{Result, TaskStoreError},
 };
 
-/// The inbox columns [`rows::decode_inbox`] reads.
-macro_rules! inbox_columns {
-    () => {
-        "id, namespace, owner_kind, owner_id, task_id, parent_task_id, kind, message, task_state, created_at"
-    };
-}
-
-const TAKE_INBOX_POSTGRES: &str = concat!(
-    "UPDATE taskstore_inbox SET read_at = $5 WHERE id IN (SELECT id FROM taskstore_inbox \
-     WHERE namespace = $1 AND owner_kind = $2 AND owner_id = $3 AND read_at IS NULL ORDER BY id LIMIT $4 \
-     FOR UPDATE SKIP LOCKED) RETURNING ",
-    inbox_columns!()
-);
-const TAKE_INBOX_SQLITE: &str = concat!(
-    "UPDATE taskstore_inbox SET read_at = $5 WHERE id IN (SELECT id FROM taskstore_inbox \
-     WHERE namespace = $1 AND owner_kind = $2 AND owner_id = $3 AND read_at IS NULL ORDER BY id LIMIT $4) \
-     RETURNING ",
-    inbox_columns!()
-);
-const PEEK_INBOX: &str = concat!(
-    "SELECT ",
-    inbox_columns!(),
-    " FROM taskstore_inbox WHERE namespace = $1 AND owner_kind = $2 AND owner_id = $3 AND read_at IS NULL \
-     ORDER BY id LIMIT $4"
-);
-
 const ONE_MINUTE_MICROS: i64 = 60_000_000;
 
 impl SqlTaskRepository {
-    pub(super) async fn spawn(&self, id: &str, subtask: NewSubtask, limits: &Limits) -> Result<Task> {
+    /// Spawns child `id`; a blocking spawn keeps the child's completion for
+    /// its own answer until `awaited_until`.
+    pub(super) async fn spawn(
+        &self,
+        id: &str,
+        subtask: NewSubtask,
+        limits: &Limits,
+        awaited_until: Option<i64>,
+    ) -> Result<Task> {
         let request = Request {
             namespace: &subtask.namespace,
             key: &subtask.message.message_id,
@@ -58,6 +40,10 @@ impl SqlTaskRepository {
         };
         let mut tx = self.begin().await?;
         if let Some(existing) = find_by_request(&mut tx, &request).await? {
+            if let Some(until) = awaited_until {
+                await_child(&mut tx, &existing.namespace, &existing.id, until).await?;
+                tx.commit().await?;
+            }
             return Ok(existing);
         }
         // Locking the parent serialises its spawns, so the counts below hold.
@@ -87,6 +73,9 @@ impl SqlTaskRepository {
             run_by_creator: false,
         };
         let inserted = insert_task(Writer::In(&mut tx, self.backend()), insert).await?;
+        if let (Some(child), Some(until)) = (&inserted, awaited_until) {
+            await_child(&mut tx, &child.namespace, &child.id, until).await?;
+        }
         self.commit_insert(tx, inserted, &request).await
     }
 
@@ -126,28 +115,6 @@ impl SqlTaskRepository {
         Ok(children)
     }
 
-    pub(super) async fn take(&self, namespace: &str, task_ids: &[String]) -> Result<Vec<String>> {
-        let mut tx = self.begin().await?;
-        let now = now_micros();
-        let mut taken = Vec::new();
-        for task_id in task_ids {
-            let marked = sqlx::query(
-                "UPDATE taskstore_inbox SET read_at = $3 WHERE namespace = $1 AND task_id = $2 \
-                 AND kind = 'completion' AND read_at IS NULL",
-            )
-            .bind(namespace)
-            .bind(task_id)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-            if marked.rows_affected() > 0 {
-                taken.push(task_id.clone());
-            }
-        }
-        tx.commit().await?;
-        Ok(taken)
-    }
-
     pub(super) async fn notify(&self, notification: Notification) -> Result<(InboxMessage, Task)> {
         let mut tx = self.begin().await?;
         let mut record = self.lock_record(&mut tx, &notification.namespace, &notification.task_id).await?;
@@ -155,7 +122,11 @@ impl SqlTaskRepository {
         let Some(owner) = record.task.owner.clone() else {
             return Err(TaskStoreError::NoOwner { task_id: notification.task_id });
         };
-        let message = notification.message.bound_to(&record.task.id, &record.task.context_id);
+        let message = notification.message.clone().bound_to(&record.task.id, &record.task.context_id);
+        if let Some(sent) = sent_before(&mut tx, &notification, &message).await? {
+            let task = complete_task_view(&mut tx, record, None, true).await?;
+            return Ok((sent, task));
+        }
         if notification.kind == InboxKind::Question {
             apply_status(&mut tx, &mut record, TaskState::InputRequired, Some(message.clone())).await?;
         }
@@ -215,27 +186,42 @@ impl SqlTaskRepository {
         tx.commit().await?;
         Ok(task)
     }
+}
 
-    pub(super) async fn read_inbox_of(
-        &self,
-        namespace: &str,
-        owner: &Owner,
-        max: u32,
-        peek: bool,
-    ) -> Result<Vec<InboxMessage>> {
-        let mut conn = self.db.acquire().await?;
-        let sql = match (peek, self.backend()) {
-            (true, _) => PEEK_INBOX,
-            (false, Backend::Postgres) => TAKE_INBOX_POSTGRES,
-            (false, Backend::Sqlite) => TAKE_INBOX_SQLITE,
-        };
-        let statement = sqlx::query(sql).bind(namespace).bind(owner.kind.as_str()).bind(&owner.id).bind(i64::from(max));
-        let statement = if peek { statement } else { statement.bind(now_micros()) };
-        let rows = statement.fetch_all(&mut *conn).await?;
-        let mut messages = rows.iter().map(rows::decode_inbox).collect::<Result<Vec<_>>>()?;
-        messages.sort_by_key(|message| message.id.parse::<i64>().unwrap_or(i64::MAX));
-        Ok(messages)
+/// The notification a retried `NotifyOwner` sent first: the task's message
+/// under the same message id, when it has the same kind and parts; another
+/// under the id is [`NotificationKeyInUse`](TaskStoreError::NotificationKeyInUse).
+async fn sent_before(
+    conn: &mut AnyConnection,
+    notification: &Notification,
+    message: &Message,
+) -> Result<Option<InboxMessage>> {
+    if message.message_id.is_empty() {
+        return Ok(None);
     }
+    let rows = sqlx::query(concat!(
+        "SELECT ",
+        inbox_columns!(),
+        " FROM taskstore_inbox WHERE namespace = $1 AND task_id = $2 AND kind <> 'completion' ORDER BY id"
+    ))
+    .bind(&notification.namespace)
+    .bind(&notification.task_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    for row in &rows {
+        let sent = rows::decode_inbox(row)?;
+        let Some(first) = sent.message.as_ref().filter(|first| first.message_id == message.message_id) else {
+            continue;
+        };
+        // Compared as stored (see `same_first_message`).
+        let asked = rows::from_json::<Message>(&to_json(message)?)?;
+        if sent.kind == notification.kind && first.parts == asked.parts {
+            return Ok(Some(sent));
+        }
+        let (key, task_id) = (message.message_id.clone(), notification.task_id.clone());
+        return Err(TaskStoreError::NotificationKeyInUse { key, task_id, kind: sent.kind.as_str() });
+    }
+    Ok(None)
 }
 
 /// Applies the safety limits to a spawn below `parent`, each with its own error.
