@@ -12,7 +12,8 @@ use chorus_proto::{
 use chorus_tests::{
     Sandbox, Server,
     a2a::{
-        A2a, assert_grpc_error, dead_address, echo_and_remote_catalog, message, state, text, unique, write_chorus_toml,
+        A2a, assert_grpc_error, dead_address, echo_and_remote_catalog, message, remote_agent, state, text, unique,
+        write_chorus_toml,
     },
     tasks::{state as task_state, status_text, text_message},
 };
@@ -184,6 +185,54 @@ async fn a_restarted_gateway_follows_the_remote_task_it_forwarded_to_its_end() {
     let on_b = A2a::new(&b);
     let done = far_task_until(&on_b, &task, "following its remote task", |read| state(read) != "TASK_STATE_WORKING");
     assert_eq!(state(&done.await), "TASK_STATE_COMPLETED");
+}
+
+/// Canceling a remote agent's task cancels the remote task behind it, once:
+/// in flight (the turn cancels its own) and waiting for input (no turn is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canceling_a_remote_agent_s_task_cancels_the_remote_task_once() {
+    let sandbox_a = Sandbox::new();
+    let a = sandbox_a.dev().name("chorus A").start().await;
+    let tck = format!("{}/a2a/tck", a.url());
+    let sandbox_b = Sandbox::new();
+    let catalog = echo_and_remote_catalog("far", "Far tck", &tck) + &remote_agent("asks", "Asks", &tck);
+    write_chorus_toml(sandbox_b.path(), &catalog);
+    let b = sandbox_b.dev().no_agents().name("chorus B").start().await;
+    let (on_a, on_b) = (A2a::new(&a), A2a::new(&b));
+
+    let slow = message(&unique("test-resubscribe-message-id"), "take 4 s");
+    let sent = json!({ "message": slow, "configuration": { "returnImmediately": true } });
+    let working = on_b.call("far", "SendMessage", sent).await["task"].clone();
+    let linked = |read: &Value| read["status"]["message"]["metadata"]["chorus.remote"]["taskId"].is_string();
+    let linked = far_task_until(&on_b, &working, "linked to its remote task", linked).await;
+    let waiting = on_b.send("asks", message(&unique("tck-input-required"), "ask me")).await;
+    assert_eq!(state(&waiting), "TASK_STATE_INPUT_REQUIRED", "{waiting:#}");
+    let asked = waiting["status"]["message"]["metadata"]["chorus.remote"]["taskId"].clone();
+
+    for (agent, task) in [("far", &working), ("asks", &waiting)] {
+        let canceled = on_b.call(agent, "CancelTask", json!({ "id": task["id"] })).await;
+        assert_eq!(state(&canceled), "TASK_STATE_CANCELED", "{canceled:#}");
+    }
+    let remote = linked["status"]["message"]["metadata"]["chorus.remote"]["taskId"].clone();
+    for id in [remote, asked] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let read = on_a.call("tck", "GetTask", json!({ "id": id })).await;
+            if state(&read) == "TASK_STATE_CANCELED" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "A's task was not canceled: {read:#}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let page = on_a.get("/metrics").send().await.expect("GET /metrics").text().await.expect("a page");
+    let cancels: f64 = page
+        .lines()
+        .filter(|line| line.starts_with("chorus_a2a_jsonrpc_calls_total{method=\"CancelTask\""))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(cancels, 2.0, "each remote task was asked to cancel once: {page}");
 }
 
 /// B's task `task` of agent `far`, read until `done` says it is `what`.

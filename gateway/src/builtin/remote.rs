@@ -217,10 +217,15 @@ async fn settle(agent: &AgentConfig, mut turn: Turn, outcome: Delegated, complet
 }
 
 impl Runner {
-    /// Passes the cancel of `task`, a remote agent's, on to the remote task
-    /// an earlier turn left waiting (a turn in flight cancels its own). Best
-    /// effort: the chorus task is canceled either way.
-    pub(crate) async fn cancel_remote(&self, agent: &AgentConfig, task: &pb::Task) {
+    /// Passes the cancel of `task`, a remote agent's, in `was` before it, on
+    /// to the remote task behind it: one an earlier turn left waiting, or one
+    /// whose turn no gateway here runs (its gateway may be dead). A turn in
+    /// flight here cancels its own, once. Best effort: the chorus task is
+    /// canceled either way.
+    pub(crate) async fn cancel_remote(&self, agent: &AgentConfig, task: &pb::Task, was: &TaskState) {
+        if !convert::is_interrupted(was) && self.turns.follows(&task.namespace, &task.id) {
+            return;
+        }
         let Some((remote_id, _)) = remote_of(task) else { return };
         let base_url = agent.url.clone().unwrap_or_default();
         let canceled = async {

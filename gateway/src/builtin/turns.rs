@@ -78,6 +78,11 @@ impl Turns {
         self.following().insert((namespace.to_owned(), task_id.to_owned()));
     }
 
+    /// Whether this gateway follows a task: it runs the task's turns.
+    pub(super) fn follows(&self, namespace: &str, task_id: &str) -> bool {
+        self.following().contains(&(namespace.to_owned(), task_id.to_owned()))
+    }
+
     fn lease_ms(&self) -> u64 {
         u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
     }

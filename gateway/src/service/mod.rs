@@ -285,7 +285,7 @@ impl Gateway {
     }
 
     pub(crate) async fn cancel_task(&self, scope: &Scope, agent: &AgentConfig, id: &str) -> Result<Task> {
-        self.get_task(scope, agent, id, Some(0)).await?;
+        let before = self.get_task(scope, agent, id, Some(0)).await?;
         let request = pb::CancelTaskRequest {
             namespace: scope.namespace.clone(),
             id: id.to_owned(),
@@ -295,7 +295,9 @@ impl Gateway {
             Ok(response) => {
                 let task = response.into_inner().task.ok_or_else(|| GatewayError::Internal("no task".to_owned()))?;
                 match self.inner.catalog.agent(&task.agent_id).map(|agent| (agent, agent.kind)) {
-                    Some((agent, AgentKind::Remote)) => self.inner.runner.cancel_remote(agent, &task).await,
+                    Some((agent, AgentKind::Remote)) => {
+                        self.inner.runner.cancel_remote(agent, &task, &before.status.state).await;
+                    }
                     Some((_, AgentKind::Workflow)) => self.inner.runner.cancel_run(&scope.namespace, &task).await,
                     Some((_, AgentKind::Worker | AgentKind::Builtin)) | None => {}
                 }
