@@ -8,7 +8,7 @@ use std::time::Duration;
 use chorus_proto::taskstore::{ClaimTasksRequest, ClaimedTask};
 use chorus_tests::{
     Sandbox,
-    a2a::{A2a, message, unique},
+    a2a::{A2a, message, unique, write_chorus_toml},
     tasks::create_request,
 };
 use serde_json::json;
@@ -63,4 +63,41 @@ async fn workers_continue_the_callers_trace_with_no_otlp_endpoint() {
         assert_eq!(claimed.task.as_ref().map(|task| task.id.as_str()), Some(task_id));
         assert_eq!(claimed_trace(&claimed), trace, "the worker continues the caller's trace");
     }
+}
+
+/// A gateway and a task store run apart: the task the gateway creates for
+/// an A2A call carries the caller's trace to the task store and its worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_apart_from_its_task_store_passes_the_caller_s_trace_on() {
+    let sandbox = Sandbox::new();
+    let catalog = "[gateway]\ndefault_agent = \"tracer\"\n\n[[gateway.agents]]\nid = \"tracer\"\nname = \"Tracer\"\n\
+                   description = \"Claimed by the test\"\nkind = \"worker\"\n";
+    write_chorus_toml(sandbox.path(), catalog);
+    let database = format!("sqlite://{}?mode=rwc", sandbox.path().join("tasks.db").display());
+    let taskstore = sandbox.serve_taskstore(&database).env("OTEL_EXPORTER_OTLP_ENDPOINT", "").start().await;
+    let gateway = sandbox
+        .serve("gateway", &database)
+        .env("CHORUS_GATEWAY__TASKSTORE_URL", taskstore.url())
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+        .start()
+        .await;
+
+    let trace = trace_id();
+    let params =
+        json!({ "message": message(&unique("traced"), "hello"), "configuration": { "returnImmediately": true } });
+    let sent = A2a::new(&gateway).rpc("tracer", "SendMessage", params).header("traceparent", traceparent(&trace));
+    let answer: serde_json::Value = sent.send().await.expect("SendMessage").json().await.expect("a JSON answer");
+    let task_id = answer["result"]["task"]["id"].as_str().unwrap_or_else(|| panic!("no task: {answer:#}")).to_owned();
+
+    let claim = ClaimTasksRequest {
+        namespace: "default".to_owned(),
+        agent_id: "tracer".to_owned(),
+        worker_id: unique("worker"),
+        ..ClaimTasksRequest::default()
+    };
+    let mut claims = taskstore.task_store().await.claim_tasks(claim).await.expect("ClaimTasks").into_inner();
+    let claimed = tokio::time::timeout(Duration::from_secs(10), claims.message()).await;
+    let claimed = claimed.expect("a claim in time").expect("the claim stream").expect("a claimed task");
+    assert_eq!(claimed.task.as_ref().map(|task| task.id.as_str()), Some(task_id.as_str()));
+    assert_eq!(claimed_trace(&claimed), trace, "the task store and the worker continue the caller's trace");
 }

@@ -221,6 +221,27 @@ pub fn set_parent_from_headers(span: &tracing::Span, headers: &HashMap<String, S
     let _ = span.set_parent(parent);
 }
 
+/// Writes the current span's W3C trace context into a call's `headers`, so
+/// that the server continues the caller's trace.
+pub fn inject_current_context(headers: &mut http::HeaderMap) {
+    let context = tracing::Span::current().context();
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.inject_context(&context, &mut HeaderInjector(headers));
+    });
+}
+
+struct HeaderInjector<'a>(&'a mut http::HeaderMap);
+
+impl Injector for HeaderInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        let key = http::HeaderName::from_bytes(key.as_bytes());
+        let value = http::HeaderValue::try_from(value);
+        if let (Ok(key), Ok(value)) = (key, value) {
+            self.0.insert(key, value);
+        }
+    }
+}
+
 /// A tonic interceptor that sends the current trace context with every call.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TracePropagation;

@@ -23,9 +23,14 @@ use tower::{BoxError, Service, ServiceExt as _, util::BoxCloneSyncService};
 pub struct Transport(BoxCloneSyncService<http::Request<Body>, http::Response<Body>, BoxError>);
 
 impl Transport {
-    /// Calls over `channel`.
+    /// Calls over `channel`, each carrying the caller's trace context (in
+    /// process, a call is made in the caller's span already).
     pub fn remote(channel: Channel) -> Self {
-        Self(BoxCloneSyncService::new(channel.map_err(BoxError::from)))
+        let traced = channel.map_request(|mut request: http::Request<Body>| {
+            crate::telemetry::inject_current_context(request.headers_mut());
+            request
+        });
+        Self(BoxCloneSyncService::new(traced.map_err(BoxError::from)))
     }
 
     /// Calls `server` (a generated `…Server`) in this process.
