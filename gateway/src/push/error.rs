@@ -31,8 +31,9 @@ pub(crate) enum PushError {
     Client(reqwest::Error),
     #[error("push receiver did not answer within {0} ms")]
     Timeout(u64),
+    /// What the request said (see [`describe`]).
     #[error("push request failed: {0}")]
-    Transport(reqwest::Error),
+    Transport(String),
     #[error("push receiver answered HTTP {0}, a redirect; redirects are not followed")]
     Redirect(StatusCode),
     #[error("push receiver answered HTTP {0}")]
@@ -55,4 +56,11 @@ fn blocked_message(host: &str, addr: IpAddr, kind: AddressKind) -> String {
              or list the host in gateway.push.allowed_hosts to allow it"
         )
     }
+}
+
+/// What a failed request says, with its causes ("tcp connect error:
+/// Connection refused") and without its URL: a push URL's query may carry a
+/// token, and these words are logged.
+pub(crate) fn describe(error: reqwest::Error) -> String {
+    chorus_runtime::error::with_causes(&error.without_url())
 }

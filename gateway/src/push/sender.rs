@@ -21,7 +21,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, header};
 use reqwest::{Client, StatusCode, Url, redirect};
 use tracing::debug;
 
-use super::{PushError, PushPolicy, UrlGuard, guard::GuardedResolver, install_crypto_provider};
+use super::{PushError, PushPolicy, UrlGuard, error::describe, guard::GuardedResolver, install_crypto_provider};
 
 /// The A2A 1.0.1 media type of push notification bodies.
 const A2A_JSON: &str = "application/a2a+json";
@@ -166,10 +166,13 @@ impl PushSender {
             return Failure::Permanent(blocked);
         }
         if error.is_builder() {
-            return Failure::Permanent(PushError::Transport(error));
+            return Failure::Permanent(PushError::Transport(describe(error)));
         }
-        let error =
-            if error.is_timeout() { PushError::Timeout(self.policy.timeout_ms) } else { PushError::Transport(error) };
+        let error = if error.is_timeout() {
+            PushError::Timeout(self.policy.timeout_ms)
+        } else {
+            PushError::Transport(describe(error))
+        };
         Failure::Transient { error, retry_after: None }
     }
 }

@@ -275,10 +275,13 @@ async fn retries_refused_connections() {
     let port = listener.local_addr().expect("address").port();
     drop(listener);
     let policy = PushPolicy { max_attempts: 2, ..policy() };
-    let url = format!("http://127.0.0.1:{port}/hook");
+    let url = format!("http://127.0.0.1:{port}/hook?access_token=secret-in-the-query");
     let error = deliver(&sender(policy), &target(url)).await.expect_err("nothing listens");
     let PushError::Undelivered { attempts: 2, cause } = &error else { panic!("expected 2 attempts, got {error:?}") };
     assert!(matches!(**cause, PushError::Transport(_)), "{cause:?}");
+    let said = error.to_string();
+    assert!(said.contains("Connection refused"), "the cause is told: {said}");
+    assert!(!said.contains("secret-in-the-query") && !said.contains("/hook"), "the URL is not: {said}");
 }
 
 #[tokio::test]
