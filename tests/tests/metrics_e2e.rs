@@ -89,6 +89,7 @@ async fn metrics_follow_a2a_and_grpc_calls_and_name_no_tenant() {
     assert!(grew("chorus_task_claims_total") >= 2.0, "echo claimed both A2A tasks");
     assert!(after.get("chorus_db_pool_connections{backend=\"sqlite\"}").is_some_and(|size| *size >= 1.0));
     assert!(after.contains_key("chorus_db_pool_idle_connections{backend=\"sqlite\"}"));
+    assert_eq!(after.get("chorus_db_pool_waiting_calls{backend=\"sqlite\"}"), Some(&0.0), "no call waits at rest");
 
     let series: Vec<&String> = after.keys().collect();
     for private in [namespace.as_str(), id.as_str(), task["id"].as_str().expect("a task id")] {

@@ -25,6 +25,7 @@ mod errors;
 mod grouped;
 mod lane;
 mod migrations;
+mod probe;
 mod scripts;
 mod sql;
 mod sqlite;
@@ -59,6 +60,8 @@ pub struct Db {
     statements: Batcher<grouped::PendingStatement, scripts::ScriptAnswer>,
     backend: Backend,
     url: String,
+    /// How to open a connection apart from the pool (the readiness probe).
+    options: sqlx::any::AnyConnectOptions,
     /// The services whose tables this process made sure of ([`Db::migrate`]).
     migrated: Arc<std::sync::Mutex<Vec<&'static str>>>,
 }
@@ -67,6 +70,15 @@ impl fmt::Debug for Db {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Db").field("backend", &self.backend).field("url", &redact_url(&self.url)).finish()
     }
+}
+
+/// What the pool gauges read ([`Db::connections`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolCounts {
+    pub connections: u32,
+    pub idle: usize,
+    /// Calls waiting for a connection to statements outside transactions.
+    pub waiting: usize,
 }
 
 static INSTALL_DRIVERS: Once = Once::new();
@@ -163,7 +175,17 @@ impl Db {
         }
         let scripts = scripts::script_batcher(pool.clone(), Arc::clone(&lane));
         let statements = grouped::statement_batcher(pool.clone(), Arc::clone(&lane));
-        Ok(Self { pool, lane, readers, scripts, statements, backend, url: url.to_owned(), migrated: Arc::default() })
+        Ok(Self {
+            pool,
+            lane,
+            readers,
+            scripts,
+            statements,
+            backend,
+            url: url.to_owned(),
+            options,
+            migrated: Arc::default(),
+        })
     }
 
     /// A connection for reads outside any transaction. On a SQLite file, one
@@ -219,18 +241,24 @@ impl Db {
         self.pool.close().await;
     }
 
-    /// The connections this `Db` holds and how many of them are idle: its
+    /// The connections this `Db` holds, how many of them are idle (its
     /// pool's, the readers' on SQLite, and those its lanes keep warm between
-    /// turns (idle, though their pools count them as lent).
-    pub fn connections(&self) -> (u32, usize) {
-        let count = |pool: &AnyPool, lane: &lane::Lane| (pool.size(), pool.num_idle() + lane.idle());
-        let (mut size, mut idle) = count(&self.pool, &self.lane);
+    /// turns: idle, though their pools count them as lent), and the calls
+    /// waiting for one.
+    pub fn connections(&self) -> PoolCounts {
+        let count = |pool: &AnyPool, lane: &lane::Lane| PoolCounts {
+            connections: pool.size(),
+            idle: pool.num_idle() + lane.idle(),
+            waiting: lane.waiting(),
+        };
+        let mut counts = count(&self.pool, &self.lane);
         if let Some((readers, lane)) = &self.readers {
-            let (readers_size, readers_idle) = count(readers, lane);
-            size += readers_size;
-            idle += readers_idle;
+            let readers = count(readers, lane);
+            counts.connections += readers.connections;
+            counts.idle += readers.idle;
+            counts.waiting += readers.waiting;
         }
-        (size, idle)
+        counts
     }
 
     /// The pool behind this `Db`, for PostgreSQL. On SQLite its one writing
@@ -299,30 +327,6 @@ impl Db {
             sqlx::query("SELECT set_config('synchronous_commit', 'off', true)").execute(&mut *tx).await?;
         }
         Ok(tx)
-    }
-
-    /// Succeeds when the database answers and still holds the tables of the
-    /// services migrated: a database dropped and made again empty under a
-    /// running process answers, but every call would fail.
-    pub async fn ping(&self) -> Result<(), String> {
-        // Classified, as a service's errors are: a probe of an idle service
-        // that found its connection broken has the next probe test it.
-        let failed = |error: sqlx::Error| {
-            classify(&error);
-            errors::reason(&error)
-        };
-        let mut connection = self.acquire().await.map_err(failed)?;
-        connection.execute("SELECT 1").await.map_err(failed)?;
-        let services = self.migrated.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-        for service in services {
-            let probe = format!("SELECT 1 FROM {} LIMIT 1", ServiceMigrations::table(service));
-            if connection.execute(sqlx::AssertSqlSafe(probe)).await.is_err() {
-                return Err(format!(
-                    "the {service} tables are gone (was the database made again?); restart the process to create them"
-                ));
-            }
-        }
-        Ok(())
     }
 
     /// Carries `wakeups` across processes sharing this PostgreSQL database
@@ -408,10 +412,33 @@ mod tests {
         let db = Db::connect(&url, &StorageConfig::default()).await.unwrap();
         sqlx::query("SELECT 1").execute(&mut *db.acquire().await.unwrap()).await.unwrap();
         sqlx::query("SELECT 1").execute(&mut *db.read().await.unwrap()).await.unwrap();
-        let (connections, idle) = db.connections();
+        let PoolCounts { connections, idle, waiting } = db.connections();
         assert!(connections >= 2, "the writer and a reader: {connections}");
         // Both kept warm; the pools may have more, coming back as this reads.
         assert!((2..=connections as usize).contains(&idle), "{idle} of {connections} idle");
+        assert_eq!(waiting, 0);
+        db.close().await;
+    }
+
+    /// A call waiting for the one writing connection waits no longer than
+    /// `acquire_timeout_ms`, counted as waiting meanwhile.
+    #[tokio::test]
+    async fn a_call_waits_for_a_connection_no_longer_than_the_acquire_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("busy.db").display());
+        let db =
+            Db::connect(&url, &StorageConfig { acquire_timeout_ms: 300, ..StorageConfig::default() }).await.unwrap();
+        let held = db.acquire().await.unwrap();
+        let waiter = tokio::spawn({
+            let db = db.clone();
+            async move { db.acquire().await.map(drop) }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(db.connections().waiting, 1);
+        let waited = tokio::time::timeout(Duration::from_secs(5), waiter).await.expect("the wait is bounded");
+        assert!(matches!(waited.unwrap(), Err(sqlx::Error::PoolTimedOut)));
+        assert_eq!(db.connections().waiting, 0);
+        drop(held);
         db.close().await;
     }
 

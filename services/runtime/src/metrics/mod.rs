@@ -201,16 +201,24 @@ impl Metrics {
             "Idle connections in the database pool, those kept warm between calls included, by backend.",
             ["backend"],
         );
+        let waiting = Family::<1, Gauge>::new(
+            "chorus_db_pool_waiting_calls",
+            "Calls waiting for a connection to run statements outside transactions, by backend: above 0 for long, the \
+             pool is too small for the load (storage.max_connections).",
+            ["backend"],
+        );
         for db in self.pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter() {
             let backend = match db.backend() {
                 Backend::Postgres => "postgres",
                 Backend::Sqlite => "sqlite",
             };
-            let (connections, idle_connections) = db.connections();
-            size.with([backend]).set(i64::from(connections));
-            idle.with([backend]).set(i64::try_from(idle_connections).unwrap_or(i64::MAX));
+            let counts = db.connections();
+            size.with([backend]).set(i64::from(counts.connections));
+            idle.with([backend]).set(i64::try_from(counts.idle).unwrap_or(i64::MAX));
+            waiting.with([backend]).set(i64::try_from(counts.waiting).unwrap_or(i64::MAX));
         }
         size.encode(out);
         idle.encode(out);
+        waiting.encode(out);
     }
 }

@@ -36,7 +36,7 @@ use std::{
     ops::{Deref, DerefMut},
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::Instant,
 };
@@ -76,6 +76,8 @@ pub(super) struct Lane {
     turns: Arc<Semaphore>,
     /// How many turns have ended so far.
     ended: AtomicU64,
+    /// How many callers wait for a turn.
+    waiting: AtomicUsize,
 }
 
 impl Lane {
@@ -86,12 +88,19 @@ impl Lane {
             idle: Mutex::new(Some(Idle { connections: VecDeque::with_capacity(capacity), lost: lost() })),
             turns: Arc::new(Semaphore::new(capacity)),
             ended: AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
         })
     }
 
-    /// The most recently used warm connection, or one from `pool`.
+    /// The most recently used warm connection, or one from `pool`; the pool's
+    /// acquire timeout bounds the whole wait, for a turn and then for a
+    /// connection.
     pub(super) async fn acquire(self: &Arc<Self>, pool: &AnyPool) -> Result<DbConnection, sqlx::Error> {
-        let turn = Arc::clone(&self.turns).acquire_owned().await.expect("the lane's semaphore is never closed");
+        let deadline = tokio::time::Instant::now() + pool.options().get_acquire_timeout();
+        let waiting = Waiting::new(&self.waiting);
+        let turn = tokio::time::timeout_at(deadline, Arc::clone(&self.turns).acquire_owned()).await;
+        drop(waiting);
+        let turn = turn.map_err(|_| sqlx::Error::PoolTimedOut)?.expect("the lane's semaphore is never closed");
         let (warm, stale) = match self.idle.lock().expect("lane lock poisoned").as_mut() {
             Some(idle) => {
                 let stale = Self::drain_stale(idle);
@@ -104,7 +113,9 @@ impl Lane {
         let lost_before = lost();
         let connection = match warm {
             Some(connection) => connection,
-            None => pool.acquire().await?,
+            None => {
+                tokio::time::timeout_at(deadline, pool.acquire()).await.map_err(|_| sqlx::Error::PoolTimedOut)??
+            }
         };
         Ok(DbConnection { connection: Some(connection), lane: Arc::clone(self), lost_before, _turn: turn })
     }
@@ -113,6 +124,11 @@ impl Lane {
     /// counts them as lent.
     pub(super) fn idle(&self) -> usize {
         self.idle.lock().expect("lane lock poisoned").as_ref().map_or(0, |idle| idle.connections.len())
+    }
+
+    /// How many callers wait for a turn.
+    pub(super) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
     }
 
     /// How many turns have ended so far: on SQLite's writer lane, a count
@@ -160,6 +176,23 @@ impl Lane {
             stale.extend(idle.connections.pop_front().map(|(connection, _)| connection));
         }
         stale
+    }
+}
+
+/// A caller counted as waiting for a turn until dropped (its call may be
+/// dropped while it waits).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Self(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
