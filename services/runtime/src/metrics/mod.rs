@@ -55,6 +55,9 @@ pub struct Registry {
     /// Worker leases that ran out, by `outcome` (`requeued` or `failed`).
     pub lease_expiries: Family<1, Counter>,
     pub outbox_events_relayed: Family<0, Counter>,
+    /// How long the oldest task event not yet relayed has waited, as the
+    /// relay of this process last read the log.
+    pub outbox_lag: Family<0, Gauge>,
     pub eventbus_deliveries: Family<0, Counter>,
     pub eventbus_dead_letters: Family<0, Counter>,
     pub hub_messages_sent: Family<0, Counter>,
@@ -125,6 +128,12 @@ impl Default for Registry {
                 "Task events the outbox relay published to the event bus.",
                 [],
             ),
+            outbox_lag: Family::new(
+                "chorus_outbox_lag_seconds",
+                "How long the oldest task event not yet published to the event bus has waited, as the outbox relay \
+                 of this process last read the log (0 when it is caught up, or relays nothing).",
+                [],
+            ),
             eventbus_deliveries: Family::new(
                 "chorus_eventbus_deliveries_total",
                 "Events delivered to subscribers.",
@@ -178,6 +187,7 @@ impl Metrics {
         self.task_claims.encode(&mut out);
         self.lease_expiries.encode(&mut out);
         self.outbox_events_relayed.encode(&mut out);
+        self.outbox_lag.encode(&mut out);
         self.eventbus_deliveries.encode(&mut out);
         self.eventbus_dead_letters.encode(&mut out);
         self.hub_messages_sent.encode(&mut out);

@@ -7,7 +7,7 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use chorus_proto::eventbus::event_bus_client::EventBusClient;
 use chorus_runtime::{
-    storage::Backend, testing::TestDatabase, time::now_micros, transport::Transport, wakeup::Wakeups,
+    metrics::Metrics, storage::Backend, testing::TestDatabase, time::now_micros, transport::Transport, wakeup::Wakeups,
 };
 use chorus_taskstore::{
     TaskStore, TaskStoreConfig,
@@ -31,6 +31,7 @@ conformance!(
     a_round_of_changes_larger_than_one_publish_takes_goes_out_in_several,
     a_relay_that_cannot_reach_its_bus_hands_its_lease_to_one_that_can,
     a_store_started_over_on_a_new_database_is_not_taken_for_a_retry_of_its_old_life,
+    the_relay_s_lag_shows_while_its_bus_is_out_of_reach,
 );
 
 pub(crate) fn slow_config() -> TaskStoreConfig {
@@ -197,4 +198,35 @@ async fn a_store_started_over_on_a_new_database_is_not_taken_for_a_retry_of_its_
     let log = bus.wait_for("ns", 4).await;
     let subjects: Vec<&str> = log[2..].iter().map(|event| event.subject.as_str()).collect();
     assert_eq!(subjects, [first.id.as_str(), second.id.as_str()]);
+}
+
+/// `chorus_outbox_lag_seconds` grows while the relay cannot publish, and is
+/// 0 again once a relay caught up.
+async fn the_relay_s_lag_shows_while_its_bus_is_out_of_reach(h: Harness) {
+    let metrics = Metrics::default();
+    let lag = || metrics.outbox_lag.get().get();
+    let relay = |stopping: &CancellationToken| {
+        let repository = Arc::new(SqlTaskRepository::new(h.db.clone()));
+        TaskStore::new(repository, Wakeups::new(), slow_config(), stopping.clone()).with_metrics(metrics.clone())
+    };
+    h.own_task("ns", "echo", "one").await;
+    let stopping = CancellationToken::new();
+    let unreachable = EventBusClient::new(Transport::remote(Channel::from_static("http://127.0.0.1:1").connect_lazy()));
+    let failing = relay(&stopping).spawn_outbox_relay(unreachable, "replica-1".into());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while lag() < 1 {
+        assert!(tokio::time::Instant::now() < deadline, "the lag never showed: {}", lag());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stopping.cancel();
+    failing.await.unwrap();
+
+    let (bus, client) = Bus::start().await;
+    relay(&CancellationToken::new()).spawn_outbox_relay(client, "replica-1".into());
+    bus.wait_for("ns", 1).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while lag() != 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the lag stayed: {}", lag());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

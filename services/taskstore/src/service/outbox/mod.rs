@@ -181,6 +181,8 @@ impl Relay {
                     self.store.repository.acquire_outbox_lease(RELAY, &self.owner, now_micros(), lease).await?;
                 self.note_leadership(cursor);
                 let Some(cursor) = cursor else {
+                    // Another replica relays, and tells its own lag.
+                    self.store.metrics.outbox_lag.get().set(0);
                     return Ok(Round::Standby);
                 };
                 self.held = Some((cursor, renewing));
@@ -189,6 +191,9 @@ impl Relay {
         };
         let limit = self.store.config.outbox_batch_size();
         let batch = self.store.repository.read_outbox(cursor, limit).await?;
+        // Until it is published, the first event read is the oldest waiting.
+        let waited = batch.events.first().map_or(0, |event| (now_micros() - event.created_at).max(0) / 1_000_000);
+        self.store.metrics.outbox_lag.get().set(waited);
         let next = match (batch.events.len() >= limit as usize, batch.held_back) {
             (true, _) => Round::More,
             (false, true) => Round::HeldBack,
@@ -207,6 +212,9 @@ impl Relay {
             return Err(error);
         }
         self.held = Some((last, renewing));
+        if next == Round::CaughtUp {
+            self.store.metrics.outbox_lag.get().set(0);
+        }
         tracing::debug!(events = batch.events.len(), cursor = %last, "outbox relayed");
         Ok(next)
     }
