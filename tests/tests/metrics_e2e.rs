@@ -50,6 +50,15 @@ async fn metrics_follow_a2a_and_grpc_calls_and_name_no_tenant() {
     let server = sandbox.dev().start().await;
     let a2a = A2a::new(&server);
     let before = scrape(&a2a).await;
+    for series in [
+        "chorus_tasks_finished_total{state=\"failed\"}",
+        "chorus_task_lease_expiries_total{outcome=\"failed\"}",
+        "chorus_workflow_runs_finished_total{state=\"failed\"}",
+        "chorus_push_notifications_total{outcome=\"failed\"}",
+        "chorus_outbox_lag_seconds",
+    ] {
+        assert_eq!(before.get(series), Some(&0.0), "{series} is there from the start");
+    }
 
     let task = a2a.send("echo", message(&unique("metrics"), "hello")).await;
     assert_eq!(state(&task), "TASK_STATE_COMPLETED", "{task:#}");

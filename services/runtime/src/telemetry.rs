@@ -67,7 +67,7 @@ pub fn init(
     config: &TelemetryConfig,
 ) -> Result<TelemetryGuard, opentelemetry_otlp::ExporterBuildError> {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let (filter, refused) = filter_from(std::env::var(EnvFilter::DEFAULT_ENV).ok());
     // Colours only for a person at a terminal: in a file, a pipe (an IDE's
     // log pane), journald or `docker logs` they are escape codes.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
@@ -81,7 +81,25 @@ pub fn init(
     // Another subscriber already installed (tests running several services
     // in one process) is not an error: the first one keeps logging.
     let _ = subscriber(filter, config.log_format, ansi, std::io::stderr, &provider).try_init();
+    if let Some(refused) = refused {
+        tracing::warn!("{refused}");
+    }
     Ok(TelemetryGuard { provider })
+}
+
+/// The filter `RUST_LOG` (`value`) sets, or the default; and, when `value`
+/// is not a filter, why, for a warning once logging works.
+fn filter_from(value: Option<String>) -> (EnvFilter, Option<String>) {
+    match value.filter(|value| !value.trim().is_empty()) {
+        None => (EnvFilter::new(DEFAULT_FILTER), None),
+        Some(value) => match EnvFilter::try_new(&value) {
+            Ok(filter) => (filter, None),
+            Err(error) => {
+                let refused = format!("RUST_LOG={value:?} is not a filter ({error}); logging with {DEFAULT_FILTER:?}");
+                (EnvFilter::new(DEFAULT_FILTER), Some(refused))
+            }
+        },
+    }
 }
 
 /// What is logged and traced unless `RUST_LOG` says otherwise.
@@ -265,5 +283,22 @@ impl Injector for MetadataInjector<'_> {
         if let (Ok(key), Ok(value)) = (key, value) {
             self.0.insert(key, value);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rust_log_that_is_not_a_filter_is_said_and_the_default_kept() {
+        let (filter, refused) = filter_from(Some("info,sqlx=loud".to_owned()));
+        let refused = refused.expect("a complaint");
+        assert!(refused.starts_with("RUST_LOG=\"info,sqlx=loud\" is not a filter"), "{refused}");
+        assert_eq!(filter.to_string(), EnvFilter::new(DEFAULT_FILTER).to_string());
+        for fine in [None, Some(String::new()), Some("debug,h2=info".to_owned())] {
+            assert!(filter_from(fine.clone()).1.is_none(), "{fine:?}");
+        }
+        assert_eq!(filter_from(Some("debug".to_owned())).0.to_string(), "debug");
     }
 }

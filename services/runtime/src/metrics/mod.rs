@@ -73,7 +73,7 @@ pub struct Registry {
 
 impl Default for Registry {
     fn default() -> Self {
-        Self {
+        let registry = Self {
             grpc_requests: Family::new(
                 "chorus_grpc_requests_total",
                 "gRPC calls handled, by service, method and status code.",
@@ -162,7 +162,22 @@ impl Default for Registry {
                 ["outcome"],
             ),
             pools: Mutex::default(),
+        };
+        // Each series of a fixed set of labels is there from the start, at
+        // 0: a rule on its rate or increase needs no `or vector(0)`.
+        for state in ["completed", "failed", "canceled", "rejected"] {
+            registry.tasks_finished.with([state]);
         }
+        for state in ["completed", "failed", "canceled"] {
+            registry.workflow_runs_finished.with([state]);
+        }
+        for outcome in ["requeued", "failed"] {
+            registry.lease_expiries.with([outcome]);
+        }
+        for outcome in ["delivered", "failed"] {
+            registry.push_notifications.with([outcome]);
+        }
+        registry
     }
 }
 
