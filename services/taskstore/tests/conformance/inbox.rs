@@ -10,7 +10,7 @@ use chorus_taskstore::{
 };
 
 use crate::{
-    harness::{Harness, agent_message, conformance},
+    harness::{Harness, agent_message, conformance, user_message},
     subtasks::{owner_of, root_on, spawn, subtask},
 };
 
@@ -20,6 +20,7 @@ conformance!(
     a_held_read_is_read_again_unless_acknowledged,
     a_read_returns_as_many_messages_as_fit_in_a_reply,
     a_retried_notification_is_sent_once,
+    a_question_answered_by_a_user_s_message_leaves_the_inbox,
 );
 
 const LONG: Duration = Duration::from_secs(30);
@@ -150,4 +151,26 @@ async fn a_retried_notification_is_sent_once(h: Harness) {
     assert!(matches!(&refused, TaskStoreError::NotificationKeyInUse { .. }), "{refused}");
     let inbox = h.store.read_inbox("ns", &owner_of(&parent), 10, Duration::ZERO, InboxRead::Peek).await.unwrap();
     assert_eq!(inbox.len(), 2, "one status, one question: {inbox:?}");
+}
+
+/// A user's message answers a question as `AnswerQuestion` does: the
+/// question is read, and the owner does not find it waiting afterwards.
+async fn a_question_answered_by_a_user_s_message_leaves_the_inbox(h: Harness) {
+    let parent = root_on(&h.store).await;
+    spawn(&h, &parent.id, "coder", "build").await;
+    let claimed = h.claim("ns", "coder").await;
+    let question = Notification {
+        namespace: "ns".into(),
+        task_id: claimed.task.id.clone(),
+        kind: InboxKind::Question,
+        message: agent_message("which branch?"),
+        lease_id: Some(claimed.lease_id.clone()),
+    };
+    h.store.notify_owner(question).await.unwrap();
+    let owner = owner_of(&parent);
+    let peek = || h.store.read_inbox("ns", &owner, 10, Duration::ZERO, InboxRead::Peek);
+    assert_eq!(peek().await.unwrap().len(), 1);
+    let answered = h.store.add_message("ns", &claimed.task.id, user_message("main"), None).await.unwrap();
+    assert_eq!(answered.status.state, TaskState::Working);
+    assert!(peek().await.unwrap().is_empty(), "the question was answered");
 }

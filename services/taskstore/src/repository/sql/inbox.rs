@@ -173,3 +173,19 @@ pub(super) async fn await_child(
         .await?;
     Ok(())
 }
+
+/// Marks the questions task `task_id` asked its owner read: they are
+/// answered (by `AnswerQuestion`, or a user's message), and an answer to
+/// one now would find no question.
+pub(super) async fn questions_answered(conn: &mut sqlx::AnyConnection, namespace: &str, task_id: &str) -> Result<()> {
+    sqlx::query(
+        "UPDATE taskstore_inbox SET read_at = $3 WHERE namespace = $1 AND task_id = $2 AND kind = 'question' \
+         AND read_at IS NULL",
+    )
+    .bind(namespace)
+    .bind(task_id)
+    .bind(now_micros())
+    .execute(conn)
+    .await?;
+    Ok(())
+}

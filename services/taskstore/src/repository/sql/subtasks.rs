@@ -6,7 +6,7 @@ use sqlx::{AnyConnection, Row as _};
 use super::{
     EventDetail, SqlTaskRepository, append_history, apply_status, check_lease, check_writable, complete_task_view,
     create::{Request, TaskInsert, Writer, find_by_request, insert_task},
-    inbox::{await_child, inbox_columns},
+    inbox::{await_child, inbox_columns, questions_answered},
     record_event,
     rows::{self, TaskRecord, task_columns, to_json},
     save, set_status,
@@ -173,15 +173,7 @@ impl SqlTaskRepository {
         let detail = EventDetail { message: Some(&answer), ..EventDetail::default() };
         record_event(&mut tx, &record.task, EventKind::MessageAdded, detail).await?;
         set_status(&mut tx, &mut record, TaskState::Working, None).await?;
-        sqlx::query(
-            "UPDATE taskstore_inbox SET read_at = $3 WHERE namespace = $1 AND task_id = $2 AND kind = 'question' \
-             AND read_at IS NULL",
-        )
-        .bind(namespace)
-        .bind(task_id)
-        .bind(now_micros())
-        .execute(&mut *tx)
-        .await?;
+        questions_answered(&mut tx, namespace, task_id).await?;
         let task = complete_task_view(&mut tx, record, None, true).await?;
         tx.commit().await?;
         Ok(task)

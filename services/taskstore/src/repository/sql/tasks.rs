@@ -146,6 +146,7 @@ impl SqlTaskRepository {
         record_event(&mut tx, &record.task, EventKind::MessageAdded, detail).await?;
         if message.role == Role::User && state.is_interrupted() {
             set_status(&mut tx, &mut record, TaskState::Working, None).await?;
+            super::inbox::questions_answered(&mut tx, namespace, task_id).await?;
         }
         let task = complete_task_view(&mut tx, record, None, true).await?;
         tx.commit().await?;
