@@ -157,10 +157,14 @@ impl ServiceError for TaskStoreError {
             }
             Self::NoOwner { task_id } => about("NO_OWNER", task_id),
             Self::NoQuestion { task_id, state } => about("NO_QUESTION", task_id).with("state", state.as_str()),
-            Self::DepthLimit { .. } => reason("SUBTASK_DEPTH_LIMIT"),
-            Self::ConcurrencyLimit { parent_id, .. } => about("SUBTASK_CONCURRENCY_LIMIT", parent_id),
-            Self::TotalLimit { parent_id, .. } => about("SUBTASK_TOTAL_LIMIT", parent_id),
-            Self::RateLimit { parent_id, .. } => about("SUBTASK_RATE_LIMIT", parent_id),
+            Self::DepthLimit { depth, max, .. } => {
+                reason("SUBTASK_DEPTH_LIMIT").with("depth", depth).with("max_depth", max)
+            }
+            Self::ConcurrencyLimit { parent_id, limit } => {
+                about("SUBTASK_CONCURRENCY_LIMIT", parent_id).with("limit", limit)
+            }
+            Self::TotalLimit { parent_id, limit } => about("SUBTASK_TOTAL_LIMIT", parent_id).with("limit", limit),
+            Self::RateLimit { parent_id, limit } => about("SUBTASK_RATE_LIMIT", parent_id).with("limit", limit),
             Self::Cycle { ancestor_id, .. } => about("SUBTASK_CYCLE", ancestor_id),
             Self::StreamReplaced { .. } => reason("STREAM_REPLACED"),
             Self::OutboxLeaseLost { .. } => reason("OUTBOX_LEASE_LOST"),
@@ -177,5 +181,34 @@ pub const DOMAIN: &str = "taskstore.chorus.dev";
 impl From<TaskStoreError> for tonic::Status {
     fn from(error: TaskStoreError) -> Self {
         chorus_runtime::error::into_status(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chorus_runtime::error::ServiceError as _;
+
+    use super::*;
+
+    /// A limit's refusal says the limit, so a caller can tell what it ran into.
+    #[test]
+    fn the_subtask_limits_name_their_limit() {
+        let depth = TaskStoreError::DepthLimit { depth: 3, max: 2, context: SpawnContext::Orchestrator };
+        let depth = depth.reason().expect("a reason");
+        assert_eq!(
+            (depth.reason, depth.metadata["depth"].as_str(), depth.metadata["max_depth"].as_str()),
+            ("SUBTASK_DEPTH_LIMIT", "3", "2")
+        );
+        for (error, reason) in [
+            (TaskStoreError::ConcurrencyLimit { parent_id: "p".into(), limit: 10 }, "SUBTASK_CONCURRENCY_LIMIT"),
+            (TaskStoreError::TotalLimit { parent_id: "p".into(), limit: 10 }, "SUBTASK_TOTAL_LIMIT"),
+            (TaskStoreError::RateLimit { parent_id: "p".into(), limit: 10 }, "SUBTASK_RATE_LIMIT"),
+        ] {
+            let said = error.reason().expect("a reason");
+            assert_eq!(
+                (said.reason, said.metadata["limit"].as_str(), said.metadata["task_id"].as_str()),
+                (reason, "10", "p")
+            );
+        }
     }
 }
