@@ -15,7 +15,7 @@ use std::{
 
 use opentelemetry::{
     propagation::{Extractor, Injector},
-    trace::TracerProvider as _,
+    trace::{TraceContextExt as _, TracerProvider as _},
 };
 use opentelemetry_sdk::{
     Resource,
@@ -194,12 +194,19 @@ pub fn server_span<B>(request: &http::Request<B>) -> tracing::Span {
         namespace = tracing::field::Empty,
         task_id = tracing::field::Empty,
         context_id = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
     );
     let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
         propagator.extract(&HeaderExtractor(request.headers()))
     });
     // Fails only when no OpenTelemetry layer is installed: then there is nothing to join.
-    let _ = span.set_parent(parent);
+    if span.set_parent(parent).is_ok() {
+        // In the span's fields, so that each line logged under it joins its trace.
+        let trace_id = span.context().span().span_context().trace_id();
+        if trace_id != opentelemetry::trace::TraceId::INVALID {
+            span.record("trace_id", tracing::field::display(trace_id));
+        }
+    }
     span
 }
 
@@ -288,7 +295,48 @@ impl Injector for MetadataInjector<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
     use super::*;
+
+    /// What a subscriber wrote.
+    #[derive(Clone, Default)]
+    struct Written(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Written {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A line logged while a request is handled carries the request's
+    /// trace id, the caller's when it sent one, so logs join traces.
+    #[test]
+    fn lines_logged_for_a_request_name_its_trace() {
+        opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+        let written = Written::default();
+        let provider = SdkTracerProvider::builder().build();
+        let writer = written.clone();
+        let subscriber = subscriber(EnvFilter::new("info"), LogFormat::Json, false, move || writer.clone(), &provider);
+        let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let request = http::Request::builder()
+            .uri("/chorus.taskstore.v1.TaskStore/GetTask")
+            .header("traceparent", format!("00-{trace}-00f067aa0ba902b7-01"))
+            .body(())
+            .unwrap();
+        tracing::subscriber::with_default(subscriber, || {
+            let _entered = server_span(&request).entered();
+            tracing::info!("handled");
+        });
+        let written = String::from_utf8(written.0.lock().unwrap().clone()).unwrap();
+        let line: serde_json::Value = serde_json::from_str(written.lines().next().unwrap()).unwrap();
+        assert_eq!(line["span"]["trace_id"], trace, "{line}");
+    }
 
     #[test]
     fn a_rust_log_that_is_not_a_filter_is_said_and_the_default_kept() {
