@@ -139,7 +139,7 @@ async fn a_stopping_gateway_answers_its_waiting_calls_at_once() {
     assert_eq!(answer["result"]["task"]["status"]["state"], "TASK_STATE_SUBMITTED", "the task as it is: {answer:#}");
     let last = events.last().expect("events");
     let error = last["error"]["message"].as_str().unwrap_or_default();
-    assert!(error.contains("shutting down; subscribe to the task again"), "{events:#?}");
+    assert!(error.starts_with("the gateway is shutting down; subscribe to the task again"), "{events:#?}");
     assert!(stopped.await.expect("stopped").success());
 }
 

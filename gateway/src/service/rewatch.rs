@@ -91,10 +91,7 @@ impl Watch {
             next = self.next_change() => next,
             () = stopping.cancelled() => {
                 self.finished = true;
-                Some(Err(Status::unavailable(
-                    "the gateway is shutting down; subscribe to the task again (another gateway, or this one once \
-                     restarted)",
-                )))
+                Some(Err(Status::unavailable(crate::error::GATEWAY_STOPPING)))
             }
         }
     }
