@@ -26,7 +26,9 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 /// How long each lease lasts unless told otherwise; renewed every third of it.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 const DEFAULT_RECONNECT_INITIAL: Duration = Duration::from_millis(100);
-const DEFAULT_RECONNECT_MAX: Duration = Duration::from_secs(10);
+/// A worker comes back within about this long of its task store: a refused
+/// connection costs either side little, and tasks wait meanwhile.
+const DEFAULT_RECONNECT_MAX: Duration = Duration::from_secs(2);
 
 /// A worker for one agent: claims that agent's tasks and runs a handler on
 /// each, up to `capacity` at once.
@@ -113,7 +115,7 @@ impl Worker {
     }
 
     /// Reconnection delays after the claim stream breaks: doubling from
-    /// `initial` up to `max` (defaults 100 ms and 10 s), with jitter.
+    /// `initial` up to `max` (defaults 100 ms and 2 s), with jitter.
     #[must_use]
     pub fn reconnect_backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.reconnect_initial = initial;
