@@ -29,6 +29,28 @@ fn claimed_trace(claimed: &ClaimedTask) -> &str {
     traceparent.split('-').nth(1).unwrap_or_else(|| panic!("no traceparent: {:?}", claimed.trace_context))
 }
 
+/// Sends `agent` an A2A message carrying `trace` through `server`; the task's id.
+async fn send_traced(server: &chorus_tests::Server, agent: &str, trace: &str) -> String {
+    let params =
+        json!({ "message": message(&unique("traced"), "hello"), "configuration": { "returnImmediately": true } });
+    let sent = A2a::new(server).rpc(agent, "SendMessage", params).header("traceparent", traceparent(trace));
+    let answer: serde_json::Value = sent.send().await.expect("SendMessage").json().await.expect("a JSON answer");
+    answer["result"]["task"]["id"].as_str().unwrap_or_else(|| panic!("no task: {answer:#}")).to_owned()
+}
+
+/// The next task a new worker of `agent` claims in `namespace`.
+async fn claim_one(tasks: &mut chorus_tests::tasks::Client, namespace: &str, agent_id: &str) -> ClaimedTask {
+    let claim = ClaimTasksRequest {
+        namespace: namespace.to_owned(),
+        agent_id: agent_id.to_owned(),
+        worker_id: unique("worker"),
+        ..ClaimTasksRequest::default()
+    };
+    let mut claims = tasks.claim_tasks(claim).await.expect("ClaimTasks").into_inner();
+    let claimed = tokio::time::timeout(Duration::from_secs(10), claims.message()).await;
+    claimed.expect("a claim in time").expect("the claim stream").expect("a claimed task")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_continue_the_callers_trace_with_no_otlp_endpoint() {
     let sandbox = Sandbox::new();
@@ -42,24 +64,12 @@ async fn workers_continue_the_callers_trace_with_no_otlp_endpoint() {
     let created = tasks.create_task(create).await.expect("CreateTask").into_inner();
 
     let a2a_trace = trace_id();
-    let params =
-        json!({ "message": message(&unique("traced"), "hello"), "configuration": { "returnImmediately": true } });
-    let sent = A2a::new(&server).rpc("echo", "SendMessage", params).header("traceparent", traceparent(&a2a_trace));
-    let answer: serde_json::Value = sent.send().await.expect("SendMessage").json().await.expect("a JSON answer");
-    let a2a_task = answer["result"]["task"]["id"].as_str().unwrap_or_else(|| panic!("no task: {answer:#}")).to_owned();
+    let a2a_task = send_traced(&server, "echo", &a2a_trace).await;
 
     for (namespace, agent_id, task_id, trace) in
         [(namespace.as_str(), "tracer", created.id.as_str(), &grpc_trace), ("default", "echo", &a2a_task, &a2a_trace)]
     {
-        let claim = ClaimTasksRequest {
-            namespace: namespace.to_owned(),
-            agent_id: agent_id.to_owned(),
-            worker_id: unique("worker"),
-            ..ClaimTasksRequest::default()
-        };
-        let mut claims = tasks.claim_tasks(claim).await.expect("ClaimTasks").into_inner();
-        let claimed = tokio::time::timeout(Duration::from_secs(10), claims.message()).await;
-        let claimed = claimed.expect("a claim in time").expect("the claim stream").expect("a claimed task");
+        let claimed = claim_one(&mut tasks, namespace, agent_id).await;
         assert_eq!(claimed.task.as_ref().map(|task| task.id.as_str()), Some(task_id));
         assert_eq!(claimed_trace(&claimed), trace, "the worker continues the caller's trace");
     }
@@ -83,21 +93,8 @@ async fn a_gateway_apart_from_its_task_store_passes_the_caller_s_trace_on() {
         .await;
 
     let trace = trace_id();
-    let params =
-        json!({ "message": message(&unique("traced"), "hello"), "configuration": { "returnImmediately": true } });
-    let sent = A2a::new(&gateway).rpc("tracer", "SendMessage", params).header("traceparent", traceparent(&trace));
-    let answer: serde_json::Value = sent.send().await.expect("SendMessage").json().await.expect("a JSON answer");
-    let task_id = answer["result"]["task"]["id"].as_str().unwrap_or_else(|| panic!("no task: {answer:#}")).to_owned();
-
-    let claim = ClaimTasksRequest {
-        namespace: "default".to_owned(),
-        agent_id: "tracer".to_owned(),
-        worker_id: unique("worker"),
-        ..ClaimTasksRequest::default()
-    };
-    let mut claims = taskstore.task_store().await.claim_tasks(claim).await.expect("ClaimTasks").into_inner();
-    let claimed = tokio::time::timeout(Duration::from_secs(10), claims.message()).await;
-    let claimed = claimed.expect("a claim in time").expect("the claim stream").expect("a claimed task");
+    let task_id = send_traced(&gateway, "tracer", &trace).await;
+    let claimed = claim_one(&mut taskstore.task_store().await, "default", "tracer").await;
     assert_eq!(claimed.task.as_ref().map(|task| task.id.as_str()), Some(task_id.as_str()));
     assert_eq!(claimed_trace(&claimed), trace, "the task store and the worker continue the caller's trace");
 }
