@@ -43,11 +43,10 @@ fn read_statement(backend: Backend, read: InboxRead) -> String {
         InboxRead::Peek => {
             format!("{picked} SELECT {columns} FROM taskstore_inbox WHERE id IN (SELECT id FROM picked) ORDER BY id")
         }
-        InboxRead::Consume => {
-            format!(
-                "{picked} UPDATE taskstore_inbox SET read_at = $5 WHERE id IN (SELECT id FROM picked) RETURNING {columns}"
-            )
-        }
+        InboxRead::Consume => format!(
+            "{picked} UPDATE taskstore_inbox SET read_at = $5 WHERE id IN (SELECT id FROM picked) \
+             RETURNING {columns}"
+        ),
         InboxRead::Hold { .. } => format!(
             "{picked} UPDATE taskstore_inbox SET invisible_until = $7 WHERE id IN (SELECT id FROM picked) \
              RETURNING {columns}"
