@@ -82,24 +82,31 @@ impl SqlTaskRepository {
     pub(super) async fn children_of(&self, namespace: &str, parent_id: &str, task_ids: &[String]) -> Result<Vec<Task>> {
         let mut conn = self.db.read().await?;
         super::read_record(&mut conn, namespace, parent_id).await?;
+        // Unnamed, a finished child is of interest while its completion waits
+        // to be taken: not while a blocking spawn keeps it, nor while a
+        // reader holds it ($3: now), for they report it.
         let rows = if task_ids.is_empty() {
             sqlx::query(concat!(
                 "SELECT ",
                 task_columns!(),
                 " FROM taskstore_tasks t WHERE namespace = $1 AND parent_id = $2 AND (state NOT IN \
-                 ('completed', 'failed', 'canceled', 'rejected') OR EXISTS (SELECT 1 FROM taskstore_inbox i \
-                 WHERE i.namespace = t.namespace AND i.task_id = t.id AND i.kind = 'completion' \
-                 AND i.read_at IS NULL)) ORDER BY created_at, id"
+                 ('completed', 'failed', 'canceled', 'rejected') OR ((t.awaited_until IS NULL \
+                 OR t.awaited_until <= $3) AND EXISTS (SELECT 1 FROM taskstore_inbox i WHERE i.namespace = t.namespace AND i.task_id = t.id \
+                 AND i.kind = 'completion' AND i.read_at IS NULL \
+                 AND (i.invisible_until IS NULL OR i.invisible_until <= $3)))) ORDER BY created_at, id"
             ))
+            .bind(namespace)
+            .bind(parent_id)
+            .bind(now_micros())
         } else {
             sqlx::query(concat!(
                 "SELECT ",
                 task_columns!(),
                 " FROM taskstore_tasks WHERE namespace = $1 AND parent_id = $2 ORDER BY created_at, id"
             ))
+            .bind(namespace)
+            .bind(parent_id)
         }
-        .bind(namespace)
-        .bind(parent_id)
         .fetch_all(&mut *conn)
         .await?;
         let mut children = Vec::with_capacity(rows.len());
