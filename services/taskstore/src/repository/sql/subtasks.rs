@@ -91,9 +91,10 @@ impl SqlTaskRepository {
                 task_columns!(),
                 " FROM taskstore_tasks t WHERE namespace = $1 AND parent_id = $2 AND (state NOT IN \
                  ('completed', 'failed', 'canceled', 'rejected') OR ((t.awaited_until IS NULL \
-                 OR t.awaited_until <= $3) AND EXISTS (SELECT 1 FROM taskstore_inbox i WHERE i.namespace = t.namespace AND i.task_id = t.id \
-                 AND i.kind = 'completion' AND i.read_at IS NULL \
-                 AND (i.invisible_until IS NULL OR i.invisible_until <= $3)))) ORDER BY created_at, id"
+                 OR t.awaited_until <= $3) AND EXISTS (SELECT 1 FROM taskstore_inbox i \
+                 WHERE i.namespace = t.namespace AND i.task_id = t.id AND i.kind = 'completion' \
+                 AND i.read_at IS NULL AND (i.invisible_until IS NULL OR i.invisible_until <= $3)))) \
+                 ORDER BY created_at, id"
             ))
             .bind(namespace)
             .bind(parent_id)
