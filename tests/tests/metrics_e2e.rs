@@ -56,6 +56,8 @@ async fn metrics_follow_a2a_and_grpc_calls_and_name_no_tenant() {
         "chorus_workflow_runs_finished_total{state=\"failed\"}",
         "chorus_push_notifications_total{outcome=\"failed\"}",
         "chorus_outbox_lag_seconds",
+        "chorus_workflow_runs_unfinished{state=\"running\"}",
+        "chorus_workflow_runs_idle_seconds{state=\"waiting\"}",
     ] {
         assert_eq!(before.get(series), Some(&0.0), "{series} is there from the start");
     }
@@ -199,12 +201,19 @@ async fn metrics_count_the_work_of_every_service() {
     let finished = GetRunRequest { namespace: namespace.clone(), run_id: run.id, wait_finished: true };
     let run = workflows.get_run(finished).await.expect("GetRun").into_inner();
     assert_eq!(run.state(), RunState::Completed, "{run:#?}");
+    // One that waits for a signal shows among the unfinished runs.
+    let source = "name: waits\nsteps:\n- id: hold\n  wait: {signal: go}\n";
+    let put = PutDefinitionRequest { namespace: namespace.clone(), source: source.to_owned(), ..Default::default() };
+    workflows.put_definition(put).await.expect("PutDefinition");
+    let start = StartRunRequest { namespace: namespace.clone(), workflow: "waits".to_owned(), ..Default::default() };
+    workflows.start_run(start).await.expect("StartRun");
+    scrape_until_grown(&a2a, &before, "chorus_workflow_runs_unfinished{state=\"waiting\"}", 1.0).await;
 
     let after = scrape(&a2a).await;
     let grew = |series: &str| growth(&before, &after, series);
     assert_eq!(grew("chorus_eventbus_deliveries_total"), 2.0);
     assert_eq!(grew("chorus_eventbus_dead_letters_total"), 2.0);
-    assert_eq!(grew("chorus_workflow_runs_started_total"), 1.0);
+    assert_eq!(grew("chorus_workflow_runs_started_total"), 2.0, "hello, and the one that waits");
     assert_eq!(grew("chorus_workflow_runs_finished_total{state=\"completed\"}"), 1.0);
     assert_eq!(grew("chorus_workflow_steps_completed_total"), 2.0);
     assert_eq!(grew("chorus_hub_messages_sent_total"), 1.0, "the workflow's message step");

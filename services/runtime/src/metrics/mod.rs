@@ -65,6 +65,11 @@ pub struct Registry {
     /// Workflow runs that reached a final `state`.
     pub workflow_runs_finished: Family<1, Counter>,
     pub workflow_steps_completed: Family<0, Counter>,
+    /// Unfinished workflow runs by `state`, in the whole database.
+    pub workflow_runs_unfinished: Family<1, Gauge>,
+    /// How long the least recently changed unfinished run of each `state`
+    /// has not changed.
+    pub workflow_runs_idle: Family<1, Gauge>,
     /// Push notification attempts by `outcome` (`delivered` or `failed`).
     pub push_notifications: Family<1, Counter>,
     /// The databases whose pools are reported, read when scraped.
@@ -156,6 +161,18 @@ impl Default for Registry {
                 "Workflow steps completed.",
                 [],
             ),
+            workflow_runs_unfinished: Family::new(
+                "chorus_workflow_runs_unfinished",
+                "Unfinished workflow runs in the database, by state (pending, running, waiting), as the engine read \
+                 them last.",
+                ["state"],
+            ),
+            workflow_runs_idle: Family::new(
+                "chorus_workflow_runs_idle_seconds",
+                "How long the unfinished workflow run of each state that changed least recently has not changed: a \
+                 stuck run, or a gate nobody decides.",
+                ["state"],
+            ),
             push_notifications: Family::new(
                 "chorus_push_notifications_total",
                 "Push notifications, by outcome: delivered, or failed after their retries.",
@@ -170,6 +187,10 @@ impl Default for Registry {
         }
         for state in ["completed", "failed", "canceled"] {
             registry.workflow_runs_finished.with([state]);
+        }
+        for state in ["pending", "running", "waiting"] {
+            registry.workflow_runs_unfinished.with([state]);
+            registry.workflow_runs_idle.with([state]);
         }
         for outcome in ["requeued", "failed"] {
             registry.lease_expiries.with([outcome]);
@@ -209,6 +230,8 @@ impl Metrics {
         self.workflow_runs_started.encode(&mut out);
         self.workflow_runs_finished.encode(&mut out);
         self.workflow_steps_completed.encode(&mut out);
+        self.workflow_runs_unfinished.encode(&mut out);
+        self.workflow_runs_idle.encode(&mut out);
         self.push_notifications.encode(&mut out);
         self.encode_pools(&mut out);
         out

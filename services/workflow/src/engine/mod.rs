@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 pub use self::triggers::TriggerSource;
 use crate::{
     config::WorkflowConfig,
+    domain::RunState,
     repository::{Claim, Fence, Taker},
     service::{ENGINE_KEY, Workflows},
 };
@@ -213,6 +214,7 @@ async fn renew_loop(workflows: Workflows, owner: String, shutdown: CancellationT
         if let Err(error) = workflows.runs.renew(&owner, lease_end(workflows.config(), now_micros())).await {
             tracing::warn!(%error, "cannot renew run claims");
         }
+        read_gauges(&workflows).await;
         if last_purge.elapsed() >= PURGE_EVERY {
             last_purge = tokio::time::Instant::now();
             match workflows.runs.purge(now_micros()).await {
@@ -221,5 +223,22 @@ async fn renew_loop(workflows: Workflows, owner: String, shutdown: CancellationT
                 Err(error) => tracing::warn!(%error, "cannot purge finished runs"),
             }
         }
+    }
+}
+
+/// Sets the unfinished runs' gauges. A failed read leaves them as they were
+/// (the claim loop says when the database is down).
+async fn read_gauges(workflows: &Workflows) {
+    let unfinished = match workflows.runs.unfinished().await {
+        Ok(unfinished) => unfinished,
+        Err(error) => return tracing::debug!(%error, "cannot count the unfinished runs"),
+    };
+    let now = now_micros();
+    for state in [RunState::Pending, RunState::Running, RunState::Waiting] {
+        let of_state = unfinished.iter().find(|counted| counted.state == state);
+        let (runs, idle) = of_state.map_or((0, 0), |counted| (counted.runs, (now - counted.since).max(0) / 1_000_000));
+        let metrics = &workflows.metrics;
+        metrics.workflow_runs_unfinished.with([state.as_str()]).set(i64::try_from(runs).unwrap_or(i64::MAX));
+        metrics.workflow_runs_idle.with([state.as_str()]).set(idle);
     }
 }

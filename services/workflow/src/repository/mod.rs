@@ -2,6 +2,7 @@
 
 mod claims;
 mod cursors;
+mod gauges;
 mod held;
 mod run_rows;
 pub mod runs;
@@ -10,7 +11,9 @@ pub mod sql_runs;
 
 use async_trait::async_trait;
 
-pub use self::runs::{Claim, Created, EventPage, Fence, RunRepository, Taker, Transition, TriggerCursor, Written};
+pub use self::runs::{
+    Claim, Created, EventPage, Fence, RunRepository, Taker, Transition, TriggerCursor, Unfinished, Written,
+};
 use crate::{
     domain::{Definition, DefinitionPage, NewDefinition, PageToken, Put},
     error::Result,

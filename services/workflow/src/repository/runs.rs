@@ -96,6 +96,15 @@ pub struct TriggerCursor {
     pub published_at: Option<i64>,
 }
 
+/// The unfinished runs of one state, as the gauges tell them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unfinished {
+    pub state: RunState,
+    pub runs: u64,
+    /// When the least recently changed of them last changed (µs).
+    pub since: i64,
+}
+
 /// A change applied to a run read under its lock. `slot_free` says whether a
 /// pending run may start under its concurrency limit.
 pub type Change<'a> = dyn FnMut(&mut Run, bool) -> Result<Transition> + Send + 'a;
@@ -164,6 +173,10 @@ pub trait RunRepository: Send + Sync + std::fmt::Debug {
 
     /// Deletes finished runs whose retention ended; how many.
     async fn purge(&self, now: i64) -> Result<u64>;
+
+    /// The unfinished runs of every database namespace, by state (only the
+    /// states some run is in).
+    async fn unfinished(&self) -> Result<Vec<Unfinished>>;
 
     /// How far a namespace's triggers read the event bus.
     async fn trigger_cursor(&self, namespace: &str) -> Result<Option<TriggerCursor>>;

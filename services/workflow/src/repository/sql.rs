@@ -22,6 +22,7 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
         (6, "runs by state", "0006_runs_by_state.sql"),
         (7, "events keyed by run", "0007_events_by_run.sql"),
         (8, "trigger cursor time", "0008_trigger_cursor_time.sql"),
+        (9, "unfinished runs", "0009_unfinished_runs.sql"),
     ]
 );
 

@@ -21,7 +21,7 @@ use sqlx::{AssertSqlSafe, Row as _};
 use super::{
     held::{HeldOutcome, HeldRuns, insert_events},
     run_rows::{COLUMNS, Stored, corrupt, decode, encode_body, event_bodies, purge_at, recorded, settle},
-    runs::{Change, Claim, Created, EventPage, Fence, RunRepository, Taker, TriggerCursor, Written},
+    runs::{Change, Claim, Created, EventPage, Fence, RunRepository, Taker, TriggerCursor, Unfinished, Written},
 };
 use crate::{
     domain::{NewRun, Run, RunChange, RunCursor, RunEvent, RunFilter, RunPage, RunState},
@@ -471,6 +471,10 @@ impl RunRepository for SqlRunRepository {
         let deleted = sqlx::query("DELETE FROM workflow_runs WHERE purge_at <= $1").bind(now).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(deleted.rows_affected())
+    }
+
+    async fn unfinished(&self) -> Result<Vec<Unfinished>> {
+        self.count_unfinished().await
     }
 
     async fn trigger_cursor(&self, namespace: &str) -> Result<Option<TriggerCursor>> {

@@ -11,7 +11,7 @@ use chorus_workflow::{
     WorkflowConfig,
     domain::{NewRun, RunBody, RunState, StepRecord},
     error::WorkflowError,
-    repository::{Fence, RunRepository, Taker, Transition, sql_runs::SqlRunRepository},
+    repository::{Fence, RunRepository, Taker, Transition, Unfinished, sql_runs::SqlRunRepository},
     service::StartCall,
 };
 use serde_json::json;
@@ -28,6 +28,7 @@ chorus_runtime::backend_suite!(crate::harness::Harness::bare;
     a_run_that_stays_due_keeps_the_time_it_became_due,
     the_engine_writes_the_run_it_holds_without_reading_it,
     a_renewal_extends_every_claim_even_one_locked_meanwhile,
+    the_gauges_count_unfinished_runs_by_state,
     a_run_created_for_an_engine_is_its_claim_from_the_start,
     a_run_started_beside_an_engine_is_created_claimed_for_it,
     a_restarted_engine_takes_back_only_the_claims_made_before_it_started,
@@ -439,4 +440,22 @@ async fn an_engine_never_writes_its_copy_of_a_run_over_a_change_made_meanwhile(h
     assert!(matches!(lost, chorus_workflow::error::WorkflowError::LeaseLost(_)), "{lost:?}");
     let stored = api.get(NS, "run-held").await.expect("get").expect("the run");
     assert!(!stored.body.input.contains_key("stale"));
+}
+
+/// What the run gauges read: the unfinished runs by state, and when the
+/// least recently changed of each last changed; finished runs are not counted.
+async fn the_gauges_count_unfinished_runs_by_state(h: Harness) {
+    let runs = SqlRunRepository::new(h.db.clone());
+    assert_eq!(runs.unfinished().await.expect("count"), [], "none yet");
+    for (id, at) in [("run-a", 5), ("run-b", 9), ("run-c", 20)] {
+        runs.create(bare_run(id), None, at).await.expect("create");
+    }
+    let mut finish = |run: &mut chorus_workflow::domain::Run, _: bool| {
+        run.state = RunState::Completed;
+        run.finished_at = Some(12);
+        Ok(Transition { due_at: None, release: false })
+    };
+    runs.transition(NS, "run-a", None, 12, &mut finish).await.expect("finish");
+    let counted = runs.unfinished().await.expect("count");
+    assert_eq!(counted, [Unfinished { state: RunState::Pending, runs: 2, since: 9 }]);
 }
