@@ -91,11 +91,12 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
         fallback: Duration,
     ) -> Result<Renewal>;
 
-    /// Undoes a claim whose tasks never reached their worker (its stream
-    /// closed as they were claimed): the tasks of lease `lease_id` still
-    /// working under it become claimable again, as if never claimed.
-    /// Returns how many were released.
-    async fn release_claim(&self, namespace: &str, lease_id: &str) -> Result<u64>;
+    /// Undoes the claim of a task that never reached its worker (its stream
+    /// closed as it was claimed): task `task_id`, still working under lease
+    /// `lease_id`, becomes claimable again, as if never claimed (the other
+    /// tasks of the claim, which the worker may have, stay its). Whether it
+    /// was released.
+    async fn release_claim(&self, namespace: &str, task_id: &str, lease_id: &str) -> Result<bool>;
 
     /// Completes the task under its lease. A user's final message, or an
     /// artifact id given twice, is an invalid argument and changes nothing.

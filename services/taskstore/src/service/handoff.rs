@@ -116,16 +116,16 @@ impl Drop for Offer {
 
 impl Offer {
     /// Puts the task, committed under this offer's lease, on the stream.
-    /// False when the stream ended meanwhile: the task is leased to a worker
-    /// that will not get it.
-    pub(super) fn deliver(mut self, claimed: Claimed) -> bool {
+    /// Hands it back when the stream ended meanwhile: the task is leased to
+    /// a worker that will not get it.
+    pub(super) fn deliver(mut self, claimed: Claimed) -> Option<Claimed> {
         self.live.state().hold(claimed.task.id.clone(), claimed.lease_expires_at);
         match self.permit.take() {
             Some(permit) if !self.live.sender.is_closed() => {
                 permit.send(Ok(claimed));
-                true
+                None
             }
-            _ => false,
+            _ => Some(claimed),
         }
     }
 }

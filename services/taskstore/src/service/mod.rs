@@ -5,6 +5,7 @@
 //! Every write goes through the repository (one transaction) and is then
 //! announced on [`Wakeups`] so streams and blocking calls re-read at once.
 
+mod claims;
 mod handoff;
 mod outbox;
 mod push;
@@ -25,6 +26,7 @@ use chorus_runtime::{
 use tokio_util::sync::CancellationToken;
 
 pub use self::{
+    claims::ClaimStream,
     streams::{WatchFilter, WatchStart},
     waits::AwaitOutcome,
 };
@@ -199,8 +201,8 @@ impl TaskStore {
             };
             tracing::debug!(task_id = %task.id, worker_id = %offer.handoff.worker_id, "task handed to a waiting worker");
             match offer.deliver(claimed) {
-                true => self.metrics.task_claims.get().inc(),
-                false => self.release(&task.namespace, &task.agent_id, &lease_id).await,
+                None => self.metrics.task_claims.get().inc(),
+                Some(undelivered) => self.release(&task.namespace, &task.agent_id, &undelivered).await,
             }
         }
         Ok(task)

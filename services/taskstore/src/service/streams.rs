@@ -15,7 +15,7 @@ use tokio_stream::{
     wrappers::{ReceiverStream, UnboundedReceiverStream},
 };
 
-use super::{TaskStore, handoff::Live, keys};
+use super::{TaskStore, claims::ClaimStream, handoff::Live, keys};
 use crate::{
     domain::{
         ClaimEvent, ClaimRequest, Claimed, Cursor, EventKind, EventQuery, Task, TaskCursor, TaskEvent, now_micros,
@@ -56,7 +56,7 @@ fn ends_task(event: &TaskEvent) -> bool {
 impl TaskStore {
     /// Hands `request.agent_id`'s tasks to a worker as they become claimable,
     /// keeping at most `capacity` leased at once.
-    pub fn claim_stream(&self, request: ClaimRequest) -> ReceiverStream<Result<Claimed>> {
+    pub fn claim_stream(&self, request: ClaimRequest) -> ClaimStream {
         self.open_claims(request, None)
     }
 
@@ -73,24 +73,21 @@ impl TaskStore {
         claims.merge(UnboundedReceiverStream::new(canceled).map(|task_id| Ok(ClaimEvent::Canceled(task_id))))
     }
 
-    fn open_claims(
-        &self,
-        mut request: ClaimRequest,
-        canceled: Option<mpsc::UnboundedSender<String>>,
-    ) -> ReceiverStream<Result<Claimed>> {
+    fn open_claims(&self, mut request: ClaimRequest, canceled: Option<mpsc::UnboundedSender<String>>) -> ClaimStream {
         request.capacity = request.capacity.max(1);
         let (sender, receiver) = mpsc::channel(request.capacity as usize);
+        let stream = ClaimStream::new(receiver, self.clone(), &request);
         request.lease = match self.lease_length(Some(request.lease)) {
             Ok(lease) => lease,
             Err(refused) => {
                 // The stream's first item: the channel has room for it.
                 let _ = sender.try_send(Err(refused));
-                return ReceiverStream::new(receiver);
+                return stream;
             }
         };
         let store = self.clone();
         tokio::spawn(async move { store.feed_claims(request, sender, canceled).await });
-        ReceiverStream::new(receiver)
+        stream
     }
 
     async fn feed_claims(
@@ -121,14 +118,17 @@ impl TaskStore {
                     return;
                 }
             };
-            for claimed in claimed {
-                self.changed(&claimed.task);
-                tracing::debug!(task_id = %claimed.task.id, worker_id = %request.worker_id, "task claimed");
-                let lease_id = claimed.lease_id.clone();
-                if sender.send(Ok(claimed)).await.is_err() {
-                    // The worker went away as its tasks were claimed: they
-                    // go back to the queue rather than wait out the lease.
-                    self.release(&request.namespace, &request.agent_id, &lease_id).await;
+            let mut claimed = claimed.into_iter();
+            while let Some(next) = claimed.next() {
+                self.changed(&next.task);
+                tracing::debug!(task_id = %next.task.id, worker_id = %request.worker_id, "task claimed");
+                if let Err(unsent) = sender.send(Ok(next)).await {
+                    // The worker went away as its tasks were claimed: those
+                    // not sent go back to the queue rather than wait out the
+                    // lease (those sent are the stream's to give back).
+                    for unsent in unsent.0.ok().into_iter().chain(claimed) {
+                        self.release(&request.namespace, &request.agent_id, &unsent).await;
+                    }
                     return;
                 }
                 self.metrics.task_claims.get().inc();
@@ -327,16 +327,17 @@ impl TaskStore {
         }
     }
 
-    /// Releases the claim `lease_id` (of `agent_id`'s tasks) that no worker
+    /// Releases the claim of `claimed`, a task of `agent_id` that no worker
     /// received, and wakes the agent's other workers.
-    pub(super) async fn release(&self, namespace: &str, agent_id: &str, lease_id: &str) {
-        match self.repository.release_claim(namespace, lease_id).await {
+    pub(super) async fn release(&self, namespace: &str, agent_id: &str, claimed: &Claimed) {
+        let (task_id, lease_id) = (claimed.task.id.as_str(), claimed.lease_id.as_str());
+        match self.repository.release_claim(namespace, task_id, lease_id).await {
             Ok(released) => {
-                tracing::debug!(lease_id, released, "released a claim its worker did not receive");
+                tracing::debug!(task_id, released, "released a claim its worker did not receive");
                 self.streams.missed(namespace, agent_id);
                 self.wakeups.notify(&keys::claimable(namespace, agent_id));
             }
-            Err(error) => tracing::warn!(lease_id, %error, "cannot release a claim; its lease will expire"),
+            Err(error) => tracing::warn!(task_id, %error, "cannot release a claim; its lease will expire"),
         }
     }
 

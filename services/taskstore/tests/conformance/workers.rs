@@ -31,6 +31,7 @@ conformance!(
     leases_out_of_bounds_are_refused_naming_the_bounds,
     a_worker_may_ask_for_a_retry,
     a_claim_no_worker_received_is_released,
+    claims_left_on_a_stream_its_worker_closed_go_back_to_the_queue,
     the_queue_depth_counts_the_tasks_waiting_for_a_worker,
 );
 
@@ -432,8 +433,10 @@ async fn a_claim_no_worker_received_is_released(h: Harness) {
     assert_eq!(leases.active, vec![(task.id.clone(), claimed.lease_expires_at)]);
     assert!(!leases.ready, "nothing else to claim");
     assert_eq!(claimed.task.id, task.id);
-    assert_eq!(h.repository.release_claim("other-ns", &claimed.lease_id).await.unwrap(), 0, "namespaces stay apart");
-    assert_eq!(h.repository.release_claim("ns", &claimed.lease_id).await.unwrap(), 1);
+    let lease = claimed.lease_id.as_str();
+    assert!(!h.repository.release_claim("other-ns", &task.id, lease).await.unwrap(), "namespaces stay apart");
+    assert!(!h.repository.release_claim("ns", "another-task", lease).await.unwrap(), "only the task named");
+    assert!(h.repository.release_claim("ns", &task.id, lease).await.unwrap());
     let released = h.store.get_task("ns", &task.id, Some(0)).await.unwrap();
     assert_eq!(released.status.state, TaskState::Submitted, "claimable again");
     assert_eq!(released.attempt, 0, "the claim that never arrived does not count");
@@ -443,7 +446,7 @@ async fn a_claim_no_worker_received_is_released(h: Harness) {
     let next = next_claim(&mut claims).await;
     assert_eq!(next.task.id, task.id, "another worker gets it");
     assert_eq!(next.task.attempt, 1);
-    assert_eq!(h.repository.release_claim("ns", &claimed.lease_id).await.unwrap(), 0, "only the claim's own tasks");
+    assert!(!h.repository.release_claim("ns", &task.id, lease).await.unwrap(), "only the claim's own tasks");
 }
 
 async fn the_queue_depth_counts_the_tasks_waiting_for_a_worker(h: Harness) {
@@ -456,4 +459,34 @@ async fn the_queue_depth_counts_the_tasks_waiting_for_a_worker(h: Harness) {
     let (queued, oldest) = h.repository.queue_depth().await.unwrap();
     assert_eq!(queued, 1, "a claimed task waits no more");
     assert!(oldest.is_some_and(|oldest| oldest >= first.created_at));
+}
+
+/// A stream closed (or dropped) with claims still on it that its worker
+/// never read gives them back at once: they do not sit leased to a worker
+/// that does not know them until the lease runs out.
+async fn claims_left_on_a_stream_its_worker_closed_go_back_to_the_queue(h: Harness) {
+    let first = h.task("ns", "racer", "one").await;
+    let second = h.task("ns", "racer", "two").await;
+    let mut claims = h.store.claim_stream(claim_request("racer", "closing", 2, Duration::from_secs(600), 0));
+    let received = next_claim(&mut claims).await;
+    let unread = if received.task.id == first.id { &second } else { &first };
+    // The other claim is made, and waits on the stream, unread.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while h.store.get_task("ns", &unread.id, Some(0)).await.unwrap().status.state != TaskState::Working {
+        assert!(tokio::time::Instant::now() < deadline, "the second task was never claimed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(claims);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let task = h.store.get_task("ns", &unread.id, Some(0)).await.unwrap();
+        if task.status.state == TaskState::Submitted {
+            assert_eq!(task.attempt, 0, "a claim that never arrived does not count");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the unread claim is still held: {:?}", task.status);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let kept = h.store.get_task("ns", &received.task.id, Some(0)).await.unwrap();
+    assert_eq!(kept.status.state, TaskState::Working, "the task the worker read stays its own");
 }

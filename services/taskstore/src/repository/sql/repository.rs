@@ -78,8 +78,8 @@ impl TaskRepository for SqlTaskRepository {
         self.renew(namespace, task_id, lease_id, lease, fallback).await
     }
 
-    async fn release_claim(&self, namespace: &str, lease_id: &str) -> Result<u64> {
-        self.release(namespace, lease_id).await
+    async fn release_claim(&self, namespace: &str, task_id: &str, lease_id: &str) -> Result<bool> {
+        self.release(namespace, task_id, lease_id).await
     }
 
     async fn complete_task(

@@ -52,11 +52,11 @@ const CLAIM_SQLITE: &str = concat!(
     task_columns!()
 );
 
-/// Back to claimable: a claim its worker never received. The claim's
+/// Back to claimable: task $4 of a claim its worker never received. The claim's
 /// `working` event stays in the log; the next claim records another.
 const RELEASE: &str = "UPDATE taskstore_tasks SET state = 'submitted', status_message = NULL, status_timestamp = $3, \
      worker_id = NULL, lease_id = NULL, lease_expires_at = NULL, attempt = attempt - 1 \
-     WHERE namespace = $1 AND lease_id = $2 AND state = 'working'";
+     WHERE namespace = $1 AND lease_id = $2 AND id = $4 AND state = 'working'";
 
 /// The worker's leased tasks of the agent with their lease's end, and one
 /// task of the agent claimable at $4 (now) if there is any (without). A
@@ -175,15 +175,16 @@ impl SqlTaskRepository {
         Ok(claimed)
     }
 
-    pub(super) async fn release(&self, namespace: &str, lease_id: &str) -> Result<u64> {
+    pub(super) async fn release(&self, namespace: &str, task_id: &str, lease_id: &str) -> Result<bool> {
         let released = sqlx::query(RELEASE)
             .bind(namespace)
             .bind(lease_id)
             .bind(now_micros())
+            .bind(task_id)
             .execute(&mut *self.db.acquire().await?)
             .await?
             .rows_affected();
-        Ok(released)
+        Ok(released > 0)
     }
 
     /// One statement leases the tasks and records their events; the tasks'
