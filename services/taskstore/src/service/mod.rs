@@ -40,6 +40,9 @@ use crate::{
     repository::TaskRepository,
 };
 
+/// The most a notification's message may hold, as JSON.
+const MAX_NOTIFICATION_BYTES: usize = 1024 * 1024;
+
 /// The shortest lease a worker may ask for: a task handed out under a
 /// shorter one could reach its worker expired.
 pub(crate) const MIN_LEASE: Duration = Duration::from_millis(100);
@@ -315,6 +318,14 @@ impl TaskStore {
     }
 
     pub async fn notify_owner(&self, notification: Notification) -> Result<InboxMessage> {
+        let bytes = serde_json::to_vec(&notification.message).map_or(0, |json| json.len());
+        if bytes > MAX_NOTIFICATION_BYTES {
+            let why = format!(
+                "holds {bytes} bytes; a notification holds at most {MAX_NOTIFICATION_BYTES} (1 MiB), so that an \
+                 owner's read fits a client's default 4 MiB: put larger content in an artifact of the task"
+            );
+            return Err(FieldViolation::new("message", why).into());
+        }
         let (message, task) = self.repository.notify_owner(notification).await?;
         self.changed(&task);
         self.wakeups.notify(&keys::inbox(&task.namespace, &message.owner));

@@ -21,6 +21,7 @@ conformance!(
     a_read_returns_as_many_messages_as_fit_in_a_reply,
     a_retried_notification_is_sent_once,
     a_question_answered_by_a_user_s_message_leaves_the_inbox,
+    a_notification_larger_than_a_read_may_carry_is_refused,
 );
 
 const LONG: Duration = Duration::from_secs(30);
@@ -113,7 +114,7 @@ async fn a_held_read_is_read_again_unless_acknowledged(h: Harness) {
 }
 
 async fn a_read_returns_as_many_messages_as_fit_in_a_reply(h: Harness) {
-    let owner = statuses(&h, 5, &"x".repeat(1_200_000)).await;
+    let owner = statuses(&h, 6, &"x".repeat(700_000)).await;
     let mut sizes = Vec::new();
     loop {
         let read = h.store.read_inbox("ns", &owner, 100, Duration::ZERO, InboxRead::Consume).await.unwrap();
@@ -122,7 +123,7 @@ async fn a_read_returns_as_many_messages_as_fit_in_a_reply(h: Harness) {
         }
         sizes.push(read.len());
     }
-    assert_eq!(sizes, [2, 2, 1], "3 MiB of messages per reply");
+    assert_eq!(sizes, [4, 2], "3 MiB of messages per reply");
 }
 
 async fn a_retried_notification_is_sent_once(h: Harness) {
@@ -173,4 +174,26 @@ async fn a_question_answered_by_a_user_s_message_leaves_the_inbox(h: Harness) {
     let answered = h.store.add_message("ns", &claimed.task.id, user_message("main"), None).await.unwrap();
     assert_eq!(answered.status.state, TaskState::Working);
     assert!(peek().await.unwrap().is_empty(), "the question was answered");
+}
+
+/// A notification of more than 1 MiB is refused, and nothing is sent: the
+/// owner's reads stay readable by a client with the default 4 MiB limit.
+async fn a_notification_larger_than_a_read_may_carry_is_refused(h: Harness) {
+    let parent = root_on(&h.store).await;
+    spawn(&h, &parent.id, "coder", "build").await;
+    let claimed = h.claim("ns", "coder").await;
+    let huge = Notification {
+        namespace: "ns".into(),
+        task_id: claimed.task.id.clone(),
+        kind: InboxKind::Status,
+        message: agent_message(&"x".repeat(1_100_000)),
+        lease_id: Some(claimed.lease_id.clone()),
+    };
+    let refused = h.store.notify_owner(huge).await.unwrap_err();
+    assert!(
+        matches!(&refused, TaskStoreError::InvalidArgument(violation) if violation.field == "message"),
+        "{refused}"
+    );
+    let inbox = h.store.read_inbox("ns", &owner_of(&parent), 10, Duration::ZERO, InboxRead::Peek).await.unwrap();
+    assert!(inbox.is_empty(), "nothing was sent: {inbox:?}");
 }
