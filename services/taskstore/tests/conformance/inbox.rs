@@ -22,6 +22,7 @@ conformance!(
     a_retried_notification_is_sent_once,
     a_question_answered_by_a_user_s_message_leaves_the_inbox,
     a_notification_larger_than_a_read_may_carry_is_refused,
+    a_retried_answer_is_the_first,
 );
 
 const LONG: Duration = Duration::from_secs(30);
@@ -196,4 +197,31 @@ async fn a_notification_larger_than_a_read_may_carry_is_refused(h: Harness) {
     );
     let inbox = h.store.read_inbox("ns", &owner_of(&parent), 10, Duration::ZERO, InboxRead::Peek).await.unwrap();
     assert!(inbox.is_empty(), "nothing was sent: {inbox:?}");
+}
+
+/// An answer retried (its reply lost) is the answer given: it does not
+/// answer the question asked next, nor join the history twice.
+async fn a_retried_answer_is_the_first(h: Harness) {
+    let parent = root_on(&h.store).await;
+    spawn(&h, &parent.id, "coder", "build").await;
+    let claimed = h.claim("ns", "coder").await;
+    let ask = |text: &str| Notification {
+        namespace: "ns".into(),
+        task_id: claimed.task.id.clone(),
+        kind: InboxKind::Question,
+        message: agent_message(text),
+        lease_id: Some(claimed.lease_id.clone()),
+    };
+    h.store.notify_owner(ask("which branch?")).await.unwrap();
+    let answer = user_message("main");
+    let id = claimed.task.id.as_str();
+    let answered = h.store.answer_question("ns", id, answer.clone(), None).await.unwrap();
+    assert_eq!(answered.status.state, TaskState::Working);
+    let again = h.store.answer_question("ns", id, answer.clone(), None).await.unwrap();
+    assert_eq!(again.history, answered.history, "the retry is the answer given");
+    h.store.notify_owner(ask("which tag?")).await.unwrap();
+    let late = h.store.answer_question("ns", id, answer.clone(), None).await.unwrap();
+    assert_eq!(late.status.state, TaskState::InputRequired, "the next question is not answered by a retry");
+    let mains = late.history.iter().filter(|message| message.message_id == answer.message_id).count();
+    assert_eq!(mains, 1);
 }

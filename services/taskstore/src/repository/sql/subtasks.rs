@@ -1,6 +1,7 @@
 //! Subtasks: spawning under the safety limits, completions, notifications,
 //! questions and the owner's inbox.
 
+use chorus_runtime::storage::Backend;
 use sqlx::{AnyConnection, Row as _};
 
 use super::{
@@ -168,6 +169,11 @@ impl SqlTaskRepository {
     ) -> Result<Task> {
         let mut tx = self.begin().await?;
         let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
+        // A retry of an answer that landed (the task may be working on, or
+        // asking its next question): the task as it is.
+        if in_history(&mut tx, self.backend(), namespace, task_id, &answer.message_id).await? {
+            return complete_task_view(&mut tx, record, None, true).await;
+        }
         let state = record.task.status.state;
         if !state.is_interrupted() {
             return Err(TaskStoreError::NoQuestion { task_id: task_id.to_owned(), state });
@@ -186,6 +192,31 @@ impl SqlTaskRepository {
         tx.commit().await?;
         Ok(task)
     }
+}
+
+/// Whether the task's history holds a message of id `message_id`.
+async fn in_history(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    namespace: &str,
+    task_id: &str,
+    message_id: &str,
+) -> Result<bool> {
+    if message_id.is_empty() {
+        return Ok(false);
+    }
+    let sql = match backend {
+        Backend::Postgres => {
+            "SELECT COUNT(*) FROM taskstore_history WHERE namespace = $1 AND task_id = $2 \
+             AND CAST(message AS json) ->> 'message_id' = $3"
+        }
+        Backend::Sqlite => {
+            "SELECT COUNT(*) FROM taskstore_history WHERE namespace = $1 AND task_id = $2 \
+             AND json_extract(message, '$.message_id') = $3"
+        }
+    };
+    let found: i64 = sqlx::query_scalar(sql).bind(namespace).bind(task_id).bind(message_id).fetch_one(conn).await?;
+    Ok(found > 0)
 }
 
 /// The notification a retried `NotifyOwner` sent first: the task's message
