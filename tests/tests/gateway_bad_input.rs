@@ -446,6 +446,7 @@ async fn a_call_past_the_request_timeout_gets_an_answer_its_binding_reads() {
     let get = pb::GetTaskRequest { id: "01a20e17-efb3-7144-a5b3-4e3c0228e429".into(), ..Default::default() };
     let error = client.get_task(grpc_request(get)).await.expect_err("timed out");
     assert_eq!(error.code(), Code::Cancelled, "{error:?}");
+    assert!(error.message().starts_with("no answer within 1000 ms (server.request_timeout_ms)"), "{error:?}");
     // Its log, written to a pipe, holds no colour codes.
     let log = server.output();
     assert!(log.contains("A2A gateway mounted") && !log.contains('\u{1b}'), "{log}");

@@ -315,15 +315,24 @@ impl ServerBuilder {
     }
 }
 
-/// A gRPC call's answer, or, past `limit`, the status tonic's own server
-/// timeout answers (a caller's shorter `grpc-timeout` is tonic's to keep).
-/// Set on the gRPC routes alone: an HTTP caller would not read a status in
-/// trailers.
+/// A gRPC call's answer, or, past `limit`, CANCELLED, the code tonic's own
+/// server timeout answers, naming the setting (a caller's shorter
+/// `grpc-timeout` is tonic's to keep). Set on the gRPC routes alone: an HTTP
+/// caller would not read a status in trailers.
 async fn grpc_limit(limit: Duration, request: axum::extract::Request, next: Next) -> axum::response::Response {
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => oversize_request(response),
-        Err(_) => tonic::Status::cancelled("Timeout expired").into_http(),
+        Err(_) => tonic::Status::cancelled(past_limit(limit)).into_http(),
     }
+}
+
+/// What a call cut off by `server.request_timeout_ms` is told.
+fn past_limit(limit: Duration) -> String {
+    format!(
+        "no answer within {} ms (server.request_timeout_ms); a wait a call asks for (AwaitTask, a blocking spawn, \
+         ReadInbox, ...) is cut off there too: ask for less, or raise the setting",
+        limit.as_millis()
+    )
 }
 
 /// tonic refuses a request past `server.max_message_bytes` as OUT_OF_RANGE,
@@ -354,7 +363,7 @@ async fn http_limit(limit: Duration, request: axum::extract::Request, next: Next
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => {
-            let message = format!("no answer within {} ms (server.request_timeout_ms)", limit.as_millis());
+            let message = past_limit(limit);
             let body =
                 serde_json::json!({ "error": { "code": 504, "status": "DEADLINE_EXCEEDED", "message": message } });
             (StatusCode::GATEWAY_TIMEOUT, axum::Json(body)).into_response()
