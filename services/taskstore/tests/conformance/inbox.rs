@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use chorus_taskstore::{
-    domain::{InboxKind, InboxMessage, InboxRead, Message, Notification, Owner, TaskState},
+    domain::{Claimed, InboxKind, InboxMessage, InboxRead, Message, Notification, Owner, TaskState},
     error::TaskStoreError,
 };
 
@@ -76,6 +76,17 @@ async fn a_blocking_spawn_whose_caller_went_away_leaves_the_completion_to_the_in
     assert_eq!((read[0].kind, read[0].task_id.as_str()), (InboxKind::Completion, claimed.task.id.as_str()));
 }
 
+/// What the worker holding `claimed` tells its owner.
+fn notification(claimed: &Claimed, kind: InboxKind, message: Message) -> Notification {
+    Notification {
+        namespace: "ns".into(),
+        task_id: claimed.task.id.clone(),
+        kind,
+        message,
+        lease_id: Some(claimed.lease_id.clone()),
+    }
+}
+
 /// A child of a new root, claimed, that tells its owner `count` statuses.
 async fn statuses(h: &Harness, count: usize, text: &str) -> Owner {
     let parent = root_on(&h.store).await;
@@ -83,13 +94,7 @@ async fn statuses(h: &Harness, count: usize, text: &str) -> Owner {
     let claimed = h.claim("ns", "coder").await;
     assert_eq!(claimed.task.id, child.id);
     for index in 0..count {
-        let notification = Notification {
-            namespace: "ns".into(),
-            task_id: child.id.clone(),
-            kind: InboxKind::Status,
-            message: agent_message(&format!("{index}: {text}")),
-            lease_id: Some(claimed.lease_id.clone()),
-        };
+        let notification = notification(&claimed, InboxKind::Status, agent_message(&format!("{index}: {text}")));
         h.store.notify_owner(notification).await.unwrap();
     }
     owner_of(&parent)
@@ -131,13 +136,7 @@ async fn a_retried_notification_is_sent_once(h: Harness) {
     let parent = root_on(&h.store).await;
     spawn(&h, &parent.id, "coder", "build").await;
     let claimed = h.claim("ns", "coder").await;
-    let notify = |kind, message: Message| Notification {
-        namespace: "ns".into(),
-        task_id: claimed.task.id.clone(),
-        kind,
-        message,
-        lease_id: Some(claimed.lease_id.clone()),
-    };
+    let notify = |kind, message: Message| notification(&claimed, kind, message);
     let status = agent_message("halfway");
     let first = h.store.notify_owner(notify(InboxKind::Status, status.clone())).await.unwrap();
     let again = h.store.notify_owner(notify(InboxKind::Status, status.clone())).await.unwrap();
@@ -161,13 +160,7 @@ async fn a_question_answered_by_a_user_s_message_leaves_the_inbox(h: Harness) {
     let parent = root_on(&h.store).await;
     spawn(&h, &parent.id, "coder", "build").await;
     let claimed = h.claim("ns", "coder").await;
-    let question = Notification {
-        namespace: "ns".into(),
-        task_id: claimed.task.id.clone(),
-        kind: InboxKind::Question,
-        message: agent_message("which branch?"),
-        lease_id: Some(claimed.lease_id.clone()),
-    };
+    let question = notification(&claimed, InboxKind::Question, agent_message("which branch?"));
     h.store.notify_owner(question).await.unwrap();
     let owner = owner_of(&parent);
     let peek = || h.store.read_inbox("ns", &owner, 10, Duration::ZERO, InboxRead::Peek);
@@ -183,13 +176,7 @@ async fn a_notification_larger_than_a_read_may_carry_is_refused(h: Harness) {
     let parent = root_on(&h.store).await;
     spawn(&h, &parent.id, "coder", "build").await;
     let claimed = h.claim("ns", "coder").await;
-    let huge = Notification {
-        namespace: "ns".into(),
-        task_id: claimed.task.id.clone(),
-        kind: InboxKind::Status,
-        message: agent_message(&"x".repeat(1_100_000)),
-        lease_id: Some(claimed.lease_id.clone()),
-    };
+    let huge = notification(&claimed, InboxKind::Status, agent_message(&"x".repeat(1_100_000)));
     let refused = h.store.notify_owner(huge).await.unwrap_err();
     assert!(
         matches!(&refused, TaskStoreError::InvalidArgument(violation) if violation.field == "message"),
@@ -205,13 +192,7 @@ async fn a_retried_answer_is_the_first(h: Harness) {
     let parent = root_on(&h.store).await;
     spawn(&h, &parent.id, "coder", "build").await;
     let claimed = h.claim("ns", "coder").await;
-    let ask = |text: &str| Notification {
-        namespace: "ns".into(),
-        task_id: claimed.task.id.clone(),
-        kind: InboxKind::Question,
-        message: agent_message(text),
-        lease_id: Some(claimed.lease_id.clone()),
-    };
+    let ask = |text: &str| notification(&claimed, InboxKind::Question, agent_message(text));
     h.store.notify_owner(ask("which branch?")).await.unwrap();
     let answer = user_message("main");
     let id = claimed.task.id.as_str();
