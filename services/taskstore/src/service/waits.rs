@@ -197,9 +197,10 @@ impl Wait {
 
 impl Drop for Wait {
     fn drop(&mut self) {
-        if let Some(child) = self.child.take() {
+        // Without a runtime (the process is ending) the hold lapses at its deadline.
+        if let (Some(child), Ok(runtime)) = (self.child.take(), tokio::runtime::Handle::try_current()) {
             let store = self.store.clone();
-            tokio::spawn(async move {
+            runtime.spawn(async move {
                 if let Err(error) = store.end_wait(&child, false).await {
                     tracing::debug!(task_id = %child.id, %error, "a blocking spawn's wait ended with its caller");
                 }
