@@ -205,4 +205,9 @@ async fn a_retried_answer_is_the_first(h: Harness) {
     assert_eq!(late.status.state, TaskState::InputRequired, "the next question is not answered by a retry");
     let mains = late.history.iter().filter(|message| message.message_id == answer.message_id).count();
     assert_eq!(mains, 1);
+    // A client that reuses the id with other words sends a new answer.
+    let other = Message { parts: user_message("v2").parts, ..answer.clone() };
+    let reused = h.store.answer_question("ns", id, other, None).await.unwrap();
+    assert_eq!(reused.status.state, TaskState::Working, "{reused:?}");
+    assert_eq!(reused.history.last().map(Message::joined_text).as_deref(), Some("v2"));
 }

@@ -171,7 +171,7 @@ impl SqlTaskRepository {
         let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
         // A retry of an answer that landed (the task may be working on, or
         // asking its next question): the task as it is.
-        if in_history(&mut tx, self.backend(), namespace, task_id, &answer.message_id).await? {
+        if answered_before(&mut tx, self.backend(), namespace, task_id, &answer).await? {
             return complete_task_view(&mut tx, record, None, true).await;
         }
         let state = record.task.status.state;
@@ -194,29 +194,38 @@ impl SqlTaskRepository {
     }
 }
 
-/// Whether the task's history holds a message of id `message_id`.
-async fn in_history(
+/// Whether `answer` is in the task's history already: a message of its id
+/// and parts (as stored). A message reusing an id with other words is new
+/// (some clients reuse ids).
+async fn answered_before(
     conn: &mut AnyConnection,
     backend: Backend,
     namespace: &str,
     task_id: &str,
-    message_id: &str,
+    answer: &Message,
 ) -> Result<bool> {
-    if message_id.is_empty() {
+    if answer.message_id.is_empty() {
         return Ok(false);
     }
     let sql = match backend {
         Backend::Postgres => {
-            "SELECT COUNT(*) FROM taskstore_history WHERE namespace = $1 AND task_id = $2 \
+            "SELECT message FROM taskstore_history WHERE namespace = $1 AND task_id = $2 \
              AND CAST(message AS json) ->> 'message_id' = $3"
         }
         Backend::Sqlite => {
-            "SELECT COUNT(*) FROM taskstore_history WHERE namespace = $1 AND task_id = $2 \
+            "SELECT message FROM taskstore_history WHERE namespace = $1 AND task_id = $2 \
              AND json_extract(message, '$.message_id') = $3"
         }
     };
-    let found: i64 = sqlx::query_scalar(sql).bind(namespace).bind(task_id).bind(message_id).fetch_one(conn).await?;
-    Ok(found > 0)
+    let stored: Vec<String> =
+        sqlx::query_scalar(sql).bind(namespace).bind(task_id).bind(&answer.message_id).fetch_all(conn).await?;
+    let asked = rows::from_json::<Message>(&to_json(answer)?)?;
+    for message in stored {
+        if rows::from_json::<Message>(&message)?.parts == asked.parts {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// The notification a retried `NotifyOwner` sent first: the task's message
