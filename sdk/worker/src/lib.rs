@@ -48,11 +48,8 @@ mod worker;
 use std::time::Duration;
 
 use chorus_proto::taskstore::task_store_client::TaskStoreClient;
-use chorus_runtime::{telemetry::TracePropagation, transport::Transport};
-use tonic::{
-    service::interceptor::InterceptedService,
-    transport::{Channel, Endpoint},
-};
+use chorus_runtime::transport::Transport;
+use tonic::transport::{Channel, Endpoint};
 
 pub use chorus_proto::taskstore as proto;
 pub use chorus_runtime::signal::shutdown_on_signal;
@@ -63,9 +60,10 @@ pub use reply::{Reply, text_artifact, text_part};
 pub use tokio_util::sync::CancellationToken;
 pub use worker::{DEFAULT_LEASE, DEFAULT_NAMESPACE, Worker};
 
-/// The task-store client a worker uses: every call carries the current W3C
-/// trace context.
-pub type Client = TaskStoreClient<InterceptedService<Transport, TracePropagation>>;
+/// The task-store client a worker uses: every call over the network carries
+/// the current W3C trace context ([`Transport::remote`]); one in process runs
+/// in the caller's span.
+pub type Client = TaskStoreClient<Transport>;
 
 /// Connects to the task store at `url` (`http://host:port`).
 ///
@@ -108,5 +106,5 @@ pub fn client_from_channel(channel: Channel) -> Client {
 /// message and artifact, and one past that size could otherwise be claimed
 /// but never decoded, its lease running out again and again.
 pub fn client_over(transport: Transport) -> Client {
-    TaskStoreClient::with_interceptor(transport, TracePropagation).max_decoding_message_size(usize::MAX)
+    TaskStoreClient::new(transport).max_decoding_message_size(usize::MAX)
 }

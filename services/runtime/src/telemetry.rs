@@ -4,8 +4,9 @@
 //! - spans are exported over OTLP/gRPC only when `OTEL_EXPORTER_OTLP_ENDPOINT`
 //!   is set (the exporter reads the standard `OTEL_*` variables);
 //! - W3C trace context is extracted by every server ([`server_span`]) and
-//!   injected by every client ([`TracePropagation`]), export or not: a
-//!   worker continues the trace of the request that created its task.
+//!   injected into every call over the network
+//!   ([`Transport::remote`](crate::transport::Transport::remote)), export or
+//!   not: a worker continues the trace of the request that created its task.
 
 use std::{
     collections::HashMap,
@@ -261,32 +262,6 @@ impl Injector for HeaderInjector<'_> {
     fn set(&mut self, key: &str, value: String) {
         let key = http::HeaderName::from_bytes(key.as_bytes());
         let value = http::HeaderValue::try_from(value);
-        if let (Ok(key), Ok(value)) = (key, value) {
-            self.0.insert(key, value);
-        }
-    }
-}
-
-/// A tonic interceptor that sends the current trace context with every call.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct TracePropagation;
-
-impl tonic::service::Interceptor for TracePropagation {
-    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        let context = tracing::Span::current().context();
-        opentelemetry::global::get_text_map_propagator(|propagator| {
-            propagator.inject_context(&context, &mut MetadataInjector(request.metadata_mut()));
-        });
-        Ok(request)
-    }
-}
-
-struct MetadataInjector<'a>(&'a mut tonic::metadata::MetadataMap);
-
-impl Injector for MetadataInjector<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        let key = tonic::metadata::MetadataKey::from_bytes(key.as_bytes());
-        let value = tonic::metadata::MetadataValue::try_from(value);
         if let (Ok(key), Ok(value)) = (key, value) {
             self.0.insert(key, value);
         }
