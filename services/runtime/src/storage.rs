@@ -153,11 +153,7 @@ impl Db {
             // or database, a wrong password).
             Err(sqlx::Error::PoolTimedOut) => {
                 let timeout = Duration::from_millis(config.acquire_timeout_ms);
-                let attempt = tokio::time::timeout(timeout, sqlx::AnyConnection::connect_with(&options)).await;
-                let why = match attempt {
-                    Ok(Err(error)) => error,
-                    Ok(Ok(_)) | Err(_) => sqlx::Error::PoolTimedOut,
-                };
+                let why = probe::connect_directly(&options, timeout).await.err().unwrap_or(sqlx::Error::PoolTimedOut);
                 return Err(connect_error(why));
             }
             Err(error) => return Err(connect_error(error)),

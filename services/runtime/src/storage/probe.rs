@@ -34,7 +34,8 @@ impl Db {
         let mut connection = tokio::select! {
             acquired = &mut acquire => acquired.map_err(failed)?,
             () = tokio::time::sleep(DIRECT_AFTER) => {
-                self.connect_directly().await?;
+                let timeout = self.pool.options().get_acquire_timeout();
+                connect_directly(&self.options, timeout).await.map_err(|error| errors::reason(&error))?;
                 acquire.await.map_err(failed)?
             }
         };
@@ -50,20 +51,23 @@ impl Db {
         }
         Ok(())
     }
+}
 
-    /// Opens a connection of its own and closes it: why the database takes
-    /// no new session, if it does not.
-    async fn connect_directly(&self) -> Result<(), String> {
-        let timeout = self.pool.options().get_acquire_timeout();
-        match tokio::time::timeout(timeout, sqlx::AnyConnection::connect_with(&self.options)).await {
-            Ok(Ok(connection)) => {
-                // Closing politely is a courtesy; the session ends either way.
-                let _ = connection.close().await;
-                Ok(())
-            }
-            Ok(Err(error)) => Err(errors::reason(&error)),
-            Err(_) => Err(errors::reason(&sqlx::Error::PoolTimedOut)),
+/// Opens a connection apart from any pool and closes it, within `timeout`:
+/// why the database takes no new session, if it does not (`PoolTimedOut`
+/// when it does not answer in time).
+pub(super) async fn connect_directly(
+    options: &sqlx::any::AnyConnectOptions,
+    timeout: Duration,
+) -> Result<(), sqlx::Error> {
+    match tokio::time::timeout(timeout, sqlx::AnyConnection::connect_with(options)).await {
+        Ok(Ok(connection)) => {
+            // Closing politely is a courtesy; the session ends either way.
+            let _ = connection.close().await;
+            Ok(())
         }
+        Ok(Err(error)) => Err(error),
+        Err(_) => Err(sqlx::Error::PoolTimedOut),
     }
 }
 

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use chorus_runtime::wakeup::{Waiter, wait_any};
+use chorus_runtime::{
+    time::micros,
+    wakeup::{Waiter, wait_any},
+};
 use tokio::time::Instant;
 
 use super::{TaskStore, keys};
@@ -217,10 +220,6 @@ impl TaskStore {
         }
         Ok(())
     }
-}
-
-fn micros(duration: Duration) -> i64 {
-    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
 }
 
 /// Whether an await has what it waits for: every child finished, or, with

@@ -2,7 +2,10 @@
 //! that stay under a reply's size, acknowledgements, and the completions a
 //! blocking spawn keeps for its own answer.
 
-use chorus_runtime::storage::{Backend, placeholders};
+use chorus_runtime::{
+    storage::{Backend, placeholders},
+    time::micros,
+};
 use sqlx::AssertSqlSafe;
 
 use super::{SqlTaskRepository, rows};
@@ -73,9 +76,7 @@ impl SqlTaskRepository {
             .bind(now)
             .bind(INBOX_READ_BYTES);
         let statement = match read {
-            InboxRead::Hold { deadline } => {
-                statement.bind(now.saturating_add(i64::try_from(deadline.as_micros()).unwrap_or(i64::MAX)))
-            }
+            InboxRead::Hold { deadline } => statement.bind(now.saturating_add(micros(deadline))),
             InboxRead::Peek | InboxRead::Consume => statement,
         };
         let rows = statement.fetch_all(&mut *conn).await?;
