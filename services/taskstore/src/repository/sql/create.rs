@@ -98,14 +98,13 @@ fn retry_of(task: Task, request: &Request<'_>) -> Result<Task> {
 }
 
 /// Whether the task's first message says what `message` says: its role and
-/// parts (its id and metadata aside: a retry may describe itself anew).
-/// Compared as stored: serde_json may read a float back a bit off (it has
-/// no `float_roundtrip` here), so `message` takes the same round trip.
+/// parts (its id and metadata aside: a retry may describe itself anew),
+/// compared as stored.
 fn same_first_message(task: &Task, message: &Message) -> Result<bool> {
     let Some(first) = task.history.first() else {
         return Ok(false);
     };
-    let asked = rows::from_json::<Message>(&to_json(message)?)?;
+    let asked = rows::as_stored(message)?;
     Ok(asked.role == first.role && asked.parts == first.parts)
 }
 

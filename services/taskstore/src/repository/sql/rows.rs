@@ -193,6 +193,21 @@ pub(super) fn to_json<T: Serialize>(value: &T) -> Result<String> {
     serde_json::to_string(value).map_err(|error| TaskStoreError::Corrupt(format!("cannot encode: {error}")))
 }
 
+/// `message` as it reads back once stored, to compare with stored ones:
+/// serde_json may read a float back a bit off (it has no `float_roundtrip`
+/// here), so a message compared with a stored one takes the same round trip.
+pub(super) fn as_stored(message: &crate::domain::Message) -> Result<crate::domain::Message> {
+    from_json(&to_json(message)?)
+}
+
+/// Whether the JSON `message` column's message id is $3, in `backend`'s SQL.
+pub(super) fn message_id_is_3(backend: chorus_runtime::storage::Backend) -> &'static str {
+    match backend {
+        chorus_runtime::storage::Backend::Postgres => "CAST(message AS json) ->> 'message_id' = $3",
+        chorus_runtime::storage::Backend::Sqlite => "json_extract(message, '$.message_id') = $3",
+    }
+}
+
 pub(super) fn to_json_opt<T: Serialize>(value: Option<&T>) -> Result<Option<String>> {
     value.map(to_json).transpose()
 }

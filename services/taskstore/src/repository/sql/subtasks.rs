@@ -2,7 +2,7 @@
 //! questions and the owner's inbox.
 
 use chorus_runtime::storage::Backend;
-use sqlx::{AnyConnection, Row as _};
+use sqlx::{AnyConnection, AssertSqlSafe, Row as _};
 
 use super::{
     EventDetail, SqlTaskRepository, append_history, apply_status, check_lease, check_writable, complete_task_view,
@@ -132,7 +132,7 @@ impl SqlTaskRepository {
             return Err(TaskStoreError::NoOwner { task_id: notification.task_id });
         };
         let message = notification.message.clone().bound_to(&record.task.id, &record.task.context_id);
-        if let Some(sent) = sent_before(&mut tx, &notification, &message).await? {
+        if let Some(sent) = sent_before(&mut tx, self.backend(), &notification, &message).await? {
             let task = complete_task_view(&mut tx, record, None, true).await?;
             return Ok((sent, task));
         }
@@ -195,8 +195,8 @@ impl SqlTaskRepository {
 }
 
 /// Whether `answer` is in the task's history already: a message of its id
-/// and parts (as stored). A message reusing an id with other words is new
-/// (some clients reuse ids).
+/// and parts, compared as stored. A message reusing an id with other words
+/// is new (some clients reuse ids).
 async fn answered_before(
     conn: &mut AnyConnection,
     backend: Backend,
@@ -207,19 +207,17 @@ async fn answered_before(
     if answer.message_id.is_empty() {
         return Ok(false);
     }
-    let sql = match backend {
-        Backend::Postgres => {
-            "SELECT message FROM taskstore_history WHERE namespace = $1 AND task_id = $2 \
-             AND CAST(message AS json) ->> 'message_id' = $3"
-        }
-        Backend::Sqlite => {
-            "SELECT message FROM taskstore_history WHERE namespace = $1 AND task_id = $2 \
-             AND json_extract(message, '$.message_id') = $3"
-        }
-    };
-    let stored: Vec<String> =
-        sqlx::query_scalar(sql).bind(namespace).bind(task_id).bind(&answer.message_id).fetch_all(conn).await?;
-    let asked = rows::from_json::<Message>(&to_json(answer)?)?;
+    let sql = format!(
+        "SELECT message FROM taskstore_history WHERE namespace = $1 AND task_id = $2 AND {}",
+        rows::message_id_is_3(backend)
+    );
+    let stored: Vec<String> = sqlx::query_scalar(AssertSqlSafe(sql))
+        .bind(namespace)
+        .bind(task_id)
+        .bind(&answer.message_id)
+        .fetch_all(conn)
+        .await?;
+    let asked = rows::as_stored(answer)?;
     for message in stored {
         if rows::from_json::<Message>(&message)?.parts == asked.parts {
             return Ok(true);
@@ -229,39 +227,38 @@ async fn answered_before(
 }
 
 /// The notification a retried `NotifyOwner` sent first: the task's message
-/// under the same message id, when it has the same kind and parts; another
-/// under the id is [`NotificationKeyInUse`](TaskStoreError::NotificationKeyInUse).
+/// under the same message id, when it has the same kind and parts (compared
+/// as stored); another under the id is
+/// [`NotificationKeyInUse`](TaskStoreError::NotificationKeyInUse).
 async fn sent_before(
     conn: &mut AnyConnection,
+    backend: Backend,
     notification: &Notification,
     message: &Message,
 ) -> Result<Option<InboxMessage>> {
     if message.message_id.is_empty() {
         return Ok(None);
     }
-    let rows = sqlx::query(concat!(
-        "SELECT ",
+    let sql = format!(
+        "SELECT {} FROM taskstore_inbox WHERE namespace = $1 AND task_id = $2 AND kind <> 'completion' AND {} \
+         ORDER BY id LIMIT 1",
         inbox_columns!(),
-        " FROM taskstore_inbox WHERE namespace = $1 AND task_id = $2 AND kind <> 'completion' ORDER BY id"
-    ))
-    .bind(&notification.namespace)
-    .bind(&notification.task_id)
-    .fetch_all(&mut *conn)
-    .await?;
-    for row in &rows {
-        let sent = rows::decode_inbox(row)?;
-        let Some(first) = sent.message.as_ref().filter(|first| first.message_id == message.message_id) else {
-            continue;
-        };
-        // Compared as stored (see `same_first_message`).
-        let asked = rows::from_json::<Message>(&to_json(message)?)?;
-        if sent.kind == notification.kind && first.parts == asked.parts {
-            return Ok(Some(sent));
-        }
-        let (key, task_id) = (message.message_id.clone(), notification.task_id.clone());
-        return Err(TaskStoreError::NotificationKeyInUse { key, task_id, kind: sent.kind.as_str() });
+        rows::message_id_is_3(backend)
+    );
+    let row = sqlx::query(AssertSqlSafe(sql))
+        .bind(&notification.namespace)
+        .bind(&notification.task_id)
+        .bind(&message.message_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let sent = rows::decode_inbox(&row)?;
+    let sent_parts = sent.message.as_ref().map(|first| &first.parts);
+    if sent.kind == notification.kind && sent_parts == Some(&rows::as_stored(message)?.parts) {
+        return Ok(Some(sent));
     }
-    Ok(None)
+    let (key, task_id) = (message.message_id.clone(), notification.task_id.clone());
+    Err(TaskStoreError::NotificationKeyInUse { key, task_id, kind: sent.kind.as_str() })
 }
 
 /// Applies the safety limits to a spawn below `parent`, each with its own error.
