@@ -34,6 +34,9 @@ use crate::{
 
 /// How often finished runs past their retention are deleted.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
+/// How often the unfinished runs are counted for the gauges (at most: the
+/// renewal loop's pace, a third of a lease, bounds it too).
+const GAUGES_EVERY: Duration = Duration::from_secs(5);
 /// The least time between two claims of the claim loop: how late a timer
 /// may fire at most, beyond the time a claim takes.
 const CLAIM_SPACING: Duration = Duration::from_millis(10);
@@ -206,6 +209,7 @@ fn start_driver(workflows: &Workflows, drivers: &Drivers, claim: Claim, shutdown
 async fn renew_loop(workflows: Workflows, owner: String, shutdown: CancellationToken) {
     let lease = workflows.config().lease();
     let mut last_purge = tokio::time::Instant::now();
+    let mut last_gauges: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             () = tokio::time::sleep(lease / 3) => {}
@@ -214,7 +218,10 @@ async fn renew_loop(workflows: Workflows, owner: String, shutdown: CancellationT
         if let Err(error) = workflows.runs.renew(&owner, lease_end(workflows.config(), now_micros())).await {
             tracing::warn!(%error, "cannot renew run claims");
         }
-        read_gauges(&workflows).await;
+        if last_gauges.is_none_or(|last| last.elapsed() >= GAUGES_EVERY) {
+            last_gauges = Some(tokio::time::Instant::now());
+            read_gauges(&workflows).await;
+        }
         if last_purge.elapsed() >= PURGE_EVERY {
             last_purge = tokio::time::Instant::now();
             match workflows.runs.purge(now_micros()).await {
