@@ -10,10 +10,6 @@ pub(crate) const DOMAIN: &str = "a2a-protocol.org";
 
 pub(crate) type Result<T, E = GatewayError> = std::result::Result<T, E>;
 
-/// Why a watch of a task ends as the gateway stops.
-pub(crate) const GATEWAY_STOPPING: &str =
-    "the gateway is shutting down; subscribe to the task again (another gateway, or this one once restarted)";
-
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum GatewayError {
     #[error("task {0} not found")]
@@ -216,10 +212,6 @@ impl GatewayError {
     /// task the call was about, if any.
     pub(crate) fn from_taskstore(status: &tonic::Status, task_id: Option<&str>) -> Self {
         let message = status.message().to_owned();
-        if message == GATEWAY_STOPPING {
-            // The gateway's own word, on a watch it ends as it stops.
-            return Self::Unavailable(message);
-        }
         match status.code() {
             Code::NotFound => Self::TaskNotFound(task_id.unwrap_or_default().to_owned()),
             Code::InvalidArgument | Code::OutOfRange => Self::InvalidParams(message),

@@ -473,14 +473,7 @@ impl Gateway {
         let stopping = self.inner.stopping.clone();
         let events =
             rewatch::watch(self.tasks(), request, stopping).await.map_err(|status| task_error(&status, task_id))?;
-        let task_id = task_id.to_owned();
-        Ok(events.filter_map(move |event| {
-            let item = match event {
-                Ok(event) => convert::event_out(event).map(Ok),
-                Err(status) => Some(Err(task_error(&status, &task_id))),
-            };
-            std::future::ready(item)
-        }))
+        Ok(events.filter_map(|event| std::future::ready(event.map(convert::event_out).transpose())))
     }
 }
 

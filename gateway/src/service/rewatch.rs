@@ -12,7 +12,7 @@ use futures_util::{Stream, stream};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status, Streaming};
 
-use crate::convert;
+use crate::{convert, error::GatewayError};
 
 /// The first pause before opening a broken watch again; it doubles per
 /// failed attempt up to [`LONGEST_PAUSE`].
@@ -20,6 +20,9 @@ const FIRST_PAUSE: Duration = Duration::from_millis(100);
 const LONGEST_PAUSE: Duration = Duration::from_secs(2);
 /// How long a broken watch is tried again before its error is given.
 const GIVE_UP_AFTER: Duration = Duration::from_secs(60);
+/// Why a watch ends as the gateway stops.
+const STOPPING: &str =
+    "the gateway is shutting down; subscribe to the task again (another gateway, or this one once restarted)";
 
 struct Watch {
     tasks: TaskStoreClient<Transport>,
@@ -44,7 +47,7 @@ pub(super) async fn watch(
     mut tasks: TaskStoreClient<Transport>,
     request: pb::WatchTaskRequest,
     stopping: CancellationToken,
-) -> Result<impl Stream<Item = Result<pb::TaskEvent, Status>> + Send + use<>, Status> {
+) -> Result<impl Stream<Item = Result<pb::TaskEvent, GatewayError>> + Send + use<>, Status> {
     let events = open(&mut tasks, request.clone(), tokio::time::Instant::now()).await?;
     let watch = Watch {
         tasks,
@@ -84,14 +87,16 @@ async fn open(
 impl Watch {
     /// The next change, or, once the gateway is stopping, UNAVAILABLE (its
     /// caller subscribes again, to another gateway or this one restarted).
-    async fn next(&mut self) -> Option<Result<pb::TaskEvent, Status>> {
+    async fn next(&mut self) -> Option<Result<pb::TaskEvent, GatewayError>> {
         let stopping = self.stopping.clone();
         tokio::select! {
             biased;
-            next = self.next_change() => next,
+            next = self.next_change() => {
+                next.map(|change| change.map_err(|status| GatewayError::from_taskstore(&status, Some(&self.task_id))))
+            }
             () = stopping.cancelled() => {
                 self.finished = true;
-                Some(Err(Status::unavailable(crate::error::GATEWAY_STOPPING)))
+                Some(Err(GatewayError::Unavailable(STOPPING.to_owned())))
             }
         }
     }
