@@ -8,8 +8,10 @@ use chorus_proto::eventbus::{
     PublishRequest, ReadEventsRequest, RegisterHandlerRequest, ReplayRequest, RetryPolicy, SubscribeRequest,
     event_bus_client::EventBusClient,
 };
-use chorus_tests::{Sandbox, Server, status::assert_invalid};
-use prost::Message as _;
+use chorus_tests::{
+    Sandbox, Server,
+    status::{assert_invalid, assert_reason, detail},
+};
 use tonic::{Code, Status, transport::Channel};
 
 type Client = EventBusClient<Channel>;
@@ -17,7 +19,7 @@ type Client = EventBusClient<Channel>;
 const NS: &str = "e2e";
 /// The bus's default `max_payload_bytes`.
 const MAX_PAYLOAD_BYTES: usize = 1 << 20;
-const CYCLE_TYPE_URL: &str = "type.googleapis.com/chorus.eventbus.v1.HandlerCycle";
+const BUS: &str = "eventbus.chorus.dev";
 
 async fn dev_server(sandbox: &Sandbox) -> Server {
     sandbox.dev().no_agents().start().await
@@ -165,6 +167,7 @@ async fn unknown_handlers_and_deliveries_are_not_found() {
     let status = get_handler(&mut client, "nobody").await.expect_err("an unknown handler");
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
     assert!(status.message().contains("nobody"), "the message names the handler: {status:?}");
+    assert_eq!(assert_reason(&status, BUS, "HANDLER_NOT_FOUND")["handler"], "nobody");
     let status = client.subscribe(subscription("nobody")).await.expect_err("subscribing to an unknown handler");
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
     let deregister = DeregisterHandlerRequest { namespace: NS.to_owned(), name: "nobody".to_owned() };
@@ -176,6 +179,7 @@ async fn unknown_handlers_and_deliveries_are_not_found() {
     let status = client.get_delivery(get).await.expect_err("an unknown delivery");
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
     assert!(status.message().contains("1:nobody"), "the message names the delivery: {status:?}");
+    assert_eq!(assert_reason(&status, BUS, "DELIVERY_NOT_FOUND")["delivery_id"], "1:nobody");
     let ack = AckRequest { namespace: NS.to_owned(), delivery_ids: vec!["1:nobody".to_owned()] };
     assert_eq!(client.ack(ack).await.expect_err("an unknown delivery").code(), Code::NotFound);
 
@@ -190,13 +194,9 @@ fn assert_cycle(outcome: Result<tonic::Response<Handler>, Status>, cycle: &[&str
     let status = outcome.expect_err(&format!("the cycle {cycle:?} must be refused"));
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
     assert!(status.message().contains(&cycle.join(" -> ")), "the message shows the cycle: {status:?}");
-    let details =
-        tonic_types::Status::decode(status.details()).expect("grpc-status-details-bin is a google.rpc.Status");
-    assert_eq!(details.code, Code::FailedPrecondition as i32, "{details:?}");
-    let [detail] = details.details.as_slice() else { panic!("one detail expected: {details:?}") };
-    assert_eq!(detail.type_url, CYCLE_TYPE_URL);
-    let detail = HandlerCycle::decode(detail.value.as_slice()).expect("a HandlerCycle");
+    let detail: HandlerCycle = detail(&status, "chorus.eventbus.v1.HandlerCycle");
     assert_eq!(detail.path, cycle);
+    assert_eq!(assert_reason(&status, BUS, "HANDLER_CYCLE")["handler"], cycle[0]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,8 +9,10 @@ use chorus_proto::hub::{
     RegisterAgentRequest, ReplyRequest, SendDirectRequest, SetStateRequest, StateConflict, StateEntry,
     StreamInboxRequest, SubscribeRequest, WatchStateRequest, hub_client::HubClient, message::Kind,
 };
-use chorus_tests::{DEADLINE, Sandbox, Server, status::assert_invalid};
-use prost::Message as _;
+use chorus_tests::{
+    DEADLINE, Sandbox, Server,
+    status::{assert_invalid, assert_reason, detail},
+};
 use tonic::{Code, Status, transport::Channel};
 
 type Client = HubClient<Channel>;
@@ -19,7 +21,7 @@ const NS: &str = "e2e";
 const TOPIC: &str = "jobs";
 /// The hub's default `max_payload_bytes`.
 const MAX_PAYLOAD_BYTES: usize = 1 << 20;
-const CONFLICT_TYPE_URL: &str = "type.googleapis.com/chorus.hub.v1.StateConflict";
+const HUB: &str = "hub.chorus.dev";
 
 async fn dev_server(sandbox: &Sandbox) -> Server {
     sandbox.dev().no_agents().start().await
@@ -256,7 +258,10 @@ async fn unknown_agents_and_keys_are_not_found() {
     let mut client = server.hub().await;
     register(&mut client, "coordinator").await;
 
-    assert_code(client.send_direct(direct("coordinator", "nobody", b"1".into())).await, Code::NotFound, "nobody");
+    let unknown = client.send_direct(direct("coordinator", "nobody", b"1".into())).await;
+    let status = unknown.as_ref().expect_err("an unknown recipient");
+    assert_eq!(assert_reason(status, HUB, "AGENT_NOT_FOUND")["agent_id"], "nobody");
+    assert_code(unknown, Code::NotFound, "nobody");
     let delegate = DelegateRequest {
         namespace: NS.to_owned(),
         sender: "coordinator".to_owned(),
@@ -274,7 +279,9 @@ async fn unknown_agents_and_keys_are_not_found() {
         ..StreamInboxRequest::default()
     };
     assert_code(client.stream_inbox(stream).await, Code::NotFound, "nobody");
-    assert_code(get_state(&mut client, "absent").await, Code::NotFound, "absent");
+    let absent = get_state(&mut client, "absent").await;
+    assert_eq!(assert_reason(absent.as_ref().expect_err("absent"), HUB, "KEY_NOT_FOUND")["key"], "absent");
+    assert_code(absent, Code::NotFound, "absent");
 
     assert_eq!(agent_ids(&mut client).await, ["coordinator"], "no agent appeared");
     assert!(inbox(&mut client, "coordinator").await.is_empty(), "nothing came back to the sender");
@@ -287,14 +294,11 @@ async fn unknown_agents_and_keys_are_not_found() {
 fn assert_conflict<T: std::fmt::Debug>(outcome: Result<T, Status>, key: &str, expected: u64, actual: u64) {
     let status = outcome.expect_err(&format!("expecting version {expected} of {key} at {actual} must fail"));
     assert_eq!(status.code(), Code::Aborted, "{status:?}");
-    let details =
-        tonic_types::Status::decode(status.details()).expect("grpc-status-details-bin is a google.rpc.Status");
-    assert_eq!(details.code, Code::Aborted as i32, "{details:?}");
-    let [detail] = details.details.as_slice() else { panic!("one detail expected: {details:?}") };
-    assert_eq!(detail.type_url, CONFLICT_TYPE_URL);
-    let conflict = StateConflict::decode(detail.value.as_slice()).expect("a StateConflict");
+    let conflict: StateConflict = detail(&status, "chorus.hub.v1.StateConflict");
     let wanted = StateConflict { key: key.to_owned(), expected_version: expected, actual_version: actual };
     assert_eq!(conflict, wanted);
+    let about = assert_reason(&status, HUB, "VERSION_CONFLICT");
+    assert_eq!((about["key"].as_str(), about["actual_version"].parse::<u64>().unwrap()), (key, actual));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,7 @@
 //! The event bus's one error type, and its one mapping to error codes.
 
 use chorus_runtime::{
-    error::{ErrorCode, ServiceError},
+    error::{ErrorCode, Reason, ServiceError, any},
     storage::storage_error,
     validate::FieldViolation,
 };
@@ -69,12 +69,32 @@ impl ServiceError for EventBusError {
     fn detail(&self) -> Option<prost_types::Any> {
         let Self::Cycle { path, .. } = self else { return None };
         let cycle = chorus_proto::eventbus::HandlerCycle { path: path.clone() };
-        Some(prost_types::Any {
-            type_url: "type.googleapis.com/chorus.eventbus.v1.HandlerCycle".into(),
-            value: prost::Message::encode_to_vec(&cycle),
+        Some(any("chorus.eventbus.v1.HandlerCycle", &cycle))
+    }
+
+    fn reason(&self) -> Option<Reason> {
+        let reason = |name| Reason::new(DOMAIN, name);
+        let about = |name, id: &DeliveryId| reason(name).with("delivery_id", id);
+        Some(match self {
+            Self::InvalidArgument(_) | Self::Storage(_) | Self::Corrupt(_) => return None,
+            Self::HandlerNotFound(handler) => reason("HANDLER_NOT_FOUND").with("handler", handler),
+            Self::DeliveryNotFound(id) => about("DELIVERY_NOT_FOUND", id),
+            Self::Cycle { name, .. } => reason("HANDLER_CYCLE").with("handler", name),
+            Self::DeliveryFinished { id, state, .. } => about("DELIVERY_FINISHED", id).with("state", state),
+            Self::NotInFlight { id, state, .. } => about("DELIVERY_NOT_IN_FLIGHT", id).with("state", state),
+            Self::AttemptOver { id, attempt, current, .. } => {
+                about("ATTEMPT_OVER", id).with("attempt", attempt).with("current_attempt", current)
+            }
+            Self::NotDeadLettered { id, handler } => about("NOT_DEAD_LETTERED", id).with("handler", handler),
+            Self::StreamSuperseded(consumer) => reason("STREAM_REPLACED").with("consumer", consumer),
+            Self::ShuttingDown => reason("SHUTTING_DOWN"),
+            Self::Unavailable(_) => reason("DATABASE_UNAVAILABLE"),
         })
     }
 }
+
+/// The domain of the event bus's `google.rpc.ErrorInfo` reasons.
+pub const DOMAIN: &str = "eventbus.chorus.dev";
 
 impl From<EventBusError> for tonic::Status {
     fn from(error: EventBusError) -> Self {

@@ -1,7 +1,7 @@
 //! The hub's one error type, and its one mapping to error codes.
 
 use chorus_runtime::{
-    error::{ErrorCode, ServiceError},
+    error::{ErrorCode, Reason, ServiceError, any},
     storage::storage_error,
     validate::FieldViolation,
 };
@@ -76,12 +76,42 @@ impl ServiceError for HubError {
             expected_version: u64::try_from(*expected).unwrap_or_default(),
             actual_version: u64::try_from(*actual).unwrap_or_default(),
         };
-        Some(prost_types::Any {
-            type_url: "type.googleapis.com/chorus.hub.v1.StateConflict".into(),
-            value: prost::Message::encode_to_vec(&conflict),
+        Some(any("chorus.hub.v1.StateConflict", &conflict))
+    }
+
+    fn reason(&self) -> Option<Reason> {
+        let reason = |name| Reason::new(DOMAIN, name);
+        let about = |name, correlation_id: &str| reason(name).with("correlation_id", correlation_id);
+        Some(match self {
+            Self::InvalidArgument(_) | Self::Storage(_) | Self::Corrupt(_) => return None,
+            Self::AgentNotFound(agent_id) => reason("AGENT_NOT_FOUND").with("agent_id", agent_id),
+            Self::KeyNotFound(key) => reason("KEY_NOT_FOUND").with("key", key),
+            Self::IdempotencyKeyInUse { key, message_id, .. } => {
+                reason("REQUEST_KEY_IN_USE").with("key", key).with("message_id", message_id)
+            }
+            Self::VersionConflict { key, expected, actual } => reason("VERSION_CONFLICT")
+                .with("key", key)
+                .with("expected_version", expected)
+                .with("actual_version", actual),
+            Self::QueueFull { recipient, depth } => {
+                reason("INBOX_FULL").with("recipient", recipient).with("depth", depth)
+            }
+            Self::NoPendingRequest(correlation_id) => about("NO_PENDING_REQUEST", correlation_id),
+            Self::NotTheRecipient { correlation_id, recipient } => {
+                about("NOT_THE_RECIPIENT", correlation_id).with("recipient", recipient)
+            }
+            Self::DelegationTimedOut { correlation_id, recipient, attempts } => {
+                about("DELEGATION_TIMED_OUT", correlation_id).with("recipient", recipient).with("attempts", attempts)
+            }
+            Self::StreamSuperseded(consumer) => reason("STREAM_REPLACED").with("consumer", consumer),
+            Self::ShuttingDown => reason("SHUTTING_DOWN"),
+            Self::Unavailable(_) => reason("DATABASE_UNAVAILABLE"),
         })
     }
 }
+
+/// The domain of the hub's `google.rpc.ErrorInfo` reasons.
+pub const DOMAIN: &str = "hub.chorus.dev";
 
 impl From<HubError> for tonic::Status {
     fn from(error: HubError) -> Self {

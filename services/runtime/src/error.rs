@@ -120,33 +120,43 @@ pub fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
 /// Converts a service error to a gRPC status: the one place this happens.
 ///
 /// Internal errors are logged here, once, and their detail is not sent to the
-/// caller; `InvalidArgument` carries a `google.rpc.BadRequest` naming the
-/// field, and an error with a [`Reason`] a `google.rpc.ErrorInfo`.
+/// caller. Otherwise the status carries, in `grpc-status-details-bin`, a
+/// `google.rpc.BadRequest` naming the field of an `InvalidArgument`, a
+/// `google.rpc.ErrorInfo` for an error with a [`Reason`], and the error's
+/// own typed [detail](ServiceError::detail).
 pub fn into_status<E: ServiceError>(error: E) -> tonic::Status {
+    use tonic_types::pb;
     let code = error.error_code();
     if code == ErrorCode::Internal {
         tracing::error!(error = %error, "internal error");
         return tonic::Status::internal("internal error");
     }
     let message = error.to_string();
-    if let Some(detail) = error.detail() {
-        let status =
-            tonic_types::Status { code: code.grpc_code().into(), message: message.clone(), details: vec![detail] };
-        return tonic::Status::with_details(code.grpc_code(), message, prost::Message::encode_to_vec(&status).into());
+    let mut details = Vec::new();
+    if let Some(field) = error.field() {
+        let violation = pb::bad_request::FieldViolation {
+            field: field.to_owned(),
+            description: message.clone(),
+            ..Default::default()
+        };
+        details.push(any("google.rpc.BadRequest", &pb::BadRequest { field_violations: vec![violation] }));
     }
-    let (field, reason) = (error.field(), error.reason());
-    if field.is_none() && reason.is_none() {
+    if let Some(Reason { reason, domain, metadata }) = error.reason() {
+        let info = pb::ErrorInfo { reason: reason.to_owned(), domain: domain.to_owned(), metadata };
+        details.push(any("google.rpc.ErrorInfo", &info));
+    }
+    details.extend(error.detail());
+    if details.is_empty() {
         return tonic::Status::new(code.grpc_code(), message);
     }
-    let mut details = tonic_types::ErrorDetails::new();
-    if let Some(field) = field {
-        details.add_bad_request_violation(field, message.clone());
-    }
-    if let Some(Reason { reason, domain, metadata }) = reason {
-        details.set_error_info(reason, domain, metadata);
-    }
-    use tonic_types::StatusExt as _;
-    tonic::Status::with_error_details(code.grpc_code(), message, details)
+    let status = pb::Status { code: code.grpc_code().into(), message: message.clone(), details };
+    tonic::Status::with_details(code.grpc_code(), message, prost::Message::encode_to_vec(&status).into())
+}
+
+/// `message` packed as a `google.protobuf.Any` of the type `name`
+/// (`chorus.hub.v1.StateConflict`, ...), for a [`ServiceError::detail`].
+pub fn any(name: &str, message: &impl prost::Message) -> prost_types::Any {
+    prost_types::Any { type_url: format!("type.googleapis.com/{name}"), value: message.encode_to_vec() }
 }
 
 #[cfg(test)]
@@ -161,6 +171,8 @@ mod tests {
         Db,
         #[error("lease of task {0} lost")]
         Lost(String),
+        #[error("key {0} changed")]
+        Changed(String),
     }
 
     impl ServiceError for Demo {
@@ -169,20 +181,26 @@ mod tests {
                 Self::Bad { .. } => ErrorCode::InvalidArgument,
                 Self::Db => ErrorCode::Internal,
                 Self::Lost(_) => ErrorCode::FailedPrecondition,
+                Self::Changed(_) => ErrorCode::Aborted,
             }
         }
         fn field(&self) -> Option<&str> {
             match self {
                 Self::Bad { field } => Some(field),
-                Self::Db | Self::Lost(_) => None,
+                Self::Db | Self::Lost(_) | Self::Changed(_) => None,
             }
         }
         fn reason(&self) -> Option<Reason> {
             match self {
                 Self::Lost(task_id) => Some(Reason::new("demo.chorus.dev", "LEASE_LOST").with("task_id", task_id)),
                 Self::Db => Some(Reason::new("demo.chorus.dev", "NEVER_SENT")),
+                Self::Changed(key) => Some(Reason::new("demo.chorus.dev", "CHANGED").with("key", key)),
                 Self::Bad { .. } => None,
             }
+        }
+        fn detail(&self) -> Option<prost_types::Any> {
+            let Self::Changed(key) = self else { return None };
+            Some(any("demo.Changed", &prost_types::Duration { seconds: key.len() as i64, nanos: 0 }))
         }
     }
 
@@ -205,6 +223,17 @@ mod tests {
         assert_eq!((info.reason.as_str(), info.domain.as_str()), ("LEASE_LOST", "demo.chorus.dev"));
         assert_eq!(info.metadata["task_id"], "t-1");
         assert!(into_status(Demo::Bad { field: "x".into() }).get_details_error_info().is_none());
+    }
+
+    #[test]
+    fn a_typed_detail_travels_beside_the_error_info() {
+        use tonic_types::StatusExt as _;
+        let status = into_status(Demo::Changed("k-1".into()));
+        let info = status.get_details_error_info().expect("error info");
+        assert_eq!((info.reason.as_str(), info.metadata["key"].as_str()), ("CHANGED", "k-1"));
+        let details: tonic_types::Status = prost::Message::decode(status.details()).unwrap();
+        let types: Vec<&str> = details.details.iter().map(|any| any.type_url.as_str()).collect();
+        assert_eq!(types, ["type.googleapis.com/google.rpc.ErrorInfo", "type.googleapis.com/demo.Changed"]);
     }
 
     #[test]

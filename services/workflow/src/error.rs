@@ -1,7 +1,7 @@
 //! The workflow service's one error type, and its one mapping to error codes.
 
 use chorus_runtime::{
-    error::{ErrorCode, ServiceError},
+    error::{ErrorCode, Reason, ServiceError, any},
     storage::storage_error,
     validate::FieldViolation,
 };
@@ -20,8 +20,14 @@ pub enum WorkflowError {
     NotFound(String),
     #[error("run {0} not found")]
     RunNotFound(String),
-    #[error("{0}")]
-    FailedPrecondition(String),
+    #[error("run {run_id} is already {state}")]
+    RunFinished { run_id: String, state: &'static str },
+    #[error("step {step_id} has not been reached yet in run {run_id}")]
+    GateNotReached { run_id: String, step_id: String },
+    #[error("gate {step_id} is not waiting for a decision (it is {state})")]
+    GateNotWaiting { step_id: String, state: String },
+    #[error("gate {step_id} waits in iteration {waiting}, not {asked}")]
+    GateIteration { step_id: String, waiting: u32, asked: u32 },
     #[error(
         "idempotency key `{key}` is already used by run {run_id} of {workflow} v{version}, which {mismatch}; \
          reuse a key only to retry the same start"
@@ -57,7 +63,10 @@ impl ServiceError for WorkflowError {
             Self::InvalidArgument(_) | Self::InvalidDefinition { .. } => ErrorCode::InvalidArgument,
             Self::VersionNotFound { .. } | Self::NotFound(_) | Self::RunNotFound(_) => ErrorCode::NotFound,
             Self::KeyInUse { .. } => ErrorCode::AlreadyExists,
-            Self::FailedPrecondition(_) => ErrorCode::FailedPrecondition,
+            Self::RunFinished { .. }
+            | Self::GateNotReached { .. }
+            | Self::GateNotWaiting { .. }
+            | Self::GateIteration { .. } => ErrorCode::FailedPrecondition,
             Self::Conflict(_) | Self::LeaseLost(_) => ErrorCode::Aborted,
             Self::Unavailable(_) | Self::ShuttingDown => ErrorCode::Unavailable,
             Self::Folder { .. } | Self::Storage(_) | Self::Corrupt(_) => ErrorCode::Internal,
@@ -73,12 +82,37 @@ impl ServiceError for WorkflowError {
         let detail = chorus_proto::workflow::ValidationProblems {
             problems: problems.iter().cloned().map(crate::grpc::problem_out).collect(),
         };
-        Some(prost_types::Any {
-            type_url: "type.googleapis.com/chorus.workflow.v1.ValidationProblems".into(),
-            value: prost::Message::encode_to_vec(&detail),
+        Some(any("chorus.workflow.v1.ValidationProblems", &detail))
+    }
+
+    fn reason(&self) -> Option<Reason> {
+        let reason = |name| Reason::new(DOMAIN, name);
+        let gate = |name, step_id: &str| reason(name).with("step_id", step_id);
+        Some(match self {
+            Self::InvalidArgument(_) | Self::Folder { .. } | Self::Storage(_) | Self::Corrupt(_) => return None,
+            Self::InvalidDefinition { file, .. } => reason("INVALID_DEFINITION").with("file", file),
+            Self::VersionNotFound { name, version } => {
+                reason("VERSION_NOT_FOUND").with("workflow", name).with("version", version)
+            }
+            Self::NotFound(name) => reason("WORKFLOW_NOT_FOUND").with("workflow", name),
+            Self::RunNotFound(run_id) => reason("RUN_NOT_FOUND").with("run_id", run_id),
+            Self::RunFinished { run_id, state } => reason("RUN_FINISHED").with("run_id", run_id).with("state", state),
+            Self::GateNotReached { run_id, step_id } => gate("GATE_NOT_REACHED", step_id).with("run_id", run_id),
+            Self::GateNotWaiting { step_id, state } => gate("GATE_NOT_WAITING", step_id).with("state", state),
+            Self::GateIteration { step_id, waiting, .. } => {
+                gate("GATE_ITERATION_MISMATCH", step_id).with("iteration", waiting)
+            }
+            Self::KeyInUse { key, run_id, .. } => reason("REQUEST_KEY_IN_USE").with("key", key).with("run_id", run_id),
+            Self::LeaseLost(run_id) => reason("LEASE_LOST").with("run_id", run_id),
+            Self::Conflict(name) => reason("CONCURRENT_CHANGE").with("workflow", name),
+            Self::ShuttingDown => reason("SHUTTING_DOWN"),
+            Self::Unavailable(_) => reason("DATABASE_UNAVAILABLE"),
         })
     }
 }
+
+/// The domain of the workflow service's `google.rpc.ErrorInfo` reasons.
+pub const DOMAIN: &str = "workflow.chorus.dev";
 
 impl From<WorkflowError> for tonic::Status {
     fn from(error: WorkflowError) -> Self {

@@ -401,7 +401,7 @@ impl Workflows {
 }
 
 fn finished(run: &Run) -> WorkflowError {
-    WorkflowError::FailedPrecondition(format!("run {} is already {}", run.id, run.state.as_str()))
+    WorkflowError::RunFinished { run_id: run.id.clone(), state: run.state.as_str() }
 }
 
 /// The index of the waiting record of the gate `call` names.
@@ -416,10 +416,7 @@ fn waiting_gate(run: &Run, spec: &WorkflowSpec, call: &GateCall) -> Result<usize
         if run.state.is_finished() {
             return Err(finished(run));
         }
-        return Err(WorkflowError::FailedPrecondition(format!(
-            "step {} has not been reached yet in run {}",
-            call.step_id, run.id
-        )));
+        return Err(WorkflowError::GateNotReached { run_id: run.id.clone(), step_id: call.step_id.clone() });
     };
     let record = &run.body.steps[index];
     if record.kind != StepKind::Gate {
@@ -433,17 +430,12 @@ fn waiting_gate(run: &Run, spec: &WorkflowSpec, call: &GateCall) -> Result<usize
     }
     if record.state != StepState::Waiting {
         let state = serde_json::to_value(record.state).unwrap_or_default();
-        return Err(WorkflowError::FailedPrecondition(format!(
-            "gate {} is not waiting for a decision (it is {})",
-            call.step_id,
-            state.as_str().unwrap_or_default()
-        )));
+        let state = state.as_str().unwrap_or_default().to_owned();
+        return Err(WorkflowError::GateNotWaiting { step_id: call.step_id.clone(), state });
     }
-    if let Some(iteration) = call.iteration.filter(|i| *i != record.iteration) {
-        return Err(WorkflowError::FailedPrecondition(format!(
-            "gate {} waits in iteration {}, not {iteration}",
-            call.step_id, record.iteration
-        )));
+    if let Some(asked) = call.iteration.filter(|i| *i != record.iteration) {
+        let step_id = call.step_id.clone();
+        return Err(WorkflowError::GateIteration { step_id, waiting: record.iteration, asked });
     }
     Ok(index)
 }

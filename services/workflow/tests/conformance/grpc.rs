@@ -33,8 +33,10 @@ async fn an_invalid_put_is_invalid_argument_with_every_problem(h: Harness) {
     let status = grpc.put_definition(put(source, "x.yaml")).await.expect_err("invalid");
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     let details = tonic_types::Status::decode(status.details()).expect("a google.rpc.Status");
-    let [detail] = details.details.as_slice() else { panic!("one detail expected: {details:?}") };
-    assert_eq!(detail.type_url, PROBLEMS_TYPE_URL);
+    let Some(detail) = details.details.iter().find(|detail| detail.type_url == PROBLEMS_TYPE_URL) else {
+        panic!("no ValidationProblems: {details:?}")
+    };
+    assert_eq!(reason(&status), ("INVALID_DEFINITION".to_owned(), "x.yaml".to_owned()));
     let problems = pb::ValidationProblems::decode(detail.value.as_slice()).expect("ValidationProblems").problems;
     let seen: Vec<(&str, u32, &str)> = problems.iter().map(|p| (p.code.as_str(), p.line, p.field.as_str())).collect();
     assert_eq!(
@@ -116,9 +118,12 @@ async fn run_rpcs_answer_bad_input_with_the_field_and_unknown_runs_with_not_foun
     let start = pb::StartRunRequest { namespace: NS.into(), workflow: "nope".into(), ..Default::default() };
     let status = grpc.start_run(Request::new(start)).await.expect_err("unknown workflow");
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    assert_eq!(reason(&status), ("WORKFLOW_NOT_FOUND".to_owned(), "nope".to_owned()));
     for wait_finished in [false, true] {
         let get = pb::GetRunRequest { namespace: NS.into(), run_id: "no-such-run".into(), wait_finished };
-        assert_eq!(grpc.get_run(Request::new(get)).await.expect_err("unknown run").code(), Code::NotFound);
+        let status = grpc.get_run(Request::new(get)).await.expect_err("unknown run");
+        assert_eq!(status.code(), Code::NotFound);
+        assert_eq!(reason(&status), ("RUN_NOT_FOUND".to_owned(), "no-such-run".to_owned()));
     }
     let decide = pb::DecideGateRequest {
         namespace: NS.into(),
@@ -174,4 +179,14 @@ steps:
     let say = &run.body.steps[0];
     assert_eq!(say.input["text"], "5 of 10, 3 tries", "{run:#?}");
     assert_eq!(serde_json::Value::Object(run.body.input), whole, "the default is stored as written");
+}
+
+/// The reason of `status`'s `google.rpc.ErrorInfo`, in the workflow
+/// service's domain, and the first of the ids it is about.
+fn reason(status: &tonic::Status) -> (String, String) {
+    use tonic_types::StatusExt as _;
+    let info = status.get_details_error_info().unwrap_or_else(|| panic!("no ErrorInfo: {status:?}"));
+    assert_eq!(info.domain, "workflow.chorus.dev");
+    let about = ["file", "workflow", "run_id"].iter().find_map(|key| info.metadata.get(*key)).cloned();
+    (info.reason, about.unwrap_or_default())
 }

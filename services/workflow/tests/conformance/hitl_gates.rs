@@ -77,10 +77,8 @@ async fn rejections_past_the_limit_escalate_then_fail(h: Harness) {
     assert!(unknown.to_string().contains("workflow gated (version 1) has no step `nosuch`"), "{unknown}");
     let early = h.workflows.decide_gate(NS, &run.id, gate("build", Decision::Approve, "ana", "")).await;
     let early = early.expect_err("not reached");
-    assert!(
-        matches!(&early, WorkflowError::FailedPrecondition(why) if why.contains("not been reached yet")),
-        "{early}"
-    );
+    assert!(matches!(&early, WorkflowError::GateNotReached { step_id, .. } if step_id == "build"), "{early}");
+    assert!(early.to_string().contains("not been reached yet"), "{early}");
     h.workflows.decide_gate(NS, &run.id, gate("signoff", Decision::Reject, "ana", "no")).await.expect("first");
     let run = h
         .until(&run.id, "round two", |r| {
@@ -107,7 +105,7 @@ async fn rejections_past_the_limit_escalate_then_fail(h: Harness) {
         let late = h.workflows.decide_gate(NS, &run.id, gate(step, Decision::Approve, "ana", "")).await;
         let late = late.expect_err("the run is over");
         let said = format!("run {} is already failed", run.id);
-        assert!(matches!(&late, WorkflowError::FailedPrecondition(why) if *why == said), "{step}: {late}");
+        assert!(matches!(&late, WorkflowError::RunFinished { .. }) && late.to_string() == said, "{step}: {late}");
     }
 }
 
@@ -129,14 +127,14 @@ async fn decisions_on_gates_not_waiting_change_nothing(h: Harness) {
     let run = h.run("held", json!({})).await;
     h.waiting(&run.id).await;
     let error = h.workflows.decide_gate(NS, &run.id, gate("signoff", Decision::Approve, "ana", "")).await;
-    assert!(matches!(error, Err(WorkflowError::FailedPrecondition(_))), "{error:?}");
+    assert!(matches!(error, Err(WorkflowError::GateNotReached { .. })), "{error:?}");
     signal(&h, &run.id, "go", "s1").await;
     let run =
         h.until(&run.id, "the gate announced", |r| r.body.steps.get(1).is_some_and(|s| s.external_id.is_some())).await;
     let mut stale = gate("signoff", Decision::Approve, "ana", "");
     stale.iteration = Some(7);
     let error = h.workflows.decide_gate(NS, &run.id, stale).await.expect_err("stale iteration");
-    assert!(matches!(error, WorkflowError::FailedPrecondition(_)), "{error:?}");
+    assert!(matches!(error, WorkflowError::GateIteration { asked: 7, .. }), "{error:?}");
     let error =
         h.workflows.decide_gate(NS, &run.id, gate("hold", Decision::Approve, "ana", "")).await.expect_err("not a gate");
     assert!(matches!(error, WorkflowError::InvalidArgument(_)), "{error:?}");

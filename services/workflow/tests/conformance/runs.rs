@@ -257,7 +257,7 @@ async fn canceling_a_run_cancels_its_task(h: Harness) {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let again = h.workflows.cancel_run(NS, &run.id, "", "").await.expect_err("finished");
-    assert!(matches!(again, WorkflowError::FailedPrecondition(_)), "{again:?}");
+    assert!(matches!(again, WorkflowError::RunFinished { state: "canceled", .. }), "{again:?}");
 }
 
 async fn a_run_stays_on_its_version(h: Harness) {
