@@ -193,6 +193,7 @@ impl Worker {
             lease_id: claimed.lease_id,
             message: None,
             artifacts: Vec::new(),
+            brief: true,
         };
         let completed = call("CompleteTask", self.client.complete_task(request)).await?;
         let done = Instant::now();

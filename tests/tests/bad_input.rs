@@ -2,8 +2,8 @@
 //! error, changes nothing, and the server keeps serving.
 
 use chorus_proto::taskstore::{
-    CreateTaskRequest, GetTaskRequest, ListTasksRequest, Role, Task, TaskState, UpdateStatusRequest, WatchTaskRequest,
-    WatchTasksRequest,
+    AddMessageRequest, ClaimTasksRequest, CreateTaskRequest, FailTaskRequest, GetTaskRequest, ListTasksRequest,
+    ReleaseTaskRequest, Role, Task, TaskState, UpdateStatusRequest, WatchTaskRequest, WatchTasksRequest, part::Content,
 };
 use chorus_tests::{
     Sandbox, Server,
@@ -72,6 +72,70 @@ async fn missing_and_invalid_fields_are_named() {
     assert_invalid(client.fail_task(fail(backwards)).await, "retry_after");
 
     assert_eq!(task_count(&mut client).await, 0, "no refused request created a task");
+    server.assert_serving().await;
+}
+
+/// A message names no other task than the one it is for, a url part holds a
+/// URL, a pause is asked for only with a retry, and a worker's capacity and
+/// retries are bounded: each refused, naming the field, with nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inputs_that_would_be_misread_are_refused() {
+    let sandbox = Sandbox::new();
+    let server = dev_server(&sandbox).await;
+    let mut client = server.task_store().await;
+    let mut for_another = create_request(NS, "reverser", "hello");
+    for_another.message.as_mut().expect("a message").task_id = "t-other".to_owned();
+    assert_invalid(client.create_task(for_another).await, "message.task_id");
+    let mut relative = create_request(NS, "reverser", "hello");
+    relative.message.as_mut().expect("a message").parts[0].content = Some(Content::Url("report.pdf".to_owned()));
+    assert_invalid(client.create_task(relative).await, "message.parts[0].url");
+
+    let task = create_task(&mut client, NS, "reverser", "hello").await;
+    let mut message = text_message(Role::User, "more");
+    message.task_id = "t-other".to_owned();
+    let add = AddMessageRequest {
+        namespace: NS.to_owned(),
+        task_id: task.id.clone(),
+        message: Some(message.clone()),
+        ..Default::default()
+    };
+    assert_invalid(client.add_message(add.clone()).await, "message.task_id");
+    message.task_id.clone_from(&task.id);
+    let added = client.add_message(AddMessageRequest { message: Some(message), ..add }).await.expect("its own id");
+    assert_eq!(added.into_inner().history.len(), 2);
+
+    let pause = Some(prost_types::Duration { seconds: 5, nanos: 0 });
+    let failing = FailTaskRequest {
+        namespace: NS.to_owned(),
+        task_id: task.id.clone(),
+        lease_id: "l-1".to_owned(),
+        retry_after: pause,
+        ..Default::default()
+    };
+    assert_invalid(client.fail_task(failing).await, "retry_after");
+    let two_days = Some(prost_types::Duration { seconds: 2 * 24 * 3600, nanos: 0 });
+    let release = ReleaseTaskRequest {
+        namespace: NS.to_owned(),
+        task_id: task.id.clone(),
+        lease_id: "l-1".to_owned(),
+        retry_after: two_days,
+        ..Default::default()
+    };
+    assert_invalid(client.release_task(release).await, "retry_after");
+    let claim = |capacity, max_retries| ClaimTasksRequest {
+        namespace: NS.to_owned(),
+        agent_id: "reverser".to_owned(),
+        worker_id: "w-1".to_owned(),
+        capacity,
+        max_retries,
+        ..Default::default()
+    };
+    assert_invalid(client.claim_tasks(claim(10_001, 0)).await.map(|_| ()), "capacity");
+    assert_invalid(client.claim_tasks(claim(1, 1_001)).await.map(|_| ()), "max_retries");
+
+    let after = get_task(&mut client, NS, &task.id).await;
+    assert_eq!((after.status.expect("a status").state(), after.history.len()), (TaskState::Submitted, 2));
+    assert_eq!(task_count(&mut client).await, 1, "no refused request created a task");
     server.assert_serving().await;
 }
 

@@ -389,6 +389,7 @@ async fn tasks_larger_than_a_grpc_message_are_read_whole_and_listed_in_pages() {
             task_id: big.id.clone(),
             message: Some(message),
             lease_id: String::new(),
+            brief: true,
         };
         tasks.add_message(request).await.expect("a message of 1 MiB");
     }

@@ -212,16 +212,20 @@ async fn write_a_task_tree(client: &mut Client) -> (String, String) {
         namespace: NS.to_owned(),
         task_id: parent.id.clone(),
         artifact: Some(artifact),
+        brief: true,
         ..Default::default()
     };
-    client.append_artifact(append).await.expect("artifact");
+    let brief = client.append_artifact(append).await.expect("artifact").into_inner();
+    assert_eq!((state(&brief), brief.artifacts.len(), brief.history.len()), (TaskState::Working, 0, 0), "brief");
     let message = AddMessageRequest {
         namespace: NS.to_owned(),
         task_id: parent.id.clone(),
         message: Some(text_message(Role::User, "and then Porto")),
         lease_id: String::new(),
+        brief: false,
     };
-    client.add_message(message).await.expect("message");
+    let whole = client.add_message(message).await.expect("message").into_inner();
+    assert_eq!((whole.artifacts.len(), whole.history.len()), (1, 2), "the whole task");
 
     let spawn = SpawnSubtaskRequest {
         namespace: NS.to_owned(),
@@ -254,6 +258,7 @@ async fn write_a_task_tree(client: &mut Client) -> (String, String) {
         state: TaskState::Completed.into(),
         message: Some(text_message(Role::Agent, "booked")),
         lease_id: claimed.lease_id,
+        brief: false,
     };
     client.update_status(done).await.expect("child completed");
     (parent.id, child.id)

@@ -106,6 +106,7 @@ impl Turn {
             state: state.into(),
             message,
             lease_id: String::new(),
+            brief: true,
         };
         self.tasks.update_status(request).await?;
         Ok(())
@@ -120,6 +121,7 @@ impl Turn {
             append,
             last_chunk,
             lease_id: String::new(),
+            brief: true,
         };
         self.tasks.append_artifact(request).await?;
         Ok(())

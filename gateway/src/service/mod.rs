@@ -416,6 +416,7 @@ impl Gateway {
                 task_id: task_id.to_owned(),
                 message: stored,
                 lease_id: String::new(),
+                brief: false,
             };
             tasks.add_message(request).await.map_err(|status| task_error(&status, task_id))?.into_inner()
         };

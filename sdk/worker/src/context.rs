@@ -95,6 +95,7 @@ impl TaskContext {
             state: state.into(),
             message: Some(message),
             lease_id: self.inner.lease_id.clone(),
+            brief: false,
         };
         let mut client = self.client();
         let task = client.update_status(request).instrument(self.inner.span.clone()).await?;
@@ -122,6 +123,7 @@ impl TaskContext {
             append,
             last_chunk,
             lease_id: self.inner.lease_id.clone(),
+            brief: false,
         };
         let mut client = self.client();
         let task = client.append_artifact(request).instrument(self.inner.span.clone()).await?;

@@ -28,8 +28,9 @@ pub enum WorkerError {
 
 /// A handler's failure: the task fails with this error's text as the reason,
 /// is requeued when the error is [retryable](HandlerError::retryable) and
-/// the agent has retries left, or ends `REJECTED` when the handler
-/// [rejected](HandlerError::rejected) it.
+/// the agent has retries left, ends `REJECTED` when the handler
+/// [rejected](HandlerError::rejected) it, or goes back to the queue, its
+/// attempt not counted, when the handler [handed it back](HandlerError::handed_back).
 ///
 /// Any `std::error::Error` converts into a `HandlerError`, so handlers can
 /// use `?`: a fatal one, except that a task-store call refused as
@@ -47,6 +48,8 @@ enum Kind {
     /// Requeued, claimable again once the pause (if any) has passed.
     Retryable(Option<std::time::Duration>),
     Rejected,
+    /// Released, claimable again once the pause has passed.
+    HandedBack(std::time::Duration),
 }
 
 impl HandlerError {
@@ -75,6 +78,23 @@ impl HandlerError {
         Self { message: reason.to_string(), kind: Kind::Rejected }
     }
 
+    /// This worker cannot take the task now (a resource it needs is busy, it
+    /// is draining): the task goes back to the queue, its attempt not
+    /// counted whatever the agent's retries, and no worker claims it before
+    /// `after` has passed, so that this one is not handed it straight back.
+    pub fn handed_back(reason: impl fmt::Display, after: std::time::Duration) -> Self {
+        Self { message: reason.to_string(), kind: Kind::HandedBack(after) }
+    }
+
+    /// How long a task the handler [handed back](Self::handed_back) waits
+    /// before a worker may claim it; `None` for any other error.
+    pub fn handed_back_for(&self) -> Option<std::time::Duration> {
+        match self.kind {
+            Kind::HandedBack(after) => Some(after),
+            Kind::Fatal | Kind::Retryable(_) | Kind::Rejected => None,
+        }
+    }
+
     /// Whether the task should be requeued.
     pub fn is_retryable(&self) -> bool {
         matches!(self.kind, Kind::Retryable(_))
@@ -84,7 +104,7 @@ impl HandlerError {
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         match self.kind {
             Kind::Retryable(after) => after,
-            Kind::Fatal | Kind::Rejected => None,
+            Kind::Fatal | Kind::Rejected | Kind::HandedBack(_) => None,
         }
     }
 

@@ -62,6 +62,8 @@ impl<H> Runner<H> {
             task_id,
             lease_id,
             reason: "the worker shut down before finishing it".to_owned(),
+            retry_after: None,
+            brief: true,
         };
         match self.client.clone().release_task(request.clone()).await {
             Ok(_) => info!(task_id = %request.task_id, "task handed back to the queue"),
@@ -153,11 +155,14 @@ where
         match joined {
             Ok(Ok(reply)) => self.complete(&ctx, reply).await,
             Ok(Err(error)) if error.is_rejected() => self.reject(&ctx, error.to_string()).await,
-            Ok(Err(error)) => {
-                debug!(error = %error, retry = error.is_retryable(), "handler failed");
-                let retry = error.is_retryable().then(|| error.retry_after().unwrap_or_default());
-                self.fail(&ctx, error.to_string(), retry).await;
-            }
+            Ok(Err(error)) => match error.handed_back_for() {
+                Some(after) => self.release(&ctx, error.to_string(), after).await,
+                None => {
+                    debug!(error = %error, retry = error.is_retryable(), "handler failed");
+                    let retry = error.is_retryable().then(|| error.retry_after().unwrap_or_default());
+                    self.fail(&ctx, error.to_string(), retry).await;
+                }
+            },
             Err(join_error) => match join_error.try_into_panic() {
                 Ok(payload) => {
                     let reason = format!("handler panicked: {}", panic_message(payload.as_ref()));
@@ -209,6 +214,7 @@ where
             lease_id: ctx.lease_id().to_owned(),
             message,
             artifacts,
+            brief: true,
         };
         let completed = self
             .finish(|mut client| {
@@ -231,6 +237,7 @@ where
             reason,
             retry: retry.is_some(),
             retry_after: retry.filter(|pause| !pause.is_zero()).and_then(prost_duration),
+            brief: true,
         };
         let failed = self
             .finish(|mut client| {
@@ -246,6 +253,28 @@ where
         }
     }
 
+    /// Hands the task back to the queue, to be claimed once `after` has passed.
+    async fn release(&self, ctx: &TaskContext, reason: String, after: Duration) {
+        let request = ReleaseTaskRequest {
+            namespace: self.namespace.clone(),
+            task_id: ctx.id().to_owned(),
+            lease_id: ctx.lease_id().to_owned(),
+            reason,
+            retry_after: Some(after).filter(|pause| !pause.is_zero()).and_then(prost_duration),
+            brief: true,
+        };
+        let released = self
+            .finish(|mut client| {
+                let request = request.clone();
+                async move { client.release_task(request).await }
+            })
+            .await;
+        match released {
+            Ok(()) => debug!("task handed back"),
+            Err(status) => warn!(task_id = %ctx.id(), error = %status, "handing the task back failed"),
+        }
+    }
+
     /// Ends the task `REJECTED` with `reason` as its status message.
     async fn reject(&self, ctx: &TaskContext, reason: String) {
         let request = UpdateStatusRequest {
@@ -254,6 +283,7 @@ where
             state: TaskState::Rejected.into(),
             message: Some(agent_message(ctx.task(), vec![text_part(reason)])),
             lease_id: ctx.lease_id().to_owned(),
+            brief: true,
         };
         let rejected = self
             .finish(|mut client| {

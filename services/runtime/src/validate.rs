@@ -148,6 +148,15 @@ pub fn filter_len(field: &str, len: usize) -> Result<(), FieldViolation> {
     Ok(())
 }
 
+/// A count of at most `max`; zero (unset) means `default`.
+pub fn count(field: &str, value: u32, default: u32, max: u32) -> Result<u32, FieldViolation> {
+    match value {
+        0 => Ok(default),
+        value if value <= max => Ok(value),
+        value => Err(FieldViolation::new(field, format!("must be at most {max}, not {value}"))),
+    }
+}
+
 /// The longest `google.protobuf.Duration`: 10,000 years.
 const MAX_DURATION_SECONDS: u64 = 315_576_000_000;
 

@@ -83,6 +83,34 @@ async fn handler_errors_fail_the_task_or_requeue_it_while_retries_last() {
     assert!(running.stop().await.is_ok());
 }
 
+/// A worker that cannot take a task now hands it back for later: with room
+/// on its stream, it is not handed the task straight back.
+#[tokio::test]
+async fn a_handler_may_hand_its_task_back_for_later() {
+    let store = LiveStore::start().await;
+    let tries = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&tries);
+    let handler = move |task: TaskContext| {
+        let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            if first {
+                return Err(HandlerError::handed_back("the GPU is busy", Duration::from_millis(400)));
+            }
+            Ok(Reply::text(format!("done on attempt {}", task.task().attempt)))
+        }
+    };
+    let running = Running::start(&store, |worker| worker.capacity(2), handler).await;
+    let task = store.create(NAMESPACE, super::AGENT, "render", None).await;
+    let events = store.events_until_done(NAMESPACE, &task.id).await;
+    let requeued = status_changes(&events, TaskState::Submitted);
+    let said = "the GPU is busy; handed back to the queue, the attempt not counted, to be taken again in 400ms";
+    assert_eq!(requeued, [Some(said)]);
+    let done = store.get(NAMESPACE, &task.id).await;
+    assert_eq!((state_of(&done), status_text(&done)), (TaskState::Completed, Some("done on attempt 1")));
+    assert_eq!(tries.load(Ordering::SeqCst), 2);
+    assert!(running.stop().await.is_ok());
+}
+
 #[tokio::test]
 async fn a_handler_may_reject_its_task() {
     let store = LiveStore::start().await;
@@ -125,6 +153,7 @@ async fn a_handler_that_lost_its_lease_spawns_nothing() {
         reason: "taken away".to_owned(),
         retry: true,
         retry_after: None,
+        brief: false,
     };
     client.fail_task(requeue).await.expect("requeued");
 

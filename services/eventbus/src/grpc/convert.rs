@@ -203,14 +203,6 @@ pub(super) fn sequence(field: &str, value: u64) -> Checked<i64> {
     i64::try_from(value).map_err(|_| FieldViolation::new(field, "is out of range"))
 }
 
-pub(super) fn page_size(field: &str, value: u32, default: u32, max: u32) -> Checked<u32> {
-    match value {
-        0 => Ok(default),
-        value if value <= max => Ok(value),
-        _ => Err(FieldViolation::new(field, format!("must be at most {max}"))),
-    }
-}
-
 /// A page token: an opaque form of the last item's key.
 pub(super) fn page_token(value: &str) -> String {
     URL_SAFE_NO_PAD.encode(value)

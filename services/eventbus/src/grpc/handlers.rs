@@ -116,7 +116,7 @@ impl pb::event_bus_server::EventBus for EventBusGrpc {
             namespace: namespace(&request.namespace)?,
             after: convert::sequence("after_sequence", request.after_sequence)?,
             types: convert::patterns("event_types", &request.event_types)?,
-            limit: convert::page_size("page_size", request.page_size, DEFAULT_EVENT_PAGE, MAX_EVENT_PAGE)?,
+            limit: validate::count("page_size", request.page_size, DEFAULT_EVENT_PAGE, MAX_EVENT_PAGE)?,
         };
         let page = self.bus.read_events(&query).await?;
         Ok(Response::new(fit_page(page, self.max_message_bytes)))
@@ -193,7 +193,7 @@ impl pb::event_bus_server::EventBus for EventBusGrpc {
     ) -> Result<Response<pb::ListHandlersResponse>, Status> {
         let request = request.into_inner();
         let namespace = namespace(&request.namespace)?;
-        let size = convert::page_size("page_size", request.page_size, 100, 100)? as usize;
+        let size = validate::count("page_size", request.page_size, 100, 100)? as usize;
         let after = convert::parse_page_token("page_token", &request.page_token)?;
         let views = self.bus.list_handlers(&namespace).await?;
         let start = match &after {
@@ -225,12 +225,7 @@ impl pb::event_bus_server::EventBus for EventBusGrpc {
             namespace: namespace(&request.namespace)?,
             handler: convert::handler_name("handler", &request.handler)?,
             consumer_id: validate::id("consumer_id", &request.consumer_id)?,
-            max_in_flight: convert::page_size(
-                "max_in_flight",
-                request.max_in_flight,
-                DEFAULT_IN_FLIGHT,
-                MAX_IN_FLIGHT,
-            )?,
+            max_in_flight: validate::count("max_in_flight", request.max_in_flight, DEFAULT_IN_FLIGHT, MAX_IN_FLIGHT)?,
             after: request.after_sequence.map(|after| convert::sequence("after_sequence", after)).transpose()?,
         };
         let deliveries = self.bus.subscribe(subscription).await?;
@@ -296,7 +291,7 @@ impl pb::event_bus_server::EventBus for EventBusGrpc {
             states: vec![DeliveryState::DeadLettered],
             include_events: true,
             after: delivery_cursor(&request.page_token)?,
-            limit: convert::page_size("page_size", request.page_size, 50, 100)?,
+            limit: validate::count("page_size", request.page_size, 50, 100)?,
         };
         let page = self.bus.list_deliveries(&query).await?;
         let (deliveries, next_page_token) = fit_deliveries(page, self.max_message_bytes);
@@ -354,7 +349,7 @@ impl pb::event_bus_server::EventBus for EventBusGrpc {
             states,
             include_events: request.include_events,
             after: delivery_cursor(&request.page_token)?,
-            limit: convert::page_size("page_size", request.page_size, 50, 100)?,
+            limit: validate::count("page_size", request.page_size, 50, 100)?,
         };
         let page = self.bus.list_deliveries(&query).await?;
         let (deliveries, next_page_token) = fit_deliveries(page, self.max_message_bytes);

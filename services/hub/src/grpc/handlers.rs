@@ -61,14 +61,6 @@ fn sent(value: Sent, confirmed: bool) -> pb::SendResponse {
     }
 }
 
-fn page_size(field: &str, value: u32, default: u32, max: u32) -> Result<u32, FieldViolation> {
-    match value {
-        0 => Ok(default),
-        value if value <= max => Ok(value),
-        _ => Err(FieldViolation::new(field, format!("must be at most {max}"))),
-    }
-}
-
 impl HubGrpc {
     fn stale_after(&self, value: Option<prost_types::Duration>) -> Result<Duration, FieldViolation> {
         validate::nonzero_duration("stale_after", value, self.hub.config().stale_after())
@@ -152,7 +144,7 @@ impl pb::hub_server::Hub for HubGrpc {
                 ..InboxFilter::default()
             },
             ack_timeout: convert::ack_timeout(request.ack_timeout, self.hub.config())?,
-            max_in_flight: page_size("max_in_flight", request.max_in_flight, DEFAULT_IN_FLIGHT, MAX_IN_FLIGHT)?,
+            max_in_flight: validate::count("max_in_flight", request.max_in_flight, DEFAULT_IN_FLIGHT, MAX_IN_FLIGHT)?,
             after: request
                 .after_sequence
                 .map(|after| i64::try_from(after).map_err(|_| FieldViolation::new("after_sequence", "is out of range")))
@@ -200,7 +192,7 @@ impl pb::hub_server::Hub for HubGrpc {
                 topics: Vec::new(),
             },
             require_all: request.require_all,
-            max: page_size("max_messages", request.max_messages, DEFAULT_RECEIVE, MAX_RECEIVE)?,
+            max: validate::count("max_messages", request.max_messages, DEFAULT_RECEIVE, MAX_RECEIVE)?,
             max_bytes: self.max_message_bytes,
             timeout: validate::duration("timeout", request.timeout, Duration::ZERO)?,
             ack_timeout: convert::ack_timeout(request.ack_timeout, self.hub.config())?,
@@ -227,9 +219,7 @@ impl pb::hub_server::Hub for HubGrpc {
 
     async fn delegate(&self, request: Request<pb::DelegateRequest>) -> Result<Response<pb::DelegateResponse>, Status> {
         let request = request.into_inner();
-        if request.max_retries > MAX_RETRIES {
-            return Err(FieldViolation::new("max_retries", format!("must be at most {MAX_RETRIES}")).into());
-        }
+        validate::count("max_retries", request.max_retries, 0, MAX_RETRIES)?;
         let on_timeout = match pb::TimeoutPolicy::try_from(request.on_timeout) {
             Ok(pb::TimeoutPolicy::Unspecified | pb::TimeoutPolicy::Raise) => TimeoutPolicy::Raise,
             Ok(pb::TimeoutPolicy::Fallback) => TimeoutPolicy::Fallback,
@@ -339,7 +329,7 @@ impl pb::hub_server::Hub for HubGrpc {
     ) -> Result<Response<pb::ListStateResponse>, Status> {
         let request = request.into_inner();
         let namespace = namespace(&request.namespace)?;
-        let size = page_size("page_size", request.page_size, 100, 1000)?;
+        let size = validate::count("page_size", request.page_size, 100, 1000)?;
         let after =
             match request.page_token.as_str() {
                 "" => None,

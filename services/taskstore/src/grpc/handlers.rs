@@ -13,7 +13,7 @@ use chorus_runtime::{
 };
 use tonic::{Request, Response, Status};
 
-use super::{TaskStoreGrpc, convert, inbox, pages, push_convert, task_ref};
+use super::{TaskStoreGrpc, convert, inbox, message_for, optional_message_for, pages, push_convert, task_ref, written};
 use crate::{
     domain::{ArtifactChunk, ClaimRequest, NewSubtask, NewTask, Notification, PushConfigKey, StatusUpdate, TaskQuery},
     service::{WatchFilter, WatchStart},
@@ -23,6 +23,11 @@ const DEFAULT_PAGE_SIZE: u32 = 50;
 const MAX_PAGE_SIZE: u32 = 100;
 const DEFAULT_AWAIT_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_AWAIT_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Most tasks of one agent a claim stream holds at once.
+const MAX_CAPACITY: u32 = 10_000;
+/// Most retries an agent's tasks get.
+const MAX_RETRIES: u32 = 1_000;
 
 /// What a `ListTasksResponse` holds besides its tasks, at most: the page token, the total and their framing.
 const PAGE_OVERHEAD: usize = 1024;
@@ -35,7 +40,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
             namespace: namespace(&request.namespace)?,
             agent_id: validate::id("agent_id", &request.agent_id)?,
             context_id: validate::optional_id("context_id", &request.context_id)?,
-            message: convert::message("message", request.message)?,
+            message: message_for("message", request.message, None)?,
             metadata: convert::json_object("metadata", request.metadata)?,
             spawn_context: convert::spawn_context(request.spawn_context)?,
             trace_context: current_context_headers(),
@@ -75,13 +80,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         request: Request<pb::ListTasksRequest>,
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
         let request = request.into_inner();
-        let page_size = match request.page_size {
-            0 => DEFAULT_PAGE_SIZE,
-            size if size > MAX_PAGE_SIZE => {
-                return Err(FieldViolation::new("page_size", format!("must be at most {MAX_PAGE_SIZE}")).into());
-            }
-            size => size,
-        };
+        let page_size = validate::count("page_size", request.page_size, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)?;
         let page_token = match request.page_token.as_str() {
             "" => None,
             token => Some(
@@ -108,10 +107,10 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
     async fn add_message(&self, request: Request<pb::AddMessageRequest>) -> Result<Response<pb::Task>, Status> {
         let request = request.into_inner();
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
-        let message = convert::message("message", request.message)?;
+        let message = message_for("message", request.message, Some(&task_id))?;
         let lease_id = validate::optional_id("lease_id", &request.lease_id)?;
         let task = self.store.add_message(&namespace, &task_id, message, lease_id.as_deref()).await?;
-        Ok(Response::new(convert::task_out(task)))
+        Ok(written(task, request.brief))
     }
 
     async fn update_status(&self, request: Request<pb::UpdateStatusRequest>) -> Result<Response<pb::Task>, Status> {
@@ -119,11 +118,11 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
         let update = StatusUpdate {
             state: convert::task_state("state", request.state)?,
-            message: convert::optional_message("message", request.message)?,
+            message: optional_message_for("message", request.message, &task_id)?,
             lease_id: validate::optional_id("lease_id", &request.lease_id)?,
         };
         let task = self.store.update_status(&namespace, &task_id, update).await?;
-        Ok(Response::new(convert::task_out(task)))
+        Ok(written(task, request.brief))
     }
 
     async fn append_artifact(&self, request: Request<pb::AppendArtifactRequest>) -> Result<Response<pb::Task>, Status> {
@@ -136,7 +135,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
             lease_id: validate::optional_id("lease_id", &request.lease_id)?,
         };
         let task = self.store.append_artifact(&namespace, &task_id, chunk).await?;
-        Ok(Response::new(convert::task_out(task)))
+        Ok(written(task, request.brief))
     }
 
     async fn cancel_task(
@@ -203,9 +202,9 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
             namespace: namespace(&request.namespace)?,
             agent_id: validate::id("agent_id", &request.agent_id)?,
             worker_id: validate::id("worker_id", &request.worker_id)?,
-            capacity: request.capacity,
+            capacity: validate::count("capacity", request.capacity, 1, MAX_CAPACITY)?,
             lease: validate::duration("lease", request.lease, Duration::ZERO)?,
-            max_retries: request.max_retries,
+            max_retries: validate::count("max_retries", request.max_retries, 0, MAX_RETRIES)?,
         };
         if request.fresh_start {
             self.store.start_worker_run(&claim.namespace, &claim.worker_id, &claim.agent_id).await?;
@@ -236,10 +235,10 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let request = request.into_inner();
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
         let lease_id = validate::id("lease_id", &request.lease_id)?;
-        let message = convert::optional_message("message", request.message)?;
+        let message = optional_message_for("message", request.message, &task_id)?;
         let artifacts = convert::artifacts("artifacts", request.artifacts)?;
         let task = self.store.complete_task(&namespace, &task_id, &lease_id, message, artifacts).await?;
-        Ok(Response::new(convert::task_out(task)))
+        Ok(written(task, request.brief))
     }
 
     async fn fail_task(&self, request: Request<pb::FailTaskRequest>) -> Result<Response<pb::Task>, Status> {
@@ -247,9 +246,13 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
         let lease_id = validate::id("lease_id", &request.lease_id)?;
         let reason = if request.reason.is_empty() { "the worker reported a failure" } else { &request.reason };
+        if !request.retry && request.retry_after.is_some() {
+            let why = "needs `retry`: without it the task fails, and there is no retry to put off";
+            return Err(FieldViolation::new("retry_after", why).into());
+        }
         let retry = request.retry.then_some(convert::retry_after(request.retry_after)?);
         let task = self.store.fail_task(&namespace, &task_id, &lease_id, reason, retry).await?;
-        Ok(Response::new(convert::task_out(task)))
+        Ok(written(task, request.brief))
     }
 
     async fn release_task(&self, request: Request<pb::ReleaseTaskRequest>) -> Result<Response<pb::Task>, Status> {
@@ -257,8 +260,9 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
         let lease_id = validate::id("lease_id", &request.lease_id)?;
         let reason = if request.reason.is_empty() { "the worker handed the task back" } else { &request.reason };
-        let task = self.store.release_task(&namespace, &task_id, &lease_id, reason).await?;
-        Ok(Response::new(convert::task_out(task)))
+        let after = convert::retry_after(request.retry_after)?;
+        let task = self.store.release_task(&namespace, &task_id, &lease_id, reason, after).await?;
+        Ok(written(task, request.brief))
     }
 
     async fn spawn_subtask(
@@ -271,7 +275,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
             namespace,
             parent_id,
             agent_id: validate::id("agent_id", &request.agent_id)?,
-            message: convert::message("message", request.message)?,
+            message: message_for("message", request.message, None)?,
             owner: convert::owner("owner", request.owner)?,
             metadata: convert::json_object("metadata", request.metadata)?,
             trace_context: current_context_headers(),
@@ -310,11 +314,12 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
     ) -> Result<Response<pb::InboxMessage>, Status> {
         let request = request.into_inner();
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
+        let message = message_for("message", request.message, Some(&task_id))?;
         let notification = Notification {
             namespace,
             task_id,
             kind: convert::inbox_kind("kind", request.kind)?,
-            message: convert::message("message", request.message)?,
+            message,
             lease_id: validate::optional_id("lease_id", &request.lease_id)?,
         };
         let message = self.store.notify_owner(notification).await?;
@@ -325,7 +330,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let request = request.into_inner();
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
         let (answer, follower) =
-            (convert::message("answer", request.answer)?, push_convert::turn_follower(request.follower)?);
+            (message_for("answer", request.answer, Some(&task_id))?, push_convert::turn_follower(request.follower)?);
         let task = self.store.answer_question(&namespace, &task_id, answer, follower).await?;
         Ok(Response::new(convert::task_out(task)))
     }
@@ -412,7 +417,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
     ) -> Result<Response<pb::ClaimPushConfigsResponse>, Status> {
         let request = request.into_inner();
         let (follower, lease) = push_convert::follower_lease(request.follower, request.lease_ms)?;
-        let limit = push_convert::claim_limit("limit", request.limit, MAX_PAGE_SIZE, MAX_PAGE_SIZE)?;
+        let limit = validate::count("limit", request.limit, MAX_PAGE_SIZE, MAX_PAGE_SIZE)?;
         let configs = self.store.claim_push_configs(follower, lease, limit).await?;
         Ok(Response::new(pb::ClaimPushConfigsResponse {
             configs: configs.into_iter().map(push_convert::pending_push_out).collect(),
@@ -460,7 +465,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let request = request.into_inner();
         let (follower, lease) = push_convert::follower_lease(request.follower, request.lease_ms)?;
         let following = push_convert::task_keys("following", request.following)?;
-        let claim = push_convert::claim_limit("claim", request.claim, 0, MAX_PAGE_SIZE)?;
+        let claim = validate::count("claim", request.claim, 0, MAX_PAGE_SIZE)?;
         let followed = self.store.keep_following(follower, lease, following, claim).await?;
         Ok(Response::new(pb::KeepFollowingTasksResponse {
             lost: push_convert::task_keys_out(followed.lost),

@@ -31,13 +31,7 @@ pub(super) struct Read {
 pub(super) fn read_in(request: pb::ReadInboxRequest) -> Result<Read, Status> {
     let namespace = namespace(&request.namespace)?;
     let owner = convert::required_owner("owner", request.owner)?;
-    let max = match request.max_messages {
-        0 => MAX_MESSAGES,
-        max if max > MAX_MESSAGES => {
-            return Err(FieldViolation::new("max_messages", format!("must be at most {MAX_MESSAGES}")).into());
-        }
-        max => max,
-    };
+    let max = validate::count("max_messages", request.max_messages, MAX_MESSAGES, MAX_MESSAGES)?;
     let wait = validate::duration("wait", request.wait, Duration::ZERO)?;
     let mode = match (request.peek, request.ack_deadline) {
         (true, Some(_)) => return Err(FieldViolation::new("ack_deadline", "must be unset with peek").into()),

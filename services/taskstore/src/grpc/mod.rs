@@ -6,14 +6,17 @@ mod inbox;
 mod pages;
 mod push_convert;
 
-use chorus_proto::taskstore::task_store_server::TaskStoreServer;
+use chorus_proto::taskstore::{self as pb, task_store_server::TaskStoreServer};
 use chorus_runtime::{
     server::ServerConfig,
     telemetry::record_ids,
     validate::{self, FieldViolation},
 };
 
-use crate::service::TaskStore;
+use crate::{
+    domain::{Message, Task},
+    service::TaskStore,
+};
 
 /// The `chorus.taskstore.v1.TaskStore` service over a [`TaskStore`].
 #[derive(Debug, Clone)]
@@ -42,4 +45,44 @@ fn task_ref(namespace: &str, field: &str, task_id: &str) -> Result<(String, Stri
     let task_id = validate::id(field, task_id)?;
     record_ids(&namespace, &task_id);
     Ok((namespace, task_id))
+}
+
+/// A message for the task `task_id`, or for the task the call creates
+/// (`None`), stored under it: one that names another task is refused, not
+/// moved to this one.
+fn message_for(field: &str, value: Option<pb::Message>, task_id: Option<&str>) -> Result<Message, FieldViolation> {
+    let message = convert::message(field, value)?;
+    let Some(named) = message.task_id.as_deref() else {
+        return Ok(message);
+    };
+    match task_id {
+        Some(task_id) if named == task_id => Ok(message),
+        Some(task_id) => Err(FieldViolation::new(
+            format!("{field}.task_id"),
+            format!("names task {named}, but the call is for task {task_id}: leave it empty or name that task"),
+        )),
+        None => Err(FieldViolation::new(
+            format!("{field}.task_id"),
+            format!("names task {named}, but the call creates a task: leave it empty (AddMessage continues a task)"),
+        )),
+    }
+}
+
+/// As [`message_for`], for a message that may be absent.
+fn optional_message_for(
+    field: &str,
+    value: Option<pb::Message>,
+    task_id: &str,
+) -> Result<Option<Message>, FieldViolation> {
+    value.map(|value| message_for(field, Some(value), Some(task_id))).transpose()
+}
+
+/// The answer to a write: the task, without its history and artifacts when
+/// the caller asked for it `brief`.
+fn written(mut task: Task, brief: bool) -> tonic::Response<pb::Task> {
+    if brief {
+        task.history.clear();
+        task.artifacts.clear();
+    }
+    tonic::Response::new(convert::task_out(task))
 }

@@ -119,15 +119,6 @@ pub(super) fn task_keys_out(keys: Vec<TaskKey>) -> Vec<pb::TaskKey> {
     keys.into_iter().map(|TaskKey { namespace, task_id }| pb::TaskKey { namespace, task_id }).collect()
 }
 
-/// How many to claim at once: `default` for 0, at most `max`.
-pub(super) fn claim_limit(field: &str, value: u32, default: u32, max: u32) -> Checked<u32> {
-    match value {
-        0 => Ok(default),
-        value if value > max => Err(FieldViolation::new(field, format!("must be at most {max}"))),
-        value => Ok(value),
-    }
-}
-
 pub(super) fn push_key_out(key: PushConfigKey) -> pb::PushConfigKey {
     let PushConfigKey { namespace, task_id, id } = key;
     pb::PushConfigKey { namespace, task_id, id }

@@ -122,8 +122,16 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Task>;
 
     /// Puts a working task back in the queue without counting its attempt,
-    /// with `reason` in its history; the lease ends.
-    async fn release_task(&self, namespace: &str, task_id: &str, lease_id: &str, reason: &str) -> Result<Task>;
+    /// with `reason` in its history, to be claimed once `after` has passed;
+    /// the lease ends.
+    async fn release_task(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        reason: &str,
+        after: Duration,
+    ) -> Result<Task>;
 
     /// Ends or requeues up to `limit` tasks whose lease ran out before `now`.
     /// A lease that ran out before `started` (while no reaper of this task

@@ -310,9 +310,17 @@ impl TaskStore {
         Ok(task)
     }
 
-    /// Hands a working task back to the queue, its attempt not counted.
-    pub async fn release_task(&self, namespace: &str, task_id: &str, lease_id: &str, reason: &str) -> Result<Task> {
-        let task = self.repository.release_task(namespace, task_id, lease_id, reason).await?;
+    /// Hands a working task back to the queue, its attempt not counted, to
+    /// be claimed once `after` has passed.
+    pub async fn release_task(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        reason: &str,
+        after: std::time::Duration,
+    ) -> Result<Task> {
+        let task = self.repository.release_task(namespace, task_id, lease_id, reason, after).await?;
         self.changed_whole(&task);
         Ok(task)
     }

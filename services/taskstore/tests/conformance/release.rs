@@ -17,6 +17,7 @@ conformance!(
     a_task_handed_back_goes_to_the_next_worker_its_attempt_not_counted,
     a_task_waiting_on_a_question_is_handed_back_to_be_asked_again,
     a_retry_asked_for_later_is_not_claimed_before,
+    a_task_handed_back_for_later_is_not_handed_straight_back,
 );
 
 async fn a_task_handed_back_goes_to_the_next_worker_its_attempt_not_counted(h: Harness) {
@@ -31,16 +32,17 @@ async fn a_task_handed_back_goes_to_the_next_worker_its_attempt_not_counted(h: H
         lease_id: Some(first.lease_id.clone()),
     };
     h.store.update_status("ns", &task.id, progress).await.unwrap();
-    let stale = h.store.release_task("ns", &task.id, "stolen", "shutting down").await.unwrap_err();
+    let stale = h.store.release_task("ns", &task.id, "stolen", "shutting down", Duration::ZERO).await.unwrap_err();
     assert!(matches!(stale, TaskStoreError::LeaseLost { .. }), "{stale}");
 
-    let released = h.store.release_task("ns", &task.id, &first.lease_id, "shutting down").await.unwrap();
+    let released =
+        h.store.release_task("ns", &task.id, &first.lease_id, "shutting down", Duration::ZERO).await.unwrap();
     assert_eq!((released.status.state, released.attempt), (TaskState::Submitted, 0));
     let said = released.status.message.as_ref().unwrap().joined_text();
     assert_eq!(said, "shutting down; handed back to the queue, the attempt not counted");
     let texts: Vec<String> = released.history.iter().map(|message| message.joined_text()).collect();
     assert!(texts.contains(&"half done".to_owned()), "what it reported stays: {texts:?}");
-    let again = h.store.release_task("ns", &task.id, &first.lease_id, "twice").await.unwrap_err();
+    let again = h.store.release_task("ns", &task.id, &first.lease_id, "twice", Duration::ZERO).await.unwrap_err();
     assert!(matches!(again, TaskStoreError::LeaseLost { .. }), "the lease ended with it: {again}");
 
     let mut next = h.store.claim_stream(claim_request("echo", "next", 1, Duration::from_secs(30), 0));
@@ -64,7 +66,8 @@ async fn a_task_waiting_on_a_question_is_handed_back_to_be_asked_again(h: Harnes
         lease_id: Some(claimed.lease_id.clone()),
     };
     h.store.update_status("ns", &task.id, asked).await.unwrap();
-    let released = h.store.release_task("ns", &task.id, &claimed.lease_id, "shutting down").await.unwrap();
+    let released =
+        h.store.release_task("ns", &task.id, &claimed.lease_id, "shutting down", Duration::ZERO).await.unwrap();
     assert_eq!((released.status.state, released.attempt), (TaskState::Submitted, 0));
     let texts: Vec<String> = released.history.iter().map(|message| message.joined_text()).collect();
     assert!(texts.contains(&"which region?".to_owned()), "the question stays in the history: {texts:?}");
@@ -75,7 +78,7 @@ async fn a_task_waiting_on_a_question_is_handed_back_to_be_asked_again(h: Harnes
 
     let done = h.store.complete_task("ns", &task.id, &second.lease_id, None, Vec::new()).await.unwrap();
     assert_eq!(done.status.state, TaskState::Completed);
-    let late = h.store.release_task("ns", &task.id, &second.lease_id, "too late").await.unwrap_err();
+    let late = h.store.release_task("ns", &task.id, &second.lease_id, "too late", Duration::ZERO).await.unwrap_err();
     assert!(matches!(late, TaskStoreError::LeaseLost { .. } | TaskStoreError::TaskFinished { .. }), "{late}");
 }
 
@@ -98,4 +101,24 @@ async fn a_retry_asked_for_later_is_not_claimed_before(h: Harness) {
     let second = h.repository.claim_tasks(&request, 1).await.unwrap();
     let [second] = second.as_slice() else { panic!("claimed once its time came: {second:?}") };
     assert_eq!((second.task.id.as_str(), second.task.attempt), (task.id.as_str(), 2));
+}
+
+/// A worker that cannot take a task now hands it back for later: with room
+/// left on its stream it would otherwise be handed the task straight back.
+async fn a_task_handed_back_for_later_is_not_handed_straight_back(h: Harness) {
+    let task = h.task("ns", "echo", "needs the GPU").await;
+    let request = claim_request("echo", "w1", 2, Duration::from_secs(30), 0);
+    let first = h.repository.claim_tasks(&request, 2).await.unwrap();
+    let [first] = first.as_slice() else { panic!("one claim: {first:?}") };
+    let later = Duration::from_millis(600);
+    let released = h.store.release_task("ns", &task.id, &first.lease_id, "no GPU free", later).await.unwrap();
+    assert_eq!((released.status.state, released.attempt), (TaskState::Submitted, 0));
+    let said = released.status.message.as_ref().unwrap().joined_text();
+    assert_eq!(said, "no GPU free; handed back to the queue, the attempt not counted, to be taken again in 600ms");
+
+    assert!(h.repository.claim_tasks(&request, 2).await.unwrap().is_empty(), "not handed straight back");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let second = h.repository.claim_tasks(&request, 2).await.unwrap();
+    let [second] = second.as_slice() else { panic!("claimed once its time came: {second:?}") };
+    assert_eq!((second.task.id.as_str(), second.task.attempt), (task.id.as_str(), 1), "its first counted attempt");
 }

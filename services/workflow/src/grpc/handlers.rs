@@ -56,14 +56,6 @@ fn file(value: &str) -> &str {
     if value.is_empty() { "<source>" } else { value }
 }
 
-fn page_size(value: u32) -> Result<u32, FieldViolation> {
-    match value {
-        0 => Ok(DEFAULT_PAGE),
-        value if value <= MAX_PAGE => Ok(value),
-        _ => Err(FieldViolation::new("page_size", format!("must be at most {MAX_PAGE}"))),
-    }
-}
-
 #[tonic::async_trait]
 impl pb::workflow_server::Workflow for WorkflowGrpc {
     async fn put_definition(
@@ -115,7 +107,7 @@ impl pb::workflow_server::Workflow for WorkflowGrpc {
         let request = request.into_inner();
         let namespace = namespace(&request.namespace)?;
         let name = validate::optional_id("name", &request.name)?;
-        let limit = page_size(request.page_size)?;
+        let limit = validate::count("page_size", request.page_size, DEFAULT_PAGE, MAX_PAGE)?;
         let after = token_in(&request.page_token)?;
         let page = self.workflows.list(&namespace, name.as_deref(), request.include_source, after, limit).await?;
         Ok(Response::new(pb::ListDefinitionsResponse {
@@ -163,7 +155,7 @@ impl pb::workflow_server::Workflow for WorkflowGrpc {
             created_after: timestamp_micros("created_after", request.created_after)?,
             include_steps: request.include_steps,
         };
-        let limit = page_size(request.page_size)?;
+        let limit = validate::count("page_size", request.page_size, DEFAULT_PAGE, MAX_PAGE)?;
         let after = run_token_in(&request.page_token)?;
         let page = self.workflows.list_runs(&namespace, &filter, after, limit).await?;
         Ok(Response::new(pb::ListRunsResponse {

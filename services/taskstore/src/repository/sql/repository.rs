@@ -93,8 +93,15 @@ impl TaskRepository for SqlTaskRepository {
         self.complete(namespace, task_id, lease_id, message, artifacts).await
     }
 
-    async fn release_task(&self, namespace: &str, task_id: &str, lease_id: &str, reason: &str) -> Result<Task> {
-        self.end_held(namespace, task_id, lease_id, Ending::HandedBack { reason }).await
+    async fn release_task(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        lease_id: &str,
+        reason: &str,
+        after: Duration,
+    ) -> Result<Task> {
+        self.end_held(namespace, task_id, lease_id, Ending::HandedBack { reason, after }).await
     }
 
     async fn fail_task(

@@ -316,7 +316,7 @@ impl SqlTaskRepository {
             Ending::Failed { reason, retry } => {
                 end_attempt(&mut tx, &mut record, reason, retry).await?;
             }
-            Ending::HandedBack { reason } => hand_back(&mut tx, &mut record, reason).await?,
+            Ending::HandedBack { reason, after } => hand_back(&mut tx, &mut record, reason, after).await?,
         }
         let task = complete_task_view(&mut tx, record, None, true).await?;
         tx.commit().await?;
@@ -389,14 +389,20 @@ pub(super) enum Ending<'a> {
     /// Failed: requeued after the `retry` pause while the agent's retries
     /// last, else `failed`.
     Failed { reason: &'a str, retry: Option<Duration> },
-    /// Handed back: requeued at once, the attempt not counted.
-    HandedBack { reason: &'a str },
+    /// Handed back: requeued, to be claimed once `after` has passed, the
+    /// attempt not counted.
+    HandedBack { reason: &'a str, after: Duration },
 }
 
 /// Puts a task its worker holds back in the queue, its attempt not counted:
 /// one working, or one waiting on a question, which the next worker asks
 /// again (the worker that asked is going away and cannot take the answer).
-async fn hand_back(conn: &mut sqlx::AnyConnection, record: &mut TaskRecord, reason: &str) -> Result<()> {
+async fn hand_back(
+    conn: &mut sqlx::AnyConnection,
+    record: &mut TaskRecord,
+    reason: &str,
+    after: Duration,
+) -> Result<()> {
     let from = record.task.status.state;
     if !matches!(from, TaskState::Working | TaskState::InputRequired | TaskState::AuthRequired) {
         return Err(TaskStoreError::IllegalTransition {
@@ -406,10 +412,30 @@ async fn hand_back(conn: &mut sqlx::AnyConnection, record: &mut TaskRecord, reas
         });
     }
     record.task.attempt = record.task.attempt.saturating_sub(1);
-    let text = format!("{reason}; handed back to the queue, the attempt not counted");
+    let mut text = format!("{reason}; handed back to the queue, the attempt not counted");
+    if !after.is_zero() {
+        text.push_str(&format!(", to be taken again in {}", chorus_runtime::time::humanize(after)));
+    }
     let message = Message::text(uuid::Uuid::new_v4().to_string(), Role::Agent, text);
     // Requeueing is the store's own move, outside the A2A state machine.
-    set_status(conn, record, TaskState::Submitted, Some(message)).await
+    set_status(conn, record, TaskState::Submitted, Some(message)).await?;
+    put_off(conn, record, after).await
+}
+
+/// Keeps a requeued task from being claimed before `after` has passed. With
+/// no pause the row's `not_before` is already past: the claim that began
+/// the attempt needed it to be.
+async fn put_off(conn: &mut sqlx::AnyConnection, record: &TaskRecord, after: Duration) -> Result<()> {
+    if after.is_zero() {
+        return Ok(());
+    }
+    sqlx::query("UPDATE taskstore_tasks SET not_before = $3 WHERE namespace = $1 AND id = $2")
+        .bind(&record.task.namespace)
+        .bind(&record.task.id)
+        .bind(now_micros().saturating_add(micros(after)))
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 /// Ends a worker's attempt: back to `submitted` when a `retry` is asked (to
@@ -439,16 +465,7 @@ async fn end_attempt(
     if requeue {
         // Requeueing is the store's own move, outside the A2A state machine.
         set_status(conn, record, TaskState::Submitted, Some(message)).await?;
-        // Without a pause the row's `not_before` is already past: the claim
-        // that began this attempt needed it to be.
-        if let Some(after) = later {
-            sqlx::query("UPDATE taskstore_tasks SET not_before = $3 WHERE namespace = $1 AND id = $2")
-                .bind(&record.task.namespace)
-                .bind(&record.task.id)
-                .bind(now_micros().saturating_add(micros(after)))
-                .execute(&mut *conn)
-                .await?;
-        }
+        put_off(conn, record, later.unwrap_or_default()).await?;
     } else {
         apply_status(conn, record, TaskState::Failed, Some(message)).await?;
     }
