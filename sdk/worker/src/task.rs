@@ -216,16 +216,13 @@ where
             artifacts,
             brief: true,
         };
-        let completed = self
-            .finish(|mut client| {
-                let request = request.clone();
-                async move { client.complete_task(request).await }
-            })
-            .await;
-        match completed {
-            Ok(()) => debug!("task completed"),
-            Err(status) => warn!(task_id = %ctx.id(), error = %status, "task completion failed"),
-        }
+        self.finish(
+            ctx,
+            "completed",
+            request,
+            |mut client, request| async move { client.complete_task(request).await },
+        )
+        .await;
     }
 
     /// Fails the task; with a `retry`, requeued after that pause (zero: at once).
@@ -239,18 +236,8 @@ where
             retry_after: retry.filter(|pause| !pause.is_zero()).and_then(prost_duration),
             brief: true,
         };
-        let failed = self
-            .finish(|mut client| {
-                let request = request.clone();
-                async move { client.fail_task(request).await }
-            })
-            .await;
-        match failed {
-            Ok(()) => debug!(retry = request.retry, "task failed"),
-            Err(status) => {
-                warn!(task_id = %ctx.id(), error = %status, "task failure report failed")
-            }
-        }
+        let ending = if request.retry { "failed, to be retried" } else { "failed" };
+        self.finish(ctx, ending, request, |mut client, request| async move { client.fail_task(request).await }).await;
     }
 
     /// Hands the task back to the queue, to be claimed once `after` has passed.
@@ -263,16 +250,13 @@ where
             retry_after: Some(after).filter(|pause| !pause.is_zero()).and_then(prost_duration),
             brief: true,
         };
-        let released = self
-            .finish(|mut client| {
-                let request = request.clone();
-                async move { client.release_task(request).await }
-            })
-            .await;
-        match released {
-            Ok(()) => debug!("task handed back"),
-            Err(status) => warn!(task_id = %ctx.id(), error = %status, "handing the task back failed"),
-        }
+        self.finish(
+            ctx,
+            "handed back",
+            request,
+            |mut client, request| async move { client.release_task(request).await },
+        )
+        .await;
     }
 
     /// Ends the task `REJECTED` with `reason` as its status message.
@@ -285,37 +269,34 @@ where
             lease_id: ctx.lease_id().to_owned(),
             brief: true,
         };
-        let rejected = self
-            .finish(|mut client| {
-                let request = request.clone();
-                async move { client.update_status(request).await }
-            })
+        self.finish(ctx, "rejected", request, |mut client, request| async move { client.update_status(request).await })
             .await;
-        match rejected {
-            Ok(()) => debug!("task rejected"),
-            Err(status) => warn!(task_id = %ctx.id(), error = %status, "task rejection failed"),
-        }
     }
 
-    /// Makes a final call, retrying while the call is cut off and the
-    /// lease may still hold.
-    async fn finish<C, Fut, T>(&self, call: C) -> Result<(), tonic::Status>
+    /// Makes the call that ends the task `ending` (logged), retrying while
+    /// the call is cut off and the lease may still hold.
+    async fn finish<R, C, Fut, T>(&self, ctx: &TaskContext, ending: &str, request: R, call: C)
     where
-        C: Fn(Client) -> Fut,
+        R: Clone,
+        C: Fn(Client, R) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let started = Instant::now();
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
-        loop {
-            let status = match call(self.client.clone()).await {
-                Ok(_) => return Ok(()),
+        let reported = loop {
+            let status = match call(self.client.clone(), request.clone()).await {
+                Ok(_) => break Ok(()),
                 Err(status) => status,
             };
             let delay = backoff.next_delay();
             if !transport::cut_off(&status) || started.elapsed() + delay >= self.lease {
-                return Err(status);
+                break Err(status);
             }
             tokio::time::sleep(delay).await;
+        };
+        match reported {
+            Ok(()) => debug!(ending, "task ended"),
+            Err(status) => warn!(task_id = %ctx.id(), ending, error = %status, "reporting the task's end failed"),
         }
     }
 }
