@@ -8,7 +8,11 @@ use std::{
     sync::{Arc, OnceLock},
 };
 
-use chorus_runtime::server::ReadinessProbe;
+use anyhow::Context as _;
+use chorus_runtime::{
+    metrics::Metrics,
+    server::{ReadinessProbe, ServerBuilder, ServerConfig},
+};
 use chorus_worker::WorkerError;
 use tokio_util::sync::CancellationToken;
 
@@ -20,16 +24,56 @@ const DEV_WORKER_NAME: &str = "chorus-dev";
 /// Starts `echo`, `reviewer` (which the catalog lists only when configured
 /// to) and the phase agents of the example workflows; the readiness check
 /// that fails once one of them stopped.
-pub(crate) fn start_demo_agents(client: chorus_worker::Client, shutdown: &CancellationToken) -> ReadinessProbe {
+pub(crate) fn start_demo_agents(
+    client: chorus_worker::Client,
+    metrics: Metrics,
+    shutdown: &CancellationToken,
+) -> ReadinessProbe {
     let stopped = Stopped::default();
     let pace = chorus_worker::reviewer::DEFAULT_PACE;
-    let placement = chorus_worker::Placement::new(chorus_worker::DEFAULT_NAMESPACE).named(DEV_WORKER_NAME);
+    let placement =
+        chorus_worker::Placement::new(chorus_worker::DEFAULT_NAMESPACE).named(DEV_WORKER_NAME).counted_in(metrics);
     let echo = chorus_worker::echo::run(client.clone(), placement.clone(), shutdown.clone());
     stopped.watch("echo", echo, shutdown);
     let reviewer = chorus_worker::reviewer::run(client.clone(), placement.clone(), pace, shutdown.clone());
     stopped.watch("reviewer", reviewer, shutdown);
     stopped.watch("phases", chorus_worker::phases::run(client, placement, shutdown.clone()), shutdown);
     stopped.probe()
+}
+
+/// Serves `/healthz` and `/metrics` of `chorus agent` on `listen` until
+/// `shutdown`: ready while the agent holds its `streams` claim streams open.
+/// Returns the metrics for the agent's workers to count into.
+pub(crate) async fn serve_health(
+    listen: &str,
+    config: ServerConfig,
+    streams: usize,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Metrics> {
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let mut server = ServerBuilder::new(config);
+    let metrics = server.metrics();
+    let open = metrics.clone();
+    let wanted = i64::try_from(streams).unwrap_or(i64::MAX);
+    server.add_readiness_probe(Arc::new(move || {
+        let held = open.worker_claim_streams.get().get();
+        Box::pin(async move {
+            match held {
+                held if held >= wanted => Ok(()),
+                held => {
+                    Err(format!("{held} of the agent's {wanted} claim streams open: its task store is out of reach"))
+                }
+            }
+        })
+    }));
+    tracing::info!(address = %listener.local_addr()?, "serving /healthz and /metrics");
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        if let Err(error) = server.serve(listener, shutdown).await {
+            tracing::error!(%error, "the agent's /healthz and /metrics server stopped");
+        }
+    });
+    Ok(metrics)
 }
 
 /// The first agent that stopped while it should have worked on, and why.

@@ -87,6 +87,11 @@ enum Command {
         /// Default: new ids per process.
         #[arg(long)]
         worker_name: Option<String>,
+        /// Also serve `/healthz` (200 while each of the agent's claim
+        /// streams is open, else 503) and `/metrics` (its tasks by outcome,
+        /// those in flight, its open claim streams) on this address.
+        #[arg(long)]
+        listen: Option<String>,
     },
     /// Workflow definitions: validate, apply, list.
     Workflow {
@@ -238,7 +243,8 @@ async fn run(command: Command, config: &ChorusConfig, shutdown: CancellationToke
             let address = stack.address;
             if !no_agents {
                 let taskstore = stack.local_taskstore.clone().context("chorus dev serves a task store")?;
-                stack.add_readiness_probe(agents::start_demo_agents(chorus_worker::client_over(taskstore), &shutdown));
+                let client = chorus_worker::client_over(taskstore);
+                stack.add_readiness_probe(agents::start_demo_agents(client, stack.metrics(), &shutdown));
             }
             let serving = tokio::spawn(stack.serve(shutdown.clone()));
             announce(address);
@@ -249,11 +255,16 @@ async fn run(command: Command, config: &ChorusConfig, shutdown: CancellationToke
             announce(stack.address);
             stack.serve(shutdown).await.map(done)
         }
-        Command::Agent { agent, server, namespace, pace_ms, token_file, worker_name } => {
+        Command::Agent { agent, server, namespace, pace_ms, token_file, worker_name, listen } => {
             let client = worker_client(&server, token_file.as_deref()).await?;
             let mut placement = chorus_worker::Placement::new(namespace);
             if let Some(name) = worker_name {
                 placement = placement.named(name);
+            }
+            if let Some(listen) = listen {
+                let streams = if matches!(agent, Agent::Phases) { chorus_worker::phases::ROLES.len() } else { 1 };
+                let metrics = agents::serve_health(&listen, config.server.clone(), streams, &shutdown).await?;
+                placement = placement.counted_in(metrics);
             }
             tracing::info!(%server, namespace = placement.namespace(), ?agent, "agent working");
             match agent {

@@ -387,6 +387,11 @@ impl Stack {
         Ok(Self { listener, server, address, local_taskstore, _data_dir_lock: data_dir_lock, lingering })
     }
 
+    /// What `/metrics` serves, for the built-in agents to count into.
+    pub(crate) fn metrics(&self) -> chorus_runtime::metrics::Metrics {
+        self.server.metrics()
+    }
+
     /// Serves until `shutdown`, then waits for the lingering tasks.
     /// Makes `/healthz` depend on `probe` too.
     pub(crate) fn add_readiness_probe(&mut self, probe: ReadinessProbe) {

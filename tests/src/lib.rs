@@ -120,7 +120,18 @@ impl Sandbox {
 
     /// `chorus agent <agent> --server <server_url> --namespace <namespace>`.
     pub fn builtin_agent(&self, agent: &str, server_url: &str, namespace: &str) -> WorkerProcess {
-        WorkerProcess::builtin_agent(agent, server_url, namespace, self.path())
+        WorkerProcess::builtin_agent(agent, server_url, namespace, &[], self.path())
+    }
+
+    /// As [`builtin_agent`](Self::builtin_agent), with `options` after the others.
+    pub fn builtin_agent_with(
+        &self,
+        agent: &str,
+        server_url: &str,
+        namespace: &str,
+        options: &[&str],
+    ) -> WorkerProcess {
+        WorkerProcess::builtin_agent(agent, server_url, namespace, options, self.path())
     }
 }
 

@@ -105,10 +105,10 @@ pub struct WorkerProcess {
 
 impl WorkerProcess {
     /// `chorus agent <agent>` (a built-in agent: `echo`, `phases`, ...)
-    /// working for `server_url` in `namespace`.
-    pub fn builtin_agent(agent: &str, server_url: &str, namespace: &str, workdir: &Path) -> Self {
+    /// working for `server_url` in `namespace`, with `options`.
+    pub fn builtin_agent(agent: &str, server_url: &str, namespace: &str, options: &[&str], workdir: &Path) -> Self {
         let mut command = crate::process::command(chorus_bin(), workdir);
-        command.args(["agent", agent, "--server", server_url, "--namespace", namespace]);
+        command.args(["agent", agent, "--server", server_url, "--namespace", namespace]).args(options);
         let process = ChildProcess::spawn(format!("chorus agent {agent}"), command);
         Self { process, worker_id: String::new() }
     }

@@ -70,6 +70,27 @@ fn every_agent_service_names_its_workers() {
     }
 }
 
+/// An agent container is checked, and scraped, on the address its `--listen` names.
+#[test]
+fn every_agent_service_is_health_checked_and_scraped() {
+    let compose = load_yaml("docker-compose.yml");
+    let collector = read(&repo_path("deploy/otel-collector.yaml"));
+    for (name, service) in services(&compose) {
+        let command: Vec<String> =
+            service.get("command").map(|command| list(command).iter().map(scalar).collect()).unwrap_or_default();
+        if command.first().map(String::as_str) != Some("agent") {
+            continue;
+        }
+        let listen = command.iter().skip_while(|arg| *arg != "--listen").nth(1);
+        let port = listen.and_then(|listen| listen.rsplit_once(':')).map(|(_, port)| port.to_owned());
+        let port = port.unwrap_or_else(|| panic!("agent service `{name}` serves no /healthz (--listen)"));
+        let check: Vec<String> = list(&service["healthcheck"]["test"]).iter().map(scalar).collect();
+        let probed = format!("http://127.0.0.1:{port}/healthz");
+        assert!(check.contains(&probed), "service `{name}`'s healthcheck does not GET {probed}: {check:?}");
+        assert!(collector.contains(&format!("{name}:{port}")), "the collector does not scrape {name}:{port}");
+    }
+}
+
 /// The host port of a `ports` entry, with its protocol ("7800/tcp"); None for a container port.
 fn host_port(entry: &Value) -> Option<String> {
     if entry.is_mapping() {

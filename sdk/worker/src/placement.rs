@@ -1,6 +1,8 @@
 //! Where chorus's own agents (`echo`, `reviewer`, the phase agents) work,
 //! and under which worker ids.
 
+use chorus_runtime::metrics::Metrics;
+
 use crate::{Client, Worker};
 
 /// How many times a task of chorus's own agents is requeued after its
@@ -14,12 +16,13 @@ pub const RETRIES: u32 = 2;
 pub struct Placement {
     namespace: String,
     name: Option<String>,
+    metrics: Metrics,
 }
 
 impl Placement {
     /// Working on `namespace`'s tasks, under a new worker id per process.
     pub fn new(namespace: impl Into<String>) -> Self {
-        Self { namespace: namespace.into(), name: None }
+        Self { namespace: namespace.into(), name: None, metrics: Metrics::default() }
     }
 
     /// Worker ids `{agent}@{name}`: with a name kept across restarts of the
@@ -32,13 +35,21 @@ impl Placement {
         self
     }
 
+    /// The workers count into `metrics` ([`Worker::metrics`]).
+    #[must_use]
+    pub fn counted_in(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
     pub fn namespace(&self) -> &str {
         &self.namespace
     }
 
     /// A worker of `agent_id` placed so.
     pub(crate) fn worker(&self, client: Client, agent_id: &str) -> Worker {
-        let worker = Worker::new(client, agent_id).namespace(&self.namespace).max_retries(RETRIES);
+        let worker =
+            Worker::new(client, agent_id).namespace(&self.namespace).max_retries(RETRIES).metrics(self.metrics.clone());
         match &self.name {
             Some(name) => worker.worker_id(format!("{agent_id}@{name}")),
             None => worker,

@@ -13,7 +13,7 @@ use chorus_proto::taskstore::{
     ClaimedTask, CompleteTaskRequest, FailTaskRequest, ReleaseTaskRequest, RenewLeaseRequest, Task, TaskState,
     UpdateStatusRequest,
 };
-use chorus_runtime::transport;
+use chorus_runtime::{metrics::Metrics, transport};
 use tokio::{
     sync::OwnedSemaphorePermit,
     task::{JoinHandle, JoinSet},
@@ -37,6 +37,8 @@ pub(crate) struct Runner<H> {
     pub(crate) handler: H,
     /// The tasks being handled, by id.
     pub(crate) handling: Mutex<HashMap<String, Handling>>,
+    /// Where the tasks' outcomes are counted.
+    pub(crate) metrics: Metrics,
 }
 
 /// A task being handled.
@@ -47,6 +49,11 @@ pub(crate) struct Handling {
 }
 
 impl<H> Runner<H> {
+    /// Counts a task done with so.
+    fn count(&self, outcome: &str) {
+        self.metrics.worker_tasks.with([outcome]).inc();
+    }
+
     /// The tasks being handled, and their leases.
     pub(crate) fn in_flight(&self) -> Vec<(String, String)> {
         let handling = self.handling.lock().unwrap_or_else(PoisonError::into_inner);
@@ -66,7 +73,10 @@ impl<H> Runner<H> {
             brief: true,
         };
         match self.client.clone().release_task(request.clone()).await {
-            Ok(_) => info!(task_id = %request.task_id, "task handed back to the queue"),
+            Ok(_) => {
+                self.count("handed_back");
+                info!(task_id = %request.task_id, "task handed back to the queue");
+            }
             Err(status) => debug!(task_id = %request.task_id, error = %status, "task not handed back"),
         }
     }
@@ -121,6 +131,7 @@ where
         let told = CancellationToken::new();
         let handling = Handling { told: told.clone(), lease_id: lease_id.clone() };
         let _listed = Listed::new(&self.handling, task.id.clone(), handling);
+        let _busy = self.metrics.worker_tasks_in_flight.get().hold();
         self.work(task, lease_id, told).await;
     }
 
@@ -145,6 +156,7 @@ where
                 () = told.cancelled() => LeaseEnd::Canceled,
             } } => {
                 log_lease_end(&end);
+                self.count(if matches!(end, LeaseEnd::Canceled) { "canceled" } else { "lease_lost" });
                 cancel.cancel();
                 // Let the handler see `cancelled()` and wind down; its result is ignored.
                 let _ = tokio::time::timeout(renewal_period(self.lease), &mut handler.0).await;
@@ -236,7 +248,7 @@ where
             retry_after: retry.filter(|pause| !pause.is_zero()).and_then(prost_duration),
             brief: true,
         };
-        let ending = if request.retry { "failed, to be retried" } else { "failed" };
+        let ending = if request.retry { "retried" } else { "failed" };
         self.finish(ctx, ending, request, |mut client, request| async move { client.fail_task(request).await }).await;
     }
 
@@ -252,7 +264,7 @@ where
         };
         self.finish(
             ctx,
-            "handed back",
+            "handed_back",
             request,
             |mut client, request| async move { client.release_task(request).await },
         )
@@ -273,14 +285,16 @@ where
             .await;
     }
 
-    /// Makes the call that ends the task `ending` (logged), retrying while
-    /// the call is cut off and the lease may still hold.
+    /// Makes the call that ends the task `ending` (logged and counted as its
+    /// outcome), retrying while the call is cut off and the lease may still
+    /// hold.
     async fn finish<R, C, Fut, T>(&self, ctx: &TaskContext, ending: &str, request: R, call: C)
     where
         R: Clone,
         C: Fn(Client, R) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
+        self.count(ending);
         let started = Instant::now();
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
         let reported = loop {

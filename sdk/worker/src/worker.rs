@@ -7,6 +7,7 @@ use std::{
 };
 
 use chorus_proto::taskstore::{ClaimTasksRequest, ClaimedTask};
+use chorus_runtime::metrics::Metrics;
 use tokio::{
     sync::Semaphore,
     task::{JoinError, JoinSet},
@@ -46,6 +47,7 @@ pub struct Worker {
     reconnect_initial: Duration,
     reconnect_max: Duration,
     shutdown_grace: Duration,
+    metrics: Metrics,
 }
 
 /// How one claim stream ended.
@@ -71,7 +73,17 @@ impl Worker {
             reconnect_initial: DEFAULT_RECONNECT_INITIAL,
             reconnect_max: DEFAULT_RECONNECT_MAX,
             shutdown_grace: Duration::ZERO,
+            metrics: Metrics::default(),
         }
+    }
+
+    /// Counts into `metrics` (the `chorus_worker_*` series: its tasks by
+    /// outcome, those in flight, its open claim stream), for a server that
+    /// serves them on `/metrics`. Default: counted nowhere anyone reads.
+    #[must_use]
+    pub fn metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The namespace to claim tasks from.
@@ -162,6 +174,7 @@ impl Worker {
             lease: self.lease,
             handler,
             handling: Mutex::default(),
+            metrics: self.metrics.clone(),
         });
         let mut tasks = JoinSet::new();
         let ended = self.claim_loop(&request, &runner, &mut tasks, &shutdown).await;
@@ -233,6 +246,7 @@ impl Worker {
                     backoff.reset();
                     info!(agent_id = %self.agent_id, worker_id = %self.worker_id, "claiming tasks");
                     let stream = stream.into_inner();
+                    let _open = self.metrics.worker_claim_streams.get().hold();
                     match pump(stream, runner, &capacity, tasks, shutdown).await? {
                         StreamEnd::Shutdown => return Ok(()),
                         StreamEnd::Broken => {}

@@ -99,7 +99,9 @@ async fn a_handler_may_hand_its_task_back_for_later() {
             Ok(Reply::text(format!("done on attempt {}", task.task().attempt)))
         }
     };
-    let running = Running::start(&store, |worker| worker.capacity(2), handler).await;
+    let metrics = chorus_runtime::metrics::Metrics::default();
+    let counted = metrics.clone();
+    let running = Running::start(&store, move |worker| worker.capacity(2).metrics(counted), handler).await;
     let task = store.create(NAMESPACE, super::AGENT, "render", None).await;
     let events = store.events_until_done(NAMESPACE, &task.id).await;
     let requeued = status_changes(&events, TaskState::Submitted);
@@ -108,7 +110,12 @@ async fn a_handler_may_hand_its_task_back_for_later() {
     let done = store.get(NAMESPACE, &task.id).await;
     assert_eq!((state_of(&done), status_text(&done)), (TaskState::Completed, Some("done on attempt 1")));
     assert_eq!(tries.load(Ordering::SeqCst), 2);
+    let outcome = |outcome| metrics.worker_tasks.with([outcome]).get();
+    assert_eq!((outcome("handed_back"), outcome("completed"), outcome("failed")), (1, 1, 0));
+    assert_eq!(metrics.worker_claim_streams.get().get(), 1, "its claim stream is open");
     assert!(running.stop().await.is_ok());
+    assert_eq!(metrics.worker_claim_streams.get().get(), 0, "and closed");
+    assert_eq!(metrics.worker_tasks_in_flight.get().get(), 0);
 }
 
 #[tokio::test]

@@ -70,6 +70,22 @@ impl Gauge {
     pub fn get(&self) -> i64 {
         self.0.load(Ordering::Relaxed)
     }
+
+    /// Counts one more while the returned guard lives.
+    pub fn hold(self: Arc<Self>) -> Held {
+        self.inc();
+        Held(self)
+    }
+}
+
+/// One counted in a [`Gauge`] until dropped.
+#[derive(Debug)]
+pub struct Held(Arc<Gauge>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl Metric for Gauge {

@@ -13,9 +13,13 @@ pub(crate) mod observe;
 
 use std::sync::{Arc, Mutex};
 
-pub use family::{Counter, Family, Gauge, Histogram, Metric};
+pub use family::{Counter, Family, Gauge, Held, Histogram, Metric};
 
 use crate::storage::{Backend, Db};
+
+/// What becomes of a task a worker took, as `chorus_worker_tasks_total` counts it.
+pub const WORKER_OUTCOMES: [&str; 7] =
+    ["completed", "failed", "retried", "rejected", "handed_back", "canceled", "lease_lost"];
 
 /// The content type of the Prometheus text format the families are written in.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -72,6 +76,13 @@ pub struct Registry {
     pub workflow_runs_idle: Family<1, Gauge>,
     /// Push notification attempts by `outcome` (`delivered` or `failed`).
     pub push_notifications: Family<1, Counter>,
+    /// Tasks the workers of this process were done with, by `outcome`
+    /// ([`WORKER_OUTCOMES`]).
+    pub worker_tasks: Family<1, Counter>,
+    /// Tasks the workers of this process are working on now.
+    pub worker_tasks_in_flight: Family<0, Gauge>,
+    /// Claim streams the workers of this process hold open now.
+    pub worker_claim_streams: Family<0, Gauge>,
     /// The databases whose pools are reported, read when scraped.
     pools: Mutex<Vec<Db>>,
 }
@@ -178,6 +189,23 @@ impl Default for Registry {
                 "Push notifications, by outcome: delivered, or failed after their retries.",
                 ["outcome"],
             ),
+            worker_tasks: Family::new(
+                "chorus_worker_tasks_total",
+                "Tasks the workers of this process were done with, by outcome: completed, failed, retried (failed, \
+                 asking for a retry), rejected, handed_back, canceled, lease_lost.",
+                ["outcome"],
+            ),
+            worker_tasks_in_flight: Family::new(
+                "chorus_worker_tasks_in_flight",
+                "Tasks the workers of this process are working on now.",
+                [],
+            ),
+            worker_claim_streams: Family::new(
+                "chorus_worker_claim_streams",
+                "Claim streams the workers of this process hold open to their task store now (one per agent while \
+                 connected).",
+                [],
+            ),
             pools: Mutex::default(),
         };
         // Each series of a fixed set of labels is there from the start, at
@@ -197,6 +225,9 @@ impl Default for Registry {
         }
         for outcome in ["delivered", "failed"] {
             registry.push_notifications.with([outcome]);
+        }
+        for outcome in WORKER_OUTCOMES {
+            registry.worker_tasks.with([outcome]);
         }
         registry
     }
@@ -233,6 +264,9 @@ impl Metrics {
         self.workflow_runs_unfinished.encode(&mut out);
         self.workflow_runs_idle.encode(&mut out);
         self.push_notifications.encode(&mut out);
+        self.worker_tasks.encode(&mut out);
+        self.worker_tasks_in_flight.encode(&mut out);
+        self.worker_claim_streams.encode(&mut out);
         self.encode_pools(&mut out);
         out
     }

@@ -20,7 +20,7 @@ use http::{HeaderMap, StatusCode, header};
 use http_body::{Body as _, Frame, SizeHint};
 use prost::Message as _;
 
-use super::{Gauge, Metrics};
+use super::Metrics;
 
 /// The label values of a call to a method no descriptor names.
 const UNKNOWN: &str = "unknown";
@@ -75,7 +75,7 @@ pub(crate) async fn grpc(State(observer): State<GrpcObserver>, request: Request,
     let known = observer.methods.get(request.uri().path());
     let method = Arc::clone(known.unwrap_or(&observer.unknown));
     let response = next.run(request).await;
-    let stream = method.server_streaming.then(|| OpenStream::new(&observer.metrics, "grpc"));
+    let stream = method.server_streaming.then(|| observer.metrics.streams_in_flight.with(["grpc"]).hold());
     let trailers_only = grpc_code(response.headers());
     let metrics = observer.metrics;
     watch_body(response, move |ending| {
@@ -123,7 +123,7 @@ pub(crate) async fn http(State(metrics): State<Metrics>, request: Request, next:
     if kind != "sse" {
         return response;
     }
-    let stream = OpenStream::new(&metrics, "sse");
+    let stream = metrics.streams_in_flight.with(["sse"]).hold();
     watch_body(response, move |_| drop(stream))
 }
 
@@ -151,23 +151,6 @@ fn response_kind(response: &Response) -> &'static str {
         (StatusCode::SWITCHING_PROTOCOLS, _) => "websocket",
         (_, true) => "sse",
         _ => "http",
-    }
-}
-
-/// One open response stream, counted in the gauge until dropped.
-struct OpenStream(Arc<Gauge>);
-
-impl OpenStream {
-    fn new(metrics: &Metrics, protocol: &str) -> Self {
-        let gauge = metrics.streams_in_flight.with([protocol]);
-        gauge.inc();
-        Self(gauge)
-    }
-}
-
-impl Drop for OpenStream {
-    fn drop(&mut self) {
-        self.0.dec();
     }
 }
 
