@@ -274,6 +274,7 @@ impl Gateway {
             page_token: request.page_token.unwrap_or_default(),
             history_length: history_length(request.history_length)?,
             include_artifacts,
+            parent_task_id: String::new(),
         };
         let page = self.tasks().list_tasks(query).await.map_err(|status| task_error(&status, ""))?.into_inner();
         Ok(ListTasksResponse {

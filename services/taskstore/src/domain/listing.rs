@@ -11,6 +11,8 @@ pub struct TaskQuery {
     pub context_id: Option<String>,
     pub state: Option<TaskState>,
     pub agent_id: Option<String>,
+    /// Only the children of this task.
+    pub parent_id: Option<String>,
     /// Only tasks whose status changed at or after this time (µs).
     pub updated_after: Option<i64>,
     pub page_size: u32,
@@ -31,6 +33,7 @@ impl TaskQuery {
             state,
             self.agent_id.as_deref().unwrap_or_default(),
             &after,
+            self.parent_id.as_deref().unwrap_or_default(),
         ];
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
         for byte in fields.iter().flat_map(|field| field.bytes().chain([0xff])) {
@@ -138,6 +141,7 @@ mod tests {
             context_id: Some(context.into()),
             state: None,
             agent_id: None,
+            parent_id: None,
             updated_after: None,
             page_size: 1,
             page_token: None,

@@ -94,6 +94,7 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
             context_id: validate::optional_id("context_id", &request.context_id)?,
             state: convert::optional_task_state("state", request.state)?,
             agent_id: validate::optional_id("agent_id", &request.agent_id)?,
+            parent_id: validate::optional_id("parent_task_id", &request.parent_task_id)?,
             updated_after: convert::timestamp_micros("updated_after", request.updated_after)?,
             page_size,
             page_token,

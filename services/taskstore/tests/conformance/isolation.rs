@@ -45,6 +45,7 @@ async fn nothing_crosses_namespaces(h: Harness) {
         context_id: None,
         state: None,
         agent_id: None,
+        parent_id: None,
         updated_after: None,
         page_size: 50,
         page_token: None,

@@ -49,6 +49,7 @@ async fn an_agents_write_to_a_queued_task_a_worker_runs_needs_a_lease(h: Harness
         context_id: None,
         state: None,
         agent_id: Some("helper".into()),
+        parent_id: None,
         updated_after: None,
         page_size: 10,
         page_token: None,

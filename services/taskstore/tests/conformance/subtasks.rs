@@ -35,6 +35,7 @@ conformance!(
     spawn_rate_is_limited,
     a_spawn_that_repeats_an_ancestor_is_a_cycle,
     a_worker_canceling_its_task_cancels_the_subtree_and_tells_the_workers_below,
+    a_listing_names_the_parent_whose_children_it_lists,
 );
 
 pub(crate) fn limits_config() -> TaskStoreConfig {
@@ -334,19 +335,37 @@ async fn a_message_id_is_reused_only_to_retry_the_same_request(h: Harness) {
     assert_eq!(children.iter().map(|task| &task.id).collect::<Vec<_>>(), [&child.id], "nor changed");
 }
 
-async fn task_count(h: &Harness) -> u64 {
-    let query = TaskQuery {
+async fn a_listing_names_the_parent_whose_children_it_lists(h: Harness) {
+    let (first, second) = (orchestrator_root(&h).await, orchestrator_root(&h).await);
+    let mut children = vec![spawn(&h, &first.id, "a", "one").await.id, spawn(&h, &first.id, "b", "two").await.id];
+    spawn(&h, &second.id, "a", "another's").await;
+    let query = TaskQuery { parent_id: Some(first.id.clone()), page_size: 10, ..task_query() };
+    let page = h.store.list_tasks(query).await.unwrap();
+    let mut listed: Vec<String> = page.tasks.into_iter().map(|task| task.id).collect();
+    listed.sort();
+    children.sort();
+    assert_eq!((listed, page.total_size), (children, 2));
+    let none = TaskQuery { parent_id: Some("no-such-parent".into()), ..task_query() };
+    assert_eq!(h.store.list_tasks(none).await.unwrap().total_size, 0);
+}
+
+fn task_query() -> TaskQuery {
+    TaskQuery {
         namespace: "ns".into(),
         context_id: None,
         state: None,
         agent_id: None,
+        parent_id: None,
         updated_after: None,
         page_size: 1,
         page_token: None,
         history_length: Some(0),
         include_artifacts: false,
-    };
-    h.store.list_tasks(query).await.unwrap().total_size
+    }
+}
+
+async fn task_count(h: &Harness) -> u64 {
+    h.store.list_tasks(task_query()).await.unwrap().total_size
 }
 
 async fn depth_is_limited_by_where_the_tree_started(h: Harness) {

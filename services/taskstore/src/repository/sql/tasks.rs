@@ -28,6 +28,7 @@ fn list_filters(query: &TaskQuery) -> (String, Vec<&str>, usize) {
         ("context_id", query.context_id.as_deref()),
         ("state", query.state.map(TaskState::as_str)),
         ("agent_id", query.agent_id.as_deref()),
+        ("parent_id", query.parent_id.as_deref()),
     ];
     for (column, value) in columns {
         if let Some(value) = value {
