@@ -94,6 +94,8 @@ async fn metrics_follow_a2a_and_grpc_calls_and_name_no_tenant() {
     assert_eq!(grew(&format!("{calls}{{method=\"GetTask\",outcome=\"TASK_NOT_FOUND\"}}")), 1.0);
     assert_eq!(grew(&format!("{calls}{{method=\"unknown\",outcome=\"METHOD_NOT_FOUND\"}}")), 1.0);
     assert_eq!(grew(&format!("{rpc},kind=\"sse\"}}")), 1.0, "SendStreamingMessage is one SSE response");
+    let timed = "chorus_http_request_duration_seconds_count{route=\"/a2a/{agent}\",method=\"POST\"}";
+    assert_eq!(grew(timed), 3.0, "the three answers are timed, the stream is not");
     assert_eq!(after.get("chorus_streams_in_flight{protocol=\"sse\"}"), Some(&0.0), "the stream was read to its end");
     assert!(grew("chorus_tasks_created_total") >= 3.0, "two A2A tasks and one by gRPC");
     assert!(grew("chorus_tasks_finished_total{state=\"completed\"}") >= 2.0, "echo completed both A2A tasks");

@@ -46,6 +46,9 @@ pub struct Registry {
     /// HTTP requests by `route` (its template), `method`, `status` and
     /// `kind` (`http`, `sse` or `websocket`).
     pub http_requests: Family<4, Counter>,
+    /// Time to answer an HTTP request that is no stream (SSE, WebSocket),
+    /// by `route` and `method`.
+    pub http_latency: Family<2, Histogram>,
     pub a2a_jsonrpc_calls: Family<2, Counter>,
     /// Streams open now by `protocol` (`grpc`: server-streaming calls; `sse`).
     pub streams_in_flight: Family<1, Gauge>,
@@ -104,6 +107,11 @@ impl Default for Registry {
                 "chorus_http_requests_total",
                 "HTTP requests handled, by route template, method, status and kind (http, sse, websocket).",
                 ["route", "method", "status", "kind"],
+            ),
+            http_latency: Family::new(
+                "chorus_http_request_duration_seconds",
+                "Time to answer an HTTP request that is not a stream (SSE, WebSocket), by route template and method.",
+                ["route", "method"],
             ),
             a2a_jsonrpc_calls: Family::new(
                 "chorus_a2a_jsonrpc_calls_total",
@@ -245,6 +253,7 @@ impl Metrics {
         self.grpc_requests.encode(&mut out);
         self.grpc_latency.encode(&mut out);
         self.http_requests.encode(&mut out);
+        self.http_latency.encode(&mut out);
         self.a2a_jsonrpc_calls.encode(&mut out);
         self.streams_in_flight.encode(&mut out);
         self.tasks_created.encode(&mut out);

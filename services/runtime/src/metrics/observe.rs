@@ -112,14 +112,19 @@ fn grpc_code(headers: &HeaderMap) -> Option<tonic::Code> {
 }
 
 /// Counts an HTTP request by its route's template (never its path: ids stay
-/// out), and holds the streams' gauge while an SSE response is open.
+/// out), times it unless it streams, and holds the streams' gauge while an
+/// SSE response is open.
 pub(crate) async fn http(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
     let route = request.extensions().get::<MatchedPath>().map_or(UNKNOWN, MatchedPath::as_str).to_owned();
     let method = method_label(request.method());
     let response = next.run(request).await;
     let kind = response_kind(&response);
     let status = response.status().as_u16().to_string();
     metrics.http_requests.with([&route, &method, &status, kind]).inc();
+    if kind == "http" {
+        metrics.http_latency.with([&route, &method]).observe(started.elapsed());
+    }
     if kind != "sse" {
         return response;
     }
