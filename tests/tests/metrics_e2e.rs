@@ -10,6 +10,7 @@ use std::{
 
 use chorus_proto::{
     eventbus::{NackRequest, NewEvent, PublishBatchRequest, RegisterHandlerRequest, RetryPolicy, SubscribeRequest},
+    hub::{Content, RegisterAgentRequest, SendDirectRequest},
     taskstore::{ClaimTasksRequest, GetTaskRequest},
     workflow::{GetRunRequest, PutDefinitionRequest, RunState, StartRunRequest, workflow_client::WorkflowClient},
 };
@@ -58,6 +59,9 @@ async fn metrics_follow_a2a_and_grpc_calls_and_name_no_tenant() {
         "chorus_outbox_lag_seconds",
         "chorus_workflow_runs_unfinished{state=\"running\"}",
         "chorus_workflow_runs_idle_seconds{state=\"waiting\"}",
+        "chorus_hub_inbox_messages",
+        "chorus_eventbus_backlog",
+        "chorus_worker_tasks_total{outcome=\"lease_lost\"}",
     ] {
         assert_eq!(before.get(series), Some(&0.0), "{series} is there from the start");
     }
@@ -211,6 +215,39 @@ async fn metrics_count_the_work_of_every_service() {
     workflows.start_run(start).await.expect("StartRun");
     scrape_until_grown(&a2a, &before, "chorus_workflow_runs_unfinished{state=\"waiting\"}", 1.0).await;
 
+    // What waits: a message in an inbox nobody reads; an event for a handler nobody consumes.
+    let mut hub = server.hub().await;
+    let idle = RegisterAgentRequest {
+        namespace: namespace.clone(),
+        agent_id: "idle".to_owned(),
+        agent_type: "worker".to_owned(),
+        ..RegisterAgentRequest::default()
+    };
+    hub.register_agent(idle).await.expect("RegisterAgent");
+    let content =
+        Content { r#type: "job".to_owned(), payload: b"later".to_vec(), content_type: "text/plain".to_owned() };
+    let direct = SendDirectRequest {
+        namespace: namespace.clone(),
+        sender: "metrics".to_owned(),
+        recipient: "idle".to_owned(),
+        content: Some(content),
+        ..SendDirectRequest::default()
+    };
+    hub.send_direct(direct).await.expect("SendDirect");
+    scrape_until_grown(&a2a, &before, "chorus_hub_inbox_messages", 1.0).await;
+    let unread = RegisterHandlerRequest {
+        namespace: namespace.clone(),
+        name: "unread".to_owned(),
+        event_types: vec!["metrics.unread".to_owned()],
+        ..RegisterHandlerRequest::default()
+    };
+    bus.register_handler(unread).await.expect("RegisterHandler");
+    let event = NewEvent { r#type: "metrics.unread".to_owned(), source: "metrics".to_owned(), ..NewEvent::default() };
+    bus.publish_batch(PublishBatchRequest { namespace: namespace.clone(), events: vec![event] })
+        .await
+        .expect("publish");
+    scrape_until_grown(&a2a, &before, "chorus_eventbus_backlog", 1.0).await;
+
     let after = scrape(&a2a).await;
     let grew = |series: &str| growth(&before, &after, series);
     assert_eq!(grew("chorus_eventbus_deliveries_total"), 2.0);
@@ -218,6 +255,6 @@ async fn metrics_count_the_work_of_every_service() {
     assert_eq!(grew("chorus_workflow_runs_started_total"), 2.0, "hello, and the one that waits");
     assert_eq!(grew("chorus_workflow_runs_finished_total{state=\"completed\"}"), 1.0);
     assert_eq!(grew("chorus_workflow_steps_completed_total"), 2.0);
-    assert_eq!(grew("chorus_hub_messages_sent_total"), 1.0, "the workflow's message step");
+    assert_eq!(grew("chorus_hub_messages_sent_total"), 2.0, "the workflow's message step and the direct message");
     assert!(!after.keys().any(|series| series.contains(&namespace)), "{after:?}");
 }

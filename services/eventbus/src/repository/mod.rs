@@ -87,6 +87,11 @@ pub trait EventRepository: Send + Sync + std::fmt::Debug + 'static {
     /// Settles up to `limit` leases that ran out before `now`.
     async fn expire(&self, now: i64, limit: u32) -> Result<Expired>;
 
+    /// The deliveries not done yet (waiting, in flight, or failed and
+    /// waiting to be retried; not dead letters) in the whole database, and
+    /// when the oldest was created.
+    async fn backlog(&self) -> Result<(u64, Option<i64>)>;
+
     async fn get_delivery(&self, namespace: &str, id: &DeliveryId) -> Result<Delivery>;
 
     async fn list_deliveries(&self, query: &DeliveryQuery) -> Result<DeliveryPage>;

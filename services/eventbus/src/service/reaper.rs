@@ -23,6 +23,8 @@ const PURGE_BATCH: u32 = 500;
 /// How often finished events past their retention are deleted, at most: a
 /// shorter retention purges as often as it is long.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
+/// How often the backlog is read for its gauges.
+const BACKLOG_READ_EVERY: Duration = Duration::from_secs(5);
 /// What the reaper's rounds do, as an outage of its database says.
 const REAPING: &str = "expiring delivery leases";
 
@@ -38,6 +40,11 @@ impl EventBus {
             });
         }
         let bus = self.clone();
+        spawn_rounds(BACKLOG_READ_EVERY, self.shutdown.clone(), move || {
+            let bus = bus.clone();
+            async move { bus.read_backlog().await }
+        });
+        let bus = self.clone();
         tokio::spawn(async move {
             let mut interval = tokio::time::interval(bus.config.reaper_interval());
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -50,6 +57,19 @@ impl EventBus {
                 }
             }
         })
+    }
+
+    /// Sets the backlog's gauges; a failed read leaves them as they were
+    /// (the reaper says when the database is down).
+    async fn read_backlog(&self) {
+        match self.repository.backlog().await {
+            Ok((open, oldest)) => {
+                self.metrics.eventbus_backlog.get().set(i64::try_from(open).unwrap_or(i64::MAX));
+                let age = oldest.map_or(0, |created| (now_micros() - created).max(0) / 1_000_000);
+                self.metrics.eventbus_backlog_oldest_age.get().set(age);
+            }
+            Err(error) => tracing::debug!(%error, "cannot read the event bus's backlog"),
+        }
     }
 
     async fn reap(&self) -> Result<()> {

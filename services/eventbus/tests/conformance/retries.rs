@@ -221,6 +221,7 @@ async fn replay_from_a_sequence_includes_events_before_registration(h: Harness) 
 }
 
 async fn stats_count_what_is_open(h: Harness) {
+    assert_eq!(h.repository.backlog().await.unwrap(), (0, None));
     h.handler("a", &[], FailurePolicy::Fail).await;
     for _ in 0..4 {
         h.publish("x").await;
@@ -235,6 +236,10 @@ async fn stats_count_what_is_open(h: Harness) {
     let stats = h.bus.get_handler(NS, "a").await.unwrap().stats;
     assert_eq!((stats.in_flight, stats.dead_lettered, stats.pending), (1, 1, 0));
     assert_eq!((stats.finished_through, stats.lag), (3, 1));
+    h.publish("x").await;
+    let (open, oldest) = h.repository.backlog().await.unwrap();
+    assert_eq!(open, 2, "one in flight, one waiting; no dead letter, nothing acked");
+    assert!(oldest.is_some_and(|created| created <= chorus_runtime::time::now_micros()), "{oldest:?}");
 }
 
 async fn deregistering_discards_deliveries_and_frees_dependents(h: Harness) {

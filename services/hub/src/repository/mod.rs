@@ -131,6 +131,10 @@ pub trait HubRepository: Send + Sync + std::fmt::Debug + 'static {
     /// were not there as of `now` (an expired message is not).
     async fn ack(&self, namespace: &str, agent_id: &str, message_ids: &[String], now: i64) -> Result<Vec<String>>;
     /// Whether a message still waits in the recipient's inbox.
+    /// How many messages wait in inboxes, neither acked nor expired at
+    /// `now`, in the whole database.
+    async fn inbox_depth(&self, now: i64) -> Result<u64>;
+
     async fn is_queued(&self, namespace: &str, recipient: &str, message_id: &str) -> Result<bool>;
 
     /// Records a Delegate call waiting for its reply.

@@ -25,6 +25,7 @@ conformance!(
     direct_messages_stay_in_their_namespace,
     a_receive_cut_short_by_shutdown_says_so_rather_than_timed_out,
     an_inbox_stream_cut_short_by_shutdown_ends_unavailable,
+    the_inbox_depth_counts_what_waits_unacked_and_unexpired,
 );
 
 async fn an_unknown_recipient_is_an_error_not_a_drop(h: Harness) {
@@ -260,4 +261,22 @@ async fn an_ack_of_a_message_that_expired_says_it_was_not_there(h: Harness) {
     let unknown = repository.ack(NS, "b", std::slice::from_ref(&id), after_its_ttl).await.unwrap();
     assert_eq!(unknown, std::slice::from_ref(&id));
     assert_eq!(h.hub.ack(NS, "b", std::slice::from_ref(&id)).await.unwrap(), [id], "and it went");
+}
+
+async fn the_inbox_depth_counts_what_waits_unacked_and_unexpired(h: Harness) {
+    for agent in ["a", "b", "c"] {
+        h.agent(agent, "worker").await;
+    }
+    let repository = SqlHubRepository::new(h.db.clone());
+    let now = chorus_runtime::time::now_micros();
+    assert_eq!(repository.inbox_depth(now).await.unwrap(), 0);
+    h.direct("a", "b", "job").await;
+    h.direct("a", "c", "job").await;
+    h.direct("a", "c", "job").await;
+    assert_eq!(repository.inbox_depth(now).await.unwrap(), 3, "every inbox counts");
+    h.drain("c").await;
+    assert_eq!(repository.inbox_depth(now).await.unwrap(), 1, "acked messages do not");
+    let expiry = h.receive("b", InboxFilter::default(), false, Duration::ZERO).await.messages[0].expires_at;
+    assert_eq!(repository.inbox_depth(now).await.unwrap(), 1, "one handed out and not acked yet counts");
+    assert_eq!(repository.inbox_depth(expiry + 1).await.unwrap(), 0, "an expired one does not");
 }

@@ -68,6 +68,12 @@ pub struct Registry {
     pub eventbus_deliveries: Family<0, Counter>,
     pub eventbus_dead_letters: Family<0, Counter>,
     pub hub_messages_sent: Family<0, Counter>,
+    /// Messages waiting in inboxes, in the whole database.
+    pub hub_inbox_messages: Family<0, Gauge>,
+    /// Deliveries not done yet, in the whole database, and how long the
+    /// oldest has existed.
+    pub eventbus_backlog: Family<0, Gauge>,
+    pub eventbus_backlog_oldest_age: Family<0, Gauge>,
     pub workflow_runs_started: Family<0, Counter>,
     /// Workflow runs that reached a final `state`.
     pub workflow_runs_finished: Family<1, Counter>,
@@ -169,6 +175,23 @@ impl Default for Registry {
                 [],
             ),
             hub_messages_sent: Family::new("chorus_hub_messages_sent_total", "Hub messages sent.", []),
+            hub_inbox_messages: Family::new(
+                "chorus_hub_inbox_messages",
+                "Messages waiting in agents' inboxes (neither acked nor expired), in the whole database; read by the \
+                 hub every 5 s.",
+                [],
+            ),
+            eventbus_backlog: Family::new(
+                "chorus_eventbus_backlog",
+                "Deliveries not done yet (waiting, in flight, or failed and waiting for a retry; not dead letters), \
+                 in the whole database; read by the event bus every 5 s.",
+                [],
+            ),
+            eventbus_backlog_oldest_age: Family::new(
+                "chorus_eventbus_backlog_oldest_age_seconds",
+                "How long the oldest delivery not done yet has existed (0: none).",
+                [],
+            ),
             workflow_runs_started: Family::new("chorus_workflow_runs_started_total", "Workflow runs started.", []),
             workflow_runs_finished: Family::new(
                 "chorus_workflow_runs_finished_total",
@@ -267,6 +290,9 @@ impl Metrics {
         self.eventbus_deliveries.encode(&mut out);
         self.eventbus_dead_letters.encode(&mut out);
         self.hub_messages_sent.encode(&mut out);
+        self.hub_inbox_messages.encode(&mut out);
+        self.eventbus_backlog.encode(&mut out);
+        self.eventbus_backlog_oldest_age.encode(&mut out);
         self.workflow_runs_started.encode(&mut out);
         self.workflow_runs_finished.encode(&mut out);
         self.workflow_steps_completed.encode(&mut out);

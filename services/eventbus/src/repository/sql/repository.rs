@@ -88,6 +88,16 @@ impl EventRepository for SqlEventRepository {
         self.expire_leases(now, limit).await
     }
 
+    async fn backlog(&self) -> Result<(u64, Option<i64>)> {
+        let (open, oldest): (i64, Option<i64>) = sqlx::query_as(
+            "SELECT COUNT(*), MIN(created_at) FROM eventbus_deliveries \
+             WHERE finished_at IS NULL AND state <> 'dead_lettered'",
+        )
+        .fetch_one(&mut *self.db.read().await?)
+        .await?;
+        Ok((u64::try_from(open).unwrap_or_default(), oldest))
+    }
+
     async fn get_delivery(&self, namespace: &str, id: &DeliveryId) -> Result<Delivery> {
         self.delivery(namespace, id).await
     }

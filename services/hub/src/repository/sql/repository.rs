@@ -84,6 +84,14 @@ impl HubRepository for SqlHubRepository {
         self.remove_acked(namespace, agent_id, message_ids, now).await
     }
 
+    async fn inbox_depth(&self, now: i64) -> Result<u64> {
+        let depth: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM hub_inbox WHERE expires_at > $1")
+            .bind(now)
+            .fetch_one(&mut *self.db.read().await?)
+            .await?;
+        Ok(u64::try_from(depth).unwrap_or_default())
+    }
+
     async fn is_queued(&self, namespace: &str, recipient: &str, message_id: &str) -> Result<bool> {
         self.queued(namespace, recipient, message_id).await
     }
