@@ -268,6 +268,12 @@ impl Stack {
                         }
                     };
                     let mut gateway_config = config.gateway.clone();
+                    gateway_config.cors_origins = chorus_runtime::server::origins(&config.gateway.cors_origins)
+                        .map_err(|error| anyhow::anyhow!("gateway.cors_origins: {error}"))?;
+                    let origins = gateway_config.cors_origins.clone();
+                    if !origins.is_empty() {
+                        tracing::info!(?origins, "web pages of these origins may call chorus (grpc-web, A2A, ACP)");
+                    }
                     gateway_config.max_body_bytes = a2a_body_limit(config);
                     gateway_config.push.follower_id.get_or_insert_with(|| format!("{}/{address}", host_name()));
                     if gateway_config.registry_file.is_none() && db.is_some() && config.storage.database_url.is_empty()
@@ -291,7 +297,7 @@ impl Stack {
                     local_delegation = Some(Transport::in_process(delegation.clone()));
                     server.add_grpc_service(delegation);
                     server.merge_http(chorus_gateway::router(gateway.clone()));
-                    server.enable_grpc_web(&config.gateway.cors_origins, vec![gateway.api_key_header()]);
+                    server.enable_grpc_web(&origins, vec![gateway.api_key_header()]);
                     // The gateway's port is the public one: where it checks
                     // credentials, the services beside it check them too.
                     if let Some(guard) = gateway.operator_guard() {

@@ -4,6 +4,8 @@
 //! config, each scoped to namespaces; with none configured every request is
 //! let in (a local `chorus dev`).
 
+use std::collections::HashMap;
+
 use sha2::{Digest as _, Sha256};
 
 use crate::{
@@ -135,6 +137,35 @@ impl Authenticator {
             return Err(GatewayError::NamespaceNotFound { namespace, served: served.join(", ") });
         }
         Ok(Scope { namespace, agent, caller: principal.caller.clone() })
+    }
+}
+
+/// Why chorus's own gRPC services refuse a call under the gateway's
+/// credentials; a status with its `google.rpc.ErrorInfo` in the gateway's
+/// domain.
+pub(crate) enum OperatorRefusal {
+    Unauthenticated,
+    NotEveryNamespace,
+}
+
+impl From<OperatorRefusal> for tonic::Status {
+    fn from(refusal: OperatorRefusal) -> Self {
+        use tonic_types::StatusExt as _;
+        let (code, reason, message) = match refusal {
+            OperatorRefusal::Unauthenticated => (
+                tonic::Code::Unauthenticated,
+                "UNAUTHENTICATED",
+                "missing or invalid credentials: chorus's gRPC services take an API key or a bearer token the \
+                 gateway knows",
+            ),
+            OperatorRefusal::NotEveryNamespace => (
+                tonic::Code::PermissionDenied,
+                "NAMESPACE_NOT_GRANTED",
+                "chorus's own gRPC services take a credential for every namespace (namespaces = [\"*\"])",
+            ),
+        };
+        let details = tonic_types::ErrorDetails::with_error_info(reason, "gateway.chorus.dev", HashMap::new());
+        tonic::Status::with_error_details(code, message, details)
     }
 }
 

@@ -258,13 +258,16 @@ async fn chorus_own_services_beside_the_gateway_take_a_credential_for_every_name
 
     let mut tasks = server.task_store().await;
     let list = || ListTasksRequest { namespace: "team-a".into(), ..Default::default() };
-    assert_eq!(tasks.list_tasks(list()).await.expect_err("no credentials").code(), Code::Unauthenticated);
+    let anonymous = tasks.list_tasks(list()).await.expect_err("no credentials");
+    assert_eq!(anonymous.code(), Code::Unauthenticated);
+    chorus_tests::status::assert_reason(&anonymous, "gateway.chorus.dev", "UNAUTHENTICATED");
     let team = tasks
         .list_tasks(with(tonic::Request::new(list()), "x-api-key", "key-a"))
         .await
         .expect_err("one namespace only");
     assert_eq!(team.code(), Code::PermissionDenied, "{team:?}");
     assert!(team.message().contains("every namespace"), "{team:?}");
+    chorus_tests::status::assert_reason(&team, "gateway.chorus.dev", "NAMESPACE_NOT_GRANTED");
     tasks
         .list_tasks(with(tonic::Request::new(list()), "authorization", "Bearer s3cret"))
         .await

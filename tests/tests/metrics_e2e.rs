@@ -258,3 +258,27 @@ async fn metrics_count_the_work_of_every_service() {
     assert_eq!(grew("chorus_hub_messages_sent_total"), 2.0, "the workflow's message step and the direct message");
     assert!(!after.keys().any(|series| series.contains(&namespace)), "{after:?}");
 }
+
+/// A unary call its caller gave up on (a closed tab, a client deadline) is
+/// counted, as CANCELLED, though no answer was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_its_caller_gives_up_on_counts_as_canceled() {
+    let sandbox = Sandbox::new();
+    let server = sandbox.dev().no_agents().start().await;
+    let a2a = A2a::new(&server);
+    let mut tasks = server.task_store().await;
+    let waiting = tasks.create_task(create_request("e2e", "nobody", "wait")).await.expect("create").into_inner();
+    let before = scrape(&a2a).await;
+    let wait = chorus_proto::taskstore::AwaitTaskRequest {
+        namespace: "e2e".to_owned(),
+        id: waiting.id,
+        timeout: Some(prost_types::Duration { seconds: 30, nanos: 0 }),
+        ..Default::default()
+    };
+    let waiting = tokio::spawn(async move { tasks.await_task(wait).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    waiting.abort();
+    let canceled = "chorus_grpc_requests_total{service=\"chorus.taskstore.v1.TaskStore\",method=\"AwaitTask\",\
+                    code=\"Cancelled\"}";
+    scrape_until_grown(&a2a, &before, canceled, 1.0).await;
+}

@@ -24,7 +24,7 @@ use self::{
 };
 pub(crate) use self::{inputs::history_length, rewatch::worth_reopening};
 use crate::{
-    auth::{Authenticator, Scope},
+    auth::{Authenticator, OperatorRefusal, Scope},
     builtin::{self, Runner},
     catalog::Catalog,
     config::{AgentConfig, AgentKind, GatewayConfig},
@@ -133,13 +133,13 @@ impl Gateway {
         }
         let gateway = self.clone();
         Some(Arc::new(move |headers: &http::HeaderMap| {
-            let principal =
-                gateway.auth().authenticate(|name| headers.get(name).and_then(|value| value.to_str().ok()))?;
+            let principal = gateway
+                .auth()
+                .authenticate(|name| headers.get(name).and_then(|value| value.to_str().ok()))
+                .map_err(|_| OperatorRefusal::Unauthenticated)?;
             match principal.every_namespace() {
                 true => Ok(principal.caller),
-                false => Err(tonic::Status::permission_denied(
-                    "chorus's own gRPC services take a credential for every namespace (namespaces = [\"*\"])",
-                )),
+                false => Err(OperatorRefusal::NotEveryNamespace.into()),
             }
         }))
     }

@@ -18,14 +18,22 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 use tower::ServiceBuilder;
 use tower_http::{
     catch_panic::CatchPanicLayer,
-    cors::{AllowOrigin, CorsLayer},
     trace::{DefaultOnFailure, TraceLayer},
 };
 
+mod cors;
+mod limits;
 mod readiness;
 
-use self::readiness::healthz;
-pub use self::readiness::{ReadinessProbe, serving_probe};
+pub use self::{
+    cors::origins,
+    limits::refused_for_size,
+    readiness::{ReadinessProbe, serving_probe},
+};
+use self::{
+    limits::{grpc_limit, http_limit},
+    readiness::healthz,
+};
 use crate::{
     metrics::{self, Metrics, observe},
     telemetry, upgrade,
@@ -170,8 +178,8 @@ impl ServerBuilder {
     }
 
     /// Lets browsers call every gRPC service over grpc-web (HTTP/1.1 or 2),
-    /// from `origins` (`*` for any) under CORS, sending `headers` beside the
-    /// standard ones.
+    /// and every route, from `origins` (`*` for any; see [`origins`]) under
+    /// CORS, sending `headers` beside the standard ones.
     pub fn enable_grpc_web(&mut self, origins: &[String], headers: Vec<http::HeaderName>) -> &mut Self {
         self.grpc_web_origins = Some(origins.to_vec());
         self.grpc_web_headers = headers;
@@ -243,13 +251,17 @@ impl ServerBuilder {
         let methods = [SERVICE_DESCRIPTORS, REFLECTION_DESCRIPTORS].concat();
         let observer = observe::GrpcObserver::new(self.metrics.clone(), &methods);
         grpc = grpc.layer(axum::middleware::from_fn_with_state(observer, observe::grpc));
-        if let Some(origins) = &self.grpc_web_origins {
+        if self.grpc_web_origins.is_some() {
             // Only the gRPC routes speak grpc-web; HTTP routes stay as they are.
-            let headers = std::mem::take(&mut self.grpc_web_headers);
-            grpc = grpc.layer(tonic_web::GrpcWebLayer::new()).layer(cors(origins, headers));
+            grpc = grpc.layer(tonic_web::GrpcWebLayer::new());
         }
         let unknown_calls = self.metrics.clone();
-        let router = grpc.merge(http).fallback(move |request| not_found(unknown_calls.clone(), request));
+        let mut router = grpc.merge(http).fallback(move |request| not_found(unknown_calls.clone(), request));
+        if let Some(origins) = &self.grpc_web_origins {
+            // Every answer, the fallback's too, so that a page reads an error rather than "failed to fetch".
+            let headers = std::mem::take(&mut self.grpc_web_headers);
+            router = router.layer(cors::layer(origins, headers));
+        }
         let layers = ServiceBuilder::new()
             // Failures are logged once where they are handled (`error::into_status`);
             // a caller's NOT_FOUND is no server error.
@@ -315,62 +327,6 @@ impl ServerBuilder {
     }
 }
 
-/// A gRPC call's answer, or, past `limit`, CANCELLED, the code tonic's own
-/// server timeout answers, naming the setting (a caller's shorter
-/// `grpc-timeout` is tonic's to keep). Set on the gRPC routes alone: an HTTP
-/// caller would not read a status in trailers.
-async fn grpc_limit(limit: Duration, request: axum::extract::Request, next: Next) -> axum::response::Response {
-    match tokio::time::timeout(limit, next.run(request)).await {
-        Ok(response) => oversize_request(response),
-        Err(_) => tonic::Status::cancelled(past_limit(limit)).into_http(),
-    }
-}
-
-/// What a call cut off by `server.request_timeout_ms` is told.
-fn past_limit(limit: Duration) -> String {
-    format!(
-        "no answer within {} ms (server.request_timeout_ms); a wait a call asks for (AwaitTask, a blocking spawn, \
-         ReadInbox, ...) is cut off there too: ask for less, or raise the setting",
-        limit.as_millis()
-    )
-}
-
-/// tonic refuses a request past `server.max_message_bytes` as OUT_OF_RANGE,
-/// in its own words; gRPC's code for it is RESOURCE_EXHAUSTED, and the
-/// caller should learn which setting it met.
-fn oversize_request(response: axum::response::Response) -> axum::response::Response {
-    const TONIC: &str = "Error, decoded message length too large: found ";
-    let Some(status) = tonic::Status::from_header_map(response.headers()) else { return response };
-    let sizes = status.message().strip_prefix(TONIC).and_then(|rest| rest.split_once(" bytes, the limit is: "));
-    let Some((found, limit)) = sizes.filter(|_| status.code() == tonic::Code::OutOfRange) else { return response };
-    let limit = limit.trim_end_matches(" bytes");
-    let message = format!("the request is {found} bytes; this server takes at most {limit} {OVERSIZE}");
-    tonic::Status::resource_exhausted(message).into_http()
-}
-
-/// What ends the message of a request refused for its size.
-const OVERSIZE: &str = "(server.max_message_bytes)";
-
-/// Whether a server refused a request for its size (a caller's fault, unlike
-/// other RESOURCE_EXHAUSTED answers).
-pub fn refused_for_size(status: &tonic::Status) -> bool {
-    status.code() == tonic::Code::ResourceExhausted && status.message().ends_with(OVERSIZE)
-}
-
-/// An HTTP call's answer, or, past `limit`, 504 with a `google.rpc.Status`
-/// body, the error shape of the HTTP+JSON APIs served here.
-async fn http_limit(limit: Duration, request: axum::extract::Request, next: Next) -> axum::response::Response {
-    match tokio::time::timeout(limit, next.run(request)).await {
-        Ok(response) => response,
-        Err(_) => {
-            let message = past_limit(limit);
-            let body =
-                serde_json::json!({ "error": { "code": 504, "status": "DEADLINE_EXCEEDED", "message": message } });
-            (StatusCode::GATEWAY_TIMEOUT, axum::Json(body)).into_response()
-        }
-    }
-}
-
 /// What a reflection server is to the routes builder.
 trait ReflectionService:
     tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible, Future: Send>
@@ -392,37 +348,6 @@ impl<S> ReflectionService for S where
 {
 }
 
-/// CORS for grpc-web callers from `origins`: the headers grpc-web sends (and
-/// `extra`) and the trailers-as-headers it reads.
-fn cors(origins: &[String], extra: Vec<http::HeaderName>) -> CorsLayer {
-    let allow_origin = if origins.iter().any(|origin| origin == "*") {
-        AllowOrigin::any()
-    } else {
-        AllowOrigin::list(origins.iter().filter_map(|origin| http::HeaderValue::from_str(origin).ok()))
-    };
-    let header = http::HeaderName::from_static;
-    CorsLayer::new()
-        .allow_origin(allow_origin)
-        .allow_methods([http::Method::POST, http::Method::GET, http::Method::OPTIONS])
-        .allow_headers(
-            [
-                http::header::CONTENT_TYPE,
-                http::header::AUTHORIZATION,
-                header("x-grpc-web"),
-                header("x-user-agent"),
-                header("grpc-timeout"),
-                header("a2a-version"),
-                header("x-api-key"),
-                header("connect-protocol-version"),
-            ]
-            .into_iter()
-            .chain(extra)
-            .collect::<Vec<_>>(),
-        )
-        .expose_headers([header("grpc-status"), header("grpc-message"), header("grpc-status-details-bin")])
-        .max_age(Duration::from_secs(3600))
-}
-
 /// `GET /metrics`: every series, as Prometheus scrapes them.
 async fn metrics_page(metrics: Metrics) -> axum::response::Response {
     ([(http::header::CONTENT_TYPE, metrics::CONTENT_TYPE)], metrics.encode()).into_response()
@@ -430,14 +355,14 @@ async fn metrics_page(metrics: Metrics) -> axum::response::Response {
 
 /// Unknown paths: `UNIMPLEMENTED` for gRPC callers, 404 for everyone else.
 async fn not_found(metrics: Metrics, request: axum::extract::Request) -> axum::response::Response {
-    let grpc = request
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"));
-    if grpc {
+    let content_type = request.headers().get(http::header::CONTENT_TYPE).cloned();
+    if let Some(content_type) = content_type.filter(|value| value.as_bytes().starts_with(b"application/grpc")) {
         observe::unknown_grpc_call(&metrics);
         let message = format!("no such method: {}", request.uri().path());
-        return tonic::Status::unimplemented(message).into_http::<axum::body::Body>();
+        let mut answer = tonic::Status::unimplemented(message).into_http::<axum::body::Body>();
+        // Trailers-only, the status in the headers: the same answer in grpc-web's framing.
+        answer.headers_mut().insert(http::header::CONTENT_TYPE, content_type);
+        return answer;
     }
     observe::unknown_http_request(&metrics, request.method());
     (StatusCode::NOT_FOUND, "not found\n").into_response()

@@ -68,13 +68,16 @@ impl GrpcObserver {
     }
 }
 
-/// Counts a gRPC call by its status code once its response ends, times it
-/// when unary, and holds the streams' gauge while a server stream is open.
+/// Counts a gRPC call by its status code once its response ends (a call
+/// its caller gave up on before the answer as CANCELLED), times it when
+/// unary, and holds the streams' gauge while a server stream is open.
 pub(crate) async fn grpc(State(observer): State<GrpcObserver>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let known = observer.methods.get(request.uri().path());
     let method = Arc::clone(known.unwrap_or(&observer.unknown));
+    let mut unanswered = Unanswered(Some((observer.metrics.clone(), Arc::clone(&method))));
     let response = next.run(request).await;
+    unanswered.0 = None;
     let stream = method.server_streaming.then(|| observer.metrics.streams_in_flight.with(["grpc"]).hold());
     let trailers_only = grpc_code(response.headers());
     let metrics = observer.metrics;
@@ -92,6 +95,19 @@ pub(crate) async fn grpc(State(observer): State<GrpcObserver>, request: Request,
         }
         drop(stream);
     })
+}
+
+/// A call not answered yet: dropped so (its caller went away), it counts
+/// as CANCELLED.
+struct Unanswered(Option<(Metrics, Arc<GrpcMethod>)>);
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if let Some((metrics, method)) = self.0.take() {
+            let code = format!("{:?}", tonic::Code::Cancelled);
+            metrics.grpc_requests.with([&method.service, &method.method, &code]).inc();
+        }
+    }
 }
 
 /// Counts a gRPC call to a path no service serves (answered `UNIMPLEMENTED`
