@@ -133,10 +133,11 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
         after: Duration,
     ) -> Result<Task>;
 
-    /// Ends or requeues up to `limit` tasks whose lease ran out before `now`.
-    /// A lease that ran out before `started` (while no reaper of this task
-    /// store ran, nor perhaps any task store its worker could renew with)
-    /// gets one more lease length from `started` to be renewed.
+    /// Ends or requeues up to `limit` tasks whose lease ran out before `now`,
+    /// but none within a lease length of `started`: a lease that ran out
+    /// while no reaper of this task store ran, or soon after (it was live
+    /// while no task store its worker could renew with ran), gets that long
+    /// from `started` to be renewed.
     async fn expire_leases(&self, now: i64, started: i64, limit: u32) -> Result<Vec<Expiry>>;
 
     /// Ends or requeues, as if their leases had run out, the tasks of

@@ -86,7 +86,7 @@ macro_rules! expired_leases {
             "SELECT ",
             task_columns!(),
             " FROM taskstore_tasks WHERE worker_id IS NOT NULL AND lease_expires_at < $1 \
-             AND (lease_expires_at >= $3 OR $1 >= $3 + COALESCE(lease_length, 0)) \
+             AND $1 >= $3 + COALESCE(lease_length, 0) \
              ORDER BY lease_expires_at LIMIT $2"
         )
     };
