@@ -18,6 +18,7 @@ conformance!(
     a_task_waiting_on_a_question_is_handed_back_to_be_asked_again,
     a_retry_asked_for_later_is_not_claimed_before,
     a_task_handed_back_for_later_is_not_handed_straight_back,
+    each_task_of_a_claim_has_a_lease_of_its_own,
 );
 
 async fn a_task_handed_back_goes_to_the_next_worker_its_attempt_not_counted(h: Harness) {
@@ -121,4 +122,23 @@ async fn a_task_handed_back_for_later_is_not_handed_straight_back(h: Harness) {
     let second = h.repository.claim_tasks(&request, 2).await.unwrap();
     let [second] = second.as_slice() else { panic!("claimed once its time came: {second:?}") };
     assert_eq!((second.task.id.as_str(), second.task.attempt), (task.id.as_str(), 1), "its first counted attempt");
+}
+
+/// A write about one task under the lease of another claimed with it is
+/// refused, as one under another worker's lease is.
+async fn each_task_of_a_claim_has_a_lease_of_its_own(h: Harness) {
+    h.task("ns", "echo", "one").await;
+    h.task("ns", "echo", "two").await;
+    let request = claim_request("echo", "w1", 2, Duration::from_secs(30), 0);
+    let claimed = h.repository.claim_tasks(&request, 2).await.unwrap();
+    let [a, b] = claimed.as_slice() else { panic!("two claims: {claimed:?}") };
+    assert_ne!(a.lease_id, b.lease_id);
+    let crossed = h.store.complete_task("ns", &a.task.id, &b.lease_id, None, Vec::new()).await.unwrap_err();
+    assert!(matches!(crossed, TaskStoreError::LeaseLost { .. }), "{crossed}");
+    let kept = h.store.get_task("ns", &a.task.id, None).await.unwrap();
+    assert_eq!(kept.status.state, TaskState::Working, "nothing changed");
+    for claim in [a, b] {
+        let done = h.store.complete_task("ns", &claim.task.id, &claim.lease_id, None, Vec::new()).await.unwrap();
+        assert_eq!(done.status.state, TaskState::Completed);
+    }
 }

@@ -29,9 +29,10 @@ macro_rules! claimable {
 /// Leases up to $8 claimable tasks, skipping rows other claims hold, and
 /// records their `status_changed` events ($9: the payload), in one statement.
 /// The lease's length ($6 - $3) is kept for the renewals that name none.
+/// Each task's lease id is the claim's ($5) and its own ([`task_lease`]).
 const CLAIM_AND_LOG_POSTGRES: &str = concat!(
     "WITH claimed AS (UPDATE taskstore_tasks SET state = 'working', status_message = NULL, status_timestamp = $3, \
-     worker_id = $4, lease_id = $5, lease_expires_at = $6, lease_length = $6 - $3, max_retries = $7, \
+     worker_id = $4, lease_id = $5 || '.' || id, lease_expires_at = $6, lease_length = $6 - $3, max_retries = $7, \
      attempt = attempt + 1 \
      WHERE (namespace, id) IN (SELECT namespace, id FROM taskstore_tasks \
      WHERE namespace = $1 AND agent_id = $2 AND ",
@@ -44,7 +45,8 @@ const CLAIM_AND_LOG_POSTGRES: &str = concat!(
 );
 const CLAIM_SQLITE: &str = concat!(
     "UPDATE taskstore_tasks SET state = 'working', status_message = NULL, status_timestamp = $3, worker_id = $4, \
-     lease_id = $5, lease_expires_at = $6, lease_length = $6 - $3, max_retries = $7, attempt = attempt + 1 \
+     lease_id = $5 || '.' || id, lease_expires_at = $6, lease_length = $6 - $3, max_retries = $7, \
+     attempt = attempt + 1 \
      WHERE (namespace, id) IN (SELECT namespace, id FROM taskstore_tasks \
      WHERE namespace = $1 AND agent_id = $2 AND ",
     claimable!("$3"),
@@ -200,12 +202,8 @@ impl SqlTaskRepository {
             let record = TaskRecord::decode(row)?;
             let trace_context = record.trace_context.clone();
             let task = complete_task_view(&mut conn, record, None, true).await?;
-            claimed.push(Claimed {
-                task,
-                lease_id: lease.id.to_owned(),
-                lease_expires_at: lease.expires_at,
-                trace_context,
-            });
+            let lease_id = task_lease(lease.id, &task.id);
+            claimed.push(Claimed { task, lease_id, lease_expires_at: lease.expires_at, trace_context });
         }
         Ok(claimed)
     }
@@ -219,12 +217,8 @@ impl SqlTaskRepository {
             let trace_context = record.trace_context.clone();
             record_event(&mut tx, &record.task, EventKind::StatusChanged, EventDetail::default()).await?;
             let task = complete_task_view(&mut tx, record, None, true).await?;
-            claimed.push(Claimed {
-                task,
-                lease_id: lease.id.to_owned(),
-                lease_expires_at: lease.expires_at,
-                trace_context,
-            });
+            let lease_id = task_lease(lease.id, &task.id);
+            claimed.push(Claimed { task, lease_id, lease_expires_at: lease.expires_at, trace_context });
         }
         tx.commit().await?;
         Ok(claimed)
@@ -382,6 +376,13 @@ fn check_completion(message: Option<&Message>, artifacts: &[Artifact]) -> Result
         return Err(FieldViolation::new("artifacts", format!("gives artifact {id} twice")).into());
     }
     Ok(())
+}
+
+/// The lease id of task `task_id` in the claim `claim`, as the claim's
+/// statement writes it: each task of a claim has its own, so a write about
+/// one task under another's lease is refused.
+fn task_lease(claim: &str, task_id: &str) -> String {
+    format!("{claim}.{task_id}")
 }
 
 /// How a worker's attempt at a task it holds ends, short of completing it.
