@@ -161,6 +161,14 @@ pub struct Renewal {
     pub canceled: bool,
 }
 
+/// A completed task, and whether this call completed it: a retry of a
+/// completion that landed (its answer lost on the way) finds it so already.
+#[derive(Debug, Clone)]
+pub struct Completed {
+    pub task: Task,
+    pub now: bool,
+}
+
 /// A lease that ran out, and what became of its task.
 #[derive(Debug, Clone)]
 pub struct Expiry {

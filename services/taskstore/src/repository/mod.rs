@@ -13,10 +13,10 @@ use async_trait::async_trait;
 
 use crate::{
     domain::{
-        ArtifactChunk, ClaimRequest, Claimed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff, InboxMessage,
-        InboxRead, Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PurgeCursor, Purged,
-        PushConfig, PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskCursor, TaskEvent, TaskKey, TaskPage,
-        TaskQuery, WorkerLeases,
+        ArtifactChunk, ClaimRequest, Claimed, Completed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff,
+        InboxMessage, InboxRead, Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PurgeCursor,
+        Purged, PushConfig, PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskCursor, TaskEvent, TaskKey,
+        TaskPage, TaskQuery, WorkerLeases,
     },
     error::Result,
 };
@@ -100,6 +100,9 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
 
     /// Completes the task under its lease. A user's final message, or an
     /// artifact id given twice, is an invalid argument and changes nothing.
+    /// A task this lease completed already with the same final message (none,
+    /// or one of the same id) is returned as it is, so a worker retrying a
+    /// completion whose answer it lost learns it landed.
     async fn complete_task(
         &self,
         namespace: &str,
@@ -107,7 +110,7 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
         lease_id: &str,
         message: Option<Message>,
         artifacts: Vec<crate::domain::Artifact>,
-    ) -> Result<Task>;
+    ) -> Result<Completed>;
 
     /// Fails the task, or, with a `retry` and while its agent's retries
     /// last, requeues it to be claimed no sooner than that pause from now

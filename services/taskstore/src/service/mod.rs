@@ -236,15 +236,19 @@ impl TaskStore {
     /// Moves a task through the state machine; moved to CANCELED, it takes
     /// its unfinished subtree with it, as [`cancel_task`](Self::cancel_task) does.
     pub async fn update_status(&self, namespace: &str, task_id: &str, update: StatusUpdate) -> Result<Task> {
-        let mut changed = self.repository.update_status(namespace, task_id, update).await?.into_iter();
-        let task = changed.next().ok_or_else(|| TaskStoreError::TaskNotFound(task_id.to_owned()))?;
-        self.changed_whole(&task);
-        self.count_if_finished(&task);
-        for below in changed {
-            self.changed(&below);
-            self.count_if_finished(&below);
-        }
-        Ok(task)
+        let (store, namespace, task_id) = (self.clone(), namespace.to_owned(), task_id.to_owned());
+        chorus_runtime::detach::to_completion(async move {
+            let mut changed = store.repository.update_status(&namespace, &task_id, update).await?.into_iter();
+            let task = changed.next().ok_or(TaskStoreError::TaskNotFound(task_id))?;
+            store.changed_whole(&task);
+            store.count_if_finished(&task);
+            for below in changed {
+                store.changed(&below);
+                store.count_if_finished(&below);
+            }
+            Ok(task)
+        })
+        .await
     }
 
     pub async fn append_artifact(&self, namespace: &str, task_id: &str, chunk: ArtifactChunk) -> Result<Task> {
@@ -282,6 +286,8 @@ impl TaskStore {
         self.repository.renew_lease(namespace, task_id, lease_id, lease, self.config.default_lease()).await
     }
 
+    /// Completes a task under its lease; a retry of a completion that landed
+    /// answers the task as it ended, telling and counting nothing again.
     pub async fn complete_task(
         &self,
         namespace: &str,
@@ -290,10 +296,17 @@ impl TaskStore {
         message: Option<Message>,
         artifacts: Vec<Artifact>,
     ) -> Result<Task> {
-        let task = self.repository.complete_task(namespace, task_id, lease_id, message, artifacts).await?;
-        self.changed_whole(&task);
-        self.count_if_finished(&task);
-        Ok(task)
+        let (store, names) = (self.clone(), [namespace, task_id, lease_id].map(str::to_owned));
+        chorus_runtime::detach::to_completion(async move {
+            let [namespace, task_id, lease_id] = &names;
+            let completed = store.repository.complete_task(namespace, task_id, lease_id, message, artifacts).await?;
+            if completed.now {
+                store.changed_whole(&completed.task);
+                store.count_if_finished(&completed.task);
+            }
+            Ok(completed.task)
+        })
+        .await
     }
 
     pub async fn fail_task(
@@ -304,10 +317,15 @@ impl TaskStore {
         reason: &str,
         retry: Option<std::time::Duration>,
     ) -> Result<Task> {
-        let task = self.repository.fail_task(namespace, task_id, lease_id, reason, retry).await?;
-        self.changed_whole(&task);
-        self.count_if_finished(&task);
-        Ok(task)
+        let (store, names) = (self.clone(), [namespace, task_id, lease_id, reason].map(str::to_owned));
+        chorus_runtime::detach::to_completion(async move {
+            let [namespace, task_id, lease_id, reason] = &names;
+            let task = store.repository.fail_task(namespace, task_id, lease_id, reason, retry).await?;
+            store.changed_whole(&task);
+            store.count_if_finished(&task);
+            Ok(task)
+        })
+        .await
     }
 
     /// Hands a working task back to the queue, its attempt not counted, to

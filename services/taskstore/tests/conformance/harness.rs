@@ -3,7 +3,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use chorus_runtime::{storage::Db, testing::TestDatabase, wakeup::Wakeups};
+use chorus_runtime::{metrics::Metrics, storage::Db, testing::TestDatabase, wakeup::Wakeups};
 use chorus_taskstore::{
     TaskStore, TaskStoreConfig,
     domain::{Artifact, ClaimRequest, Claimed, Message, NewTask, Part, Role, SpawnContext, Task},
@@ -16,6 +16,8 @@ pub(crate) struct Harness {
     pub(crate) repository: Arc<dyn TaskRepository>,
     /// The database under the store, for what only a raw transaction shows.
     pub(crate) db: Db,
+    /// What the store counts.
+    pub(crate) metrics: Metrics,
     shutdown: CancellationToken,
     _database: TestDatabase,
 }
@@ -41,9 +43,11 @@ impl Harness {
         let db = database.open(&[&chorus_taskstore::MIGRATIONS]).await;
         let repository: Arc<dyn TaskRepository> = Arc::new(SqlTaskRepository::new(db.clone()));
         let shutdown = CancellationToken::new();
-        let store = TaskStore::new(Arc::clone(&repository), Wakeups::new(), config, shutdown.clone());
+        let metrics = Metrics::default();
+        let store = TaskStore::new(Arc::clone(&repository), Wakeups::new(), config, shutdown.clone())
+            .with_metrics(metrics.clone());
         store.spawn_reaper();
-        Self { store, repository, db, shutdown, _database: database }
+        Self { store, repository, db, metrics, shutdown, _database: database }
     }
 
     /// Creates a task for `agent` in `namespace` whose first message says `text`.

@@ -19,6 +19,8 @@ conformance!(
     a_retry_asked_for_later_is_not_claimed_before,
     a_task_handed_back_for_later_is_not_handed_straight_back,
     each_task_of_a_claim_has_a_lease_of_its_own,
+    a_completion_retried_under_its_lease_answers_the_task_it_completed,
+    a_completion_whose_caller_goes_away_still_lands,
 );
 
 async fn a_task_handed_back_goes_to_the_next_worker_its_attempt_not_counted(h: Harness) {
@@ -141,4 +143,44 @@ async fn each_task_of_a_claim_has_a_lease_of_its_own(h: Harness) {
         let done = h.store.complete_task("ns", &claim.task.id, &claim.lease_id, None, Vec::new()).await.unwrap();
         assert_eq!(done.status.state, TaskState::Completed);
     }
+}
+
+/// A worker that lost the answer to its completion and retries it learns it
+/// landed; any other lease is still refused.
+async fn a_completion_retried_under_its_lease_answers_the_task_it_completed(h: Harness) {
+    let task = h.task("ns", "echo", "once").await;
+    let request = claim_request("echo", "w1", 1, Duration::from_secs(30), 0);
+    let claimed = h.repository.claim_tasks(&request, 1).await.unwrap();
+    let [claimed] = claimed.as_slice() else { panic!("one claim: {claimed:?}") };
+    let first = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, Vec::new()).await.unwrap();
+    let again = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, Vec::new()).await.unwrap();
+    assert_eq!((again.status.state, again.status.timestamp), (TaskState::Completed, first.status.timestamp));
+    let other = h.store.complete_task("ns", &task.id, "another-lease", None, Vec::new()).await.unwrap_err();
+    assert!(matches!(other, TaskStoreError::TaskFinished { .. }), "{other}");
+    assert_eq!(h.metrics.tasks_finished.with(["completed"]).get(), 1, "counted once");
+
+    let canceled = h.task("ns", "echo", "canceled under its worker").await;
+    let claimed = h.repository.claim_tasks(&request, 1).await.unwrap();
+    let [claimed] = claimed.as_slice() else { panic!("one claim: {claimed:?}") };
+    h.store.cancel_task("ns", &canceled.id, None).await.unwrap();
+    let late = h.store.complete_task("ns", &canceled.id, &claimed.lease_id, None, Vec::new()).await.unwrap_err();
+    assert!(matches!(late, TaskStoreError::TaskFinished { state: TaskState::Canceled, .. }), "{late}");
+}
+
+/// A caller that hangs up once its completion has started (a worker killed,
+/// a dropped connection) does not stop it halfway.
+async fn a_completion_whose_caller_goes_away_still_lands(h: Harness) {
+    let task = h.task("ns", "echo", "finish me").await;
+    let request = claim_request("echo", "w1", 1, Duration::from_secs(30), 0);
+    let claimed = h.repository.claim_tasks(&request, 1).await.unwrap();
+    let [claimed] = claimed.as_slice() else { panic!("one claim: {claimed:?}") };
+    let completing = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, Vec::new());
+    assert!(tokio::time::timeout(Duration::ZERO, completing).await.is_err(), "polled once, then dropped");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while h.metrics.tasks_finished.with(["completed"]).get() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the completion was stopped before it was counted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let done = h.store.get_task("ns", &task.id, Some(0)).await.unwrap();
+    assert_eq!(done.status.state, TaskState::Completed);
 }

@@ -8,10 +8,10 @@ use async_trait::async_trait;
 use super::{SqlTaskRepository, workers::Ending};
 use crate::{
     domain::{
-        Artifact, ArtifactChunk, ClaimRequest, Claimed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff,
-        InboxMessage, InboxRead, Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PurgeCursor,
-        Purged, PushConfig, PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskCursor, TaskEvent, TaskKey,
-        TaskPage, TaskQuery, WorkerLeases,
+        Artifact, ArtifactChunk, ClaimRequest, Claimed, Completed, Created, Cursor, EventBatch, EventQuery, Expiry,
+        Handoff, InboxMessage, InboxRead, Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush,
+        PurgeCursor, Purged, PushConfig, PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskCursor, TaskEvent,
+        TaskKey, TaskPage, TaskQuery, WorkerLeases,
     },
     error::Result,
     repository::TaskRepository,
@@ -89,7 +89,7 @@ impl TaskRepository for SqlTaskRepository {
         lease_id: &str,
         message: Option<Message>,
         artifacts: Vec<Artifact>,
-    ) -> Result<Task> {
+    ) -> Result<Completed> {
         self.complete(namespace, task_id, lease_id, message, artifacts).await
     }
 

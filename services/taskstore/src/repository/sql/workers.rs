@@ -10,8 +10,8 @@ use super::{
 };
 use crate::{
     domain::{
-        Artifact, ArtifactChunk, ClaimRequest, Claimed, EventKind, Expiry, Message, Renewal, Role, Task, TaskState,
-        TaskStatus, WorkerLeases, now_micros, repeated_artifact_id,
+        Artifact, ArtifactChunk, ClaimRequest, Claimed, Completed, EventKind, Expiry, Message, Renewal, Role, Task,
+        TaskState, TaskStatus, WorkerLeases, now_micros, repeated_artifact_id,
     },
     error::{Result, TaskStoreError},
 };
@@ -268,18 +268,25 @@ impl SqlTaskRepository {
         lease_id: &str,
         message: Option<Message>,
         artifacts: Vec<Artifact>,
-    ) -> Result<Task> {
+    ) -> Result<Completed> {
         check_completion(message.as_ref(), &artifacts)?;
         let held = self.held.take(namespace, task_id, lease_id);
         if let Some(task) =
             self.complete_at_once(namespace, task_id, lease_id, held, message.as_ref(), &artifacts).await?
         {
-            return Ok(task);
+            return Ok(Completed { task, now: true });
         }
         // The transaction: the task changed since its claim, or the precise
         // error when it cannot be completed.
         let mut tx = self.begin().await?;
         let mut record = self.lock_record(&mut tx, namespace, task_id).await?;
+        // A finished task keeps its last lease: this one completed it, with
+        // the same final message (none, or one of the same id).
+        let final_id = |message: Option<&Message>| message.map(|message| message.message_id.clone());
+        let same = final_id(message.as_ref()) == final_id(record.task.status.message.as_ref());
+        if record.task.status.state == TaskState::Completed && record.lease_id.as_deref() == Some(lease_id) && same {
+            return Ok(Completed { task: complete_task_view(&mut tx, record, None, true).await?, now: false });
+        }
         check_writable(&record, Some(lease_id))?;
         for artifact in artifacts {
             let chunk = ArtifactChunk { artifact, append: false, last_chunk: true, lease_id: None };
@@ -290,7 +297,7 @@ impl SqlTaskRepository {
         apply_status(&mut tx, &mut record, TaskState::Completed, message).await?;
         let task = complete_task_view(&mut tx, record, None, true).await?;
         tx.commit().await?;
-        Ok(task)
+        Ok(Completed { task, now: true })
     }
 
     /// Ends the attempt of the task the caller holds under `lease_id`, short
