@@ -47,7 +47,10 @@ pub enum TaskStoreError {
     TaskFinished { task_id: String, state: TaskState },
     #[error("task {task_id} is leased by a worker: only the lease holder may write, pass its lease_id")]
     LeaseRequired { task_id: String },
-    #[error("lease {lease_id} of task {task_id} is not held (expired, or the task was handed to another worker)")]
+    #[error(
+        "lease {lease_id} is not task {task_id}'s: it ran out, or was given back, or the task went to another worker \
+         (or is queued for one)"
+    )]
     LeaseLost { task_id: String, lease_id: String },
     #[error("artifact {artifact_id} of task {task_id} does not exist, so nothing can be appended to it")]
     ArtifactNotFound { task_id: String, artifact_id: String },
