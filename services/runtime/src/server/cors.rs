@@ -27,11 +27,12 @@ fn origin(entry: &str) -> Result<String, String> {
         return Err(format!("{entry:?} is not an origin: {shape}"));
     }
     let written = origin.ascii_serialization();
-    if !written.eq_ignore_ascii_case(entry) && !written.eq_ignore_ascii_case(entry.trim_end_matches('/')) {
-        return Err(format!("{entry:?} is not an origin: {shape}, such as {written}"));
-    }
-    if entry.ends_with('/') {
+    let no_more = url.path() == "/" && url.query().is_none() && url.fragment().is_none();
+    if no_more && entry.ends_with('/') {
         return Err(format!("{entry:?} ends with a path: write {written}, as browsers send it"));
+    }
+    if !no_more || !url.username().is_empty() || url.password().is_some() {
+        return Err(format!("{entry:?} is not an origin: {shape}, such as {written}"));
     }
     Ok(written)
 }
