@@ -121,7 +121,9 @@ async fn inputs_that_would_be_misread_are_refused() {
         retry_after: two_days,
         ..Default::default()
     };
-    assert_invalid(client.release_task(release).await, "retry_after");
+    assert_invalid(client.release_task(release.clone()).await, "retry_after");
+    let others_first = ReleaseTaskRequest { retry_after: None, others_first: true, ..release };
+    assert_invalid(client.release_task(others_first).await, "others_first");
     let claim = |capacity, max_retries| ClaimTasksRequest {
         namespace: NS.to_owned(),
         agent_id: "reverser".to_owned(),

@@ -80,8 +80,9 @@ impl HandlerError {
 
     /// This worker cannot take the task now (a resource it needs is busy, it
     /// is draining): the task goes back to the queue, its attempt not
-    /// counted whatever the agent's retries, and no worker claims it before
-    /// `after` has passed, so that this one is not handed it straight back.
+    /// counted whatever the agent's retries, for any other worker at once,
+    /// and for this one once `after` has passed, so that it is not handed
+    /// the task straight back.
     pub fn handed_back(reason: impl fmt::Display, after: std::time::Duration) -> Self {
         Self { message: reason.to_string(), kind: Kind::HandedBack(after) }
     }

@@ -71,6 +71,7 @@ impl<H> Runner<H> {
             reason: "the worker shut down before finishing it".to_owned(),
             retry_after: None,
             brief: true,
+            others_first: false,
         };
         match self.client.clone().release_task(request.clone()).await {
             Ok(_) => {
@@ -261,6 +262,7 @@ where
             reason,
             retry_after: Some(after).filter(|pause| !pause.is_zero()).and_then(prost_duration),
             brief: true,
+            others_first: !after.is_zero(),
         };
         self.finish(
             ctx,

@@ -161,6 +161,15 @@ pub struct Renewal {
     pub canceled: bool,
 }
 
+/// How a worker hands a task back: claimable once `after` has passed, or,
+/// with `others_first`, by any other worker at once and by this one once
+/// `after` has passed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HandBack {
+    pub after: std::time::Duration,
+    pub others_first: bool,
+}
+
 /// A completed task, and whether this call completed it: a retry of a
 /// completion that landed (its answer lost on the way) finds it so already.
 #[derive(Debug, Clone)]

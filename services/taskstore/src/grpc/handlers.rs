@@ -15,7 +15,10 @@ use tonic::{Request, Response, Status};
 
 use super::{TaskStoreGrpc, convert, inbox, message_for, optional_message_for, pages, push_convert, task_ref, written};
 use crate::{
-    domain::{ArtifactChunk, ClaimRequest, NewSubtask, NewTask, Notification, PushConfigKey, StatusUpdate, TaskQuery},
+    domain::{
+        ArtifactChunk, ClaimRequest, HandBack, NewSubtask, NewTask, Notification, PushConfigKey, StatusUpdate,
+        TaskQuery,
+    },
     service::{WatchFilter, WatchStart},
 };
 
@@ -261,8 +264,11 @@ impl pb::task_store_server::TaskStore for TaskStoreGrpc {
         let (namespace, task_id) = task_ref(&request.namespace, "task_id", &request.task_id)?;
         let lease_id = validate::id("lease_id", &request.lease_id)?;
         let reason = if request.reason.is_empty() { "the worker handed the task back" } else { &request.reason };
-        let after = convert::retry_after(request.retry_after)?;
-        let task = self.store.release_task(&namespace, &task_id, &lease_id, reason, after).await?;
+        if request.others_first && request.retry_after.is_none() {
+            return Err(FieldViolation::new("others_first", "needs `retry_after`: how long this worker waits").into());
+        }
+        let back = HandBack { after: convert::retry_after(request.retry_after)?, others_first: request.others_first };
+        let task = self.store.release_task(&namespace, &task_id, &lease_id, reason, back).await?;
         Ok(written(task, request.brief))
     }
 

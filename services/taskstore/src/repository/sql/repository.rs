@@ -9,9 +9,9 @@ use super::{SqlTaskRepository, workers::Ending};
 use crate::{
     domain::{
         Artifact, ArtifactChunk, ClaimRequest, Claimed, Completed, Created, Cursor, EventBatch, EventQuery, Expiry,
-        Handoff, InboxMessage, InboxRead, Limits, Message, NewSubtask, NewTask, Notification, Owner, PendingPush,
-        PurgeCursor, Purged, PushConfig, PushConfigKey, PushLease, Renewal, StatusUpdate, Task, TaskCursor, TaskEvent,
-        TaskKey, TaskPage, TaskQuery, WorkerLeases,
+        HandBack, Handoff, InboxMessage, InboxRead, Limits, Message, NewSubtask, NewTask, Notification, Owner,
+        PendingPush, PurgeCursor, Purged, PushConfig, PushConfigKey, PushLease, Renewal, StatusUpdate, Task,
+        TaskCursor, TaskEvent, TaskKey, TaskPage, TaskQuery, WorkerLeases,
     },
     error::Result,
     repository::TaskRepository,
@@ -99,9 +99,9 @@ impl TaskRepository for SqlTaskRepository {
         task_id: &str,
         lease_id: &str,
         reason: &str,
-        after: Duration,
+        back: HandBack,
     ) -> Result<Task> {
-        self.end_held(namespace, task_id, lease_id, Ending::HandedBack { reason, after }).await
+        self.end_held(namespace, task_id, lease_id, Ending::HandedBack { reason, back }).await
     }
 
     async fn fail_task(

@@ -10,19 +10,26 @@ use super::{
 };
 use crate::{
     domain::{
-        Artifact, ArtifactChunk, ClaimRequest, Claimed, Completed, EventKind, Expiry, Message, Renewal, Role, Task,
-        TaskState, TaskStatus, WorkerLeases, now_micros, repeated_artifact_id,
+        Artifact, ArtifactChunk, ClaimRequest, Claimed, Completed, EventKind, Expiry, HandBack, Message, Renewal, Role,
+        Task, TaskState, TaskStatus, WorkerLeases, now_micros, repeated_artifact_id,
     },
     error::{Result, TaskStoreError},
 };
 use chorus_runtime::{storage::Backend, time::micros, validate::FieldViolation};
 use sqlx::Row as _;
 
-/// A task a worker may claim at `$now` (a parameter): queued, run by a
-/// worker, and past any pause a retry asked for.
+/// A task worker `$worker` may claim at `$now` (parameters): queued, run by
+/// a worker, and past any pause a retry asked for, or one that keeps
+/// another worker only from it.
 macro_rules! claimable {
-    ($now:literal) => {
-        concat!("state = 'submitted' AND run_by_creator = 0 AND (not_before IS NULL OR not_before <= ", $now, ")")
+    ($now:literal, $worker:literal) => {
+        concat!(
+            "state = 'submitted' AND run_by_creator = 0 AND (not_before IS NULL OR not_before <= ",
+            $now,
+            " OR held_from <> ",
+            $worker,
+            ")"
+        )
     };
 }
 
@@ -36,7 +43,7 @@ const CLAIM_AND_LOG_POSTGRES: &str = concat!(
      attempt = attempt + 1 \
      WHERE (namespace, id) IN (SELECT namespace, id FROM taskstore_tasks \
      WHERE namespace = $1 AND agent_id = $2 AND ",
-    claimable!("$3"),
+    claimable!("$3", "$4"),
     " ORDER BY created_at, id LIMIT $8 FOR UPDATE SKIP LOCKED) RETURNING ",
     task_columns!(),
     "), logged AS (INSERT INTO taskstore_events (namespace, task_id, context_id, agent_id, kind, payload, created_at) \
@@ -49,7 +56,7 @@ const CLAIM_SQLITE: &str = concat!(
      attempt = attempt + 1 \
      WHERE (namespace, id) IN (SELECT namespace, id FROM taskstore_tasks \
      WHERE namespace = $1 AND agent_id = $2 AND ",
-    claimable!("$3"),
+    claimable!("$3", "$4"),
     " ORDER BY created_at, id LIMIT $8) RETURNING ",
     task_columns!()
 );
@@ -67,7 +74,7 @@ const RELEASE: &str = "UPDATE taskstore_tasks SET state = 'submitted', status_me
 const CLAIM_PRECHECK: &str = concat!(
     "SELECT id, lease_expires_at FROM taskstore_tasks WHERE namespace = $1 AND worker_id = $2 AND agent_id = $3 \
      UNION ALL SELECT id, NULL FROM (SELECT id FROM taskstore_tasks WHERE namespace = $1 AND agent_id = $3 AND ",
-    claimable!("$4"),
+    claimable!("$4", "$2"),
     " LIMIT 1) ready"
 );
 
@@ -317,7 +324,7 @@ impl SqlTaskRepository {
             Ending::Failed { reason, retry } => {
                 end_attempt(&mut tx, &mut record, reason, retry).await?;
             }
-            Ending::HandedBack { reason, after } => hand_back(&mut tx, &mut record, reason, after).await?,
+            Ending::HandedBack { reason, back } => hand_back(&mut tx, &mut record, reason, back).await?,
         }
         let task = complete_task_view(&mut tx, record, None, true).await?;
         tx.commit().await?;
@@ -397,9 +404,8 @@ pub(super) enum Ending<'a> {
     /// Failed: requeued after the `retry` pause while the agent's retries
     /// last, else `failed`.
     Failed { reason: &'a str, retry: Option<Duration> },
-    /// Handed back: requeued, to be claimed once `after` has passed, the
-    /// attempt not counted.
-    HandedBack { reason: &'a str, after: Duration },
+    /// Handed back: requeued as `back` says, the attempt not counted.
+    HandedBack { reason: &'a str, back: HandBack },
 }
 
 /// Puts a task its worker holds back in the queue, its attempt not counted:
@@ -409,7 +415,7 @@ async fn hand_back(
     conn: &mut sqlx::AnyConnection,
     record: &mut TaskRecord,
     reason: &str,
-    after: Duration,
+    back: HandBack,
 ) -> Result<()> {
     let from = record.task.status.state;
     if !matches!(from, TaskState::Working | TaskState::InputRequired | TaskState::AuthRequired) {
@@ -420,27 +426,43 @@ async fn hand_back(
         });
     }
     record.task.attempt = record.task.attempt.saturating_sub(1);
+    // The worker that hands it back, which the others may pass.
+    let held_from = record.worker_id.clone().filter(|_| back.others_first);
     let mut text = format!("{reason}; handed back to the queue, the attempt not counted");
-    if !after.is_zero() {
-        text.push_str(&format!(", to be taken again in {}", chorus_runtime::time::humanize(after)));
+    match (&held_from, back.after.is_zero()) {
+        (_, true) => {}
+        (Some(worker), false) => text.push_str(&format!(
+            ", for another worker now or {worker} again in {}",
+            chorus_runtime::time::humanize(back.after)
+        )),
+        (None, false) => {
+            text.push_str(&format!(", to be taken again in {}", chorus_runtime::time::humanize(back.after)))
+        }
     }
     let message = Message::text(uuid::Uuid::new_v4().to_string(), Role::Agent, text);
     // Requeueing is the store's own move, outside the A2A state machine.
     set_status(conn, record, TaskState::Submitted, Some(message)).await?;
-    put_off(conn, record, after).await
+    put_off(conn, record, back.after, held_from.as_deref()).await
 }
 
-/// Keeps a requeued task from being claimed before `after` has passed. With
-/// no pause the row's `not_before` is already past: the claim that began
-/// the attempt needed it to be.
-async fn put_off(conn: &mut sqlx::AnyConnection, record: &TaskRecord, after: Duration) -> Result<()> {
+/// Keeps a requeued task from being claimed before `after` has passed, by
+/// any worker or only by `held_from`. With no pause nothing changes: the
+/// row's `not_before` is past (the claim that began the attempt needed it
+/// to be), or keeps only the worker an earlier hand-back named from it.
+async fn put_off(
+    conn: &mut sqlx::AnyConnection,
+    record: &TaskRecord,
+    after: Duration,
+    held_from: Option<&str>,
+) -> Result<()> {
     if after.is_zero() {
         return Ok(());
     }
-    sqlx::query("UPDATE taskstore_tasks SET not_before = $3 WHERE namespace = $1 AND id = $2")
+    sqlx::query("UPDATE taskstore_tasks SET not_before = $3, held_from = $4 WHERE namespace = $1 AND id = $2")
         .bind(&record.task.namespace)
         .bind(&record.task.id)
         .bind(now_micros().saturating_add(micros(after)))
+        .bind(held_from)
         .execute(&mut *conn)
         .await?;
     Ok(())
@@ -473,7 +495,7 @@ async fn end_attempt(
     if requeue {
         // Requeueing is the store's own move, outside the A2A state machine.
         set_status(conn, record, TaskState::Submitted, Some(message)).await?;
-        put_off(conn, record, later.unwrap_or_default()).await?;
+        put_off(conn, record, later.unwrap_or_default(), None).await?;
     } else {
         apply_status(conn, record, TaskState::Failed, Some(message)).await?;
     }
