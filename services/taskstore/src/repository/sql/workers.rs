@@ -36,7 +36,8 @@ macro_rules! claimable {
 /// Leases up to $8 claimable tasks, skipping rows other claims hold, and
 /// records their `status_changed` events ($9: the payload), in one statement.
 /// The lease's length ($6 - $3) is kept for the renewals that name none.
-/// Each task's lease id is the claim's ($5) and its own ([`task_lease`]).
+/// Each task's lease id is the claim's ($5) and its own id: a write about one
+/// task under another's lease is refused.
 const CLAIM_AND_LOG_POSTGRES: &str = concat!(
     "WITH claimed AS (UPDATE taskstore_tasks SET state = 'working', status_message = NULL, status_timestamp = $3, \
      worker_id = $4, lease_id = $5 || '.' || id, lease_expires_at = $6, lease_length = $6 - $3, max_retries = $7, \
@@ -206,10 +207,9 @@ impl SqlTaskRepository {
             bind_claim(sqlx::query(CLAIM_AND_LOG_POSTGRES), request, lease).bind(payload).fetch_all(&mut *conn).await?;
         let mut claimed = Vec::with_capacity(rows.len());
         for row in &rows {
-            let record = TaskRecord::decode(row)?;
-            let trace_context = record.trace_context.clone();
+            let mut record = TaskRecord::decode(row)?;
+            let (trace_context, lease_id) = (record.trace_context.clone(), record.lease_id.take().unwrap_or_default());
             let task = complete_task_view(&mut conn, record, None, true).await?;
-            let lease_id = task_lease(lease.id, &task.id);
             claimed.push(Claimed { task, lease_id, lease_expires_at: lease.expires_at, trace_context });
         }
         Ok(claimed)
@@ -220,11 +220,10 @@ impl SqlTaskRepository {
         let rows = bind_claim(sqlx::query(CLAIM_SQLITE), request, lease).fetch_all(&mut *tx).await?;
         let mut claimed = Vec::with_capacity(rows.len());
         for row in &rows {
-            let record = TaskRecord::decode(row)?;
-            let trace_context = record.trace_context.clone();
+            let mut record = TaskRecord::decode(row)?;
+            let (trace_context, lease_id) = (record.trace_context.clone(), record.lease_id.take().unwrap_or_default());
             record_event(&mut tx, &record.task, EventKind::StatusChanged, EventDetail::default()).await?;
             let task = complete_task_view(&mut tx, record, None, true).await?;
-            let lease_id = task_lease(lease.id, &task.id);
             claimed.push(Claimed { task, lease_id, lease_expires_at: lease.expires_at, trace_context });
         }
         tx.commit().await?;
@@ -390,13 +389,6 @@ fn check_completion(message: Option<&Message>, artifacts: &[Artifact]) -> Result
         return Err(FieldViolation::new("artifacts", format!("gives artifact {id} twice")).into());
     }
     Ok(())
-}
-
-/// The lease id of task `task_id` in the claim `claim`, as the claim's
-/// statement writes it: each task of a claim has its own, so a write about
-/// one task under another's lease is refused.
-fn task_lease(claim: &str, task_id: &str) -> String {
-    format!("{claim}.{task_id}")
 }
 
 /// How a worker's attempt at a task it holds ends, short of completing it.
