@@ -7,6 +7,7 @@
 mod clock;
 mod completion;
 mod create;
+mod endings;
 mod events;
 mod held;
 mod inbox;

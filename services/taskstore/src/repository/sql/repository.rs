@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{SqlTaskRepository, workers::Ending};
+use super::{SqlTaskRepository, endings::Ending};
 use crate::{
     domain::{
         Artifact, ArtifactChunk, ClaimRequest, Claimed, Completed, Created, Cursor, EventBatch, EventQuery, Expiry,
