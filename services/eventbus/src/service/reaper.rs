@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use chorus_runtime::{
+    metrics::set_queue,
     outage::Outage,
     rounds::spawn_rounds,
     time::{micros, now_micros},
@@ -64,9 +65,7 @@ impl EventBus {
     async fn read_backlog(&self) {
         match self.repository.backlog().await {
             Ok((open, oldest)) => {
-                self.metrics.eventbus_backlog.get().set(i64::try_from(open).unwrap_or(i64::MAX));
-                let age = oldest.map_or(0, |created| (now_micros() - created).max(0) / 1_000_000);
-                self.metrics.eventbus_backlog_oldest_age.get().set(age);
+                set_queue(&self.metrics.eventbus_backlog, &self.metrics.eventbus_backlog_oldest_age, open, oldest);
             }
             Err(error) => tracing::debug!(%error, "cannot read the event bus's backlog"),
         }

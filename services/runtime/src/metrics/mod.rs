@@ -21,6 +21,14 @@ use crate::storage::{Backend, Db};
 pub const WORKER_OUTCOMES: [&str; 7] =
     ["completed", "failed", "retried", "rejected", "handed_back", "canceled", "lease_lost"];
 
+/// Sets a queue's two gauges: how many wait, and how long the oldest of
+/// them, created at `oldest` (µs since the epoch), has waited (0: none).
+pub fn set_queue(waiting: &Family<0, Gauge>, oldest_age: &Family<0, Gauge>, count: u64, oldest: Option<i64>) {
+    waiting.get().set(i64::try_from(count).unwrap_or(i64::MAX));
+    let age = oldest.map_or(0, |created| (crate::time::now_micros() - created).max(0) / 1_000_000);
+    oldest_age.get().set(age);
+}
+
 /// The content type of the Prometheus text format the families are written in.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use chorus_runtime::{outage::Outage, rounds::spawn_rounds, time::micros};
+use chorus_runtime::{metrics::set_queue, outage::Outage, rounds::spawn_rounds, time::micros};
 use tokio::task::JoinHandle;
 
 use super::TaskStore;
@@ -80,9 +80,7 @@ impl TaskStore {
     async fn read_queue(&self) {
         match self.repository.queue_depth().await {
             Ok((queued, oldest)) => {
-                self.metrics.tasks_queued.get().set(i64::try_from(queued).unwrap_or(i64::MAX));
-                let age = oldest.map_or(0, |created| (now_micros() - created).max(0) / 1_000_000);
-                self.metrics.oldest_queued_task_age.get().set(age);
+                set_queue(&self.metrics.tasks_queued, &self.metrics.oldest_queued_task_age, queued, oldest);
             }
             Err(error) => tracing::debug!(%error, "cannot read the queue's depth"),
         }
