@@ -74,13 +74,11 @@ impl GrpcObserver {
 pub(crate) async fn grpc(State(observer): State<GrpcObserver>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let known = observer.methods.get(request.uri().path());
-    let method = Arc::clone(known.unwrap_or(&observer.unknown));
-    let mut unanswered = Unanswered(Some((observer.metrics.clone(), Arc::clone(&method))));
+    let unanswered = Unanswered(Some((observer.metrics, Arc::clone(known.unwrap_or(&observer.unknown)))));
     let response = next.run(request).await;
-    unanswered.0 = None;
-    let stream = method.server_streaming.then(|| observer.metrics.streams_in_flight.with(["grpc"]).hold());
+    let (metrics, method) = unanswered.answered();
+    let stream = method.server_streaming.then(|| metrics.streams_in_flight.with(["grpc"]).hold());
     let trailers_only = grpc_code(response.headers());
-    let metrics = observer.metrics;
     watch_body(response, move |ending| {
         let code = match ending {
             Ending::Trailers(trailers) => grpc_code(trailers).or(trailers_only),
@@ -97,9 +95,15 @@ pub(crate) async fn grpc(State(observer): State<GrpcObserver>, request: Request,
     })
 }
 
-/// A call not answered yet: dropped so (its caller went away), it counts
-/// as CANCELLED.
+/// A call not answered yet, holding what counts it: dropped so (its caller
+/// went away), it counts as CANCELLED; answered, it hands them back.
 struct Unanswered(Option<(Metrics, Arc<GrpcMethod>)>);
+
+impl Unanswered {
+    fn answered(mut self) -> (Metrics, Arc<GrpcMethod>) {
+        self.0.take().expect("an unanswered call holds what counts it")
+    }
+}
 
 impl Drop for Unanswered {
     fn drop(&mut self) {
