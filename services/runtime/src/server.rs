@@ -257,7 +257,7 @@ impl ServerBuilder {
         }
         let unknown_calls = self.metrics.clone();
         let mut router = grpc.merge(http).fallback(move |request| not_found(unknown_calls.clone(), request));
-        if let Some(origins) = &self.grpc_web_origins {
+        if let Some(origins) = self.grpc_web_origins.as_ref().filter(|origins| !origins.is_empty()) {
             // Every answer, the fallback's too, so that a page reads an error rather than "failed to fetch".
             let headers = std::mem::take(&mut self.grpc_web_headers);
             router = router.layer(cors::layer(origins, headers));
