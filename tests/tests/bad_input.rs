@@ -7,7 +7,7 @@ use chorus_proto::taskstore::{
 };
 use chorus_tests::{
     Sandbox, Server,
-    status::assert_invalid,
+    status::{assert_invalid, assert_reason},
     tasks::{Client, create_request, create_task, get_task, text_message},
 };
 use prost::{Message as _, bytes::BufMut as _};
@@ -86,9 +86,19 @@ async fn inputs_that_would_be_misread_are_refused() {
     let mut for_another = create_request(NS, "reverser", "hello");
     for_another.message.as_mut().expect("a message").task_id = "t-other".to_owned();
     assert_invalid(client.create_task(for_another).await, "message.task_id");
+    let mut two_contexts = create_request(NS, "reverser", "hello");
+    two_contexts.context_id = "ctx-a".to_owned();
+    two_contexts.message.as_mut().expect("a message").context_id = "ctx-b".to_owned();
+    assert_invalid(client.create_task(two_contexts).await, "message.context_id");
     let mut relative = create_request(NS, "reverser", "hello");
     relative.message.as_mut().expect("a message").parts[0].content = Some(Content::Url("report.pdf".to_owned()));
     assert_invalid(client.create_task(relative).await, "message.parts[0].url");
+    let mut script = create_request(NS, "reverser", "hello");
+    script.message.as_mut().expect("a message").parts[0].content = Some(Content::Url("JavaScript:alert(1)".to_owned()));
+    assert_invalid(client.create_task(script).await, "message.parts[0].url");
+    let mut from_agent = create_request(NS, "reverser", "hello");
+    from_agent.message.as_mut().expect("a message").role = Role::Agent.into();
+    assert_invalid(client.create_task(from_agent).await, "message.role");
 
     let task = create_task(&mut client, NS, "reverser", "hello").await;
     let mut message = text_message(Role::User, "more");
@@ -101,6 +111,13 @@ async fn inputs_that_would_be_misread_are_refused() {
     };
     assert_invalid(client.add_message(add.clone()).await, "message.task_id");
     message.task_id.clone_from(&task.id);
+    message.context_id = "ctx-other".to_owned();
+    let elsewhere = AddMessageRequest { message: Some(message.clone()), ..add.clone() };
+    let refused = client.add_message(elsewhere).await.expect_err("a message of another context");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    let named = assert_reason(&refused, "taskstore.chorus.dev", "CONTEXT_MISMATCH");
+    assert_eq!(named.get("context_id"), Some(&task.context_id));
+    message.context_id.clone_from(&task.context_id);
     let added = client.add_message(AddMessageRequest { message: Some(message), ..add }).await.expect("its own id");
     assert_eq!(added.into_inner().history.len(), 2);
 

@@ -45,6 +45,11 @@ pub enum TaskStoreError {
     IllegalTransition { task_id: String, from: TaskState, to: TaskState },
     #[error("task {task_id} is {state} and can no longer change")]
     TaskFinished { task_id: String, state: TaskState },
+    #[error(
+        "the message names context {named}, but task {task_id} is in context {context_id}: leave the message's \
+         context_id empty or name that context"
+    )]
+    ContextMismatch { task_id: String, context_id: String, named: String },
     #[error("task {task_id} is leased by a worker: only the lease holder may write, pass its lease_id")]
     LeaseRequired { task_id: String },
     #[error(
@@ -100,7 +105,7 @@ impl From<sqlx::Error> for TaskStoreError {
 impl ServiceError for TaskStoreError {
     fn error_code(&self) -> ErrorCode {
         match self {
-            Self::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            Self::InvalidArgument(_) | Self::ContextMismatch { .. } => ErrorCode::InvalidArgument,
             Self::TaskNotFound(_) | Self::PushConfigNotFound { .. } => ErrorCode::NotFound,
             Self::RequestKeyInUse { .. } | Self::NotificationKeyInUse { .. } => ErrorCode::AlreadyExists,
             Self::IllegalTransition { .. }
@@ -150,6 +155,9 @@ impl ServiceError for TaskStoreError {
                 about("ILLEGAL_TRANSITION", task_id).with("from", from.as_str()).with("to", to.as_str())
             }
             Self::TaskFinished { task_id, state } => about("TASK_FINISHED", task_id).with("state", state.as_str()),
+            Self::ContextMismatch { task_id, context_id, .. } => {
+                about("CONTEXT_MISMATCH", task_id).with("context_id", context_id)
+            }
             Self::LeaseRequired { task_id } => about("LEASE_REQUIRED", task_id),
             Self::LeaseLost { task_id, .. } => about("LEASE_LOST", task_id),
             Self::ArtifactNotFound { task_id, artifact_id } => {

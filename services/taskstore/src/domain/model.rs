@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::state::TaskState;
+use crate::error::TaskStoreError;
 
 /// Free-form JSON object (A2A `metadata`).
 pub type JsonObject = serde_json::Map<String, serde_json::Value>;
@@ -86,10 +87,19 @@ impl Message {
     }
 
     /// This message as stored with a task: stamped with its task and context.
-    pub(crate) fn bound_to(mut self, task_id: &str, context_id: &str) -> Self {
+    /// A message that names another context is refused: a task's context
+    /// never changes, and its messages are its context's (A2A §3.4.3).
+    pub(crate) fn bound_to(mut self, task_id: &str, context_id: &str) -> Result<Self, TaskStoreError> {
+        if let Some(named) = self.context_id.take().filter(|named| named != context_id) {
+            return Err(TaskStoreError::ContextMismatch {
+                task_id: task_id.to_owned(),
+                context_id: context_id.to_owned(),
+                named,
+            });
+        }
         self.task_id = Some(task_id.to_owned());
         self.context_id = Some(context_id.to_owned());
-        self
+        Ok(self)
     }
 }
 

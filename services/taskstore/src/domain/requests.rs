@@ -9,6 +9,7 @@ use super::{Artifact, JsonObject, Message, Owner, SpawnContext, Task, TaskState,
 pub struct NewTask {
     pub namespace: String,
     pub agent_id: String,
+    /// The task's context; `None`: its message's, else a new one.
     pub context_id: Option<String>,
     pub message: Message,
     pub metadata: Option<JsonObject>,

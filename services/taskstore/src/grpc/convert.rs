@@ -107,6 +107,9 @@ pub(super) fn optional_message(field: &str, value: Option<pb::Message>) -> Check
     value.map(|value| message(field, Some(value))).transpose()
 }
 
+/// URL schemes whose link runs script in the page that shows it.
+const SCRIPT_SCHEMES: [&str; 2] = ["javascript", "vbscript"];
+
 fn parts(field: &str, values: Vec<pb::Part>) -> Checked<Vec<Part>> {
     if values.is_empty() {
         return Err(FieldViolation::new(field, "must hold at least one part"));
@@ -119,6 +122,10 @@ fn part(field: &str, value: pb::Part) -> Checked<Part> {
         Some(pb::part::Content::Text(text)) => PartContent::Text(text),
         Some(pb::part::Content::Raw(bytes)) => PartContent::Raw(bytes),
         Some(pb::part::Content::Url(url)) => match url::Url::parse(&url) {
+            Ok(parsed) if SCRIPT_SCHEMES.contains(&parsed.scheme()) => {
+                let problem = format!("is a {}: URL, which a page showing it as a link would run", parsed.scheme());
+                return Err(FieldViolation::new(format!("{field}.url"), problem));
+            }
             Ok(_) => PartContent::Url(url),
             Err(error) => return Err(FieldViolation::new(format!("{field}.url"), format!("is not a URL: {error}"))),
         },

@@ -13,7 +13,10 @@ use chorus_runtime::{
 };
 use tonic::{Request, Response, Status};
 
-use super::{TaskStoreGrpc, convert, inbox, message_for, optional_message_for, pages, push_convert, task_ref, written};
+use super::{
+    TaskStoreGrpc, check_context, convert, inbox, message_for, optional_message_for, pages, push_convert, task_ref,
+    written,
+};
 use crate::{
     domain::{
         ArtifactChunk, ClaimRequest, HandBack, NewSubtask, NewTask, Notification, PushConfigKey, StatusUpdate,
@@ -39,11 +42,15 @@ const PAGE_OVERHEAD: usize = 1024;
 impl pb::task_store_server::TaskStore for TaskStoreGrpc {
     async fn create_task(&self, request: Request<pb::CreateTaskRequest>) -> Result<Response<pb::Task>, Status> {
         let request = request.into_inner();
+        let (namespace, agent_id) = (namespace(&request.namespace)?, validate::id("agent_id", &request.agent_id)?);
+        let context_id = validate::optional_id("context_id", &request.context_id)?;
+        let message = message_for("message", request.message, None)?;
+        check_context(context_id.as_deref(), &message)?;
         let task = NewTask {
-            namespace: namespace(&request.namespace)?,
-            agent_id: validate::id("agent_id", &request.agent_id)?,
-            context_id: validate::optional_id("context_id", &request.context_id)?,
-            message: message_for("message", request.message, None)?,
+            namespace,
+            agent_id,
+            context_id,
+            message,
             metadata: convert::json_object("metadata", request.metadata)?,
             spawn_context: convert::spawn_context(request.spawn_context)?,
             trace_context: current_context_headers(),

@@ -14,7 +14,7 @@ use chorus_runtime::{
 };
 
 use crate::{
-    domain::{Message, Task},
+    domain::{Message, Role, Task},
     service::TaskStore,
 };
 
@@ -49,9 +49,15 @@ fn task_ref(namespace: &str, field: &str, task_id: &str) -> Result<(String, Stri
 
 /// A message for the task `task_id`, or for the task the call creates
 /// (`None`), stored under it: one that names another task is refused, not
-/// moved to this one.
+/// moved to this one, and a task starts with its client's words.
 fn message_for(field: &str, value: Option<pb::Message>, task_id: Option<&str>) -> Result<Message, FieldViolation> {
     let message = convert::message(field, value)?;
+    if task_id.is_none() && message.role == Role::Agent {
+        return Err(FieldViolation::new(
+            format!("{field}.role"),
+            "is ROLE_AGENT, but a task starts with its client's message: ROLE_USER",
+        ));
+    }
     let Some(named) = message.task_id.as_deref() else {
         return Ok(message);
     };
@@ -65,6 +71,19 @@ fn message_for(field: &str, value: Option<pb::Message>, task_id: Option<&str>) -
             format!("{field}.task_id"),
             format!("names task {named}, but the call creates a task: leave it empty (AddMessage continues a task)"),
         )),
+    }
+}
+
+/// Refuses a new task's first message naming another context than the
+/// request's `context_id` (a task takes its first message's when the request
+/// names none).
+fn check_context(named: Option<&str>, message: &Message) -> Result<(), FieldViolation> {
+    match (named, message.context_id.as_deref()) {
+        (Some(named), Some(other)) if named != other => Err(FieldViolation::new(
+            "message.context_id",
+            format!("names context {other}, but the request's context_id is {named}: leave one empty or name the same"),
+        )),
+        _ => Ok(()),
     }
 }
 

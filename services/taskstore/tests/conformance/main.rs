@@ -5,6 +5,7 @@ mod awaits;
 mod bus;
 mod cancels;
 mod completions;
+mod contexts;
 mod events;
 mod handoff;
 mod harness;

@@ -201,7 +201,7 @@ impl SqlTaskRepository {
         };
         let message = match (message, &read) {
             // A message is stored bound to its task's context, which never changes.
-            (Some(message), Some(read)) => Some(message.clone().bound_to(task_id, &read.context_id)),
+            (Some(message), Some(read)) => Some(message.clone().bound_to(task_id, &read.context_id)?),
             _ => None,
         };
         let stored = match &read {

@@ -117,7 +117,7 @@ fn same_first_message(task: &Task, message: &Message) -> Result<bool> {
 pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> Result<Option<Task>> {
     let now = crate::domain::now_micros();
     let id = insert.id.to_owned();
-    let first_message = insert.message.clone().bound_to(&id, &insert.context_id);
+    let first_message = insert.message.clone().bound_to(&id, &insert.context_id)?;
     let history = to_json(&first_message)?;
     let mut task = Task {
         namespace: insert.namespace.to_owned(),
@@ -148,7 +148,7 @@ pub(super) async fn insert_task(writer: Writer<'_>, insert: TaskInsert<'_>) -> R
             // Each artifact's event carries the status it was added in.
             stored = Some(completed_artifacts(&task.status, &answer.artifacts)?);
         }
-        let message = answer.message.clone().map(|message| message.bound_to(&task.id, &task.context_id));
+        let message = answer.message.clone().map(|message| message.bound_to(&task.id, &task.context_id)).transpose()?;
         task.history.extend(message.clone());
         task.artifacts.clone_from(&answer.artifacts);
         task.status = TaskStatus { state: answer.state, message, timestamp: now };
@@ -329,7 +329,8 @@ impl SqlTaskRepository {
             id,
             namespace: &new.namespace,
             agent_id: &new.agent_id,
-            context_id: new.context_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+            context_id: (new.context_id.clone().or_else(|| new.message.context_id.clone()))
+                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
             message: &new.message,
             metadata: new.metadata.as_ref(),
             parent_id: None,

@@ -165,7 +165,7 @@ async fn save(conn: &mut AnyConnection, record: &TaskRecord) -> Result<()> {
 
 /// Appends a message to a task's history (the row's count is saved by [`save`]).
 async fn append_history(conn: &mut AnyConnection, record: &mut TaskRecord, message: &Message) -> Result<()> {
-    let message = message.clone().bound_to(&record.task.id, &record.task.context_id);
+    let message = message.clone().bound_to(&record.task.id, &record.task.context_id)?;
     sqlx::query("INSERT INTO taskstore_history (namespace, task_id, position, message) VALUES ($1, $2, $3, $4)")
         .bind(&record.task.namespace)
         .bind(&record.task.id)
@@ -272,7 +272,7 @@ async fn set_status(
     state: TaskState,
     message: Option<Message>,
 ) -> Result<()> {
-    let message = message.map(|message| message.bound_to(&record.task.id, &record.task.context_id));
+    let message = message.map(|message| message.bound_to(&record.task.id, &record.task.context_id)).transpose()?;
     if let Some(message) = &message {
         append_history(conn, record, message).await?;
     }

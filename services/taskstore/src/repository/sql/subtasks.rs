@@ -131,7 +131,7 @@ impl SqlTaskRepository {
         let Some(owner) = record.task.owner.clone() else {
             return Err(TaskStoreError::NoOwner { task_id: notification.task_id });
         };
-        let message = notification.message.clone().bound_to(&record.task.id, &record.task.context_id);
+        let message = notification.message.clone().bound_to(&record.task.id, &record.task.context_id)?;
         if let Some(sent) = sent_before(&mut tx, self.backend(), &notification, &message).await? {
             let task = complete_task_view(&mut tx, record, None, true).await?;
             return Ok((sent, task));
@@ -181,7 +181,7 @@ impl SqlTaskRepository {
         if follow.is_some() {
             super::turns::follow_in(&mut tx, namespace, task_id, follow.as_ref()).await?;
         }
-        let answer = Message { role: Role::User, ..answer }.bound_to(task_id, &record.task.context_id);
+        let answer = Message { role: Role::User, ..answer }.bound_to(task_id, &record.task.context_id)?;
         append_history(&mut tx, &mut record, &answer).await?;
         save(&mut tx, &record).await?;
         let detail = EventDetail { message: Some(&answer), ..EventDetail::default() };

@@ -140,7 +140,7 @@ impl SqlTaskRepository {
             Role::Agent => check_lease(&record, lease_id)?,
             Role::User => check_fence(&record, lease_id)?,
         }
-        let message = message.bound_to(task_id, &record.task.context_id);
+        let message = message.bound_to(task_id, &record.task.context_id)?;
         append_history(&mut tx, &mut record, &message).await?;
         save(&mut tx, &record).await?;
         let detail = EventDetail { message: Some(&message), ..EventDetail::default() };
