@@ -4,8 +4,9 @@
 //! config, each scoped to namespaces; with none configured every request is
 //! let in (a local `chorus dev`).
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
+use chorus_runtime::server::{Admission, NamespaceCheck};
 use sha2::{Digest as _, Sha256};
 
 use crate::{
@@ -20,14 +21,6 @@ pub(crate) struct Principal {
     namespaces: Option<Vec<String>>,
     /// The credential's name; `None` when the gateway checks none.
     pub(crate) caller: Option<String>,
-}
-
-impl Principal {
-    /// Whether the caller may act in every namespace, as chorus's own gRPC
-    /// services (which act in whatever namespace a request names) require.
-    pub(crate) fn every_namespace(&self) -> bool {
-        self.namespaces.is_none()
-    }
 }
 
 /// Where a request acts: a namespace, and an agent when the tenant names one.
@@ -112,6 +105,26 @@ impl Authenticator {
         Err(GatewayError::Unauthenticated)
     }
 
+    /// What a call to chorus's own gRPC services with `headers` may do: act
+    /// in the namespaces its credential is scoped to.
+    pub(crate) fn admit(&self, headers: &http::HeaderMap) -> std::result::Result<Admission, tonic::Status> {
+        let principal = self
+            .authenticate(|name| headers.get(name).and_then(|value| value.to_str().ok()))
+            .map_err(|_| OperatorRefusal::Unauthenticated)?;
+        let namespaces = principal.namespaces.map(|granted| {
+            let caller = principal.caller.clone().unwrap_or_default();
+            let check: NamespaceCheck = Arc::new(move |named: Option<&str>| match named {
+                None => Err(OperatorRefusal::NotEveryNamespace.into()),
+                Some(named) if granted.iter().any(|namespace| namespace == named) => Ok(()),
+                Some(named) => {
+                    Err(OperatorRefusal::NotGranted { caller: caller.clone(), namespace: named.to_owned() }.into())
+                }
+            });
+            check
+        });
+        Ok(Admission { caller: principal.caller, namespaces })
+    }
+
     /// The scope of a request by `principal` naming `tenant` (empty: none).
     /// Without a tenant: the caller's only namespace, else the default one.
     pub(crate) fn scope(&self, principal: &Principal, tenant: &str) -> Result<Scope> {
@@ -145,26 +158,41 @@ impl Authenticator {
 /// domain.
 pub(crate) enum OperatorRefusal {
     Unauthenticated,
+    /// A method that acts across namespaces, for a credential scoped to some.
     NotEveryNamespace,
+    /// A request naming a namespace the credential is not scoped to.
+    NotGranted {
+        caller: String,
+        namespace: String,
+    },
 }
 
 impl From<OperatorRefusal> for tonic::Status {
     fn from(refusal: OperatorRefusal) -> Self {
         use tonic_types::StatusExt as _;
+        let mut metadata = HashMap::new();
         let (code, reason, message) = match refusal {
             OperatorRefusal::Unauthenticated => (
                 tonic::Code::Unauthenticated,
                 "UNAUTHENTICATED",
                 "missing or invalid credentials: chorus's gRPC services take an API key or a bearer token the \
-                 gateway knows",
+                 gateway knows"
+                    .to_owned(),
             ),
             OperatorRefusal::NotEveryNamespace => (
                 tonic::Code::PermissionDenied,
                 "NAMESPACE_NOT_GRANTED",
-                "chorus's own gRPC services take a credential for every namespace (namespaces = [\"*\"])",
+                "this method acts across namespaces: it takes a credential for every namespace \
+                 (namespaces = [\"*\"])"
+                    .to_owned(),
             ),
+            OperatorRefusal::NotGranted { caller, namespace } => {
+                let message = format!("credential {caller} is not granted namespace {namespace}");
+                metadata.insert("namespace".to_owned(), namespace);
+                (tonic::Code::PermissionDenied, "NAMESPACE_NOT_GRANTED", message)
+            }
         };
-        let details = tonic_types::ErrorDetails::with_error_info(reason, "gateway.chorus.dev", HashMap::new());
+        let details = tonic_types::ErrorDetails::with_error_info(reason, "gateway.chorus.dev", metadata);
         tonic::Status::with_error_details(code, message, details)
     }
 }
@@ -213,11 +241,11 @@ mod tests {
         let auth = authenticator();
         for header in ["Bearer token-ops", "bearer token-ops", "BEARER token-ops", "Bearer  token-ops "] {
             let principal = auth.authenticate(|name| (name == "authorization").then_some(header));
-            assert!(principal.is_ok_and(|principal| principal.every_namespace()), "{header:?}");
+            assert!(principal.is_ok_and(|principal| principal.namespaces.is_none()), "{header:?}");
         }
         assert!(auth.authenticate(|name| (name == "authorization").then_some("Basic token-ops")).is_err());
         let team = auth.authenticate(|name| (name == "x-api-key").then_some("key-a")).expect("api key");
-        assert!(!team.every_namespace());
+        assert_eq!(team.namespaces, Some(vec!["team-a".to_owned()]));
     }
 
     #[test]

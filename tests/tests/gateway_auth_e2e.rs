@@ -243,12 +243,24 @@ async fn workflow_list(server: &chorus_tests::Server, env: &[(&str, &str)]) -> (
     (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
+/// `message` as the one frame of a grpc-web request's body.
+fn grpc_web_frame(message: &impl prost::Message) -> Vec<u8> {
+    let body = message.encode_to_vec();
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&u32::try_from(body.len()).expect("small").to_be_bytes());
+    frame.extend_from_slice(&body);
+    frame
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chorus_own_services_beside_the_gateway_take_a_credential_for_every_namespace() {
+async fn chorus_own_services_beside_the_gateway_take_credentials_for_the_namespace_a_request_names() {
     use chorus_proto::{
-        taskstore::ListTasksRequest,
+        taskstore::{
+            ClaimPushConfigsRequest, ClaimTasksRequest, CompleteTaskRequest, ListTasksRequest, WatchTaskRequest,
+        },
         workflow::{GetRunRequest, RunState, StartRunRequest, workflow_client::WorkflowClient},
     };
+    use chorus_tests::tasks::create_request;
     let sandbox = Sandbox::new();
     std::fs::create_dir(sandbox.path().join("workflows")).expect("dir");
     std::fs::write(sandbox.path().join("workflows/spawns.yaml"), SPAWNS).expect("write");
@@ -261,30 +273,54 @@ async fn chorus_own_services_beside_the_gateway_take_a_credential_for_every_name
     let anonymous = tasks.list_tasks(list()).await.expect_err("no credentials");
     assert_eq!(anonymous.code(), Code::Unauthenticated);
     chorus_tests::status::assert_reason(&anonymous, "gateway.chorus.dev", "UNAUTHENTICATED");
-    let team = tasks
-        .list_tasks(with(tonic::Request::new(list()), "x-api-key", "key-a"))
-        .await
-        .expect_err("one namespace only");
-    assert_eq!(team.code(), Code::PermissionDenied, "{team:?}");
-    assert!(team.message().contains("every namespace"), "{team:?}");
-    chorus_tests::status::assert_reason(&team, "gateway.chorus.dev", "NAMESPACE_NOT_GRANTED");
-    tasks
-        .list_tasks(with(tonic::Request::new(list()), "authorization", "Bearer s3cret"))
-        .await
-        .expect("the operator lists");
+    // Team A's key acts in team A: its client creates and watches, its worker claims and completes.
+    let team_a_task = create_request("team-a", "planner", PLANS);
+    let created = tasks.create_task(with(tonic::Request::new(team_a_task), "x-api-key", "key-a")).await;
+    let created = created.expect("team A creates in team A").into_inner();
+    let listed = tasks.list_tasks(with(tonic::Request::new(list()), "x-api-key", "key-a")).await;
+    assert_eq!(listed.expect("team A lists team A").into_inner().tasks.len(), 1);
+    let watch = WatchTaskRequest { namespace: "team-a".into(), task_id: created.id.clone(), ..Default::default() };
+    let mut events = tasks.watch_task(with(tonic::Request::new(watch), "x-api-key", "key-a")).await.expect("watch");
+    assert!(events.get_mut().message().await.expect("an event").is_some(), "the watch streams team A's task");
+    let claim = ClaimTasksRequest {
+        namespace: "team-a".into(),
+        agent_id: "planner".into(),
+        worker_id: "team-a-worker".into(),
+        capacity: 1,
+        ..Default::default()
+    };
+    let mut claims = tasks.claim_tasks(with(tonic::Request::new(claim), "x-api-key", "key-a")).await.expect("claim");
+    let claimed = claims.get_mut().message().await.expect("a claim").expect("team A's task");
+    let complete = CompleteTaskRequest {
+        namespace: "team-a".into(),
+        task_id: created.id.clone(),
+        lease_id: claimed.lease_id,
+        ..Default::default()
+    };
+    tasks.complete_task(with(tonic::Request::new(complete), "x-api-key", "key-a")).await.expect("team A completes");
+    // ...and nowhere else, nor across namespaces.
+    let elsewhere = create_request("team-b", "echo", "not ours");
+    let refused = tasks.create_task(with(tonic::Request::new(elsewhere), "x-api-key", "key-a")).await;
+    let refused = refused.expect_err("team B is not team A's");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("not granted namespace team-b"), "{refused:?}");
+    let named = chorus_tests::status::assert_reason(&refused, "gateway.chorus.dev", "NAMESPACE_NOT_GRANTED");
+    assert_eq!(named.get("namespace").map(String::as_str), Some("team-b"));
+    let across = ClaimPushConfigsRequest { follower: "gw".into(), lease_ms: 1_000, limit: 1 };
+    let across = tasks.claim_push_configs(with(tonic::Request::new(across), "x-api-key", "key-a")).await;
+    let across = across.expect_err("a method across namespaces");
+    assert_eq!(across.code(), Code::PermissionDenied, "{across:?}");
+    assert!(across.message().contains("every namespace"), "{across:?}");
+    let team_b = ListTasksRequest { namespace: "team-b".into(), ..Default::default() };
+    let listed = tasks.list_tasks(with(tonic::Request::new(team_b), "authorization", "Bearer s3cret")).await;
+    assert!(listed.expect("the operator lists").into_inner().tasks.is_empty(), "the refused create made nothing");
 
     // Health stays open for probes.
     let mut health = tonic_health::pb::health_client::HealthClient::new(server.channel().await);
     health.check(tonic_health::pb::HealthCheckRequest::default()).await.expect("health needs no credentials");
 
     // A browser's grpc-web call is checked the same way.
-    let frame = {
-        let body = prost::Message::encode_to_vec(&list());
-        let mut frame = vec![0u8];
-        frame.extend_from_slice(&u32::try_from(body.len()).expect("small").to_be_bytes());
-        frame.extend_from_slice(&body);
-        frame
-    };
+    let frame = grpc_web_frame(&list());
     let a2a = A2a::new(&server);
     let browser = a2a
         .http()
@@ -297,6 +333,24 @@ async fn chorus_own_services_beside_the_gateway_take_a_credential_for_every_name
         .await
         .expect("grpc-web call");
     assert_eq!(browser.headers().get("grpc-status").map(|value| value.as_bytes()), Some(&b"16"[..]), "{browser:?}");
+    let team_b = ListTasksRequest { namespace: "team-b".into(), ..Default::default() };
+    for (request, status) in [(list(), "0"), (team_b, "7")] {
+        let answer = a2a
+            .http()
+            .post(format!("{}/chorus.taskstore.v1.TaskStore/ListTasks", server.url()))
+            .header("content-type", "application/grpc-web+proto")
+            .header("x-grpc-web", "1")
+            .header("x-api-key", "key-a")
+            .body(grpc_web_frame(&request))
+            .send()
+            .await
+            .expect("grpc-web call");
+        // A refusal comes as headers alone; an answer's status is in the body's trailer frame.
+        let header = answer.headers().get("grpc-status").map(|value| value.to_str().expect("ascii").to_owned());
+        let body = String::from_utf8_lossy(&answer.bytes().await.expect("the body")).into_owned();
+        let answered = header.or_else(|| body.split("grpc-status:").nth(1).map(|rest| rest[..1].to_owned()));
+        assert_eq!(answered.as_deref(), Some(status), "{request:?}: {body}");
+    }
 
     // The operator's run: the engine spawns the echo task in process.
     let channel = server.channel().await;

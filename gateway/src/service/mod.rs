@@ -24,7 +24,7 @@ use self::{
 };
 pub(crate) use self::{inputs::history_length, rewatch::worth_reopening};
 use crate::{
-    auth::{Authenticator, OperatorRefusal, Scope},
+    auth::{Authenticator, Scope},
     builtin::{self, Runner},
     catalog::Catalog,
     config::{AgentConfig, AgentKind, GatewayConfig},
@@ -124,24 +124,15 @@ impl Gateway {
 
     /// What a call to chorus's own gRPC services (task store, event bus,
     /// hub, workflow engine, delegation) on the gateway's port must pass
-    /// where credentials are configured: they act in whatever namespace a
-    /// request names, so they take a credential for every namespace.
-    /// `None`: no credentials are configured.
+    /// where credentials are configured: a credential, scoped to the
+    /// namespace the request names; a method that acts across namespaces
+    /// takes one for every namespace. `None`: no credentials are configured.
     pub fn operator_guard(&self) -> Option<chorus_runtime::server::Guard> {
         if !self.inner.auth.enabled() {
             return None;
         }
         let gateway = self.clone();
-        Some(Arc::new(move |headers: &http::HeaderMap| {
-            let principal = gateway
-                .auth()
-                .authenticate(|name| headers.get(name).and_then(|value| value.to_str().ok()))
-                .map_err(|_| OperatorRefusal::Unauthenticated)?;
-            match principal.every_namespace() {
-                true => Ok(principal.caller),
-                false => Err(OperatorRefusal::NotEveryNamespace.into()),
-            }
-        }))
+        Some(Arc::new(move |headers: &http::HeaderMap| gateway.auth().admit(headers)))
     }
 
     /// The header API keys travel in.

@@ -4,7 +4,7 @@
 
 use std::{convert::Infallible, sync::Arc, time::Duration};
 
-use axum::{Router, http::StatusCode, middleware::Next, response::IntoResponse as _, routing::get};
+use axum::{Router, http::StatusCode, response::IntoResponse as _, routing::get};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -22,11 +22,13 @@ use tower_http::{
 };
 
 mod cors;
+mod guard;
 mod limits;
 mod readiness;
 
 pub use self::{
     cors::origins,
+    guard::{Admission, Guard, NamespaceCheck},
     limits::refused_for_size,
     readiness::{ReadinessProbe, serving_probe},
 };
@@ -69,10 +71,6 @@ impl Default for ServerConfig {
 /// How often an HTTP/2 connection is pinged, and how long its answer may take.
 const HTTP2_PING_EVERY: Duration = Duration::from_secs(30);
 const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// A check of a call's credentials (its headers): `Err` is the call's
-/// answer; `Ok` names the credential that let it in, when it has a name.
-pub type Guard = Arc<dyn Fn(&http::HeaderMap) -> Result<Option<String>, tonic::Status> + Send + Sync>;
 
 /// The credential a [`Guard`] let a call in with, by name, in the call's
 /// extensions: a handler records who acted by it, not only by what the
@@ -187,8 +185,9 @@ impl ServerBuilder {
     }
 
     /// Every call to chorus's own gRPC services must pass `guard` (over
-    /// grpc-web too); health, reflection, other services and HTTP routes
-    /// are left to check their callers themselves.
+    /// grpc-web too), with the namespace its request names when the guard
+    /// asks; health, reflection, other services and HTTP routes are left to
+    /// check their callers themselves.
     pub fn guard_own_services(&mut self, guard: Guard) -> &mut Self {
         self.guard = Some(guard);
         self
@@ -229,23 +228,8 @@ impl ServerBuilder {
             .route_layer(axum::middleware::from_fn_with_state(self.metrics.clone(), observe::http));
         let mut grpc = self.grpc.routes().into_axum_router();
         if let Some(guard) = self.guard.take() {
-            grpc = grpc.layer(axum::middleware::from_fn(move |mut request: axum::extract::Request, next: Next| {
-                let checked = match request.uri().path().starts_with(OWN_SERVICES) {
-                    true => guard(request.headers()),
-                    false => Ok(None),
-                };
-                async move {
-                    match checked {
-                        Ok(caller) => {
-                            if let Some(caller) = caller {
-                                request.extensions_mut().insert(Caller(caller));
-                            }
-                            next.run(request).await
-                        }
-                        Err(status) => status.into_http(),
-                    }
-                }
-            }));
+            let gate = guard::Gate::new(guard, SERVICE_DESCRIPTORS, self.config.max_message_bytes);
+            grpc = grpc.layer(axum::middleware::from_fn_with_state(gate, guard::check));
         }
         grpc = grpc.layer(axum::middleware::from_fn(move |request, next| grpc_limit(limit, request, next)));
         let methods = [SERVICE_DESCRIPTORS, REFLECTION_DESCRIPTORS].concat();
