@@ -121,6 +121,26 @@ pub fn optional_id(field: &str, value: &str) -> Result<Option<String>, FieldViol
 
 /// Whether `content_type` names JSON: `application/json`, whatever its case
 /// or parameters (`; charset=utf-8`).
+/// Longest event type or pattern.
+const MAX_EVENT_TYPE: usize = 200;
+
+/// An event type such as `task.completed`, 1..200 characters of
+/// `A-Z a-z 0-9 . _ : / -`; as a `pattern`, `*` too.
+pub fn event_type(field: &str, value: &str, pattern: bool) -> Result<(), FieldViolation> {
+    if value.is_empty() {
+        return Err(FieldViolation::required(field));
+    }
+    let valid = |c: char| c.is_ascii_alphanumeric() || "._:/-".contains(c) || (pattern && c == '*');
+    if value.len() > MAX_EVENT_TYPE || !value.chars().all(valid) {
+        let star = if pattern { ", '-' or '*'" } else { " or '-'" };
+        return Err(FieldViolation::new(
+            field,
+            format!("must be 1-{MAX_EVENT_TYPE} characters of letters, digits, '.', '_', ':', '/'{star}"),
+        ));
+    }
+    Ok(())
+}
+
 pub fn is_json(content_type: &str) -> bool {
     let essence = content_type.split(';').next().unwrap_or_default().trim();
     essence.eq_ignore_ascii_case("application/json")

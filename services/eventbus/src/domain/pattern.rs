@@ -2,14 +2,7 @@
 
 use std::fmt;
 
-use chorus_runtime::validate::FieldViolation;
-
-/// Longest event type or pattern.
-const MAX_LEN: usize = 200;
-
-fn valid_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || "._:/-".contains(c)
-}
+use chorus_runtime::validate::{self, FieldViolation};
 
 /// An event type such as `task.completed`: 1..200 characters of
 /// `A-Z a-z 0-9 . _ : / -`.
@@ -18,15 +11,7 @@ pub struct EventType(String);
 
 impl EventType {
     pub fn parse(field: &str, value: &str) -> Result<Self, FieldViolation> {
-        if value.is_empty() {
-            return Err(FieldViolation::required(field));
-        }
-        if value.len() > MAX_LEN || !value.chars().all(valid_char) {
-            return Err(FieldViolation::new(
-                field,
-                format!("must be 1-{MAX_LEN} characters of letters, digits, '.', '_', ':', '/' or '-'"),
-            ));
-        }
+        validate::event_type(field, value, false)?;
         Ok(Self(value.to_owned()))
     }
 
@@ -48,15 +33,7 @@ pub struct Pattern(String);
 
 impl Pattern {
     pub fn parse(field: &str, value: &str) -> Result<Self, FieldViolation> {
-        if value.is_empty() {
-            return Err(FieldViolation::required(field));
-        }
-        if value.len() > MAX_LEN || !value.chars().all(|c| c == '*' || valid_char(c)) {
-            return Err(FieldViolation::new(
-                field,
-                format!("must be 1-{MAX_LEN} characters of letters, digits, '.', '_', ':', '/', '-' or '*'"),
-            ));
-        }
+        validate::event_type(field, value, true)?;
         Ok(Self(value.to_owned()))
     }
 

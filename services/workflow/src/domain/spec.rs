@@ -166,14 +166,18 @@ pub enum MessageTarget {
     Agent(String),
     /// An outbound webhook URL.
     Webhook(String),
+    /// An event of this type on the bus, in the run's namespace.
+    Event(String),
 }
 
-/// A hub message or outbound webhook.
+/// A hub message, outbound webhook or bus event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MessageStep {
     pub to: MessageTarget,
-    /// A template.
-    pub text: String,
+    /// A template; `None`: the message carries `data` alone.
+    pub text: Option<String>,
+    /// Values whose strings are templates; `Null`: none.
+    pub data: Value,
     pub message_type: Option<String>,
     pub retry: Option<Retry>,
 }

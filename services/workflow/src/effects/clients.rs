@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tonic::{Code, Status};
 
 use super::{
-    Delegated, Destination, EffectError, Effects, Origin, TaskOutcome,
+    Delegated, Destination, EffectError, Effects, Note, Origin, TaskOutcome,
     task::{is_terminal, message_parts, outcome},
 };
 
@@ -223,18 +223,17 @@ impl Effects for ClientEffects {
         Ok(Delegated { task_id, outcome })
     }
 
-    async fn message(
-        &self,
-        origin: &Origin,
-        to: &Destination,
-        text: &str,
-        message_type: &str,
-    ) -> Result<Value, EffectError> {
+    async fn message(&self, origin: &Origin, to: &Destination, note: &Note) -> Result<Value, EffectError> {
         let sender = format!("workflow:{}", origin.workflow);
-        let body =
-            json!({ "text": text, "run_id": origin.run_id, "workflow": origin.workflow, "step_id": origin.step_id });
+        let mut body = json!({ "run_id": origin.run_id, "workflow": origin.workflow, "step_id": origin.step_id });
+        if let Some(text) = &note.text {
+            body["text"] = json!(text);
+        }
+        if !note.data.is_null() {
+            body["data"] = note.data.clone();
+        }
         let content = hub::Content {
-            r#type: message_type.to_owned(),
+            r#type: note.kind.clone(),
             payload: body.to_string().into_bytes(),
             content_type: "application/json".into(),
         };
@@ -261,7 +260,10 @@ impl Effects for ClientEffects {
                 };
                 self.hub.clone().send_direct(request).await.map_err(|s| status_error("hub send", HUB_URL, &s))?
             }
-            Destination::Webhook(url) => return self.webhook(origin, url, &body, message_type).await,
+            Destination::Webhook(url) => return self.webhook(origin, url, &body, &note.kind).await,
+            Destination::Event(event_type) => {
+                return Ok(json!({ "sequence": self.publish(origin, event_type, &body).await? }));
+            }
         };
         let sent = sent.into_inner();
         Ok(json!({ "message_id": sent.message_id, "recipients": sent.recipients }))

@@ -60,6 +60,18 @@ pub enum Destination {
     Topic(String),
     Agent(String),
     Webhook(String),
+    /// A bus event of this type.
+    Event(String),
+}
+
+/// What a message says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Note {
+    pub text: Option<String>,
+    /// `Null`: none.
+    pub data: Value,
+    /// A hub message's content type.
+    pub kind: String,
 }
 
 /// The side effects the engine issues.
@@ -88,14 +100,9 @@ pub trait Effects: Send + Sync + std::fmt::Debug {
         timeout: Option<std::time::Duration>,
     ) -> Result<Delegated, EffectError>;
 
-    /// Sends a hub message or calls a webhook; what to record as output.
-    async fn message(
-        &self,
-        origin: &Origin,
-        to: &Destination,
-        text: &str,
-        message_type: &str,
-    ) -> Result<Value, EffectError>;
+    /// Sends a hub message, calls a webhook or publishes a bus event; what to
+    /// record as output.
+    async fn message(&self, origin: &Origin, to: &Destination, note: &Note) -> Result<Value, EffectError>;
 
     /// Publishes an event on the bus; its sequence.
     async fn publish(&self, origin: &Origin, event_type: &str, payload: &Value) -> Result<u64, EffectError>;

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::plan::find;
 use crate::{
     domain::{Action, Run, StepKind, StepRecord, StepState, WorkflowSpec},
-    effects::{Destination, EffectError, Effects, Origin, TaskOutcome},
+    effects::{Destination, EffectError, Effects, Note, Origin, TaskOutcome},
     error::WorkflowError,
     repository::{Claim, Fence},
     service::Workflows,
@@ -234,21 +234,27 @@ fn effect(
             Some(future.boxed())
         }
         (StepKind::Message, StepState::Running, _) => {
-            let to = match (&input["to"]["topic"], &input["to"]["agent"], &input["to"]["webhook"]) {
-                (Value::String(topic), _, _) => Destination::Topic(topic.clone()),
-                (_, Value::String(agent), _) => Destination::Agent(agent.clone()),
-                (_, _, Value::String(url)) => Destination::Webhook(url.clone()),
+            let to = &input["to"];
+            let to = match (&to["topic"], &to["agent"], &to["webhook"], &to["event"]) {
+                (Value::String(topic), ..) => Destination::Topic(topic.clone()),
+                (_, Value::String(agent), ..) => Destination::Agent(agent.clone()),
+                (_, _, Value::String(url), _) => Destination::Webhook(url.clone()),
+                (.., Value::String(event_type)) => Destination::Event(event_type.clone()),
                 _ => return None,
             };
-            let text = input["text"].as_str().unwrap_or_default().to_owned();
-            let kind = input["type"].as_str().unwrap_or("workflow.message").to_owned();
+            let note = Note {
+                text: input["text"].as_str().map(str::to_owned),
+                data: input["data"].clone(),
+                kind: input["type"].as_str().unwrap_or("workflow.message").to_owned(),
+            };
             let future = async move {
-                let send = || effects.message(&origin, &to, &text, &kind);
+                let send = || effects.message(&origin, &to, &note);
                 let sent = match &to {
-                    // The hub is chorus's own: its outage (a restart) is
-                    // waited out, as the task store's is for a spawn, and the
-                    // step's idempotency key makes a repeated send harmless.
-                    Destination::Topic(_) | Destination::Agent(_) => retrying(send).await,
+                    // The hub and the bus are chorus's own: an outage (a
+                    // restart) is waited out, as the task store's is for a
+                    // spawn, and the step's idempotency key makes a repeated
+                    // send harmless.
+                    Destination::Topic(_) | Destination::Agent(_) | Destination::Event(_) => retrying(send).await,
                     Destination::Webhook(_) => send().await.map_err(|error| error.to_string()),
                 };
                 (seq, Done::Attempt(sent))

@@ -366,9 +366,11 @@ impl Planner<'_> {
                     MessageTarget::Topic(topic) => json!({ "topic": topic }),
                     MessageTarget::Agent(agent) => json!({ "agent": scope.render(agent).map_err(render_error)? }),
                     MessageTarget::Webhook(url) => json!({ "webhook": url }),
+                    MessageTarget::Event(event_type) => json!({ "event": event_type }),
                 };
-                let text = scope.render(&message.text).map_err(render_error)?;
-                record.input = json!({ "to": to, "text": text, "type": message.message_type });
+                let text = message.text.as_ref().map(|text| scope.render(text)).transpose().map_err(render_error)?;
+                let data = scope.render_value(&message.data).map_err(render_error)?;
+                record.input = json!({ "to": to, "text": text, "data": data, "type": message.message_type });
             }
             Action::Wait(Wait::Timer(duration)) => {
                 record.input = json!({ "duration_ms": duration.as_millis() });

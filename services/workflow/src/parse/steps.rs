@@ -9,11 +9,10 @@ use super::{
     reader::{Fields, Node, Reader, join, position},
     top::Walk,
 };
-use crate::domain::{
-    Action, Branch, Delegate, JoinMode, MessageStep, MessageTarget, Parallel, Retry, Spawn, SpawnTarget, Step, Wait,
-};
+use crate::domain::{Action, Branch, Delegate, JoinMode, Parallel, Retry, Spawn, SpawnTarget, Step, Wait};
 
 mod gate;
+mod message;
 
 /// The most branches one parallel step takes: the engine looks at every
 /// branch on each change of its run.
@@ -298,36 +297,6 @@ impl Scope<'_, '_, '_, '_> {
         let timeout = self.duration(&fields, "timeout");
         let retry = self.retry(&fields);
         Some(Delegate { agent: agent?, input, timeout, retry })
-    }
-
-    fn message(&mut self, body: &Node<'_>) -> Option<MessageStep> {
-        let fields = self.reader.mapping(body, self.field, &["topic", "to", "webhook", "text", "type", "retry"])?;
-        let to = match self.exactly_one(&fields, &["topic", "to", "webhook"]) {
-            Some("topic") => self.literal(&fields, "topic").map(MessageTarget::Topic),
-            Some("to") => self.template(&fields, "to", ExprKind::Template).map(MessageTarget::Agent),
-            Some(_) => self.webhook(&fields),
-            None => None,
-        };
-        self.reader.required(&fields, self.field, "text", "the message text (a template)");
-        let text = self.template(&fields, "text", ExprKind::Template);
-        let message_type = self.literal(&fields, "type");
-        let retry = self.retry(&fields);
-        Some(MessageStep { to: to?, text: text?, message_type, retry })
-    }
-
-    fn webhook(&mut self, fields: &Fields<'_, '_>) -> Option<MessageTarget> {
-        let url = self.literal(fields, "webhook")?;
-        if !(url.starts_with("https://") || url.starts_with("http://")) {
-            let node = fields.get("webhook");
-            self.reader.error(
-                node,
-                &self.path("webhook"),
-                "bad_url",
-                format!("expected an http(s) URL, found `{url}`"),
-            );
-            return None;
-        }
-        Some(MessageTarget::Webhook(url))
     }
 
     fn wait(&mut self, body: &Node<'_>) -> Option<Wait> {

@@ -1,7 +1,7 @@
 //! Parsing and validation: what a user sees for good and bad definitions.
 
 use super::parse;
-use crate::domain::{Action, JoinMode, Severity, Trigger};
+use crate::domain::{Action, JoinMode, MessageTarget, Severity, Trigger};
 
 const PR_REVIEW: &str = include_str!("../../../../workflows/pr-review.yaml");
 
@@ -373,4 +373,41 @@ fn a_broken_placeholder_in_a_condition_is_told_of_as_written() {
     let parsed = parse(source, "wf.yaml");
     let message = &parsed.problems.first().expect("a problem").message;
     assert!(!message.contains("unexpected `)`"), "no parenthesis is in the source: {message}");
+}
+
+/// (severity, code, field) of every problem of `source`.
+fn judged(source: &str) -> Vec<(Severity, String, String)> {
+    parse(source, "wf.yaml").problems.into_iter().map(|p| (p.severity, p.code, p.field)).collect()
+}
+
+#[test]
+fn a_message_step_publishes_a_bus_event_with_templated_data() {
+    let source = "name: build\ninputs:\n  version: {type: string}\nsteps:\n\
+                  - id: done\n  message:\n    event: build.finished\n    type: ignored\n\
+                  \x20   data: {version: \"{{ inputs.version }}\", ok: true}\n";
+    let parsed = parse(source, "wf.yaml");
+    let found: Vec<_> = parsed.problems.iter().map(|p| (p.severity, p.code.as_str(), p.field.as_str())).collect();
+    assert_eq!(found, [(Severity::Warning, "unused_field", "steps[0].message.type")]);
+    let spec = parsed.spec.expect("valid");
+    let Action::Message(message) = &spec.steps[0].action else { panic!("a message step") };
+    assert_eq!(message.to, MessageTarget::Event("build.finished".into()));
+    assert_eq!((message.text.as_deref(), &message.data["ok"]), (None, &serde_json::json!(true)));
+}
+
+#[test]
+fn a_message_event_is_a_valid_type_that_does_not_start_its_own_workflow() {
+    let step = |event: &str| format!("steps:\n- id: done\n  message: {{event: \"{event}\", text: hi}}\n");
+    let bad = judged(&format!("name: x\n{}", step("build finished")));
+    assert_eq!(bad, [(Severity::Error, "bad_event_type".into(), "steps[0].message.event".into())]);
+    let looping = judged(&format!("name: x\ntrigger: {{event: \"build.*\"}}\n{}", step("build.finished")));
+    assert_eq!(looping, [(Severity::Error, "self_trigger".into(), "steps[0].message.event".into())]);
+    let filtered =
+        format!("name: x\ntrigger: {{event: \"build.*\", filter: {{workflow: other}}}}\n{}", step("build.x"));
+    assert_eq!(judged(&filtered), [(Severity::Warning, "self_trigger".into(), "steps[0].message.event".into())]);
+    let elsewhere = format!("name: x\ntrigger: {{event: deploy.done}}\n{}", step("build.finished"));
+    assert_eq!(judged(&elsewhere), []);
+    let bad_trigger = judged(&format!("name: x\ntrigger: {{event: \"deploy done\"}}\n{}", step("build.x")));
+    assert_eq!(bad_trigger, [(Severity::Error, "bad_event_type".into(), "trigger.event".into())]);
+    let silent = judged("name: x\nsteps:\n- id: done\n  message: {event: build.finished}\n");
+    assert_eq!(silent, [(Severity::Error, "missing_field".into(), "steps[0].message.text".into())]);
 }

@@ -22,6 +22,8 @@ pub(crate) struct Walk {
     /// Every step id, to tell a forward reference from an unknown name, and
     /// the line it is declared on.
     pub(crate) declared: BTreeMap<String, u32>,
+    /// The definition's trigger, which no event its steps publish may fire.
+    pub(crate) trigger: Option<Trigger>,
 }
 
 /// Reads the whole document; `None` only when it is not a mapping.
@@ -42,6 +44,7 @@ pub(crate) fn definition(reader: &mut Reader, document: &Node<'_>) -> (Option<Wo
             reader.report(Severity::Warning, Some(node), &join("inputs", &input.name), "untriggerable_input", message);
         }
     }
+    walk.trigger.clone_from(&trigger);
     let steps = reader
         .required(&fields, "", "steps", "a list of steps")
         .map(|node| steps::top_level(reader, node, &mut walk))
@@ -122,7 +125,17 @@ fn trigger(reader: &mut Reader, node: &Node<'_>, walk: &mut Walk) -> Option<Trig
     if fields.has("manual") {
         return Some(Trigger::Manual);
     }
-    let event_type = reader.string(fields.get("event")?, "trigger.event")?;
+    let event_node = fields.get("event")?;
+    let event_type = reader.string(event_node, "trigger.event")?;
+    if let Err(violation) = chorus_runtime::validate::event_type("trigger.event", &event_type, true) {
+        reader.error(
+            Some(event_node),
+            "trigger.event",
+            "bad_event_type",
+            format!("`{event_type}` {}", violation.reason),
+        );
+        return None;
+    }
     let filter = match fields.get("filter") {
         None => Default::default(),
         Some(filter_node) => match reader.value(filter_node, "trigger.filter")? {

@@ -17,6 +17,7 @@ chorus_runtime::backend_suite!(crate::harness::Harness::bare;
     an_event_only_a_new_version_listens_to_is_not_passed_over,
     a_bus_log_that_started_over_is_judged_from_its_start,
     a_bus_log_that_started_over_and_grew_past_the_cursor_while_no_engine_read_is_judged_from_its_start,
+    an_event_a_message_step_publishes_starts_the_workflow_it_triggers_once,
 );
 
 /// A workflow started by `event_type` events of `team`.
@@ -173,4 +174,39 @@ async fn a_bus_log_that_started_over_and_grew_past_the_cursor_while_no_engine_re
     assert_eq!(new, [1, 2, 3, 4, 5], "the new log is past the engine's cursor (3)");
     let (_engine, _stop) = h.spawn_engine(test_config());
     runs_of(&h, &new, 8).await;
+}
+
+/// One workflow's `message: {event: …}` step starts another's run, with the
+/// step's data as its trigger.
+async fn an_event_a_message_step_publishes_starts_the_workflow_it_triggers_once(h: Harness) {
+    let (_engine, _stop) = h.spawn_engine(test_config());
+    h.put("name: deploy\ntrigger: {event: build.finished, filter: {workflow: build}}\nsteps:\n- id: note\n  condition: \"true\"\n")
+        .await;
+    h.put(
+        "name: build\ninputs:\n  version: {type: string}\nsteps:\n- id: done\n  message:\n    event: build.finished\n\
+         \x20   text: built\n    data: {version: \"{{ inputs.version }}\", ok: true}\n",
+    )
+    .await;
+    let build = h.run("build", json!({ "version": "1.2" })).await;
+    let build = h.finished(&build.id).await;
+    assert_eq!(build.state, chorus_workflow::domain::RunState::Completed, "{build:#?}");
+    let sequence = build.body.steps[0].output.as_ref().expect("an output")["sequence"].as_u64().expect("a sequence");
+    let filter = RunFilter { workflow: Some("deploy".into()), ..RunFilter::default() };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut deploys = loop {
+        let runs = h.workflows.list_runs(NS, &filter, None, 10).await.expect("list").runs;
+        if !runs.is_empty() {
+            break runs;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "event {sequence} started no deploy run");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    deploys.extend(h.workflows.list_runs(NS, &filter, None, 10).await.expect("list").runs.into_iter().skip(1));
+    assert_eq!(deploys.len(), 1, "one event, one run: {deploys:#?}");
+    let deploy = deploys.remove(0);
+    assert_eq!(deploy.body.origin.event_sequence, Some(sequence));
+    let trigger = &deploy.body.trigger;
+    assert_eq!((&trigger["data"], &trigger["text"]), (&json!({ "version": "1.2", "ok": true }), &json!("built")));
+    assert_eq!((&trigger["run_id"], &trigger["step_id"]), (&json!(build.id), &json!("done")));
 }
