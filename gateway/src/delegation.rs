@@ -18,29 +18,30 @@ use crate::{
 pub struct DelegateGrpc {
     client: A2aClient,
     default_timeout: Duration,
-    own: Option<OwnAgents>,
+    own: OwnAgents,
 }
 
-/// This gateway's own agents, where it checks credentials: a delegation to
-/// one of them (a workflow's delegate step naming a catalog agent) that
-/// brings none carries the gateway's internal credential. Whoever may call
-/// Delegate may act in every namespace already.
+/// This gateway's own agents. A delegation to one of them (a workflow's
+/// delegate step naming a catalog agent) acts in the caller's namespace, and,
+/// where the gateway checks credentials and it brings none, carries the
+/// gateway's internal credential: whoever may call Delegate may act in every
+/// namespace already.
 #[derive(Clone)]
 pub(crate) struct OwnAgents {
     /// `{base}/a2a/` of each URL the gateway answers at.
     prefixes: Vec<String>,
-    secret: String,
+    /// `None`: the gateway checks no credentials.
+    secret: Option<String>,
 }
 
 impl OwnAgents {
-    pub(crate) fn new(base_urls: &[&str], secret: String) -> Self {
+    pub(crate) fn new(base_urls: &[&str], secret: Option<String>) -> Self {
         let prefixes = base_urls.iter().map(|base| format!("{}/a2a/", base.trim_end_matches('/'))).collect();
         Self { prefixes, secret }
     }
 
-    fn credentials_for(&self, agent_url: &str) -> Option<Credentials> {
-        let own = self.prefixes.iter().any(|prefix| agent_url.starts_with(prefix.as_str()));
-        own.then(|| Credentials::Bearer(self.secret.clone()))
+    fn holds(&self, agent_url: &str) -> bool {
+        self.prefixes.iter().any(|prefix| agent_url.starts_with(prefix.as_str()))
     }
 }
 
@@ -51,7 +52,7 @@ impl std::fmt::Debug for OwnAgents {
 }
 
 impl DelegateGrpc {
-    pub(crate) fn new(client: A2aClient, default_timeout: Duration, own: Option<OwnAgents>) -> Self {
+    pub(crate) fn new(client: A2aClient, default_timeout: Duration, own: OwnAgents) -> Self {
         Self { client, default_timeout, own }
     }
 
@@ -85,15 +86,22 @@ impl pb::gateway_server::Gateway for DelegateGrpc {
             Some(timeout) => Duration::try_from(timeout).map_err(|_| invalid("timeout must not be negative"))?,
             None => self.default_timeout,
         };
+        let own = self.own.holds(&request.agent_url);
         let credentials = match (request.bearer_token.is_empty(), request.api_key.is_empty()) {
             (false, _) => Some(Credentials::Bearer(request.bearer_token)),
             (true, false) => Some(Credentials::ApiKey {
                 header: if request.api_key_header.is_empty() { "X-API-Key".to_owned() } else { request.api_key_header },
                 value: request.api_key,
             }),
-            (true, true) => self.own.as_ref().and_then(|own| own.credentials_for(&request.agent_url)),
+            (true, true) if own => self.own.secret.clone().map(Credentials::Bearer),
+            (true, true) => None,
         };
-        let target = DelegateTarget::new(request.agent_url);
+        let mut target = DelegateTarget::new(request.agent_url);
+        if own && !request.namespace.is_empty() {
+            let namespace = chorus_runtime::validate::namespace(&request.namespace)
+                .map_err(|violation| invalid(&format!("namespace {}", violation.reason)))?;
+            target.tenant = Some(namespace);
+        }
         // A caller that goes away (its deadline, a workflow step's timeout,
         // its run canceled) drops this call; the remote task is then asked
         // to cancel rather than left running for nobody.

@@ -112,16 +112,16 @@ pub fn build(
     runner.keep_following(catalog.clone(), lingering);
     // Where credentials are checked, the gateway's own agents take one more,
     // known only to this process, for the delegations it makes to them.
-    let own = config.auth.enabled().then(|| {
+    let secret = config.auth.enabled().then(|| {
         let secret = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
         config.auth.bearer_tokens.push(config::Credential {
             name: "chorus-internal".to_owned(),
             secret: secret.clone(),
             namespaces: vec!["*".to_owned()],
         });
-        delegation::OwnAgents::new(&own, secret)
+        secret
     });
-    let delegation = delegation::DelegateGrpc::new(client, timeout, own);
+    let delegation = delegation::DelegateGrpc::new(client, timeout, delegation::OwnAgents::new(&own, secret));
     Ok(Gateway::new(tasks, catalog, runner, push, delegation, config, shutdown))
 }
 

@@ -335,3 +335,50 @@ async fn finished(client: &mut WorkflowClient<Channel>, run_id: &str) -> pb::Run
     let request = GetRunRequest { namespace: NS.into(), run_id: run_id.into(), wait_finished: true };
     client.get_run(request).await.expect("get").into_inner()
 }
+
+/// A run's delegate step to one of the gateway's own agents acts in the
+/// run's namespace: the agent's task is that namespace's, not the default's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delegate_step_to_a_catalog_agent_acts_in_the_runs_namespace() {
+    let sandbox = Sandbox::new();
+    chorus_tests::a2a::write_chorus_toml(sandbox.path(), "[gateway]\nnamespaces = [\"default\", \"team-a\"]\n");
+    let server = sandbox.dev().start().await;
+    let mut client = WorkflowClient::new(server.channel().await);
+    let delegate = "name: ask-echo\nsteps:\n- id: ask\n  delegate: {agent: echo, input: \"team a asks\"}\n";
+    let put = PutDefinitionRequest { namespace: "team-a".into(), source: delegate.into(), ..Default::default() };
+    client.put_definition(put).await.expect("put");
+    let request = StartRunRequest { namespace: "team-a".into(), workflow: "ask-echo".into(), ..Default::default() };
+    let run = client.start_run(request).await.expect("start").into_inner();
+    // The demo agents serve the default namespace: team A's echo is this test's.
+    let mut tasks = server.task_store().await;
+    let claim = chorus_proto::taskstore::ClaimTasksRequest {
+        namespace: "team-a".into(),
+        agent_id: "echo".into(),
+        worker_id: "team-a-echo".into(),
+        capacity: 1,
+        ..Default::default()
+    };
+    let mut claims = tasks.claim_tasks(claim).await.expect("claim").into_inner();
+    let claimed = tokio::time::timeout(DEADLINE, claims.message()).await.expect("in time").expect("a claim");
+    let claimed = claimed.expect("team A's task");
+    let asked = claimed.task.expect("the task");
+    assert_eq!(chorus_tests::tasks::text_of(asked.history.first()), "team a asks");
+    let complete = chorus_proto::taskstore::CompleteTaskRequest {
+        namespace: "team-a".into(),
+        task_id: asked.id.clone(),
+        lease_id: claimed.lease_id,
+        ..Default::default()
+    };
+    tasks.complete_task(complete).await.expect("complete");
+    let request = GetRunRequest { namespace: "team-a".into(), run_id: run.id, wait_finished: true };
+    let run = client.get_run(request).await.expect("get").into_inner();
+    assert_eq!(run.state(), RunState::Completed, "{run:#?}");
+    assert_eq!(run.steps[0].external_id, asked.id);
+    let elsewhere = chorus_proto::taskstore::GetTaskRequest {
+        namespace: NS.into(),
+        id: run.steps[0].external_id.clone(),
+        ..Default::default()
+    };
+    let status = tasks.get_task(elsewhere).await.expect_err("not the default namespace's task");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+}

@@ -19,7 +19,7 @@ mod tests;
 use std::fmt;
 use std::time::Duration;
 
-use a2a::{Message, Task};
+use a2a::{AgentCard, Message, Task};
 use chorus_runtime::egress::EgressGuard;
 
 use crate::config::DelegateConfig;
@@ -75,12 +75,24 @@ pub(crate) struct DelegateTarget {
     /// The agent's base URL (its card is at `{base_url}/.well-known/agent-card.json`),
     /// or the full URL of its agent card.
     pub(crate) base_url: String,
+    /// The tenant every request names, whatever the card's interface says:
+    /// the namespace a delegation to the gateway's own agents acts in.
+    pub(crate) tenant: Option<String>,
 }
 
 impl DelegateTarget {
     /// A target reached through `base_url`.
     pub(crate) fn new(base_url: impl Into<String>) -> Self {
-        Self { base_url: base_url.into() }
+        Self { base_url: base_url.into(), tenant: None }
+    }
+
+    /// How to reach the agent whose `card` this is (see [`pick_interface`]).
+    pub(crate) fn endpoint(&self, card: &AgentCard) -> Result<Endpoint, DelegateError> {
+        let mut endpoint = pick_interface(card)?;
+        if self.tenant.is_some() {
+            endpoint.tenant.clone_from(&self.tenant);
+        }
+        Ok(endpoint)
     }
 }
 

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::wire;
-use super::{A2aClient, Credentials, DelegateError, DelegateOutcome, DelegateTarget, Endpoint, pick_interface};
+use super::{A2aClient, Credentials, DelegateError, DelegateOutcome, DelegateTarget, Endpoint};
 use crate::convert::{is_interrupted, is_settled};
 
 /// How long the cancel request of a timed-out delegation may take.
@@ -101,7 +101,7 @@ impl A2aClient {
     ) -> Result<DelegateOutcome, DelegateError> {
         let mut progress = Progress { task_id: Some(task_id.clone()), observer, ..Progress::default() };
         let run = async {
-            let endpoint = pick_interface(&*self.card(&target.base_url).await?)?;
+            let endpoint = target.endpoint(&*self.card(&target.base_url).await?)?;
             progress.endpoint = Some(endpoint.clone());
             self.poll(&endpoint, task_id, credentials, &progress, None).await.map(DelegateOutcome::Task)
         };
@@ -138,7 +138,7 @@ impl A2aClient {
         progress: &mut Progress,
     ) -> Result<DelegateOutcome, DelegateError> {
         let card = self.card(&target.base_url).await?;
-        let endpoint = pick_interface(&card)?;
+        let endpoint = target.endpoint(&card)?;
         progress.endpoint = Some(endpoint.clone());
         let streaming = card.capabilities.streaming == Some(true);
         let configuration = (!streaming).then_some(SendMessageConfiguration {

@@ -200,7 +200,14 @@ impl Effects for ClientEffects {
         let mut sent = message(origin, input);
         sent.context_id.clear();
         let timeout = timeout.and_then(|timeout| prost_types::Duration::try_from(timeout).ok());
-        let request = gw::DelegateRequest { agent_url, message: Some(sent), timeout, ..gw::DelegateRequest::default() };
+        let request = gw::DelegateRequest {
+            agent_url,
+            message: Some(sent),
+            timeout,
+            // A catalog agent's task is the run's namespace's.
+            namespace: origin.namespace.clone(),
+            ..gw::DelegateRequest::default()
+        };
         let response =
             self.gateway.clone().delegate(request).await.map_err(|s| status_error("delegate", GATEWAY_URL, &s))?;
         let (task_id, outcome) = match response.into_inner().result {
