@@ -322,10 +322,17 @@ async fn chorus_own_services_beside_the_gateway_take_credentials_for_the_namespa
     // A browser's grpc-web call is checked the same way.
     let a2a = A2a::new(&server);
     let team_b = ListTasksRequest { namespace: "team-b".into(), ..Default::default() };
-    for (key, request, status) in [("", list(), "16"), ("key-a", list(), "0"), ("key-a", team_b, "7")] {
+    let (list_tasks, teleport) = ("ListTasks", "Teleport");
+    for (method, key, request, status) in [
+        (list_tasks, "", list(), "16"),
+        (list_tasks, "key-a", list(), "0"),
+        (list_tasks, "key-a", team_b, "7"),
+        // No such method, for anyone: UNIMPLEMENTED.
+        (teleport, "key-a", list(), "12"),
+    ] {
         let mut call = a2a
             .http()
-            .post(format!("{}/chorus.taskstore.v1.TaskStore/ListTasks", server.url()))
+            .post(format!("{}/chorus.taskstore.v1.TaskStore/{method}", server.url()))
             .header("content-type", "application/grpc-web+proto")
             .header("x-grpc-web", "1")
             .header("origin", "https://elsewhere.example");
@@ -336,8 +343,9 @@ async fn chorus_own_services_beside_the_gateway_take_credentials_for_the_namespa
         // A refusal comes as headers alone; an answer's status is in the body's trailer frame.
         let header = answer.headers().get("grpc-status").map(|value| value.to_str().expect("ascii").to_owned());
         let body = String::from_utf8_lossy(&answer.bytes().await.expect("the body")).into_owned();
-        let answered = header.or_else(|| body.split("grpc-status:").nth(1).map(|rest| rest[..1].to_owned()));
-        assert_eq!(answered.as_deref(), Some(status), "{key:?} {request:?}: {body}");
+        let answered = header.or_else(|| body.split("grpc-status:").nth(1).map(str::to_owned));
+        let answered = answered.map(|code| code.chars().take_while(char::is_ascii_digit).collect::<String>());
+        assert_eq!(answered.as_deref(), Some(status), "{method} {key:?} {request:?}: {body}");
     }
 
     // The operator's run: the engine spawns the echo task in process.

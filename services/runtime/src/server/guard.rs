@@ -54,7 +54,9 @@ struct Namespaced {
 #[derive(Clone)]
 pub(crate) struct Gate {
     guard: Guard,
-    /// The paths (`/package.Service/Method`) whose request names its namespace first.
+    /// The paths (`/package.Service/Method`) of every method, and of those
+    /// whose request names its namespace first.
+    methods: Arc<HashSet<String>>,
     namespaced: Arc<HashSet<String>>,
     max_message_bytes: usize,
 }
@@ -62,12 +64,13 @@ pub(crate) struct Gate {
 impl Gate {
     /// Guards the methods of the services in the encoded descriptor `sets`.
     pub(crate) fn new(guard: Guard, sets: &[&[u8]], max_message_bytes: usize) -> Self {
-        Self { guard, namespaced: Arc::new(namespaced_methods(sets)), max_message_bytes }
+        let (methods, namespaced) = methods(sets);
+        Self { guard, methods: Arc::new(methods), namespaced: Arc::new(namespaced), max_message_bytes }
     }
 }
 
-/// Every method in `sets` whose request's field 1 is `string namespace`.
-fn namespaced_methods(sets: &[&[u8]]) -> HashSet<String> {
+/// Every method in `sets`, and those whose request's field 1 is `string namespace`.
+fn methods(sets: &[&[u8]]) -> (HashSet<String>, HashSet<String>) {
     use prost_types::field_descriptor_proto::Type;
     let files: Vec<_> = sets
         .iter()
@@ -84,15 +87,19 @@ fn namespaced_methods(sets: &[&[u8]]) -> HashSet<String> {
         })
         .map(|(package, message)| format!(".{package}.{}", message.name()))
         .collect();
-    let mut methods = HashSet::new();
+    let (mut methods, mut named) = (HashSet::new(), HashSet::new());
     for file in &files {
         for service in &file.service {
-            for method in service.method.iter().filter(|method| namespaced.contains(method.input_type())) {
-                methods.insert(format!("/{}.{}/{}", file.package(), service.name(), method.name()));
+            for method in &service.method {
+                let path = format!("/{}.{}/{}", file.package(), service.name(), method.name());
+                if namespaced.contains(method.input_type()) {
+                    named.insert(path.clone());
+                }
+                methods.insert(path);
             }
         }
     }
-    methods
+    (methods, named)
 }
 
 /// The namespace the single message of a gRPC request body names, if the
@@ -122,7 +129,12 @@ pub(crate) async fn check(State(gate): State<Gate>, mut request: Request, next: 
     let Some(allows) = admission.namespaces else {
         return next.run(request).await;
     };
-    if !gate.namespaced.contains(request.uri().path()) {
+    let path = request.uri().path();
+    if !gate.namespaced.contains(path) {
+        // No such method: the router answers UNIMPLEMENTED, as to anyone.
+        if !gate.methods.contains(path) {
+            return next.run(request).await;
+        }
         return refused(allows(None));
     }
     let (parts, body) = request.into_parts();
@@ -164,7 +176,8 @@ mod tests {
 
     #[test]
     fn the_namespaced_methods_are_those_whose_request_names_it_first() {
-        let methods = namespaced_methods(&[chorus_proto::FILE_DESCRIPTOR_SET]);
+        let (all, methods) = methods(&[chorus_proto::FILE_DESCRIPTOR_SET]);
+        assert!(all.is_superset(&methods) && all.len() > methods.len());
         for namespaced in [
             "/chorus.taskstore.v1.TaskStore/CreateTask",
             "/chorus.taskstore.v1.TaskStore/ClaimTasks",
