@@ -136,9 +136,15 @@ pub struct StepRecord {
 impl StepRecord {
     /// The idempotency key of this record's side effect: the same for every
     /// try of one (run, step, iteration, attempt), so a crash between issuing
-    /// and recording never duplicates it.
+    /// and recording never duplicates it. A message's attempts all send one
+    /// message (an attempt that failed may have reached its receiver, its
+    /// answer lost): its key is the same for each, so a receiver drops a
+    /// retry of what it has.
     pub fn effect_key(&self, run_id: &str) -> String {
-        format!("workflow:{run_id}:{}:{}:{}", self.step_id, self.iteration, self.attempt)
+        match self.kind {
+            StepKind::Message => format!("workflow:{run_id}:{}:{}", self.step_id, self.iteration),
+            _ => format!("workflow:{run_id}:{}:{}:{}", self.step_id, self.iteration, self.attempt),
+        }
     }
 }
 
