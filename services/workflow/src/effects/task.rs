@@ -44,9 +44,29 @@ pub(super) fn outcome(task: &pb::Task) -> TaskOutcome {
         let texts = task.artifacts.iter().map(|artifact| texts(artifact.parts.iter()).concat());
         texts.filter(|text| !text.is_empty()).collect::<Vec<_>>().join("\n")
     };
+    if output.is_empty()
+        && let Some(fields) = object_in(&text)
+    {
+        output = fields;
+    }
     output.entry("text").or_insert(Value::String(text));
     output.entry("task_id").or_insert(Value::String(task.id.clone()));
     TaskOutcome::Completed(Value::Object(output))
+}
+
+/// The JSON object a text reply is, alone or in a fenced block (```json …
+/// ```), as many agents (a language model's) answer: its fields are the
+/// output's, as a data part's would be.
+fn object_in(text: &str) -> Option<Map<String, Value>> {
+    let text = text.trim();
+    let text = match text.strip_prefix("```") {
+        Some(fenced) => fenced.strip_suffix("```")?.trim_start_matches("json").trim(),
+        None => text,
+    };
+    match serde_json::from_str(text) {
+        Ok(Value::Object(fields)) => Some(fields),
+        _ => None,
+    }
 }
 
 fn text_of<'p>(parts: impl Iterator<Item = &'p pb::Part>) -> String {
@@ -103,5 +123,31 @@ mod tests {
         };
         let TaskOutcome::Completed(output) = outcome(&task) else { panic!("completed") };
         assert_eq!(output["text"], "chunk0;chunk1;chunk2;\nnotes");
+    }
+
+    fn answered(parts: Vec<pb::Part>) -> Value {
+        let message = pb::Message { parts, ..pb::Message::default() };
+        let status = pb::TaskStatus { state: TaskState::Completed.into(), message: Some(message), timestamp: None };
+        let task = pb::Task { id: "t".into(), status: Some(status), ..pb::Task::default() };
+        let TaskOutcome::Completed(output) = outcome(&task) else { panic!("completed") };
+        output
+    }
+
+    #[test]
+    fn a_reply_that_is_a_json_object_in_text_gives_its_fields() {
+        let bare = answered(vec![text(r#"{"confidence": 0.2, "summary": "risky"}"#)]);
+        assert_eq!((&bare["confidence"], &bare["summary"], &bare["task_id"]), (&0.2.into(), &"risky".into(), &"t".into()));
+        let fenced = answered(vec![text("```json\n{\"confidence\": 0.9}\n```")]);
+        assert_eq!(fenced["confidence"], 0.9);
+        for plain in ["looks good", "[1, 2]", "```\nnot json\n```", "{\"open\": "] {
+            let output = answered(vec![text(plain)]);
+            assert_eq!(output.as_object().map(Map::len), Some(2), "{plain}: only text and task_id");
+        }
+        let data = pb::Part {
+            content: Some(Content::Data(value_from_json(serde_json::json!({"confidence": 0.5})))),
+            ..pb::Part::default()
+        };
+        let both = answered(vec![data, text(r#"{"confidence": 0.1}"#)]);
+        assert_eq!(both["confidence"], 0.5, "a data part's fields come first");
     }
 }
