@@ -44,7 +44,8 @@ fn list(
     let mut steps = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {
         let path = format!("{field}[{index}]");
-        let (id, step) = step(reader, item, &path, Seen { visible: &visible, earlier: &earlier }, walk);
+        let seen = Seen { visible: &visible, earlier: &earlier, previous: steps.last() };
+        let (id, step) = step(reader, item, &path, seen, walk);
         let Some(step) = step else {
             // Its problems are reported; the steps after it may still name
             // it without being told it comes later.
@@ -70,6 +71,8 @@ fn list(
 struct Seen<'v> {
     visible: &'v BTreeSet<String>,
     earlier: &'v BTreeMap<String, String>,
+    /// The step just before, in the same list (what a gate reruns by default).
+    previous: Option<&'v Step>,
 }
 
 fn collect_ids(steps: &[Step], into: &mut BTreeSet<String>) {

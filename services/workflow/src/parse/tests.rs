@@ -364,7 +364,8 @@ fn one_pass_reports_every_problem_and_none_that_follows_from_another() {
     assert!(!fields.contains(&"steps[0].spawn.agent"), "a declared input with a bad type is still declared: {found:?}");
     let wrong = "name: x\nsteps:\n  - id: ok\n    gate: {mode: HITL, reviewers: [ops]}\n  - id: auto\n    gate: {mode: AUTO, approve_when: [true]}\n";
     let codes: Vec<String> = codes(wrong).into_iter().map(|(code, ..)| code).collect();
-    assert_eq!(codes, ["wrong_type", "wrong_type"], "a field given wrong is not also missing");
+    // (The AUTO gate's default rerun is the gate before it, which is worth a warning of its own.)
+    assert_eq!(codes, ["wrong_type", "wrong_type", "reruns_gate"], "a field given wrong is not also missing");
 }
 
 #[test]
@@ -410,4 +411,20 @@ fn a_message_event_is_a_valid_type_that_does_not_start_its_own_workflow() {
     assert_eq!(bad_trigger, [(Severity::Error, "bad_event_type".into(), "trigger.event".into())]);
     let silent = judged("name: x\nsteps:\n- id: done\n  message: {event: build.finished}\n");
     assert_eq!(silent, [(Severity::Error, "missing_field".into(), "steps[0].message.text".into())]);
+}
+
+#[test]
+fn a_gate_that_would_rerun_no_work_and_a_cron_with_seconds_are_warned_of() {
+    let gates = "name: x\nsteps:\n- id: check\n  gate: {mode: AUTO, approve_when: \"true\"}\n\
+                 - id: build\n  spawn: {role: builder, input: go}\n- id: sign\n  gate: {mode: HITL, reviewers: ops}\n\
+                 - id: judge\n  gate: {mode: AUTO, approve_when: \"{{ sign.output.decision == 'approve' }}\"}\n\
+                 - id: named\n  gate: {mode: AUTO, approve_when: \"true\", rerun_from: build}\n";
+    let warned = [
+        (Severity::Warning, "nothing_to_rerun".into(), "steps[0].gate".into()),
+        (Severity::Warning, "reruns_gate".into(), "steps[3].gate".into()),
+    ];
+    assert_eq!(judged(gates), warned);
+    let cron = |schedule: &str| judged(&format!("name: x\ntrigger: {{cron: \"{schedule}\"}}\nsteps:\n- id: a\n  condition: \"true\"\n"));
+    assert_eq!(cron("*/5 * * * * *"), [(Severity::Warning, "cron_seconds".into(), "trigger.cron".into())]);
+    assert_eq!(cron("*/5 * * * *"), []);
 }

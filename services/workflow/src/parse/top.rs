@@ -120,6 +120,14 @@ fn trigger(reader: &mut Reader, node: &Node<'_>, walk: &mut Walk) -> Option<Trig
             reader.error(Some(cron), "trigger.cron", "bad_cron", message);
             return None;
         }
+        if schedule.split_whitespace().count() > 5 {
+            let message = format!(
+                "`{schedule}` has {} fields: the first is seconds, and a seventh years (five start at minutes: \
+                 `*/5 * * * *` is every five minutes)",
+                schedule.split_whitespace().count()
+            );
+            reader.report(Severity::Warning, Some(cron), "trigger.cron", "cron_seconds", message);
+        }
         return Some(Trigger::Cron { schedule });
     }
     if fields.has("manual") {

@@ -2,9 +2,31 @@
 //! when it escalates or expires, and what it shows.
 
 use super::{ExprKind, Node, Scope};
-use crate::domain::{Gate, GateMode, OnExhausted, Severity};
+use crate::domain::{Action, Gate, GateMode, OnExhausted, Severity, Step};
 
 impl Scope<'_, '_, '_, '_> {
+    /// Warns of what an AUTO gate's rejection reruns by default, the step
+    /// before, when that is no work: another gate (whose rerun changes
+    /// nothing the condition reads), or nothing (the run then fails). A HITL
+    /// gate after a gate sends the work back to the reviewers before.
+    fn default_rerun(&mut self, body: &Node<'_>, mode: Option<GateMode>) {
+        let (code, message) = match (self.seen.previous, mode) {
+            (Some(Step { id, action: Action::Gate(_), .. }), Some(GateMode::Auto)) => (
+                "reruns_gate",
+                format!(
+                    "the step before this gate is the gate `{id}`: a rejection reruns that gate, not the work it \
+                     judged; name the work with `rerun_from`"
+                ),
+            ),
+            (None, Some(GateMode::Auto)) => (
+                "nothing_to_rerun",
+                "no step comes before this gate to run again: a rejection fails the run".to_owned(),
+            ),
+            _ => return,
+        };
+        self.reader.report(Severity::Warning, Some(body), self.field, code, message);
+    }
+
     pub(super) fn gate(&mut self, body: &Node<'_>) -> Option<Gate> {
         const FIELDS: &[&str] = &[
             "mode",
@@ -46,6 +68,9 @@ impl Scope<'_, '_, '_, '_> {
             Some(GateMode::Auto | GateMode::Hitl) | None => {}
         }
         let rerun_from = self.string(&fields, "rerun_from");
+        if rerun_from.is_none() {
+            self.default_rerun(body, mode);
+        }
         if let Some(target) = &rerun_from
             && let Some(holder) = self.seen.earlier.get(target).filter(|holder| *holder != target)
         {
