@@ -33,6 +33,11 @@ pub enum WorkflowError {
          reuse a key only to retry the same start"
     )]
     KeyInUse { key: String, run_id: String, workflow: String, version: u32, mismatch: String },
+    #[error(
+        "signal id `{signal_id}` of run {run_id} was sent already with {mismatch}; reuse an id only to retry the \
+         same signal"
+    )]
+    SignalIdInUse { signal_id: String, run_id: String, mismatch: &'static str },
     #[error("this engine no longer holds run {0}")]
     LeaseLost(String),
     #[error("workflow {0} was changed concurrently; retry")]
@@ -62,7 +67,7 @@ impl ServiceError for WorkflowError {
         match self {
             Self::InvalidArgument(_) | Self::InvalidDefinition { .. } => ErrorCode::InvalidArgument,
             Self::VersionNotFound { .. } | Self::NotFound(_) | Self::RunNotFound(_) => ErrorCode::NotFound,
-            Self::KeyInUse { .. } => ErrorCode::AlreadyExists,
+            Self::KeyInUse { .. } | Self::SignalIdInUse { .. } => ErrorCode::AlreadyExists,
             Self::RunFinished { .. }
             | Self::GateNotReached { .. }
             | Self::GateNotWaiting { .. }
@@ -103,6 +108,9 @@ impl ServiceError for WorkflowError {
                 gate("GATE_ITERATION_MISMATCH", step_id).with("iteration", waiting)
             }
             Self::KeyInUse { key, run_id, .. } => reason("REQUEST_KEY_IN_USE").with("key", key).with("run_id", run_id),
+            Self::SignalIdInUse { signal_id, run_id, .. } => {
+                reason("SIGNAL_ID_IN_USE").with("signal_id", signal_id).with("run_id", run_id)
+            }
             Self::LeaseLost(run_id) => reason("LEASE_LOST").with("run_id", run_id),
             Self::Conflict(name) => reason("CONCURRENT_CHANGE").with("workflow", name),
             Self::ShuttingDown => reason("SHUTTING_DOWN"),

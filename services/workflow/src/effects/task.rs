@@ -136,7 +136,10 @@ mod tests {
     #[test]
     fn a_reply_that_is_a_json_object_in_text_gives_its_fields() {
         let bare = answered(vec![text(r#"{"confidence": 0.2, "summary": "risky"}"#)]);
-        assert_eq!((&bare["confidence"], &bare["summary"], &bare["task_id"]), (&0.2.into(), &"risky".into(), &"t".into()));
+        assert_eq!(
+            (&bare["confidence"], &bare["summary"], &bare["task_id"]),
+            (&0.2.into(), &"risky".into(), &"t".into())
+        );
         let fenced = answered(vec![text("```json\n{\"confidence\": 0.9}\n```")]);
         assert_eq!(fenced["confidence"], 0.9);
         for plain in ["looks good", "[1, 2]", "```\nnot json\n```", "{\"open\": "] {

@@ -424,7 +424,9 @@ fn a_gate_that_would_rerun_no_work_and_a_cron_with_seconds_are_warned_of() {
         (Severity::Warning, "reruns_gate".into(), "steps[3].gate".into()),
     ];
     assert_eq!(judged(gates), warned);
-    let cron = |schedule: &str| judged(&format!("name: x\ntrigger: {{cron: \"{schedule}\"}}\nsteps:\n- id: a\n  condition: \"true\"\n"));
+    let cron = |schedule: &str| {
+        judged(&format!("name: x\ntrigger: {{cron: \"{schedule}\"}}\nsteps:\n- id: a\n  condition: \"true\"\n"))
+    };
     assert_eq!(cron("*/5 * * * * *"), [(Severity::Warning, "cron_seconds".into(), "trigger.cron".into())]);
     assert_eq!(cron("*/5 * * * *"), []);
 }

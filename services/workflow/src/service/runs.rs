@@ -356,8 +356,17 @@ impl Workflows {
         }
         let mut duplicate = false;
         self.transition(namespace, run_id, &spec, None, |planner, run| {
-            duplicate = run.body.signals.iter().any(|s| s.id == call.signal_id);
-            if duplicate {
+            if let Some(sent) = run.body.signals.iter().find(|s| s.id == call.signal_id) {
+                let mismatch = match (sent.name == call.name, sent.payload == call.payload) {
+                    (true, true) => None,
+                    (false, _) => Some("another name"),
+                    (true, false) => Some("another payload"),
+                };
+                if let Some(mismatch) = mismatch {
+                    let (signal_id, run_id) = (call.signal_id.clone(), run.id.clone());
+                    return Err(WorkflowError::SignalIdInUse { signal_id, run_id, mismatch });
+                }
+                duplicate = true;
                 return Ok(());
             }
             if run.state.is_finished() {

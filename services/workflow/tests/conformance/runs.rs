@@ -193,6 +193,17 @@ async fn a_signal_sent_early_is_kept_and_one_sent_late_wakes_the_wait(h: Harness
     h.waiting(&run.id).await;
     assert!(!signal(&h, &run.id, "ship", "early").await, "the early signal is new");
     assert!(signal(&h, &run.id, "ship", "early").await, "the same id again is a duplicate");
+    let other = |name: &str, by: &str| SignalCall {
+        name: name.into(),
+        payload: json!({ "by": by }).as_object().cloned().unwrap_or_default(),
+        signal_id: "early".into(),
+        sent_by: "ops".into(),
+    };
+    for (call, mismatch) in [(other("ship", "qa"), "another payload"), (other("resume", "ops"), "another name")] {
+        let refused = h.workflows.signal_run(NS, &run.id, call).await.expect_err("the id holds another signal");
+        assert!(matches!(refused, WorkflowError::SignalIdInUse { .. }), "{refused:?}");
+        assert!(refused.to_string().contains(mismatch), "{refused}");
+    }
     let call =
         SignalCall { name: "nobody-waits".into(), payload: Map::new(), signal_id: "x".into(), sent_by: "ops".into() };
     let unread = h.workflows.signal_run(NS, &run.id, call).await.expect_err("no wait for it");
