@@ -336,12 +336,19 @@ impl Planner<'_> {
     /// Fills in a running record by kind: its rendered input and its state.
     fn begin(&self, run: &mut Run, step: &Step, scope: &Scope, record: &mut StepRecord) -> Result<(), String> {
         let render_error = |error: super::render::RenderError| error.to_string();
+        // An agent named by a template must be named: an empty one is a value that is missing.
+        let agent_of = |field: &str, template: &str| match scope.render(template).map_err(render_error)? {
+            agent if agent.trim().is_empty() => {
+                Err(format!("`{field}` `{template}` names no agent: it rendered empty (a value that is missing?)"))
+            }
+            agent => Ok(agent),
+        };
         match &step.action {
             Action::Condition => {}
             Action::Spawn(spawn) => {
                 let mut input = json!({ "input": scope.render_value(&spawn.input).map_err(render_error)? });
                 match &spawn.target {
-                    SpawnTarget::Agent(agent) => input["agent"] = json!(scope.render(agent).map_err(render_error)?),
+                    SpawnTarget::Agent(agent) => input["agent"] = json!(agent_of("agent", agent)?),
                     SpawnTarget::Role(role) => input["role"] = json!(role),
                 }
                 if let Some((feedback, previous)) = scope.rerun_fields() {
@@ -364,7 +371,7 @@ impl Planner<'_> {
             Action::Message(message) => {
                 let to = match &message.to {
                     MessageTarget::Topic(topic) => json!({ "topic": topic }),
-                    MessageTarget::Agent(agent) => json!({ "agent": scope.render(agent).map_err(render_error)? }),
+                    MessageTarget::Agent(agent) => json!({ "agent": agent_of("to", agent)? }),
                     MessageTarget::Webhook(url) => json!({ "webhook": url }),
                     MessageTarget::Event(event_type) => json!({ "event": event_type }),
                 };

@@ -28,6 +28,7 @@ conformance!(
     cron_schedules_start_runs,
     a_spawn_past_its_timeout_fails_and_cancels_its_task_saying_why,
     webhook_steps_share_one_connection,
+    an_agent_a_template_names_empty_fails_its_step_saying_so,
 );
 
 /// A webhook receiver on loopback: what it was sent, with the idempotency keys.
@@ -317,4 +318,15 @@ async fn webhook_steps_share_one_connection(h: Harness) {
     let run = h.finished(&run.id).await;
     assert_eq!(run.state, RunState::Completed, "{run:#?}");
     assert_eq!(receiver.connections(), 1, "each answer is read to its end, so its connection serves the next call");
+}
+
+/// A `to:` or spawn `agent:` template that renders empty (a `config` value
+/// not set) fails its step naming the field, not in the hub's words.
+async fn an_agent_a_template_names_empty_fails_its_step_saying_so(h: Harness) {
+    h.put("name: unnamed\nsteps:\n- id: tell\n  message: {to: \"{{ config.notify }}\", text: hi}\n").await;
+    let run = h.run("unnamed", json!({})).await;
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Failed, "{run:#?}");
+    let error = run.body.steps[0].error.as_deref().unwrap_or_default();
+    assert!(error.contains("`to` `{{ config.notify }}` names no agent: it rendered empty"), "{error}");
 }
