@@ -305,7 +305,7 @@ impl ClientEffects {
         body: &Value,
         message_type: &str,
     ) -> Result<Value, EffectError> {
-        let failed = |why: String| EffectError::Failed(format!("webhook {url}: {why}"));
+        let failed = |why: String| EffectError::Refused(format!("webhook {url}: {why}"));
         let parsed = reqwest::Url::parse(url).map_err(|e| failed(e.to_string()))?;
         parsed.host_str().ok_or_else(|| failed("no host".into()))?;
         self.guard.vet_url(&parsed).map_err(|refused| failed(refused.to_string()))?;

@@ -21,6 +21,10 @@ pub enum EffectError {
     /// The step's attempt fails with this error.
     #[error("{0}")]
     Failed(String),
+    /// The step fails with this error, whatever attempts remain: no retry
+    /// can change it (an address the guard refuses, an answer of 4xx).
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// Who ran an effect: the run and its step record.

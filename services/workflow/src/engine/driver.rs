@@ -26,6 +26,8 @@ enum Done {
     Issued(String),
     /// An attempt ended: its output, or why it failed.
     Attempt(Result<Value, String>),
+    /// An attempt failed so that no retry can succeed: why.
+    Refused(String),
     /// A delegation ended: the agent's task, when it made one, and the
     /// attempt's output or why it failed.
     Delegated(Option<String>, Result<Value, String>),
@@ -134,13 +136,16 @@ fn apply(planner: &super::plan::Planner<'_>, run: &mut Run, seq: u32, done: &Don
             run.body.step_mut(index).external_id = Some(task_id.clone());
         }
         Done::Attempt(result) if record.state == StepState::Running => {
-            planner.attempt_ended(run, index, result.clone());
+            planner.attempt_ended(run, index, result.clone(), true);
+        }
+        Done::Refused(error) if record.state == StepState::Running => {
+            planner.attempt_ended(run, index, Err(error.clone()), false);
         }
         Done::Delegated(task_id, result) if record.state == StepState::Running => {
             if task_id.is_some() {
                 run.body.step_mut(index).external_id.clone_from(task_id);
             }
-            planner.attempt_ended(run, index, result.clone());
+            planner.attempt_ended(run, index, result.clone(), true);
         }
         Done::Announced(sequence) if record.state == StepState::Waiting => {
             run.body.step_mut(index).external_id = Some(format!("event:{sequence}"));
@@ -155,6 +160,7 @@ fn apply(planner: &super::plan::Planner<'_>, run: &mut Run, seq: u32, done: &Don
         }
         Done::Issued(_)
         | Done::Attempt(_)
+        | Done::Refused(_)
         | Done::Delegated(..)
         | Done::Announced(_)
         | Done::Canceled
@@ -249,15 +255,20 @@ fn effect(
             };
             let future = async move {
                 let send = || effects.message(&origin, &to, &note);
-                let sent = match &to {
+                let done = match &to {
                     // The hub and the bus are chorus's own: an outage (a
                     // restart) is waited out, as the task store's is for a
                     // spawn, and the step's idempotency key makes a repeated
                     // send harmless.
-                    Destination::Topic(_) | Destination::Agent(_) | Destination::Event(_) => retrying(send).await,
-                    Destination::Webhook(_) => send().await.map_err(|error| error.to_string()),
+                    Destination::Topic(_) | Destination::Agent(_) | Destination::Event(_) => {
+                        Done::Attempt(retrying(send).await)
+                    }
+                    Destination::Webhook(_) => match send().await {
+                        Err(EffectError::Refused(error)) => Done::Refused(error),
+                        sent => Done::Attempt(sent.map_err(|error| error.to_string())),
+                    },
                 };
-                (seq, Done::Attempt(sent))
+                (seq, done)
             };
             Some(future.boxed())
         }
@@ -360,7 +371,7 @@ where
                 }
                 return Ok(value);
             }
-            Err(EffectError::Failed(error)) => return Err(error),
+            Err(EffectError::Failed(error) | EffectError::Refused(error)) => return Err(error),
             // A blip is retried quietly; an outage is said once, when the
             // pauses reach their longest, so that a step that waits on a
             // service that is down shows in the log.

@@ -423,9 +423,9 @@ impl Planner<'_> {
     }
 
     /// Records the end of an attempt of a spawn, delegate or message: its
-    /// output, or its error and, while attempts remain, the next attempt
-    /// after a backoff.
-    pub(crate) fn attempt_ended(&self, run: &mut Run, index: usize, result: Result<Value, String>) {
+    /// output, or its error and, while attempts remain and a retry may
+    /// succeed, the next attempt after a backoff.
+    pub(crate) fn attempt_ended(&self, run: &mut Run, index: usize, result: Result<Value, String>, retryable: bool) {
         let record = run.body.step_mut(index);
         match result {
             Ok(output) => {
@@ -441,7 +441,9 @@ impl Planner<'_> {
                     Some(Action::Message(message)) => message.retry,
                     _ => None,
                 };
-                let Some(retry) = retry.filter(|retry| record.attempt < retry.max_attempts) else { return };
+                let Some(retry) = retry.filter(|retry| retryable && record.attempt < retry.max_attempts) else {
+                    return;
+                };
                 let exponent = record.attempt.saturating_sub(1).min(30);
                 let backoff = retry.backoff.saturating_mul(1 << exponent).min(retry.max_backoff);
                 let mut next = StepRecord::clone(record);
