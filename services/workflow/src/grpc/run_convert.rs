@@ -147,7 +147,8 @@ pub(super) fn signal_out(signal: Signal) -> pb::Signal {
 fn origin_out(origin: RunOrigin) -> pb::RunOrigin {
     use pb::run_origin::Kind;
     let kind = match origin.kind {
-        OriginKind::Api | OriginKind::Cron => Kind::Api,
+        OriginKind::Api => Kind::Api,
+        OriginKind::Cron => Kind::Cron,
         OriginKind::Event => Kind::Event,
         OriginKind::A2a => Kind::A2a,
     };
@@ -165,6 +166,7 @@ pub(super) fn origin_in(origin: Option<pb::RunOrigin>) -> RunOrigin {
     let Some(origin) = origin else { return RunOrigin::default() };
     let kind = match origin.kind() {
         Kind::Unspecified | Kind::Api => OriginKind::Api,
+        Kind::Cron => OriginKind::Cron,
         Kind::Event => OriginKind::Event,
         Kind::A2a => OriginKind::A2a,
     };
@@ -260,4 +262,17 @@ pub(super) fn run_token_in(value: &str) -> Result<Option<RunCursor>, FieldViolat
     let text = String::from_utf8(URL_SAFE_NO_PAD.decode(value).map_err(|_| bad())?).map_err(|_| bad())?;
     let (created_at, id) = text.strip_prefix("r:").and_then(|rest| rest.split_once(':')).ok_or_else(bad)?;
     Ok(Some(RunCursor { created_at: created_at.parse().map_err(|_| bad())?, id: id.to_owned() }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_origin_kind_has_its_own_wire_kind() {
+        for kind in [OriginKind::Api, OriginKind::Cron, OriginKind::Event, OriginKind::A2a] {
+            let wire = origin_out(RunOrigin { kind, ..RunOrigin::default() });
+            assert_eq!(origin_in(Some(wire)).kind, kind);
+        }
+    }
 }
