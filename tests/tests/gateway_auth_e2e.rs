@@ -258,7 +258,10 @@ async fn chorus_own_services_beside_the_gateway_take_credentials_for_the_namespa
         taskstore::{
             ClaimPushConfigsRequest, ClaimTasksRequest, CompleteTaskRequest, ListTasksRequest, WatchTaskRequest,
         },
-        workflow::{GetRunRequest, RunState, StartRunRequest, workflow_client::WorkflowClient},
+        workflow::{
+            GetRunRequest, ListRunsRequest, RunState, StartRunRequest, run_origin::Kind as RunOriginKind,
+            workflow_client::WorkflowClient,
+        },
     };
     use chorus_tests::tasks::create_request;
     let sandbox = Sandbox::new();
@@ -377,6 +380,12 @@ async fn chorus_own_services_beside_the_gateway_take_credentials_for_the_namespa
     let (status, answer) = json(ops(a2a.rpc("spawns", "SendMessage", send))).await;
     assert_eq!(status, StatusCode::OK, "{answer:#}");
     assert_eq!(state(&answer["result"]["task"]), "TASK_STATE_COMPLETED", "{answer:#}");
+    // Its run names the credential the message came with.
+    let listed = ListRunsRequest { namespace: "default".into(), workflow: "spawns".into(), ..Default::default() };
+    let runs = workflows.list_runs(listed).await.expect("list").into_inner().runs;
+    let origins: Vec<_> =
+        runs.iter().filter_map(|run| run.origin.as_ref()).map(|o| (o.kind(), &*o.started_by)).collect();
+    assert!(origins.contains(&(RunOriginKind::A2a, "a2a:ops")), "{origins:?}");
 
     // The CLI sends the token of CHORUS_TOKEN (or --token-file).
     let (code, stderr) = workflow_list(&server, &[]).await;

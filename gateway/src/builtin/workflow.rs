@@ -137,9 +137,9 @@ fn input_of(message: &Message) -> prost_types::Struct {
     chorus_proto::json::struct_from_json(data.or_else(text).unwrap_or_default())
 }
 
-/// Who decided a gate by `message`: `a2a`, and the name of the credential
-/// it came with when the gateway checks credentials.
-fn decider(message: &Message) -> String {
+/// Who acts by `message` (starts a run, decides a gate): `a2a`, and the
+/// name of the credential it came with when the gateway checks credentials.
+fn sender(message: &Message) -> String {
     let caller = message.metadata.as_ref().and_then(|metadata| metadata.get(super::CALLER)).and_then(Value::as_str);
     caller.map_or_else(|| "a2a".to_owned(), |caller| format!("a2a:{caller}"))
 }
@@ -208,7 +208,7 @@ impl Runner {
                     run_id: link.run_id.clone(),
                     step_id: link.gate.clone(),
                     decision: decision.into(),
-                    decided_by: decider(&message),
+                    decided_by: sender(&message),
                     reason,
                     iteration: Some(link.iteration),
                     ..DecideGateRequest::default()
@@ -238,7 +238,7 @@ impl Runner {
                     idempotency_key: format!("a2a:{}", turn.task.id),
                     origin: Some(wf::RunOrigin {
                         kind: wf::run_origin::Kind::A2a.into(),
-                        started_by: "a2a".into(),
+                        started_by: sender(&message),
                         task_id: turn.task.id.clone(),
                         ..wf::RunOrigin::default()
                     }),

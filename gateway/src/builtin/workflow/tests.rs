@@ -11,10 +11,10 @@ fn text(value: &str) -> Message {
 
 #[test]
 fn a_gate_decided_over_a2a_names_the_credential_it_came_with() {
-    assert_eq!(decider(&text("approve")), "a2a", "no credentials checked");
+    assert_eq!(sender(&text("approve")), "a2a", "no credentials checked");
     let mut reply = text("approve");
     reply.metadata = Some([(super::super::CALLER.to_owned(), json!("release-managers"))].into());
-    assert_eq!(decider(&reply), "a2a:release-managers");
+    assert_eq!(sender(&reply), "a2a:release-managers");
 }
 
 #[test]
