@@ -66,7 +66,7 @@ impl Planner<'_> {
             }
             _ => return Outcome::Failed,
         };
-        let rejections = rejections(run, &step_id) + 1;
+        let rejections = rejections(run, &self.spec.steps, &step_id) + 1;
         let summary = json!({
             "decision": verdict.decision,
             "decided_by": verdict.decided_by,
@@ -154,16 +154,35 @@ impl Planner<'_> {
         record.started_at = Some(self.now);
         record.finished_at = None;
         record.input["mode"] = json!("HITL");
-        self.park_gate(&mut record, gate, reviewers, escalated, rejections(run, gate_id));
+        self.park_gate(&mut record, gate, reviewers, escalated, rejections(run, &self.spec.steps, gate_id));
         run.body.steps.push(Arc::new(record));
     }
 }
 
-/// How many times the gate `step_id` was rejected (an expiry is no rejection).
-pub(super) fn rejections(run: &Run, step_id: &str) -> usize {
-    let rejected =
-        |d: &&GateDecision| d.step_id == step_id && d.decision == Decision::Reject && d.outcome != Outcome::Expired;
-    run.body.gate_decisions.iter().filter(rejected).count()
+/// How many times the gate `step_id` was rejected (an expiry is no
+/// rejection) since another gate last reran a phase that holds it: each
+/// round of an enclosing phase gives the gate its whole budget again.
+pub(super) fn rejections(run: &Run, steps: &[Step], step_id: &str) -> usize {
+    let mut count = 0;
+    for decision in &run.body.gate_decisions {
+        if decision.step_id == step_id {
+            count += usize::from(decision.decision == Decision::Reject && decision.outcome != Outcome::Expired);
+        } else if decision.outcome == Outcome::Rerun && reruns(steps, &decision.step_id, step_id) {
+            count = 0;
+        }
+    }
+    count
+}
+
+/// Whether a rejection of the gate `gate_id` runs the step `step_id` again.
+fn reruns(steps: &[Step], gate_id: &str, step_id: &str) -> bool {
+    let Some(Located { step: Step { action: Action::Gate(gate), .. }, sequence, .. }) = find(steps, gate_id, None)
+    else {
+        return false;
+    };
+    let Some(target) = rerun_target(gate, gate_id, sequence) else { return false };
+    let mut phase = sequence.iter().skip_while(|step| step.id != target.id).take_while(|step| step.id != gate_id);
+    phase.any(|step| contains(step, step_id))
 }
 
 /// The first step of the phase a rejection of the gate `gate_id` (in

@@ -413,7 +413,7 @@ impl Planner<'_> {
                         finish(record, StepState::Completed, self.now);
                     }
                     GateMode::Hitl => {
-                        let rejected = super::gates::rejections(run, &step.id);
+                        let rejected = super::gates::rejections(run, &self.spec.steps, &step.id);
                         self.park_gate(record, gate, gate.reviewers.clone(), false, rejected);
                     }
                 }

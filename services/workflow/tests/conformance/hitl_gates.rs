@@ -3,7 +3,7 @@
 //! decision on a gate that is not waiting changes nothing.
 
 use chorus_workflow::{
-    domain::{Decision, Outcome, Run, RunState, StepState},
+    domain::{Decision, Outcome, Run, RunState, StepKind, StepState},
     error::WorkflowError,
     service::GateCall,
 };
@@ -19,6 +19,7 @@ conformance!(
     rejections_past_the_limit_escalate_then_fail,
     an_unanswered_gate_expires,
     decisions_on_gates_not_waiting_change_nothing,
+    a_gate_rerun_by_an_enclosing_phase_gets_its_budget_again,
 );
 
 pub(crate) fn gate(step: &str, decision: Decision, by: &str, reason: &str) -> GateCall {
@@ -141,4 +142,42 @@ async fn decisions_on_gates_not_waiting_change_nothing(h: Harness) {
     let after = h.workflows.get_run(NS, &run.id).await.expect("run");
     assert_eq!(after.body.gate_decisions.len(), 0);
     assert_eq!(after.body.steps, run.body.steps);
+}
+
+/// A gate's `max_rejections` counts within a round of each phase that holds
+/// it: when a later gate reruns that phase, the gate starts its count again.
+async fn a_gate_rerun_by_an_enclosing_phase_gets_its_budget_again(h: Harness) {
+    h.put(
+        "name: nested\nsteps:\n- id: build\n  spawn: {agent: coder, input: build}\n\
+         - id: review\n  gate: {mode: HITL, reviewers: qa, max_rejections: 1}\n\
+         - id: release\n  gate: {mode: HITL, reviewers: ops, rerun_from: build}\n",
+    )
+    .await;
+    let run = h.run("nested", json!({})).await;
+    for (rounds, (step, decision)) in [
+        ("review", Decision::Reject),
+        ("review", Decision::Approve),
+        ("release", Decision::Reject),
+        ("review", Decision::Reject),
+        ("review", Decision::Approve),
+        ("release", Decision::Approve),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let waiting = h
+            .until(&run.id, "the next gate round", |run| {
+                run.state.is_finished()
+                    || run.body.steps.iter().any(|s| s.state == StepState::Waiting && s.kind == StepKind::Gate)
+                        && run.body.gate_decisions.len() == rounds
+            })
+            .await;
+        assert_eq!(waiting.state, RunState::Waiting, "round {rounds}: {waiting:#?}");
+        h.workflows.decide_gate(NS, &run.id, gate(step, decision, "ana", "again")).await.expect("decided");
+    }
+    let run = h.finished(&run.id).await;
+    assert_eq!(run.state, RunState::Completed, "{run:#?}");
+    let outcomes: Vec<Outcome> = run.body.gate_decisions.iter().map(|d| d.outcome).collect();
+    use Outcome::{Continued, Rerun};
+    assert_eq!(outcomes, [Rerun, Continued, Rerun, Rerun, Continued, Continued], "the second round's rejection reruns");
 }
