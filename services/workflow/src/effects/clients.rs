@@ -38,7 +38,7 @@ pub struct Endpoints {
 }
 
 /// What a webhook refused for its address names.
-const WEBHOOK_REMEDY: &str = "set workflow.allow_private_webhooks to allow it";
+pub(crate) const WEBHOOK_REMEDY: &str = "set workflow.allow_private_webhooks to allow it";
 
 /// The engine's side effects over gRPC and HTTP.
 #[derive(Debug, Clone)]

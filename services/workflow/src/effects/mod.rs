@@ -10,6 +10,7 @@ mod task;
 use async_trait::async_trait;
 use serde_json::Value;
 
+pub(crate) use self::clients::WEBHOOK_REMEDY;
 pub use self::clients::{ClientEffects, Endpoints};
 
 /// Why an effect did not happen.

@@ -10,6 +10,7 @@ mod reader;
 mod steps;
 mod top;
 
+use chorus_runtime::egress::EgressGuard;
 use saphyr::{LoadableYamlNode, MarkedYaml};
 
 pub(crate) use self::expr::{condition_holds, condition_source, environment};
@@ -29,6 +30,13 @@ pub struct Parsed {
 
 /// Parses and validates a definition `source` read from `file`.
 pub fn parse(source: &str, file: &str) -> Parsed {
+    parse_for(source, file, None)
+}
+
+/// As [`parse`], for a server whose webhooks go through `guard`: a webhook
+/// it would refuse (a loopback or private address) is warned of, as every
+/// attempt of its step would fail.
+pub fn parse_for(source: &str, file: &str, guard: Option<&EgressGuard>) -> Parsed {
     let mut reader = Reader::new(file);
     let documents = match MarkedYaml::load_from_str(source) {
         Ok(documents) => documents,
@@ -54,11 +62,42 @@ pub fn parse(source: &str, file: &str) -> Parsed {
     let (draft, walk) = top::definition(&mut reader, document);
     let inputs = draft.as_ref().map(|spec| spec.inputs.iter().map(|input| input.name.as_str()).collect());
     expr::check(&mut reader, &walk.expressions, &walk.declared, inputs.as_ref());
+    if let Some(guard) = guard {
+        for (url, placed) in &walk.webhooks {
+            if let Some(refused) = refused_webhook(guard, url) {
+                reader.problems.push(Problem {
+                    severity: crate::domain::Severity::Warning,
+                    file: file.to_owned(),
+                    line: placed.line,
+                    column: placed.column,
+                    field: placed.field.clone(),
+                    code: "webhook_refused".into(),
+                    message: format!("this server will refuse it, so every attempt of the step fails: {refused}"),
+                });
+            }
+        }
+    }
     let mut problems = reader.problems;
     sort_problems(&mut problems);
     let name = draft.as_ref().map(|spec| spec.name.clone()).filter(|name| !name.is_empty());
     let spec = draft.filter(|_| !has_errors(&problems));
     Parsed { spec, name, problems }
+}
+
+/// Why `guard` refuses `url` before resolving it: an address written out,
+/// or `localhost`, which every resolver takes to loopback.
+fn refused_webhook(guard: &EgressGuard, url: &str) -> Option<chorus_runtime::egress::Refused> {
+    let mut url = reqwest::Url::parse(url).ok()?;
+    let host = url.host_str()?.to_ascii_lowercase();
+    let named = host == "localhost" || host.ends_with(".localhost");
+    if named {
+        url.set_host(Some("127.0.0.1")).ok()?;
+    }
+    let mut refused = guard.vet_url(&url).err()?;
+    if named {
+        refused.host = host;
+    }
+    Some(refused)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::{
     expr::{self, ExprKind, Expression, RESERVED_ROOTS},
     reader::{Fields, Node, Reader, join, position},
-    top::Walk,
+    top::{self, Walk},
 };
 use crate::domain::{Action, Branch, Delegate, JoinMode, Parallel, Retry, Spawn, SpawnTarget, Step, Wait};
 

@@ -430,3 +430,24 @@ fn a_gate_that_would_rerun_no_work_and_a_cron_with_seconds_are_warned_of() {
     assert_eq!(cron("*/5 * * * * *"), [(Severity::Warning, "cron_seconds".into(), "trigger.cron".into())]);
     assert_eq!(cron("*/5 * * * *"), []);
 }
+
+#[test]
+fn a_webhook_the_server_would_refuse_is_warned_of_where_it_is_written() {
+    use chorus_runtime::egress::EgressGuard;
+    let hook = |url: &str| format!("name: x\nsteps:\n- id: tell\n  message: {{webhook: \"{url}\", text: hi}}\n");
+    let strict = EgressGuard::new(false, &[], "set workflow.allow_private_webhooks to allow it");
+    for url in ["http://127.0.0.1:9/hook", "http://localhost:8080/hook", "http://[::1]/hook", "http://10.0.0.7/x"] {
+        let parsed = super::parse_for(&hook(url), "wf.yaml", Some(&strict));
+        assert!(parsed.spec.is_some(), "a warning: {url}");
+        let found: Vec<_> =
+            parsed.problems.iter().map(|p| (p.severity, p.code.as_str(), p.field.as_str(), p.line)).collect();
+        assert_eq!(found, [(Severity::Warning, "webhook_refused", "steps[0].message.webhook", 4)], "{url}");
+        assert!(parsed.problems[0].message.contains("allow_private_webhooks"), "{}", parsed.problems[0].message);
+    }
+    let named = super::parse_for(&hook("http://localhost:8080/hook"), "wf.yaml", Some(&strict));
+    assert!(named.problems[0].message.contains("localhost"), "{}", named.problems[0].message);
+    assert!(super::parse_for(&hook("https://hooks.example.com/x"), "wf.yaml", Some(&strict)).problems.is_empty());
+    let open = EgressGuard::new(true, &[], "");
+    assert!(super::parse_for(&hook("http://127.0.0.1:9/hook"), "wf.yaml", Some(&open)).problems.is_empty());
+    assert!(codes(&hook("http://127.0.0.1:9/hook")).is_empty(), "no server, no check");
+}

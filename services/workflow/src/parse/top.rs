@@ -24,6 +24,17 @@ pub(crate) struct Walk {
     pub(crate) declared: BTreeMap<String, u32>,
     /// The definition's trigger, which no event its steps publish may fire.
     pub(crate) trigger: Option<Trigger>,
+    /// Every webhook URL, with where it is written: what a server checks
+    /// against the addresses it calls.
+    pub(crate) webhooks: Vec<(String, Placed)>,
+}
+
+/// Where a value is written: its field, line and column.
+#[derive(Debug, Default)]
+pub(crate) struct Placed {
+    pub(crate) field: String,
+    pub(crate) line: u32,
+    pub(crate) column: u32,
 }
 
 /// Reads the whole document; `None` only when it is not a mapping.

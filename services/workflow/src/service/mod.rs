@@ -14,7 +14,7 @@ use std::{
 use chorus_runtime::time::now_micros;
 use sha2::{Digest as _, Sha256};
 
-use chorus_runtime::{metrics::Metrics, wakeup::Wakeups};
+use chorus_runtime::{egress::EgressGuard, metrics::Metrics, wakeup::Wakeups};
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use self::runs::drive_key;
@@ -28,7 +28,7 @@ use crate::{
     effects::Effects,
     engine::LocalEngine,
     error::{Result, WorkflowError},
-    parse::{Parsed, parse},
+    parse::{Parsed, parse, parse_for},
     repository::{DefinitionRepository, RunRepository},
 };
 
@@ -157,7 +157,12 @@ impl Workflows {
 
     /// Parses and checks `source`; stores nothing.
     pub fn validate(&self, source: &str, file: &str) -> Parsed {
-        parse(source, file)
+        parse_for(source, file, Some(&self.webhook_guard()))
+    }
+
+    /// What the engine's webhooks go through, for the warnings of a put.
+    fn webhook_guard(&self) -> EgressGuard {
+        EgressGuard::new(self.config.allow_private_webhooks, &[], crate::effects::WEBHOOK_REMEDY)
     }
 
     /// Stores `source` as the next version of the workflow it names, or
@@ -176,7 +181,7 @@ impl Workflows {
         created_by: &str,
         keep_if_stored: bool,
     ) -> Result<PutOutcome> {
-        let parsed = parse(source, file);
+        let parsed = parse_for(source, file, Some(&self.webhook_guard()));
         let Some(spec) = parsed.spec else {
             return Err(WorkflowError::InvalidDefinition { file: file.to_owned(), problems: parsed.problems });
         };

@@ -1,7 +1,7 @@
 //! A message step's fields: where it goes (a hub topic or agent, a webhook,
 //! a bus event), and what it says.
 
-use super::{ExprKind, Fields, Node, Scope};
+use super::{ExprKind, Fields, Node, Scope, position, top::Placed};
 use crate::domain::{MessageStep, MessageTarget, Severity, Trigger};
 
 impl Scope<'_, '_, '_, '_> {
@@ -46,6 +46,8 @@ impl Scope<'_, '_, '_, '_> {
             );
             return None;
         }
+        let (line, column) = fields.get("webhook").map(position).unwrap_or_default();
+        self.walk.webhooks.push((url.clone(), Placed { field: self.path("webhook"), line, column }));
         Some(MessageTarget::Webhook(url))
     }
 
