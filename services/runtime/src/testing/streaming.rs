@@ -30,9 +30,8 @@ impl StreamingReceiver {
             while let Ok((mut socket, _)) = listener.accept().await {
                 counter.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
-                    let mut buffer = vec![0; 64 * 1024];
-                    // Each request arrives in one read: its head and a small body.
-                    while matches!(socket.read(&mut buffer).await, Ok(n) if n > 0) {
+                    let mut received = Vec::new();
+                    while read_request(&mut socket, &mut received).await {
                         if socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n").await.is_err() {
                             return;
                         }
@@ -50,5 +49,30 @@ impl StreamingReceiver {
     /// How many connections callers opened.
     pub fn connections(&self) -> usize {
         self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+/// Reads one whole request (its head, and the body its `content-length`
+/// gives), however the caller's writes were split; `false` once the caller
+/// closed. What arrived beyond it stays in `received` for the next.
+async fn read_request(socket: &mut tokio::net::TcpStream, received: &mut Vec<u8>) -> bool {
+    let mut buffer = vec![0; 64 * 1024];
+    loop {
+        if let Some(end) = received.windows(4).position(|window| window == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&received[..end]).to_ascii_lowercase();
+            let length = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length:"))
+                .and_then(|value| value.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if received.len() >= end + 4 + length {
+                received.drain(..end + 4 + length);
+                return true;
+            }
+        }
+        match socket.read(&mut buffer).await {
+            Ok(read) if read > 0 => received.extend_from_slice(&buffer[..read]),
+            _ => return false,
+        }
     }
 }
