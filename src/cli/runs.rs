@@ -6,10 +6,11 @@ use std::{
 };
 
 use chorus_proto::workflow::{
-    self as pb, CancelRunRequest, GetRunRequest, ListRunsRequest, SignalRunRequest, StartRunRequest, WatchRunRequest,
-    run_event, workflow_client::WorkflowClient,
+    self as pb, CancelRunRequest, GetDefinitionRequest, GetRunRequest, ListRunsRequest, SignalRunRequest,
+    StartRunRequest, WatchRunRequest, run_event, workflow_client::WorkflowClient,
 };
 use chorus_runtime::transport::{Transport, cut_off};
+use chorus_workflow::domain::InputType;
 use clap::Args;
 use serde_json::{Map, Value};
 
@@ -23,7 +24,8 @@ pub(crate) struct StartArgs {
     /// 0: the latest.
     #[arg(long, default_value_t = 0)]
     version: u32,
-    /// `key=value`, repeatable; a value that parses as JSON is taken as JSON.
+    /// `key=value`, repeatable; a value that parses as JSON is taken as JSON,
+    /// but as text for an input the workflow declares a string.
     #[arg(long = "input")]
     inputs: Vec<String>,
     /// The whole input as a JSON object (`--input` entries are added to it).
@@ -44,18 +46,6 @@ fn object(what: &str, text: &str) -> Result<Map<String, Value>, Failure> {
     }
 }
 
-/// A refused start, with a word on quoting when an `--input` value the
-/// workflow takes as a string was read as JSON (`version=1.2` is a number).
-fn with_quoting_hint(status: tonic::Status, args: &StartArgs) -> Failure {
-    let read_as_json = args.inputs.iter().filter_map(|entry| entry.split_once('=')).find(|(key, value)| {
-        !matches!(serde_json::from_str(value), Ok(Value::String(_)) | Err(_))
-            && status.message().starts_with(&format!("input.{key}: must be of type string"))
-    });
-    let Some((key, value)) = read_as_json else { return status.into() };
-    let hint = format!("--input {key}={value} is read as JSON: quote it to pass text, --input '{key}=\"{value}\"'");
-    Failure::Call(format!("{}; {hint}", super::described(&status)))
-}
-
 fn input(args: &StartArgs) -> Result<Map<String, Value>, Failure> {
     let mut input = match &args.input_json {
         Some(text) => object("--input-json", text)?,
@@ -71,12 +61,42 @@ fn input(args: &StartArgs) -> Result<Map<String, Value>, Failure> {
     Ok(input)
 }
 
+/// Whether `--input key=value` reads as JSON other than a string (`9`, `1.2`, `true`).
+fn read_as_json((_, value): &(&str, &str)) -> bool {
+    !matches!(serde_json::from_str(value), Ok(Value::String(_)) | Err(_))
+}
+
+/// Takes back as text each `--input` value read as JSON whose input the
+/// workflow declares a string (`--input version=9`), as the definition says:
+/// left as read when the definition cannot be read.
+async fn as_declared(client: &mut Client, target: &Target, args: &StartArgs, input: &mut Map<String, Value>) {
+    let entries: Vec<(&str, &str)> =
+        args.inputs.iter().filter_map(|entry| entry.split_once('=')).filter(read_as_json).collect();
+    if entries.is_empty() {
+        return;
+    }
+    let request = GetDefinitionRequest {
+        namespace: target.namespace.clone(),
+        name: args.workflow.clone(),
+        version: args.version,
+    };
+    let Ok(definition) = client.get_definition(request).await.map(tonic::Response::into_inner) else { return };
+    let Some(spec) = chorus_workflow::parse::parse(&definition.source, &definition.file).spec else { return };
+    for (key, value) in entries {
+        if spec.inputs.iter().any(|declared| declared.name == key && declared.kind == InputType::String) {
+            input.insert(key.to_owned(), Value::String(value.to_owned()));
+        }
+    }
+}
+
 pub(super) async fn start(client: &mut Client, target: &Target, args: StartArgs) -> Outcome {
+    let mut input = input(&args)?;
+    as_declared(client, target, &args, &mut input).await;
     let request = StartRunRequest {
         namespace: target.namespace.clone(),
         workflow: args.workflow.clone(),
         version: args.version,
-        input: Some(chorus_proto::json::struct_from_json(input(&args)?)),
+        input: Some(chorus_proto::json::struct_from_json(input)),
         idempotency_key: args.idempotency_key.clone(),
         origin: Some(pb::RunOrigin {
             kind: pb::run_origin::Kind::Api.into(),
@@ -84,10 +104,7 @@ pub(super) async fn start(client: &mut Client, target: &Target, args: StartArgs)
             ..pb::RunOrigin::default()
         }),
     };
-    let run = match client.start_run(request).await {
-        Ok(run) => run.into_inner(),
-        Err(status) => return Err(with_quoting_hint(status, &args)),
-    };
+    let run = client.start_run(request).await?.into_inner();
     outln!("{}", run.id);
     if args.watch { watch(client, target, &run.id).await } else { Ok(()) }
 }

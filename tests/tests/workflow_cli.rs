@@ -254,13 +254,6 @@ async fn a_person_is_told_why_a_call_was_refused() {
 
     let applied = chorus(&url, dir, &["workflow", "apply", "gated.yaml", "counted.yaml"]).await;
     assert_eq!(stdout(&applied), "gated v1\ncounted v1\n", "{}", stderr(&applied));
-    // A string input given what reads as JSON: the error says how to quote it.
-    let tagged = "name: tagged\ninputs:\n  version: {type: string}\nsteps:\n- id: hold\n  wait: {signal: go}\n";
-    std::fs::write(dir.join("tagged.yaml"), tagged).expect("write");
-    chorus(&url, dir, &["workflow", "apply", "tagged.yaml"]).await;
-    let unquoted = chorus(&url, dir, &["run", "start", "tagged", "--input", "version=1.2"]).await;
-    assert_eq!(unquoted.status.code(), Some(2), "{}", stdout(&unquoted));
-    assert!(stderr(&unquoted).contains(r#"quote it to pass text, --input 'version="1.2"'"#), "{}", stderr(&unquoted));
     let start = ["run", "start", "counted", "--input", "count=5", "--idempotency-key", "k1"];
     let started = chorus(&url, dir, &start).await;
     assert_eq!(started.status.code(), Some(0), "an integer input: {}", stderr(&started));
@@ -294,6 +287,21 @@ async fn a_person_is_told_why_a_call_was_refused() {
     let none = chorus(&url, dir, &["run", "list", "--limit", "0"]).await;
     assert_eq!(none.status.code(), Some(2), "{}", stdout(&none));
     assert!(stderr(&none).contains("--limit"), "{}", stderr(&none));
+
+    // What reads as JSON is text for an input the workflow declares a string.
+    let tagged = "name: tagged\ninputs:\n  version: {type: string}\n  n: {type: number}\nsteps:\n\
+                  - id: hold\n  wait: {signal: go}\n";
+    std::fs::write(dir.join("tagged.yaml"), tagged).expect("write");
+    chorus(&url, dir, &["workflow", "apply", "tagged.yaml"]).await;
+    let unquoted = chorus(&url, dir, &["run", "start", "tagged", "--input", "version=1.2", "--input", "n=1.2"]).await;
+    assert_eq!(unquoted.status.code(), Some(0), "{}", stderr(&unquoted));
+    let tagged_run = stdout(&unquoted).trim().to_owned();
+    let shown = chorus(&url, dir, &["run", "get", &tagged_run, "--json"]).await;
+    let shown: serde_json::Value = serde_json::from_str(&stdout(&shown)).expect("the run as JSON");
+    assert_eq!(
+        (&shown["input"]["version"], &shown["input"]["n"]),
+        (&serde_json::json!("1.2"), &serde_json::json!(1.2))
+    );
 
     // A reader that stops reading (`| head`) ends the command quietly.
     let mut piped = spawn(&url, dir, &["run", "get", &run_id, "--json"]);
