@@ -301,13 +301,21 @@ mod tests {
     use super::*;
     use crate::storage::{Db, StorageConfig};
 
-    /// A `Db` on the PostgreSQL of `CHORUS_TEST_POSTGRES_URL`, if set.
-    async fn postgres() -> Option<Db> {
+    /// The tests here share the process's count of lost connections: one
+    /// that ends a connection has every lane test the connections it holds,
+    /// and so hand out another than a test that watches which one comes back
+    /// expects. They run one at a time.
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+    /// A `Db` on the PostgreSQL of `CHORUS_TEST_POSTGRES_URL`, if set, and
+    /// this test's turn among the others here.
+    async fn postgres() -> Option<(Db, tokio::sync::MutexGuard<'static, ()>)> {
         let Some(url) = std::env::var("CHORUS_TEST_POSTGRES_URL").ok().filter(|url| !url.is_empty()) else {
             eprintln!("skipped: CHORUS_TEST_POSTGRES_URL is not set");
             return None;
         };
-        Some(Db::connect(&url, &StorageConfig::default()).await.expect("connects"))
+        let turn = ONE_AT_A_TIME.lock().await;
+        Some((Db::connect(&url, &StorageConfig::default()).await.expect("connects"), turn))
     }
 
     async fn backend_pid(connection: &mut DbConnection) -> i32 {
@@ -316,7 +324,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_last_connection_given_back_is_the_next_handed_out() {
-        let Some(db) = postgres().await else { return };
+        let Some((db, _turn)) = postgres().await else { return };
         let mut first = db.acquire().await.expect("a connection");
         let mut second = db.acquire().await.expect("another");
         let (first_pid, second_pid) = (backend_pid(&mut first).await, backend_pid(&mut second).await);
@@ -330,7 +338,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_statement_cut_off_midway_leaves_its_connection_usable() {
-        let Some(db) = postgres().await else { return };
+        let Some((db, _turn)) = postgres().await else { return };
         let mut connection = db.acquire().await.expect("a connection");
         let pid = backend_pid(&mut connection).await;
         let cut = tokio::time::timeout(
@@ -350,7 +358,7 @@ mod tests {
     /// fails once: the next caller gets a sound one, however soon it asks.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_connection_that_broke_is_not_handed_out_again() {
-        let Some(db) = postgres().await else { return };
+        let Some((db, _turn)) = postgres().await else { return };
         let pid = end_the_warm_connection(&db).await;
         let mut broken = db.acquire().await.expect("the warm connection");
         let error = sqlx::query("SELECT 1").execute(&mut *broken).await.expect_err("its server ended it");
@@ -366,7 +374,7 @@ mod tests {
     /// connection broken may fail, and the next one reconnects.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_health_probe_after_a_broken_connection_reconnects() {
-        let Some(db) = postgres().await else { return };
+        let Some((db, _turn)) = postgres().await else { return };
         db.ping().await.expect("healthy");
         end_the_warm_connection(&db).await;
         let _first = db.ping().await;
@@ -389,7 +397,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_connection_lost_while_idle_is_replaced_unseen() {
-        let Some(db) = postgres().await else { return };
+        let Some((db, _turn)) = postgres().await else { return };
         let pid = end_the_warm_connection(&db).await;
         tokio::time::sleep(PING_WHEN_IDLE_FOR + Duration::from_millis(200)).await;
         let mut next = db.acquire().await.expect("a live connection");
