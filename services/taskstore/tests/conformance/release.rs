@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use chorus_taskstore::{
-    domain::{HandBack, StatusUpdate, TaskState},
+    domain::{ClaimRequest, Claimed, HandBack, StatusUpdate, TaskState},
     error::TaskStoreError,
 };
 
@@ -24,12 +24,19 @@ conformance!(
     a_completion_whose_caller_goes_away_still_lands,
 );
 
+/// What a claim of up to `room` tasks under `request` hands out: exactly one
+/// task, or the test fails saying `what` it expected.
+async fn one_claim(h: &Harness, request: &ClaimRequest, room: u32, what: &str) -> Claimed {
+    let mut claimed = h.repository.claim_tasks(request, room).await.unwrap();
+    assert_eq!(claimed.len(), 1, "{what}: {claimed:?}");
+    claimed.remove(0)
+}
+
 async fn a_task_handed_back_goes_to_the_next_worker_its_attempt_not_counted(h: Harness) {
     let task = h.task("ns", "echo", "deploy it").await;
     // No retries: a failure, even one asking for a retry, would end it.
     let leaving = claim_request("echo", "leaving", 1, Duration::from_secs(30), 0);
-    let first = h.repository.claim_tasks(&leaving, 1).await.unwrap();
-    let [first] = first.as_slice() else { panic!("one claim: {first:?}") };
+    let first = one_claim(&h, &leaving, 1, "one claim").await;
     let progress = StatusUpdate {
         state: TaskState::Working,
         message: Some(agent_message("half done")),
@@ -90,8 +97,7 @@ async fn a_task_waiting_on_a_question_is_handed_back_to_be_asked_again(h: Harnes
 async fn a_retry_asked_for_later_is_not_claimed_before(h: Harness) {
     let task = h.task("ns", "echo", "call the flaky upstream").await;
     let request = claim_request("echo", "w1", 1, Duration::from_secs(30), 1);
-    let first = h.repository.claim_tasks(&request, 1).await.unwrap();
-    let [first] = first.as_slice() else { panic!("one claim: {first:?}") };
+    let first = one_claim(&h, &request, 1, "one claim").await;
     let later = Some(Duration::from_millis(600));
     let requeued = h.store.fail_task("ns", &task.id, &first.lease_id, "upstream said 503", later).await.unwrap();
     assert_eq!(requeued.status.state, TaskState::Submitted);
@@ -103,8 +109,7 @@ async fn a_retry_asked_for_later_is_not_claimed_before(h: Harness) {
     assert!(h.repository.claim_tasks(&request, 1).await.unwrap().is_empty(), "not before its time");
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(h.repository.worker_leases("ns", "w1", "echo").await.unwrap().ready);
-    let second = h.repository.claim_tasks(&request, 1).await.unwrap();
-    let [second] = second.as_slice() else { panic!("claimed once its time came: {second:?}") };
+    let second = one_claim(&h, &request, 1, "claimed once its time came").await;
     assert_eq!((second.task.id.as_str(), second.task.attempt), (task.id.as_str(), 2));
 }
 
@@ -113,8 +118,7 @@ async fn a_retry_asked_for_later_is_not_claimed_before(h: Harness) {
 async fn a_task_handed_back_for_later_is_not_handed_straight_back(h: Harness) {
     let task = h.task("ns", "echo", "needs the GPU").await;
     let request = claim_request("echo", "w1", 2, Duration::from_secs(30), 0);
-    let first = h.repository.claim_tasks(&request, 2).await.unwrap();
-    let [first] = first.as_slice() else { panic!("one claim: {first:?}") };
+    let first = one_claim(&h, &request, 2, "one claim").await;
     let later = Duration::from_millis(600);
     let back = HandBack { after: later, others_first: false };
     let released = h.store.release_task("ns", &task.id, &first.lease_id, "no GPU free", back).await.unwrap();
@@ -124,8 +128,7 @@ async fn a_task_handed_back_for_later_is_not_handed_straight_back(h: Harness) {
 
     assert!(h.repository.claim_tasks(&request, 2).await.unwrap().is_empty(), "not handed straight back");
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let second = h.repository.claim_tasks(&request, 2).await.unwrap();
-    let [second] = second.as_slice() else { panic!("claimed once its time came: {second:?}") };
+    let second = one_claim(&h, &request, 2, "claimed once its time came").await;
     assert_eq!((second.task.id.as_str(), second.task.attempt), (task.id.as_str(), 1), "its first counted attempt");
 }
 
@@ -153,8 +156,7 @@ async fn each_task_of_a_claim_has_a_lease_of_its_own(h: Harness) {
 async fn a_completion_retried_under_its_lease_answers_the_task_it_completed(h: Harness) {
     let task = h.task("ns", "echo", "once").await;
     let request = claim_request("echo", "w1", 1, Duration::from_secs(30), 0);
-    let claimed = h.repository.claim_tasks(&request, 1).await.unwrap();
-    let [claimed] = claimed.as_slice() else { panic!("one claim: {claimed:?}") };
+    let claimed = one_claim(&h, &request, 1, "one claim").await;
     let first = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, Vec::new()).await.unwrap();
     let again = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, Vec::new()).await.unwrap();
     assert_eq!((again.status.state, again.status.timestamp), (TaskState::Completed, first.status.timestamp));
@@ -163,8 +165,7 @@ async fn a_completion_retried_under_its_lease_answers_the_task_it_completed(h: H
     assert_eq!(h.metrics.tasks_finished.with(["completed"]).get(), 1, "counted once");
 
     let canceled = h.task("ns", "echo", "canceled under its worker").await;
-    let claimed = h.repository.claim_tasks(&request, 1).await.unwrap();
-    let [claimed] = claimed.as_slice() else { panic!("one claim: {claimed:?}") };
+    let claimed = one_claim(&h, &request, 1, "one claim").await;
     h.store.cancel_task("ns", &canceled.id, None).await.unwrap();
     let late = h.store.complete_task("ns", &canceled.id, &claimed.lease_id, None, Vec::new()).await.unwrap_err();
     assert!(matches!(late, TaskStoreError::TaskFinished { state: TaskState::Canceled, .. }), "{late}");
@@ -175,8 +176,7 @@ async fn a_completion_retried_under_its_lease_answers_the_task_it_completed(h: H
 async fn a_completion_whose_caller_goes_away_still_lands(h: Harness) {
     let task = h.task("ns", "echo", "finish me").await;
     let request = claim_request("echo", "w1", 1, Duration::from_secs(30), 0);
-    let claimed = h.repository.claim_tasks(&request, 1).await.unwrap();
-    let [claimed] = claimed.as_slice() else { panic!("one claim: {claimed:?}") };
+    let claimed = one_claim(&h, &request, 1, "one claim").await;
     let completing = h.store.complete_task("ns", &task.id, &claimed.lease_id, None, Vec::new());
     // Polled once (or to its end, when it is that quick), then dropped.
     let _ = tokio::time::timeout(Duration::ZERO, completing).await;
@@ -194,8 +194,7 @@ async fn a_completion_whose_caller_goes_away_still_lands(h: Harness) {
 async fn a_task_handed_back_for_others_goes_to_another_worker_at_once(h: Harness) {
     let task = h.task("ns", "echo", "needs a GPU").await;
     let busy = claim_request("echo", "w1", 2, Duration::from_secs(30), 0);
-    let first = h.repository.claim_tasks(&busy, 2).await.unwrap();
-    let [first] = first.as_slice() else { panic!("one claim: {first:?}") };
+    let first = one_claim(&h, &busy, 2, "one claim").await;
     let back = HandBack { after: Duration::from_secs(60), others_first: true };
     let released = h.store.release_task("ns", &task.id, &first.lease_id, "GPU busy", back).await.unwrap();
     let said = released.status.message.as_ref().unwrap().joined_text();
@@ -206,7 +205,6 @@ async fn a_task_handed_back_for_others_goes_to_another_worker_at_once(h: Harness
     assert!(h.repository.claim_tasks(&busy, 2).await.unwrap().is_empty(), "not w1, before its time");
     let idle = claim_request("echo", "w2", 1, Duration::from_secs(30), 0);
     assert!(h.repository.worker_leases("ns", "w2", "echo").await.unwrap().ready, "w2 sees it waiting");
-    let second = h.repository.claim_tasks(&idle, 1).await.unwrap();
-    let [second] = second.as_slice() else { panic!("w2 takes it at once: {second:?}") };
+    let second = one_claim(&h, &idle, 1, "w2 takes it at once").await;
     assert_eq!((second.task.id.as_str(), second.task.attempt), (task.id.as_str(), 1));
 }
