@@ -16,6 +16,7 @@
 pub mod a2a;
 pub mod acp;
 pub mod agent;
+pub mod grpc_web;
 pub mod handler;
 pub mod otlp;
 pub mod process;

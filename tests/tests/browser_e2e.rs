@@ -23,21 +23,11 @@ async fn listed_server(sandbox: &Sandbox) -> Server {
 
 /// A grpc-web call (binary) of `path` with `message`, from `origin`.
 async fn grpc_web(a2a: &A2a, path: &str, message: &impl prost::Message, origin: &str, timeout: &str) -> Response {
-    let bytes = message.encode_to_vec();
-    let mut body = vec![0];
-    body.extend_from_slice(&u32::try_from(bytes.len()).expect("a small message").to_be_bytes());
-    body.extend_from_slice(&bytes);
-    let mut request = a2a
-        .http()
-        .post(format!("{}{path}", a2a.base()))
-        .header("content-type", "application/grpc-web+proto")
-        .header("x-grpc-web", "1")
-        .header("origin", origin)
-        .body(body);
+    let mut headers = vec![("origin", origin)];
     if !timeout.is_empty() {
-        request = request.header("grpc-timeout", timeout);
+        headers.push(("grpc-timeout", timeout));
     }
-    request.send().await.expect("a grpc-web call")
+    chorus_tests::grpc_web::call(a2a, path, message, &headers).await
 }
 
 fn header<'h>(headers: &'h HeaderMap, name: &str) -> &'h str {

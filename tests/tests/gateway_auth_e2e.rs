@@ -243,15 +243,6 @@ async fn workflow_list(server: &chorus_tests::Server, env: &[(&str, &str)]) -> (
     (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
-/// `message` as the one frame of a grpc-web request's body.
-fn grpc_web_frame(message: &impl prost::Message) -> Vec<u8> {
-    let body = message.encode_to_vec();
-    let mut frame = vec![0u8];
-    frame.extend_from_slice(&u32::try_from(body.len()).expect("small").to_be_bytes());
-    frame.extend_from_slice(&body);
-    frame
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chorus_own_services_beside_the_gateway_take_credentials_for_the_namespace_a_request_names() {
     use chorus_proto::{
@@ -333,16 +324,12 @@ async fn chorus_own_services_beside_the_gateway_take_credentials_for_the_namespa
         // No such method, for anyone: UNIMPLEMENTED.
         (teleport, "key-a", list(), "12"),
     ] {
-        let mut call = a2a
-            .http()
-            .post(format!("{}/chorus.taskstore.v1.TaskStore/{method}", server.url()))
-            .header("content-type", "application/grpc-web+proto")
-            .header("x-grpc-web", "1")
-            .header("origin", "https://elsewhere.example");
+        let mut headers = vec![("origin", "https://elsewhere.example")];
         if !key.is_empty() {
-            call = call.header("x-api-key", key);
+            headers.push(("x-api-key", key));
         }
-        let answer = call.body(grpc_web_frame(&request)).send().await.expect("grpc-web call");
+        let path = format!("/chorus.taskstore.v1.TaskStore/{method}");
+        let answer = chorus_tests::grpc_web::call(&a2a, &path, &request, &headers).await;
         // A refusal comes as headers alone; an answer's status is in the body's trailer frame.
         let header = answer.headers().get("grpc-status").map(|value| value.to_str().expect("ascii").to_owned());
         let body = String::from_utf8_lossy(&answer.bytes().await.expect("the body")).into_owned();
