@@ -5,7 +5,10 @@
 //! services names its namespace first (`string namespace = 1`), and takes a
 //! single message (no method streams requests).
 
-use std::{collections::HashSet, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
 use axum::{
     body::Body,
@@ -54,23 +57,21 @@ struct Namespaced {
 #[derive(Clone)]
 pub(crate) struct Gate {
     guard: Guard,
-    /// The paths (`/package.Service/Method`) of every method, and of those
-    /// whose request names its namespace first.
-    methods: Arc<HashSet<String>>,
-    namespaced: Arc<HashSet<String>>,
+    /// Every method by path (`/package.Service/Method`): whether its request
+    /// names its namespace first.
+    methods: Arc<HashMap<String, bool>>,
     max_message_bytes: usize,
 }
 
 impl Gate {
     /// Guards the methods of the services in the encoded descriptor `sets`.
     pub(crate) fn new(guard: Guard, sets: &[&[u8]], max_message_bytes: usize) -> Self {
-        let (methods, namespaced) = methods(sets);
-        Self { guard, methods: Arc::new(methods), namespaced: Arc::new(namespaced), max_message_bytes }
+        Self { guard, methods: Arc::new(methods(sets)), max_message_bytes }
     }
 }
 
-/// Every method in `sets`, and those whose request's field 1 is `string namespace`.
-fn methods(sets: &[&[u8]]) -> (HashSet<String>, HashSet<String>) {
+/// Every method in `sets`: whether its request's field 1 is `string namespace`.
+fn methods(sets: &[&[u8]]) -> HashMap<String, bool> {
     use prost_types::field_descriptor_proto::Type;
     let files: Vec<_> = sets
         .iter()
@@ -87,19 +88,16 @@ fn methods(sets: &[&[u8]]) -> (HashSet<String>, HashSet<String>) {
         })
         .map(|(package, message)| format!(".{package}.{}", message.name()))
         .collect();
-    let (mut methods, mut named) = (HashSet::new(), HashSet::new());
+    let mut methods = HashMap::new();
     for file in &files {
         for service in &file.service {
             for method in &service.method {
                 let path = format!("/{}.{}/{}", file.package(), service.name(), method.name());
-                if namespaced.contains(method.input_type()) {
-                    named.insert(path.clone());
-                }
-                methods.insert(path);
+                methods.insert(path, namespaced.contains(method.input_type()));
             }
         }
     }
-    (methods, named)
+    methods
 }
 
 /// The namespace the single message of a gRPC request body names, if the
@@ -129,13 +127,16 @@ pub(crate) async fn check(State(gate): State<Gate>, mut request: Request, next: 
     let Some(allows) = admission.namespaces else {
         return next.run(request).await;
     };
-    let path = request.uri().path();
-    if !gate.namespaced.contains(path) {
+    match gate.methods.get(request.uri().path()) {
         // No such method: the router answers UNIMPLEMENTED, as to anyone.
-        if !gate.methods.contains(path) {
-            return next.run(request).await;
+        None => return next.run(request).await,
+        Some(false) => {
+            return match allows(None) {
+                Ok(()) => next.run(request).await,
+                Err(status) => status.into_http(),
+            };
         }
-        return refused(allows(None));
+        Some(true) => {}
     }
     let (parts, body) = request.into_parts();
     let body = match axum::body::to_bytes(body, gate.max_message_bytes + FRAME_HEADER).await {
@@ -158,10 +159,6 @@ pub(crate) async fn check(State(gate): State<Gate>, mut request: Request, next: 
     next.run(Request::from_parts(parts, Body::from(body))).await
 }
 
-fn refused(checked: Result<(), tonic::Status>) -> Response {
-    checked.err().unwrap_or_else(|| tonic::Status::permission_denied("the call names no namespace")).into_http()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,8 +173,7 @@ mod tests {
 
     #[test]
     fn the_namespaced_methods_are_those_whose_request_names_it_first() {
-        let (all, methods) = methods(&[chorus_proto::FILE_DESCRIPTOR_SET]);
-        assert!(all.is_superset(&methods) && all.len() > methods.len());
+        let methods = methods(&[chorus_proto::FILE_DESCRIPTOR_SET]);
         for namespaced in [
             "/chorus.taskstore.v1.TaskStore/CreateTask",
             "/chorus.taskstore.v1.TaskStore/ClaimTasks",
@@ -185,10 +181,10 @@ mod tests {
             "/chorus.eventbus.v1.EventBus/Subscribe",
             "/chorus.workflow.v1.Workflow/StartRun",
         ] {
-            assert!(methods.contains(namespaced), "{namespaced}");
+            assert_eq!(methods.get(namespaced), Some(&true), "{namespaced}");
         }
         for across in ["/chorus.taskstore.v1.TaskStore/ClaimPushConfigs", "/chorus.gateway.v1.Gateway/Delegate"] {
-            assert!(!methods.contains(across), "{across}");
+            assert_eq!(methods.get(across), Some(&false), "{across}");
         }
     }
 
