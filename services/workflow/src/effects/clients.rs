@@ -305,16 +305,16 @@ impl ClientEffects {
         body: &Value,
         message_type: &str,
     ) -> Result<Value, EffectError> {
-        let failed = |why: String| EffectError::Refused(format!("webhook {url}: {why}"));
-        let parsed = reqwest::Url::parse(url).map_err(|e| failed(e.to_string()))?;
-        parsed.host_str().ok_or_else(|| failed("no host".into()))?;
-        self.guard.vet_url(&parsed).map_err(|refused| failed(refused.to_string()))?;
+        let refused = |why: String| EffectError::Refused(format!("webhook {url}: {why}"));
+        let parsed = reqwest::Url::parse(url).map_err(|e| refused(e.to_string()))?;
+        parsed.host_str().ok_or_else(|| refused("no host".into()))?;
+        self.guard.vet_url(&parsed).map_err(|why| refused(why.to_string()))?;
         let mut body = body.clone();
         body["type"] = json!(message_type);
         let response =
             self.http.post(parsed.clone()).header("Idempotency-Key", &origin.key).json(&body).send().await.map_err(
                 |error| match egress::refusal(&error) {
-                    Some(refused) => failed(refused.to_string()),
+                    Some(why) => refused(why.to_string()),
                     None => {
                         EffectError::Transient(format!("webhook {url}: {}", chorus_runtime::error::with_causes(&error)))
                     }
@@ -326,7 +326,7 @@ impl ClientEffects {
             return Err(EffectError::Transient(format!("webhook {url} answered {status}")));
         }
         if !status.is_success() {
-            return Err(failed(format!("answered {status}")));
+            return Err(refused(format!("answered {status}")));
         }
         Ok(json!({ "status": status.as_u16() }))
     }
