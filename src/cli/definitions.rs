@@ -3,8 +3,9 @@
 use std::path::{Path, PathBuf};
 
 use chorus_proto::workflow::{
-    Definition, ListDefinitionsRequest, PutDefinitionRequest, ValidateDefinitionRequest, ValidationProblem,
-    ValidationProblems, validation_problem::Severity, workflow_client::WorkflowClient,
+    Definition, DisableWorkflowRequest, EnableWorkflowRequest, ListDefinitionsRequest, PutDefinitionRequest,
+    ValidateDefinitionRequest, ValidationProblem, ValidationProblems, validation_problem::Severity,
+    workflow_client::WorkflowClient,
 };
 use chorus_runtime::transport::Transport;
 use chorus_workflow::{domain::has_errors, grpc::problem_out, parse::parse};
@@ -212,7 +213,14 @@ pub(super) async fn list(client: &mut Client, target: &Target, name: Option<Stri
     if json {
         return view::print_json(definitions.iter().map(definition_json));
     }
-    let mut rows = vec![vec!["NAME".to_owned(), "VERSION".into(), "TRIGGERS".into(), "FILE".into(), "CREATED".into()]];
+    let mut rows = vec![vec![
+        "NAME".to_owned(),
+        "VERSION".into(),
+        "TRIGGERS".into(),
+        "STATUS".into(),
+        "FILE".into(),
+        "CREATED".into(),
+    ]];
     for definition in definitions {
         let triggers: Vec<String> = definition
             .triggers
@@ -223,6 +231,7 @@ pub(super) async fn list(client: &mut Client, target: &Target, name: Option<Stri
             definition.name,
             definition.version.to_string(),
             if triggers.is_empty() { "-".into() } else { triggers.join(",") },
+            if definition.disabled.is_some() { "disabled" } else { "enabled" }.into(),
             definition.file,
             view::time(definition.created_at.as_ref()),
         ]);
@@ -253,7 +262,37 @@ fn definition_json(definition: &Definition) -> serde_json::Value {
         "source_sha256": definition.source_sha256,
         "created_by": definition.created_by,
         "created_at": view::timestamp_json(definition.created_at.as_ref()),
+        "disabled": definition.disabled.as_ref().map(|disabled| serde_json::json!({
+            "disabled_by": disabled.disabled_by,
+            "reason": disabled.reason,
+            "disabled_at": view::timestamp_json(disabled.disabled_at.as_ref()),
+        })),
     })
+}
+
+/// `chorus workflow disable`: no trigger, schedule or start makes a run of
+/// `name` until it is enabled; runs already started go on.
+pub(super) async fn disable(client: &mut Client, target: &Target, name: String, reason: String) -> Outcome {
+    let request =
+        DisableWorkflowRequest { namespace: target.namespace.clone(), name, reason, disabled_by: view::user() };
+    let definition = client.disable_workflow(request).await?.into_inner();
+    let disabled = definition.disabled.unwrap_or_default();
+    outln!(
+        "{} disabled by {} at {}: it starts no run until `chorus workflow enable {}`; runs already started go on",
+        definition.name,
+        disabled.disabled_by,
+        view::time(disabled.disabled_at.as_ref()),
+        definition.name
+    );
+    Ok(())
+}
+
+/// `chorus workflow enable`: `name` starts runs again.
+pub(super) async fn enable(client: &mut Client, target: &Target, name: String) -> Outcome {
+    let request = EnableWorkflowRequest { namespace: target.namespace.clone(), name, enabled_by: view::user() };
+    let definition = client.enable_workflow(request).await?.into_inner();
+    outln!("{} enabled (v{})", definition.name, definition.version);
+    Ok(())
 }
 
 /// A list filtered by `workflow` came back `empty`: an error when that is

@@ -101,6 +101,17 @@ pub(crate) enum WorkflowCommand {
         #[arg(required = true)]
         paths: Vec<std::path::PathBuf>,
     },
+    /// Stops a workflow from starting runs (by events, its schedule, A2A messages or `run start`)
+    /// until it is enabled; runs already started go on. Events and schedule times of the time it
+    /// is disabled start nothing later either.
+    Disable {
+        name: String,
+        /// Why, for whoever finds it disabled.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Lets a disabled workflow start runs again.
+    Enable { name: String },
     /// The latest version of every workflow, or every version of one.
     List {
         /// Every version of this workflow.
@@ -312,6 +323,8 @@ pub(crate) async fn workflow(target: &Target, command: WorkflowCommand) -> ExitC
             }
             WorkflowCommand::Apply { paths } => definitions::apply(&mut client, target, &paths).await,
             WorkflowCommand::List { name, json } => definitions::list(&mut client, target, name, json).await,
+            WorkflowCommand::Disable { name, reason } => definitions::disable(&mut client, target, name, reason).await,
+            WorkflowCommand::Enable { name } => definitions::enable(&mut client, target, name).await,
         }
     };
     exit(outcome.await)

@@ -5,7 +5,7 @@
 //! the task cancels the run; a gate decided or a run canceled through the
 //! workflow API moves the task on with no further message.
 
-use chorus_proto::workflow::{ListRunsRequest, RunState, workflow_client::WorkflowClient};
+use chorus_proto::workflow::{DisableWorkflowRequest, ListRunsRequest, RunState, workflow_client::WorkflowClient};
 use chorus_tests::{
     Sandbox,
     a2a::{A2a, assert_rpc_error, message, state, text, unique, write_chorus_toml},
@@ -248,4 +248,12 @@ async fn a_queued_run_says_why_on_its_task() {
     let rejected = a2a.send("gated", odd).await;
     assert_eq!(state(&rejected), "TASK_STATE_REJECTED", "{rejected:#}");
     assert!(status_text(&rejected).contains("input.colour: is not an input of gated"), "{rejected:#}");
+
+    // A workflow an operator disabled rejects what would start a run.
+    let mut workflows = WorkflowClient::new(server.channel().await);
+    let disable = DisableWorkflowRequest { namespace: "default".into(), name: "gated".into(), ..Default::default() };
+    workflows.disable_workflow(disable).await.expect("disable");
+    let refused = a2a.send("gated", message(&unique("start"), "third")).await;
+    assert_eq!(state(&refused), "TASK_STATE_REJECTED", "{refused:#}");
+    assert!(status_text(&refused).contains("workflow gated is disabled"), "{refused:#}");
 }

@@ -97,6 +97,24 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
     let listed = json(&chorus(&url, dir, &["workflow", "list", "--json"]).await);
     let yearly = listed.as_array().and_then(|all| all.iter().find(|d| d["name"] == "yearly")).expect("yearly");
     assert_eq!((&yearly["version"], &yearly["triggers"][0]["cron"]), (&1.into(), &"0 0 1 1 *".into()), "{listed}");
+    assert!(yearly["disabled"].is_null(), "{listed}");
+
+    let disabled = chorus(&url, dir, &["workflow", "disable", "yearly", "--reason", "not this year"]).await;
+    assert!(stdout(&disabled).starts_with("yearly disabled by "), "{}", stderr(&disabled));
+    let listed = stdout(&chorus(&url, dir, &["workflow", "list"]).await);
+    assert!(listed.lines().any(|line| line.starts_with("yearly") && line.contains(" disabled ")), "{listed}");
+    assert!(listed.lines().any(|line| line.starts_with("gated") && line.contains(" enabled ")), "{listed}");
+    let listed = json(&chorus(&url, dir, &["workflow", "list", "--json"]).await);
+    let yearly = listed.as_array().and_then(|all| all.iter().find(|d| d["name"] == "yearly")).expect("yearly");
+    assert_eq!(yearly["disabled"]["reason"], "not this year", "{listed}");
+    let refused = chorus(&url, dir, &["run", "start", "yearly"]).await;
+    assert_eq!(refused.status.code(), Some(2), "{}", stdout(&refused));
+    assert!(stderr(&refused).contains("yearly is disabled by ") && stderr(&refused).contains("(not this year)"));
+    let enabled = chorus(&url, dir, &["workflow", "enable", "yearly"]).await;
+    assert_eq!(stdout(&enabled).trim(), "yearly enabled (v1)", "{}", stderr(&enabled));
+    let unknown = chorus(&url, dir, &["workflow", "disable", "nope"]).await;
+    assert_eq!(unknown.status.code(), Some(2));
+    assert!(stderr(&unknown).contains("workflow nope is not defined"), "{}", stderr(&unknown));
 
     let started = chorus(&url, dir, &["run", "start", "gated"]).await;
     let run_id = stdout(&started).trim().to_owned();

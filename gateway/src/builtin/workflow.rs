@@ -250,12 +250,13 @@ impl Runner {
                     Err(status) if matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Unknown) => {
                         return Err(status);
                     }
-                    // Inputs the workflow does not take: the agent cannot do
-                    // this task (A2A's REJECTED), as opposed to failing at it.
+                    // Inputs the workflow does not take, or a workflow an
+                    // operator disabled: the agent will not do this task
+                    // (A2A's REJECTED), as opposed to failing at it.
                     Err(status) => {
                         let text = format!("The workflow did not start: {}", status.message());
                         let state = match status.code() {
-                            tonic::Code::InvalidArgument => pb::TaskState::Rejected,
+                            tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition => pb::TaskState::Rejected,
                             _ => pb::TaskState::Failed,
                         };
                         return turn.status(state, Some(&text), None).await.map(|()| None);

@@ -6,7 +6,7 @@ use chorus_runtime::{
     validate::FieldViolation,
 };
 
-use crate::domain::Problem;
+use crate::domain::{Disabled, Problem};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkflowError {
@@ -18,6 +18,8 @@ pub enum WorkflowError {
     VersionNotFound { name: String, version: u32 },
     #[error("workflow {0} is not defined")]
     NotFound(String),
+    #[error("workflow {workflow} is disabled{}; enable it to start runs", disabled_by(.disabled))]
+    Disabled { workflow: String, disabled: Disabled },
     #[error("run {0} not found")]
     RunNotFound(String),
     #[error("run {run_id} is already {state}")]
@@ -56,6 +58,13 @@ pub enum WorkflowError {
 
 pub type Result<T, E = WorkflowError> = std::result::Result<T, E>;
 
+/// ` by <who> (<why>)`, as far as the record says.
+fn disabled_by(disabled: &Disabled) -> String {
+    let by = if disabled.by.is_empty() { String::new() } else { format!(" by {}", disabled.by) };
+    let reason = if disabled.reason.is_empty() { String::new() } else { format!(" ({})", disabled.reason) };
+    format!("{by}{reason}")
+}
+
 impl From<sqlx::Error> for WorkflowError {
     fn from(error: sqlx::Error) -> Self {
         storage_error(error, Self::Unavailable, Self::Storage)
@@ -71,7 +80,8 @@ impl ServiceError for WorkflowError {
             Self::RunFinished { .. }
             | Self::GateNotReached { .. }
             | Self::GateNotWaiting { .. }
-            | Self::GateIteration { .. } => ErrorCode::FailedPrecondition,
+            | Self::GateIteration { .. }
+            | Self::Disabled { .. } => ErrorCode::FailedPrecondition,
             Self::Conflict(_) | Self::LeaseLost(_) => ErrorCode::Aborted,
             Self::Unavailable(_) | Self::ShuttingDown => ErrorCode::Unavailable,
             Self::Folder { .. } | Self::Storage(_) | Self::Corrupt(_) => ErrorCode::Internal,
@@ -100,6 +110,10 @@ impl ServiceError for WorkflowError {
                 reason("VERSION_NOT_FOUND").with("workflow", name).with("version", version)
             }
             Self::NotFound(name) => reason("WORKFLOW_NOT_FOUND").with("workflow", name),
+            Self::Disabled { workflow, disabled } => reason("WORKFLOW_DISABLED")
+                .with("workflow", workflow)
+                .with("disabled_by", &disabled.by)
+                .with("reason", &disabled.reason),
             Self::RunNotFound(run_id) => reason("RUN_NOT_FOUND").with("run_id", run_id),
             Self::RunFinished { run_id, state } => reason("RUN_FINISHED").with("run_id", run_id).with("state", state),
             Self::GateNotReached { run_id, step_id } => gate("GATE_NOT_REACHED", step_id).with("run_id", run_id),

@@ -37,6 +37,28 @@ pub struct Definition {
     pub created_by: String,
     /// Microseconds since the Unix epoch.
     pub created_at: i64,
+    /// Whether the workflow (every version of it) is disabled now, and by
+    /// whom: it is a workflow's state, not its version's.
+    pub disabled: Option<Disabled>,
+}
+
+/// Who disabled a workflow, when and why. A disabled workflow starts no
+/// run, by any trigger or start, until it is enabled; runs already started
+/// go on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disabled {
+    pub by: String,
+    pub reason: String,
+    /// Microseconds since the Unix epoch.
+    pub at: i64,
+}
+
+/// What a start needs of a workflow before it reads its version: the latest
+/// version's number, and whether the workflow is disabled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    pub latest: u32,
+    pub disabled: Option<Disabled>,
 }
 
 /// A validated definition to store as the next version.

@@ -6,7 +6,7 @@ mod run;
 mod spec;
 
 pub use self::{
-    definition::{Definition, DefinitionPage, NewDefinition, PageToken, Put, StoredTrigger},
+    definition::{Definition, DefinitionPage, Disabled, Head, NewDefinition, PageToken, Put, StoredTrigger},
     problem::{Problem, Severity, has_errors, sort_problems},
     run::{
         Decision, GateDecision, NewRun, OriginKind, Outcome, Run, RunBody, RunChange, RunCursor, RunEvent, RunFilter,

@@ -74,15 +74,22 @@ pub(super) fn spawn(workflows: Workflows, source: TriggerSource, shutdown: Cance
 
 type Index = (Vec<(String, String, String)>, BTreeSet<String>);
 
-/// Cron schedules of every namespace's latest versions, and the namespaces
-/// where a latest version listens to events.
+/// Cron schedules of every namespace's latest versions (but disabled
+/// workflows': their times pass without a run, and are not made up for when
+/// they are enabled), and the namespaces where a latest version listens to
+/// events (disabled or not: a reader judges the events of a disabled
+/// workflow's time as they come, starting nothing, so enabling it later does
+/// not start runs for them).
 async fn index(workflows: &Workflows) -> crate::error::Result<Index> {
     let mut crons = Vec::new();
     let mut listening = BTreeSet::new();
     for definition in workflows.latest_everywhere().await? {
         let spec = workflows.spec(&definition.namespace, &definition.name, definition.version).await?;
         match &spec.trigger {
-            Trigger::Cron { schedule } => crons.push((definition.namespace, definition.name, schedule.clone())),
+            Trigger::Cron { schedule } if definition.disabled.is_none() => {
+                crons.push((definition.namespace, definition.name, schedule.clone()));
+            }
+            Trigger::Cron { .. } => {}
             Trigger::Event { .. } => {
                 listening.insert(definition.namespace);
             }
@@ -340,6 +347,10 @@ async fn judge(
                 tracing::info!(run_id = %run.id, workflow, version, sequence = event.sequence, "event started a run")
             }
             Err(error @ WorkflowError::Unavailable(_)) => return Err(error),
+            // Events of the time a workflow is disabled start nothing, then or later.
+            Err(WorkflowError::Disabled { .. }) => {
+                tracing::debug!(workflow, sequence = event.sequence, "an event matched a disabled workflow")
+            }
             Err(error) => tracing::warn!(workflow, version, %error, "an event matched but the run did not start"),
         }
     }

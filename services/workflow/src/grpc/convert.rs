@@ -43,6 +43,11 @@ pub(super) fn definition_out(definition: Definition) -> pb::Definition {
         source_sha256: definition.source_sha256,
         created_by: definition.created_by,
         created_at: Some(timestamp(definition.created_at)),
+        disabled: definition.disabled.map(|disabled| pb::WorkflowDisabled {
+            disabled_by: disabled.by,
+            reason: disabled.reason,
+            disabled_at: Some(timestamp(disabled.at)),
+        }),
     }
 }
 

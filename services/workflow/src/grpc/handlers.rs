@@ -25,6 +25,8 @@ const DEFAULT_PAGE: u32 = 50;
 const MAX_PAGE: u32 = 100;
 /// The largest definition source accepted.
 const MAX_SOURCE_BYTES: usize = 1 << 20;
+/// The longest reason a workflow is disabled for.
+const MAX_REASON_BYTES: usize = 4096;
 
 /// The `chorus.workflow.v1.Workflow` service over [`Workflows`].
 #[derive(Debug, Clone)]
@@ -114,6 +116,33 @@ impl pb::workflow_server::Workflow for WorkflowGrpc {
             definitions: page.definitions.into_iter().map(definition_out).collect(),
             next_page_token: page.next.map(token_out).unwrap_or_default(),
         }))
+    }
+
+    async fn disable_workflow(
+        &self,
+        request: Request<pb::DisableWorkflowRequest>,
+    ) -> Result<Response<pb::Definition>, Status> {
+        let (_, extensions, request) = request.into_parts();
+        let namespace = namespace(&request.namespace)?;
+        let name = validate::id("name", &request.name)?;
+        if request.reason.len() > MAX_REASON_BYTES {
+            return Err(FieldViolation::new("reason", format!("must be at most {MAX_REASON_BYTES} bytes")).into());
+        }
+        let disabled_by = Caller::attest(&extensions, &request.disabled_by);
+        let definition = self.workflows.disable(&namespace, &name, &disabled_by, &request.reason).await?;
+        Ok(Response::new(definition_out(definition)))
+    }
+
+    async fn enable_workflow(
+        &self,
+        request: Request<pb::EnableWorkflowRequest>,
+    ) -> Result<Response<pb::Definition>, Status> {
+        let (_, extensions, request) = request.into_parts();
+        let namespace = namespace(&request.namespace)?;
+        let name = validate::id("name", &request.name)?;
+        let enabled_by = Caller::attest(&extensions, &request.enabled_by);
+        let definition = self.workflows.enable(&namespace, &name, &enabled_by).await?;
+        Ok(Response::new(definition_out(definition)))
     }
 
     async fn start_run(&self, request: Request<pb::StartRunRequest>) -> Result<Response<pb::Run>, Status> {

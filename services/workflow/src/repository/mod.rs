@@ -15,7 +15,7 @@ pub use self::runs::{
     Claim, Created, EventPage, Fence, RunRepository, Taker, Transition, TriggerCursor, Unfinished, Written,
 };
 use crate::{
-    domain::{Definition, DefinitionPage, NewDefinition, PageToken, Put},
+    domain::{Definition, DefinitionPage, Disabled, Head, NewDefinition, PageToken, Put},
     error::Result,
 };
 
@@ -29,8 +29,17 @@ pub trait DefinitionRepository: Send + Sync + std::fmt::Debug {
     /// One version (`None`: the latest), with its source.
     async fn get(&self, namespace: &str, name: &str, version: Option<u32>) -> Result<Option<Definition>>;
 
-    /// The number of the latest version of `name`, read without the definition.
-    async fn latest_version(&self, namespace: &str, name: &str) -> Result<Option<u32>>;
+    /// The latest version of `name` and whether it is disabled, read
+    /// without the definition; `None` when `name` has no version.
+    async fn head(&self, namespace: &str, name: &str) -> Result<Option<Head>>;
+
+    /// Disables `name`, every version of it; when it is disabled already,
+    /// the first record stands. Whether `name` has a version (else nothing
+    /// changed).
+    async fn disable(&self, namespace: &str, name: &str, disabled: Disabled) -> Result<bool>;
+
+    /// Enables `name` again. Whether `name` has a version.
+    async fn enable(&self, namespace: &str, name: &str) -> Result<bool>;
 
     /// With `name`: its versions, newest first; else the latest version of
     /// each name, by name. At most `limit`, after `after`.

@@ -6,7 +6,7 @@ use sqlx::{AssertSqlSafe, Row as _, any::AnyRow};
 
 use super::DefinitionRepository;
 use crate::{
-    domain::{Definition, DefinitionPage, NewDefinition, PageToken, Put},
+    domain::{Definition, DefinitionPage, Disabled, Head, NewDefinition, PageToken, Put},
     error::{Result, WorkflowError},
 };
 
@@ -23,14 +23,21 @@ pub const MIGRATIONS: ServiceMigrations = chorus_runtime::service_migrations!(
         (7, "events keyed by run", "0007_events_by_run.sql"),
         (8, "trigger cursor time", "0008_trigger_cursor_time.sql"),
         (9, "unfinished runs", "0009_unfinished_runs.sql"),
+        (10, "disabled workflows", "0010_disabled_workflows.sql"),
     ]
 );
 
 const COLUMNS: &str =
     "namespace, name, version, description, triggers, source, file, source_sha256, created_by, created_at";
-/// [`COLUMNS`] but the source.
-const LISTED_COLUMNS: &str =
-    "namespace, name, version, description, triggers, file, source_sha256, created_by, created_at";
+/// [`COLUMNS`] as read from [`DEFINITIONS`], with whether the workflow is disabled.
+const SELECTED: &str = "d.namespace, d.name, d.version, d.description, d.triggers, d.source, d.file, \
+     d.source_sha256, d.created_by, d.created_at, x.disabled_by, x.disabled_reason, x.disabled_at";
+/// [`SELECTED`] but the source.
+const LISTED: &str = "d.namespace, d.name, d.version, d.description, d.triggers, d.file, d.source_sha256, \
+     d.created_by, d.created_at, x.disabled_by, x.disabled_reason, x.disabled_at";
+/// Versions (`d`), each beside its workflow's disabled record (`x`), if any.
+const DEFINITIONS: &str =
+    "workflow_definitions d LEFT JOIN workflow_disabled x ON x.namespace = d.namespace AND x.name = d.name";
 
 /// Definition storage on a [`Db`].
 #[derive(Debug, Clone)]
@@ -58,7 +65,15 @@ fn decode(row: &AnyRow, include_source: bool) -> Result<Definition> {
         source_sha256: row.try_get("source_sha256")?,
         created_by: row.try_get("created_by")?,
         created_at: row.try_get("created_at")?,
+        disabled: disabled(row)?,
     })
+}
+
+/// The disabled record a row of [`DEFINITIONS`] carries, if any.
+fn disabled(row: &AnyRow) -> Result<Option<Disabled>> {
+    let by: Option<String> = row.try_get("disabled_by")?;
+    let Some(by) = by else { return Ok(None) };
+    Ok(Some(Disabled { by, reason: row.try_get("disabled_reason")?, at: row.try_get("disabled_at")? }))
 }
 
 /// A version number as stored.
@@ -84,7 +99,7 @@ impl DefinitionRepository for SqlDefinitionRepository {
     async fn put(&self, definition: NewDefinition, now: i64) -> Result<Put> {
         let mut tx = self.db.begin().await?;
         let latest = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {COLUMNS} FROM workflow_definitions WHERE namespace = $1 AND name = $2 ORDER BY version DESC LIMIT 1"
+            "SELECT {SELECTED} FROM {DEFINITIONS} WHERE d.namespace = $1 AND d.name = $2 ORDER BY d.version DESC LIMIT 1"
         )))
         .bind(&definition.namespace)
         .bind(&definition.name)
@@ -100,7 +115,7 @@ impl DefinitionRepository for SqlDefinitionRepository {
             tx.commit().await?;
             return Ok(Put { definition: latest.clone(), unchanged: true });
         }
-        let version = latest.map_or(1, |latest| latest.version + 1);
+        let (version, disabled) = latest.map_or((1, None), |latest| (latest.version + 1, latest.disabled));
         let triggers =
             serde_json::to_string(&definition.triggers).map_err(|error| WorkflowError::Corrupt(error.to_string()))?;
         let inserted = sqlx::query(AssertSqlSafe(format!(
@@ -148,6 +163,7 @@ impl DefinitionRepository for SqlDefinitionRepository {
             source_sha256,
             created_by,
             created_at: now,
+            disabled,
         };
         Ok(Put { definition, unchanged: false })
     }
@@ -156,7 +172,7 @@ impl DefinitionRepository for SqlDefinitionRepository {
         let row = match version {
             Some(version) => {
                 sqlx::query(AssertSqlSafe(format!(
-                    "SELECT {COLUMNS} FROM workflow_definitions WHERE namespace = $1 AND name = $2 AND version = $3"
+                    "SELECT {SELECTED} FROM {DEFINITIONS} WHERE d.namespace = $1 AND d.name = $2 AND d.version = $3"
                 )))
                 .bind(namespace)
                 .bind(name)
@@ -166,8 +182,8 @@ impl DefinitionRepository for SqlDefinitionRepository {
             }
             None => {
                 sqlx::query(AssertSqlSafe(format!(
-                    "SELECT {COLUMNS} FROM workflow_definitions WHERE namespace = $1 AND name = $2 \
-                     ORDER BY version DESC LIMIT 1"
+                    "SELECT {SELECTED} FROM {DEFINITIONS} WHERE d.namespace = $1 AND d.name = $2 \
+                     ORDER BY d.version DESC LIMIT 1"
                 )))
                 .bind(namespace)
                 .bind(name)
@@ -178,14 +194,45 @@ impl DefinitionRepository for SqlDefinitionRepository {
         row.as_ref().map(|row| decode(row, true)).transpose()
     }
 
-    async fn latest_version(&self, namespace: &str, name: &str) -> Result<Option<u32>> {
-        let latest: Option<i64> =
-            sqlx::query_scalar("SELECT MAX(version) FROM workflow_definitions WHERE namespace = $1 AND name = $2")
-                .bind(namespace)
-                .bind(name)
-                .fetch_one(&mut *self.db.read().await?)
-                .await?;
-        latest.map(stored_version).transpose()
+    async fn head(&self, namespace: &str, name: &str) -> Result<Option<Head>> {
+        let row = sqlx::query(
+            "SELECT (SELECT MAX(version) FROM workflow_definitions WHERE namespace = $1 AND name = $2) AS latest, \
+             x.disabled_by, x.disabled_reason, x.disabled_at FROM (SELECT 1 AS one) o \
+             LEFT JOIN workflow_disabled x ON x.namespace = $1 AND x.name = $2",
+        )
+        .bind(namespace)
+        .bind(name)
+        .fetch_one(&mut *self.db.read().await?)
+        .await?;
+        let latest: Option<i64> = row.try_get("latest")?;
+        let Some(latest) = latest else { return Ok(None) };
+        Ok(Some(Head { latest: stored_version(latest)?, disabled: disabled(&row)? }))
+    }
+
+    async fn disable(&self, namespace: &str, name: &str, disabled: Disabled) -> Result<bool> {
+        let inserted = sqlx::query(
+            "INSERT INTO workflow_disabled (namespace, name, disabled_by, disabled_reason, disabled_at) \
+             SELECT $1, $2, $3, $4, $5 WHERE EXISTS \
+             (SELECT 1 FROM workflow_definitions WHERE namespace = $1 AND name = $2) \
+             ON CONFLICT (namespace, name) DO NOTHING",
+        )
+        .bind(namespace)
+        .bind(name)
+        .bind(&disabled.by)
+        .bind(&disabled.reason)
+        .bind(disabled.at)
+        .execute(&mut *self.db.acquire().await?)
+        .await?;
+        Ok(inserted.rows_affected() > 0 || self.head(namespace, name).await?.is_some())
+    }
+
+    async fn enable(&self, namespace: &str, name: &str) -> Result<bool> {
+        sqlx::query("DELETE FROM workflow_disabled WHERE namespace = $1 AND name = $2")
+            .bind(namespace)
+            .bind(name)
+            .execute(&mut *self.db.acquire().await?)
+            .await?;
+        Ok(self.head(namespace, name).await?.is_some())
     }
 
     async fn list(
@@ -204,8 +251,8 @@ impl DefinitionRepository for SqlDefinitionRepository {
                     Some(PageToken::AfterName(_)) | None => i64::MAX,
                 };
                 sqlx::query(AssertSqlSafe(format!(
-                    "SELECT {COLUMNS} FROM workflow_definitions WHERE namespace = $1 AND name = $2 AND version < $3 \
-                     ORDER BY version DESC LIMIT $4"
+                    "SELECT {SELECTED} FROM {DEFINITIONS} WHERE d.namespace = $1 AND d.name = $2 AND d.version < $3 \
+                     ORDER BY d.version DESC LIMIT $4"
                 )))
                 .bind(namespace)
                 .bind(name)
@@ -220,10 +267,10 @@ impl DefinitionRepository for SqlDefinitionRepository {
                     Some(PageToken::BelowVersion(_)) | None => String::new(),
                 };
                 sqlx::query(AssertSqlSafe(format!(
-                    "SELECT {COLUMNS} FROM workflow_definitions d WHERE namespace = $1 AND name > $2 \
-                     AND version = (SELECT MAX(version) FROM workflow_definitions l \
-                                    WHERE l.namespace = d.namespace AND l.name = d.name) \
-                     ORDER BY name LIMIT $3"
+                    "SELECT {SELECTED} FROM {DEFINITIONS} WHERE d.namespace = $1 AND d.name > $2 \
+                     AND d.version = (SELECT MAX(version) FROM workflow_definitions l \
+                                      WHERE l.namespace = d.namespace AND l.name = d.name) \
+                     ORDER BY d.name LIMIT $3"
                 )))
                 .bind(namespace)
                 .bind(after_name)
@@ -245,8 +292,8 @@ impl DefinitionRepository for SqlDefinitionRepository {
 
     async fn latest_everywhere(&self) -> Result<Vec<Definition>> {
         let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {COLUMNS} FROM workflow_definitions d WHERE version = (SELECT MAX(version) \
-             FROM workflow_definitions l WHERE l.namespace = d.namespace AND l.name = d.name) ORDER BY namespace, name"
+            "SELECT {SELECTED} FROM {DEFINITIONS} WHERE d.version = (SELECT MAX(version) FROM workflow_definitions l \
+             WHERE l.namespace = d.namespace AND l.name = d.name) ORDER BY d.namespace, d.name"
         )))
         .fetch_all(&mut *self.db.read().await?)
         .await?;
@@ -255,7 +302,7 @@ impl DefinitionRepository for SqlDefinitionRepository {
 
     async fn versions(&self, namespace: &str) -> Result<Vec<Definition>> {
         let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {LISTED_COLUMNS} FROM workflow_definitions WHERE namespace = $1 ORDER BY name, version"
+            "SELECT {LISTED} FROM {DEFINITIONS} WHERE d.namespace = $1 ORDER BY d.name, d.version"
         )))
         .bind(namespace)
         .fetch_all(&mut *self.db.read().await?)

@@ -22,8 +22,8 @@ pub use self::runs::{GateCall, SignalCall, StartCall};
 use crate::{
     config::WorkflowConfig,
     domain::{
-        Definition, DefinitionPage, NewDefinition, PageToken, Problem, Put, Severity, StoredTrigger, Trigger,
-        WorkflowSpec,
+        Definition, DefinitionPage, Disabled, Head, NewDefinition, PageToken, Problem, Put, Severity, StoredTrigger,
+        Trigger, WorkflowSpec,
     },
     effects::Effects,
     engine::LocalEngine,
@@ -222,9 +222,30 @@ impl Workflows {
         }
     }
 
-    /// The number of the latest version of `name`.
-    pub async fn latest_version(&self, namespace: &str, name: &str) -> Result<u32> {
-        self.repository.latest_version(namespace, name).await?.ok_or_else(|| WorkflowError::NotFound(name.to_owned()))
+    /// The latest version of `name`, and whether the workflow is disabled.
+    pub async fn head(&self, namespace: &str, name: &str) -> Result<Head> {
+        self.repository.head(namespace, name).await?.ok_or_else(|| WorkflowError::NotFound(name.to_owned()))
+    }
+
+    /// Disables `name`: no trigger, schedule or start makes a run of it until
+    /// it is enabled; runs already started go on. A workflow disabled already
+    /// keeps its first record. Its latest version, as it is now.
+    pub async fn disable(&self, namespace: &str, name: &str, by: &str, reason: &str) -> Result<Definition> {
+        let disabled = Disabled { by: by.to_owned(), reason: reason.to_owned(), at: now_micros() };
+        if !self.repository.disable(namespace, name, disabled).await? {
+            return Err(WorkflowError::NotFound(name.to_owned()));
+        }
+        tracing::info!(namespace, workflow = name, by, reason, "workflow disabled");
+        self.get(namespace, name, None).await
+    }
+
+    /// Lets `name` start runs again. Its latest version, as it is now.
+    pub async fn enable(&self, namespace: &str, name: &str, by: &str) -> Result<Definition> {
+        if !self.repository.enable(namespace, name).await? {
+            return Err(WorkflowError::NotFound(name.to_owned()));
+        }
+        tracing::info!(namespace, workflow = name, by, "workflow enabled");
+        self.get(namespace, name, None).await
     }
 
     pub async fn list(

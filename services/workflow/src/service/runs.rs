@@ -163,12 +163,14 @@ impl Workflows {
     /// Starts a run, or returns the one started first with the same key by
     /// the same request; another request under the key is `KeyInUse`.
     pub async fn start_run(&self, call: StartCall) -> Result<Run> {
-        // The version's number is all a start needs of its definition: the
-        // parsed spec is cached, and the stored source is not read again.
-        let version = match call.version {
-            Some(version) => version,
-            None => self.latest_version(&call.namespace, &call.workflow).await?,
-        };
+        // The version's number (and that the workflow is not disabled) is
+        // all a start needs of its definition: the parsed spec is cached,
+        // and the stored source is not read again.
+        let head = self.head(&call.namespace, &call.workflow).await?;
+        if let Some(disabled) = head.disabled {
+            return Err(WorkflowError::Disabled { workflow: call.workflow, disabled });
+        }
+        let version = call.version.unwrap_or(head.latest);
         let spec = self.spec(&call.namespace, &call.workflow, version).await?;
         // A keyed start keeps what it asked for, to tell its own retry from
         // another start under the same key.

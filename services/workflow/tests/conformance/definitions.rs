@@ -47,10 +47,10 @@ async fn get_returns_the_latest_or_a_given_version(h: Harness) {
     assert!(matches!(missing, WorkflowError::VersionNotFound { version: 9, .. }), "{missing}");
     let unknown = h.workflows.get(NS, "nope", None).await.expect_err("unknown");
     assert!(matches!(unknown, WorkflowError::NotFound(_)), "{unknown}");
-    assert_eq!(h.workflows.latest_version(NS, "deploy").await.expect("latest version"), 2);
-    let unknown = h.workflows.latest_version(NS, "nope").await.expect_err("unknown");
+    assert_eq!(h.workflows.head(NS, "deploy").await.expect("latest version").latest, 2);
+    let unknown = h.workflows.head(NS, "nope").await.expect_err("unknown");
     assert!(matches!(unknown, WorkflowError::NotFound(_)), "{unknown}");
-    let elsewhere = h.workflows.latest_version("team-b", "deploy").await.expect_err("another namespace");
+    let elsewhere = h.workflows.head("team-b", "deploy").await.expect_err("another namespace");
     assert!(matches!(elsewhere, WorkflowError::NotFound(_)), "{elsewhere}");
 }
 

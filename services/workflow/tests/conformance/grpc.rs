@@ -16,6 +16,7 @@ conformance!(
     validate_answers_problems_in_the_response,
     run_rpcs_answer_bad_input_with_the_field_and_unknown_runs_with_not_found,
     whole_numbers_from_the_wire_are_integers,
+    disable_and_enable_answer_the_definition_and_refuse_bad_input,
 );
 
 fn put(source: &str, file: &str) -> Request<pb::PutDefinitionRequest> {
@@ -183,6 +184,40 @@ steps:
 
 /// The reason of `status`'s `google.rpc.ErrorInfo`, in the workflow
 /// service's domain, and the first of the ids it is about.
+async fn disable_and_enable_answer_the_definition_and_refuse_bad_input(h: Harness) {
+    let grpc = WorkflowGrpc::new(h.workflows.clone());
+    grpc.put_definition(put(&definition("deploy", "one"), "deploy.yaml")).await.expect("put");
+    let disable = |name: &str, reason: String| {
+        Request::new(pb::DisableWorkflowRequest {
+            namespace: NS.into(),
+            name: name.into(),
+            reason,
+            disabled_by: "ana".into(),
+        })
+    };
+    for (name, reason, code) in [
+        ("", String::new(), Code::InvalidArgument),
+        ("deploy", "x".repeat(4097), Code::InvalidArgument),
+        ("nope", String::new(), Code::NotFound),
+    ] {
+        let status = grpc.disable_workflow(disable(name, reason)).await.expect_err("refused");
+        assert_eq!(status.code(), code, "{status:?}");
+    }
+    let disabled = grpc.disable_workflow(disable("deploy", "freeze".into())).await.expect("disable").into_inner();
+    let record = disabled.disabled.expect("disabled");
+    assert_eq!((record.disabled_by.as_str(), record.reason.as_str()), ("ana", "freeze"));
+    assert!(record.disabled_at.is_some());
+    let start =
+        Request::new(pb::StartRunRequest { namespace: NS.into(), workflow: "deploy".into(), ..Default::default() });
+    let status = grpc.start_run(start).await.expect_err("disabled");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert_eq!(reason(&status), ("WORKFLOW_DISABLED".to_owned(), "deploy".to_owned()));
+    let enable =
+        Request::new(pb::EnableWorkflowRequest { namespace: NS.into(), name: "deploy".into(), ..Default::default() });
+    let enabled = grpc.enable_workflow(enable).await.expect("enable").into_inner();
+    assert_eq!((enabled.version, enabled.disabled), (1, None));
+}
+
 fn reason(status: &tonic::Status) -> (String, String) {
     use tonic_types::StatusExt as _;
     let info = status.get_details_error_info().unwrap_or_else(|| panic!("no ErrorInfo: {status:?}"));

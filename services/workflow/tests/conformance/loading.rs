@@ -81,7 +81,7 @@ async fn a_restart_keeps_a_version_applied_since_the_folder_was_loaded(h: Harnes
 
     let restarted = workflows.load_definitions_dir().await.expect("reload");
     assert_eq!((restarted[0].put.definition.version, restarted[0].put.unchanged), (2, true), "the applied one stays");
-    assert_eq!(workflows.latest_version("default", "alpha").await.expect("latest"), 2);
+    assert_eq!(workflows.head("default", "alpha").await.expect("latest").latest, 2);
 
     std::fs::write(dir.path().join("a.yaml"), definition("alpha", "c")).expect("edit");
     let edited = workflows.load_definitions_dir().await.expect("load the edit");

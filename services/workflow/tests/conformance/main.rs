@@ -3,6 +3,7 @@
 
 mod auto_gates;
 mod definitions;
+mod disabled;
 mod engines;
 mod grpc;
 mod harness;
