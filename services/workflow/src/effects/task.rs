@@ -54,9 +54,9 @@ pub(super) fn outcome(task: &pb::Task) -> TaskOutcome {
     TaskOutcome::Completed(Value::Object(output))
 }
 
-/// The JSON object a text reply is, alone or in a fenced block (```json …
-/// ```), as many agents (a language model's) answer: its fields are the
-/// output's, as a data part's would be.
+/// The JSON object a text reply is, alone or in a Markdown code fence (a
+/// `json` one or a bare one), as many agents (a language model's) answer:
+/// its fields are the output's, as a data part's would be.
 fn object_in(text: &str) -> Option<Map<String, Value>> {
     let text = text.trim();
     let text = match text.strip_prefix("```") {
