@@ -93,7 +93,7 @@ enum Command {
         #[arg(long)]
         listen: Option<String>,
     },
-    /// Workflow definitions: validate, apply, list.
+    /// Workflow definitions: validate, apply, list, disable, enable.
     Workflow {
         #[command(subcommand)]
         command: cli::WorkflowCommand,
