@@ -1,6 +1,9 @@
 //! What a handler gets: the claimed task and the actions its lease allows.
 
-use std::sync::Arc;
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, PoisonError},
+};
 
 use chorus_proto::taskstore::{
     AppendArtifactRequest, Artifact, InboxMessage, Message, NotifyOwnerRequest, SpawnSubtaskRequest,
@@ -30,7 +33,12 @@ struct Inner {
     namespace: String,
     client: Client,
     cancel: CancellationToken,
+    /// The worker's shutdown.
+    shutdown: CancellationToken,
     span: tracing::Span,
+    /// How many subtasks of each (agent, text) this run of the handler
+    /// spawned: what a spawn's message id counts.
+    spawned: Mutex<HashMap<u64, u32>>,
 }
 
 impl TaskContext {
@@ -39,10 +47,10 @@ impl TaskContext {
         lease_id: String,
         namespace: String,
         client: Client,
-        cancel: CancellationToken,
+        [cancel, shutdown]: [CancellationToken; 2],
         span: tracing::Span,
     ) -> Self {
-        let inner = Inner { task, lease_id, namespace, client, cancel, span };
+        let inner = Inner { task, lease_id, namespace, client, cancel, shutdown, span, spawned: Mutex::default() };
         Self { inner: Arc::new(inner) }
     }
 
@@ -81,7 +89,10 @@ impl TaskContext {
         self.inner.client.clone()
     }
 
-    /// Reports progress: the task is `WORKING` with `text` as its status message.
+    /// Reports progress: the task is `WORKING` with `text` as its status
+    /// message. Like every write of the context, it answers with the task
+    /// brief (its status and metadata, without history and artifacts), at a
+    /// cost that does not grow with the task.
     pub async fn status(&self, text: impl Into<String>) -> Result<Task, WorkerError> {
         self.update_status(TaskState::Working, agent_message(&self.inner.task, vec![text_part(text)])).await
     }
@@ -95,7 +106,7 @@ impl TaskContext {
             state: state.into(),
             message: Some(message),
             lease_id: self.inner.lease_id.clone(),
-            brief: false,
+            brief: true,
         };
         let mut client = self.client();
         let task = client.update_status(request).instrument(self.inner.span.clone()).await?;
@@ -123,7 +134,7 @@ impl TaskContext {
             append,
             last_chunk,
             lease_id: self.inner.lease_id.clone(),
-            brief: false,
+            brief: true,
         };
         let mut client = self.client();
         let task = client.append_artifact(request).instrument(self.inner.span.clone()).await?;
@@ -134,17 +145,27 @@ impl TaskContext {
     /// under the task's lease: once the lease is lost, the spawn is refused.
     /// Blocking: returns when the child has finished or the server's spawn
     /// timeout passed (`timed_out`); otherwise returns the child at once.
+    ///
+    /// A handler run again (a retry, a task handed back, a worker restarted)
+    /// gets the children its earlier runs spawned rather than new ones: the
+    /// n-th spawn of one (agent, text) in a run of the handler carries the
+    /// same message id each time, on which the task store makes spawns
+    /// idempotent. A blocking one answers with the child as it is (finished
+    /// already, or awaited again). Another text is another child.
     pub async fn spawn(
         &self,
         agent_id: &str,
         text: impl Into<String>,
         blocking: bool,
     ) -> Result<SpawnSubtaskResponse, WorkerError> {
+        let text = text.into();
+        let mut message = user_message(vec![text_part(text.as_str())]);
+        message.message_id = self.spawn_id(agent_id, &text);
         let request = SpawnSubtaskRequest {
             namespace: self.inner.namespace.clone(),
             parent_task_id: self.id().to_owned(),
             agent_id: agent_id.to_owned(),
-            message: Some(user_message(vec![text_part(text)])),
+            message: Some(message),
             blocking,
             lease_id: self.inner.lease_id.clone(),
             ..SpawnSubtaskRequest::default()
@@ -152,6 +173,18 @@ impl TaskContext {
         let mut client = self.client();
         let response = client.spawn_subtask(request).instrument(self.inner.span.clone()).await?;
         Ok(response.into_inner())
+    }
+
+    /// The message id of this run's next spawn of `text` to `agent_id`:
+    /// the task's id, the pair's hash, and how many of the pair this run
+    /// spawned before.
+    fn spawn_id(&self, agent_id: &str, text: &str) -> String {
+        let pair = fnv1a([agent_id.as_bytes(), &[0], text.as_bytes()]);
+        let mut spawned = self.inner.spawned.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = spawned.entry(pair).or_default();
+        let id = format!("{}/spawn/{pair:016x}/{count}", self.id());
+        *count += 1;
+        id
     }
 
     /// Tells this task's owner something: a status, a question (the task then
@@ -174,9 +207,11 @@ impl TaskContext {
     }
 
     /// Completes when the worker stops working on this task without
-    /// completing it: the task was canceled on the server, its lease was lost,
-    /// or the worker shut down. Whatever the handler returns afterwards is
-    /// ignored.
+    /// completing it: the task was canceled on the server, its lease was
+    /// lost, or the worker shut down and the task is handed back to the queue
+    /// (once [`Worker::shutdown_grace`](crate::Worker::shutdown_grace) is
+    /// over). Whatever the handler returns afterwards is ignored; it is
+    /// aborted soon after (in a second at shutdown).
     pub async fn cancelled(&self) {
         self.inner.cancel.cancelled().await;
     }
@@ -184,5 +219,39 @@ impl TaskContext {
     /// Whether [`cancelled`](Self::cancelled) has fired.
     pub fn is_cancelled(&self) -> bool {
         self.inner.cancel.is_cancelled()
+    }
+
+    /// Completes when the worker begins to shut down. The task is still
+    /// this worker's: a reply within the shutdown grace completes it as
+    /// usual, so a handler may hurry (save its progress as an artifact,
+    /// skip optional work); after the grace it is handed back.
+    pub async fn shutting_down(&self) {
+        self.inner.shutdown.cancelled().await;
+    }
+
+    /// Whether [`shutting_down`](Self::shutting_down) has fired.
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.shutdown.is_cancelled()
+    }
+}
+
+/// The 64-bit FNV-1a hash of `chunks` in a row: a hash that stays the same
+/// across processes and Rust releases, as a spawn's message id must.
+fn fnv1a<const N: usize>(chunks: [&[u8]; N]) -> u64 {
+    chunks
+        .iter()
+        .flat_map(|chunk| chunk.iter())
+        .fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fnv1a;
+
+    #[test]
+    fn the_spawn_hash_is_fnv1a() {
+        assert_eq!(fnv1a([b"".as_slice()]), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a([b"a".as_slice()]), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a([b"fo".as_slice(), b"obar"]), fnv1a([b"foobar".as_slice()]));
     }
 }

@@ -8,22 +8,67 @@ use chorus_runtime::transport;
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
     /// The task store URL is invalid or nothing answers there.
-    #[error("cannot connect to the task store at {url}: {source}")]
+    #[error("cannot connect to the task store at {url}: {}", innermost(source))]
     Connect {
         url: String,
         #[source]
         source: tonic::transport::Error,
     },
-    /// A call to the task store failed.
-    #[error("task store call failed: {0}")]
-    Transport(#[from] tonic::Status),
+    /// A call to the task store failed: its message, and what cut it off
+    /// (a refused connection, ...). [`reason`](Self::reason) is the
+    /// refusal's reason, for a program to act on.
+    #[error("task store call failed: {}", refusal(.0))]
+    Transport(tonic::Status),
     /// The task store refused the claim stream for good (bad request,
     /// unauthenticated, ...): reconnecting would not help.
-    #[error("claim stream refused: {0}")]
+    #[error("claim stream refused: {}", refusal(.0))]
     Stream(tonic::Status),
     /// The worker was configured with a value it cannot run with.
     #[error("invalid worker configuration: {0}")]
     Config(&'static str),
+}
+
+impl From<tonic::Status> for WorkerError {
+    fn from(status: tonic::Status) -> Self {
+        Self::Transport(status)
+    }
+}
+
+impl WorkerError {
+    /// The task store's answer, for an error that is one.
+    pub fn status(&self) -> Option<&tonic::Status> {
+        match self {
+            Self::Transport(status) | Self::Stream(status) => Some(status),
+            Self::Connect { .. } | Self::Config(_) => None,
+        }
+    }
+
+    /// The reason of the refusal's `google.rpc.ErrorInfo` (`LEASE_LOST`,
+    /// `TASK_FINISHED`, ...; the proto lists them), for a program to act on.
+    pub fn reason(&self) -> Option<String> {
+        use tonic_types::StatusExt as _;
+        self.status().and_then(|status| status.get_details_error_info()).map(|info| info.reason)
+    }
+}
+
+/// A refusal as a person reads it: its message and, for a call cut off on
+/// its way, the innermost cause (`Connection refused (os error 111)`), not
+/// the status's code and debug text.
+fn refusal(status: &tonic::Status) -> String {
+    let cause = std::error::Error::source(status).map(innermost);
+    match cause {
+        Some(cause) if !status.message().contains(&cause) => format!("{}: {cause}", status.message()),
+        _ => status.message().to_owned(),
+    }
+}
+
+/// The last cause of `error`'s chain (itself when it has none).
+fn innermost(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut last = error;
+    while let Some(cause) = last.source() {
+        last = cause;
+    }
+    last.to_string()
 }
 
 /// A handler's failure: the task fails with this error's text as the reason,
@@ -166,6 +211,27 @@ mod tests {
         let mut broken = tonic::Status::unknown("h2 protocol error: stream closed because of a broken pipe");
         broken.set_source(std::sync::Arc::new(std::io::Error::from(std::io::ErrorKind::BrokenPipe)));
         assert!(HandlerError::from(WorkerError::Transport(broken)).is_retryable());
+    }
+
+    #[test]
+    fn a_refusal_reads_as_its_message_once_with_what_cut_it_off() {
+        let refused = WorkerError::from(tonic::Status::failed_precondition("task t is canceled"));
+        assert_eq!(HandlerError::from(refused).to_string(), "task store call failed: task t is canceled");
+        let mut broken = tonic::Status::unavailable("tcp connect error");
+        broken.set_source(std::sync::Arc::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)));
+        assert_eq!(
+            HandlerError::from(WorkerError::Transport(broken)).to_string(),
+            "task store call failed: tcp connect error: connection refused"
+        );
+    }
+
+    #[test]
+    fn a_refusal_names_its_reason() {
+        use tonic_types::{ErrorDetails, StatusExt as _};
+        let details = ErrorDetails::with_error_info("LEASE_LOST", "taskstore.chorus.dev", []);
+        let status = tonic::Status::with_error_details(tonic::Code::FailedPrecondition, "lease gone", details);
+        assert_eq!(WorkerError::from(status).reason().as_deref(), Some("LEASE_LOST"));
+        assert_eq!(WorkerError::from(tonic::Status::unavailable("down")).reason(), None);
     }
 
     #[test]

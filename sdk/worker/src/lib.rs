@@ -35,6 +35,7 @@
 mod backoff;
 mod context;
 pub mod echo;
+mod ending;
 mod error;
 pub mod phases;
 mod placement;

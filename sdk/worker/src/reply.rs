@@ -1,6 +1,7 @@
 //! What a handler answers, and helpers to build messages, parts and artifacts.
 
 use chorus_proto::taskstore::{Artifact, Message, Part, Role, Task, part::Content};
+use prost::Message as _;
 
 /// A handler's answer: the agent's final message and the task's artifacts.
 ///
@@ -51,6 +52,55 @@ impl Reply {
         let message = (!self.parts.is_empty()).then(|| agent_message(task, self.parts));
         (message, self.artifacts)
     }
+}
+
+/// `artifact` in pieces of about `max` bytes to send one after another (the
+/// first replacing the artifact, the others appended): a text part longer
+/// than that is cut, at character boundaries, into consecutive text parts
+/// (the chunks of one text, as a streamed artifact's are); other parts go
+/// whole, one piece holding as many as fit.
+pub(crate) fn pieces(mut artifact: Artifact, max: usize) -> Vec<Artifact> {
+    let parts = std::mem::take(&mut artifact.parts);
+    let mut pieces = Vec::new();
+    let mut piece: Vec<Part> = Vec::new();
+    let mut size = 0;
+    for part in parts.into_iter().flat_map(|part| cut(part, max)) {
+        let len = part.encoded_len();
+        if size + len > max && !piece.is_empty() {
+            pieces.push(Artifact { parts: std::mem::take(&mut piece), ..artifact.clone() });
+            size = 0;
+        }
+        size += len;
+        piece.push(part);
+    }
+    pieces.push(Artifact { parts: piece, ..artifact });
+    pieces
+}
+
+/// A text part longer than `max` bytes as consecutive parts of at most that
+/// (a character longer than `max` stays whole); any other part as it is.
+fn cut(mut part: Part, max: usize) -> Vec<Part> {
+    let text = match part.content.take() {
+        Some(Content::Text(text)) if text.len() > max => text,
+        content => {
+            part.content = content;
+            return vec![part];
+        }
+    };
+    let mut parts = Vec::new();
+    let mut rest = text.as_str();
+    while !rest.is_empty() {
+        let mut end = max.min(rest.len());
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        if end == 0 {
+            end = rest.chars().next().map_or(rest.len(), char::len_utf8);
+        }
+        parts.push(Part { content: Some(Content::Text(rest[..end].to_owned())), ..part.clone() });
+        rest = &rest[end..];
+    }
+    parts
 }
 
 /// A text part.
@@ -153,6 +203,24 @@ mod tests {
         assert_eq!(message.parts, vec![text_part("done")]);
         assert_eq!(artifacts.len(), 1);
         assert_eq!(artifacts[0].name, "out");
+    }
+
+    #[test]
+    fn a_large_artifact_goes_in_pieces_that_rejoin_to_its_text() {
+        let text = "é".repeat(1_000) + &"x".repeat(3_001);
+        let data = Part { content: Some(Content::Data(Default::default())), ..Part::default() };
+        let mut artifact = text_artifact("out", text.clone());
+        artifact.parts.push(data.clone());
+        let cut = pieces(artifact.clone(), 1_000);
+        assert!(cut.len() >= 5, "{}", cut.len());
+        assert!(cut.iter().all(|piece| piece.artifact_id == artifact.artifact_id && piece.name == "out"));
+        let size = |piece: &Artifact| piece.parts.iter().map(prost::Message::encoded_len).sum::<usize>();
+        assert!(cut.iter().all(|piece| size(piece) <= 1_000 + 8), "about the size asked");
+        let parts: Vec<Part> = cut.into_iter().flat_map(|piece| piece.parts).collect();
+        assert_eq!(parts.last(), Some(&data), "a data part goes whole, in order");
+        assert_eq!(text_of(&parts[..parts.len() - 1]).replace('\n', ""), text);
+        let small = text_artifact("small", "fits");
+        assert_eq!(pieces(small.clone(), 1_000), vec![small], "one that fits is one piece");
     }
 
     #[test]

@@ -5,15 +5,15 @@ use std::{
     any::Any,
     collections::HashMap,
     future::Future,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicBool, Ordering::Relaxed},
+    },
     time::Duration,
 };
 
-use chorus_proto::taskstore::{
-    ClaimedTask, CompleteTaskRequest, FailTaskRequest, ReleaseTaskRequest, RenewLeaseRequest, Task, TaskState,
-    UpdateStatusRequest,
-};
-use chorus_runtime::{metrics::Metrics, transport};
+use chorus_proto::taskstore::{ClaimedTask, ReleaseTaskRequest, RenewLeaseRequest, Task};
+use chorus_runtime::metrics::Metrics;
 use tokio::{
     sync::OwnedSemaphorePermit,
     task::{JoinHandle, JoinSet},
@@ -22,11 +22,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, error, info, warn};
 
-use crate::{
-    Client, HandlerError, Reply, TaskContext,
-    backoff::Backoff,
-    reply::{agent_message, text_part},
-};
+use crate::{Client, HandlerError, Reply, TaskContext};
 
 /// What every task of one worker shares.
 pub(crate) struct Runner<H> {
@@ -39,7 +35,21 @@ pub(crate) struct Runner<H> {
     pub(crate) handling: Mutex<HashMap<String, Handling>>,
     /// Where the tasks' outcomes are counted.
     pub(crate) metrics: Metrics,
+    /// The worker's shutdown: handlers may see it begin.
+    pub(crate) shutdown: CancellationToken,
+    /// Fired when the shutdown's grace is over: the handlers still running
+    /// are told ([`TaskContext::cancelled`]), given [`WIND_DOWN`], and their
+    /// tasks handed back.
+    pub(crate) abandon: CancellationToken,
+    /// The retries the worker claims with: with none, a retryable error
+    /// fails its task, and the first one is warned of.
+    pub(crate) max_retries: u32,
+    pub(crate) warned_no_retries: AtomicBool,
 }
+
+/// How long a handler told of its task's end may take to wind down before it
+/// is aborted.
+pub(crate) const WIND_DOWN: Duration = Duration::from_secs(1);
 
 /// A task being handled.
 pub(crate) struct Handling {
@@ -50,7 +60,7 @@ pub(crate) struct Handling {
 
 impl<H> Runner<H> {
     /// Counts a task done with so.
-    fn count(&self, outcome: &str) {
+    pub(crate) fn count(&self, outcome: &str) {
         self.metrics.worker_tasks.with([outcome]).inc();
     }
 
@@ -143,8 +153,14 @@ where
         debug!("task claimed");
         let cancel = CancellationToken::new();
         let abandon = cancel.clone().drop_guard();
-        let ctx =
-            TaskContext::new(task, lease_id, self.namespace.clone(), self.client.clone(), cancel.clone(), span.clone());
+        let ctx = TaskContext::new(
+            task,
+            lease_id,
+            self.namespace.clone(),
+            self.client.clone(),
+            [cancel.clone(), self.shutdown.clone()],
+            span.clone(),
+        );
         let runner = Arc::clone(self);
         let handler_ctx = ctx.clone();
         let handler_run = async move { (runner.handler)(handler_ctx).await };
@@ -163,6 +179,16 @@ where
                 let _ = tokio::time::timeout(renewal_period(self.lease), &mut handler.0).await;
                 return;
             }
+            () = self.abandon.cancelled() => {
+                // The worker shuts down: the task is handed back (see
+                // `drain`), its lease kept meanwhile.
+                cancel.cancel();
+                tokio::select! {
+                    _ = tokio::time::timeout(WIND_DOWN, &mut handler.0) => {}
+                    _ = self.keep_lease(&ctx) => {}
+                }
+                return;
+            }
         };
         abandon.disarm();
         match joined {
@@ -172,6 +198,12 @@ where
                 Some(after) => self.release(&ctx, error.to_string(), after).await,
                 None => {
                     debug!(error = %error, retry = error.is_retryable(), "handler failed");
+                    if error.is_retryable() && self.max_retries == 0 && !self.warned_no_retries.swap(true, Relaxed) {
+                        warn!(
+                            "a handler asked for a retry, but this worker claims with max_retries 0: the task fails \
+                             (set Worker::max_retries)"
+                        );
+                    }
                     let retry = error.is_retryable().then(|| error.retry_after().unwrap_or_default());
                     self.fail(&ctx, error.to_string(), retry).await;
                 }
@@ -195,7 +227,16 @@ where
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut renewed_at = Instant::now();
         loop {
-            ticks.tick().await;
+            let due = ticks.tick().await;
+            let late = due.elapsed();
+            if late > period / 2 {
+                warn!(
+                    task_id = %ctx.id(),
+                    late_ms = late.as_millis(),
+                    "a lease renewal ran late: is a handler blocking the runtime's threads? (run blocking work \
+                     with tokio::task::spawn_blocking)"
+                );
+            }
             let request = RenewLeaseRequest {
                 namespace: self.namespace.clone(),
                 task_id: ctx.id().to_owned(),
@@ -216,103 +257,6 @@ where
             if renewed_at.elapsed() >= self.lease {
                 return LeaseEnd::Expired;
             }
-        }
-    }
-
-    async fn complete(&self, ctx: &TaskContext, reply: Reply) {
-        let (message, artifacts) = reply.into_completion(ctx.task());
-        let request = CompleteTaskRequest {
-            namespace: self.namespace.clone(),
-            task_id: ctx.id().to_owned(),
-            lease_id: ctx.lease_id().to_owned(),
-            message,
-            artifacts,
-            brief: true,
-        };
-        self.finish(
-            ctx,
-            "completed",
-            request,
-            |mut client, request| async move { client.complete_task(request).await },
-        )
-        .await;
-    }
-
-    /// Fails the task; with a `retry`, requeued after that pause (zero: at once).
-    async fn fail(&self, ctx: &TaskContext, reason: String, retry: Option<Duration>) {
-        let request = FailTaskRequest {
-            namespace: self.namespace.clone(),
-            task_id: ctx.id().to_owned(),
-            lease_id: ctx.lease_id().to_owned(),
-            reason,
-            retry: retry.is_some(),
-            retry_after: retry.filter(|pause| !pause.is_zero()).and_then(prost_duration),
-            brief: true,
-        };
-        let ending = if request.retry { "retried" } else { "failed" };
-        self.finish(ctx, ending, request, |mut client, request| async move { client.fail_task(request).await }).await;
-    }
-
-    /// Hands the task back to the queue, to be claimed once `after` has passed.
-    async fn release(&self, ctx: &TaskContext, reason: String, after: Duration) {
-        let request = ReleaseTaskRequest {
-            namespace: self.namespace.clone(),
-            task_id: ctx.id().to_owned(),
-            lease_id: ctx.lease_id().to_owned(),
-            reason,
-            retry_after: Some(after).filter(|pause| !pause.is_zero()).and_then(prost_duration),
-            brief: true,
-            others_first: !after.is_zero(),
-        };
-        self.finish(
-            ctx,
-            "handed_back",
-            request,
-            |mut client, request| async move { client.release_task(request).await },
-        )
-        .await;
-    }
-
-    /// Ends the task `REJECTED` with `reason` as its status message.
-    async fn reject(&self, ctx: &TaskContext, reason: String) {
-        let request = UpdateStatusRequest {
-            namespace: self.namespace.clone(),
-            task_id: ctx.id().to_owned(),
-            state: TaskState::Rejected.into(),
-            message: Some(agent_message(ctx.task(), vec![text_part(reason)])),
-            lease_id: ctx.lease_id().to_owned(),
-            brief: true,
-        };
-        self.finish(ctx, "rejected", request, |mut client, request| async move { client.update_status(request).await })
-            .await;
-    }
-
-    /// Makes the call that ends the task `ending` (logged and counted as its
-    /// outcome), retrying while the call is cut off and the lease may still
-    /// hold.
-    async fn finish<R, C, Fut, T>(&self, ctx: &TaskContext, ending: &str, request: R, call: C)
-    where
-        R: Clone,
-        C: Fn(Client, R) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    {
-        self.count(ending);
-        let started = Instant::now();
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
-        let reported = loop {
-            let status = match call(self.client.clone(), request.clone()).await {
-                Ok(_) => break Ok(()),
-                Err(status) => status,
-            };
-            let delay = backoff.next_delay();
-            if !transport::cut_off(&status) || started.elapsed() + delay >= self.lease {
-                break Err(status);
-            }
-            tokio::time::sleep(delay).await;
-        };
-        match reported {
-            Ok(()) => debug!(ending, "task ended"),
-            Err(status) => warn!(task_id = %ctx.id(), ending, error = %status, "reporting the task's end failed"),
         }
     }
 }
@@ -365,7 +309,7 @@ pub(crate) fn prost_duration(lease: Duration) -> Option<chorus_proto::prost_type
 }
 
 /// The server no longer holds the lease: renewing again cannot help.
-fn lease_lost(status: &tonic::Status) -> bool {
+pub(crate) fn lease_lost(status: &tonic::Status) -> bool {
     matches!(status.code(), tonic::Code::FailedPrecondition | tonic::Code::NotFound)
 }
 

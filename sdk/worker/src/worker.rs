@@ -19,7 +19,7 @@ use tracing::{debug, error, info, warn};
 use crate::{
     Client, HandlerError, Reply, TaskContext, WorkerError,
     backoff::{Backoff, next_jittered},
-    task::{Runner, prost_duration},
+    task::{Runner, WIND_DOWN, prost_duration},
 };
 
 /// The namespace a worker claims from unless told otherwise.
@@ -119,7 +119,10 @@ impl Worker {
     }
 
     /// How many times the task store requeues a task whose lease expired or
-    /// whose handler failed with a retryable error.
+    /// whose handler failed with a [retryable](HandlerError::retryable)
+    /// error (default 0: such an error fails the task like a fatal one, and
+    /// the worker warns once). The last claim's value holds for the agent's
+    /// tasks, so every worker of an agent should set the same.
     #[must_use]
     pub fn max_retries(mut self, max_retries: u32) -> Self {
         self.max_retries = max_retries;
@@ -136,8 +139,11 @@ impl Worker {
     }
 
     /// How long [`run`](Self::run) lets in-flight tasks finish after shutdown
-    /// before abandoning them (default zero: abandon at once; their leases
-    /// expire on the server).
+    /// before abandoning them (default zero: at once). Handlers see the
+    /// shutdown begin ([`TaskContext::shutting_down`]); those still running
+    /// when the grace is over are told ([`TaskContext::cancelled`]), aborted
+    /// a second later, and their tasks handed back to the queue for another
+    /// worker, their attempts not counted.
     #[must_use]
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = grace;
@@ -175,6 +181,10 @@ impl Worker {
             handler,
             handling: Mutex::default(),
             metrics: self.metrics.clone(),
+            shutdown: shutdown.clone(),
+            abandon: CancellationToken::new(),
+            max_retries: self.max_retries,
+            warned_no_retries: std::sync::atomic::AtomicBool::new(false),
         });
         let mut tasks = JoinSet::new();
         let ended = self.claim_loop(&request, &runner, &mut tasks, &shutdown).await;
@@ -364,24 +374,31 @@ fn log_join(joined: Result<(), JoinError>) {
 }
 
 /// Lets in-flight tasks finish for `grace`, then abandons the rest: their
-/// handlers are aborted and their contexts cancelled, and the tasks are
-/// handed back to the queue for another worker, their attempts not counted
-/// (one waiting on a question too: the next worker asks it again).
+/// contexts are cancelled, their handlers given [`WIND_DOWN`] and aborted,
+/// and the tasks handed back to the queue for another worker, their attempts
+/// not counted (one waiting on a question too: the next worker asks it
+/// again).
 async fn drain<H>(mut tasks: JoinSet<()>, grace: Duration, runner: &Runner<H>) {
-    let finish_all = async {
-        while let Some(joined) = tasks.join_next().await {
-            log_join(joined);
-        }
-    };
-    let _ = tokio::time::timeout(grace, finish_all).await;
+    if !tasks.is_empty() && !grace.is_zero() {
+        info!(count = tasks.len(), ?grace, "shutting down: letting the tasks in flight finish");
+    }
+    let _ = tokio::time::timeout(grace, join_all(&mut tasks)).await;
     if tasks.is_empty() {
         return;
     }
-    info!(count = tasks.len(), "abandoning in-flight tasks");
+    info!(count = tasks.len(), "abandoning in-flight tasks: handing them back to the queue");
     let abandoned = runner.in_flight();
+    runner.abandon.cancel();
+    let _ = tokio::time::timeout(WIND_DOWN + Duration::from_millis(100), join_all(&mut tasks)).await;
     tasks.shutdown().await;
     let handed_back = abandoned.into_iter().map(|(task_id, lease_id)| runner.hand_back(task_id, lease_id));
     futures_util::future::join_all(handed_back).await;
+}
+
+async fn join_all(tasks: &mut JoinSet<()>) {
+    while let Some(joined) = tasks.join_next().await {
+        log_join(joined);
+    }
 }
 
 #[cfg(test)]

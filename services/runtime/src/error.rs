@@ -105,13 +105,17 @@ impl Reason {
 
 /// `error` and what caused it, `: `-separated: the clients of HTTP and gRPC
 /// (reqwest, tonic's transport) name the cause, such as a refused
-/// connection, only among an error's sources.
+/// connection, only among an error's sources. A cause the text says
+/// already (an error that shows its source) is not said again.
 pub fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut next = error.source();
     while let Some(cause) = next {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
         next = cause.source();
     }
     text

@@ -3,6 +3,7 @@
 
 mod connection;
 mod outcomes;
+mod reruns;
 mod server;
 
 use std::{future::Future, time::Duration};

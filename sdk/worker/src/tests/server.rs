@@ -23,6 +23,10 @@ use tonic::{body::Body, server::NamedService};
 use super::within;
 use crate::{Client, text_part};
 
+/// The largest request the test store takes (a server's default is 4 MiB):
+/// room for a task of 5 MB, as a user may create.
+pub(super) const SERVER_LIMIT: usize = 8 << 20;
+
 /// Short timings, so that expired leases and lost wake-ups show within a test.
 fn store_config() -> TaskStoreConfig {
     TaskStoreConfig { reaper_interval_ms: 50, poll_interval_ms: 200, ..TaskStoreConfig::default() }
@@ -171,7 +175,7 @@ async fn serve(listener: TcpListener, database_url: &str, calls: &Arc<Mutex<Vec<
     // Requests of up to 16 MiB, as `server.max_message_bytes` may allow:
     // tasks larger than gRPC's default 4 MiB can then be made.
     server.add_grpc_service(Recorded {
-        inner: TaskStoreGrpc::new(store).into_server(16 << 20),
+        inner: TaskStoreGrpc::new(store).into_server(SERVER_LIMIT),
         calls: Arc::clone(calls),
     });
     let server = tokio::spawn(server.serve(listener, shutdown.clone()));
