@@ -278,8 +278,22 @@ impl Workflows {
         }
         let mut outcomes = Vec::with_capacity(sources.len());
         for (file, source) in &sources {
+            let name = parse(source, file).name.unwrap_or_default();
+            let before = self.repository.get(&self.config.namespace, &name, None).await?;
             let outcome = self.put_at_startup(source, file).await?;
             let definition = &outcome.put.definition;
+            if let Some(replaced) = applied_elsewhere(before.as_ref(), &outcome.put, file) {
+                tracing::warn!(
+                    file,
+                    workflow = %definition.name,
+                    version = definition.version,
+                    replaced = replaced.version,
+                    applied_from = %replaced.file,
+                    applied_by = %replaced.created_by,
+                    "the file's new text is the latest version now, in place of a version applied since from \
+                     elsewhere (a fix?): check that the file holds its changes"
+                );
+            }
             tracing::info!(file, workflow = %definition.name, version = definition.version, unchanged = outcome.put.unchanged, "workflow definition loaded");
             if definition.source_sha256 != hex_sha256(source) {
                 tracing::warn!(
@@ -316,6 +330,13 @@ impl Workflows {
     }
 }
 
+/// The latest version before a folder's file was put, when the put made a
+/// new version over one that came from elsewhere (`chorus workflow apply`
+/// of another file): the file may lack that version's changes.
+fn applied_elsewhere<'d>(before: Option<&'d Definition>, put: &Put, file: &str) -> Option<&'d Definition> {
+    before.filter(|before| !put.unchanged && before.file != file)
+}
+
 /// How many times a startup put is repeated after losing a race.
 const STARTUP_PUT_ATTEMPTS: u32 = 5;
 
@@ -343,4 +364,37 @@ fn read_folder(dir: &Path) -> Result<Vec<(String, String)>> {
 /// Hex SHA-256 of `source`.
 pub fn hex_sha256(source: &str) -> String {
     Sha256::digest(source.as_bytes()).iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn version(version: u32, file: &str) -> Definition {
+        Definition {
+            namespace: "default".into(),
+            name: "sync".into(),
+            version,
+            description: String::new(),
+            triggers: Vec::new(),
+            source: String::new(),
+            file: file.into(),
+            source_sha256: String::new(),
+            created_by: "ana".into(),
+            created_at: 0,
+            disabled: None,
+        }
+    }
+
+    #[test]
+    fn a_file_put_over_a_version_applied_from_elsewhere_is_told() {
+        let fix = version(3, "../fixes/sync.yaml");
+        let put = |unchanged| Put { definition: version(4, "workflows/sync.yaml"), unchanged };
+        let replaced = applied_elsewhere(Some(&fix), &put(false), "workflows/sync.yaml");
+        assert_eq!(replaced.map(|d| d.version), Some(3));
+        assert!(applied_elsewhere(Some(&fix), &put(true), "workflows/sync.yaml").is_none(), "nothing was put");
+        let own = version(3, "workflows/sync.yaml");
+        assert!(applied_elsewhere(Some(&own), &put(false), "workflows/sync.yaml").is_none(), "the file's own");
+        assert!(applied_elsewhere(None, &put(false), "workflows/sync.yaml").is_none(), "a new workflow");
+    }
 }
