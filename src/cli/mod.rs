@@ -19,6 +19,7 @@ macro_rules! outln {
     };
 }
 
+mod cancel;
 mod definitions;
 mod gates;
 mod runs;
@@ -154,10 +155,17 @@ pub(crate) enum RunCommand {
     },
     /// Follows a run live until it ends; exit code 0 when it completed.
     Watch { run_id: String },
-    /// Cancels a run and the tasks its steps spawned.
+    /// Cancels runs and the tasks their steps spawned: those named, or every unfinished run of a
+    /// workflow (`--workflow`, narrowed with `--state`).
     Cancel {
-        run_id: String,
-        /// Why, as the run records it.
+        run_ids: Vec<String>,
+        /// Every pending, running and waiting run of this workflow.
+        #[arg(long)]
+        workflow: Option<String>,
+        /// With --workflow: only runs in this state: pending, running or waiting (repeatable).
+        #[arg(long = "state", requires = "workflow")]
+        states: Vec<String>,
+        /// Why, as the runs record it.
         #[arg(long, default_value = "")]
         reason: String,
     },
@@ -340,7 +348,10 @@ pub(crate) async fn run(target: &Target, command: RunCommand) -> ExitCode {
                 runs::list(&mut client, target, workflow, &states, limit, json).await
             }
             RunCommand::Watch { run_id } => runs::watch(&mut client, target, &run_id).await,
-            RunCommand::Cancel { run_id, reason } => runs::cancel(&mut client, target, &run_id, reason).await,
+            RunCommand::Cancel { run_ids, workflow, states, reason } => {
+                let what = cancel::Cancel { run_ids, workflow, states, reason };
+                cancel::cancel(&mut client, target, what).await
+            }
             RunCommand::Signal { run_id, name, payload, id } => {
                 let signal = runs::Signal { name, payload, id };
                 runs::signal(&mut client, target, &run_id, signal).await

@@ -6,8 +6,8 @@ use std::{
 };
 
 use chorus_proto::workflow::{
-    self as pb, CancelRunRequest, GetDefinitionRequest, GetRunRequest, ListRunsRequest, SignalRunRequest,
-    StartRunRequest, WatchRunRequest, run_event, workflow_client::WorkflowClient,
+    self as pb, GetDefinitionRequest, GetRunRequest, ListRunsRequest, SignalRunRequest, StartRunRequest,
+    WatchRunRequest, run_event, workflow_client::WorkflowClient,
 };
 use chorus_runtime::transport::{Transport, cut_off};
 use chorus_workflow::domain::InputType;
@@ -215,37 +215,12 @@ pub(super) async fn list(
     limit: usize,
     json: bool,
 ) -> Outcome {
-    let states = states
-        .iter()
-        .map(|state| {
-            pb::RunState::from_str_name(&format!("RUN_STATE_{}", state.to_uppercase())).map(i32::from).ok_or_else(
-                || {
-                    Failure::Call(format!(
-                        "--state {state}: expected pending, running, waiting, completed, failed or canceled"
-                    ))
-                },
-            )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut runs = Vec::new();
-    let mut page_token = String::new();
-    while runs.len() < limit {
-        let request = ListRunsRequest {
-            namespace: target.namespace.clone(),
-            workflow: workflow.clone().unwrap_or_default(),
-            states: states.clone(),
-            page_size: u32::try_from(limit.min(100)).unwrap_or(100),
-            page_token: page_token.clone(),
-            ..ListRunsRequest::default()
-        };
-        let page = client.list_runs(request).await?.into_inner();
-        runs.extend(page.runs.into_iter().take(limit - runs.len()));
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        page_token = page.next_page_token;
-    }
+    let states = states_in(states)?;
+    let (runs, more) = runs_of(client, target, workflow.as_deref(), &states, limit).await?;
     super::definitions::check_known(client, target, workflow, runs.is_empty()).await?;
+    if more {
+        eprintln!("(more runs than the {limit} listed: raise --limit, or narrow with --workflow and --state)");
+    }
     if json {
         return view::print_json(runs.iter().map(listed_run_json));
     }
@@ -261,6 +236,55 @@ pub(super) async fn list(
     }));
     out!("{}", view::table(&rows));
     Ok(())
+}
+
+/// `--state` values as the API's states.
+pub(super) fn states_in(states: &[String]) -> Result<Vec<i32>, Failure> {
+    states
+        .iter()
+        .map(|state| {
+            pb::RunState::from_str_name(&format!("RUN_STATE_{}", state.to_uppercase())).map(i32::from).ok_or_else(
+                || {
+                    Failure::Call(format!(
+                        "--state {state}: expected pending, running, waiting, completed, failed or canceled"
+                    ))
+                },
+            )
+        })
+        .collect()
+}
+
+/// Up to `limit` runs, newest first, of `workflow` (any when `None`) in
+/// `states` (any when empty), and whether there are more.
+pub(super) async fn runs_of(
+    client: &mut Client,
+    target: &Target,
+    workflow: Option<&str>,
+    states: &[i32],
+    limit: usize,
+) -> Result<(Vec<pb::Run>, bool), Failure> {
+    let mut runs = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let request = ListRunsRequest {
+            namespace: target.namespace.clone(),
+            workflow: workflow.unwrap_or_default().to_owned(),
+            states: states.to_vec(),
+            page_size: u32::try_from(limit.saturating_sub(runs.len()).clamp(1, 100)).unwrap_or(100),
+            page_token: page_token.clone(),
+            ..ListRunsRequest::default()
+        };
+        let page = client.list_runs(request).await?.into_inner();
+        runs.extend(page.runs);
+        if page.next_page_token.is_empty() {
+            return Ok((runs, false));
+        }
+        if runs.len() >= limit {
+            runs.truncate(limit);
+            return Ok((runs, true));
+        }
+        page_token = page.next_page_token;
+    }
 }
 
 /// How long a watch or a wait that lost its server keeps trying to get back to it.
@@ -365,34 +389,6 @@ pub(super) async fn watch(client: &mut Client, target: &Target, run_id: &str) ->
         }
     }
     if last == pb::RunState::Completed { Ok(()) } else { Err(Failure::No) }
-}
-
-pub(super) async fn cancel(client: &mut Client, target: &Target, run_id: &str, reason: String) -> Outcome {
-    let request = CancelRunRequest {
-        namespace: target.namespace.clone(),
-        run_id: run_id.to_owned(),
-        reason,
-        canceled_by: view::user(),
-    };
-    let status = match client.cancel_run(request).await {
-        Ok(run) => {
-            let run = run.into_inner();
-            outln!("{} {}", run.id, view::run_state(run.state()));
-            return Ok(());
-        }
-        Err(status) if status.code() == tonic::Code::FailedPrecondition => status,
-        Err(status) => return Err(status.into()),
-    };
-    // The run had ended. Canceled already (a retry of a cancel whose answer
-    // was lost) is what was asked; ended otherwise, the answer is no.
-    let get = GetRunRequest { namespace: target.namespace.clone(), run_id: run_id.to_owned(), wait_finished: false };
-    let run = client.get_run(get).await?.into_inner();
-    if run.state() == pb::RunState::Canceled {
-        outln!("{} {} (already)", run.id, view::run_state(run.state()));
-        return Ok(());
-    }
-    eprintln!("{}", status.message());
-    Err(Failure::No)
 }
 
 /// A signal from the command line.

@@ -196,6 +196,27 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
     let missing = chorus(&url, dir, &["run", "start", "gated", "--input", "x=1"]).await;
     assert_eq!(missing.status.code(), Some(2));
     assert!(stderr(&missing).contains("input.x"), "{}", stderr(&missing));
+
+    // Every unfinished run of a workflow at once; a list that stops short says so.
+    for _ in 0..3 {
+        assert_eq!(chorus(&url, dir, &["run", "start", "gated"]).await.status.code(), Some(0));
+    }
+    let short = chorus(&url, dir, &["run", "list", "--limit", "2"]).await;
+    assert_eq!(stdout(&short).lines().count(), 3, "a header and two runs: {}", stdout(&short));
+    assert!(stderr(&short).contains("more runs than the 2 listed"), "{}", stderr(&short));
+    let all = chorus(&url, dir, &["run", "list", "--limit", "50"]).await;
+    assert!(stderr(&all).is_empty(), "{}", stderr(&all));
+    let canceled = chorus(&url, dir, &["run", "cancel", "--workflow", "gated", "--reason", "incident"]).await;
+    assert_eq!(canceled.status.code(), Some(0), "{}", stderr(&canceled));
+    assert_eq!(stdout(&canceled).lines().filter(|line| line.ends_with(" canceled")).count(), 3);
+    assert!(stderr(&canceled).starts_with("canceled 3 runs of gated"), "{}", stderr(&canceled));
+    let left = json(&chorus(&url, dir, &["run", "list", "--workflow", "gated", "--state", "waiting", "--json"]).await);
+    assert_eq!(left.as_array().map(Vec::len), Some(0), "{left}");
+    let unknown = chorus(&url, dir, &["run", "cancel", "--workflow", "nope"]).await;
+    assert_eq!(unknown.status.code(), Some(2));
+    let neither = chorus(&url, dir, &["run", "cancel"]).await;
+    assert_eq!(neither.status.code(), Some(2));
+    assert!(stderr(&neither).contains("name the runs to cancel"), "{}", stderr(&neither));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
