@@ -36,6 +36,9 @@ pub(crate) struct StartArgs {
     /// Follow the run until it ends.
     #[arg(long)]
     watch: bool,
+    /// Start it even though the workflow is disabled (to try a fix before enabling it again).
+    #[arg(long)]
+    while_disabled: bool,
 }
 
 fn object(what: &str, text: &str) -> Result<Map<String, Value>, Failure> {
@@ -103,6 +106,7 @@ pub(super) async fn start(client: &mut Client, target: &Target, args: StartArgs)
             started_by: view::user(),
             ..pb::RunOrigin::default()
         }),
+        while_disabled: args.while_disabled,
     };
     let run = client.start_run(request).await?.into_inner();
     outln!("{}", run.id);

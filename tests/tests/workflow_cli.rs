@@ -110,6 +110,8 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
     let refused = chorus(&url, dir, &["run", "start", "yearly"]).await;
     assert_eq!(refused.status.code(), Some(2), "{}", stdout(&refused));
     assert!(stderr(&refused).contains("yearly is disabled by ") && stderr(&refused).contains("(not this year)"));
+    let tried = chorus(&url, dir, &["run", "start", "yearly", "--while-disabled", "--watch"]).await;
+    assert_eq!(tried.status.code(), Some(0), "an operator's try runs: {}", stderr(&tried));
     let enabled = chorus(&url, dir, &["workflow", "enable", "yearly"]).await;
     assert_eq!(stdout(&enabled).trim(), "yearly enabled (v1)", "{}", stderr(&enabled));
     let unknown = chorus(&url, dir, &["workflow", "disable", "nope"]).await;

@@ -157,6 +157,7 @@ impl pb::workflow_server::Workflow for WorkflowGrpc {
             idempotency_key: validate::optional_id("idempotency_key", &request.idempotency_key)?,
             origin,
             trigger: serde_json::Value::Null,
+            while_disabled: request.while_disabled,
         };
         let run = self.workflows.start_run(call).await?;
         Ok(Response::new(run_out(run)))

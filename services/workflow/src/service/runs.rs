@@ -37,6 +37,8 @@ pub struct StartCall {
     pub origin: RunOrigin,
     /// The event payload or A2A message that started it.
     pub trigger: Value,
+    /// Starts it though the workflow is disabled (an operator's try of a fix).
+    pub while_disabled: bool,
 }
 
 /// A signal to send.
@@ -167,8 +169,16 @@ impl Workflows {
         // all a start needs of its definition: the parsed spec is cached,
         // and the stored source is not read again.
         let head = self.head(&call.namespace, &call.workflow).await?;
-        if let Some(disabled) = head.disabled {
-            return Err(WorkflowError::Disabled { workflow: call.workflow, disabled });
+        match head.disabled {
+            Some(disabled) if !call.while_disabled => {
+                return Err(WorkflowError::Disabled { workflow: call.workflow, disabled });
+            }
+            Some(_) => tracing::info!(
+                workflow = %call.workflow,
+                started_by = %call.origin.started_by,
+                "a run starts though its workflow is disabled, as asked"
+            ),
+            None => {}
         }
         let version = call.version.unwrap_or(head.latest);
         let spec = self.spec(&call.namespace, &call.workflow, version).await?;

@@ -37,11 +37,15 @@ async fn a_disabled_workflow_starts_no_run_and_its_started_runs_go_on(h: Harness
     let pinned = chorus_workflow::service::StartCall { version: Some(1), ..start("gated") };
     h.workflows.start_run(pinned).await.expect_err("a pinned version is disabled too");
     assert_eq!(runs(&h, "gated").await, 1, "the refused starts made nothing");
+    let tried = chorus_workflow::service::StartCall { while_disabled: true, ..start("gated") };
+    let tried = h.workflows.start_run(tried).await.expect("an operator's try of a fix starts");
+    h.workflows.cancel_run(NS, &tried.id, "tried", "ana").await.expect("cancel the try");
+    assert_eq!(runs(&h, "gated").await, 2);
     h.workflows.decide_gate(NS, &started.id, gate("signoff", Decision::Approve, "ben", "")).await.expect("approve");
     assert_eq!(h.finished(&started.id).await.state, RunState::Completed, "a started run goes on");
     h.workflows.enable(NS, "gated", "ana").await.expect("enable");
     h.run("gated", json!({})).await;
-    assert_eq!(runs(&h, "gated").await, 2);
+    assert_eq!(runs(&h, "gated").await, 3);
 }
 
 async fn the_first_disable_stands_through_new_versions_until_enabled(h: Harness) {
