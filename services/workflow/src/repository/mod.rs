@@ -6,6 +6,7 @@ mod gauges;
 mod held;
 mod run_rows;
 pub mod runs;
+mod slots;
 pub mod sql;
 pub mod sql_runs;
 
@@ -38,8 +39,9 @@ pub trait DefinitionRepository: Send + Sync + std::fmt::Debug {
     /// changed).
     async fn disable(&self, namespace: &str, name: &str, disabled: Disabled) -> Result<bool>;
 
-    /// Enables `name` again. Whether `name` has a version.
-    async fn enable(&self, namespace: &str, name: &str) -> Result<bool>;
+    /// Enables `name` again, the runs it held in the queue due at `now`.
+    /// Whether `name` has a version.
+    async fn enable(&self, namespace: &str, name: &str, now: i64) -> Result<bool>;
 
     /// With `name`: its versions, newest first; else the latest version of
     /// each name, by name. At most `limit`, after `after`.

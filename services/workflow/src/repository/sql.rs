@@ -226,12 +226,25 @@ impl DefinitionRepository for SqlDefinitionRepository {
         Ok(inserted.rows_affected() > 0 || self.head(namespace, name).await?.is_some())
     }
 
-    async fn enable(&self, namespace: &str, name: &str) -> Result<bool> {
+    async fn enable(&self, namespace: &str, name: &str, now: i64) -> Result<bool> {
+        let mut tx = self.db.begin().await?;
         sqlx::query("DELETE FROM workflow_disabled WHERE namespace = $1 AND name = $2")
             .bind(namespace)
             .bind(name)
-            .execute(&mut *self.db.acquire().await?)
+            .execute(&mut *tx)
             .await?;
+        // The runs the disable held back in the queue are due: each starts
+        // as its concurrency limit allows.
+        sqlx::query(
+            "UPDATE workflow_runs SET due_at = $3, revision = revision + 1 \
+             WHERE namespace = $1 AND workflow = $2 AND state = 'pending' AND due_at IS NULL",
+        )
+        .bind(namespace)
+        .bind(name)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
         Ok(self.head(namespace, name).await?.is_some())
     }
 

@@ -15,7 +15,7 @@
 //! holds) for the one id, a cost that grew with the table.
 
 use async_trait::async_trait;
-use chorus_runtime::storage::{Backend, Db, Tx, placeholders};
+use chorus_runtime::storage::{Backend, Db, placeholders};
 use sqlx::{AssertSqlSafe, Row as _};
 
 use super::{
@@ -60,61 +60,6 @@ pub struct SqlRunRepository {
 impl SqlRunRepository {
     pub fn new(db: Db) -> Self {
         Self { held: HeldRuns::new(db.clone()), db }
-    }
-}
-
-impl SqlRunRepository {
-    /// Serializes the runs of one concurrency group (PostgreSQL; SQLite's
-    /// single writer already does).
-    async fn lock_group(&self, tx: &mut Tx, run: &Run) -> Result<()> {
-        if self.db.backend() == Backend::Postgres {
-            let key = format!("{}/{}/{}", run.namespace, run.workflow, run.concurrency_key.as_deref().unwrap_or(""));
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))::text AS locked")
-                .bind(key)
-                .fetch_one(&mut **tx)
-                .await?;
-        }
-        Ok(())
-    }
-
-    fn same_key(&self) -> &'static str {
-        match self.db.backend() {
-            Backend::Postgres => "concurrency_key IS NOT DISTINCT FROM $3",
-            Backend::Sqlite => "concurrency_key IS $3",
-        }
-    }
-
-    async fn slot_free(&self, tx: &mut Tx, run: &Run, limit: i64) -> Result<bool> {
-        let sql = format!(
-            "SELECT COUNT(*) AS active FROM workflow_runs WHERE namespace = $1 AND workflow = $2 AND {} \
-             AND state IN ('running', 'waiting')",
-            self.same_key()
-        );
-        let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(&run.namespace)
-            .bind(&run.workflow)
-            .bind(run.concurrency_key.as_deref())
-            .fetch_one(&mut **tx)
-            .await?;
-        let active: i64 = row.try_get("active")?;
-        Ok(active < limit)
-    }
-
-    /// A finished run frees its slot: the oldest pending run of its group is due.
-    async fn wake_next(&self, tx: &mut Tx, run: &Run, now: i64) -> Result<()> {
-        let sql = format!(
-            "UPDATE workflow_runs SET due_at = $4, revision = revision + 1 WHERE id = (SELECT id FROM workflow_runs \
-             WHERE namespace = $1 AND workflow = $2 AND {} AND state = 'pending' ORDER BY created_at, id LIMIT 1)",
-            self.same_key()
-        );
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(&run.namespace)
-            .bind(&run.workflow)
-            .bind(run.concurrency_key.as_deref())
-            .bind(now)
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
     }
 }
 
@@ -341,14 +286,21 @@ impl RunRepository for SqlRunRepository {
         }
         let before = stored.run.clone();
         let mut run = before.clone();
+        // A queued run of a disabled workflow stays queued (enabling it
+        // makes the queue due again).
+        let mut held = false;
         let slot_free = match stored.concurrency_limit {
             Some(limit) => {
                 self.lock_group(&mut tx, &run).await?;
-                run.state != RunState::Pending || self.slot_free(&mut tx, &run, limit).await?
+                held = run.state == RunState::Pending && self.disabled(&mut tx, &run).await?;
+                run.state != RunState::Pending || (!held && self.slot_free(&mut tx, &run, limit).await?)
             }
             None => true,
         };
         let mut transition = change(&mut run, slot_free)?;
+        if held && run.state == RunState::Pending {
+            run.body.pending_reason = Some(format!("held: `{}` is disabled", run.workflow));
+        }
         if settle(&stored, &run, &mut transition, now) {
             // Nothing changed: nothing to write, no commit to wait for.
             tx.rollback().await?;

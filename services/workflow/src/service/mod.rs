@@ -241,9 +241,10 @@ impl Workflows {
 
     /// Lets `name` start runs again. Its latest version, as it is now.
     pub async fn enable(&self, namespace: &str, name: &str, by: &str) -> Result<Definition> {
-        if !self.repository.enable(namespace, name).await? {
+        if !self.repository.enable(namespace, name, now_micros()).await? {
             return Err(WorkflowError::NotFound(name.to_owned()));
         }
+        self.wakeups.notify(ENGINE_KEY);
         tracing::info!(namespace, workflow = name, by, "workflow enabled");
         self.get(namespace, name, None).await
     }

@@ -22,6 +22,7 @@ conformance!(
     the_first_disable_stands_through_new_versions_until_enabled,
     disabling_names_a_workflow_of_its_namespace,
     events_and_schedule_times_of_a_disabled_workflow_start_nothing_then_or_later,
+    a_disabled_workflows_queue_is_held_until_it_is_enabled,
 );
 
 async fn a_disabled_workflow_starts_no_run_and_its_started_runs_go_on(h: Harness) {
@@ -126,6 +127,26 @@ async fn events_and_schedule_times_of_a_disabled_workflow_start_nothing_then_or_
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(runs(&h, "deploy").await, 1, "one event after the enable, one run");
+}
+
+/// Runs queued behind a concurrency limit do not start while the workflow is
+/// disabled, though a slot frees: a flood's backlog stays queued.
+async fn a_disabled_workflows_queue_is_held_until_it_is_enabled(h: Harness) {
+    h.put(&GATED.replace("name: gated\n", "name: gated\nconcurrency: {max: 1}\n")).await;
+    let first = h.run("gated", json!({})).await;
+    h.waiting(&first.id).await;
+    let queued = h.run("gated", json!({})).await;
+    assert_eq!(queued.state, RunState::Pending);
+    h.workflows.disable(NS, "gated", "ana", "flood").await.expect("disable");
+    h.workflows.cancel_run(NS, &first.id, "flood", "ana").await.expect("cancel");
+    let held = h.until(&queued.id, "the queued run to say why", |run| run.body.pending_reason.is_some()).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let held = h.workflows.get_run(NS, &held.id).await.expect("the run");
+    assert_eq!(held.state, RunState::Pending, "a slot is free, but the workflow is disabled: {held:#?}");
+    assert_eq!(held.body.pending_reason.as_deref(), Some("held: `gated` is disabled"));
+    h.workflows.enable(NS, "gated", "ana").await.expect("enable");
+    let started = h.waiting(&queued.id).await;
+    assert_eq!(started.body.pending_reason, None);
 }
 
 fn start(workflow: &str) -> chorus_workflow::service::StartCall {
