@@ -3,9 +3,12 @@
 use chorus_proto::workflow::{self as pb, RunEvent, StepRecord, run_event::Kind};
 use prost_types::{Struct, Timestamp};
 
-/// Who decides or applies: `$USER`, else `cli`.
+/// Who decides or applies: `$USER` (or `$LOGNAME`, `$USERNAME`), else `cli`.
 pub(super) fn user() -> String {
-    std::env::var("USER").ok().filter(|user| !user.is_empty()).unwrap_or_else(|| "cli".to_owned())
+    ["USER", "LOGNAME", "USERNAME"]
+        .iter()
+        .find_map(|name| std::env::var(name).ok().filter(|user| !user.is_empty()))
+        .unwrap_or_else(|| "cli".to_owned())
 }
 
 /// A timestamp as `2026-11-24T14:03:29Z`.
