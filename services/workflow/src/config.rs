@@ -12,6 +12,11 @@ pub struct WorkflowConfig {
     pub definitions_dir: String,
     /// The namespace the folder is loaded into.
     pub namespace: String,
+    /// An invalid file of the folder is logged (each problem an ERROR) and
+    /// passed over, its workflow left at its latest stored version, instead
+    /// of stopping start-up: one bad edit does not keep every other
+    /// workflow (and, in `chorus dev`, every service) down.
+    pub skip_invalid_definitions: bool,
     /// What templates see as `config` (`{{ config.notify }}`).
     pub vars: BTreeMap<String, serde_json::Value>,
     /// How long an engine's claim on a run lasts without renewal; another
@@ -46,6 +51,7 @@ impl Default for WorkflowConfig {
         Self {
             definitions_dir: "workflows".to_owned(),
             namespace: "default".to_owned(),
+            skip_invalid_definitions: false,
             vars: BTreeMap::new(),
             lease_ms: 2_000,
             poll_ms: 200,

@@ -172,16 +172,17 @@ impl Effects for ClientEffects {
         Ok(Some(outcome(&task)))
     }
 
-    async fn cancel_task(&self, namespace: &str, task_id: &str, reason: &str) -> Result<(), EffectError> {
+    async fn cancel_task(&self, namespace: &str, task_id: &str, reason: &str) -> Result<Option<String>, EffectError> {
         let request = ts::CancelTaskRequest {
             namespace: namespace.to_owned(),
             id: task_id.to_owned(),
             reason: reason.to_owned(),
         };
         match self.tasks.clone().cancel_task(request).await {
-            Ok(_) => Ok(()),
+            // A task's attempts count its claims.
+            Ok(canceled) => Ok(canceled.into_inner().task.filter(|task| task.attempt == 0).map(|task| task.agent_id)),
             // Already finished, or gone: nothing to cancel.
-            Err(status) if matches!(status.code(), Code::FailedPrecondition | Code::NotFound) => Ok(()),
+            Err(status) if matches!(status.code(), Code::FailedPrecondition | Code::NotFound) => Ok(None),
             Err(status) => Err(status_error("cancel task", TASKSTORE_URL, &status)),
         }
     }

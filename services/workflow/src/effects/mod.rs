@@ -91,8 +91,9 @@ pub trait Effects: Send + Sync + std::fmt::Debug {
     async fn await_task(&self, namespace: &str, task_id: &str) -> Result<Option<TaskOutcome>, EffectError>;
 
     /// Cancels a task, for `reason` (its status message); a task already
-    /// finished is left as it is.
-    async fn cancel_task(&self, namespace: &str, task_id: &str, reason: &str) -> Result<(), EffectError>;
+    /// finished is left as it is. The agent of a task canceled here that no
+    /// worker ever claimed.
+    async fn cancel_task(&self, namespace: &str, task_id: &str, reason: &str) -> Result<Option<String>, EffectError>;
 
     /// Sends a message to an external A2A agent and waits for its answer:
     /// the step's output. With a `timeout`, the delegation ends then, and the

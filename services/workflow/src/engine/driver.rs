@@ -317,8 +317,12 @@ async fn await_task(
                 Err(_) => {
                     let reason =
                         format!("its workflow step's timeout ({}) passed", chorus_runtime::time::humanize(limit));
-                    retrying(|| effects.cancel_task(&namespace, &task_id, &reason)).await.ok();
-                    Err(format!("task {task_id} did not finish within {}", chorus_runtime::time::humanize(limit)))
+                    let unclaimed =
+                        retrying(|| effects.cancel_task(&namespace, &task_id, &reason)).await.ok().flatten();
+                    let hint = unclaimed
+                        .map(|agent| format!(": no worker of agent `{agent}` claimed it (is one running?)"))
+                        .unwrap_or_default();
+                    Err(format!("task {task_id} did not finish within {}{hint}", chorus_runtime::time::humanize(limit)))
                 }
             }
         }

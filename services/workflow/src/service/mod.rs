@@ -2,6 +2,7 @@
 //! and friends), and runs ([`runs`]).
 
 mod feed;
+mod operate;
 mod runs;
 mod watch;
 
@@ -262,20 +263,29 @@ impl Workflows {
 
     /// Puts every `*.yaml` / `*.yml` file of the configured folder into the
     /// configured namespace, in name order. Any invalid file fails the whole
-    /// load with every problem of every file; a missing folder loads nothing.
+    /// load with every problem of every file, unless the configuration
+    /// skips invalid files (then each problem is logged); a missing folder
+    /// loads nothing.
     pub async fn load_definitions_dir(&self) -> Result<Vec<PutOutcome>> {
         let dir = Path::new(&self.config.definitions_dir);
         if !dir.is_dir() {
             tracing::info!(dir = %dir.display(), "no workflow definitions folder");
             return Ok(Vec::new());
         }
-        let sources = read_folder(dir)?;
+        let mut sources = read_folder(dir)?;
         let mut problems = Vec::new();
-        for (file, source) in &sources {
-            problems.extend(parse(source, file).problems.into_iter().filter(|p| p.severity == Severity::Error));
-        }
-        if !problems.is_empty() {
+        sources.retain(|(file, source)| {
+            let errors: Vec<Problem> =
+                parse(source, file).problems.into_iter().filter(|p| p.severity == Severity::Error).collect();
+            let valid = errors.is_empty();
+            problems.extend(errors);
+            valid
+        });
+        if !problems.is_empty() && !self.config.skip_invalid_definitions {
             return Err(WorkflowError::InvalidDefinition { file: dir.display().to_string(), problems });
+        }
+        for problem in &problems {
+            tracing::error!(%problem, "invalid workflow definition passed over: its workflow stays at its latest stored version");
         }
         let mut outcomes = Vec::with_capacity(sources.len());
         for (file, source) in &sources {
@@ -296,6 +306,15 @@ impl Workflows {
                 );
             }
             tracing::info!(file, workflow = %definition.name, version = definition.version, unchanged = outcome.put.unchanged, "workflow definition loaded");
+            if let Some(disabled) = &definition.disabled {
+                tracing::warn!(
+                    file,
+                    workflow = %definition.name,
+                    disabled_by = %disabled.by,
+                    reason = %disabled.reason,
+                    "workflow disabled: it starts no run until `chorus workflow enable`"
+                );
+            }
             if definition.source_sha256 != hex_sha256(source) {
                 tracing::warn!(
                     file,

@@ -8,6 +8,7 @@ conformance!(
     a_folder_loads_into_its_namespace_idempotently,
     replicas_loading_the_same_folder_together_all_start,
     an_invalid_file_stops_the_load_and_stores_nothing,
+    an_invalid_file_is_passed_over_when_the_configuration_says_so,
     a_restart_keeps_a_version_applied_since_the_folder_was_loaded,
 );
 
@@ -67,6 +68,22 @@ async fn an_invalid_file_stops_the_load_and_stores_nothing(h: Harness) {
     assert!(problems.iter().all(|p| p.file.ends_with("b.yaml")), "{problems:?}");
     assert!(error.to_string().contains("missing_step_kind"), "{error}");
     assert_eq!(h.stored_rows().await, 0);
+}
+
+/// With `skip_invalid_definitions`, the valid files load and an invalid
+/// one leaves its workflow at its latest stored version.
+async fn an_invalid_file_is_passed_over_when_the_configuration_says_so(h: Harness) {
+    let dir = folder(&[("a.yaml", definition("alpha", "a")), ("b.yaml", definition("beta", "b"))]);
+    let skipping = WorkflowConfig { skip_invalid_definitions: true, ..config(&dir) };
+    h.with_config(skipping.clone()).load_definitions_dir().await.expect("load");
+    std::fs::write(dir.path().join("a.yaml"), definition("alpha", "a2")).expect("edit");
+    std::fs::write(dir.path().join("b.yaml"), "name: beta\nsteps:\n  - id: x\n").expect("a bad edit");
+    let loaded = h.with_config(skipping).load_definitions_dir().await.expect("the valid files load");
+    let names: Vec<(&str, u32)> =
+        loaded.iter().map(|outcome| (outcome.put.definition.name.as_str(), outcome.put.definition.version)).collect();
+    assert_eq!(names, [("alpha", 2)]);
+    let beta = h.workflows.get("default", "beta", None).await.expect("beta as stored");
+    assert_eq!(beta.version, 1, "the bad edit changed nothing");
 }
 
 /// A version applied from elsewhere (`chorus workflow apply`) stays the

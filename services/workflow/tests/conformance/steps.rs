@@ -27,6 +27,7 @@ conformance!(
     matching_events_start_one_run_each,
     cron_schedules_start_runs,
     a_spawn_past_its_timeout_fails_and_cancels_its_task_saying_why,
+    a_spawn_no_worker_claimed_says_so_when_it_times_out,
     webhook_steps_share_one_connection,
     an_agent_a_template_names_empty_fails_its_step_saying_so,
 );
@@ -281,8 +282,19 @@ async fn cron_schedules_start_runs(h: Harness) {
     }
 }
 
+async fn a_spawn_no_worker_claimed_says_so_when_it_times_out(h: Harness) {
+    h.put("name: lonely\nsteps:\n- id: work\n  spawn: {agent: ghost, input: hello, timeout: 300ms}\n").await;
+    let run = h.run("lonely", json!({})).await;
+    let run = h.finished(&run.id).await;
+    let step = &run.body.steps[0];
+    let task_id = step.external_id.clone().expect("the step made a task");
+    let said =
+        format!("task {task_id} did not finish within 300ms: no worker of agent `ghost` claimed it (is one running?)");
+    assert_eq!((run.state, step.error.as_deref()), (RunState::Failed, Some(said.as_str())));
+}
+
 async fn a_spawn_past_its_timeout_fails_and_cancels_its_task_saying_why(h: Harness) {
-    // No worker serves `coder` here: the task waits until the step gives up.
+    // The worker of `coder` claims the task and waits until the step gives up.
     h.put("name: slow\nsteps:\n- id: work\n  spawn: {agent: coder, input: slow, timeout: 300ms}\n").await;
     let run = h.run("slow", json!({})).await;
     let run = h.finished(&run.id).await;
