@@ -44,6 +44,7 @@ impl<H> Runner<H> {
         if request.encoded_len() > INLINE_BYTES {
             for artifact in std::mem::take(&mut request.artifacts) {
                 if let Err(status) = self.send_artifact(ctx, artifact).await {
+                    warn!(task_id = %ctx.id(), error = %status, "sending the reply's artifacts failed");
                     return self.undeliverable(ctx, &status).await;
                 }
             }
@@ -80,7 +81,8 @@ impl<H> Runner<H> {
     /// off or the lease is gone: the task fails with the refusal.
     async fn undeliverable(&self, ctx: &TaskContext, status: &tonic::Status) {
         if transport::cut_off(status) || lease_lost(status) {
-            return;
+            // Redone once its lease runs out.
+            return self.count("lease_lost");
         }
         let reason = format!("the handler's reply could not be delivered: {}", status.message());
         self.fail(ctx, reason, None).await;
@@ -152,7 +154,11 @@ impl<H> Runner<H> {
                 debug!(ending, "task ended");
             }
             Some(status) => {
-                self.count("lease_lost");
+                // A completion not made is counted by `complete`, which may
+                // fail the task instead.
+                if ending != "completed" {
+                    self.count("lease_lost");
+                }
                 warn!(task_id = %ctx.id(), ending, error = %status, "reporting the task's end failed");
             }
         }
