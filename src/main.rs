@@ -93,7 +93,7 @@ enum Command {
         #[arg(long)]
         listen: Option<String>,
     },
-    /// Workflow definitions: validate, apply, list, disable, enable.
+    /// Workflow definitions: validate, apply, list, source, disable, enable.
     Workflow {
         #[command(subcommand)]
         command: cli::WorkflowCommand,

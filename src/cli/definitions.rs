@@ -3,9 +3,9 @@
 use std::path::{Path, PathBuf};
 
 use chorus_proto::workflow::{
-    Definition, DisableWorkflowRequest, EnableWorkflowRequest, ListDefinitionsRequest, PutDefinitionRequest,
-    ValidateDefinitionRequest, ValidationProblem, ValidationProblems, validation_problem::Severity,
-    workflow_client::WorkflowClient,
+    Definition, DisableWorkflowRequest, EnableWorkflowRequest, GetDefinitionRequest, ListDefinitionsRequest,
+    PutDefinitionRequest, ValidateDefinitionRequest, ValidationProblem, ValidationProblems,
+    validation_problem::Severity, workflow_client::WorkflowClient,
 };
 use chorus_runtime::transport::Transport;
 use chorus_workflow::{domain::has_errors, grpc::problem_out, parse::parse};
@@ -210,6 +210,9 @@ pub(super) async fn list(client: &mut Client, target: &Target, name: Option<Stri
     if let Some(name) = name.filter(|_| definitions.is_empty()) {
         return Err(unknown(&name, target));
     }
+    if definitions.is_empty() {
+        eprintln!("(namespace `{}` holds no workflows)", target.namespace);
+    }
     if json {
         return view::print_json(definitions.iter().map(definition_json));
     }
@@ -284,6 +287,14 @@ pub(super) async fn disable(client: &mut Client, target: &Target, name: String, 
         view::time(disabled.disabled_at.as_ref()),
         definition.name
     );
+    Ok(())
+}
+
+/// `chorus workflow source`: a version's YAML, as applied, on stdout.
+pub(super) async fn source(client: &mut Client, target: &Target, name: String, version: u32) -> Outcome {
+    let request = GetDefinitionRequest { namespace: target.namespace.clone(), name, version };
+    let definition = client.get_definition(request).await?.into_inner();
+    out!("{}", definition.source);
     Ok(())
 }
 

@@ -113,6 +113,14 @@ pub(crate) enum WorkflowCommand {
     },
     /// Lets a disabled workflow start runs again.
     Enable { name: String },
+    /// A version's YAML as it was applied (default the latest), to read, or to apply again to
+    /// roll back: `chorus workflow source deploy --version 2 > deploy.yaml`.
+    Source {
+        name: String,
+        /// 0: the latest.
+        #[arg(long, default_value_t = 0)]
+        version: u32,
+    },
     /// The latest version of every workflow, or every version of one.
     List {
         /// Every version of this workflow.
@@ -333,6 +341,7 @@ pub(crate) async fn workflow(target: &Target, command: WorkflowCommand) -> ExitC
             WorkflowCommand::List { name, json } => definitions::list(&mut client, target, name, json).await,
             WorkflowCommand::Disable { name, reason } => definitions::disable(&mut client, target, name, reason).await,
             WorkflowCommand::Enable { name } => definitions::enable(&mut client, target, name).await,
+            WorkflowCommand::Source { name, version } => definitions::source(&mut client, target, name, version).await,
         }
     };
     exit(outcome.await)

@@ -221,9 +221,13 @@ pub(super) async fn list(
 ) -> Outcome {
     let states = states_in(states)?;
     let (runs, more) = runs_of(client, target, workflow.as_deref(), &states, limit).await?;
+    let unfiltered = workflow.is_none() && states.is_empty();
     super::definitions::check_known(client, target, workflow, runs.is_empty()).await?;
     if more {
         eprintln!("(more runs than the {limit} listed: raise --limit, or narrow with --workflow and --state)");
+    }
+    if runs.is_empty() && unfiltered {
+        eprintln!("(namespace `{}` holds no runs)", target.namespace);
     }
     if json {
         return view::print_json(runs.iter().map(listed_run_json));

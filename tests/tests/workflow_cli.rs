@@ -77,6 +77,8 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
     let unreachable = chorus("http://127.0.0.1:1", dir, &["workflow", "validate", "--remote", "bad.yaml"]).await;
     assert_eq!(unreachable.status.code(), Some(2), "asking a server that is not there fails the call");
     assert!(stderr(&unreachable).contains("refused"), "the cause is named: {}", stderr(&unreachable));
+    let elsewhere = chorus(&url, dir, &["workflow", "list", "--namespace", "team-typo"]).await;
+    assert_eq!(stderr(&elsewhere).trim(), "(namespace `team-typo` holds no workflows)");
     let bare = chorus("127.0.0.1:1", dir, &["workflow", "list"]).await;
     assert_eq!(bare.status.code(), Some(2));
     assert!(stderr(&bare).contains("expected a URL such as http://127.0.0.1:1"), "{}", stderr(&bare));
@@ -112,6 +114,10 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
     assert!(stderr(&refused).contains("yearly is disabled by ") && stderr(&refused).contains("(not this year)"));
     let tried = chorus(&url, dir, &["run", "start", "yearly", "--while-disabled", "--watch"]).await;
     assert_eq!(tried.status.code(), Some(0), "an operator's try runs: {}", stderr(&tried));
+    let source = chorus(&url, dir, &["workflow", "source", "yearly", "--version", "1"]).await;
+    assert_eq!(stdout(&source), std::fs::read_to_string(dir.join("yearly.yaml")).expect("read"), "as applied");
+    let missing = chorus(&url, dir, &["workflow", "source", "yearly", "--version", "9"]).await;
+    assert!(stderr(&missing).contains("workflow yearly has no version 9"), "{}", stderr(&missing));
     let enabled = chorus(&url, dir, &["workflow", "enable", "yearly"]).await;
     assert_eq!(stdout(&enabled).trim(), "yearly enabled (v1)", "{}", stderr(&enabled));
     let unknown = chorus(&url, dir, &["workflow", "disable", "nope"]).await;
