@@ -74,6 +74,14 @@ pub async fn connect(url: &str) -> Result<Client, WorkerError> {
     Ok(client_from_channel(channel(url).await?))
 }
 
+/// A client of the task store at `url` that connects on its first call, not
+/// now: a worker started before its task store (a pod beside the service)
+/// waits for it, its claim stream retrying with backoff, instead of
+/// exiting. A malformed `url` is still an error at once.
+pub fn connect_lazy(url: &str) -> Result<Client, WorkerError> {
+    Ok(client_from_channel(endpoint(url)?.connect_lazy()))
+}
+
 /// Connects as [`connect`] does, every call carrying `token` as a bearer
 /// token: a task store served beside a gateway that checks credentials
 /// takes one for every namespace.
@@ -85,14 +93,18 @@ pub async fn connect_with_token(url: &str, token: &str) -> Result<Client, Worker
 }
 
 async fn channel(url: &str) -> Result<Channel, WorkerError> {
-    let connect_error = |source| WorkerError::Connect { url: url.to_owned(), source };
+    endpoint(url)?.connect().await.map_err(|source| WorkerError::Connect { url: url.to_owned(), source })
+}
+
+/// The task store at `url`, with the worker's connection settings.
+fn endpoint(url: &str) -> Result<Endpoint, WorkerError> {
     let endpoint = Endpoint::from_shared(url.to_owned())
-        .map_err(connect_error)?
+        .map_err(|source| WorkerError::Connect { url: url.to_owned(), source })?
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(Duration::from_secs(20))
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
-    endpoint.connect().await.map_err(connect_error)
+    Ok(endpoint)
 }
 
 /// A client over an existing channel (a lazy one, one with TLS, ...).

@@ -45,6 +45,8 @@ pub(crate) struct Runner<H> {
     /// fails its task, and the first one is warned of.
     pub(crate) max_retries: u32,
     pub(crate) warned_no_retries: AtomicBool,
+    /// How long a handler may take (see [`Worker::task_timeout`](crate::Worker::task_timeout)).
+    pub(crate) task_timeout: Option<Duration>,
 }
 
 /// How long a handler told of its task's end may take to wind down before it
@@ -189,6 +191,17 @@ where
                 }
                 return;
             }
+            limit = overdue(self.task_timeout) => {
+                // Told, given a moment, then failed as worth another try.
+                cancel.cancel();
+                tokio::select! {
+                    _ = tokio::time::timeout(WIND_DOWN, &mut handler.0) => {}
+                    _ = self.keep_lease(&ctx) => {}
+                }
+                let limit = chorus_runtime::time::humanize(limit);
+                warn!(limit, "the handler overran the worker's task_timeout");
+                Ok(Err(HandlerError::retryable(format!("the handler did not finish within {limit} (task_timeout)"))))
+            }
         };
         abandon.disarm();
         match joined {
@@ -294,6 +307,17 @@ fn log_lease_end(end: &LeaseEnd) {
         LeaseEnd::Canceled => info!("task canceled on the server, abandoned"),
         LeaseEnd::Lost(status) => warn!(error = %status, "task lease lost, task abandoned"),
         LeaseEnd::Expired => warn!("task lease not renewed in time, task abandoned"),
+    }
+}
+
+/// Completes once `limit` has passed, with it; never without one.
+async fn overdue(limit: Option<Duration>) -> Duration {
+    match limit {
+        Some(limit) => {
+            tokio::time::sleep(limit).await;
+            limit
+        }
+        None => std::future::pending().await,
     }
 }
 

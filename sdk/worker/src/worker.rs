@@ -47,6 +47,7 @@ pub struct Worker {
     reconnect_initial: Duration,
     reconnect_max: Duration,
     shutdown_grace: Duration,
+    task_timeout: Option<Duration>,
     metrics: Metrics,
 }
 
@@ -73,6 +74,7 @@ impl Worker {
             reconnect_initial: DEFAULT_RECONNECT_INITIAL,
             reconnect_max: DEFAULT_RECONNECT_MAX,
             shutdown_grace: Duration::ZERO,
+            task_timeout: None,
             metrics: Metrics::default(),
         }
     }
@@ -150,6 +152,18 @@ impl Worker {
         self
     }
 
+    /// How long a handler may work on a task (default: as long as it
+    /// takes). One that overruns is told ([`TaskContext::cancelled`]),
+    /// aborted a second later, and its task failed as
+    /// [retryable](HandlerError::retryable), "the handler did not finish
+    /// within …", so that a hung call (a model, an upstream) does not hold a
+    /// slot, and the task's creator, forever.
+    #[must_use]
+    pub fn task_timeout(mut self, limit: Duration) -> Self {
+        self.task_timeout = Some(limit);
+        self
+    }
+
     /// The agent this worker works for.
     pub fn agent_id(&self) -> &str {
         &self.agent_id
@@ -185,6 +199,7 @@ impl Worker {
             abandon: CancellationToken::new(),
             max_retries: self.max_retries,
             warned_no_retries: std::sync::atomic::AtomicBool::new(false),
+            task_timeout: self.task_timeout,
         });
         let mut tasks = JoinSet::new();
         let ended = self.claim_loop(&request, &runner, &mut tasks, &shutdown).await;

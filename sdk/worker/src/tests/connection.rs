@@ -7,7 +7,7 @@ use chorus_proto::taskstore::TaskState;
 use tokio::sync::{Notify, mpsc};
 
 use super::{AGENT, NAMESPACE, Running, server::LiveStore, state_of, status_changes, status_text, within};
-use crate::{Reply, TaskContext, Worker, WorkerError};
+use crate::{CancellationToken, Reply, TaskContext, Worker, WorkerError};
 
 #[tokio::test]
 async fn the_worker_reconnects_when_the_server_comes_back() {
@@ -47,6 +47,27 @@ async fn connect_reports_bad_urls_and_absent_servers() {
     drop(listener);
     let absent = crate::connect(&format!("http://{addr}")).await;
     assert!(matches!(absent, Err(WorkerError::Connect { .. })), "{absent:?}");
+}
+
+/// A worker whose client connects lazily starts before its task store and
+/// works once the store is up.
+#[tokio::test]
+async fn a_lazily_connected_worker_waits_for_its_task_store() {
+    let mut store = LiveStore::start().await;
+    store.stop().await;
+    assert!(matches!(crate::connect_lazy("not a url"), Err(WorkerError::Connect { .. })));
+    let client = crate::connect_lazy(&store.url).expect("a lazy client needs no server");
+    let shutdown = CancellationToken::new();
+    let worker = Worker::new(client, AGENT).reconnect_backoff(Duration::from_millis(10), Duration::from_millis(50));
+    let handler = |task: TaskContext| async move { Ok(Reply::text(task.text())) };
+    let run = tokio::spawn(worker.run(handler, shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!run.is_finished(), "the worker waits for its task store");
+    store.restart().await;
+    let created = store.create(NAMESPACE, AGENT, "hello", None).await;
+    assert_eq!(state_of(&store.finished(NAMESPACE, &created.id).await), TaskState::Completed);
+    shutdown.cancel();
+    within("the worker to stop", run).await.expect("no panic").expect("a clean stop");
 }
 
 /// Records OpenTelemetry spans on every thread of this test process, from now on.

@@ -107,3 +107,25 @@ async fn a_handler_sees_its_worker_shut_down_then_its_task_handed_back() {
     let back = store.get(NAMESPACE, &created.id).await;
     assert_eq!((state_of(&back), back.attempt), (TaskState::Submitted, 0), "handed back: {back:?}");
 }
+
+#[tokio::test]
+async fn a_handler_past_the_task_timeout_is_told_and_its_task_failed_saying_why() {
+    let store = LiveStore::start().await;
+    let (told_tx, mut told) = mpsc::unbounded_channel();
+    let handler = move |task: TaskContext| {
+        let told_tx = told_tx.clone();
+        async move {
+            task.cancelled().await;
+            let _ = told_tx.send(());
+            std::future::pending().await
+        }
+    };
+    let limit = Duration::from_millis(300);
+    let running = Running::start(&store, |worker| worker.task_timeout(limit), handler).await;
+    let created = store.create(NAMESPACE, super::AGENT, "hang", None).await;
+    let done = store.finished(NAMESPACE, &created.id).await;
+    assert_eq!((state_of(&done), done.attempt), (TaskState::Failed, 1));
+    assert_eq!(status_text(&done), Some("the handler did not finish within 300ms (task_timeout)"));
+    assert_eq!(within("the handler to be told", told.recv()).await, Some(()));
+    running.stop().await.expect("the worker stops cleanly");
+}
