@@ -32,6 +32,7 @@
 //! `REJECTED` (the agent can't or won't do it); `HandlerError::fatal(..)`, any
 //! other error turned into a `HandlerError` by `?`, and a panic fail it.
 
+mod ask;
 mod backoff;
 mod context;
 pub mod echo;

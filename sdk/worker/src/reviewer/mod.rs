@@ -26,12 +26,11 @@ mod review;
 
 use std::time::Duration;
 
-use chorus_proto::taskstore::{Message, Role, TaskState, WatchTaskRequest, part::Content, task_event::Kind};
-use chorus_runtime::{transport, uri};
+use chorus_proto::taskstore::{Message, Role, TaskState, part::Content};
+use chorus_runtime::uri;
 use prost_types::{Struct, Value, value::Kind as ValueKind};
 use tokio_util::sync::CancellationToken;
 
-use crate::backoff::{Backoff, next_jittered};
 use crate::reply::{agent_message, text_part};
 use crate::{Client, HandlerError, Placement, Reply, TaskContext, WorkerError, text_artifact};
 
@@ -88,7 +87,9 @@ pub async fn handle(task: TaskContext, pace: Duration) -> Result<Reply, HandlerE
                 continue;
             }
             Source::Linked(path) => {
-                let answer = ask(&task, format!("May I read {path}?"), Some(file_request(&path))).await?;
+                let mut question = task.agent_message(vec![text_part(format!("May I read {path}?"))]);
+                question.metadata = Some(file_request(&path));
+                let answer = task.ask_message(question).await?;
                 let failed = answer.metadata.as_ref().and_then(|m| m.fields.get(READ_TEXT_FILE)).and_then(|request| {
                     match &request.kind {
                         Some(ValueKind::StructValue(fields)) => fields.fields.get("error").cloned(),
@@ -119,7 +120,7 @@ pub async fn handle(task: TaskContext, pace: Duration) -> Result<Reply, HandlerE
         return Ok(Reply::text(summary).with_artifact(artifact));
     }
     show_plan(&task, &names, names.len(), "in_progress").await?;
-    let answer = ask(&task, format!("{summary} Publish the review?"), None).await?;
+    let answer = task.ask(format!("{summary} Publish the review?")).await?;
     show_plan(&task, &names, names.len(), "completed").await?;
     if texts(&answer).first().is_some_and(|text| publishes(text)) {
         let artifact = text_artifact("review", review::table(&reviews));
@@ -233,82 +234,6 @@ async fn step(task: &TaskContext, text: String, pace: Duration) -> Result<(), Ha
     tokio::select! {
         () = task.cancelled() => Err(HandlerError::fatal("the task was cancelled")),
         () = tokio::time::sleep(pace) => Ok(()),
-    }
-}
-
-/// Puts the task in `input-required` with `question`, and waits for the
-/// user's answer: the next user message the task gets.
-async fn ask(task: &TaskContext, question: String, metadata: Option<Struct>) -> Result<Message, HandlerError> {
-    let mut message = agent_message(task.task(), vec![text_part(question)]);
-    message.metadata = metadata;
-    task.update_status(TaskState::InputRequired, message).await?;
-    let mut client = task.client();
-    let mut backoff = Backoff::new(REWATCH_FIRST, REWATCH_LONGEST);
-    loop {
-        // The task store restarts, or is out of reach for a moment: the
-        // task still waits, and a new watch's snapshot shows an answer given
-        // meanwhile. The lease, renewed apart, bounds the wait.
-        if let Some(answer) = watch_answer(task, &mut client).await? {
-            return Ok(answer);
-        }
-        tokio::select! {
-            () = task.cancelled() => return Err(HandlerError::fatal("the task was cancelled")),
-            () = tokio::time::sleep(next_jittered(&mut backoff)) => {}
-        }
-    }
-}
-
-/// The first pause before the answer is watched for again, and the longest.
-const REWATCH_FIRST: Duration = Duration::from_millis(200);
-const REWATCH_LONGEST: Duration = Duration::from_secs(5);
-
-/// Watches the task until the user answers it; `None` when the task store
-/// went away first (UNAVAILABLE, or the watch's connection broke), and the
-/// watch is worth opening again.
-async fn watch_answer(task: &TaskContext, client: &mut Client) -> Result<Option<Message>, HandlerError> {
-    let went_away = |status: tonic::Status| {
-        if !transport::cut_off(&status) {
-            return Err(HandlerError::from(WorkerError::from(status)));
-        }
-        tracing::info!(task_id = task.id(), error = status.message(), "watching for the answer again");
-        Ok(None)
-    };
-    let watch = WatchTaskRequest {
-        namespace: task.namespace().to_owned(),
-        task_id: task.id().to_owned(),
-        snapshot: true,
-        ..WatchTaskRequest::default()
-    };
-    let mut events = match client.watch_task(watch).await {
-        Ok(events) => events.into_inner(),
-        Err(status) => return went_away(status),
-    };
-    loop {
-        let event = tokio::select! {
-            () = task.cancelled() => return Err(HandlerError::fatal("the task was cancelled")),
-            event = events.message() => event,
-        };
-        let event = match event {
-            Ok(Some(event)) => event,
-            Ok(None) => return Err(HandlerError::retryable("the task store ended the watch before the answer came")),
-            Err(status) => return went_away(status),
-        };
-        match Kind::try_from(event.kind) {
-            Ok(Kind::Snapshot) => {
-                let Some(snapshot) = event.task else { continue };
-                let answered = snapshot.status.as_ref().is_some_and(|s| s.state == i32::from(TaskState::Working));
-                let latest = snapshot.history.iter().rev().find(|m| m.role == i32::from(Role::User));
-                if let (true, Some(answer)) = (answered, latest) {
-                    return Ok(Some(answer.clone()));
-                }
-            }
-            Ok(Kind::MessageAdded) => {
-                if let Some(answer) = event.message.filter(|m| m.role == i32::from(Role::User)) {
-                    return Ok(Some(answer));
-                }
-            }
-            Ok(Kind::StatusChanged | Kind::ArtifactUpdated | Kind::Created | Kind::Unspecified) | Err(_) => {}
-        }
     }
 }
 

@@ -129,3 +129,42 @@ async fn a_handler_past_the_task_timeout_is_told_and_its_task_failed_saying_why(
     assert_eq!(within("the handler to be told", told.recv()).await, Some(()));
     running.stop().await.expect("the worker stops cleanly");
 }
+
+#[tokio::test]
+async fn a_handler_asks_its_user_and_goes_on_with_the_answer() {
+    let store = LiveStore::start().await;
+    let handler = |task: TaskContext| async move {
+        let answer = task.ask("which region?").await?;
+        Ok(Reply::text(format!("deploying to {}", crate::reply::text_of(&answer.parts))))
+    };
+    let running = Running::start(&store, |worker| worker, handler).await;
+    let created = store.create(NAMESPACE, super::AGENT, "deploy", None).await;
+    let client = crate::connect(&store.url).await.expect("connect");
+    let asked = within("the question", async {
+        loop {
+            let task = store.get(NAMESPACE, &created.id).await;
+            if state_of(&task) == TaskState::InputRequired {
+                return task;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(status_text(&asked), Some("which region?"));
+    let answer = chorus_proto::taskstore::Message {
+        message_id: "answer-1".into(),
+        role: chorus_proto::taskstore::Role::User.into(),
+        parts: vec![text_part("eu-west")],
+        ..Default::default()
+    };
+    let request = chorus_proto::taskstore::AnswerQuestionRequest {
+        namespace: NAMESPACE.into(),
+        task_id: created.id.clone(),
+        answer: Some(answer),
+        follower: None,
+    };
+    client.clone().answer_question(request).await.expect("answer");
+    let done = store.finished(NAMESPACE, &created.id).await;
+    assert_eq!((state_of(&done), status_text(&done)), (TaskState::Completed, Some("deploying to eu-west")));
+    running.stop().await.expect("the worker stops cleanly");
+}
