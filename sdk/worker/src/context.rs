@@ -6,8 +6,8 @@ use std::{
 };
 
 use chorus_proto::taskstore::{
-    AppendArtifactRequest, Artifact, InboxMessage, Message, NotifyOwnerRequest, SpawnSubtaskRequest,
-    SpawnSubtaskResponse, Task, TaskState, UpdateStatusRequest, inbox_message,
+    AppendArtifactRequest, Artifact, AwaitSubtasksRequest, AwaitSubtasksResponse, InboxMessage, Message,
+    NotifyOwnerRequest, SpawnSubtaskRequest, SpawnSubtaskResponse, Task, TaskState, UpdateStatusRequest, inbox_message,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -173,6 +173,29 @@ impl TaskContext {
         let mut client = self.client();
         let response = client.spawn_subtask(request).instrument(self.inner.span.clone()).await?;
         Ok(response.into_inner())
+    }
+
+    /// Waits for this task's children to finish: those named (any, when
+    /// `task_ids` is empty: each unread completion once), all of them, or
+    /// with `any` the first, for at most `timeout` (`timed_out` then says
+    /// so). Finished children come back whole, their output in their
+    /// artifacts and final status message.
+    pub async fn await_subtasks(
+        &self,
+        task_ids: &[String],
+        any: bool,
+        timeout: std::time::Duration,
+    ) -> Result<AwaitSubtasksResponse, WorkerError> {
+        let request = AwaitSubtasksRequest {
+            namespace: self.inner.namespace.clone(),
+            parent_task_id: self.id().to_owned(),
+            task_ids: task_ids.to_vec(),
+            any,
+            timeout: crate::task::prost_duration(timeout),
+        };
+        let mut client = self.client();
+        let answer = client.await_subtasks(request).instrument(self.inner.span.clone()).await?;
+        Ok(answer.into_inner())
     }
 
     /// The message id of this run's next spawn of `text` to `agent_id`:

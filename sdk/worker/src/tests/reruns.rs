@@ -75,6 +75,7 @@ async fn a_handler_run_again_finds_the_children_its_earlier_run_spawned() {
         ..ListTasksRequest::default()
     };
     let children = client.clone().list_tasks(request).await.expect("children").into_inner().tasks;
+    assert_eq!(children.len(), 3);
     let mut texts: Vec<String> = children.iter().map(crate::reply::user_text).collect();
     texts.sort();
     assert_eq!(texts, ["summarize a", "summarize a", "summarize b"], "two runs, one set of children");
@@ -167,4 +168,27 @@ async fn a_handler_asks_its_user_and_goes_on_with_the_answer() {
     let done = store.finished(NAMESPACE, &created.id).await;
     assert_eq!((state_of(&done), status_text(&done)), (TaskState::Completed, Some("deploying to eu-west")));
     running.stop().await.expect("the worker stops cleanly");
+}
+
+#[tokio::test]
+async fn a_handler_awaits_the_children_it_spawned() {
+    let store = LiveStore::start().await;
+    let children = Running::start_for(&store, "echoer", |worker| worker.capacity(2), crate::echo::handle).await;
+    let handler = |task: TaskContext| async move {
+        let mut ids = Vec::new();
+        for text in ["one", "two"] {
+            ids.push(task.spawn("echoer", text, false).await?.task.map(|child| child.id).unwrap_or_default());
+        }
+        let awaited = task.await_subtasks(&ids, false, Duration::from_secs(10)).await?;
+        let mut said: Vec<String> =
+            awaited.finished.iter().filter_map(|child| status_text(child).map(str::to_owned)).collect();
+        said.sort();
+        Ok(Reply::text(format!("{} of {}: {}", said.len(), ids.len(), said.join(", "))))
+    };
+    let running = Running::start(&store, |worker| worker, handler).await;
+    let created = store.create(NAMESPACE, super::AGENT, "plan", None).await;
+    let done = store.finished(NAMESPACE, &created.id).await;
+    assert_eq!((state_of(&done), status_text(&done)), (TaskState::Completed, Some("2 of 2: one, two")));
+    running.stop().await.expect("the worker stops cleanly");
+    children.stop().await.expect("the children's worker stops cleanly");
 }
