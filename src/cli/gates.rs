@@ -55,11 +55,12 @@ pub(super) async fn list(client: &mut Client, target: &Target, workflow: Option<
                 "step_id": gate.step.step_id,
                 "iteration": gate.step.iteration,
                 "input": view::struct_json(gate.step.input.as_ref()),
+                "waiting_since": view::timestamp_json(gate.step.started_at.as_ref().or(gate.step.created_at.as_ref())),
                 "expires_at": view::timestamp_json(gate.step.wake_at.as_ref()),
             })
         }));
     }
-    let header = ["RUN", "WORKFLOW", "GATE", "ITER", "REVIEWERS", "IF REJECTED", "EXPIRES"];
+    let header = ["RUN", "WORKFLOW", "GATE", "ITER", "REVIEWERS", "IF REJECTED", "WAITING SINCE", "EXPIRES"];
     let mut rows = vec![header.map(str::to_owned).to_vec()];
     // What each gate decides on, below the table: too long for a column.
     let mut decided_on = String::new();
@@ -85,6 +86,7 @@ pub(super) async fn list(client: &mut Client, target: &Target, workflow: Option<
                 _ => "phase reruns",
             }
             .to_owned(),
+            view::time(step.started_at.as_ref().or(step.created_at.as_ref())),
             step.wake_at.as_ref().map_or_else(|| "-".to_owned(), |at| view::time(Some(at))),
         ]);
     }

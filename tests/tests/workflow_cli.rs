@@ -139,8 +139,10 @@ async fn a_person_applies_starts_decides_and_watches_a_workflow() {
         "{gates}"
     );
     assert!(gates.contains(&format!("{run_id} signoff#1:\n  build: green\n")), "what is decided on: {gates}");
+    assert!(gates.lines().next().is_some_and(|header| header.contains("WAITING SINCE")), "{gates}");
     let gates = json(&chorus(&url, dir, &["gate", "list", "--json"]).await);
     let gate = &gates[0];
+    assert!(gate["waiting_since"].as_str().is_some_and(|at| at.ends_with('Z')), "{gate}");
     assert_eq!(
         (&gate["run_id"], &gate["step_id"], &gate["iteration"]),
         (&run_id.clone().into(), &"signoff".into(), &1.into())

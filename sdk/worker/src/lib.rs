@@ -35,12 +35,15 @@
 mod ask;
 mod backoff;
 mod context;
+#[doc(hidden)]
 pub mod echo;
 mod ending;
 mod error;
+#[doc(hidden)]
 pub mod phases;
 mod placement;
 mod reply;
+#[doc(hidden)]
 pub mod reviewer;
 mod task;
 #[cfg(test)]
@@ -57,6 +60,7 @@ pub use chorus_proto::taskstore as proto;
 pub use chorus_runtime::signal::shutdown_on_signal;
 pub use context::TaskContext;
 pub use error::{HandlerError, WorkerError};
+#[doc(hidden)]
 pub use placement::{Placement, RETRIES};
 pub use reply::{Reply, text_artifact, text_part};
 pub use tokio_util::sync::CancellationToken;
