@@ -114,7 +114,10 @@ impl SqlHubRepository {
     pub(super) async fn clear_expired(&self, now: i64, limit: u32) -> Result<Expired> {
         let mut tx = self.begin().await?;
         let mut expired = Expired::default();
-        for table in ["hub_inbox", "hub_messages", "hub_delegations"] {
+        // Delegations before the inbox, in the order a reply and a
+        // delegation's end lock them: the other order deadlocked with a
+        // delegation ending as it expired (PostgreSQL).
+        for table in ["hub_delegations", "hub_messages", "hub_inbox"] {
             let done = sqlx::query(AssertSqlSafe(format!("DELETE FROM {table} WHERE expires_at <= $1")))
                 .bind(now)
                 .execute(&mut *tx)
