@@ -10,7 +10,7 @@ pub use self::{
     problem::{Problem, Severity, has_errors, sort_problems},
     run::{
         Decision, GateDecision, NewRun, OriginKind, Outcome, Run, RunBody, RunChange, RunCursor, RunEvent, RunFilter,
-        RunOrigin, RunPage, RunState, Signal, Started, StepKind, StepRecord, StepState, branches_failed,
+        RunOrigin, RunPage, RunState, Signal, Slot, Started, StepKind, StepRecord, StepState, branches_failed,
     },
     spec::{
         Action, Branch, Concurrency, Delegate, Gate, GateMode, Input, InputType, JoinMode, MessageStep, MessageTarget,

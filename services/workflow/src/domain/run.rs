@@ -7,6 +7,17 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+/// Whether a pending run may start now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    /// Its concurrency limit has room, or it has none.
+    Free,
+    /// Its concurrency limit is reached.
+    Full,
+    /// Its workflow is disabled: it stays queued until it is enabled.
+    Held,
+}
+
 /// Where a run is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

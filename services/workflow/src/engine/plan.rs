@@ -10,7 +10,7 @@ use serde_json::{Map, Value, json};
 
 use super::{gates::reran, render::Scope};
 use crate::domain::{
-    Action, Decision, GateDecision, GateMode, JoinMode, MessageTarget, Outcome, Run, RunState, SpawnTarget, Step,
+    Action, Decision, GateDecision, GateMode, JoinMode, MessageTarget, Outcome, Run, RunState, Slot, SpawnTarget, Step,
     StepKind, StepRecord, StepState, Wait, WorkflowSpec,
 };
 
@@ -102,17 +102,23 @@ pub(crate) fn cancel_record(record: &mut StepRecord, now: i64) {
 }
 
 impl Planner<'_> {
-    /// Moves the run as far as it goes without a side effect. `slot_free`:
-    /// a pending run may start (its concurrency limit has room).
-    pub(crate) fn advance(&self, run: &mut Run, slot_free: bool) {
+    /// Moves the run as far as it goes without a side effect. `slot`:
+    /// whether a pending run may start, and if not, why.
+    pub(crate) fn advance(&self, run: &mut Run, slot: Slot) {
         if run.state.is_finished() {
             return;
         }
         if run.state == RunState::Pending {
-            if !slot_free {
-                let limit = self.spec.concurrency.as_ref();
-                run.body.pending_reason =
-                    limit.map(|limit| limit.holding(&run.workflow, run.concurrency_key.as_deref()));
+            let waiting = match slot {
+                Slot::Free => None,
+                Slot::Full => {
+                    let limit = self.spec.concurrency.as_ref();
+                    Some(limit.map(|limit| limit.holding(&run.workflow, run.concurrency_key.as_deref())))
+                }
+                Slot::Held => Some(Some(format!("held: `{}` is disabled", run.workflow))),
+            };
+            if let Some(reason) = waiting {
+                run.body.pending_reason = reason;
                 return;
             }
             run.body.pending_reason = None;

@@ -25,7 +25,7 @@ use super::{
     runs::{Change, Fence, Transition, Written},
 };
 use crate::{
-    domain::{Run, RunState},
+    domain::{Run, RunState, Slot},
     engine::schedule::changes,
 };
 
@@ -117,7 +117,7 @@ impl HeldRuns {
     /// Applies `change` to the held copy and writes it over that revision.
     pub(super) async fn transition(&self, held: Stored, now: i64, change: &mut Change<'_>) -> HeldOutcome {
         let mut run = held.run.clone();
-        let Ok(mut transition) = change(&mut run, true) else { return HeldOutcome::Missed };
+        let Ok(mut transition) = change(&mut run, Slot::Free) else { return HeldOutcome::Missed };
         if settle(&held, &run, &mut transition, now) {
             return HeldOutcome::Unchanged(held);
         }

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 
 use crate::{
-    domain::{NewRun, Run, RunCursor, RunEvent, RunFilter, RunPage, RunState},
+    domain::{NewRun, Run, RunCursor, RunEvent, RunFilter, RunPage, RunState, Slot},
     error::Result,
 };
 
@@ -105,9 +105,9 @@ pub struct Unfinished {
     pub since: i64,
 }
 
-/// A change applied to a run read under its lock. `slot_free` says whether a
-/// pending run may start under its concurrency limit.
-pub type Change<'a> = dyn FnMut(&mut Run, bool) -> Result<Transition> + Send + 'a;
+/// A change applied to a run read under its lock. The [`Slot`] says whether
+/// a pending run may start under its concurrency limit.
+pub type Change<'a> = dyn FnMut(&mut Run, Slot) -> Result<Transition> + Send + 'a;
 
 /// Where runs are kept. Every change of a run is serialized by the run's
 /// lock and recorded as events in the same transaction.

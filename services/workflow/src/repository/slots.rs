@@ -5,7 +5,10 @@ use chorus_runtime::storage::{Backend, Tx};
 use sqlx::{AssertSqlSafe, Row as _};
 
 use super::sql_runs::SqlRunRepository;
-use crate::{domain::Run, error::Result};
+use crate::{
+    domain::{Run, RunState, Slot},
+    error::Result,
+};
 
 impl SqlRunRepository {
     /// Serializes the runs of one concurrency group (PostgreSQL; SQLite's
@@ -28,7 +31,19 @@ impl SqlRunRepository {
         }
     }
 
-    pub(super) async fn slot_free(&self, tx: &mut Tx, run: &Run, limit: i64) -> Result<bool> {
+    /// Whether `run`, when pending, may start: a queued run of a disabled
+    /// workflow stays queued (enabling it makes the queue due again).
+    pub(super) async fn slot(&self, tx: &mut Tx, run: &Run, limit: i64) -> Result<Slot> {
+        if run.state != RunState::Pending {
+            return Ok(Slot::Free);
+        }
+        if self.disabled(tx, run).await? {
+            return Ok(Slot::Held);
+        }
+        Ok(if self.slot_free(tx, run, limit).await? { Slot::Free } else { Slot::Full })
+    }
+
+    async fn slot_free(&self, tx: &mut Tx, run: &Run, limit: i64) -> Result<bool> {
         let sql = format!(
             "SELECT COUNT(*) AS active FROM workflow_runs WHERE namespace = $1 AND workflow = $2 AND {} \
              AND state IN ('running', 'waiting')",
@@ -45,7 +60,7 @@ impl SqlRunRepository {
     }
 
     /// Whether `run`'s workflow is disabled.
-    pub(super) async fn disabled(&self, tx: &mut Tx, run: &Run) -> Result<bool> {
+    async fn disabled(&self, tx: &mut Tx, run: &Run) -> Result<bool> {
         let row = sqlx::query("SELECT 1 AS held FROM workflow_disabled WHERE namespace = $1 AND name = $2")
             .bind(&run.namespace)
             .bind(&run.workflow)

@@ -24,7 +24,7 @@ use super::{
     runs::{Change, Claim, Created, EventPage, Fence, RunRepository, Taker, TriggerCursor, Unfinished, Written},
 };
 use crate::{
-    domain::{NewRun, Run, RunChange, RunCursor, RunEvent, RunFilter, RunPage, RunState},
+    domain::{NewRun, Run, RunChange, RunCursor, RunEvent, RunFilter, RunPage, RunState, Slot},
     engine::schedule::changes,
     error::{Result, WorkflowError},
 };
@@ -286,21 +286,14 @@ impl RunRepository for SqlRunRepository {
         }
         let before = stored.run.clone();
         let mut run = before.clone();
-        // A queued run of a disabled workflow stays queued (enabling it
-        // makes the queue due again).
-        let mut held = false;
-        let slot_free = match stored.concurrency_limit {
+        let slot = match stored.concurrency_limit {
             Some(limit) => {
                 self.lock_group(&mut tx, &run).await?;
-                held = run.state == RunState::Pending && self.disabled(&mut tx, &run).await?;
-                run.state != RunState::Pending || (!held && self.slot_free(&mut tx, &run, limit).await?)
+                self.slot(&mut tx, &run, limit).await?
             }
-            None => true,
+            None => Slot::Free,
         };
-        let mut transition = change(&mut run, slot_free)?;
-        if held && run.state == RunState::Pending {
-            run.body.pending_reason = Some(format!("held: `{}` is disabled", run.workflow));
-        }
+        let mut transition = change(&mut run, slot)?;
         if settle(&stored, &run, &mut transition, now) {
             // Nothing changed: nothing to write, no commit to wait for.
             tx.rollback().await?;

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use super::{ENGINE_KEY, Workflows, feed::Fed};
 use crate::{
     domain::{
-        Decision, NewRun, Run, RunBody, RunCursor, RunFilter, RunOrigin, RunPage, RunState, Started, StepState,
+        Decision, NewRun, Run, RunBody, RunCursor, RunFilter, RunOrigin, RunPage, RunState, Slot, Started, StepState,
         WorkflowSpec,
     },
     engine::{
@@ -88,10 +88,10 @@ impl Workflows {
         // The run as the write that committed found it (a retried write
         // reads it again), to count what the write finished.
         let mut before = Progress::default();
-        let mut change = |run: &mut Run, slot_free: bool| {
+        let mut change = |run: &mut Run, slot: Slot| {
             before = Progress::of(run);
             apply(&planner, run)?;
-            planner.advance(run, slot_free);
+            planner.advance(run, slot);
             Ok(Transition { due_at: due_at(run, now), release: fence.is_some() && !needs_driver(run) })
         };
         let written = self.runs.transition(namespace, run_id, fence, now, &mut change).await?;
@@ -214,7 +214,7 @@ impl Workflows {
         // finishes at once: that is recorded by a transition).
         let started = spec.concurrency.is_none().then(|| {
             let mut run = probe.clone();
-            Planner { spec: &spec, config: &self.vars, now }.advance(&mut run, true);
+            Planner { spec: &spec, config: &self.vars, now }.advance(&mut run, Slot::Free);
             let changes = crate::engine::schedule::changes(&probe, &run);
             Started { state: run.state, due_at: due_at(&run, now), changes, body: run.body }
         });

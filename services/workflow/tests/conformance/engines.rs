@@ -138,7 +138,7 @@ async fn a_run_created_for_an_engine_is_its_claim_from_the_start(h: Harness) {
     assert!(engine.claim_due("engine-b", 50, 200, 10).await.expect("claim").is_empty(), "engine-a holds it");
     let again = engine.create(NewRun { id: "run-again".into(), ..new }, Some(&taker), 2).await.expect("create again");
     assert_eq!((again.run.id.as_str(), again.created, again.claim), ("run-taken", false, None));
-    let mut work = |run: &mut chorus_workflow::domain::Run, _: bool| {
+    let mut work = |run: &mut chorus_workflow::domain::Run, _: chorus_workflow::domain::Slot| {
         run.body.input.insert("worked".into(), json!(true));
         Ok(Transition { due_at: Some(0), release: false })
     };
@@ -292,30 +292,35 @@ async fn a_run_that_stays_due_keeps_the_time_it_became_due(h: Harness) {
     engine.create(bare_run("run-due"), None, 1).await.expect("create");
     assert_eq!(due_at(&h, "run-due").await, Some(1));
     let fence = engine.claim_due("engine-a", 2, 100, 10).await.expect("claim").remove(0).fence;
-    let mut due_now = |run: &mut chorus_workflow::domain::Run, _: bool| {
+    let mut due_now = |run: &mut chorus_workflow::domain::Run, _: chorus_workflow::domain::Slot| {
         run.body.input.insert("worked".into(), json!(true));
         Ok(Transition { due_at: Some(10), release: false })
     };
     let written = engine.transition(NS, "run-due", Some(&fence), 10, &mut due_now).await.expect("write");
     assert!(written.wrote);
     assert_eq!(due_at(&h, "run-due").await, Some(1), "still due since 1");
-    let mut unchanged =
-        |_: &mut chorus_workflow::domain::Run, _: bool| Ok(Transition { due_at: Some(20), release: false });
+    let mut unchanged = |_: &mut chorus_workflow::domain::Run, _: chorus_workflow::domain::Slot| {
+        Ok(Transition { due_at: Some(20), release: false })
+    };
     let written = engine.transition(NS, "run-due", Some(&fence), 20, &mut unchanged).await.expect("no-op");
     assert!(!written.wrote, "nothing but the due time changed: nothing written");
     // A time still to come, or none, is written as asked.
-    let mut later =
-        |_: &mut chorus_workflow::domain::Run, _: bool| Ok(Transition { due_at: Some(500), release: false });
+    let mut later = |_: &mut chorus_workflow::domain::Run, _: chorus_workflow::domain::Slot| {
+        Ok(Transition { due_at: Some(500), release: false })
+    };
     engine.transition(NS, "run-due", Some(&fence), 30, &mut later).await.expect("later");
     assert_eq!(due_at(&h, "run-due").await, Some(500));
-    let mut never = |_: &mut chorus_workflow::domain::Run, _: bool| Ok(Transition { due_at: None, release: false });
+    let mut never = |_: &mut chorus_workflow::domain::Run, _: chorus_workflow::domain::Slot| {
+        Ok(Transition { due_at: None, release: false })
+    };
     engine.transition(NS, "run-due", Some(&fence), 40, &mut never).await.expect("never");
     assert_eq!(due_at(&h, "run-due").await, None);
     // Both ways of writing keep it: the engine's held copy and a locked read.
-    let mut now_again =
-        |_: &mut chorus_workflow::domain::Run, _: bool| Ok(Transition { due_at: Some(50), release: false });
+    let mut now_again = |_: &mut chorus_workflow::domain::Run, _: chorus_workflow::domain::Slot| {
+        Ok(Transition { due_at: Some(50), release: false })
+    };
     engine.transition(NS, "run-due", None, 50, &mut now_again).await.expect("due again");
-    let mut still = |run: &mut chorus_workflow::domain::Run, _: bool| {
+    let mut still = |run: &mut chorus_workflow::domain::Run, _: chorus_workflow::domain::Slot| {
         run.body.input.insert("more".into(), json!(true));
         Ok(Transition { due_at: Some(60), release: false })
     };
@@ -332,7 +337,7 @@ async fn the_engine_writes_the_run_it_holds_without_reading_it(h: Harness) {
     engine.create(bare_run("run-blind"), None, 1).await.expect("create");
     let fence = engine.claim_due("engine-a", 2, 100, 10).await.expect("claim").remove(0).fence;
     let mark = |key: &'static str| {
-        move |run: &mut chorus_workflow::domain::Run, _: bool| {
+        move |run: &mut chorus_workflow::domain::Run, _: chorus_workflow::domain::Slot| {
             run.body.input.insert(key.into(), json!(true));
             Ok(Transition { due_at: Some(0), release: false })
         }
@@ -395,13 +400,13 @@ async fn a_change_made_here_before_the_engines_first_look_is_seen(h: Harness) {
     assert_eq!(runs.held_state(NS, "run-fresh"), Some(RunState::Pending), "held as created");
     assert_eq!(runs.held_state("elsewhere", "run-fresh"), None, "held in its namespace only");
     let keep = Transition { due_at: Some(0), release: false };
-    let mut api = |run: &mut chorus_workflow::domain::Run, _: bool| {
+    let mut api = |run: &mut chorus_workflow::domain::Run, _: chorus_workflow::domain::Slot| {
         run.body.input.insert("api".into(), json!(true));
         Ok(keep)
     };
     runs.transition(NS, "run-fresh", None, 2, &mut api).await.expect("the API writes");
     assert_eq!(runs.held_state(NS, "run-fresh"), None, "the engine's copy is dropped");
-    let mut nothing = |_: &mut chorus_workflow::domain::Run, _: bool| Ok(keep);
+    let mut nothing = |_: &mut chorus_workflow::domain::Run, _: chorus_workflow::domain::Slot| Ok(keep);
     let seen = runs.transition(NS, "run-fresh", Some(&fence), 3, &mut nothing).await.expect("the first look").run;
     assert!(seen.body.input.contains_key("api"), "{:?}", seen.body.input);
     assert_eq!(runs.held_state(NS, "run-fresh"), Some(RunState::Pending), "held again, as read");
@@ -418,7 +423,7 @@ async fn an_engine_never_writes_its_copy_of_a_run_over_a_change_made_meanwhile(h
     let fence = claims.into_iter().find(|claim| claim.run_id == "run-held").expect("claimed").fence;
     let keep = Transition { due_at: Some(0), release: false };
     let mark = |key: &'static str| {
-        move |run: &mut chorus_workflow::domain::Run, _: bool| {
+        move |run: &mut chorus_workflow::domain::Run, _: chorus_workflow::domain::Slot| {
             run.body.input.insert(key.into(), json!(true));
             Ok(keep)
         }
@@ -426,7 +431,7 @@ async fn an_engine_never_writes_its_copy_of_a_run_over_a_change_made_meanwhile(h
     engine.transition(NS, "run-held", Some(&fence), 3, &mut mark("engine-first")).await.expect("engine writes");
     api.transition(NS, "run-held", None, 4, &mut mark("api")).await.expect("api writes");
     // A transition that changes nothing in the engine's copy still sees the change.
-    let mut nothing = |_: &mut chorus_workflow::domain::Run, _: bool| Ok(keep);
+    let mut nothing = |_: &mut chorus_workflow::domain::Run, _: chorus_workflow::domain::Slot| Ok(keep);
     let seen = engine.transition(NS, "run-held", Some(&fence), 4, &mut nothing).await.expect("look").run;
     assert!(seen.body.input.contains_key("api"), "{:?}", seen.body.input);
     let run = engine.transition(NS, "run-held", Some(&fence), 5, &mut mark("engine-second")).await.expect("again").run;
@@ -452,7 +457,7 @@ async fn the_gauges_count_unfinished_runs_by_state(h: Harness) {
     for (id, at) in [("run-a", 5), ("run-b", 9), ("run-c", 20)] {
         runs.create(bare_run(id), None, at).await.expect("create");
     }
-    let mut finish = |run: &mut chorus_workflow::domain::Run, _: bool| {
+    let mut finish = |run: &mut chorus_workflow::domain::Run, _: chorus_workflow::domain::Slot| {
         run.state = RunState::Completed;
         run.finished_at = Some(12);
         Ok(Transition { due_at: None, release: false })
