@@ -84,6 +84,8 @@ pub struct Put {
     pub definition: Definition,
     /// The source matched the latest version: nothing was added.
     pub unchanged: bool,
+    /// The version that was the latest before this put added one.
+    pub replaced: Option<Definition>,
 }
 
 /// Where a list page starts.

@@ -35,13 +35,11 @@ pub trait DefinitionRepository: Send + Sync + std::fmt::Debug {
     async fn head(&self, namespace: &str, name: &str) -> Result<Option<Head>>;
 
     /// Disables `name`, every version of it; when it is disabled already,
-    /// the first record stands. Whether `name` has a version (else nothing
-    /// changed).
-    async fn disable(&self, namespace: &str, name: &str, disabled: Disabled) -> Result<bool>;
+    /// the first record stands. A name with no version is left alone.
+    async fn disable(&self, namespace: &str, name: &str, disabled: Disabled) -> Result<()>;
 
     /// Enables `name` again, the runs it held in the queue due at `now`.
-    /// Whether `name` has a version.
-    async fn enable(&self, namespace: &str, name: &str, now: i64) -> Result<bool>;
+    async fn enable(&self, namespace: &str, name: &str, now: i64) -> Result<()>;
 
     /// With `name`: its versions, newest first; else the latest version of
     /// each name, by name. At most `limit`, after `after`.

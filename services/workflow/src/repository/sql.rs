@@ -113,9 +113,10 @@ impl DefinitionRepository for SqlDefinitionRepository {
                 || (definition.keep_if_stored && stored_text(&mut tx, &definition).await?))
         {
             tx.commit().await?;
-            return Ok(Put { definition: latest.clone(), unchanged: true });
+            return Ok(Put { definition: latest.clone(), unchanged: true, replaced: None });
         }
-        let (version, disabled) = latest.map_or((1, None), |latest| (latest.version + 1, latest.disabled));
+        let version = latest.as_ref().map_or(1, |latest| latest.version + 1);
+        let disabled = latest.as_ref().and_then(|latest| latest.disabled.clone());
         let triggers =
             serde_json::to_string(&definition.triggers).map_err(|error| WorkflowError::Corrupt(error.to_string()))?;
         let inserted = sqlx::query(AssertSqlSafe(format!(
@@ -165,7 +166,7 @@ impl DefinitionRepository for SqlDefinitionRepository {
             created_at: now,
             disabled,
         };
-        Ok(Put { definition, unchanged: false })
+        Ok(Put { definition, unchanged: false, replaced: latest })
     }
 
     async fn get(&self, namespace: &str, name: &str, version: Option<u32>) -> Result<Option<Definition>> {
@@ -209,8 +210,8 @@ impl DefinitionRepository for SqlDefinitionRepository {
         Ok(Some(Head { latest: stored_version(latest)?, disabled: disabled(&row)? }))
     }
 
-    async fn disable(&self, namespace: &str, name: &str, disabled: Disabled) -> Result<bool> {
-        let inserted = sqlx::query(
+    async fn disable(&self, namespace: &str, name: &str, disabled: Disabled) -> Result<()> {
+        sqlx::query(
             "INSERT INTO workflow_disabled (namespace, name, disabled_by, disabled_reason, disabled_at) \
              SELECT $1, $2, $3, $4, $5 WHERE EXISTS \
              (SELECT 1 FROM workflow_definitions WHERE namespace = $1 AND name = $2) \
@@ -223,10 +224,10 @@ impl DefinitionRepository for SqlDefinitionRepository {
         .bind(disabled.at)
         .execute(&mut *self.db.acquire().await?)
         .await?;
-        Ok(inserted.rows_affected() > 0 || self.head(namespace, name).await?.is_some())
+        Ok(())
     }
 
-    async fn enable(&self, namespace: &str, name: &str, now: i64) -> Result<bool> {
+    async fn enable(&self, namespace: &str, name: &str, now: i64) -> Result<()> {
         let mut tx = self.db.begin().await?;
         sqlx::query("DELETE FROM workflow_disabled WHERE namespace = $1 AND name = $2")
             .bind(namespace)
@@ -245,7 +246,7 @@ impl DefinitionRepository for SqlDefinitionRepository {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(self.head(namespace, name).await?.is_some())
+        Ok(())
     }
 
     async fn list(

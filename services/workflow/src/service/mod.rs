@@ -233,21 +233,20 @@ impl Workflows {
     /// keeps its first record. Its latest version, as it is now.
     pub async fn disable(&self, namespace: &str, name: &str, by: &str, reason: &str) -> Result<Definition> {
         let disabled = Disabled { by: by.to_owned(), reason: reason.to_owned(), at: now_micros() };
-        if !self.repository.disable(namespace, name, disabled).await? {
-            return Err(WorkflowError::NotFound(name.to_owned()));
-        }
+        self.repository.disable(namespace, name, disabled).await?;
+        // NotFound for a name with no version, for which nothing was recorded.
+        let definition = self.get(namespace, name, None).await?;
         tracing::info!(namespace, workflow = name, by, reason, "workflow disabled");
-        self.get(namespace, name, None).await
+        Ok(definition)
     }
 
     /// Lets `name` start runs again. Its latest version, as it is now.
     pub async fn enable(&self, namespace: &str, name: &str, by: &str) -> Result<Definition> {
-        if !self.repository.enable(namespace, name, now_micros()).await? {
-            return Err(WorkflowError::NotFound(name.to_owned()));
-        }
+        self.repository.enable(namespace, name, now_micros()).await?;
+        let definition = self.get(namespace, name, None).await?;
         self.wakeups.notify(ENGINE_KEY);
         tracing::info!(namespace, workflow = name, by, "workflow enabled");
-        self.get(namespace, name, None).await
+        Ok(definition)
     }
 
     pub async fn list(
@@ -289,11 +288,9 @@ impl Workflows {
         }
         let mut outcomes = Vec::with_capacity(sources.len());
         for (file, source) in &sources {
-            let name = parse(source, file).name.unwrap_or_default();
-            let before = self.repository.get(&self.config.namespace, &name, None).await?;
             let outcome = self.put_at_startup(source, file).await?;
             let definition = &outcome.put.definition;
-            if let Some(replaced) = applied_elsewhere(before.as_ref(), &outcome.put, file) {
+            if let Some(replaced) = applied_elsewhere(&outcome.put, file) {
                 tracing::warn!(
                     file,
                     workflow = %definition.name,
@@ -353,8 +350,8 @@ impl Workflows {
 /// The latest version before a folder's file was put, when the put made a
 /// new version over one that came from elsewhere (`chorus workflow apply`
 /// of another file): the file may lack that version's changes.
-fn applied_elsewhere<'d>(before: Option<&'d Definition>, put: &Put, file: &str) -> Option<&'d Definition> {
-    before.filter(|before| !put.unchanged && before.file != file)
+fn applied_elsewhere<'p>(put: &'p Put, file: &str) -> Option<&'p Definition> {
+    put.replaced.as_ref().filter(|replaced| replaced.file != file)
 }
 
 /// How many times a startup put is repeated after losing a race.
@@ -409,12 +406,17 @@ mod tests {
     #[test]
     fn a_file_put_over_a_version_applied_from_elsewhere_is_told() {
         let fix = version(3, "../fixes/sync.yaml");
-        let put = |unchanged| Put { definition: version(4, "workflows/sync.yaml"), unchanged };
-        let replaced = applied_elsewhere(Some(&fix), &put(false), "workflows/sync.yaml");
+        let put = |unchanged, replaced: Option<&Definition>| Put {
+            definition: version(4, "workflows/sync.yaml"),
+            unchanged,
+            replaced: replaced.cloned(),
+        };
+        let added = put(false, Some(&fix));
+        let replaced = applied_elsewhere(&added, "workflows/sync.yaml");
         assert_eq!(replaced.map(|d| d.version), Some(3));
-        assert!(applied_elsewhere(Some(&fix), &put(true), "workflows/sync.yaml").is_none(), "nothing was put");
+        assert!(applied_elsewhere(&put(true, None), "workflows/sync.yaml").is_none(), "nothing was put");
         let own = version(3, "workflows/sync.yaml");
-        assert!(applied_elsewhere(Some(&own), &put(false), "workflows/sync.yaml").is_none(), "the file's own");
-        assert!(applied_elsewhere(None, &put(false), "workflows/sync.yaml").is_none(), "a new workflow");
+        assert!(applied_elsewhere(&put(false, Some(&own)), "workflows/sync.yaml").is_none(), "the file's own");
+        assert!(applied_elsewhere(&put(false, None), "workflows/sync.yaml").is_none(), "a new workflow");
     }
 }
