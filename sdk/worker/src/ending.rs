@@ -44,16 +44,13 @@ impl<H> Runner<H> {
         if request.encoded_len() > INLINE_BYTES {
             for artifact in std::mem::take(&mut request.artifacts) {
                 if let Err(status) = self.send_artifact(ctx, artifact).await {
-                    warn!(task_id = %ctx.id(), error = %status, "sending the reply's artifacts failed");
                     return self.undeliverable(ctx, &status).await;
                 }
             }
         }
-        let refused = self
-            .finish(ctx, "completed", request, |mut client, request| async move { client.complete_task(request).await })
-            .await;
-        if let Some(status) = refused {
-            self.undeliverable(ctx, &status).await;
+        match self.call(request, |mut client, request| async move { client.complete_task(request).await }).await {
+            Ok(()) => self.ended("completed"),
+            Err(status) => self.undeliverable(ctx, &status).await,
         }
     }
 
@@ -77,9 +74,11 @@ impl<H> Runner<H> {
         Ok(())
     }
 
-    /// The reply could not be delivered, and not because the call was cut
-    /// off or the lease is gone: the task fails with the refusal.
+    /// The reply could not be delivered: a call cut off, or a lease gone,
+    /// leaves the task to be redone once its lease runs out; any other
+    /// refusal fails it, saying why.
     async fn undeliverable(&self, ctx: &TaskContext, status: &tonic::Status) {
+        warn!(task_id = %ctx.id(), error = %status, "delivering the handler's reply failed");
         if transport::cut_off(status) || lease_lost(status) {
             // Redone once its lease runs out.
             return self.count("lease_lost");
@@ -139,30 +138,26 @@ impl<H> Runner<H> {
 
     /// Makes the call that ends the task `ending` (logged, and counted as
     /// its outcome once it is made; a task whose end could not be reported
-    /// is redone once its lease ends, and counts as `lease_lost`). The
-    /// refusal, when it could not be.
-    async fn finish<R, C, Fut, T>(&self, ctx: &TaskContext, ending: &str, request: R, call: C) -> Option<tonic::Status>
+    /// is redone once its lease ends, and counts as `lease_lost`).
+    async fn finish<R, C, Fut, T>(&self, ctx: &TaskContext, ending: &str, request: R, call: C)
     where
         R: Clone,
         C: Fn(Client, R) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let refused = self.call(request, call).await.err();
-        match &refused {
-            None => {
-                self.count(ending);
-                debug!(ending, "task ended");
-            }
-            Some(status) => {
-                // A completion not made is counted by `complete`, which may
-                // fail the task instead.
-                if ending != "completed" {
-                    self.count("lease_lost");
-                }
+        match self.call(request, call).await {
+            Ok(()) => self.ended(ending),
+            Err(status) => {
+                self.count("lease_lost");
                 warn!(task_id = %ctx.id(), ending, error = %status, "reporting the task's end failed");
             }
         }
-        refused
+    }
+
+    /// The task ended `ending`, as reported.
+    fn ended(&self, ending: &str) {
+        self.count(ending);
+        debug!(ending, "task ended");
     }
 
     /// Makes a call about the task, retrying while it is cut off and the

@@ -182,22 +182,13 @@ where
                 return;
             }
             () = self.abandon.cancelled() => {
-                // The worker shuts down: the task is handed back (see
-                // `drain`), its lease kept meanwhile.
-                cancel.cancel();
-                tokio::select! {
-                    _ = tokio::time::timeout(WIND_DOWN, &mut handler.0) => {}
-                    _ = self.keep_lease(&ctx) => {}
-                }
+                // The worker shuts down: the task is handed back (see `drain`).
+                self.wind_down(&ctx, &cancel, &mut handler.0).await;
                 return;
             }
             limit = overdue(self.task_timeout) => {
                 // Told, given a moment, then failed as worth another try.
-                cancel.cancel();
-                tokio::select! {
-                    _ = tokio::time::timeout(WIND_DOWN, &mut handler.0) => {}
-                    _ = self.keep_lease(&ctx) => {}
-                }
+                self.wind_down(&ctx, &cancel, &mut handler.0).await;
                 let limit = chorus_runtime::time::humanize(limit);
                 warn!(limit, "the handler overran the worker's task_timeout");
                 Ok(Err(HandlerError::retryable(format!("the handler did not finish within {limit} (task_timeout)"))))
@@ -229,6 +220,16 @@ where
                 }
                 Err(_) => debug!("handler cancelled, task abandoned"),
             },
+        }
+    }
+
+    /// Tells the handler its task is ended ([`TaskContext::cancelled`]) and
+    /// gives it [`WIND_DOWN`] to stop, the lease kept meanwhile.
+    async fn wind_down<T>(&self, ctx: &TaskContext, cancel: &CancellationToken, handler: &mut JoinHandle<T>) {
+        cancel.cancel();
+        tokio::select! {
+            _ = tokio::time::timeout(WIND_DOWN, handler) => {}
+            _ = self.keep_lease(ctx) => {}
         }
     }
 
